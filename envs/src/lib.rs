@@ -1,0 +1,1 @@
+//! Native Gymnasium-compatible environments.

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Fresh-machine setup for Flotilla. Idempotent; everything heavy is cached outside the clone
+# (in $FLOTILLA_CACHE, default ~/.cache/flotilla) so CI and later sessions reuse it.
+#
+# Installs
+#   * libtorch 2.13.0 (the version tch 0.26 pins) from the PyPI `torch` wheel:
+#       - CPU set (default): torch without its Python deps + the two CUDA runtime libs
+#         libtorch_cpu.so links against (~540 MB download, ~30 s);
+#       - full CUDA set when FLOTILLA_CUDA=1 or when `nvidia-smi` sees a GPU (~2.7 GB, ~2 min).
+#   * a Python venv with gymnasium and ale-py, used to produce reference data (scripts/gym_reference.py).
+#   * .cargo/config.toml in this clone (git-ignored) pointing tch at that libtorch, adding its rpath to
+#     every binary, and putting the cargo target dir in the cache, so plain `cargo build` / `cargo test`
+#     work with no variables to export.
+set -euo pipefail
+
+TORCH_VERSION=2.13.0
+CACHE="${FLOTILLA_CACHE:-$HOME/.cache/flotilla}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+mkdir -p "$CACHE"
+
+want_cuda=0
+if [[ "${FLOTILLA_CUDA:-}" == 1 ]] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+  want_cuda=1
+fi
+
+# Concurrent runs (two clones set up at once) wait for each other instead of racing on the cache.
+exec 9>"$CACHE/.setup.lock"
+flock 9
+
+install_torch() {  # $1 = target dir, rest = pip args
+  local dir="$1"; shift
+  if [[ -f "$dir/.complete" ]]; then return; fi
+  echo "setup: installing libtorch $TORCH_VERSION into $dir" >&2
+  rm -rf "$dir.partial"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$dir.partial" "$@"
+  rm -rf "$dir" && mv "$dir.partial" "$dir" && touch "$dir/.complete"
+}
+
+if [[ $want_cuda == 1 ]]; then
+  TORCH_DIR="$CACHE/torch-$TORCH_VERSION-cuda"
+  install_torch "$TORCH_DIR" "torch==$TORCH_VERSION"
+else
+  TORCH_DIR="$CACHE/torch-$TORCH_VERSION-cpu"
+  install_torch "$TORCH_DIR" --no-deps "torch==$TORCH_VERSION" \
+    "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cupti==13.0.85"
+fi
+LIBTORCH="$TORCH_DIR/torch"
+
+VENV="$CACHE/venv"
+if [[ ! -f "$VENV/.complete" ]]; then
+  echo "setup: creating Python venv with gymnasium in $VENV" >&2
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "gymnasium==1.2.2" "ale-py>=0.12,<0.13" "numpy<3"
+  touch "$VENV/.complete"
+fi
+
+mkdir -p "$ROOT/.cargo" "$CACHE/target"
+config="$ROOT/.cargo/config.toml"
+new_config="# Written by scripts/setup.sh; do not edit (re-run the script instead).
+[env]
+LIBTORCH = \"$LIBTORCH\"
+FLOTILLA_PYTHON = \"$VENV/bin/python\"
+
+[build]
+target-dir = \"$CACHE/target\"
+
+[target.'cfg(target_os = \"linux\")']
+# libtorch is loaded from the cache at run time: bake its path into every binary and test.
+rustflags = [\"-C\", \"link-arg=-Wl,-rpath,$LIBTORCH/lib\"]
+"
+if [[ ! -f "$config" ]] || [[ "$(cat "$config")" != "$new_config" ]]; then
+  printf '%s' "$new_config" > "$config.tmp" && mv "$config.tmp" "$config"
+fi
+echo "setup: ok (libtorch: $LIBTORCH, venv: $VENV)" >&2
