@@ -1,0 +1,55 @@
+//! The algorithms crate's error type.
+use thiserror::Error as ThisError;
+
+/// Errors from building, running, saving or loading an algorithm.
+#[derive(Debug, ThisError)]
+pub enum Error {
+    /// The algorithm cannot work with this observation or action space.
+    #[error("unsupported {which} space for {algorithm}: {detail}")]
+    UnsupportedSpace {
+        /// `"observation"` or `"action"`.
+        which: &'static str,
+        /// Algorithm name.
+        algorithm: &'static str,
+        /// What is wrong with the space.
+        detail: String,
+    },
+    /// A configuration value out of its valid range.
+    #[error("invalid {algorithm} config: {field} = {value}: {detail}")]
+    InvalidConfig {
+        /// Algorithm name.
+        algorithm: &'static str,
+        /// Field name as in the TOML file.
+        field: &'static str,
+        /// The offending value.
+        value: String,
+        /// The valid range.
+        detail: String,
+    },
+    /// Input data of the wrong size.
+    #[error("{what}: got {got} values, expected {expected}")]
+    BadLength {
+        /// What was being read.
+        what: String,
+        /// Number of values received.
+        got: usize,
+        /// Number of values expected.
+        expected: usize,
+    },
+    /// Saving or loading weights failed.
+    #[error("{action} weights at {path}: {source}")]
+    Weights {
+        /// `"saving"` or `"loading"`.
+        action: &'static str,
+        /// The file.
+        path: String,
+        /// What libtorch said.
+        source: tch::TchError,
+    },
+    /// A libtorch call failed.
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,21 @@
+//! Flotilla's learning algorithms on libtorch.
+//!
+//! Building blocks — [`nets`] (MLP and Nature-CNN torsos), [`distributions`] (categorical and diagonal
+//! Gaussian), [`gae`] (generalised advantage estimation), [`rollout`] (on-policy storage) — and the
+//! algorithms built from them, one file each: [`ppo`].
+//!
+//! The crate knows environments only through `flotilla_core` types and never touches files except in explicit
+//! save/load calls, tokio or the network.
+
+pub mod distributions;
+pub mod error;
+pub mod gae;
+pub mod metrics;
+pub mod nets;
+pub mod ppo;
+pub mod rollout;
+pub mod weights;
+
+pub use error::{Error, Result};
+pub use metrics::Metrics;
+pub use tch;

@@ -1,0 +1,603 @@
+//! Proximal Policy Optimization (Schulman et al. 2017, "Proximal Policy Optimization Algorithms").
+//!
+//! Implementation details that matter (Huang et al. 2022, "The 37 Implementation Details of PPO"; SB3):
+//! * separate policy and value MLPs (64-64 tanh), orthogonal init (√2 hidden, 0.01 policy head, 1 value head);
+//! * GAE advantages with truncation bootstrapped from the true final observation ([`crate::gae`]);
+//! * advantages normalised per minibatch; clipped surrogate objective; value loss optionally clipped around
+//!   the old values; entropy bonus; global gradient-norm clipping; Adam with ε = 1e-5;
+//! * learning rate and clip range annealed linearly to 0 over training (`progress_remaining` from the caller);
+//! * a state-independent log-std for Gaussian policies; continuous actions are stored unclipped and clipped
+//!   to the action bounds only when sent to the env.
+//!
+//! Defaults follow RL Zoo's tuned CartPole-v1 PPO (with `[env] num_envs = 8`): `n_steps` 32, batch 256,
+//! 20 epochs, γ 0.98, λ 0.8, lr 1e-3 and clip 0.2 both linearly annealed, no entropy bonus.
+//!
+//! Metrics: `losses/policy_loss`, `losses/value_loss`, `losses/entropy`, `losses/approx_kl`,
+//! `losses/clip_fraction`, `losses/explained_variance`, `charts/learning_rate`, `charts/clip_range`.
+use std::path::Path;
+
+use flotilla_core::Space;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+use crate::distributions::{sample_categorical, sample_diag_gaussian, ActionDist};
+use crate::nets::{Activation, Mlp};
+use crate::rollout::Rollout;
+use crate::{weights, Error, Metrics, Result};
+
+/// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PpoConfig {
+    /// Steps per env per rollout (the rollout holds `n_steps × num_envs` transitions).
+    pub n_steps: usize,
+    /// Minibatch size; `n_steps × num_envs` must be a multiple of it.
+    pub batch_size: usize,
+    /// Passes over each rollout.
+    pub n_epochs: usize,
+    /// Discount factor γ.
+    pub gamma: f64,
+    /// GAE λ.
+    pub gae_lambda: f64,
+    /// Adam learning rate (initial value when annealed).
+    pub learning_rate: f64,
+    /// Anneal the learning rate linearly to 0 over training.
+    pub anneal_lr: bool,
+    /// Surrogate clipping ε (initial value when annealed).
+    pub clip_range: f64,
+    /// Anneal the clip range linearly to 0 over training.
+    pub anneal_clip_range: bool,
+    /// Clip value predictions to `old ± clip_range_vf`; `None` disables value clipping.
+    pub clip_range_vf: Option<f64>,
+    /// Entropy bonus coefficient.
+    pub ent_coef: f64,
+    /// Value loss coefficient.
+    pub vf_coef: f64,
+    /// Global gradient-norm limit.
+    pub max_grad_norm: f64,
+    /// Normalise advantages per minibatch.
+    pub normalize_advantage: bool,
+    /// Stop an update's epochs early when the approximate KL exceeds this.
+    pub target_kl: Option<f64>,
+    /// Hidden layer widths of both the policy and the value MLP.
+    pub hidden_sizes: Vec<i64>,
+    /// Hidden nonlinearity.
+    pub activation: Activation,
+    /// Adam ε.
+    pub adam_eps: f64,
+    /// Initial log standard deviation of Gaussian policies.
+    pub log_std_init: f64,
+}
+
+impl Default for PpoConfig {
+    fn default() -> Self {
+        PpoConfig {
+            n_steps: 32,
+            batch_size: 256,
+            n_epochs: 20,
+            gamma: 0.98,
+            gae_lambda: 0.8,
+            learning_rate: 1e-3,
+            anneal_lr: true,
+            clip_range: 0.2,
+            anneal_clip_range: true,
+            clip_range_vf: None,
+            ent_coef: 0.0,
+            vf_coef: 0.5,
+            max_grad_norm: 0.5,
+            normalize_advantage: true,
+            target_kl: None,
+            hidden_sizes: vec![64, 64],
+            activation: Activation::Tanh,
+            adam_eps: 1e-5,
+            log_std_init: 0.0,
+        }
+    }
+}
+
+impl PpoConfig {
+    /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
+    pub fn validate(&self, num_envs: usize) -> Result<()> {
+        let bad = |field, value: String, detail: &str| {
+            Err(Error::InvalidConfig { algorithm: "ppo", field, value, detail: detail.to_string() })
+        };
+        let rollout = self.n_steps * num_envs;
+        if self.n_steps == 0 {
+            return bad("n_steps", "0".into(), "must be at least 1");
+        }
+        if self.batch_size == 0 || rollout % self.batch_size != 0 {
+            return bad("batch_size", self.batch_size.to_string(), &format!("must divide n_steps × num_envs = {rollout}"));
+        }
+        if !(0.0..=1.0).contains(&self.gamma) {
+            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.gae_lambda) {
+            return bad("gae_lambda", self.gae_lambda.to_string(), "must be in [0, 1]");
+        }
+        if self.learning_rate.is_nan() || self.learning_rate <= 0.0 {
+            return bad("learning_rate", self.learning_rate.to_string(), "must be > 0");
+        }
+        if self.clip_range.is_nan() || self.clip_range <= 0.0 {
+            return bad("clip_range", self.clip_range.to_string(), "must be > 0");
+        }
+        if self.hidden_sizes.iter().any(|&h| h <= 0) {
+            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// The loss terms of one minibatch (scalars, differentiable where it matters).
+#[derive(Debug)]
+pub struct PpoLoss {
+    /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
+    pub total: Tensor,
+    /// Clipped surrogate loss `−E[min(ρ Â, clip(ρ, 1±ε) Â)]`.
+    pub policy: Tensor,
+    /// `E[(R − V)²]`, or the clipped variant.
+    pub value: Tensor,
+    /// Mean entropy.
+    pub entropy: Tensor,
+    /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance KL estimate (no gradient).
+    pub approx_kl: Tensor,
+    /// Fraction of samples whose ratio was clipped (no gradient).
+    pub clip_fraction: Tensor,
+}
+
+/// Coefficients of [`ppo_loss`].
+#[derive(Debug, Clone, Copy)]
+pub struct LossCoefficients {
+    /// Surrogate clipping ε.
+    pub clip_range: f64,
+    /// Value clipping range, if any.
+    pub clip_range_vf: Option<f64>,
+    /// Entropy coefficient.
+    pub ent_coef: f64,
+    /// Value loss coefficient.
+    pub vf_coef: f64,
+    /// Normalise the advantages of this minibatch.
+    pub normalize_advantage: bool,
+}
+
+/// The PPO loss from per-sample tensors (all `[B]`): new and old log-probs, advantages, entropies, new and old
+/// values, and value targets.
+#[allow(clippy::too_many_arguments)]
+pub fn ppo_loss(
+    log_prob: &Tensor,
+    old_log_prob: &Tensor,
+    advantages: &Tensor,
+    entropy: &Tensor,
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    c: LossCoefficients,
+) -> PpoLoss {
+    let advantages = if c.normalize_advantage && advantages.size()[0] > 1 {
+        (advantages - advantages.mean(Kind::Float)) / (advantages.std(true) + 1e-8)
+    } else {
+        advantages.shallow_clone()
+    };
+    let log_ratio = log_prob - old_log_prob;
+    let ratio = log_ratio.exp();
+    let surrogate = &advantages * &ratio;
+    let clipped = &advantages * ratio.clamp(1.0 - c.clip_range, 1.0 + c.clip_range);
+    let policy = -surrogate.min_other(&clipped).mean(Kind::Float);
+    let value = match c.clip_range_vf {
+        None => (returns - values).square().mean(Kind::Float),
+        Some(eps) => {
+            let clipped_values = old_values + (values - old_values).clamp(-eps, eps);
+            let unclipped = (returns - values).square();
+            let clipped = (returns - clipped_values).square();
+            unclipped.max_other(&clipped).mean(Kind::Float)
+        }
+    };
+    let entropy = entropy.mean(Kind::Float);
+    let total = &policy + &value * c.vf_coef - &entropy * c.ent_coef;
+    let (approx_kl, clip_fraction) = tch::no_grad(|| {
+        let kl = ((&ratio - 1.0) - &log_ratio).mean(Kind::Float);
+        let frac = (&ratio - 1.0).abs().gt(c.clip_range).to_kind(Kind::Float).mean(Kind::Float);
+        (kl, frac)
+    });
+    PpoLoss { total, policy, value, entropy, approx_kl, clip_fraction }
+}
+
+/// How actions are represented.
+#[derive(Debug, Clone, PartialEq)]
+enum ActionKind {
+    Discrete(usize),
+    Continuous(usize),
+}
+
+/// Separate policy and value MLPs, plus a log-std vector for Gaussian policies.
+#[derive(Debug)]
+struct ActorCritic {
+    pi: Mlp,
+    vf: Mlp,
+    log_std: Option<Tensor>,
+}
+
+/// What the policy did for a batch of observations. Buffers are reused between calls.
+#[derive(Debug, Default, Clone)]
+pub struct ActOutput {
+    /// Actions, row-major: one f32 index per row for discrete spaces, `D` values for continuous ones
+    /// (unclipped samples; clip to the bounds before stepping the env).
+    pub actions: Vec<f32>,
+    /// Log-probability of each row's action.
+    pub log_probs: Vec<f32>,
+    /// `V(obs)` per row.
+    pub values: Vec<f32>,
+    scratch: Vec<(i64, f32)>,
+}
+
+/// A PPO agent: the actor-critic network, its optimiser and the RNG used to act and shuffle.
+#[derive(Debug)]
+pub struct Ppo {
+    /// Hyperparameters.
+    pub config: PpoConfig,
+    vs: nn::VarStore,
+    net: ActorCritic,
+    opt: nn::Optimizer,
+    action: ActionKind,
+    obs_dim: usize,
+    rng: Pcg64,
+    device: Device,
+}
+
+impl Ppo {
+    /// A fresh agent for these spaces. `seed` fixes the weights' initialisation (through libtorch's global
+    /// generator), action sampling and minibatch shuffling.
+    pub fn new(observation_space: &Space, action_space: &Space, config: PpoConfig, device: Device, seed: u64) -> Result<Self> {
+        let obs_dim = match observation_space {
+            Space::Box { shape, .. } if shape.len() == 1 => shape[0],
+            other => {
+                return Err(Error::UnsupportedSpace {
+                    which: "observation",
+                    algorithm: "ppo",
+                    detail: format!("{other:?}: the MLP policy takes 1-D boxes"),
+                })
+            }
+        };
+        let action = match action_space {
+            Space::Discrete { n, .. } => ActionKind::Discrete(*n),
+            Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),
+            other => {
+                return Err(Error::UnsupportedSpace { which: "action", algorithm: "ppo", detail: format!("{other:?}") })
+            }
+        };
+        tch::manual_seed(seed as i64);
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let (outputs, log_std) = match action {
+            ActionKind::Discrete(n) => (n, None),
+            ActionKind::Continuous(d) => {
+                (d, Some(root.var("log_std", &[d as i64], nn::Init::Const(config.log_std_init))))
+            }
+        };
+        let act = config.activation;
+        let pi = Mlp::new(&(&root / "pi"), obs_dim as i64, &config.hidden_sizes, outputs as i64, act, 0.01);
+        let vf = Mlp::new(&(&root / "vf"), obs_dim as i64, &config.hidden_sizes, 1, act, 1.0);
+        let adam = nn::Adam { eps: config.adam_eps, ..Default::default() };
+        let opt = adam.build(&vs, config.learning_rate)?;
+        let net = ActorCritic { pi, vf, log_std };
+        Ok(Ppo { config, vs, net, opt, action, obs_dim, rng: Pcg64::seed_from_u64(seed ^ 0x5050_4f00), device })
+    }
+
+    /// Flattened observation size the policy expects.
+    pub fn obs_dim(&self) -> usize {
+        self.obs_dim
+    }
+
+    /// Number of f32 values per action (1 for discrete actions).
+    pub fn act_dim(&self) -> usize {
+        match self.action {
+            ActionKind::Discrete(_) => 1,
+            ActionKind::Continuous(d) => d,
+        }
+    }
+
+    /// The network's variables (for saving, broadcasting or inspecting).
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+
+    fn obs_tensor(&self, obs: &[f32]) -> Result<Tensor> {
+        if obs.is_empty() || obs.len() % self.obs_dim != 0 {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        Ok(Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device))
+    }
+
+    /// Act on a batch of observations (`rows × obs_dim`, row-major), sampling or, with `deterministic`, taking
+    /// the most likely action. Fills `out` with actions, their log-probs and the values.
+    pub fn act(&mut self, obs: &[f32], deterministic: bool, out: &mut ActOutput) -> Result<()> {
+        let x = self.obs_tensor(obs)?;
+        let (head, values) = tch::no_grad(|| (self.net.pi.forward(&x), self.net.vf.forward(&x)));
+        out.values = Vec::<f32>::try_from(values.flatten(0, -1))?;
+        let head = Vec::<f32>::try_from(head.flatten(0, -1))?;
+        match self.action {
+            ActionKind::Discrete(n) => {
+                sample_categorical(&head, n, deterministic, &mut self.rng, &mut out.scratch);
+                out.actions.clear();
+                out.log_probs.clear();
+                for &(a, lp) in &out.scratch {
+                    out.actions.push(a as f32);
+                    out.log_probs.push(lp);
+                }
+            }
+            ActionKind::Continuous(_) => {
+                let log_std = self.net.log_std.as_ref().expect("Gaussian policies have a log-std");
+                let log_std = Vec::<f32>::try_from(log_std)?;
+                sample_diag_gaussian(&head, &log_std, deterministic, &mut self.rng, &mut out.actions, &mut out.log_probs);
+            }
+        }
+        Ok(())
+    }
+
+    /// `V(obs)` for a batch of observations.
+    pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
+        let x = self.obs_tensor(obs)?;
+        let v = tch::no_grad(|| self.net.vf.forward(&x));
+        Ok(Vec::<f32>::try_from(v.flatten(0, -1))?)
+    }
+
+    fn dist(&self, obs: &Tensor) -> ActionDist {
+        let head = self.net.pi.forward(obs);
+        match &self.net.log_std {
+            None => ActionDist::Categorical { logits: head },
+            Some(log_std) => ActionDist::DiagGaussian { mean: head, log_std: log_std.shallow_clone() },
+        }
+    }
+
+    /// One PPO update on a finished rollout. `progress_remaining` goes from 1 (start of training) to 0 (end)
+    /// and drives the learning-rate and clip-range annealing.
+    pub fn update(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
+        let c = &self.config;
+        let n = rollout.len();
+        if n == 0 || n % c.batch_size != 0 {
+            return Err(Error::BadLength { what: "rollout transitions (a multiple of batch_size)".into(), got: n, expected: c.batch_size });
+        }
+        let progress = progress_remaining.clamp(0.0, 1.0);
+        let lr = if c.anneal_lr { c.learning_rate * progress } else { c.learning_rate };
+        let clip_range = if c.anneal_clip_range { c.clip_range * progress } else { c.clip_range };
+        self.opt.set_lr(lr);
+        let coefficients = LossCoefficients {
+            clip_range,
+            clip_range_vf: c.clip_range_vf,
+            ent_coef: c.ent_coef,
+            vf_coef: c.vf_coef,
+            normalize_advantage: c.normalize_advantage,
+        };
+        let d = self.device;
+        let obs = self.obs_tensor(&rollout.obs)?;
+        let actions = match self.action {
+            ActionKind::Discrete(_) => Tensor::from_slice(&rollout.actions).to_kind(Kind::Int64).to_device(d),
+            ActionKind::Continuous(dim) => Tensor::from_slice(&rollout.actions).view([-1, dim as i64]).to_device(d),
+        };
+        let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
+        let advantages = Tensor::from_slice(&rollout.advantages[..n]).to_device(d);
+        let returns = Tensor::from_slice(&rollout.returns[..n]).to_device(d);
+        let old_values = Tensor::from_slice(&rollout.values).to_device(d);
+
+        let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
+        let mut order: Vec<i64> = (0..n as i64).collect();
+        let mut last = None;
+        'epochs: for _ in 0..n_epochs {
+            order.shuffle(&mut self.rng);
+            for minibatch in order.chunks(batch_size) {
+                // A full-batch "minibatch" needs no gather: the loss is a mean, so order does not matter.
+                let pick = |t: &Tensor| {
+                    if batch_size == n { t.shallow_clone() } else { t.index_select(0, &Tensor::from_slice(minibatch).to_device(d)) }
+                };
+                let mb_obs = pick(&obs);
+                let dist = self.dist(&mb_obs);
+                let values = self.net.vf.forward(&mb_obs).squeeze_dim(1);
+                let loss = ppo_loss(
+                    &dist.log_prob(&pick(&actions)),
+                    &pick(&old_log_prob),
+                    &pick(&advantages),
+                    &dist.entropy(),
+                    &values,
+                    &pick(&old_values),
+                    &pick(&returns),
+                    coefficients,
+                );
+                self.opt.zero_grad();
+                loss.total.backward();
+                self.opt.clip_grad_norm(max_grad_norm);
+                self.opt.step();
+                let stop = target_kl.is_some_and(|t| f64::try_from(&loss.approx_kl).unwrap_or(0.0) > 1.5 * t);
+                last = Some(loss);
+                if stop {
+                    break 'epochs;
+                }
+            }
+        }
+        let loss = last.expect("at least one minibatch");
+        let scalar = |t: &Tensor| f64::try_from(t).map_err(Error::from);
+        let mut m = Metrics::default();
+        m.push("losses/policy_loss", scalar(&loss.policy)?);
+        m.push("losses/value_loss", scalar(&loss.value)?);
+        m.push("losses/entropy", scalar(&loss.entropy)?);
+        m.push("losses/approx_kl", scalar(&loss.approx_kl)?);
+        m.push("losses/clip_fraction", scalar(&loss.clip_fraction)?);
+        m.push("losses/explained_variance", explained_variance(&rollout.values, &rollout.returns[..n]));
+        m.push("charts/learning_rate", lr);
+        m.push("charts/clip_range", clip_range);
+        Ok(m)
+    }
+
+    /// Save the network's weights to a safetensors file, atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        weights::save_atomic(&self.vs, path)
+    }
+
+    /// Load weights saved by [`Ppo::save`] for the same spaces and config.
+    pub fn load(&mut self, path: &Path) -> Result<()> {
+        weights::load(&mut self.vs, path)
+    }
+}
+
+/// `1 − Var(returns − values) / Var(returns)`: 1 is a perfect value function, ≤ 0 no better than a constant.
+pub fn explained_variance(values: &[f32], returns: &[f32]) -> f64 {
+    let var = |xs: &mut dyn Iterator<Item = f64>| {
+        let v: Vec<f64> = xs.collect();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64
+    };
+    let var_returns = var(&mut returns.iter().map(|&r| r as f64));
+    if var_returns == 0.0 {
+        return f64::NAN;
+    }
+    1.0 - var(&mut returns.iter().zip(values).map(|(&r, &v)| (r - v) as f64)) / var_returns
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::Rollout;
+    use rand::{Rng, SeedableRng};
+
+    /// The PPO loss in the paper's notation, sample by sample, in f64.
+    fn reference_loss(lp: &[f64], old: &[f64], adv: &[f64], v: &[f64], old_v: &[f64], ret: &[f64], c: LossCoefficients) -> (f64, f64) {
+        let n = adv.len() as f64;
+        let mean = adv.iter().sum::<f64>() / n;
+        let std = (adv.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let mut l_clip = 0.0;
+        let mut l_vf = 0.0;
+        for i in 0..adv.len() {
+            let a = if c.normalize_advantage { (adv[i] - mean) / (std + 1e-8) } else { adv[i] };
+            let r = (lp[i] - old[i]).exp();
+            l_clip += (r * a).min(r.clamp(1.0 - c.clip_range, 1.0 + c.clip_range) * a);
+            l_vf += match c.clip_range_vf {
+                None => (ret[i] - v[i]).powi(2),
+                Some(e) => (ret[i] - v[i]).powi(2).max((ret[i] - (old_v[i] + (v[i] - old_v[i]).clamp(-e, e))).powi(2)),
+            };
+        }
+        (-l_clip / n, l_vf / n)
+    }
+
+    #[test]
+    fn loss_matches_reference() {
+        let mut rng = Pcg64::seed_from_u64(3);
+        let n = 64;
+        let mut draw = |lo: f64, hi: f64| (0..n).map(|_| rng.random_range(lo..hi)).collect::<Vec<f64>>();
+        let old = draw(-2.0, -0.1);
+        let lp: Vec<f64> = old.iter().zip(draw(-0.5, 0.5)).map(|(o, d)| o + d).collect();
+        let (adv, v, old_v, ret, ent) = (draw(-3.0, 3.0), draw(-1.0, 1.0), draw(-1.0, 1.0), draw(-2.0, 2.0), draw(0.0, 0.7));
+        let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
+        for (normalize, vf_clip) in [(true, None), (false, Some(0.2)), (true, Some(0.05))] {
+            let c = LossCoefficients { clip_range: 0.2, clip_range_vf: vf_clip, ent_coef: 0.01, vf_coef: 0.5, normalize_advantage: normalize };
+            let loss = ppo_loss(&t(&lp), &t(&old), &t(&adv), &t(&ent), &t(&v), &t(&old_v), &t(&ret), c);
+            let (want_pg, want_vf) = reference_loss(&lp, &old, &adv, &v, &old_v, &ret, c);
+            let got = |x: &Tensor| f64::try_from(x).unwrap();
+            assert!((got(&loss.policy) - want_pg).abs() < 1e-5, "{} vs {want_pg}", got(&loss.policy));
+            assert!((got(&loss.value) - want_vf).abs() < 1e-5, "{} vs {want_vf}", got(&loss.value));
+            let ent_mean = ent.iter().sum::<f64>() / n as f64;
+            let want_total = want_pg + 0.5 * want_vf - 0.01 * ent_mean;
+            assert!((got(&loss.total) - want_total).abs() < 1e-5);
+            let frac = lp.iter().zip(&old).filter(|(a, b)| ((*a - *b).exp() - 1.0).abs() > 0.2).count() as f64 / n as f64;
+            assert!((got(&loss.clip_fraction) - frac).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn clipping_stops_the_gradient_outside_the_trust_region() {
+        // Ratio 1.5 with a positive advantage: the clipped branch is active, so d loss / d log_prob = 0.
+        let lp = Tensor::from_slice(&[1.5f32.ln()]).set_requires_grad(true);
+        let zero = Tensor::from_slice(&[0.0f32]);
+        let c = LossCoefficients { clip_range: 0.2, clip_range_vf: None, ent_coef: 0.0, vf_coef: 0.0, normalize_advantage: false };
+        let loss = ppo_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), &zero, &zero, &zero, &zero, c);
+        loss.total.backward();
+        assert_eq!(f64::try_from(lp.grad()).unwrap(), 0.0);
+    }
+
+    fn cartpole_spaces() -> (Space, Space) {
+        (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2))
+    }
+
+    #[test]
+    fn update_improves_the_surrogate_and_anneals() {
+        let (obs_space, act_space) = cartpole_spaces();
+        let mut ppo = Ppo::new(&obs_space, &act_space, PpoConfig::default(), Device::Cpu, 0).unwrap();
+        // A bandit: action 1 always pays 1, action 0 pays 0; every step ends the episode.
+        let mut rng = Pcg64::seed_from_u64(9);
+        let mut out = ActOutput::default();
+        let prob_of_1 = |ppo: &mut Ppo| {
+            let mut o = ActOutput::default();
+            ppo.act(&[0.1, 0.2, 0.3, 0.4], false, &mut o).unwrap();
+            (o.log_probs[0] as f64).exp() * if o.actions[0] == 1.0 { 1.0 } else { -1.0 }
+        };
+        let before = prob_of_1(&mut ppo).abs();
+        assert!((before - 0.5).abs() < 0.05, "near-uniform initial policy: {before}");
+        for update in 0..5 {
+            let mut rollout = Rollout::new(8, 32, 4, 1);
+            for _ in 0..32 {
+                let obs: Vec<f32> = (0..32).map(|_| rng.random_range(-1.0..1.0)).collect();
+                ppo.act(&obs, false, &mut out).unwrap();
+                rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
+                let rewards: Vec<f32> = out.actions.clone();
+                rollout.push_outcome(&rewards, &[true; 8], &[false; 8]).unwrap();
+            }
+            rollout.finish(&[0.0; 8], 0.98, 0.8).unwrap();
+            let m = ppo.update(&rollout, 1.0 - update as f64 / 5.0).unwrap();
+            assert!((m.get("charts/learning_rate").unwrap() - 1e-3 * (1.0 - update as f64 / 5.0)).abs() < 1e-12);
+        }
+        let mut o = ActOutput::default();
+        ppo.act(&[0.1, 0.2, 0.3, 0.4], true, &mut o).unwrap();
+        assert_eq!(o.actions, vec![1.0], "the greedy action is the paying one");
+        let p1 = if o.actions[0] == 1.0 { (o.log_probs[0] as f64).exp() } else { 0.0 };
+        assert!(p1 > 0.7, "P(action 1) = {p1}");
+    }
+
+    #[test]
+    fn same_seed_same_weights_and_save_load_round_trip() {
+        let (obs_space, act_space) = cartpole_spaces();
+        let a = Ppo::new(&obs_space, &act_space, PpoConfig::default(), Device::Cpu, 5).unwrap();
+        let mut b = Ppo::new(&obs_space, &act_space, PpoConfig::default(), Device::Cpu, 5).unwrap();
+        let obs = [0.3f32, -0.2, 0.1, 0.0];
+        assert_eq!(a.values(&obs).unwrap(), b.values(&obs).unwrap());
+        let path = std::env::temp_dir().join(format!("flotilla-ppo-{}.safetensors", std::process::id()));
+        a.save(&path).unwrap();
+        let mut c = Ppo::new(&obs_space, &act_space, PpoConfig::default(), Device::Cpu, 6).unwrap();
+        assert_ne!(a.values(&obs).unwrap(), c.values(&obs).unwrap());
+        c.load(&path).unwrap();
+        assert_eq!(a.values(&obs).unwrap(), c.values(&obs).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        assert!(b.values(&[1.0, 2.0, 3.0]).is_err(), "wrong observation length is an error");
+        let mut out = ActOutput::default();
+        assert!(b.act(&[], false, &mut out).is_err());
+    }
+
+    #[test]
+    fn gaussian_policy_acts_and_updates() {
+        let obs_space = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
+        let act_space = Space::box1d(vec![-2.0], vec![2.0]);
+        let config = PpoConfig { batch_size: 64, n_steps: 16, ..Default::default() };
+        let mut ppo = Ppo::new(&obs_space, &act_space, config, Device::Cpu, 1).unwrap();
+        assert_eq!(ppo.act_dim(), 1);
+        let mut out = ActOutput::default();
+        let mut rollout = Rollout::new(4, 16, 3, 1);
+        for _ in 0..16 {
+            let obs = vec![0.5f32; 12];
+            ppo.act(&obs, false, &mut out).unwrap();
+            rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
+            let rewards: Vec<f32> = out.actions.iter().map(|a| -(a - 1.0).powi(2)).collect();
+            rollout.push_outcome(&rewards, &[true; 4], &[false; 4]).unwrap();
+        }
+        rollout.finish(&[0.0; 4], 0.99, 0.95).unwrap();
+        let m = ppo.update(&rollout, 1.0).unwrap();
+        assert!(m.get("losses/entropy").unwrap().is_finite());
+    }
+
+    #[test]
+    fn config_validation_names_the_field() {
+        let c = PpoConfig { batch_size: 100, ..Default::default() };
+        let e = c.validate(8).unwrap_err().to_string();
+        assert!(e.contains("batch_size") && e.contains("256"), "{e}");
+        assert!(PpoConfig::default().validate(8).is_ok());
+    }
+}

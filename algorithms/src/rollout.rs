@@ -1,0 +1,179 @@
+//! Fixed-size, time-major storage for one on-policy rollout of `n_steps × n_envs` transitions.
+//!
+//! The collection loop, for each of `n_steps` steps:
+//! 1. [`Rollout::push_policy`] — observations the policy saw, the actions it took, their log-probs and values;
+//! 2. [`Rollout::push_outcome`] — rewards, `terminated`, `truncated` from the vectorised env;
+//! 3. [`Rollout::set_final_value`] — for each truncated env, `V(true final observation)`.
+//!
+//! Then [`Rollout::finish`] with the values of the observations after the last step computes GAE advantages
+//! and returns. Buffers are allocated once and reused.
+use crate::gae::gae;
+use crate::{Error, Result};
+
+/// One rollout. Index `t · n_envs + env` for per-transition values, times `obs_dim` / `act_dim` for vectors.
+#[derive(Debug, Clone)]
+pub struct Rollout {
+    /// Number of parallel envs.
+    pub n_envs: usize,
+    /// Steps per env.
+    pub n_steps: usize,
+    /// Flattened observation size.
+    pub obs_dim: usize,
+    /// Action size: 1 for discrete actions (stored as f32 indices), `D` for continuous ones.
+    pub act_dim: usize,
+    /// Observations the policy acted on.
+    pub obs: Vec<f32>,
+    /// Actions as sampled (continuous actions before clipping to the bounds).
+    pub actions: Vec<f32>,
+    /// Behaviour log-probabilities of `actions`.
+    pub log_probs: Vec<f32>,
+    /// `V(obs)` when acting.
+    pub values: Vec<f32>,
+    /// Rewards.
+    pub rewards: Vec<f32>,
+    /// Episode reached a terminal state.
+    pub terminated: Vec<bool>,
+    /// Episode cut by a time limit.
+    pub truncated: Vec<bool>,
+    /// Value of the observation that truly followed each step (filled by `set_final_value` and `finish`).
+    pub next_values: Vec<f32>,
+    /// GAE advantages (after `finish`).
+    pub advantages: Vec<f32>,
+    /// Value targets `advantages + values` (after `finish`).
+    pub returns: Vec<f32>,
+    steps: usize,
+}
+
+impl Rollout {
+    /// Empty storage for `n_steps × n_envs` transitions.
+    pub fn new(n_envs: usize, n_steps: usize, obs_dim: usize, act_dim: usize) -> Self {
+        let n = n_envs * n_steps;
+        Rollout {
+            n_envs,
+            n_steps,
+            obs_dim,
+            act_dim,
+            obs: Vec::with_capacity(n * obs_dim),
+            actions: Vec::with_capacity(n * act_dim),
+            log_probs: Vec::with_capacity(n),
+            values: Vec::with_capacity(n),
+            rewards: Vec::with_capacity(n),
+            terminated: Vec::with_capacity(n),
+            truncated: Vec::with_capacity(n),
+            next_values: vec![0.0; n],
+            advantages: vec![0.0; n],
+            returns: vec![0.0; n],
+            steps: 0,
+        }
+    }
+
+    /// Forget the stored transitions, keeping the allocations.
+    pub fn clear(&mut self) {
+        for v in [&mut self.obs, &mut self.actions, &mut self.log_probs, &mut self.values, &mut self.rewards] {
+            v.clear();
+        }
+        self.terminated.clear();
+        self.truncated.clear();
+        self.steps = 0;
+    }
+
+    /// Number of transitions stored (`steps × n_envs`).
+    pub fn len(&self) -> usize {
+        self.rewards.len()
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether all `n_steps` steps are stored.
+    pub fn is_full(&self) -> bool {
+        self.steps == self.n_steps
+    }
+
+    /// Record what the policy saw and did at the current step.
+    pub fn push_policy(&mut self, obs: &[f32], actions: &[f32], log_probs: &[f32], values: &[f32]) -> Result<()> {
+        check_len("rollout observations", obs.len(), self.n_envs * self.obs_dim)?;
+        check_len("rollout actions", actions.len(), self.n_envs * self.act_dim)?;
+        check_len("rollout log-probs", log_probs.len(), self.n_envs)?;
+        check_len("rollout values", values.len(), self.n_envs)?;
+        if self.steps == self.n_steps {
+            return Err(Error::BadLength { what: "rollout steps (buffer full)".into(), got: self.steps + 1, expected: self.n_steps });
+        }
+        self.obs.extend_from_slice(obs);
+        self.actions.extend_from_slice(actions);
+        self.log_probs.extend_from_slice(log_probs);
+        self.values.extend_from_slice(values);
+        Ok(())
+    }
+
+    /// Record the env's response to the current step's actions.
+    pub fn push_outcome(&mut self, rewards: &[f32], terminated: &[bool], truncated: &[bool]) -> Result<()> {
+        check_len("rollout rewards", rewards.len(), self.n_envs)?;
+        check_len("rollout terminated flags", terminated.len(), self.n_envs)?;
+        check_len("rollout truncated flags", truncated.len(), self.n_envs)?;
+        check_len("rollout outcomes (push_policy first)", self.rewards.len() + self.n_envs, self.values.len())?;
+        self.rewards.extend_from_slice(rewards);
+        self.terminated.extend_from_slice(terminated);
+        self.truncated.extend_from_slice(truncated);
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// `V(final observation)` of env `env`, truncated at the step just pushed.
+    pub fn set_final_value(&mut self, env: usize, value: f32) {
+        let i = (self.steps - 1) * self.n_envs + env;
+        self.next_values[i] = value;
+    }
+
+    /// Compute next-state values, GAE advantages and returns. `last_values` are `V` of the observations after
+    /// the final step (the first observations of new episodes where an env just ended: those are masked).
+    pub fn finish(&mut self, last_values: &[f32], gamma: f32, lambda: f32) -> Result<()> {
+        check_len("rollout last values", last_values.len(), self.n_envs)?;
+        let n = self.len();
+        let dones: Vec<bool> = self.terminated.iter().zip(&self.truncated).map(|(a, b)| *a || *b).collect();
+        for i in 0..n {
+            if !dones[i] {
+                // The next observation is the one the policy saw at the next step (or after the rollout).
+                self.next_values[i] = if i + self.n_envs < n { self.values[i + self.n_envs] } else { last_values[i + self.n_envs - n] };
+            } else if self.terminated[i] {
+                self.next_values[i] = 0.0;
+            }
+        }
+        let (adv, ret) = (&mut self.advantages[..n], &mut self.returns[..n]);
+        gae(&self.rewards, &self.values, &self.next_values[..n], &self.terminated, &dones, self.n_envs, gamma, lambda, adv, ret);
+        Ok(())
+    }
+}
+
+fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
+    if got == expected { Ok(()) } else { Err(Error::BadLength { what: what.to_string(), got, expected }) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_values_follow_time_and_truncation() {
+        // 2 envs × 2 steps; env 1 is truncated at step 0 with V(final obs) = 7.
+        let mut r = Rollout::new(2, 2, 1, 1);
+        r.push_policy(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[1.0, 2.0]).unwrap();
+        r.push_outcome(&[1.0, 1.0], &[false, false], &[false, true]).unwrap();
+        r.set_final_value(1, 7.0);
+        r.push_policy(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).unwrap();
+        r.push_outcome(&[1.0, 1.0], &[true, false], &[false, false]).unwrap();
+        assert!(r.is_full());
+        r.finish(&[5.0, 6.0], 1.0, 1.0).unwrap();
+        assert_eq!(r.next_values, vec![3.0, 7.0, 0.0, 6.0]);
+        // env 1: step 0 truncated => Â = 1 + 7 - 2; step 1 => Â = 1 + 6 - 4.
+        assert_eq!(r.advantages[1], 6.0);
+        assert_eq!(r.advantages[3], 3.0);
+        // env 0: step 1 terminated => Â = 1 - 3 = -2; step 0 => δ = 1 + 3 - 1 = 3, Â = 3 + (-2) = 1.
+        assert_eq!(r.advantages[2], -2.0);
+        assert_eq!(r.advantages[0], 1.0);
+        assert!(r.push_policy(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).is_err(), "full buffer refuses");
+        assert!(matches!(r.finish(&[1.0], 1.0, 1.0), Err(Error::BadLength { .. })));
+    }
+}
