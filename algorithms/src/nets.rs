@@ -6,6 +6,15 @@ use serde::{Deserialize, Serialize};
 use tch::nn::{self, Init, LinearConfig, Module};
 use tch::Tensor;
 
+/// Run `build` with libtorch's global generator seeded with `seed`, holding a process-wide lock, so that
+/// networks built on several threads at once still get the same weights for the same seed.
+pub fn with_torch_seed<T>(seed: u64, build: impl FnOnce() -> T) -> T {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    tch::manual_seed(seed as i64);
+    build()
+}
+
 /// Hidden-layer nonlinearity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

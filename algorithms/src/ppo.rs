@@ -25,7 +25,7 @@ use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
 use crate::distributions::{sample_categorical, sample_diag_gaussian, ActionDist};
-use crate::nets::{Activation, Mlp};
+use crate::nets::{with_torch_seed, Activation, Mlp};
 use crate::rollout::Rollout;
 use crate::{weights, Error, Metrics, Result};
 
@@ -268,21 +268,22 @@ impl Ppo {
                 return Err(Error::UnsupportedSpace { which: "action", algorithm: "ppo", detail: format!("{other:?}") })
             }
         };
-        tch::manual_seed(seed as i64);
-        let vs = nn::VarStore::new(device);
-        let root = vs.root();
-        let (outputs, log_std) = match action {
-            ActionKind::Discrete(n) => (n, None),
-            ActionKind::Continuous(d) => {
-                (d, Some(root.var("log_std", &[d as i64], nn::Init::Const(config.log_std_init))))
-            }
-        };
-        let act = config.activation;
-        let pi = Mlp::new(&(&root / "pi"), obs_dim as i64, &config.hidden_sizes, outputs as i64, act, 0.01);
-        let vf = Mlp::new(&(&root / "vf"), obs_dim as i64, &config.hidden_sizes, 1, act, 1.0);
+        let (vs, net) = with_torch_seed(seed, || {
+            let vs = nn::VarStore::new(device);
+            let root = vs.root();
+            let (outputs, log_std) = match action {
+                ActionKind::Discrete(n) => (n, None),
+                ActionKind::Continuous(d) => {
+                    (d, Some(root.var("log_std", &[d as i64], nn::Init::Const(config.log_std_init))))
+                }
+            };
+            let act = config.activation;
+            let pi = Mlp::new(&(&root / "pi"), obs_dim as i64, &config.hidden_sizes, outputs as i64, act, 0.01);
+            let vf = Mlp::new(&(&root / "vf"), obs_dim as i64, &config.hidden_sizes, 1, act, 1.0);
+            (vs, ActorCritic { pi, vf, log_std })
+        });
         let adam = nn::Adam { eps: config.adam_eps, ..Default::default() };
         let opt = adam.build(&vs, config.learning_rate)?;
-        let net = ActorCritic { pi, vf, log_std };
         Ok(Ppo { config, vs, net, opt, action, obs_dim, rng: Pcg64::seed_from_u64(seed ^ 0x5050_4f00), device })
     }
 

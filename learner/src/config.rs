@@ -1,0 +1,351 @@
+//! The experiment config: one TOML file, typed, every field defaulted, unknown keys refused.
+//!
+//! ```toml
+//! [run]            # seed, total_env_steps, device, torch_threads
+//! [env]            # id, num_envs, kwargs = { ... } (Gymnasium constructor arguments)
+//! [algorithm]      # kind = "ppo", then that algorithm's fields (flotilla_algorithms::ppo::PpoConfig)
+//! [eval]           # episodes, interval_steps, seed
+//! [metrics]        # log_interval_steps
+//! ```
+//!
+//! `--set section.key=value` overrides are applied to the parsed TOML before it is typed, so they are checked
+//! exactly like the file. The resolved config (defaults filled in) is saved with every run.
+use std::path::Path;
+use std::str::FromStr;
+
+use flotilla_algorithms::ppo::PpoConfig;
+use flotilla_envs::{KwargValue, Kwargs};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::{Error, Result};
+
+/// A whole experiment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentConfig {
+    /// Seed, budget, device.
+    #[serde(default)]
+    pub run: RunConfig,
+    /// Which environment, how many copies.
+    pub env: EnvConfig,
+    /// The learning algorithm and its hyperparameters.
+    pub algorithm: AlgorithmConfig,
+    /// Periodic deterministic evaluation.
+    #[serde(default)]
+    pub eval: EvalConfig,
+    /// Logging.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[run]`: what the whole experiment shares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Seeds the envs (env `i` gets `seed + i`), the network initialisation and action sampling.
+    pub seed: u64,
+    /// Training budget in env steps (summed over all envs).
+    pub total_env_steps: u64,
+    /// `"auto"` (CUDA when available), `"cpu"` or `"cuda:N"`.
+    pub device: DeviceSpec,
+    /// libtorch intra-op threads. Small networks are dispatch-bound: 1 is fastest for MLPs.
+    pub torch_threads: usize,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig { seed: 1, total_env_steps: 100_000, device: DeviceSpec::Auto, torch_threads: 1 }
+    }
+}
+
+/// `[env]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvConfig {
+    /// Registered id, e.g. `"CartPole-v1"`.
+    pub id: String,
+    /// Envs stepped in lock-step (RL Zoo's `n_envs`).
+    #[serde(default = "default_num_envs")]
+    pub num_envs: usize,
+    /// Constructor arguments as Gymnasium names them (e.g. Pendulum's `g`), plus `max_episode_steps`.
+    #[serde(default)]
+    pub kwargs: toml::Table,
+}
+
+fn default_num_envs() -> usize {
+    8
+}
+
+impl EnvConfig {
+    /// The kwargs as the env registry takes them. Arrays and tables are refused, naming the key.
+    pub fn registry_kwargs(&self) -> Result<Kwargs> {
+        let mut kwargs = Kwargs::new();
+        for (key, value) in &self.kwargs {
+            let v = match value {
+                toml::Value::Float(f) => KwargValue::Float(*f),
+                toml::Value::Integer(i) => KwargValue::Int(*i),
+                toml::Value::Boolean(b) => KwargValue::Bool(*b),
+                toml::Value::String(s) => KwargValue::Str(s.clone()),
+                other => {
+                    return Err(Error::Config(format!(
+                        "[env] kwargs.{key}: expected a number, boolean or string, got {}",
+                        other.type_str()
+                    )))
+                }
+            };
+            kwargs.insert(key.clone(), v);
+        }
+        Ok(kwargs)
+    }
+}
+
+/// `[algorithm]`: `kind` picks the algorithm; the other keys are its config struct's fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum AlgorithmConfig {
+    /// Proximal Policy Optimization.
+    Ppo(PpoConfig),
+}
+
+/// `[eval]`: deterministic evaluation of the current policy during and after training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Episodes per evaluation (each in its own env copy, run to the end).
+    pub episodes: usize,
+    /// Evaluate every this many env steps during training (0: only at the end).
+    pub interval_steps: u64,
+    /// Seed of evaluation env `i` is `seed + i`; distinct from training seeds.
+    pub seed: u64,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig { episodes: 10, interval_steps: 10_000, seed: 1_000_000 }
+    }
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Write a metrics row and a progress line at most every this many env steps (after an update).
+    pub log_interval_steps: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { log_interval_steps: 5_000 }
+    }
+}
+
+/// Where tensors live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// CUDA device 0 when libtorch sees one, else the CPU.
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// CUDA device N.
+    Cuda(usize),
+}
+
+impl DeviceSpec {
+    /// The libtorch device; asking for a CUDA device that is not there is an error.
+    pub fn resolve(self) -> Result<tch::Device> {
+        match self {
+            DeviceSpec::Auto => Ok(tch::Device::cuda_if_available()),
+            DeviceSpec::Cpu => Ok(tch::Device::Cpu),
+            DeviceSpec::Cuda(n) => {
+                let count = tch::Cuda::device_count() as usize;
+                if n < count {
+                    Ok(tch::Device::Cuda(n))
+                } else {
+                    Err(Error::Config(format!("[run] device = \"cuda:{n}\", but libtorch sees {count} CUDA device(s)")))
+                }
+            }
+        }
+    }
+}
+
+impl FromStr for DeviceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(DeviceSpec::Auto),
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| format!("invalid device {s:?}: expected \"auto\", \"cpu\" or \"cuda:N\"")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Auto => f.write_str("auto"),
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl Serialize for DeviceSpec {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl ExperimentConfig {
+    /// Read `path`, apply `--set key=value` overrides, type-check and validate. Errors name the file and the
+    /// offending key or value.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read config {}: {e}", path.display())))?;
+        Self::parse(&text, overrides).map_err(|e| Error::Config(format!("config {}: {e}", path.display())))
+    }
+
+    /// Parse TOML text with overrides (see [`ExperimentConfig::load`]).
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Self> {
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
+        for o in overrides {
+            apply_override(&mut table, o)?;
+        }
+        let config: ExperimentConfig = if overrides.is_empty() {
+            // Parse from the text so errors carry line and column.
+            toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?
+        } else {
+            table.try_into().map_err(|e: toml::de::Error| Error::Config(format!("{e} (after --set overrides)")))?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Range checks serde cannot express, and that the env id and kwargs are known.
+    pub fn validate(&self) -> Result<()> {
+        if self.env.num_envs == 0 {
+            return Err(Error::Config("[env] num_envs = 0: need at least one env".into()));
+        }
+        if self.run.total_env_steps == 0 {
+            return Err(Error::Config("[run] total_env_steps = 0: nothing to train".into()));
+        }
+        if self.eval.episodes == 0 {
+            return Err(Error::Config("[eval] episodes = 0: need at least one episode".into()));
+        }
+        flotilla_envs::make(&self.env.id, &self.env.registry_kwargs()?)
+            .map_err(|e| Error::Config(format!("[env]: {e}")))?;
+        match &self.algorithm {
+            AlgorithmConfig::Ppo(c) => c.validate(self.env.num_envs).map_err(|e| Error::Config(format!("[algorithm]: {e}"))),
+        }
+    }
+
+    /// The resolved config as TOML (every default written out).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("an experiment config always serialises")
+    }
+
+    /// Short algorithm name (`"ppo"`).
+    pub fn algorithm_name(&self) -> &'static str {
+        match self.algorithm {
+            AlgorithmConfig::Ppo(_) => "ppo",
+        }
+    }
+}
+
+/// Apply one `a.b.c=value` override; `value` is read as a TOML value, or as a string if it is not one.
+fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
+    let (key, raw) = spec
+        .split_once('=')
+        .ok_or_else(|| Error::Config(format!("--set {spec:?}: expected key=value, e.g. algorithm.learning_rate=3e-4")))?;
+    let key = key.trim();
+    let value = match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").expect("parsed key"),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().filter(|s| !s.is_empty()).ok_or_else(|| Error::Config(format!("--set {spec:?}: empty key")))?;
+    let mut cursor = table;
+    for part in parts {
+        let entry = cursor.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cursor = entry
+            .as_table_mut()
+            .ok_or_else(|| Error::Config(format!("--set {spec:?}: {part:?} is not a table in the config")))?;
+    }
+    cursor.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[env]
+id = "CartPole-v1"
+
+[algorithm]
+kind = "ppo"
+"#;
+
+    #[test]
+    fn defaults_are_rl_zoo_and_resolved_config_round_trips() {
+        let c = ExperimentConfig::parse(BASE, &[]).unwrap();
+        assert_eq!(c.env.num_envs, 8);
+        assert_eq!(c.algorithm, AlgorithmConfig::Ppo(PpoConfig::default()));
+        let again = ExperimentConfig::parse(&c.to_toml(), &[]).unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn overrides_apply_and_are_checked() {
+        let c = ExperimentConfig::parse(BASE, &["algorithm.learning_rate=3e-4".into(), "run.device=cpu".into()]).unwrap();
+        let AlgorithmConfig::Ppo(p) = &c.algorithm;
+        assert_eq!(p.learning_rate, 3e-4);
+        assert_eq!(c.run.device, DeviceSpec::Cpu);
+        let e = ExperimentConfig::parse(BASE, &["algorithm.learnin_rate=3e-4".into()]).unwrap_err().to_string();
+        assert!(e.contains("learnin_rate"), "{e}");
+        let e = ExperimentConfig::parse(BASE, &["no_equals_sign".into()]).unwrap_err().to_string();
+        assert!(e.contains("key=value"), "{e}");
+    }
+
+    #[test]
+    fn bad_configs_name_the_problem() {
+        let cases = [
+            (format!("{BASE}\n[run]\nsede = 3\n"), "sede"),
+            (format!("{BASE}\n[run]\nseed = \"three\"\n"), "seed"),
+            (BASE.replace("CartPole-v1", "CartPole-v9"), "CartPole-v9"),
+            (BASE.replace("\"ppo\"", "\"pop\""), "pop"),
+            (format!("{BASE}n_stepz = 3\n"), "n_stepz"),
+            (format!("{BASE}batch_size = 100\n"), "batch_size"),
+            (format!("{BASE}\n[run]\ndevice = \"gpu\"\n"), "gpu"),
+            (format!("{BASE}\n[env.kwargs]\nlength = [1]\n"), "length"),
+        ];
+        for (text, needle) in cases {
+            let e = ExperimentConfig::parse(&text, &[]).unwrap_err().to_string();
+            assert!(e.contains(needle), "error for {needle:?} does not name it: {e}");
+        }
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let e = ExperimentConfig::load(Path::new("/nonexistent/x.toml"), &[]).unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/x.toml"), "{e}");
+    }
+
+    #[test]
+    fn device_specs() {
+        assert_eq!("cuda:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(1));
+        assert!("cuda:x".parse::<DeviceSpec>().is_err());
+        assert_eq!(DeviceSpec::Cpu.resolve().unwrap(), tch::Device::Cpu);
+    }
+}

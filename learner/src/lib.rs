@@ -1,0 +1,22 @@
+//! Flotilla's learner: the experiment config, the training loop, evaluation and run directories.
+//! The `flotilla` binary (`src/bin/flotilla.rs`) is the command-line front end.
+//!
+//! Library use:
+//! ```no_run
+//! use flotilla_learner::{config::ExperimentConfig, train::train};
+//! let config = ExperimentConfig::parse("[env]\nid = \"CartPole-v1\"\n[algorithm]\nkind = \"ppo\"\n", &[])?;
+//! let (agent, report) = train(&config, &mut |_row| Ok(()))?;
+//! println!("eval return {:.1}", report.final_eval().mean());
+//! # let _ = agent;
+//! # Ok::<(), flotilla_learner::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod actions;
+pub mod config;
+pub mod error;
+pub mod eval;
+pub mod run_dir;
+pub mod train;
+
+pub use error::{Error, Result};

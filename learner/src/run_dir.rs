@@ -1,0 +1,143 @@
+//! A run directory: everything one training run leaves behind.
+//!
+//! ```text
+//! RUN_DIR/
+//!   config.toml         the resolved config (every default written out)
+//!   metrics.csv         one row per log interval: env steps, episodic return, losses, steps/s, evaluations
+//!   model.safetensors   final policy weights
+//! ```
+//! `config.toml` and the weights are written atomically (temporary file, fsync, rename); `metrics.csv` is
+//! appended and flushed row by row, so a crash loses at most the row being written.
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use crate::config::ExperimentConfig;
+use crate::{Error, Result};
+
+/// File names inside a run directory.
+pub const CONFIG_FILE: &str = "config.toml";
+/// Metrics CSV file name.
+pub const METRICS_FILE: &str = "metrics.csv";
+/// Final weights file name.
+pub const MODEL_FILE: &str = "model.safetensors";
+
+/// An open run directory.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    path: PathBuf,
+}
+
+impl RunDir {
+    /// Create `path` (and parents) for a new run and write the resolved config. Refuses a directory that
+    /// already holds a run, so results are never mixed.
+    pub fn create(path: &Path, config: &ExperimentConfig) -> Result<Self> {
+        if path.join(CONFIG_FILE).exists() {
+            return Err(Error::RunDir(format!(
+                "{} already holds a run ({CONFIG_FILE} exists); choose another --out",
+                path.display()
+            )));
+        }
+        std::fs::create_dir_all(path).map_err(|e| io("creating run directory", path, e))?;
+        write_atomic(&path.join(CONFIG_FILE), config.to_toml().as_bytes())?;
+        Ok(RunDir { path: path.to_path_buf() })
+    }
+
+    /// Open an existing run directory and read its resolved config.
+    pub fn open(path: &Path) -> Result<(Self, ExperimentConfig)> {
+        if !path.is_dir() {
+            return Err(Error::RunDir(format!("run directory {} does not exist", path.display())));
+        }
+        let config_path = path.join(CONFIG_FILE);
+        if !config_path.is_file() {
+            return Err(Error::RunDir(format!("{} is not a run directory: no {CONFIG_FILE}", path.display())));
+        }
+        let config = ExperimentConfig::load(&config_path, &[])?;
+        Ok((RunDir { path: path.to_path_buf() }, config))
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the final weights go.
+    pub fn model_path(&self) -> PathBuf {
+        self.path.join(MODEL_FILE)
+    }
+
+    /// Start the metrics CSV.
+    pub fn metrics_writer(&self) -> Result<CsvWriter> {
+        CsvWriter::create(&self.path.join(METRICS_FILE))
+    }
+}
+
+/// Write `bytes` to `path` atomically: temporary file in the same directory, fsync, rename, fsync directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut f = File::create(&tmp).map_err(|e| io("creating", &tmp, e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| io("writing", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", path, e))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing", dir, e))?;
+    Ok(())
+}
+
+fn io(action: &'static str, path: &Path, source: std::io::Error) -> Error {
+    Error::Io { action, path: path.display().to_string(), source }
+}
+
+/// A CSV file whose header is fixed by the first row; later rows must have the same columns.
+#[derive(Debug)]
+pub struct CsvWriter {
+    out: BufWriter<File>,
+    path: PathBuf,
+    columns: Option<Vec<String>>,
+}
+
+impl CsvWriter {
+    /// Create (truncate) the file.
+    pub fn create(path: &Path) -> Result<Self> {
+        let f = OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(|e| io("creating", path, e))?;
+        Ok(CsvWriter { out: BufWriter::new(f), path: path.to_path_buf(), columns: None })
+    }
+
+    /// Append one row of `(column, value)` pairs (`None` writes an empty cell) and flush it.
+    pub fn write_row(&mut self, row: &[(&str, Option<f64>)]) -> Result<()> {
+        let names: Vec<String> = row.iter().map(|(n, _)| n.to_string()).collect();
+        match &self.columns {
+            None => {
+                writeln!(self.out, "{}", names.join(",")).map_err(|e| io("writing", &self.path, e))?;
+                self.columns = Some(names);
+            }
+            Some(cols) if *cols != names => {
+                return Err(Error::RunDir(format!("{}: row columns {names:?} differ from header {cols:?}", self.path.display())));
+            }
+            Some(_) => {}
+        }
+        let cells: Vec<String> = row.iter().map(|(_, v)| v.map(|x| x.to_string()).unwrap_or_default()).collect();
+        writeln!(self.out, "{}", cells.join(",")).and_then(|_| self.out.flush()).map_err(|e| io("writing", &self.path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_header_then_rows_and_mismatch_refused() {
+        let dir = std::env::temp_dir().join(format!("flotilla-csv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.csv");
+        let mut w = CsvWriter::create(&path).unwrap();
+        w.write_row(&[("a", Some(1.0)), ("b", None)]).unwrap();
+        w.write_row(&[("a", Some(2.5)), ("b", Some(-1.0))]).unwrap();
+        assert!(w.write_row(&[("a", Some(1.0))]).is_err());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a,b\n1,\n2.5,-1\n");
+        write_atomic(&dir.join("x.txt"), b"hello").unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("x.txt")).unwrap(), "hello");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temporary file left");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

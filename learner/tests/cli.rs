@@ -1,0 +1,109 @@
+//! The `flotilla` binary end to end: train writes a complete run directory, eval reads it back, and bad
+//! input fails with a message that names the problem.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/cartpole_ppo.toml");
+
+fn flotilla(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flotilla")).args(args).output().expect("the flotilla binary runs")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flotilla-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn train_writes_a_run_dir_and_eval_reads_it() {
+    let dir = scratch("train");
+    let run = dir.join("run");
+    let out = flotilla(&[
+        "train", CONFIG, "--set", "run.total_env_steps=4096", "--set", "eval.interval_steps=2048",
+        "--set", "metrics.log_interval_steps=1024", "--out", run.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("evaluation return:"), "{stdout}");
+    assert!(stdout.contains(&format!("saved policy: {}", run.join("model.safetensors").display())), "{stdout}");
+    // Progress was visible while it ran.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("steps     1024"), "{}", text(&out));
+
+    // The resolved config has every default written out, and the override applied.
+    let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(resolved.contains("total_env_steps = 4096") && resolved.contains("gae_lambda = 0.8"), "{resolved}");
+    // Metrics: a header and one row per 1024 steps, env steps increasing, evaluations at 2048 and 4096.
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    for col in ["env_steps", "charts/episodic_return", "charts/sps", "losses/policy_loss", "losses/value_loss", "eval/mean_return"] {
+        assert!(header.contains(&col), "missing column {col}: {header:?}");
+    }
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let steps: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(steps, ["1024", "2048", "3072", "4096"]);
+    let eval_col = header.iter().position(|c| *c == "eval/mean_return").unwrap();
+    let evals: Vec<bool> = rows.iter().map(|r| !r[eval_col].is_empty()).collect();
+    assert_eq!(evals, [false, true, false, true]);
+    assert!(run.join("model.safetensors").is_file());
+
+    let out = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "3"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("mean return") && stdout.contains("over 3 episodes"), "{stdout}");
+
+    // The same run directory is not overwritten.
+    let out = flotilla(&["train", CONFIG, "--out", run.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("already holds a run"), "{}", text(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn bad_configs_fail_naming_key_value_and_file() {
+    let dir = scratch("bad");
+    let base = std::fs::read_to_string(CONFIG).unwrap();
+    let cases = [
+        ("unknown_key.toml", base.replace("n_epochs = 20", "n_epocs = 20"), "n_epocs"),
+        ("wrong_type.toml", base.replace("num_envs = 8", "num_envs = \"eight\""), "num_envs"),
+        ("unknown_env.toml", base.replace("CartPole-v1", "CartPole-v7"), "CartPole-v7"),
+        ("unknown_kind.toml", base.replace("kind = \"ppo\"", "kind = \"ppg\""), "ppg"),
+        ("bad_kwarg.toml", format!("{base}\n[env.kwargs]\npole_colour = 3\n"), "pole_colour"),
+    ];
+    for (name, body, needle) in cases {
+        let path = write(&dir, name, &body);
+        let out = flotilla(&["train", &path, "--out", dir.join(name).with_extension("run").to_str().unwrap()]);
+        assert!(!out.status.success(), "{name} was accepted");
+        let msg = text(&out);
+        assert!(msg.contains(needle) && msg.contains(name), "{name}: message does not name {needle:?} and the file: {msg}");
+        assert!(!msg.contains("panicked"), "{msg}");
+    }
+    let out = flotilla(&["train", CONFIG, "--set", "algorithm.batch_size=100", "--out", dir.join("x").to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("batch_size"), "{}", text(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn eval_of_a_missing_or_incomplete_run_dir_says_so() {
+    let dir = scratch("missing");
+    let missing = dir.join("nope");
+    let out = flotilla(&["eval", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("does not exist") && text(&out).contains("nope"), "{}", text(&out));
+    let out = flotilla(&["eval", dir.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("not a run directory"), "{}", text(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
