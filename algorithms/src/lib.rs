@@ -7,11 +7,13 @@
 //! The crate knows environments only through `flotilla_core` types and never touches files except in explicit
 //! save/load calls, tokio or the network.
 
+pub mod adam;
 pub mod distributions;
 pub mod error;
 pub mod gae;
 pub mod metrics;
 pub mod nets;
+pub mod params;
 pub mod ppo;
 pub mod rollout;
 pub mod weights;

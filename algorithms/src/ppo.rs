@@ -21,13 +21,14 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
-use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
 use crate::distributions::{sample_categorical, sample_diag_gaussian, ActionDist};
-use crate::nets::{with_torch_seed, Activation, Mlp};
+use crate::adam::Adam;
+use crate::nets::{with_torch_seed, Activation, TwinMlp};
+use crate::params::FlatParams;
 use crate::rollout::Rollout;
-use crate::{weights, Error, Metrics, Result};
+use crate::{Error, Metrics, Result};
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -212,12 +213,28 @@ enum ActionKind {
     Continuous(usize),
 }
 
-/// Separate policy and value MLPs, plus a log-std vector for Gaussian policies.
+/// Separate policy and value MLPs (run as one [`TwinMlp`]), plus a log-std vector for Gaussian policies, all
+/// in one [`FlatParams`] buffer.
 #[derive(Debug)]
 struct ActorCritic {
-    pi: Mlp,
-    vf: Mlp,
-    log_std: Option<Tensor>,
+    params: FlatParams,
+    twin: TwinMlp,
+    log_std: Option<usize>,
+}
+
+impl ActorCritic {
+    /// Policy head output (logits or means) and values `[B]`.
+    fn forward(&self, obs: &Tensor) -> (Tensor, Tensor) {
+        let (head, value) = self.twin.forward(&self.params, obs);
+        (head, value.squeeze_dim(1))
+    }
+
+    fn dist(&self, head: Tensor) -> ActionDist {
+        match self.log_std {
+            None => ActionDist::Categorical { logits: head },
+            Some(i) => ActionDist::DiagGaussian { mean: head, log_std: self.params.view(i).shallow_clone() },
+        }
+    }
 }
 
 /// What the policy did for a batch of observations. Buffers are reused between calls.
@@ -238,9 +255,8 @@ pub struct ActOutput {
 pub struct Ppo {
     /// Hyperparameters.
     pub config: PpoConfig,
-    vs: nn::VarStore,
     net: ActorCritic,
-    opt: nn::Optimizer,
+    opt: Adam,
     action: ActionKind,
     obs_dim: usize,
     rng: Pcg64,
@@ -268,23 +284,24 @@ impl Ppo {
                 return Err(Error::UnsupportedSpace { which: "action", algorithm: "ppo", detail: format!("{other:?}") })
             }
         };
-        let (vs, net) = with_torch_seed(seed, || {
-            let vs = nn::VarStore::new(device);
-            let root = vs.root();
-            let (outputs, log_std) = match action {
-                ActionKind::Discrete(n) => (n, None),
-                ActionKind::Continuous(d) => {
-                    (d, Some(root.var("log_std", &[d as i64], nn::Init::Const(config.log_std_init))))
-                }
-            };
-            let act = config.activation;
-            let pi = Mlp::new(&(&root / "pi"), obs_dim as i64, &config.hidden_sizes, outputs as i64, act, 0.01);
-            let vf = Mlp::new(&(&root / "vf"), obs_dim as i64, &config.hidden_sizes, 1, act, 1.0);
-            (vs, ActorCritic { pi, vf, log_std })
+        let outputs = match action {
+            ActionKind::Discrete(n) | ActionKind::Continuous(n) => n as i64,
+        };
+        let (twin, mut named) = with_torch_seed(seed, || {
+            let (h, act) = (&config.hidden_sizes, config.activation);
+            TwinMlp::init("pi_vf", obs_dim as i64, h, [outputs, 1], act, [0.01, 1.0], 0)
         });
-        let adam = nn::Adam { eps: config.adam_eps, ..Default::default() };
-        let opt = adam.build(&vs, config.learning_rate)?;
-        Ok(Ppo { config, vs, net, opt, action, obs_dim, rng: Pcg64::seed_from_u64(seed ^ 0x5050_4f00), device })
+        let log_std = match action {
+            ActionKind::Discrete(_) => None,
+            ActionKind::Continuous(d) => {
+                named.push(("log_std".into(), Tensor::full([d as i64], config.log_std_init, (Kind::Float, Device::Cpu))));
+                Some(named.len() - 1)
+            }
+        };
+        let params = FlatParams::new(named, device);
+        let opt = Adam::new(&params, config.learning_rate, config.adam_eps);
+        let net = ActorCritic { params, twin, log_std };
+        Ok(Ppo { config, net, opt, action, obs_dim, rng: Pcg64::seed_from_u64(seed ^ 0x5050_4f00), device })
     }
 
     /// Flattened observation size the policy expects.
@@ -300,9 +317,9 @@ impl Ppo {
         }
     }
 
-    /// The network's variables (for saving, broadcasting or inspecting).
-    pub fn var_store(&self) -> &nn::VarStore {
-        &self.vs
+    /// The network's parameters (for saving, broadcasting or inspecting).
+    pub fn params(&self) -> &FlatParams {
+        &self.net.params
     }
 
     fn obs_tensor(&self, obs: &[f32]) -> Result<Tensor> {
@@ -316,9 +333,9 @@ impl Ppo {
     /// the most likely action. Fills `out` with actions, their log-probs and the values.
     pub fn act(&mut self, obs: &[f32], deterministic: bool, out: &mut ActOutput) -> Result<()> {
         let x = self.obs_tensor(obs)?;
-        let (head, values) = tch::no_grad(|| (self.net.pi.forward(&x), self.net.vf.forward(&x)));
-        out.values = Vec::<f32>::try_from(values.flatten(0, -1))?;
-        let head = Vec::<f32>::try_from(head.flatten(0, -1))?;
+        let (head, values) = tch::no_grad(|| self.net.forward(&x));
+        out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
+        let head = Vec::<f32>::try_from(head.flatten(0, -1).to_device(Device::Cpu))?;
         match self.action {
             ActionKind::Discrete(n) => {
                 sample_categorical(&head, n, deterministic, &mut self.rng, &mut out.scratch);
@@ -330,8 +347,8 @@ impl Ppo {
                 }
             }
             ActionKind::Continuous(_) => {
-                let log_std = self.net.log_std.as_ref().expect("Gaussian policies have a log-std");
-                let log_std = Vec::<f32>::try_from(log_std)?;
+                let i = self.net.log_std.expect("Gaussian policies have a log-std");
+                let log_std = Vec::<f32>::try_from(self.net.params.view(i).detach().to_device(Device::Cpu))?;
                 sample_diag_gaussian(&head, &log_std, deterministic, &mut self.rng, &mut out.actions, &mut out.log_probs);
             }
         }
@@ -341,16 +358,8 @@ impl Ppo {
     /// `V(obs)` for a batch of observations.
     pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
         let x = self.obs_tensor(obs)?;
-        let v = tch::no_grad(|| self.net.vf.forward(&x));
-        Ok(Vec::<f32>::try_from(v.flatten(0, -1))?)
-    }
-
-    fn dist(&self, obs: &Tensor) -> ActionDist {
-        let head = self.net.pi.forward(obs);
-        match &self.net.log_std {
-            None => ActionDist::Categorical { logits: head },
-            Some(log_std) => ActionDist::DiagGaussian { mean: head, log_std: log_std.shallow_clone() },
-        }
+        let (_, v) = tch::no_grad(|| self.net.forward(&x));
+        Ok(Vec::<f32>::try_from(v.to_device(Device::Cpu))?)
     }
 
     /// One PPO update on a finished rollout. `progress_remaining` goes from 1 (start of training) to 0 (end)
@@ -364,7 +373,7 @@ impl Ppo {
         let progress = progress_remaining.clamp(0.0, 1.0);
         let lr = if c.anneal_lr { c.learning_rate * progress } else { c.learning_rate };
         let clip_range = if c.anneal_clip_range { c.clip_range * progress } else { c.clip_range };
-        self.opt.set_lr(lr);
+        self.opt.lr = lr;
         let coefficients = LossCoefficients {
             clip_range,
             clip_range_vf: c.clip_range_vf,
@@ -393,9 +402,8 @@ impl Ppo {
                 let pick = |t: &Tensor| {
                     if batch_size == n { t.shallow_clone() } else { t.index_select(0, &Tensor::from_slice(minibatch).to_device(d)) }
                 };
-                let mb_obs = pick(&obs);
-                let dist = self.dist(&mb_obs);
-                let values = self.net.vf.forward(&mb_obs).squeeze_dim(1);
+                let (head, values) = self.net.forward(&pick(&obs));
+                let dist = self.net.dist(head);
                 let loss = ppo_loss(
                     &dist.log_prob(&pick(&actions)),
                     &pick(&old_log_prob),
@@ -406,10 +414,10 @@ impl Ppo {
                     &pick(&returns),
                     coefficients,
                 );
-                self.opt.zero_grad();
+                self.net.params.zero_grad();
                 loss.total.backward();
-                self.opt.clip_grad_norm(max_grad_norm);
-                self.opt.step();
+                self.net.params.clip_grad_norm(max_grad_norm);
+                self.opt.step(&mut self.net.params);
                 let stop = target_kl.is_some_and(|t| f64::try_from(&loss.approx_kl).unwrap_or(0.0) > 1.5 * t);
                 last = Some(loss);
                 if stop {
@@ -433,12 +441,12 @@ impl Ppo {
 
     /// Save the network's weights to a safetensors file, atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
-        weights::save_atomic(&self.vs, path)
+        self.net.params.save(path)
     }
 
     /// Load weights saved by [`Ppo::save`] for the same spaces and config.
     pub fn load(&mut self, path: &Path) -> Result<()> {
-        weights::load(&mut self.vs, path)
+        self.net.params.load(path)
     }
 }
 

@@ -1,0 +1,362 @@
+//! [`VecEnv`]: N environments stepped in lock-step, with batched buffers and same-step auto-reset.
+//!
+//! The counterpart of Gymnasium 1.x's `SyncVectorEnv` (`gymnasium/vector/sync_vector_env.py`), with one
+//! deliberate difference in auto-reset:
+//!
+//! * **Here (same-step, as Gymnasium's `AutoresetMode.SAME_STEP` and Stable-Baselines3):** when env `i`
+//!   terminates or truncates during `step`, it is reset inside that same call. The step reports the
+//!   finishing transition's reward and flags, `obs()` row `i` is already the *first observation of the
+//!   next episode*, and the true last observation of the finished episode is kept in
+//!   [`final_obs(i)`](VecEnv::final_obs) until the next step.
+//! * **Gymnasium 1.x's default (`NEXT_STEP`):** the finishing step returns the final observation, and the
+//!   *next* `step` call ignores env `i`'s action, resets it and returns a dummy transition (reward 0,
+//!   not done) with the first observation.
+//!
+//! Same-step is chosen because every `(obs, action, reward)` an actor records is then a real
+//! transition: no dummy steps to mask out of trajectories, no wasted action, and the value of a
+//! truncated episode is bootstrapped from `final_obs(i)`, which is exactly the state the time limit cut.
+//! Rule for learners: on `terminated[i]` do not bootstrap; on `truncated[i] && !terminated[i]` bootstrap
+//! from `final_obs(i)` (both flags are set when the last allowed step also terminates, as in Gymnasium).
+//!
+//! Auto-resets call `reset(None)`, continuing each env's own stream, so `reset(Some(seed))` (env `i`
+//! gets `seed + i`) fixes every later episode too. The step path allocates nothing: buffers are owned
+//! by the `VecEnv` and reused, and envs write into them through [`BufferedEnv`].
+//! Only f32 observations are batched for now; envs with u8 (image) observation spaces are rejected
+//! with [`Error::Unsupported`] at construction.
+
+use flotilla_core::{Action, DType, Env, Error, Result, Space};
+
+use crate::buffered::{BoxedEnv, BufferedEnv};
+use crate::kwargs::Kwargs;
+use crate::registry;
+
+/// A batch of actions, one per env, flattened.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum VecActions<'a> {
+    /// One index per env (`Discrete` action spaces).
+    Discrete(&'a [i64]),
+    /// `num_envs * action_dim` values, env-major (`Box` action spaces).
+    Continuous(&'a [f32]),
+}
+
+/// One finished episode, reported by the step that ended it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EpisodeStats {
+    /// Which env of the batch.
+    pub env_index: usize,
+    /// Undiscounted sum of the episode's rewards (summed in f64 from the unrounded rewards).
+    pub return_: f64,
+    /// Number of steps in the episode.
+    pub length: usize,
+    /// Whether it ended by truncation (time limit) rather than termination.
+    pub truncated: bool,
+}
+
+/// A borrowed view of what the last [`VecEnv::step`] wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct VecStep<'a> {
+    /// `num_envs * obs_dim` observations; for envs that just finished, the first of the next episode.
+    pub obs: &'a [f32],
+    /// One reward per env, rounded to f32 for the learner (episode returns are summed in f64).
+    pub rewards: &'a [f32],
+    /// Per env: the episode reached a terminal state (do not bootstrap).
+    pub terminated: &'a [bool],
+    /// Per env: the episode was cut by the time limit (bootstrap from [`final_obs`](VecStep::final_obs)).
+    pub truncated: &'a [bool],
+    /// Episodes that ended in this step.
+    pub episodes: &'a [EpisodeStats],
+    final_obs: &'a [f32],
+    has_final: &'a [bool],
+    obs_dim: usize,
+}
+
+impl<'a> VecStep<'a> {
+    /// The true last observation of env `i`'s episode if it ended in this step.
+    pub fn final_obs(&self, i: usize) -> Option<&'a [f32]> {
+        final_row(self.final_obs, self.has_final, self.obs_dim, i)
+    }
+}
+
+fn final_row<'a>(final_obs: &'a [f32], has_final: &[bool], dim: usize, i: usize) -> Option<&'a [f32]> {
+    if *has_final.get(i)? { final_obs.get(i * dim..(i + 1) * dim) } else { None }
+}
+
+/// N environments with identical spaces, stepped in lock-step with same-step auto-reset (see the module
+/// docs for how that differs from Gymnasium's default and why).
+///
+/// ```
+/// use flotilla_envs::{Kwargs, VecActions, VecEnv};
+/// let mut envs = VecEnv::make("CartPole-v1", &Kwargs::new(), 4)?;
+/// envs.reset(Some(42))?;
+/// let actions = [0i64, 1, 0, 1];
+/// for _ in 0..100 {
+///     let step = envs.step(&VecActions::Discrete(&actions))?;
+///     for i in 0..4 {
+///         if step.truncated[i] {
+///             let _bootstrap_from = step.final_obs(i).expect("kept for finished envs");
+///         }
+///     }
+///     for episode in step.episodes {
+///         assert!(episode.length >= 1);
+///     }
+/// }
+/// # Ok::<(), flotilla_core::Error>(())
+/// ```
+pub struct VecEnv {
+    envs: Vec<Box<dyn BufferedEnv>>,
+    id: String,
+    observation_space: Space,
+    action_space: Space,
+    obs_dim: usize,
+    action_dim: usize,
+    obs: Vec<f32>,
+    rewards: Vec<f32>,
+    terminated: Vec<bool>,
+    truncated: Vec<bool>,
+    final_obs: Vec<f32>,
+    has_final: Vec<bool>,
+    returns: Vec<f64>,
+    lengths: Vec<usize>,
+    episodes: Vec<EpisodeStats>,
+    ready: bool,
+}
+
+impl VecEnv {
+    /// `n` copies of a registered env from [`make_buffered`](registry::make_buffered): the fast path.
+    pub fn make(id: &str, kwargs: &Kwargs, n: usize) -> Result<Self> {
+        let envs = (0..n).map(|_| registry::make_buffered(id, kwargs)).collect::<Result<Vec<_>>>()?;
+        VecEnv::from_buffered(envs)
+    }
+
+    /// Any boxed envs (e.g. Python-bridged ones), each observation copied out of its `Vec`.
+    pub fn new(envs: Vec<Box<dyn Env>>) -> Result<Self> {
+        VecEnv::from_buffered(envs.into_iter().map(|e| Box::new(BoxedEnv::new(e)) as Box<dyn BufferedEnv>).collect())
+    }
+
+    /// Envs that write into the batch directly. They must share observation and action spaces; f32
+    /// observations only.
+    pub fn from_buffered(envs: Vec<Box<dyn BufferedEnv>>) -> Result<Self> {
+        let Some(first) = envs.first() else {
+            return Err(Error::BadArgument {
+                env: "VecEnv".into(),
+                key: "envs".into(),
+                detail: "needs at least one environment".into(),
+            });
+        };
+        let id = first.id().to_string();
+        let observation_space = first.observation_space().clone();
+        let action_space = first.action_space().clone();
+        if let Space::Box { dtype: DType::U8, .. } = observation_space {
+            return Err(Error::Unsupported { env: id, what: "batching u8 observations in VecEnv".into() });
+        }
+        for (i, env) in envs.iter().enumerate().skip(1) {
+            if env.observation_space() != &observation_space || env.action_space() != &action_space {
+                return Err(Error::BadArgument {
+                    env: id,
+                    key: "envs".into(),
+                    detail: format!("env {i} ({}) has different spaces than env 0", env.id()),
+                });
+            }
+        }
+        let n = envs.len();
+        let obs_dim = observation_space.flat_dim();
+        let action_dim = action_space.flat_dim();
+        Ok(VecEnv {
+            envs,
+            id,
+            observation_space,
+            action_space,
+            obs_dim,
+            action_dim,
+            obs: vec![0.0; n * obs_dim],
+            rewards: vec![0.0; n],
+            terminated: vec![false; n],
+            truncated: vec![false; n],
+            final_obs: vec![0.0; n * obs_dim],
+            has_final: vec![false; n],
+            returns: vec![0.0; n],
+            lengths: vec![0; n],
+            episodes: Vec::with_capacity(n),
+            ready: false,
+        })
+    }
+
+    /// Number of envs.
+    pub fn num_envs(&self) -> usize {
+        self.envs.len()
+    }
+
+    /// Id of the envs (of env 0, for mixed batches).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Space of one env's observation.
+    pub fn observation_space(&self) -> &Space {
+        &self.observation_space
+    }
+
+    /// Space of one env's action.
+    pub fn action_space(&self) -> &Space {
+        &self.action_space
+    }
+
+    /// Elements of one observation (row length of [`obs`](VecEnv::obs)).
+    pub fn obs_dim(&self) -> usize {
+        self.obs_dim
+    }
+
+    /// Elements of one action (1 for discrete).
+    pub fn action_dim(&self) -> usize {
+        self.action_dim
+    }
+
+    /// The envs, e.g. to read one's physical state.
+    pub fn envs(&self) -> &[Box<dyn BufferedEnv>] {
+        &self.envs
+    }
+
+    /// Resets every env (env `i` with `seed + i`, or continuing its stream on `None`) and returns the
+    /// `num_envs * obs_dim` first observations.
+    pub fn reset(&mut self, seed: Option<u64>) -> Result<&[f32]> {
+        self.ready = false;
+        let d = self.obs_dim;
+        for (i, (env, obs)) in self.envs.iter_mut().zip(self.obs.chunks_exact_mut(d)).enumerate() {
+            env.reset_into(seed.map(|s| s.wrapping_add(i as u64)), obs)?;
+        }
+        self.rewards.fill(0.0);
+        self.terminated.fill(false);
+        self.truncated.fill(false);
+        self.has_final.fill(false);
+        self.returns.fill(0.0);
+        self.lengths.fill(0);
+        self.episodes.clear();
+        self.ready = true;
+        Ok(&self.obs)
+    }
+
+    /// Steps every env with its action, auto-resetting the ones that finish (see the module docs).
+    ///
+    /// All actions are checked before any env moves, so an invalid batch is an error with no effect.
+    /// If an env itself fails mid-batch the batch is inconsistent: later calls return
+    /// [`Error::ResetNeeded`] until [`reset`](VecEnv::reset).
+    pub fn step(&mut self, actions: &VecActions<'_>) -> Result<VecStep<'_>> {
+        if !self.ready {
+            return Err(Error::ResetNeeded { env: self.id.clone() });
+        }
+        self.check_actions(actions)?;
+        self.ready = false;
+        self.episodes.clear();
+        let d = self.obs_dim;
+        let k = self.action_dim.max(1);
+        let rows = self.envs.iter_mut().zip(self.obs.chunks_exact_mut(d)).zip(self.final_obs.chunks_exact_mut(d));
+        for (i, ((env, obs), final_obs)) in rows.enumerate() {
+            let action = match *actions {
+                VecActions::Discrete(a) => Action::Discrete(a[i]),
+                VecActions::Continuous(a) => Action::Continuous(&a[i * k..(i + 1) * k]),
+            };
+            let out = env.step_into(action, obs)?;
+            self.rewards[i] = out.reward as f32;
+            self.terminated[i] = out.terminated;
+            self.truncated[i] = out.truncated;
+            self.returns[i] += out.reward;
+            self.lengths[i] += 1;
+            let done = out.terminated || out.truncated;
+            self.has_final[i] = done;
+            if done {
+                final_obs.copy_from_slice(obs);
+                self.episodes.push(EpisodeStats {
+                    env_index: i,
+                    return_: self.returns[i],
+                    length: self.lengths[i],
+                    truncated: out.truncated && !out.terminated,
+                });
+                self.returns[i] = 0.0;
+                self.lengths[i] = 0;
+                env.reset_into(None, obs)?;
+            }
+        }
+        self.ready = true;
+        Ok(self.view())
+    }
+
+    fn check_actions(&self, actions: &VecActions<'_>) -> Result<()> {
+        let n = self.envs.len();
+        let invalid = |detail: String| Error::InvalidAction { env: self.id.clone(), detail };
+        match (*actions, &self.action_space) {
+            (VecActions::Discrete(a), Space::Discrete { n: size, start }) => {
+                if a.len() != n {
+                    return Err(invalid(format!("{} discrete actions for {n} envs", a.len())));
+                }
+                let end = start.saturating_add(*size as i64);
+                if let Some(i) = a.iter().position(|x| !(*start..end).contains(x)) {
+                    return Err(invalid(format!("action {} for env {i} is outside {start}..{end}", a[i])));
+                }
+            }
+            (VecActions::Continuous(a), Space::Box { .. }) => {
+                let want = n * self.action_dim;
+                if a.len() != want {
+                    return Err(invalid(format!(
+                        "{} continuous values for {n} envs of action dimension {}, expected {want}",
+                        a.len(),
+                        self.action_dim
+                    )));
+                }
+                if let Some(j) = a.iter().position(|x| !x.is_finite()) {
+                    let env = j / self.action_dim.max(1);
+                    return Err(invalid(format!("action value {} for env {env} is not finite", a[j])));
+                }
+            }
+            (VecActions::Discrete(_), space) => {
+                return Err(invalid(format!("discrete actions given for the action space {space:?}")));
+            }
+            (VecActions::Continuous(_), space) => {
+                return Err(invalid(format!("continuous actions given for the action space {space:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn view(&self) -> VecStep<'_> {
+        VecStep {
+            obs: &self.obs,
+            rewards: &self.rewards,
+            terminated: &self.terminated,
+            truncated: &self.truncated,
+            episodes: &self.episodes,
+            final_obs: &self.final_obs,
+            has_final: &self.has_final,
+            obs_dim: self.obs_dim,
+        }
+    }
+
+    /// Current observations, `num_envs * obs_dim`, env-major.
+    pub fn obs(&self) -> &[f32] {
+        &self.obs
+    }
+
+    /// Rewards of the last step.
+    pub fn rewards(&self) -> &[f32] {
+        &self.rewards
+    }
+
+    /// `terminated` flags of the last step.
+    pub fn terminated(&self) -> &[bool] {
+        &self.terminated
+    }
+
+    /// `truncated` flags of the last step.
+    pub fn truncated(&self) -> &[bool] {
+        &self.truncated
+    }
+
+    /// The true last observation of env `i`'s episode, if it ended in the last step.
+    pub fn final_obs(&self, i: usize) -> Option<&[f32]> {
+        final_row(&self.final_obs, &self.has_final, self.obs_dim, i)
+    }
+
+    /// Episodes that ended in the last step.
+    pub fn episodes(&self) -> &[EpisodeStats] {
+        &self.episodes
+    }
+}

@@ -1,0 +1,229 @@
+//! `VecEnv`: same-step auto-reset checked against single envs stepped alongside, episode statistics,
+//! seeding, and rejection of bad batches and unbatchable envs.
+
+use flotilla_core::{Action, DType, Env, Error, Info, Obs, Result, Space, Step};
+use flotilla_envs::{Kwargs, VecActions, VecEnv, make};
+
+/// Deterministic action pattern for env `i` at step `t`.
+fn discrete_action(i: usize, t: usize, n: i64) -> i64 {
+    ((i * 31 + t * 17 + (t * t) % 7) as i64) % n
+}
+
+fn continuous_action(i: usize, t: usize) -> f32 {
+    (((i * 13 + t * 7) % 9) as f32 - 4.0) * 0.6
+}
+
+/// Steps a `VecEnv` and `n` single envs (seeded `seed + i`) side by side for `steps` steps and checks
+/// every output, including the kept final observations and the episode statistics.
+fn check_against_single_envs(id: &str, kwargs: &Kwargs, n: usize, steps: usize) -> usize {
+    let seed = 100;
+    let mut venv = VecEnv::make(id, kwargs, n).unwrap();
+    let mut singles: Vec<Box<dyn Env>> = (0..n).map(|_| make(id, kwargs).unwrap()).collect();
+    let d = venv.obs_dim();
+    let first = venv.reset(Some(seed)).unwrap().to_vec();
+    for (i, env) in singles.iter_mut().enumerate() {
+        let (obs, _) = env.reset(Some(seed + i as u64)).unwrap();
+        assert_eq!(obs.as_f32().unwrap(), &first[i * d..(i + 1) * d]);
+    }
+    let (mut returns, mut lengths) = (vec![0.0f64; n], vec![0usize; n]);
+    let mut finished = 0;
+    for t in 0..steps {
+        let discrete: Vec<i64> = (0..n)
+            .map(|i| match venv.action_space() {
+                Space::Discrete { n: size, .. } => discrete_action(i, t, *size as i64),
+                Space::Box { .. } => 0,
+            })
+            .collect();
+        let continuous: Vec<f32> = (0..n).map(|i| continuous_action(i, t)).collect();
+        let actions = match venv.action_space() {
+            Space::Discrete { .. } => VecActions::Discrete(&discrete),
+            Space::Box { .. } => VecActions::Continuous(&continuous),
+        };
+        let out = venv.step(&actions).unwrap();
+        let mut expected_episodes = vec![];
+        for (i, env) in singles.iter_mut().enumerate() {
+            let action = match actions {
+                VecActions::Discrete(a) => Action::Discrete(a[i]),
+                VecActions::Continuous(a) => Action::Continuous(&a[i..i + 1]),
+            };
+            let step = env.step(action).unwrap();
+            let obs = step.obs.as_f32().unwrap();
+            assert_eq!(out.rewards[i], step.reward as f32, "{id} t={t} env {i}");
+            assert_eq!(out.terminated[i], step.terminated, "{id} t={t} env {i}");
+            assert_eq!(out.truncated[i], step.truncated, "{id} t={t} env {i}");
+            returns[i] += step.reward;
+            lengths[i] += 1;
+            if step.terminated || step.truncated {
+                // The true last observation is kept; the batch row already holds the next episode's first.
+                assert_eq!(out.final_obs(i), Some(obs), "{id} t={t} env {i}");
+                let (next, _) = env.reset(None).unwrap();
+                assert_eq!(&out.obs[i * d..(i + 1) * d], next.as_f32().unwrap(), "{id} t={t} env {i}");
+                expected_episodes.push((i, returns[i], lengths[i], step.truncated));
+                returns[i] = 0.0;
+                lengths[i] = 0;
+            } else {
+                assert_eq!(out.final_obs(i), None);
+                assert_eq!(&out.obs[i * d..(i + 1) * d], obs, "{id} t={t} env {i}");
+            }
+        }
+        let got: Vec<_> = out.episodes.iter().map(|e| (e.env_index, e.return_, e.length, e.truncated)).collect();
+        assert_eq!(got, expected_episodes, "{id} t={t}");
+        let finals: Vec<_> = (0..n).map(|i| out.final_obs(i).map(<[f32]>::to_vec)).collect();
+        // The accessors on VecEnv agree with the view the step returned.
+        assert_eq!((0..n).map(|i| venv_final(&venv, i)).collect::<Vec<_>>(), finals);
+        assert_eq!(venv.episodes().len(), got.len());
+        finished += got.len();
+    }
+    finished
+}
+
+fn venv_final(venv: &VecEnv, i: usize) -> Option<Vec<f32>> {
+    venv.final_obs(i).map(<[f32]>::to_vec)
+}
+
+#[test]
+fn auto_reset_keeps_the_true_final_obs_discrete() {
+    // A short limit so both terminations and truncations happen.
+    let kwargs = Kwargs::new().with("max_episode_steps", 25i64);
+    let finished = check_against_single_envs("CartPole-v1", &kwargs, 5, 400);
+    assert!(finished > 40, "only {finished} episodes finished");
+    let finished = check_against_single_envs("Acrobot-v1", &Kwargs::new().with("max_episode_steps", 30i64), 3, 100);
+    assert!(finished >= 9, "only {finished} episodes finished");
+}
+
+#[test]
+fn auto_reset_keeps_the_true_final_obs_continuous() {
+    let finished = check_against_single_envs("Pendulum-v1", &Kwargs::new().with("max_episode_steps", 20i64), 4, 100);
+    assert_eq!(finished, 4 * 5);
+    let finished =
+        check_against_single_envs("MountainCarContinuous-v0", &Kwargs::new().with("max_episode_steps", 15i64), 2, 60);
+    assert_eq!(finished, 2 * 4);
+}
+
+#[test]
+fn truncations_and_terminations_are_reported_apart() {
+    let mut venv = VecEnv::make("CartPole-v1", &Kwargs::new().with("max_episode_steps", 10i64), 8).unwrap();
+    venv.reset(Some(0)).unwrap();
+    let (mut terminated, mut truncated) = (0, 0);
+    for t in 0..200 {
+        // Always pushing one way topples the pole within 10 steps for some envs, not for others.
+        let actions: Vec<i64> = (0..8).map(|i| if i % 2 == 0 { 1 } else { (t % 2) as i64 }).collect();
+        let out = venv.step(&VecActions::Discrete(&actions)).unwrap();
+        for e in out.episodes {
+            assert!(e.length <= 10);
+            assert!(!(out.terminated[e.env_index] && out.truncated[e.env_index]));
+            if e.truncated {
+                truncated += 1;
+                assert_eq!(e.length, 10);
+                assert_eq!(e.return_, 10.0);
+            } else {
+                terminated += 1;
+            }
+        }
+    }
+    assert!(terminated > 0 && truncated > 0, "terminated {terminated}, truncated {truncated}");
+}
+
+fn run(venv: &mut VecEnv, seed: u64, steps: usize) -> Vec<(Vec<f32>, Vec<f32>, Vec<bool>)> {
+    venv.reset(Some(seed)).unwrap();
+    (0..steps)
+        .map(|t| {
+            let actions: Vec<i64> = (0..venv.num_envs()).map(|i| discrete_action(i, t, 3)).collect();
+            let out = venv.step(&VecActions::Discrete(&actions)).unwrap();
+            (out.obs.to_vec(), out.rewards.to_vec(), out.terminated.to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn same_seed_same_trajectories() {
+    let kwargs = Kwargs::new().with("max_episode_steps", 50i64);
+    let mut a = VecEnv::make("MountainCar-v0", &kwargs, 4).unwrap();
+    let mut b = VecEnv::make("MountainCar-v0", &kwargs, 4).unwrap();
+    let first = run(&mut a, 9, 300);
+    assert_eq!(first, run(&mut b, 9, 300));
+    assert_ne!(first, run(&mut b, 10, 300));
+    // Envs of one batch get different seeds, so different starts.
+    let obs = a.reset(Some(9)).unwrap();
+    assert_ne!(obs[0], obs[2]);
+}
+
+#[test]
+fn generic_boxed_envs_behave_like_the_fast_path() {
+    let kwargs = Kwargs::new().with("max_episode_steps", 40i64);
+    let mut fast = VecEnv::make("Acrobot-v1", &kwargs, 3).unwrap();
+    let mut slow = VecEnv::new((0..3).map(|_| make("Acrobot-v1", &kwargs).unwrap()).collect()).unwrap();
+    assert_eq!(run(&mut fast, 4, 120), run(&mut slow, 4, 120));
+}
+
+#[test]
+fn invalid_batches_are_rejected_without_effect() {
+    let mut venv = VecEnv::make("CartPole-v1", &Kwargs::new(), 3).unwrap();
+    let mut twin = VecEnv::make("CartPole-v1", &Kwargs::new(), 3).unwrap();
+    assert!(matches!(venv.step(&VecActions::Discrete(&[0, 0, 0])), Err(Error::ResetNeeded { .. })));
+    venv.reset(Some(1)).unwrap();
+    twin.reset(Some(1)).unwrap();
+    let before = venv.obs().to_vec();
+    for bad in [
+        VecActions::Discrete(&[0, 1]),
+        VecActions::Discrete(&[0, 1, 2]),
+        VecActions::Discrete(&[-1, 0, 0]),
+        VecActions::Continuous(&[0.0, 0.0, 0.0]),
+    ] {
+        assert!(matches!(venv.step(&bad), Err(Error::InvalidAction { .. })), "{bad:?}");
+        assert_eq!(venv.obs(), before.as_slice());
+    }
+    let a = venv.step(&VecActions::Discrete(&[1, 0, 1])).unwrap().obs.to_vec();
+    let b = twin.step(&VecActions::Discrete(&[1, 0, 1])).unwrap().obs.to_vec();
+    assert_eq!(a, b, "rejected batches moved an env");
+
+    let mut cont = VecEnv::make("Pendulum-v1", &Kwargs::new(), 2).unwrap();
+    cont.reset(Some(0)).unwrap();
+    for bad in [
+        VecActions::Continuous(&[0.0]),
+        VecActions::Continuous(&[0.0, f32::NAN]),
+        VecActions::Continuous(&[f32::INFINITY, 0.0]),
+        VecActions::Discrete(&[0, 0]),
+    ] {
+        assert!(matches!(cont.step(&bad), Err(Error::InvalidAction { .. })), "{bad:?}");
+    }
+    // Finite out-of-range values are clipped by the env, as in Gymnasium.
+    assert!(cont.step(&VecActions::Continuous(&[5.0, -5.0])).is_ok());
+}
+
+/// An env with u8 image observations, which `VecEnv` does not batch yet.
+struct Frames {
+    obs: Space,
+    act: Space,
+}
+
+impl Env for Frames {
+    fn id(&self) -> &str {
+        "Frames-v0"
+    }
+    fn observation_space(&self) -> &Space {
+        &self.obs
+    }
+    fn action_space(&self) -> &Space {
+        &self.act
+    }
+    fn reset(&mut self, _seed: Option<u64>) -> Result<(Obs, Info)> {
+        Ok((Obs::U8(vec![0; 4]), Info::new()))
+    }
+    fn step(&mut self, _action: Action<'_>) -> Result<Step> {
+        Ok(Step { obs: Obs::U8(vec![0; 4]), reward: 0.0, terminated: false, truncated: false, info: Info::new() })
+    }
+}
+
+#[test]
+fn unbatchable_envs_are_rejected() {
+    let frames = Frames {
+        obs: Space::Box { low: vec![0.0; 4], high: vec![255.0; 4], shape: vec![2, 2], dtype: DType::U8 },
+        act: Space::discrete(2),
+    };
+    assert!(matches!(VecEnv::new(vec![Box::new(frames)]), Err(Error::Unsupported { .. })));
+    let mixed = vec![make("CartPole-v1", &Kwargs::new()).unwrap(), make("Acrobot-v1", &Kwargs::new()).unwrap()];
+    assert!(matches!(VecEnv::new(mixed), Err(Error::BadArgument { .. })));
+    assert!(matches!(VecEnv::make("CartPole-v1", &Kwargs::new(), 0), Err(Error::BadArgument { .. })));
+    assert!(matches!(VecEnv::make("Nope-v0", &Kwargs::new(), 2), Err(Error::UnknownEnv { .. })));
+}
