@@ -141,12 +141,22 @@ pub struct PpoLoss {
     pub policy: Tensor,
     /// `E[(R − V)²]`, or the clipped variant.
     pub value: Tensor,
-    /// Mean entropy.
-    pub entropy: Tensor,
-    /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance KL estimate (no gradient).
-    pub approx_kl: Tensor,
-    /// Fraction of samples whose ratio was clipped (no gradient).
-    pub clip_fraction: Tensor,
+    /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
+    pub entropy: Option<Tensor>,
+    /// `ln ρ` per sample, for diagnostics.
+    pub log_ratio: Tensor,
+}
+
+impl PpoLoss {
+    /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance estimate of KL(old ‖ new) (Schulman 2020), no gradient.
+    pub fn approx_kl(&self) -> Tensor {
+        tch::no_grad(|| (self.log_ratio.exp() - 1.0 - &self.log_ratio).mean(Kind::Float))
+    }
+
+    /// Fraction of samples whose ratio left `[1 − ε, 1 + ε]`, no gradient.
+    pub fn clip_fraction(&self, clip_range: f64) -> Tensor {
+        tch::no_grad(|| (self.log_ratio.exp() - 1.0).abs().gt(clip_range).to_kind(Kind::Float).mean(Kind::Float))
+    }
 }
 
 /// Coefficients of [`ppo_loss`].
@@ -164,21 +174,21 @@ pub struct LossCoefficients {
     pub normalize_advantage: bool,
 }
 
-/// The PPO loss from per-sample tensors (all `[B]`): new and old log-probs, advantages, entropies, new and old
-/// values, and value targets.
+/// The PPO loss from per-sample tensors (all `[B]`): new and old log-probs, advantages, entropies (optional),
+/// new and old values, and value targets.
 #[allow(clippy::too_many_arguments)]
 pub fn ppo_loss(
     log_prob: &Tensor,
     old_log_prob: &Tensor,
     advantages: &Tensor,
-    entropy: &Tensor,
+    entropy: Option<&Tensor>,
     values: &Tensor,
     old_values: &Tensor,
     returns: &Tensor,
     c: LossCoefficients,
 ) -> PpoLoss {
     let advantages = if c.normalize_advantage && advantages.size()[0] > 1 {
-        (advantages - advantages.mean(Kind::Float)) / (advantages.std(true) + 1e-8)
+        normalize(advantages)
     } else {
         advantages.shallow_clone()
     };
@@ -196,14 +206,17 @@ pub fn ppo_loss(
             unclipped.max_other(&clipped).mean(Kind::Float)
         }
     };
-    let entropy = entropy.mean(Kind::Float);
-    let total = &policy + &value * c.vf_coef - &entropy * c.ent_coef;
-    let (approx_kl, clip_fraction) = tch::no_grad(|| {
-        let kl = ((&ratio - 1.0) - &log_ratio).mean(Kind::Float);
-        let frac = (&ratio - 1.0).abs().gt(c.clip_range).to_kind(Kind::Float).mean(Kind::Float);
-        (kl, frac)
-    });
-    PpoLoss { total, policy, value, entropy, approx_kl, clip_fraction }
+    let mut total = &policy + &value * c.vf_coef;
+    let entropy = entropy.map(|e| e.mean(Kind::Float));
+    if let Some(e) = &entropy {
+        total = total - e * c.ent_coef;
+    }
+    PpoLoss { total, policy, value, entropy, log_ratio }
+}
+
+/// `(x − mean) / (std + 1e-8)` with the unbiased std, as SB3.
+fn normalize(x: &Tensor) -> Tensor {
+    (x - x.mean(Kind::Float)) / (x.std(true) + 1e-8)
 }
 
 /// How actions are represented.
@@ -388,27 +401,37 @@ impl Ppo {
             ActionKind::Continuous(dim) => Tensor::from_slice(&rollout.actions).view([-1, dim as i64]).to_device(d),
         };
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
-        let advantages = Tensor::from_slice(&rollout.advantages[..n]).to_device(d);
+        let mut advantages = Tensor::from_slice(&rollout.advantages[..n]).to_device(d);
+        let mut coefficients = coefficients;
+        if c.batch_size == n && c.normalize_advantage {
+            // One minibatch holds every sample, so its normalisation is the same in every epoch: do it once.
+            advantages = normalize(&advantages);
+            coefficients.normalize_advantage = false;
+        }
         let returns = Tensor::from_slice(&rollout.returns[..n]).to_device(d);
         let old_values = Tensor::from_slice(&rollout.values).to_device(d);
 
         let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
         let mut order: Vec<i64> = (0..n as i64).collect();
+        let need_entropy = c.ent_coef != 0.0;
         let mut last = None;
         'epochs: for _ in 0..n_epochs {
             order.shuffle(&mut self.rng);
             for minibatch in order.chunks(batch_size) {
                 // A full-batch "minibatch" needs no gather: the loss is a mean, so order does not matter.
-                let pick = |t: &Tensor| {
-                    if batch_size == n { t.shallow_clone() } else { t.index_select(0, &Tensor::from_slice(minibatch).to_device(d)) }
+                let idx = (batch_size != n).then(|| Tensor::from_slice(minibatch).to_device(d));
+                let pick = |t: &Tensor| match &idx {
+                    None => t.shallow_clone(),
+                    Some(i) => t.index_select(0, i),
                 };
                 let (head, values) = self.net.forward(&pick(&obs));
                 let dist = self.net.dist(head);
+                let entropy = need_entropy.then(|| dist.entropy());
                 let loss = ppo_loss(
                     &dist.log_prob(&pick(&actions)),
                     &pick(&old_log_prob),
                     &pick(&advantages),
-                    &dist.entropy(),
+                    entropy.as_ref(),
                     &values,
                     &pick(&old_values),
                     &pick(&returns),
@@ -418,21 +441,25 @@ impl Ppo {
                 loss.total.backward();
                 self.net.params.clip_grad_norm(max_grad_norm);
                 self.opt.step(&mut self.net.params);
-                let stop = target_kl.is_some_and(|t| f64::try_from(&loss.approx_kl).unwrap_or(0.0) > 1.5 * t);
-                last = Some(loss);
+                let stop = target_kl.is_some_and(|t| f64::try_from(loss.approx_kl()).unwrap_or(0.0) > 1.5 * t);
+                last = Some((loss, dist));
                 if stop {
                     break 'epochs;
                 }
             }
         }
-        let loss = last.expect("at least one minibatch");
+        let (loss, dist) = last.expect("at least one minibatch");
+        let entropy = match &loss.entropy {
+            Some(e) => e.shallow_clone(),
+            None => tch::no_grad(|| dist.entropy().mean(Kind::Float)),
+        };
         let scalar = |t: &Tensor| f64::try_from(t).map_err(Error::from);
         let mut m = Metrics::default();
         m.push("losses/policy_loss", scalar(&loss.policy)?);
         m.push("losses/value_loss", scalar(&loss.value)?);
-        m.push("losses/entropy", scalar(&loss.entropy)?);
-        m.push("losses/approx_kl", scalar(&loss.approx_kl)?);
-        m.push("losses/clip_fraction", scalar(&loss.clip_fraction)?);
+        m.push("losses/entropy", scalar(&entropy)?);
+        m.push("losses/approx_kl", scalar(&loss.approx_kl())?);
+        m.push("losses/clip_fraction", scalar(&loss.clip_fraction(clip_range))?);
         m.push("losses/explained_variance", explained_variance(&rollout.values, &rollout.returns[..n]));
         m.push("charts/learning_rate", lr);
         m.push("charts/clip_range", clip_range);
@@ -500,7 +527,7 @@ mod tests {
         let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
         for (normalize, vf_clip) in [(true, None), (false, Some(0.2)), (true, Some(0.05))] {
             let c = LossCoefficients { clip_range: 0.2, clip_range_vf: vf_clip, ent_coef: 0.01, vf_coef: 0.5, normalize_advantage: normalize };
-            let loss = ppo_loss(&t(&lp), &t(&old), &t(&adv), &t(&ent), &t(&v), &t(&old_v), &t(&ret), c);
+            let loss = ppo_loss(&t(&lp), &t(&old), &t(&adv), Some(&t(&ent)), &t(&v), &t(&old_v), &t(&ret), c);
             let (want_pg, want_vf) = reference_loss(&lp, &old, &adv, &v, &old_v, &ret, c);
             let got = |x: &Tensor| f64::try_from(x).unwrap();
             assert!((got(&loss.policy) - want_pg).abs() < 1e-5, "{} vs {want_pg}", got(&loss.policy));
@@ -509,7 +536,9 @@ mod tests {
             let want_total = want_pg + 0.5 * want_vf - 0.01 * ent_mean;
             assert!((got(&loss.total) - want_total).abs() < 1e-5);
             let frac = lp.iter().zip(&old).filter(|(a, b)| ((*a - *b).exp() - 1.0).abs() > 0.2).count() as f64 / n as f64;
-            assert!((got(&loss.clip_fraction) - frac).abs() < 1e-6);
+            assert!((got(&loss.clip_fraction(0.2)) - frac).abs() < 1e-6);
+            let kl: f64 = lp.iter().zip(&old).map(|(a, b)| (a - b).exp() - 1.0 - (a - b)).sum::<f64>() / n as f64;
+            assert!((got(&loss.approx_kl()) - kl).abs() < 1e-6);
         }
     }
 
@@ -519,7 +548,7 @@ mod tests {
         let lp = Tensor::from_slice(&[1.5f32.ln()]).set_requires_grad(true);
         let zero = Tensor::from_slice(&[0.0f32]);
         let c = LossCoefficients { clip_range: 0.2, clip_range_vf: None, ent_coef: 0.0, vf_coef: 0.0, normalize_advantage: false };
-        let loss = ppo_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), &zero, &zero, &zero, &zero, c);
+        let loss = ppo_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), None, &zero, &zero, &zero, c);
         loss.total.backward();
         assert_eq!(f64::try_from(lp.grad()).unwrap(), 0.0);
     }

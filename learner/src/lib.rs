@@ -13,10 +13,12 @@
 #![deny(missing_docs)]
 
 pub mod actions;
+mod allocator;
 pub mod config;
 pub mod error;
 pub mod eval;
 pub mod run_dir;
 pub mod train;
 
+pub use allocator::tune_allocator;
 pub use error::{Error, Result};

@@ -103,6 +103,7 @@ impl TrainReport {
 /// whose last evaluation is of the final policy.
 pub fn train(config: &ExperimentConfig, on_log: &mut dyn FnMut(&LogRow) -> Result<()>) -> Result<(Ppo, TrainReport)> {
     let AlgorithmConfig::Ppo(ppo_config) = &config.algorithm;
+    crate::tune_allocator();
     let device = config.run.device.resolve()?;
     tch::set_num_threads(config.run.torch_threads.max(1) as i32);
     let seed = config.run.seed;
