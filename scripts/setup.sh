@@ -65,6 +65,8 @@ FLOTILLA_PYTHON = \"$VENV/bin/python\"
 
 [build]
 target-dir = \"$CACHE/target\"
+# Doc tests link libtorch too (they take rustdocflags, not the target rustflags below).
+rustdocflags = [\"-C\", \"link-arg=-Wl,-rpath,$LIBTORCH/lib\"]
 
 [target.'cfg(target_os = \"linux\")']
 # libtorch is loaded from the cache at run time: bake its path into every binary and test.
