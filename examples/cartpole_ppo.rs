@@ -29,11 +29,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rollout.finish(&agent.values(&obs)?, config.gamma as f32, config.gae_lambda as f32)?;
         let metrics = agent.update(&rollout, 1.0 - steps as f64 / total_steps as f64)?;
         if steps % 10_240 == 0 {
-            println!("{steps:>7} steps  value loss {:.4}", metrics.get("losses/value_loss").unwrap_or(f64::NAN));
+            println!("{steps:>7} steps, value loss {:.4}", metrics.get("losses/value_loss").unwrap_or(f64::NAN));
         }
     }
-    let mut greedy = ActOutput::default();
-    agent.act(&obs, true, &mut greedy)?;
-    println!("done: greedy actions for the current states {:?}", greedy.actions);
+    let (mut env, mut episode_return) = (flotilla_envs::make("CartPole-v1", &Kwargs::new())?, 0.0);
+    let (mut obs, _) = env.reset(Some(1_000))?;
+    loop {
+        agent.act(obs.as_f32().expect("CartPole observes f32"), true, &mut out)?; // greedy action
+        let step = env.step(flotilla_core::Action::Discrete(out.actions[0] as i64))?;
+        episode_return += step.reward;
+        if step.terminated || step.truncated {
+            break;
+        }
+        obs = step.obs;
+    }
+    println!("greedy episode return: {episode_return}");
     Ok(())
 }

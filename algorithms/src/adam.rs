@@ -59,7 +59,6 @@ impl Adam {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,7 +56,13 @@ impl ActionDist {
 
 /// Sample an index from each row of `logits` (`rows × n`, row-major) and return it with its log-probability.
 /// With `deterministic`, take the arg-max instead. Ties resolve to the lowest index, as `argmax`.
-pub fn sample_categorical(logits: &[f32], n: usize, deterministic: bool, rng: &mut impl Rng, out: &mut Vec<(i64, f32)>) {
+pub fn sample_categorical(
+    logits: &[f32],
+    n: usize,
+    deterministic: bool,
+    rng: &mut impl Rng,
+    out: &mut Vec<(i64, f32)>,
+) {
     out.clear();
     for row in logits.chunks_exact(n) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);

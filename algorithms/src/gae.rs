@@ -54,6 +54,7 @@ mod tests {
     use rand_pcg::Pcg64;
 
     /// The definition, term by term: Â_t = Σ_{l≥0} (γλ)^l δ_{t+l}, summed until the episode (or rollout) ends.
+    #[allow(clippy::too_many_arguments)]
     fn reference(r: &[f32], v: &[f32], nv: &[f32], term: &[bool], done: &[bool], n: usize, g: f64, l: f64) -> Vec<f64> {
         let steps = r.len() / n;
         let delta = |i: usize| r[i] as f64 + if term[i] { 0.0 } else { g * nv[i] as f64 } - v[i] as f64;

@@ -3,8 +3,8 @@
 //! Initialisation follows Stable-Baselines3 / CleanRL: orthogonal weights with gain √2 on hidden layers (a
 //! caller-chosen gain on the output layer, e.g. 0.01 for policy logits, 1 for values) and zero biases.
 use serde::{Deserialize, Serialize};
-use tch::nn::{self, Init, LinearConfig, Module};
 use tch::Tensor;
+use tch::nn::{self, Init, LinearConfig, Module};
 
 /// Run `build` with libtorch's global generator seeded with `seed`, holding a process-wide lock, so that
 /// networks built on several threads at once still get the same weights for the same seed.
@@ -113,7 +113,11 @@ impl TwinMlp {
                 .map(|j| {
                     let (rows, gain) = if last { (outputs[j], out_gains[j]) } else { (fan_out, 2f64.sqrt()) };
                     let w = nn::init(Init::Orthogonal { gain }, &[rows, fan_in], cpu).transpose(0, 1);
-                    if rows < fan_out { Tensor::cat(&[w, Tensor::zeros([fan_in, fan_out - rows], (tch::Kind::Float, cpu))], 1) } else { w }
+                    if rows < fan_out {
+                        Tensor::cat(&[w, Tensor::zeros([fan_in, fan_out - rows], (tch::Kind::Float, cpu))], 1)
+                    } else {
+                        w
+                    }
                 })
                 .collect();
             layers.push(first_index + named.len());
@@ -210,7 +214,7 @@ mod tests {
         // Random biases, so the check covers them too.
         tch::no_grad(|| {
             for i in [1, 3, 5] {
-                let _ = params.view(i).shallow_clone().copy_(&Tensor::randn(params.view(i).size(), (Kind::Float, Device::Cpu)));
+                params.view(i).shallow_clone().copy_(&Tensor::randn(params.view(i).size(), (Kind::Float, Device::Cpu)));
             }
         });
         let x = Tensor::randn([7, 3], (Kind::Float, Device::Cpu));

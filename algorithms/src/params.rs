@@ -92,7 +92,11 @@ impl FlatParams {
     /// Overwrite all values from another buffer of the same layout (e.g. a target network or a broadcast).
     pub fn copy_from(&mut self, values: &Tensor) -> Result<()> {
         if values.size() != self.flat.size() {
-            return Err(Error::BadLength { what: "flat parameters".into(), got: values.numel(), expected: self.flat.numel() });
+            return Err(Error::BadLength {
+                what: "flat parameters".into(),
+                got: values.numel(),
+                expected: self.flat.numel(),
+            });
         }
         tch::no_grad(|| self.flat.copy_(values));
         Ok(())
@@ -100,7 +104,12 @@ impl FlatParams {
 
     /// Write every parameter under its name to a safetensors file, atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let named: Vec<(&str, Tensor)> = self.entries.iter().zip(&self.views).map(|(e, v)| (e.name.as_str(), v.detach().to_device(Device::Cpu))).collect();
+        let named: Vec<(&str, Tensor)> = self
+            .entries
+            .iter()
+            .zip(&self.views)
+            .map(|(e, v)| (e.name.as_str(), v.detach().to_device(Device::Cpu)))
+            .collect();
         crate::weights::write_atomic(path, |tmp| Tensor::write_safetensors(&named, tmp))
     }
 
@@ -109,9 +118,11 @@ impl FlatParams {
         let err = |source| Error::Weights { action: "loading", path: path.display().to_string(), source };
         let stored = Tensor::read_safetensors(path).map_err(err)?;
         for (e, view) in self.entries.iter().zip(&self.views) {
-            let value = stored.iter().find(|(n, _)| *n == e.name).map(|(_, t)| t).ok_or_else(|| {
-                err(tch::TchError::FileFormat(format!("parameter {:?} missing", e.name)))
-            })?;
+            let value = stored
+                .iter()
+                .find(|(n, _)| *n == e.name)
+                .map(|(_, t)| t)
+                .ok_or_else(|| err(tch::TchError::FileFormat(format!("parameter {:?} missing", e.name))))?;
             if value.size() != e.shape {
                 return Err(err(tch::TchError::Shape(format!(
                     "parameter {:?} has shape {:?}, the model expects {:?}",

@@ -17,15 +17,15 @@
 use std::path::Path;
 
 use flotilla_core::Space;
-use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use rand::seq::SliceRandom;
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::distributions::{sample_categorical, sample_diag_gaussian, ActionDist};
 use crate::adam::Adam;
-use crate::nets::{with_torch_seed, Activation, TwinMlp};
+use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
+use crate::nets::{Activation, TwinMlp, with_torch_seed};
 use crate::params::FlatParams;
 use crate::rollout::Rollout;
 use crate::{Error, Metrics, Result};
@@ -110,8 +110,12 @@ impl PpoConfig {
         if self.n_steps == 0 {
             return bad("n_steps", "0".into(), "must be at least 1");
         }
-        if self.batch_size == 0 || rollout % self.batch_size != 0 {
-            return bad("batch_size", self.batch_size.to_string(), &format!("must divide n_steps × num_envs = {rollout}"));
+        if self.batch_size == 0 || !rollout.is_multiple_of(self.batch_size) {
+            return bad(
+                "batch_size",
+                self.batch_size.to_string(),
+                &format!("must divide n_steps × num_envs = {rollout}"),
+            );
         }
         if !(0.0..=1.0).contains(&self.gamma) {
             return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
@@ -209,7 +213,7 @@ pub fn ppo_loss(
     let mut total = &policy + &value * c.vf_coef;
     let entropy = entropy.map(|e| e.mean(Kind::Float));
     if let Some(e) = &entropy {
-        total = total - e * c.ent_coef;
+        total -= e * c.ent_coef;
     }
     PpoLoss { total, policy, value, entropy, log_ratio }
 }
@@ -279,7 +283,13 @@ pub struct Ppo {
 impl Ppo {
     /// A fresh agent for these spaces. `seed` fixes the weights' initialisation (through libtorch's global
     /// generator), action sampling and minibatch shuffling.
-    pub fn new(observation_space: &Space, action_space: &Space, config: PpoConfig, device: Device, seed: u64) -> Result<Self> {
+    pub fn new(
+        observation_space: &Space,
+        action_space: &Space,
+        config: PpoConfig,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self> {
         let obs_dim = match observation_space {
             Space::Box { shape, .. } if shape.len() == 1 => shape[0],
             other => {
@@ -287,14 +297,18 @@ impl Ppo {
                     which: "observation",
                     algorithm: "ppo",
                     detail: format!("{other:?}: the MLP policy takes 1-D boxes"),
-                })
+                });
             }
         };
         let action = match action_space {
             Space::Discrete { n, .. } => ActionKind::Discrete(*n),
             Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),
             other => {
-                return Err(Error::UnsupportedSpace { which: "action", algorithm: "ppo", detail: format!("{other:?}") })
+                return Err(Error::UnsupportedSpace {
+                    which: "action",
+                    algorithm: "ppo",
+                    detail: format!("{other:?}"),
+                });
             }
         };
         let outputs = match action {
@@ -307,7 +321,10 @@ impl Ppo {
         let log_std = match action {
             ActionKind::Discrete(_) => None,
             ActionKind::Continuous(d) => {
-                named.push(("log_std".into(), Tensor::full([d as i64], config.log_std_init, (Kind::Float, Device::Cpu))));
+                named.push((
+                    "log_std".into(),
+                    Tensor::full([d as i64], config.log_std_init, (Kind::Float, Device::Cpu)),
+                ));
                 Some(named.len() - 1)
             }
         };
@@ -336,7 +353,7 @@ impl Ppo {
     }
 
     fn obs_tensor(&self, obs: &[f32]) -> Result<Tensor> {
-        if obs.is_empty() || obs.len() % self.obs_dim != 0 {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
             return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
         }
         Ok(Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device))
@@ -362,7 +379,14 @@ impl Ppo {
             ActionKind::Continuous(_) => {
                 let i = self.net.log_std.expect("Gaussian policies have a log-std");
                 let log_std = Vec::<f32>::try_from(self.net.params.view(i).detach().to_device(Device::Cpu))?;
-                sample_diag_gaussian(&head, &log_std, deterministic, &mut self.rng, &mut out.actions, &mut out.log_probs);
+                sample_diag_gaussian(
+                    &head,
+                    &log_std,
+                    deterministic,
+                    &mut self.rng,
+                    &mut out.actions,
+                    &mut out.log_probs,
+                );
             }
         }
         Ok(())
@@ -380,8 +404,12 @@ impl Ppo {
     pub fn update(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
         let c = &self.config;
         let n = rollout.len();
-        if n == 0 || n % c.batch_size != 0 {
-            return Err(Error::BadLength { what: "rollout transitions (a multiple of batch_size)".into(), got: n, expected: c.batch_size });
+        if n == 0 || !n.is_multiple_of(c.batch_size) {
+            return Err(Error::BadLength {
+                what: "rollout transitions (a multiple of batch_size)".into(),
+                got: n,
+                expected: c.batch_size,
+            });
         }
         let progress = progress_remaining.clamp(0.0, 1.0);
         let lr = if c.anneal_lr { c.learning_rate * progress } else { c.learning_rate };
@@ -498,7 +526,15 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     /// The PPO loss in the paper's notation, sample by sample, in f64.
-    fn reference_loss(lp: &[f64], old: &[f64], adv: &[f64], v: &[f64], old_v: &[f64], ret: &[f64], c: LossCoefficients) -> (f64, f64) {
+    fn reference_loss(
+        lp: &[f64],
+        old: &[f64],
+        adv: &[f64],
+        v: &[f64],
+        old_v: &[f64],
+        ret: &[f64],
+        c: LossCoefficients,
+    ) -> (f64, f64) {
         let n = adv.len() as f64;
         let mean = adv.iter().sum::<f64>() / n;
         let std = (adv.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
@@ -523,10 +559,17 @@ mod tests {
         let mut draw = |lo: f64, hi: f64| (0..n).map(|_| rng.random_range(lo..hi)).collect::<Vec<f64>>();
         let old = draw(-2.0, -0.1);
         let lp: Vec<f64> = old.iter().zip(draw(-0.5, 0.5)).map(|(o, d)| o + d).collect();
-        let (adv, v, old_v, ret, ent) = (draw(-3.0, 3.0), draw(-1.0, 1.0), draw(-1.0, 1.0), draw(-2.0, 2.0), draw(0.0, 0.7));
+        let (adv, v, old_v, ret, ent) =
+            (draw(-3.0, 3.0), draw(-1.0, 1.0), draw(-1.0, 1.0), draw(-2.0, 2.0), draw(0.0, 0.7));
         let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
         for (normalize, vf_clip) in [(true, None), (false, Some(0.2)), (true, Some(0.05))] {
-            let c = LossCoefficients { clip_range: 0.2, clip_range_vf: vf_clip, ent_coef: 0.01, vf_coef: 0.5, normalize_advantage: normalize };
+            let c = LossCoefficients {
+                clip_range: 0.2,
+                clip_range_vf: vf_clip,
+                ent_coef: 0.01,
+                vf_coef: 0.5,
+                normalize_advantage: normalize,
+            };
             let loss = ppo_loss(&t(&lp), &t(&old), &t(&adv), Some(&t(&ent)), &t(&v), &t(&old_v), &t(&ret), c);
             let (want_pg, want_vf) = reference_loss(&lp, &old, &adv, &v, &old_v, &ret, c);
             let got = |x: &Tensor| f64::try_from(x).unwrap();
@@ -535,7 +578,8 @@ mod tests {
             let ent_mean = ent.iter().sum::<f64>() / n as f64;
             let want_total = want_pg + 0.5 * want_vf - 0.01 * ent_mean;
             assert!((got(&loss.total) - want_total).abs() < 1e-5);
-            let frac = lp.iter().zip(&old).filter(|(a, b)| ((*a - *b).exp() - 1.0).abs() > 0.2).count() as f64 / n as f64;
+            let frac =
+                lp.iter().zip(&old).filter(|(a, b)| ((*a - *b).exp() - 1.0).abs() > 0.2).count() as f64 / n as f64;
             assert!((got(&loss.clip_fraction(0.2)) - frac).abs() < 1e-6);
             let kl: f64 = lp.iter().zip(&old).map(|(a, b)| (a - b).exp() - 1.0 - (a - b)).sum::<f64>() / n as f64;
             assert!((got(&loss.approx_kl()) - kl).abs() < 1e-6);
@@ -547,7 +591,13 @@ mod tests {
         // Ratio 1.5 with a positive advantage: the clipped branch is active, so d loss / d log_prob = 0.
         let lp = Tensor::from_slice(&[1.5f32.ln()]).set_requires_grad(true);
         let zero = Tensor::from_slice(&[0.0f32]);
-        let c = LossCoefficients { clip_range: 0.2, clip_range_vf: None, ent_coef: 0.0, vf_coef: 0.0, normalize_advantage: false };
+        let c = LossCoefficients {
+            clip_range: 0.2,
+            clip_range_vf: None,
+            ent_coef: 0.0,
+            vf_coef: 0.0,
+            normalize_advantage: false,
+        };
         let loss = ppo_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), None, &zero, &zero, &zero, c);
         loss.total.backward();
         assert_eq!(f64::try_from(lp.grad()).unwrap(), 0.0);

@@ -99,7 +99,11 @@ impl Rollout {
         check_len("rollout log-probs", log_probs.len(), self.n_envs)?;
         check_len("rollout values", values.len(), self.n_envs)?;
         if self.steps == self.n_steps {
-            return Err(Error::BadLength { what: "rollout steps (buffer full)".into(), got: self.steps + 1, expected: self.n_steps });
+            return Err(Error::BadLength {
+                what: "rollout steps (buffer full)".into(),
+                got: self.steps + 1,
+                expected: self.n_steps,
+            });
         }
         self.obs.extend_from_slice(obs);
         self.actions.extend_from_slice(actions);
@@ -136,13 +140,25 @@ impl Rollout {
         for i in 0..n {
             if !dones[i] {
                 // The next observation is the one the policy saw at the next step (or after the rollout).
-                self.next_values[i] = if i + self.n_envs < n { self.values[i + self.n_envs] } else { last_values[i + self.n_envs - n] };
+                self.next_values[i] =
+                    if i + self.n_envs < n { self.values[i + self.n_envs] } else { last_values[i + self.n_envs - n] };
             } else if self.terminated[i] {
                 self.next_values[i] = 0.0;
             }
         }
         let (adv, ret) = (&mut self.advantages[..n], &mut self.returns[..n]);
-        gae(&self.rewards, &self.values, &self.next_values[..n], &self.terminated, &dones, self.n_envs, gamma, lambda, adv, ret);
+        gae(
+            &self.rewards,
+            &self.values,
+            &self.next_values[..n],
+            &self.terminated,
+            &dones,
+            self.n_envs,
+            gamma,
+            lambda,
+            adv,
+            ret,
+        );
         Ok(())
     }
 }

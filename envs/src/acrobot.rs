@@ -127,8 +127,8 @@ fn dsdt(s: &[f64; 5]) -> [f64; 5] {
     let phi1 = -m2 * l1 * lc2 * pow2(dtheta2) * sin_theta2 - 2.0 * m2 * l1 * lc2 * dtheta2 * dtheta1 * sin_theta2
         + (m1 * lc1 + m2 * l1) * g * (theta1 - PI / 2.0).cos()
         + phi2;
-    let ddtheta2 = (a + d2 / d1 * phi1 - m2 * l1 * lc2 * pow2(dtheta1) * sin_theta2 - phi2)
-        / (m2 * lc2_sq + i2 - pow2(d2) / d1);
+    let ddtheta2 =
+        (a + d2 / d1 * phi1 - m2 * l1 * lc2 * pow2(dtheta1) * sin_theta2 - phi2) / (m2 * lc2_sq + i2 - pow2(d2) / d1);
     let ddtheta1 = -(d2 * ddtheta2 + phi1) / d1;
     [dtheta1, dtheta2, ddtheta1, ddtheta2, 0.0]
 }

@@ -12,10 +12,9 @@ use flotilla_core::{Action, Error, Result};
 pub(crate) fn discrete(env: &str, action: Action<'_>, n: i64) -> Result<i64> {
     match action {
         Action::Discrete(a) if (0..n).contains(&a) => Ok(a),
-        Action::Discrete(a) => Err(Error::InvalidAction {
-            env: env.to_string(),
-            detail: format!("discrete action {a} is outside 0..{n}"),
-        }),
+        Action::Discrete(a) => {
+            Err(Error::InvalidAction { env: env.to_string(), detail: format!("discrete action {a} is outside 0..{n}") })
+        }
         Action::Continuous(x) => Err(Error::InvalidAction {
             env: env.to_string(),
             detail: format!("expected a discrete action in 0..{n}, got a continuous action {x:?}"),
@@ -29,10 +28,9 @@ pub(crate) fn discrete(env: &str, action: Action<'_>, n: i64) -> Result<i64> {
 pub(crate) fn continuous_scalar(env: &str, action: Action<'_>) -> Result<f32> {
     match action {
         Action::Continuous(&[a]) if a.is_finite() => Ok(a),
-        Action::Continuous(&[a]) => Err(Error::InvalidAction {
-            env: env.to_string(),
-            detail: format!("continuous action {a} is not finite"),
-        }),
+        Action::Continuous(&[a]) => {
+            Err(Error::InvalidAction { env: env.to_string(), detail: format!("continuous action {a} is not finite") })
+        }
         Action::Continuous(x) => Err(Error::InvalidAction {
             env: env.to_string(),
             detail: format!("continuous action has {} elements, expected 1", x.len()),

@@ -77,10 +77,7 @@ impl MountainCarState {
 /// Observation bounds shared by both mountain cars: `[min_position, -max_speed]` to
 /// `[max_position, max_speed]` as f32.
 pub(crate) fn observation_space() -> Space {
-    Space::box1d(
-        vec![MIN_POSITION as f32, -MAX_SPEED as f32],
-        vec![MAX_POSITION as f32, MAX_SPEED as f32],
-    )
+    Space::box1d(vec![MIN_POSITION as f32, -MAX_SPEED as f32], vec![MAX_POSITION as f32, MAX_SPEED as f32])
 }
 
 /// The discrete MountainCar environment (unwrapped: [`make`](crate::make) adds the 200-step

@@ -29,11 +29,7 @@ pub(crate) fn pow2_f32(x: f32) -> f32 {
 #[inline]
 pub(crate) fn py_mod(a: f64, b: f64) -> f64 {
     let m = a % b;
-    if m != 0.0 {
-        if (b < 0.0) != (m < 0.0) { m + b } else { m }
-    } else {
-        0.0f64.copysign(b)
-    }
+    if m != 0.0 { if (b < 0.0) != (m < 0.0) { m + b } else { m } } else { 0.0f64.copysign(b) }
 }
 
 /// A number as the Python source holds it: a `np.float32`, a `np.float64`, or a plain Python float or int

@@ -124,23 +124,22 @@ fn build(id: &str, kwargs: &Kwargs) -> Result<(Native, Option<usize>)> {
     let limit = match reader.int("max_episode_steps")? {
         None => spec.max_episode_steps,
         Some(-1) => None,
-        Some(n) if n >= 1 => Some(usize::try_from(n).map_err(|_| {
-            reader.error("max_episode_steps", format!("{n} does not fit in this platform's usize"))
-        })?),
+        Some(n) if n >= 1 => Some(
+            usize::try_from(n)
+                .map_err(|_| reader.error("max_episode_steps", format!("{n} does not fit in this platform's usize")))?,
+        ),
         Some(n) => {
-            return Err(reader.error(
-                "max_episode_steps",
-                format!("expected a positive step count or -1 (no time limit), got {n}"),
-            ));
+            return Err(reader
+                .error("max_episode_steps", format!("expected a positive step count or -1 (no time limit), got {n}")));
         }
     };
     let native = match spec.id {
         "CartPole-v1" => Native::CartPole(CartPole::new(CartPoleConfig::read(&mut reader)?)?),
         "Acrobot-v1" => Native::Acrobot(Acrobot::new()),
         "MountainCar-v0" => Native::MountainCar(MountainCar::new(MountainCarConfig::read(&mut reader)?)?),
-        "MountainCarContinuous-v0" => Native::MountainCarContinuous(MountainCarContinuous::new(
-            MountainCarContinuousConfig::read(&mut reader)?,
-        )?),
+        "MountainCarContinuous-v0" => {
+            Native::MountainCarContinuous(MountainCarContinuous::new(MountainCarContinuousConfig::read(&mut reader)?)?)
+        }
         "Pendulum-v1" => Native::Pendulum(Pendulum::new(PendulumConfig::read(&mut reader)?)?),
         other => {
             return Err(Error::Unsupported { env: other.to_string(), what: "building from the registry".into() });

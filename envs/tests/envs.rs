@@ -85,7 +85,12 @@ fn invalid_actions_are_errors_and_change_nothing() {
         let before = env.state().unwrap();
         let bad: Vec<Action<'_>> = match env.action_space() {
             Space::Discrete { n, .. } => {
-                vec![Action::Discrete(-1), Action::Discrete(*n as i64), Action::Discrete(i64::MAX), Action::Continuous(&one)]
+                vec![
+                    Action::Discrete(-1),
+                    Action::Discrete(*n as i64),
+                    Action::Discrete(i64::MAX),
+                    Action::Continuous(&one),
+                ]
             }
             Space::Box { .. } => vec![
                 Action::Continuous(&nan),

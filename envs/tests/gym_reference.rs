@@ -89,8 +89,13 @@ fn data_dir() -> PathBuf {
 fn parse(path: &Path) -> RefFile {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?").to_string();
     let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut file =
-        RefFile { name: name.clone(), id: String::new(), max_episode_steps: 0, kwargs: Kwargs::new(), rollouts: vec![] };
+    let mut file = RefFile {
+        name: name.clone(),
+        id: String::new(),
+        max_episode_steps: 0,
+        kwargs: Kwargs::new(),
+        rollouts: vec![],
+    };
     let mut discrete = false;
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -223,13 +228,7 @@ fn replay<E: Env>(file: &RefFile, mut env: TimeLimit<E>, set_f32: Option<fn(&mut
     }
     println!(
         "{}: {} transitions; bit-exact obs {}, rewards {}, states {}; max |obs err| {:e}, max |state err| {:e}",
-        file.name,
-        s.transitions,
-        s.exact_obs,
-        s.exact_reward,
-        s.exact_state,
-        s.max_obs_err,
-        s.max_state_err
+        file.name, s.transitions, s.exact_obs, s.exact_reward, s.exact_state, s.max_obs_err, s.max_state_err
     );
     assert!(s.transitions >= 100, "{}: only {} transitions", file.name, s.transitions);
     s

@@ -90,7 +90,7 @@ impl EnvConfig {
                     return Err(Error::Config(format!(
                         "[env] kwargs.{key}: expected a number, boolean or string, got {}",
                         other.type_str()
-                    )))
+                    )));
                 }
             };
             kwargs.insert(key.clone(), v);
@@ -245,7 +245,9 @@ impl ExperimentConfig {
         flotilla_envs::make(&self.env.id, &self.env.registry_kwargs()?)
             .map_err(|e| Error::Config(format!("[env]: {e}")))?;
         match &self.algorithm {
-            AlgorithmConfig::Ppo(c) => c.validate(self.env.num_envs).map_err(|e| Error::Config(format!("[algorithm]: {e}"))),
+            AlgorithmConfig::Ppo(c) => {
+                c.validate(self.env.num_envs).map_err(|e| Error::Config(format!("[algorithm]: {e}")))
+            }
         }
     }
 
@@ -264,16 +266,17 @@ impl ExperimentConfig {
 
 /// Apply one `a.b.c=value` override; `value` is read as a TOML value, or as a string if it is not one.
 fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
-    let (key, raw) = spec
-        .split_once('=')
-        .ok_or_else(|| Error::Config(format!("--set {spec:?}: expected key=value, e.g. algorithm.learning_rate=3e-4")))?;
+    let (key, raw) = spec.split_once('=').ok_or_else(|| {
+        Error::Config(format!("--set {spec:?}: expected key=value, e.g. algorithm.learning_rate=3e-4"))
+    })?;
     let key = key.trim();
     let value = match format!("v = {raw}").parse::<toml::Table>() {
         Ok(mut t) => t.remove("v").expect("parsed key"),
         Err(_) => toml::Value::String(raw.to_string()),
     };
     let mut parts: Vec<&str> = key.split('.').collect();
-    let last = parts.pop().filter(|s| !s.is_empty()).ok_or_else(|| Error::Config(format!("--set {spec:?}: empty key")))?;
+    let last =
+        parts.pop().filter(|s| !s.is_empty()).ok_or_else(|| Error::Config(format!("--set {spec:?}: empty key")))?;
     let mut cursor = table;
     for part in parts {
         let entry = cursor.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
@@ -308,7 +311,8 @@ kind = "ppo"
 
     #[test]
     fn overrides_apply_and_are_checked() {
-        let c = ExperimentConfig::parse(BASE, &["algorithm.learning_rate=3e-4".into(), "run.device=cpu".into()]).unwrap();
+        let c =
+            ExperimentConfig::parse(BASE, &["algorithm.learning_rate=3e-4".into(), "run.device=cpu".into()]).unwrap();
         let AlgorithmConfig::Ppo(p) = &c.algorithm;
         assert_eq!(p.learning_rate, 3e-4);
         assert_eq!(c.run.device, DeviceSpec::Cpu);

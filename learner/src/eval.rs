@@ -4,8 +4,8 @@ use flotilla_core::Env;
 
 use crate::actions::env_action;
 
-use crate::config::EnvConfig;
 use crate::Result;
+use crate::config::EnvConfig;
 
 /// Returns and lengths of evaluation episodes.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,7 +33,8 @@ impl EvalResult {
 /// one batch per step, and return their returns. Episodes end on termination or the env's time limit.
 pub fn evaluate(agent: &mut Ppo, env: &EnvConfig, episodes: usize, seed: u64) -> Result<EvalResult> {
     let kwargs = env.registry_kwargs()?;
-    let mut envs: Vec<Box<dyn Env>> = (0..episodes).map(|_| flotilla_envs::make(&env.id, &kwargs)).collect::<std::result::Result<_, _>>()?;
+    let mut envs: Vec<Box<dyn Env>> =
+        (0..episodes).map(|_| flotilla_envs::make(&env.id, &kwargs)).collect::<std::result::Result<_, _>>()?;
     let action_space = envs[0].action_space().clone();
     let obs_dim = envs[0].observation_space().flat_dim();
     let mut obs = Vec::with_capacity(episodes * obs_dim);

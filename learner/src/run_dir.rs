@@ -99,7 +99,12 @@ pub struct CsvWriter {
 impl CsvWriter {
     /// Create (truncate) the file.
     pub fn create(path: &Path) -> Result<Self> {
-        let f = OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(|e| io("creating", path, e))?;
+        let f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| io("creating", path, e))?;
         Ok(CsvWriter { out: BufWriter::new(f), path: path.to_path_buf(), columns: None })
     }
 
@@ -112,12 +117,17 @@ impl CsvWriter {
                 self.columns = Some(names);
             }
             Some(cols) if *cols != names => {
-                return Err(Error::RunDir(format!("{}: row columns {names:?} differ from header {cols:?}", self.path.display())));
+                return Err(Error::RunDir(format!(
+                    "{}: row columns {names:?} differ from header {cols:?}",
+                    self.path.display()
+                )));
             }
             Some(_) => {}
         }
         let cells: Vec<String> = row.iter().map(|(_, v)| v.map(|x| x.to_string()).unwrap_or_default()).collect();
-        writeln!(self.out, "{}", cells.join(",")).and_then(|_| self.out.flush()).map_err(|e| io("writing", &self.path, e))
+        writeln!(self.out, "{}", cells.join(","))
+            .and_then(|_| self.out.flush())
+            .map_err(|e| io("writing", &self.path, e))
     }
 }
 

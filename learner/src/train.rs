@@ -10,16 +10,16 @@
 //! compare with other libraries' training time.
 use std::time::Instant;
 
+use flotilla_algorithms::Metrics;
 use flotilla_algorithms::ppo::{ActOutput, Ppo};
 use flotilla_algorithms::rollout::Rollout;
-use flotilla_algorithms::Metrics;
 use flotilla_envs::VecEnv;
 use tracing::info;
 
-use crate::config::{AlgorithmConfig, ExperimentConfig};
-use crate::actions::EnvActions;
-use crate::eval::{evaluate, EvalResult};
 use crate::Result;
+use crate::actions::EnvActions;
+use crate::config::{AlgorithmConfig, ExperimentConfig};
+use crate::eval::{EvalResult, evaluate};
 
 /// One metrics row, written at each log interval.
 #[derive(Debug, Clone)]
@@ -207,13 +207,23 @@ fn log_progress(row: &LogRow) {
     match &row.eval {
         Some(e) => info!(
             "steps {:>8} | return {:>6} | eval {:.1} ± {:.1} | sps {:>7.0} | pg {} vf {} kl {}",
-            row.env_steps, fmt(row.episodic_return), e.mean(), e.std(), row.sps,
-            m("losses/policy_loss"), m("losses/value_loss"), m("losses/approx_kl")
+            row.env_steps,
+            fmt(row.episodic_return),
+            e.mean(),
+            e.std(),
+            row.sps,
+            m("losses/policy_loss"),
+            m("losses/value_loss"),
+            m("losses/approx_kl")
         ),
         None => info!(
             "steps {:>8} | return {:>6} | sps {:>7.0} | pg {} vf {} kl {}",
-            row.env_steps, fmt(row.episodic_return), row.sps,
-            m("losses/policy_loss"), m("losses/value_loss"), m("losses/approx_kl")
+            row.env_steps,
+            fmt(row.episodic_return),
+            row.sps,
+            m("losses/policy_loss"),
+            m("losses/value_loss"),
+            m("losses/approx_kl")
         ),
     }
 }

@@ -25,8 +25,16 @@ fn train_writes_a_run_dir_and_eval_reads_it() {
     let dir = scratch("train");
     let run = dir.join("run");
     let out = flotilla(&[
-        "train", CONFIG, "--set", "run.total_env_steps=4096", "--set", "eval.interval_steps=2048",
-        "--set", "metrics.log_interval_steps=1024", "--out", run.to_str().unwrap(),
+        "train",
+        CONFIG,
+        "--set",
+        "run.total_env_steps=4096",
+        "--set",
+        "eval.interval_steps=2048",
+        "--set",
+        "metrics.log_interval_steps=1024",
+        "--out",
+        run.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -42,7 +50,14 @@ fn train_writes_a_run_dir_and_eval_reads_it() {
     let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    for col in ["env_steps", "charts/episodic_return", "charts/sps", "losses/policy_loss", "losses/value_loss", "eval/mean_return"] {
+    for col in [
+        "env_steps",
+        "charts/episodic_return",
+        "charts/sps",
+        "losses/policy_loss",
+        "losses/value_loss",
+        "eval/mean_return",
+    ] {
         assert!(header.contains(&col), "missing column {col}: {header:?}");
     }
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
@@ -87,10 +102,14 @@ fn bad_configs_fail_naming_key_value_and_file() {
         let out = flotilla(&["train", &path, "--out", dir.join(name).with_extension("run").to_str().unwrap()]);
         assert!(!out.status.success(), "{name} was accepted");
         let msg = text(&out);
-        assert!(msg.contains(needle) && msg.contains(name), "{name}: message does not name {needle:?} and the file: {msg}");
+        assert!(
+            msg.contains(needle) && msg.contains(name),
+            "{name}: message does not name {needle:?} and the file: {msg}"
+        );
         assert!(!msg.contains("panicked"), "{msg}");
     }
-    let out = flotilla(&["train", CONFIG, "--set", "algorithm.batch_size=100", "--out", dir.join("x").to_str().unwrap()]);
+    let out =
+        flotilla(&["train", CONFIG, "--set", "algorithm.batch_size=100", "--out", dir.join("x").to_str().unwrap()]);
     assert!(!out.status.success() && text(&out).contains("batch_size"), "{}", text(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -12,7 +12,11 @@ fn ppo_solves_cartpole_within_100k_steps_for_2_of_3_seeds() {
             .map(|seed| {
                 s.spawn(move || {
                     let seed_override = format!("run.seed={seed}");
-                    let config = cartpole_ppo_config(&[&seed_override, "run.total_env_steps=100000", "eval.interval_steps=5120"]);
+                    let config = cartpole_ppo_config(&[
+                        &seed_override,
+                        "run.total_env_steps=100000",
+                        "eval.interval_steps=5120",
+                    ]);
                     let (_, report) = flotilla_learner::train::train(&config, &mut |_| Ok(())).expect("training runs");
                     assert!(report.env_steps <= 100_000 + 256, "budget respected: {}", report.env_steps);
                     let first = report.first_reaching(475.0).map(|e| e.env_steps);

@@ -51,7 +51,8 @@ enum Command {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -74,7 +75,12 @@ fn train_command(config_path: &Path, overrides: &[String], out: Option<PathBuf>)
     let config = ExperimentConfig::load(config_path, overrides)?;
     let out = out.unwrap_or_else(|| {
         let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        PathBuf::from("runs").join(format!("{}-{}-seed{}-{stamp}", config.env.id, config.algorithm_name(), config.run.seed))
+        PathBuf::from("runs").join(format!(
+            "{}-{}-seed{}-{stamp}",
+            config.env.id,
+            config.algorithm_name(),
+            config.run.seed
+        ))
     });
     let run_dir = RunDir::create(&out, &config)?;
     tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use flotilla_core::{Action, Space};
-use flotilla_envs::{make, make_buffered, registered, Kwargs, VecActions, VecEnv};
+use flotilla_envs::{Kwargs, VecActions, VecEnv, make, make_buffered, registered};
 use flotilla_tests::cartpole_ppo_config;
 
 /// Cheap varied actions: index `t mod n`, or a sweep over the box.
@@ -102,11 +102,14 @@ print(len(acts) / (time.perf_counter() - t))
 
 fn ppo_table(seeds: &[u64]) {
     println!("\n## PPO CartPole-v1 (quick-start config, 8 envs, 1 torch thread)\n");
-    println!("| seed | env steps to eval ≥ 475 | train s to eval ≥ 475 | evals ≥ 475 after that | final eval (100 K) | train s (100 K) | env steps/s |");
+    println!(
+        "| seed | env steps to eval ≥ 475 | train s to eval ≥ 475 | evals ≥ 475 after that | final eval (100 K) | train s (100 K) | env steps/s |"
+    );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &seed in seeds {
         let seed_override = format!("run.seed={seed}");
-        let config = cartpole_ppo_config(&[&seed_override, "eval.interval_steps=1024", "metrics.log_interval_steps=1000000000"]);
+        let config =
+            cartpole_ppo_config(&[&seed_override, "eval.interval_steps=1024", "metrics.log_interval_steps=1000000000"]);
         let (_, report) = flotilla_learner::train::train(&config, &mut |_| Ok(())).expect("training runs");
         let first = report.evals.iter().position(|e| e.result.mean() >= 475.0);
         let (steps, secs, stays) = match first {
@@ -132,7 +135,11 @@ fn main() -> flotilla_core::Result<()> {
     flotilla_learner::tune_allocator();
     let rust_cartpole = env_table(if quick { 400_000 } else { 4_000_000 })?;
     if let (Some(py), Some(rs)) = (python_cartpole_sps(), rust_cartpole) {
-        println!("\nPython gymnasium CartPole-v1, same run: {:.0} steps/s; Flotilla Env::step is {:.0}× faster.", py, rs / py);
+        println!(
+            "\nPython gymnasium CartPole-v1, same run: {:.0} steps/s; Flotilla Env::step is {:.0}× faster.",
+            py,
+            rs / py
+        );
     }
     ppo_table(if quick { &[1] } else { &[1, 2, 3] });
     Ok(())
