@@ -8,6 +8,7 @@
 //! save/load calls, tokio or the network.
 
 pub mod adam;
+pub mod atomic_write;
 pub mod distributions;
 pub mod error;
 pub mod gae;
@@ -16,7 +17,6 @@ pub mod nets;
 pub mod params;
 pub mod ppo;
 pub mod rollout;
-pub mod weights;
 
 pub use error::{Error, Result};
 pub use metrics::Metrics;

@@ -110,7 +110,14 @@ impl FlatParams {
             .zip(&self.views)
             .map(|(e, v)| (e.name.as_str(), v.detach().to_device(Device::Cpu)))
             .collect();
-        crate::weights::write_atomic(path, |tmp| Tensor::write_safetensors(&named, tmp))
+        crate::atomic_write::write_atomic(path, |tmp| {
+            Tensor::write_safetensors(&named, tmp).map_err(std::io::Error::other)
+        })
+        .map_err(|e| Error::Weights {
+            action: "saving",
+            path: path.display().to_string(),
+            source: tch::TchError::Io(e),
+        })
     }
 
     /// Read parameters saved by [`FlatParams::save`]; every name must be present with the same shape.

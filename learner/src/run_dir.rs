@@ -72,16 +72,10 @@ impl RunDir {
     }
 }
 
-/// Write `bytes` to `path` atomically: temporary file in the same directory, fsync, rename, fsync directory.
+/// Write `bytes` to `path` atomically (see [`flotilla_algorithms::atomic_write`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let mut f = File::create(&tmp).map_err(|e| io("creating", &tmp, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| io("writing", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io("renaming into place", path, e))?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing", dir, e))?;
-    Ok(())
+    flotilla_algorithms::atomic_write::write_atomic(path, |tmp| std::fs::write(tmp, bytes))
+        .map_err(|e| io("writing", path, e))
 }
 
 fn io(action: &'static str, path: &Path, source: std::io::Error) -> Error {
