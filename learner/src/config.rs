@@ -115,7 +115,8 @@ pub struct EvalConfig {
     pub episodes: usize,
     /// Evaluate every this many env steps during training (0: only at the end).
     pub interval_steps: u64,
-    /// Seed of evaluation env `i` is `seed + i`; distinct from training seeds.
+    /// Evaluation `k` during training seeds its env `i` with `seed + k · episodes + i` (fresh start states each
+    /// time, never a training seed); `flotilla eval` starts from `seed`.
     pub seed: u64,
 }
 

@@ -172,7 +172,9 @@ pub fn train(config: &ExperimentConfig, on_log: &mut dyn FnMut(&LogRow) -> Resul
             while next_eval <= env_steps {
                 next_eval = next_eval.saturating_add(config.eval.interval_steps);
             }
-            let result = evaluate(&mut agent, &config.env, config.eval.episodes, config.eval.seed)?;
+            // Each evaluation starts from fresh states: evaluation k seeds its envs from seed + k · episodes.
+            let eval_seed = config.eval.seed + (evals.len() * config.eval.episodes) as u64;
+            let result = evaluate(&mut agent, &config.env, config.eval.episodes, eval_seed)?;
             evals.push(EvalPoint { env_steps, train_secs, result: result.clone() });
             Some(result)
         } else {
