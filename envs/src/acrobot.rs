@@ -12,10 +12,10 @@
 
 use std::f64::consts::PI;
 
-use flotilla_core::{Action, Env, Error, Info, Obs, Result, Space, Step};
+use flotilla_core::{Action, Env, Error, Result, Space};
 
 use crate::action;
-use crate::buffered::{self, BufferedEnv, StepOutcome};
+use crate::buffered::{BufferedEnv, StepOutcome, impl_native_env};
 use crate::numpy_scalar::pow2;
 use crate::seeding::EnvRng;
 
@@ -166,32 +166,7 @@ fn bound(x: f64, m: f64, big_m: f64) -> f64 {
     if big_m < lower { big_m } else { lower }
 }
 
-impl Env for Acrobot {
-    fn id(&self) -> &str {
-        ID
-    }
-    fn observation_space(&self) -> &Space {
-        &self.observation_space
-    }
-    fn action_space(&self) -> &Space {
-        &self.action_space
-    }
-    fn reset(&mut self, seed: Option<u64>) -> Result<(Obs, Info)> {
-        buffered::reset_via(self, seed, 6)
-    }
-    fn step(&mut self, action: Action<'_>) -> Result<Step> {
-        buffered::step_via(self, action, 6)
-    }
-    fn state(&self) -> Result<Vec<f64>> {
-        self.state.map(|s| s.to_vec()).ok_or_else(|| Error::ResetNeeded { env: ID.into() })
-    }
-    fn set_state(&mut self, state: &[f64]) -> Result<()> {
-        let new = action::state::<4>(ID, state)?;
-        let current = self.state.as_mut().ok_or_else(|| Error::ResetNeeded { env: ID.into() })?;
-        *current = new;
-        Ok(())
-    }
-}
+impl_native_env!(Acrobot, id: ID, obs_dim: 6);
 
 impl BufferedEnv for Acrobot {
     fn reset_into(&mut self, seed: Option<u64>, obs: &mut [f32]) -> Result<()> {

@@ -4,6 +4,9 @@
 //! costs an allocation per step. [`BufferedEnv`] writes the observation into a slice the caller owns
 //! (a row of `VecEnv`'s batch) and returns only the scalars. Every native env implements it directly;
 //! [`BoxedEnv`] adapts any other `Box<dyn Env>` (e.g. a Python-bridged one) by copying.
+//!
+//! A native env's [`Env`] impl is the same in all five: [`impl_native_env!`] writes it, with `reset` and
+//! `step` going through the buffered path.
 
 use flotilla_core::{Action, Env, Error, Info, Obs, Result, Space, Step};
 
@@ -51,6 +54,73 @@ pub(crate) fn step_via<E: BufferedEnv>(env: &mut E, action: Action<'_>, dim: usi
         info: Info::new(),
     })
 }
+
+/// [`Env::state`] for a native env: its physical state, or [`Error::ResetNeeded`] before the first reset.
+pub(crate) fn state_of<const N: usize>(env: &str, state: Option<[f64; N]>) -> Result<Vec<f64>> {
+    state.map(|s| s.to_vec()).ok_or_else(|| Error::ResetNeeded { env: env.into() })
+}
+
+/// [`Env::set_state`] for a native env: checks `new` (length `N`, finite values), then overwrites the
+/// physical state, which must exist (else [`Error::ResetNeeded`]).
+pub(crate) fn set_state_of<const N: usize>(env: &str, state: &mut Option<[f64; N]>, new: &[f64]) -> Result<()> {
+    let new = action::state::<N>(env, new)?;
+    let current = state.as_mut().ok_or_else(|| Error::ResetNeeded { env: env.into() })?;
+    *current = new;
+    Ok(())
+}
+
+/// Writes the [`Env`] impl of a native env, which is the same for all five of them:
+///
+/// ```text
+/// impl_native_env!(CartPole, id: ID, obs_dim: 4);
+/// impl_native_env!(MountainCarContinuous, id: ID, obs_dim: 2, after_set_state: |env| env.state_is_f32 = false);
+/// ```
+///
+/// The type needs the fields `observation_space: Space`, `action_space: Space` and
+/// `state: Option<[f64; N]>` (the physical state in Gymnasium's order, `None` before the first reset),
+/// and a [`BufferedEnv`] impl whose observations have `obs_dim` elements. `reset` and `step` go through
+/// [`reset_via`] and [`step_via`]; `state` and `set_state` through [`state_of`] and [`set_state_of`].
+/// The optional `after_set_state: |env| expr` runs `expr` with `env: &mut Self` after a successful
+/// `set_state`.
+///
+/// A macro because the blanket `impl<T: NativeTrait> Env for T` is not allowed: `Env` is foreign to this
+/// crate, and the orphan rule (E0210) rejects foreign-trait impls for an uncovered type parameter.
+macro_rules! impl_native_env {
+    ($env:ty, id: $id:expr, obs_dim: $dim:expr $(, after_set_state: |$this:ident| $after:expr)? $(,)?) => {
+        impl ::flotilla_core::Env for $env {
+            fn id(&self) -> &str {
+                $id
+            }
+            fn observation_space(&self) -> &::flotilla_core::Space {
+                &self.observation_space
+            }
+            fn action_space(&self) -> &::flotilla_core::Space {
+                &self.action_space
+            }
+            fn reset(
+                &mut self,
+                seed: Option<u64>,
+            ) -> ::flotilla_core::Result<(::flotilla_core::Obs, ::flotilla_core::Info)> {
+                $crate::buffered::reset_via(self, seed, $dim)
+            }
+            fn step(&mut self, action: ::flotilla_core::Action<'_>) -> ::flotilla_core::Result<::flotilla_core::Step> {
+                $crate::buffered::step_via(self, action, $dim)
+            }
+            fn state(&self) -> ::flotilla_core::Result<Vec<f64>> {
+                $crate::buffered::state_of($id, self.state)
+            }
+            fn set_state(&mut self, state: &[f64]) -> ::flotilla_core::Result<()> {
+                $crate::buffered::set_state_of($id, &mut self.state, state)?;
+                $({
+                    let $this = &mut *self;
+                    $after;
+                })?
+                Ok(())
+            }
+        }
+    };
+}
+pub(crate) use impl_native_env;
 
 /// Any boxed [`Env`] with f32 observations, made a [`BufferedEnv`] by copying each observation.
 /// `info` is dropped; u8 observations are [`Error::Unsupported`] (reported after the inner env stepped).

@@ -13,11 +13,11 @@
 
 use std::f64::consts::PI;
 
-use flotilla_core::{Action, Env, Error, Info, Obs, Result, Space, Step};
+use flotilla_core::{Action, Env, Error, Result, Space};
 
 use crate::action;
-use crate::buffered::{self, BufferedEnv, StepOutcome};
-use crate::kwargs::{KwargReader, Kwargs};
+use crate::buffered::{BufferedEnv, StepOutcome, impl_native_env};
+use crate::kwargs::{KwargReader, Kwargs, read_config, require_finite, require_positive};
 use crate::seeding::EnvRng;
 
 const ID: &str = "CartPole-v1";
@@ -67,10 +67,7 @@ impl CartPoleConfig {
     /// The config from `gym.make`-style arguments; unknown keys, wrong types and non-physical values
     /// are [`Error::BadArgument`].
     pub fn from_kwargs(kwargs: &Kwargs) -> Result<Self> {
-        let mut reader = KwargReader::new(ID, kwargs);
-        let config = Self::read(&mut reader)?;
-        reader.finish(Self::KWARGS)?;
-        Ok(config)
+        read_config(ID, kwargs, Self::KWARGS, Self::read)
     }
 
     pub(crate) fn read(r: &mut KwargReader<'_>) -> Result<Self> {
@@ -90,25 +87,12 @@ impl CartPoleConfig {
 
     /// Every constant finite; masses, length and time step positive (else the dynamics divide by zero).
     pub fn validate(&self) -> Result<()> {
-        let checks = [
-            ("gravity", self.gravity, false),
-            ("masscart", self.masscart, true),
-            ("masspole", self.masspole, true),
-            ("length", self.length, true),
-            ("force_mag", self.force_mag, false),
-            ("tau", self.tau, true),
-        ];
-        for (key, value, positive) in checks {
-            if !value.is_finite() || (positive && value <= 0.0) {
-                let want = if positive { "a positive finite number" } else { "a finite number" };
-                return Err(Error::BadArgument {
-                    env: ID.into(),
-                    key: key.into(),
-                    detail: format!("expected {want}, got {value}"),
-                });
-            }
-        }
-        Ok(())
+        require_finite(ID, "gravity", self.gravity)?;
+        require_positive(ID, "masscart", self.masscart)?;
+        require_positive(ID, "masspole", self.masspole)?;
+        require_positive(ID, "length", self.length)?;
+        require_finite(ID, "force_mag", self.force_mag)?;
+        require_positive(ID, "tau", self.tau)
     }
 }
 
@@ -207,32 +191,7 @@ impl CartPole {
     }
 }
 
-impl Env for CartPole {
-    fn id(&self) -> &str {
-        ID
-    }
-    fn observation_space(&self) -> &Space {
-        &self.observation_space
-    }
-    fn action_space(&self) -> &Space {
-        &self.action_space
-    }
-    fn reset(&mut self, seed: Option<u64>) -> Result<(Obs, Info)> {
-        buffered::reset_via(self, seed, 4)
-    }
-    fn step(&mut self, action: Action<'_>) -> Result<Step> {
-        buffered::step_via(self, action, 4)
-    }
-    fn state(&self) -> Result<Vec<f64>> {
-        self.state.map(|s| s.to_vec()).ok_or_else(|| Error::ResetNeeded { env: ID.into() })
-    }
-    fn set_state(&mut self, state: &[f64]) -> Result<()> {
-        let new = action::state::<4>(ID, state)?;
-        let current = self.state.as_mut().ok_or_else(|| Error::ResetNeeded { env: ID.into() })?;
-        *current = new;
-        Ok(())
-    }
-}
+impl_native_env!(CartPole, id: ID, obs_dim: 4);
 
 impl BufferedEnv for CartPole {
     fn reset_into(&mut self, seed: Option<u64>, obs: &mut [f32]) -> Result<()> {

@@ -178,11 +178,8 @@ impl<'a> KwargReader<'a> {
             Some(KwargValue::Int(v)) => *v as f64,
             Some(other) => return Err(self.wrong_type(key, "a number", other)),
         };
-        if value.is_finite() {
-            Ok(Some(value))
-        } else {
-            Err(self.error(key, format!("expected a finite number, got {value}")))
-        }
+        require_finite(self.env, key, value)?;
+        Ok(Some(value))
     }
 
     /// A boolean.
@@ -213,6 +210,38 @@ impl<'a> KwargReader<'a> {
                 Err(self.error(key, format!("unknown argument; {} accepts: {list}", self.env)))
             }
         }
+    }
+}
+
+/// A config's `from_kwargs`: `read` takes the keys it knows, then any other key is
+/// [`Error::BadArgument`] listing the `accepted` ones.
+pub(crate) fn read_config<C>(
+    env: &str,
+    kwargs: &Kwargs,
+    accepted: &[&str],
+    read: impl FnOnce(&mut KwargReader<'_>) -> Result<C>,
+) -> Result<C> {
+    let mut reader = KwargReader::new(env, kwargs);
+    let config = read(&mut reader)?;
+    reader.finish(accepted)?;
+    Ok(config)
+}
+
+/// A finite `value` for `key`, else [`Error::BadArgument`].
+pub(crate) fn require_finite(env: &str, key: &str, value: f64) -> Result<()> {
+    require(env, key, value, value.is_finite(), "a finite number")
+}
+
+/// A positive finite `value` for `key`, else [`Error::BadArgument`].
+pub(crate) fn require_positive(env: &str, key: &str, value: f64) -> Result<()> {
+    require(env, key, value, value.is_finite() && value > 0.0, "a positive finite number")
+}
+
+fn require(env: &str, key: &str, value: f64, ok: bool, want: &str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::BadArgument { env: env.into(), key: key.into(), detail: format!("expected {want}, got {value}") })
     }
 }
 

@@ -8,11 +8,11 @@
 //! the position uniformly from `[-0.6, -0.4)` with zero velocity. The state stays in f64 (a tuple of
 //! NumPy f64 scalars in Gymnasium).
 
-use flotilla_core::{Action, Env, Error, Info, Obs, Result, Space, Step};
+use flotilla_core::{Action, Env, Error, Result, Space};
 
 use crate::action;
-use crate::buffered::{self, BufferedEnv, StepOutcome};
-use crate::kwargs::{KwargReader, Kwargs};
+use crate::buffered::{BufferedEnv, StepOutcome, impl_native_env};
+use crate::kwargs::{KwargReader, Kwargs, read_config, require_finite};
 use crate::seeding::EnvRng;
 
 const ID: &str = "MountainCar-v0";
@@ -42,10 +42,7 @@ impl MountainCarConfig {
 
     /// The config from `gym.make`-style arguments; unknown keys and wrong types are [`Error::BadArgument`].
     pub fn from_kwargs(kwargs: &Kwargs) -> Result<Self> {
-        let mut reader = KwargReader::new(ID, kwargs);
-        let config = Self::read(&mut reader)?;
-        reader.finish(Self::KWARGS)?;
-        Ok(config)
+        read_config(ID, kwargs, Self::KWARGS, Self::read)
     }
 
     pub(crate) fn read(r: &mut KwargReader<'_>) -> Result<Self> {
@@ -100,13 +97,7 @@ impl Default for MountainCar {
 impl MountainCar {
     /// A MountainCar with the given goal velocity (which must be finite).
     pub fn new(config: MountainCarConfig) -> Result<Self> {
-        if !config.goal_velocity.is_finite() {
-            return Err(Error::BadArgument {
-                env: ID.into(),
-                key: "goal_velocity".into(),
-                detail: format!("expected a finite number, got {}", config.goal_velocity),
-            });
-        }
+        require_finite(ID, "goal_velocity", config.goal_velocity)?;
         Ok(MountainCar::build(config))
     }
 
@@ -137,32 +128,7 @@ impl MountainCar {
     }
 }
 
-impl Env for MountainCar {
-    fn id(&self) -> &str {
-        ID
-    }
-    fn observation_space(&self) -> &Space {
-        &self.observation_space
-    }
-    fn action_space(&self) -> &Space {
-        &self.action_space
-    }
-    fn reset(&mut self, seed: Option<u64>) -> Result<(Obs, Info)> {
-        buffered::reset_via(self, seed, 2)
-    }
-    fn step(&mut self, action: Action<'_>) -> Result<Step> {
-        buffered::step_via(self, action, 2)
-    }
-    fn state(&self) -> Result<Vec<f64>> {
-        self.state.map(|s| s.to_vec()).ok_or_else(|| Error::ResetNeeded { env: ID.into() })
-    }
-    fn set_state(&mut self, state: &[f64]) -> Result<()> {
-        let new = action::state::<2>(ID, state)?;
-        let current = self.state.as_mut().ok_or_else(|| Error::ResetNeeded { env: ID.into() })?;
-        *current = new;
-        Ok(())
-    }
-}
+impl_native_env!(MountainCar, id: ID, obs_dim: 2);
 
 impl BufferedEnv for MountainCar {
     fn reset_into(&mut self, seed: Option<u64>, obs: &mut [f32]) -> Result<()> {

@@ -14,11 +14,11 @@
 //! in the comparisons that decide clipping and termination. [`Scalar`] carries those kinds along so the
 //! step below reads line by line like the Python.
 
-use flotilla_core::{Action, Env, Error, Info, Obs, Result, Space, Step};
+use flotilla_core::{Action, Env, Error, Result, Space};
 
 use crate::action;
-use crate::buffered::{self, BufferedEnv, StepOutcome};
-use crate::kwargs::{KwargReader, Kwargs};
+use crate::buffered::{BufferedEnv, StepOutcome, impl_native_env};
+use crate::kwargs::{KwargReader, Kwargs, read_config, require_finite};
 use crate::mountain_car::{self, MAX_POSITION, MAX_SPEED, MIN_POSITION, MountainCarState};
 use crate::numpy_scalar::{Scalar, pow2};
 use crate::seeding::EnvRng;
@@ -48,10 +48,7 @@ impl MountainCarContinuousConfig {
 
     /// The config from `gym.make`-style arguments; unknown keys and wrong types are [`Error::BadArgument`].
     pub fn from_kwargs(kwargs: &Kwargs) -> Result<Self> {
-        let mut reader = KwargReader::new(ID, kwargs);
-        let config = Self::read(&mut reader)?;
-        reader.finish(Self::KWARGS)?;
-        Ok(config)
+        read_config(ID, kwargs, Self::KWARGS, Self::read)
     }
 
     pub(crate) fn read(r: &mut KwargReader<'_>) -> Result<Self> {
@@ -81,13 +78,7 @@ impl Default for MountainCarContinuous {
 impl MountainCarContinuous {
     /// A MountainCarContinuous with the given goal velocity (which must be finite).
     pub fn new(config: MountainCarContinuousConfig) -> Result<Self> {
-        if !config.goal_velocity.is_finite() {
-            return Err(Error::BadArgument {
-                env: ID.into(),
-                key: "goal_velocity".into(),
-                detail: format!("expected a finite number, got {}", config.goal_velocity),
-            });
-        }
+        require_finite(ID, "goal_velocity", config.goal_velocity)?;
         Ok(MountainCarContinuous::build(config))
     }
 
@@ -129,33 +120,8 @@ impl MountainCarContinuous {
     }
 }
 
-impl Env for MountainCarContinuous {
-    fn id(&self) -> &str {
-        ID
-    }
-    fn observation_space(&self) -> &Space {
-        &self.observation_space
-    }
-    fn action_space(&self) -> &Space {
-        &self.action_space
-    }
-    fn reset(&mut self, seed: Option<u64>) -> Result<(Obs, Info)> {
-        buffered::reset_via(self, seed, 2)
-    }
-    fn step(&mut self, action: Action<'_>) -> Result<Step> {
-        buffered::step_via(self, action, 2)
-    }
-    fn state(&self) -> Result<Vec<f64>> {
-        self.state.map(|s| s.to_vec()).ok_or_else(|| Error::ResetNeeded { env: ID.into() })
-    }
-    fn set_state(&mut self, state: &[f64]) -> Result<()> {
-        let new = action::state::<2>(ID, state)?;
-        let current = self.state.as_mut().ok_or_else(|| Error::ResetNeeded { env: ID.into() })?;
-        *current = new;
-        self.state_is_f32 = false;
-        Ok(())
-    }
-}
+// `set_state` writes an f64 array (`np.array(.., dtype=np.float64)`): the next step runs in f64.
+impl_native_env!(MountainCarContinuous, id: ID, obs_dim: 2, after_set_state: |env| env.state_is_f32 = false);
 
 impl BufferedEnv for MountainCarContinuous {
     fn reset_into(&mut self, seed: Option<u64>, obs: &mut [f32]) -> Result<()> {
@@ -220,5 +186,25 @@ impl BufferedEnv for MountainCarContinuous {
         obs[0] = p;
         obs[1] = v;
         Ok(StepOutcome { reward, terminated, truncated: false })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_state_makes_the_state_f64_again() {
+        let mut env = MountainCarContinuous::default();
+        env.reset(Some(0)).unwrap();
+        assert!(!env.state_is_f32);
+        env.step(Action::Continuous(&[0.5])).unwrap();
+        assert!(env.state_is_f32);
+        env.set_state(&[-0.5, 0.01]).unwrap();
+        assert!(!env.state_is_f32);
+        env.set_physical_state_f32([-0.5, 0.01]).unwrap();
+        assert!(env.state_is_f32);
+        env.set_physical_state(MountainCarState { position: -0.5, velocity: 0.01 }).unwrap();
+        assert!(!env.state_is_f32);
     }
 }

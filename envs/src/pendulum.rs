@@ -12,11 +12,11 @@
 
 use std::f64::consts::PI;
 
-use flotilla_core::{Action, Env, Error, Info, Obs, Result, Space, Step};
+use flotilla_core::{Action, Env, Error, Result, Space};
 
 use crate::action;
-use crate::buffered::{self, BufferedEnv, StepOutcome};
-use crate::kwargs::{KwargReader, Kwargs};
+use crate::buffered::{BufferedEnv, StepOutcome, impl_native_env};
+use crate::kwargs::{KwargReader, Kwargs, read_config, require_finite};
 use crate::numpy_scalar::{pow2, pow2_f32, py_mod};
 use crate::seeding::EnvRng;
 
@@ -46,10 +46,7 @@ impl PendulumConfig {
 
     /// The config from `gym.make`-style arguments; unknown keys and wrong types are [`Error::BadArgument`].
     pub fn from_kwargs(kwargs: &Kwargs) -> Result<Self> {
-        let mut reader = KwargReader::new(ID, kwargs);
-        let config = Self::read(&mut reader)?;
-        reader.finish(Self::KWARGS)?;
-        Ok(config)
+        read_config(ID, kwargs, Self::KWARGS, Self::read)
     }
 
     pub(crate) fn read(r: &mut KwargReader<'_>) -> Result<Self> {
@@ -103,13 +100,7 @@ impl Default for Pendulum {
 impl Pendulum {
     /// A Pendulum with the given gravity (which must be finite).
     pub fn new(config: PendulumConfig) -> Result<Self> {
-        if !config.g.is_finite() {
-            return Err(Error::BadArgument {
-                env: ID.into(),
-                key: "g".into(),
-                detail: format!("expected a finite number, got {}", config.g),
-            });
-        }
+        require_finite(ID, "g", config.g)?;
         Ok(Pendulum::build(config))
     }
 
@@ -148,32 +139,7 @@ impl Pendulum {
     }
 }
 
-impl Env for Pendulum {
-    fn id(&self) -> &str {
-        ID
-    }
-    fn observation_space(&self) -> &Space {
-        &self.observation_space
-    }
-    fn action_space(&self) -> &Space {
-        &self.action_space
-    }
-    fn reset(&mut self, seed: Option<u64>) -> Result<(Obs, Info)> {
-        buffered::reset_via(self, seed, 3)
-    }
-    fn step(&mut self, action: Action<'_>) -> Result<Step> {
-        buffered::step_via(self, action, 3)
-    }
-    fn state(&self) -> Result<Vec<f64>> {
-        self.state.map(|s| s.to_vec()).ok_or_else(|| Error::ResetNeeded { env: ID.into() })
-    }
-    fn set_state(&mut self, state: &[f64]) -> Result<()> {
-        let new = action::state::<2>(ID, state)?;
-        let current = self.state.as_mut().ok_or_else(|| Error::ResetNeeded { env: ID.into() })?;
-        *current = new;
-        Ok(())
-    }
-}
+impl_native_env!(Pendulum, id: ID, obs_dim: 3);
 
 impl BufferedEnv for Pendulum {
     fn reset_into(&mut self, seed: Option<u64>, obs: &mut [f32]) -> Result<()> {

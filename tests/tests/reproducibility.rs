@@ -3,7 +3,8 @@ use flotilla_tests::cartpole_ppo_config;
 
 fn trained_weights(seed: u64) -> (tch::Tensor, Vec<f64>) {
     let seed = format!("run.seed={seed}");
-    let config = cartpole_ppo_config(&[&seed, "run.total_env_steps=2048", "run.device=cpu", "eval.interval_steps=1024"]);
+    let config =
+        cartpole_ppo_config(&[&seed, "run.total_env_steps=2048", "run.device=cpu", "eval.interval_steps=1024"]);
     let (agent, report) = flotilla_learner::train::train(&config, &mut |_| Ok(())).expect("training runs");
     (agent.params().flat().detach().copy(), report.evals.iter().map(|e| e.result.mean()).collect())
 }
