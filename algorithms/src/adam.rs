@@ -4,7 +4,9 @@
 //! `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `θ ← θ − (lr / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε)`.
 use tch::Tensor;
 
+use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
+use crate::Result;
 
 /// Adam state for one flat parameter buffer.
 #[derive(Debug)]
@@ -53,9 +55,19 @@ impl Adam {
         });
     }
 
-    /// The moment estimates `(m, v)`, e.g. for checkpoints.
-    pub fn moments(&self) -> (&Tensor, &Tensor) {
-        (&self.exp_avg, &self.exp_avg_sq)
+    /// Save the moments and step count under `prefix`.
+    pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        c.put_tensor(format!("{prefix}.exp_avg"), &self.exp_avg);
+        c.put_tensor(format!("{prefix}.exp_avg_sq"), &self.exp_avg_sq);
+        c.put_meta(format!("{prefix}.steps"), &self.steps)
+    }
+
+    /// Restore what [`Adam::write_to`] saved (the learning rate is the caller's: schedules set it).
+    pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        c.copy_into(&format!("{prefix}.exp_avg"), &self.exp_avg)?;
+        c.copy_into(&format!("{prefix}.exp_avg_sq"), &self.exp_avg_sq)?;
+        self.steps = c.meta(&format!("{prefix}.steps"))?;
+        Ok(())
     }
 }
 

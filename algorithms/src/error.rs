@@ -46,6 +46,9 @@ pub enum Error {
         /// What libtorch said.
         source: tch::TchError,
     },
+    /// A checkpoint that cannot be written, read, or does not match the agent.
+    #[error("{0}")]
+    Checkpoint(String),
     /// A libtorch call failed.
     #[error(transparent)]
     Torch(#[from] tch::TchError),

@@ -75,6 +75,88 @@ impl Module for Mlp {
     }
 }
 
+/// How an MLP's layers are initialised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LayerInit {
+    /// Orthogonal weights (gain √2 on hidden layers, the given gain on the output layer), zero biases: SB3's
+    /// on-policy networks.
+    Orthogonal {
+        /// Gain of the output layer.
+        out_gain: f64,
+    },
+    /// PyTorch's `nn.Linear` default, `U(−1/√fan_in, 1/√fan_in)` for weights and biases: SB3's off-policy
+    /// networks (DQN, DDPG, TD3).
+    Torch,
+}
+
+impl LayerInit {
+    /// Weight `[fan_in, fan_out]` (the layout `addmm` takes) and bias `[fan_out]` of one layer.
+    fn layer(self, fan_in: i64, fan_out: i64, last: bool) -> (Tensor, Tensor) {
+        let cpu = (tch::Kind::Float, tch::Device::Cpu);
+        match self {
+            LayerInit::Orthogonal { out_gain } => {
+                let gain = if last { out_gain } else { 2f64.sqrt() };
+                let w = nn::init(Init::Orthogonal { gain }, &[fan_out, fan_in], tch::Device::Cpu);
+                (w.transpose(0, 1).contiguous(), Tensor::zeros([fan_out], cpu))
+            }
+            LayerInit::Torch => {
+                let bound = 1.0 / (fan_in as f64).sqrt();
+                let w = Tensor::empty([fan_in, fan_out], cpu).uniform_(-bound, bound);
+                (w, Tensor::empty([fan_out], cpu).uniform_(-bound, bound))
+            }
+        }
+    }
+}
+
+/// An MLP over [`FlatParams`](crate::params::FlatParams): layer `k` is `weight` `[in, out]` and `bias`
+/// `[out]`, applied as one `addmm`. Several networks of the same layout (online and target) share one
+/// `FlatMlp` and differ only in the parameter buffer they are run with.
+#[derive(Debug, Clone)]
+pub struct FlatMlp {
+    layers: Vec<usize>,
+    activation: Activation,
+}
+
+impl FlatMlp {
+    /// Initial parameters, named `{prefix}.{k}.weight` / `.bias`, to place in a `FlatParams` at index
+    /// `first_index` onwards.
+    pub fn init(
+        prefix: &str,
+        inputs: i64,
+        hidden: &[i64],
+        outputs: i64,
+        activation: Activation,
+        init: LayerInit,
+        first_index: usize,
+    ) -> (Self, Vec<(String, Tensor)>) {
+        let mut widths = vec![inputs];
+        widths.extend_from_slice(hidden);
+        widths.push(outputs);
+        let mut named = Vec::new();
+        let mut layers = Vec::new();
+        for k in 0..widths.len() - 1 {
+            let (w, b) = init.layer(widths[k], widths[k + 1], k == widths.len() - 2);
+            layers.push(first_index + named.len());
+            named.push((format!("{prefix}.{k}.weight"), w));
+            named.push((format!("{prefix}.{k}.bias"), b));
+        }
+        (FlatMlp { layers, activation }, named)
+    }
+
+    /// The network on `x` `[B, inputs]` with the parameters in `params`.
+    pub fn forward(&self, params: &crate::params::FlatParams, x: &Tensor) -> Tensor {
+        let last = self.layers.len() - 1;
+        let mut h = x.shallow_clone();
+        for (k, &i) in self.layers.iter().enumerate() {
+            h = params.view(i + 1).addmm(&h, params.view(i));
+            if k < last {
+                h = self.activation.apply(&h);
+            }
+        }
+        h
+    }
+}
+
 /// Two MLPs of the same hidden widths (e.g. a policy and a value network) evaluated together as one chain of
 /// batched matmuls over [`FlatParams`]: half the dispatches of two separate MLPs, identical maths. Layer `k`
 /// holds `weight` `[2, in, out]` and `bias` `[2, 1, out]`; the output layer is padded to the wider of the

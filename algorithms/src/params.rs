@@ -102,6 +102,27 @@ impl FlatParams {
         Ok(())
     }
 
+    /// A copy of these parameters (same names and layout) that never needs gradients: a target network.
+    pub fn target_copy(&self) -> FlatParams {
+        let named = self.entries.iter().zip(&self.views).map(|(e, v)| (e.name.clone(), v.detach().copy())).collect();
+        let mut t = FlatParams::new(named, self.flat.device());
+        t.flat = t.flat.set_requires_grad(false);
+        t.views = t.entries.iter().map(|e| t.flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
+        t
+    }
+
+    /// Polyak averaging towards `source`: `θ ← (1 − τ) θ + τ θ_source` (τ = 1 copies). One op for the whole
+    /// network.
+    pub fn polyak_from(&mut self, source: &FlatParams, tau: f64) {
+        tch::no_grad(|| {
+            if tau >= 1.0 {
+                self.flat.copy_(source.flat());
+            } else {
+                let _ = self.flat.lerp_(source.flat(), tau);
+            }
+        });
+    }
+
     /// Write every parameter under its name to a safetensors file, atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
         let named: Vec<(&str, Tensor)> = self
@@ -170,6 +191,21 @@ mod tests {
         // In-place updates of the buffer show through the views.
         let _ = tch::no_grad(|| p.flat().shallow_clone().fill_(0.5));
         assert_eq!(Vec::<f32>::try_from(p.view(0).flatten(0, -1)).unwrap(), vec![0.5; 4]);
+    }
+
+    #[test]
+    fn target_updates_hard_and_polyak() {
+        let online = FlatParams::new(vec![("w".into(), Tensor::from_slice(&[1.0f32, 2.0]))], Device::Cpu);
+        let mut target = online.target_copy();
+        assert!(!target.flat().requires_grad());
+        tch::no_grad(|| online.flat().shallow_clone().copy_(&Tensor::from_slice(&[3.0f32, 6.0])));
+        assert_eq!(Vec::<f32>::try_from(target.flat()).unwrap(), vec![1.0, 2.0], "a copy, not a view");
+        target.polyak_from(&online, 0.25);
+        // (1 − τ) θ' + τ θ = 0.75 · [1, 2] + 0.25 · [3, 6]
+        assert_eq!(Vec::<f32>::try_from(target.flat()).unwrap(), vec![1.5, 3.0]);
+        target.polyak_from(&online, 1.0);
+        assert_eq!(Vec::<f32>::try_from(target.flat()).unwrap(), vec![3.0, 6.0]);
+        assert_eq!(Vec::<f32>::try_from(target.view(0).flatten(0, -1)).unwrap(), vec![3.0, 6.0]);
     }
 
     #[test]

@@ -24,10 +24,13 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::adam::Adam;
-use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
-use crate::nets::{Activation, TwinMlp, with_torch_seed};
+use crate::actor_critic::ActorCritic;
+use crate::nets::Activation;
 use crate::params::FlatParams;
 use crate::rollout::Rollout;
+use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::checkpoint::Checkpoint;
+use crate::policy::{ActMode, ActOutput, Policy};
 use crate::{Error, Metrics, Result};
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
@@ -223,50 +226,6 @@ fn normalize(x: &Tensor) -> Tensor {
     (x - x.mean(Kind::Float)) / (x.std(true) + 1e-8)
 }
 
-/// How actions are represented.
-#[derive(Debug, Clone, PartialEq)]
-enum ActionKind {
-    Discrete(usize),
-    Continuous(usize),
-}
-
-/// Separate policy and value MLPs (run as one [`TwinMlp`]), plus a log-std vector for Gaussian policies, all
-/// in one [`FlatParams`] buffer.
-#[derive(Debug)]
-struct ActorCritic {
-    params: FlatParams,
-    twin: TwinMlp,
-    log_std: Option<usize>,
-}
-
-impl ActorCritic {
-    /// Policy head output (logits or means) and values `[B]`.
-    fn forward(&self, obs: &Tensor) -> (Tensor, Tensor) {
-        let (head, value) = self.twin.forward(&self.params, obs);
-        (head, value.squeeze_dim(1))
-    }
-
-    fn dist(&self, head: Tensor) -> ActionDist {
-        match self.log_std {
-            None => ActionDist::Categorical { logits: head },
-            Some(i) => ActionDist::DiagGaussian { mean: head, log_std: self.params.view(i).shallow_clone() },
-        }
-    }
-}
-
-/// What the policy did for a batch of observations. Buffers are reused between calls.
-#[derive(Debug, Default, Clone)]
-pub struct ActOutput {
-    /// Actions, row-major: one f32 index per row for discrete spaces, `D` values for continuous ones
-    /// (unclipped samples; clip to the bounds before stepping the env).
-    pub actions: Vec<f32>,
-    /// Log-probability of each row's action.
-    pub log_probs: Vec<f32>,
-    /// `V(obs)` per row.
-    pub values: Vec<f32>,
-    scratch: Vec<(i64, f32)>,
-}
-
 /// A PPO agent: the actor-critic network, its optimiser and the RNG used to act and shuffle.
 #[derive(Debug)]
 pub struct Ppo {
@@ -274,77 +233,32 @@ pub struct Ppo {
     pub config: PpoConfig,
     net: ActorCritic,
     opt: Adam,
-    action: ActionKind,
-    obs_dim: usize,
     rng: Pcg64,
-    device: Device,
+    /// The rollout being collected by [`Algorithm::observe`].
+    rollout: Rollout,
+    /// The observations after the rollout's last step, to bootstrap from.
+    bootstrap_obs: Vec<f32>,
+    scratch: Vec<(i64, f32)>,
 }
 
 impl Ppo {
-    /// A fresh agent for these spaces. `seed` fixes the weights' initialisation (through libtorch's global
-    /// generator), action sampling and minibatch shuffling.
+    /// A fresh agent for these spaces, collecting rollouts from `n_envs` envs. `seed` fixes the weights'
+    /// initialisation (through libtorch's global generator), action sampling and minibatch shuffling.
     pub fn new(
         observation_space: &Space,
         action_space: &Space,
+        n_envs: usize,
         config: PpoConfig,
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        let obs_dim = match observation_space {
-            Space::Box { shape, .. } if shape.len() == 1 => shape[0],
-            other => {
-                return Err(Error::UnsupportedSpace {
-                    which: "observation",
-                    algorithm: "ppo",
-                    detail: format!("{other:?}: the MLP policy takes 1-D boxes"),
-                });
-            }
-        };
-        let action = match action_space {
-            Space::Discrete { n, .. } => ActionKind::Discrete(*n),
-            Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),
-            other => {
-                return Err(Error::UnsupportedSpace {
-                    which: "action",
-                    algorithm: "ppo",
-                    detail: format!("{other:?}"),
-                });
-            }
-        };
-        let outputs = match action {
-            ActionKind::Discrete(n) | ActionKind::Continuous(n) => n as i64,
-        };
-        let (twin, mut named) = with_torch_seed(seed, || {
-            let (h, act) = (&config.hidden_sizes, config.activation);
-            TwinMlp::init("pi_vf", obs_dim as i64, h, [outputs, 1], act, [0.01, 1.0], 0)
-        });
-        let log_std = match action {
-            ActionKind::Discrete(_) => None,
-            ActionKind::Continuous(d) => {
-                named.push((
-                    "log_std".into(),
-                    Tensor::full([d as i64], config.log_std_init, (Kind::Float, Device::Cpu)),
-                ));
-                Some(named.len() - 1)
-            }
-        };
-        let params = FlatParams::new(named, device);
-        let opt = Adam::new(&params, config.learning_rate, config.adam_eps);
-        let net = ActorCritic { params, twin, log_std };
-        Ok(Ppo { config, net, opt, action, obs_dim, rng: Pcg64::seed_from_u64(seed ^ 0x5050_4f00), device })
-    }
-
-    /// Flattened observation size the policy expects.
-    pub fn obs_dim(&self) -> usize {
-        self.obs_dim
-    }
-
-    /// Number of f32 values per action (1 for discrete actions).
-    pub fn act_dim(&self) -> usize {
-        match self.action {
-            ActionKind::Discrete(_) => 1,
-            ActionKind::Continuous(d) => d,
-        }
+        config.validate(n_envs)?;
+        let (hidden, activation) = (&config.hidden_sizes, config.activation);
+        let net = ActorCritic::new("ppo", observation_space, action_space, hidden, activation, config.log_std_init, device, seed)?;
+        let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
+        let rollout = Rollout::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
+        let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);
+        Ok(Ppo { config, net, opt, rng, rollout, bootstrap_obs: Vec::new(), scratch: Vec::new() })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
@@ -352,56 +266,15 @@ impl Ppo {
         &self.net.params
     }
 
-    fn obs_tensor(&self, obs: &[f32]) -> Result<Tensor> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        Ok(Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device))
-    }
-
-    /// Act on a batch of observations (`rows × obs_dim`, row-major), sampling or, with `deterministic`, taking
-    /// the most likely action. Fills `out` with actions, their log-probs and the values.
-    pub fn act(&mut self, obs: &[f32], deterministic: bool, out: &mut ActOutput) -> Result<()> {
-        let x = self.obs_tensor(obs)?;
-        let (head, values) = tch::no_grad(|| self.net.forward(&x));
-        out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
-        let head = Vec::<f32>::try_from(head.flatten(0, -1).to_device(Device::Cpu))?;
-        match self.action {
-            ActionKind::Discrete(n) => {
-                sample_categorical(&head, n, deterministic, &mut self.rng, &mut out.scratch);
-                out.actions.clear();
-                out.log_probs.clear();
-                for &(a, lp) in &out.scratch {
-                    out.actions.push(a as f32);
-                    out.log_probs.push(lp);
-                }
-            }
-            ActionKind::Continuous(_) => {
-                let i = self.net.log_std.expect("Gaussian policies have a log-std");
-                let log_std = Vec::<f32>::try_from(self.net.params.view(i).detach().to_device(Device::Cpu))?;
-                sample_diag_gaussian(
-                    &head,
-                    &log_std,
-                    deterministic,
-                    &mut self.rng,
-                    &mut out.actions,
-                    &mut out.log_probs,
-                );
-            }
-        }
-        Ok(())
-    }
-
     /// `V(obs)` for a batch of observations.
     pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
-        let x = self.obs_tensor(obs)?;
-        let (_, v) = tch::no_grad(|| self.net.forward(&x));
-        Ok(Vec::<f32>::try_from(v.to_device(Device::Cpu))?)
+        self.net.values(obs)
     }
 
-    /// One PPO update on a finished rollout. `progress_remaining` goes from 1 (start of training) to 0 (end)
-    /// and drives the learning-rate and clip-range annealing.
-    pub fn update(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
+    /// One PPO update on a finished rollout (GAE already computed). `progress_remaining` goes from 1 (start of
+    /// training) to 0 (end) and drives the learning-rate and clip-range annealing. [`Algorithm::update`] calls
+    /// this on the rollout [`Algorithm::observe`] collected.
+    pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
         let c = &self.config;
         let n = rollout.len();
         if n == 0 || !n.is_multiple_of(c.batch_size) {
@@ -422,12 +295,9 @@ impl Ppo {
             vf_coef: c.vf_coef,
             normalize_advantage: c.normalize_advantage,
         };
-        let d = self.device;
-        let obs = self.obs_tensor(&rollout.obs)?;
-        let actions = match self.action {
-            ActionKind::Discrete(_) => Tensor::from_slice(&rollout.actions).to_kind(Kind::Int64).to_device(d),
-            ActionKind::Continuous(dim) => Tensor::from_slice(&rollout.actions).view([-1, dim as i64]).to_device(d),
-        };
+        let d = self.net.device;
+        let obs = self.net.obs_tensor(&rollout.obs)?;
+        let actions = self.net.actions_tensor(&rollout.actions);
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
         let mut advantages = Tensor::from_slice(&rollout.advantages[..n]).to_device(d);
         let mut coefficients = coefficients;
@@ -494,13 +364,89 @@ impl Ppo {
         Ok(m)
     }
 
-    /// Save the network's weights to a safetensors file, atomically.
-    pub fn save(&self, path: &Path) -> Result<()> {
+}
+
+impl Policy for Ppo {
+    fn obs_dim(&self) -> usize {
+        self.net.obs_dim()
+    }
+
+    fn act_dim(&self) -> usize {
+        self.net.act_dim()
+    }
+
+    /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
+    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
+    }
+}
+
+impl Algorithm for Ppo {
+    fn name(&self) -> &'static str {
+        "ppo"
+    }
+
+    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
+        let r = &mut self.rollout;
+        r.push_policy(step.obs, &step.act.actions, &step.act.log_probs, &step.act.values)?;
+        r.push_outcome(step.rewards, step.terminated, step.truncated)?;
+        // Bootstrap truncated episodes from their true final observation, in one batched call.
+        let d = self.net.obs_dim();
+        let cut: Vec<usize> = (0..r.n_envs).filter(|&i| step.truncated[i] && !step.terminated[i]).collect();
+        if !cut.is_empty() {
+            let rows: Vec<f32> = cut.iter().flat_map(|&i| step.next_obs[i * d..(i + 1) * d].iter().copied()).collect();
+            for (&i, v) in cut.iter().zip(self.values(&rows)?) {
+                self.rollout.set_final_value(i, v);
+            }
+        }
+        if self.rollout.is_full() {
+            self.bootstrap_obs.clear();
+            self.bootstrap_obs.extend_from_slice(step.next_obs);
+        }
+        Ok(())
+    }
+
+    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
+        if !self.rollout.is_full() {
+            return Ok(None);
+        }
+        let last_values = self.values(&self.bootstrap_obs)?;
+        let mut rollout = std::mem::replace(&mut self.rollout, Rollout::new(0, 0, 0, 0));
+        rollout.finish(&last_values, self.config.gamma as f32, self.config.gae_lambda as f32)?;
+        let metrics = self.update_from(&rollout, progress.remaining());
+        rollout.clear();
+        self.rollout = rollout;
+        metrics.map(Some)
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("params", self.net.params.flat());
+        self.opt.write_to(&mut c, "adam")?;
+        self.rollout.write_to(&mut c, "rollout")?;
+        c.put_f32("bootstrap_obs", &self.bootstrap_obs);
+        c.put_meta("rng", &self.rng)?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        c.copy_into("params", self.net.params.flat())?;
+        self.opt.read_from(c, "adam")?;
+        self.rollout.read_from(c, "rollout")?;
+        self.bootstrap_obs = c.take_f32("bootstrap_obs")?;
+        self.rng = c.meta("rng")?;
+        Ok(())
+    }
+
+    fn policy_params(&self) -> &FlatParams {
+        &self.net.params
+    }
+
+    fn save_weights(&self, path: &Path) -> Result<()> {
         self.net.params.save(path)
     }
 
-    /// Load weights saved by [`Ppo::save`] for the same spaces and config.
-    pub fn load(&mut self, path: &Path) -> Result<()> {
+    fn load_weights(&mut self, path: &Path) -> Result<()> {
         self.net.params.load(path)
     }
 }
@@ -610,13 +556,13 @@ mod tests {
     #[test]
     fn update_improves_the_surrogate_and_anneals() {
         let (obs_space, act_space) = cartpole_spaces();
-        let mut ppo = Ppo::new(&obs_space, &act_space, PpoConfig::default(), Device::Cpu, 0).unwrap();
+        let mut ppo = Ppo::new(&obs_space, &act_space, 8, PpoConfig::default(), Device::Cpu, 0).unwrap();
         // A bandit: action 1 always pays 1, action 0 pays 0; every step ends the episode.
         let mut rng = Pcg64::seed_from_u64(9);
         let mut out = ActOutput::default();
         let prob_of_1 = |ppo: &mut Ppo| {
             let mut o = ActOutput::default();
-            ppo.act(&[0.1, 0.2, 0.3, 0.4], false, &mut o).unwrap();
+            ppo.act(&[0.1, 0.2, 0.3, 0.4], ActMode::Explore, &mut o).unwrap();
             (o.log_probs[0] as f64).exp() * if o.actions[0] == 1.0 { 1.0 } else { -1.0 }
         };
         let before = prob_of_1(&mut ppo).abs();
@@ -625,17 +571,17 @@ mod tests {
             let mut rollout = Rollout::new(8, 32, 4, 1);
             for _ in 0..32 {
                 let obs: Vec<f32> = (0..32).map(|_| rng.random_range(-1.0..1.0)).collect();
-                ppo.act(&obs, false, &mut out).unwrap();
+                ppo.act(&obs, ActMode::Explore, &mut out).unwrap();
                 rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
                 let rewards: Vec<f32> = out.actions.clone();
                 rollout.push_outcome(&rewards, &[true; 8], &[false; 8]).unwrap();
             }
             rollout.finish(&[0.0; 8], 0.98, 0.8).unwrap();
-            let m = ppo.update(&rollout, 1.0 - update as f64 / 5.0).unwrap();
+            let m = ppo.update_from(&rollout, 1.0 - update as f64 / 5.0).unwrap();
             assert!((m.get("charts/learning_rate").unwrap() - 1e-3 * (1.0 - update as f64 / 5.0)).abs() < 1e-12);
         }
         let mut o = ActOutput::default();
-        ppo.act(&[0.1, 0.2, 0.3, 0.4], true, &mut o).unwrap();
+        ppo.act(&[0.1, 0.2, 0.3, 0.4], ActMode::Deterministic, &mut o).unwrap();
         assert_eq!(o.actions, vec![1.0], "the greedy action is the paying one");
         let p1 = if o.actions[0] == 1.0 { (o.log_probs[0] as f64).exp() } else { 0.0 };
         assert!(p1 > 0.7, "P(action 1) = {p1}");
@@ -644,20 +590,20 @@ mod tests {
     #[test]
     fn same_seed_same_weights_and_save_load_round_trip() {
         let (obs_space, act_space) = cartpole_spaces();
-        let a = Ppo::new(&obs_space, &act_space, PpoConfig::default(), Device::Cpu, 5).unwrap();
-        let mut b = Ppo::new(&obs_space, &act_space, PpoConfig::default(), Device::Cpu, 5).unwrap();
+        let a = Ppo::new(&obs_space, &act_space, 8, PpoConfig::default(), Device::Cpu, 5).unwrap();
+        let mut b = Ppo::new(&obs_space, &act_space, 8, PpoConfig::default(), Device::Cpu, 5).unwrap();
         let obs = [0.3f32, -0.2, 0.1, 0.0];
         assert_eq!(a.values(&obs).unwrap(), b.values(&obs).unwrap());
         let path = std::env::temp_dir().join(format!("flotilla-ppo-{}.safetensors", std::process::id()));
-        a.save(&path).unwrap();
-        let mut c = Ppo::new(&obs_space, &act_space, PpoConfig::default(), Device::Cpu, 6).unwrap();
+        a.save_weights(&path).unwrap();
+        let mut c = Ppo::new(&obs_space, &act_space, 8, PpoConfig::default(), Device::Cpu, 6).unwrap();
         assert_ne!(a.values(&obs).unwrap(), c.values(&obs).unwrap());
-        c.load(&path).unwrap();
+        c.load_weights(&path).unwrap();
         assert_eq!(a.values(&obs).unwrap(), c.values(&obs).unwrap());
         std::fs::remove_file(&path).unwrap();
         assert!(b.values(&[1.0, 2.0, 3.0]).is_err(), "wrong observation length is an error");
         let mut out = ActOutput::default();
-        assert!(b.act(&[], false, &mut out).is_err());
+        assert!(b.act(&[], ActMode::Explore, &mut out).is_err());
     }
 
     #[test]
@@ -665,19 +611,19 @@ mod tests {
         let obs_space = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
         let act_space = Space::box1d(vec![-2.0], vec![2.0]);
         let config = PpoConfig { batch_size: 64, n_steps: 16, ..Default::default() };
-        let mut ppo = Ppo::new(&obs_space, &act_space, config, Device::Cpu, 1).unwrap();
+        let mut ppo = Ppo::new(&obs_space, &act_space, 4, config, Device::Cpu, 1).unwrap();
         assert_eq!(ppo.act_dim(), 1);
         let mut out = ActOutput::default();
         let mut rollout = Rollout::new(4, 16, 3, 1);
         for _ in 0..16 {
             let obs = vec![0.5f32; 12];
-            ppo.act(&obs, false, &mut out).unwrap();
+            ppo.act(&obs, ActMode::Explore, &mut out).unwrap();
             rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
             let rewards: Vec<f32> = out.actions.iter().map(|a| -(a - 1.0).powi(2)).collect();
             rollout.push_outcome(&rewards, &[true; 4], &[false; 4]).unwrap();
         }
         rollout.finish(&[0.0; 4], 0.99, 0.95).unwrap();
-        let m = ppo.update(&rollout, 1.0).unwrap();
+        let m = ppo.update_from(&rollout, 1.0).unwrap();
         assert!(m.get("losses/entropy").unwrap().is_finite());
     }
 

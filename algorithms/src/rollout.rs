@@ -7,6 +7,7 @@
 //!
 //! Then [`Rollout::finish`] with the values of the observations after the last step computes GAE advantages
 //! and returns. Buffers are allocated once and reused.
+use crate::checkpoint::Checkpoint;
 use crate::gae::gae;
 use crate::{Error, Result};
 
@@ -159,6 +160,47 @@ impl Rollout {
             adv,
             ret,
         );
+        Ok(())
+    }
+}
+
+impl Rollout {
+    /// Save the stored transitions under `prefix` (shape and step count included).
+    pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        for (name, v) in [
+            ("obs", &self.obs),
+            ("actions", &self.actions),
+            ("log_probs", &self.log_probs),
+            ("values", &self.values),
+            ("rewards", &self.rewards),
+            ("next_values", &self.next_values),
+        ] {
+            c.put_f32(format!("{prefix}.{name}"), v);
+        }
+        c.put_meta(format!("{prefix}.terminated"), &self.terminated)?;
+        c.put_meta(format!("{prefix}.truncated"), &self.truncated)?;
+        c.put_meta(format!("{prefix}.shape"), &[self.n_envs, self.n_steps, self.obs_dim, self.act_dim, self.steps])
+    }
+
+    /// Restore what [`Rollout::write_to`] saved into a rollout of the same shape.
+    pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        let shape: [usize; 5] = c.meta(&format!("{prefix}.shape"))?;
+        if shape[..4] != [self.n_envs, self.n_steps, self.obs_dim, self.act_dim] {
+            return Err(Error::Checkpoint(format!(
+                "rollout of shape {:?} in the checkpoint, this agent's is {:?}",
+                &shape[..4],
+                [self.n_envs, self.n_steps, self.obs_dim, self.act_dim]
+            )));
+        }
+        self.steps = shape[4];
+        self.obs = c.take_f32(&format!("{prefix}.obs"))?;
+        self.actions = c.take_f32(&format!("{prefix}.actions"))?;
+        self.log_probs = c.take_f32(&format!("{prefix}.log_probs"))?;
+        self.values = c.take_f32(&format!("{prefix}.values"))?;
+        self.rewards = c.take_f32(&format!("{prefix}.rewards"))?;
+        self.next_values = c.take_f32(&format!("{prefix}.next_values"))?;
+        self.terminated = c.meta(&format!("{prefix}.terminated"))?;
+        self.truncated = c.meta(&format!("{prefix}.truncated"))?;
         Ok(())
     }
 }

@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use crate::{Error, Result, Space};
+use crate::{EnvSnapshot, Error, Result, Space};
 
 /// One action, borrowed so stepping allocates nothing: an index for `Discrete` spaces, a flat f32 slice for
 /// `Box` spaces.
@@ -75,7 +75,8 @@ pub struct Step {
 ///
 /// `reset(Some(seed))` reseeds the environment's RNG; `reset(None)` continues the current stream. Stepping
 /// before the first reset returns [`Error::ResetNeeded`]; an action outside the action space returns
-/// [`Error::InvalidAction`] and leaves the state untouched.
+/// [`Error::InvalidAction`] and leaves the state untouched. [`snapshot`](Env::snapshot) and
+/// [`restore`](Env::restore) save and put back everything that decides the future, for exact resume.
 pub trait Env: Send {
     /// Registered id, e.g. `"CartPole-v1"`.
     fn id(&self) -> &str;
@@ -99,5 +100,18 @@ pub trait Env: Send {
     fn set_state(&mut self, state: &[f64]) -> Result<()> {
         let _ = state;
         Err(Error::Unsupported { env: self.id().to_string(), what: "setting the physical state".into() })
+    }
+    /// Everything that decides this env's future — physical state, bookkeeping, the reset-noise stream —
+    /// so that [`restore`](Env::restore) on an env made with the same id and arguments continues exactly
+    /// as this one will.
+    fn snapshot(&self) -> Result<EnvSnapshot> {
+        Err(Error::Unsupported { env: self.id().to_string(), what: "taking a snapshot".into() })
+    }
+    /// Put back a state taken by [`snapshot`](Env::snapshot): later observations, rewards, flags and resets
+    /// are bit-identical to those of the env it was taken from. A snapshot of another id or layout is
+    /// [`Error::InvalidSnapshot`] and changes nothing.
+    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<()> {
+        let _ = snapshot;
+        Err(Error::Unsupported { env: self.id().to_string(), what: "restoring a snapshot".into() })
     }
 }

@@ -43,6 +43,14 @@ pub enum Error {
         /// What was wrong.
         detail: String,
     },
+    /// A snapshot that does not fit the env asked to restore it (another id, another layout).
+    #[error("{env}: cannot restore snapshot: {detail}")]
+    InvalidSnapshot {
+        /// Id of the env that refused it.
+        env: String,
+        /// What did not fit.
+        detail: String,
+    },
     /// The operation is not available for this environment (e.g. setting the state of an emulator).
     #[error("{env}: {what} is not supported")]
     Unsupported {

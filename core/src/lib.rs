@@ -1,14 +1,16 @@
 //! Plain data that crosses Flotilla's crate boundaries.
 //!
 //! This crate holds only types and traits — [`Space`], [`Action`], [`Obs`], [`Step`], the [`Env`] trait
-//! with Gymnasium 1.x semantics, and the shared [`Error`] — so it builds in seconds and every other crate can
-//! depend on it. It deliberately knows nothing of libtorch, tokio, files or the network.
+//! with Gymnasium 1.x semantics, [`EnvSnapshot`] for exact resume, and the shared [`Error`] — so it builds
+//! in seconds and every other crate can depend on it. It deliberately knows nothing of libtorch, tokio, files or the network.
 #![deny(missing_docs)]
 
 mod env;
 mod error;
+mod snapshot;
 mod space;
 
 pub use env::{Action, Env, Info, Obs, Step};
 pub use error::{Error, Result};
+pub use snapshot::EnvSnapshot;
 pub use space::{DType, Space};

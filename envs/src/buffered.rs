@@ -8,7 +8,7 @@
 //! A native env's [`Env`] impl is the same in all five: [`impl_native_env!`] writes it, with `reset` and
 //! `step` going through the buffered path.
 
-use flotilla_core::{Action, Env, Error, Info, Obs, Result, Space, Step};
+use flotilla_core::{Action, Env, EnvSnapshot, Error, Info, Obs, Result, Space, Step};
 
 use crate::action;
 
@@ -72,21 +72,46 @@ pub(crate) fn set_state_of<const N: usize>(env: &str, state: &mut Option<[f64; N
 /// Writes the [`Env`] impl of a native env, which is the same for all five of them:
 ///
 /// ```text
-/// impl_native_env!(CartPole, id: ID, obs_dim: 4);
-/// impl_native_env!(MountainCarContinuous, id: ID, obs_dim: 2, after_set_state: |env| env.state_is_f32 = false);
+/// impl_native_env!(Acrobot, id: ID, obs_dim: 6);
+/// impl_native_env!(CartPole, id: ID, obs_dim: 4, bookkeeping: steps_beyond_terminated);
+/// impl_native_env!(MountainCarContinuous, id: ID, obs_dim: 2, bookkeeping: state_is_f32,
+///                  after_set_state: |env| env.state_is_f32 = false);
 /// ```
 ///
-/// The type needs the fields `observation_space: Space`, `action_space: Space` and
-/// `state: Option<[f64; N]>` (the physical state in Gymnasium's order, `None` before the first reset),
-/// and a [`BufferedEnv`] impl whose observations have `obs_dim` elements. `reset` and `step` go through
-/// [`reset_via`] and [`step_via`]; `state` and `set_state` through [`state_of`] and [`set_state_of`].
-/// The optional `after_set_state: |env| expr` runs `expr` with `env: &mut Self` after a successful
-/// `set_state`.
+/// The type needs the fields `observation_space: Space`, `action_space: Space`,
+/// `state: Option<[f64; N]>` (the physical state in Gymnasium's order, `None` before the first reset) and
+/// `rng: EnvRng`, and a [`BufferedEnv`] impl whose observations have `obs_dim` elements. `reset` and `step`
+/// go through [`reset_via`] and [`step_via`]; `state` and `set_state` through [`state_of`] and
+/// [`set_state_of`]; `snapshot` and `restore` through [`native_snapshot`] and [`native_restore`], saving
+/// `state`, `rng` and the optional `bookkeeping` field (any other dynamic state, a
+/// [`Bookkeeping`](crate::snapshot::Bookkeeping) type). The optional `after_set_state: |env| expr` runs
+/// `expr` with `env: &mut Self` after a successful `set_state`.
 ///
 /// A macro because the blanket `impl<T: NativeTrait> Env for T` is not allowed: `Env` is foreign to this
 /// crate, and the orphan rule (E0210) rejects foreign-trait impls for an uncovered type parameter.
+///
+/// [`native_snapshot`]: crate::snapshot::native_snapshot
+/// [`native_restore`]: crate::snapshot::native_restore
 macro_rules! impl_native_env {
-    ($env:ty, id: $id:expr, obs_dim: $dim:expr $(, after_set_state: |$this:ident| $after:expr)? $(,)?) => {
+    // The bookkeeping field's value, or `()` without one.
+    (@bookkeeping $this:ident) => {
+        ()
+    };
+    (@bookkeeping $this:ident $field:ident) => {
+        $this.$field
+    };
+    // Assigns restored bookkeeping to its field (without one, `$value` is `()`).
+    (@set_bookkeeping $this:ident, $value:expr) => {
+        let () = $value;
+    };
+    (@set_bookkeeping $this:ident, $value:expr, $field:ident) => {
+        $this.$field = $value;
+    };
+    (
+        $env:ty, id: $id:expr, obs_dim: $dim:expr
+        $(, bookkeeping: $book:ident)?
+        $(, after_set_state: |$this:ident| $after:expr)? $(,)?
+    ) => {
         impl ::flotilla_core::Env for $env {
             fn id(&self) -> &str {
                 $id
@@ -115,6 +140,17 @@ macro_rules! impl_native_env {
                     let $this = &mut *self;
                     $after;
                 })?
+                Ok(())
+            }
+            fn snapshot(&self) -> ::flotilla_core::Result<::flotilla_core::EnvSnapshot> {
+                let bookkeeping = $crate::buffered::impl_native_env!(@bookkeeping self $($book)?);
+                Ok($crate::snapshot::native_snapshot($id, self.state, &self.rng, &bookkeeping))
+            }
+            fn restore(&mut self, snapshot: &::flotilla_core::EnvSnapshot) -> ::flotilla_core::Result<()> {
+                let restored = $crate::snapshot::native_restore($id, snapshot)?;
+                self.state = restored.state;
+                self.rng = restored.rng;
+                $crate::buffered::impl_native_env!(@set_bookkeeping self, restored.bookkeeping $(, $book)?);
                 Ok(())
             }
         }
@@ -181,6 +217,12 @@ impl Env for BoxedEnv {
     }
     fn set_state(&mut self, state: &[f64]) -> Result<()> {
         self.inner.set_state(state)
+    }
+    fn snapshot(&self) -> Result<EnvSnapshot> {
+        self.inner.snapshot()
+    }
+    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<()> {
+        self.inner.restore(snapshot)
     }
 }
 

@@ -191,7 +191,7 @@ impl CartPole {
     }
 }
 
-impl_native_env!(CartPole, id: ID, obs_dim: 4);
+impl_native_env!(CartPole, id: ID, obs_dim: 4, bookkeeping: steps_beyond_terminated);
 
 impl BufferedEnv for CartPole {
     fn reset_into(&mut self, seed: Option<u64>, obs: &mut [f32]) -> Result<()> {

@@ -36,6 +36,13 @@
 //!
 //! Stepping allocates only the returned observation; [`BufferedEnv`] and [`VecEnv`] write into
 //! reusable buffers instead.
+//!
+//! For exact resume, every env here (native, [`TimeLimit`], [`BoxedEnv`]) implements [`Env::snapshot`] and
+//! [`Env::restore`], and [`VecEnv`] has its own [`VecEnvSnapshot`]: a restored env, even a fresh unseeded one,
+//! continues bit for bit — observations, rewards, flags and reset noise.
+//!
+//! [`Env::snapshot`]: flotilla_core::Env::snapshot
+//! [`Env::restore`]: flotilla_core::Env::restore
 #![deny(missing_docs)]
 
 mod acrobot;
@@ -49,6 +56,7 @@ mod numpy_scalar;
 mod pendulum;
 mod registry;
 mod seeding;
+mod snapshot;
 mod time_limit;
 mod vec_env;
 
@@ -61,4 +69,4 @@ pub use mountain_car_continuous::{MountainCarContinuous, MountainCarContinuousCo
 pub use pendulum::{Pendulum, PendulumConfig, PendulumState, angle_normalize};
 pub use registry::{EnvSpec, make, make_buffered, registered, spec};
 pub use time_limit::TimeLimit;
-pub use vec_env::{EpisodeStats, VecActions, VecEnv, VecStep};
+pub use vec_env::{EpisodeStats, VecActions, VecEnv, VecEnvSnapshot, VecStep};

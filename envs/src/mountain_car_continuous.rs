@@ -120,8 +120,15 @@ impl MountainCarContinuous {
     }
 }
 
-// `set_state` writes an f64 array (`np.array(.., dtype=np.float64)`): the next step runs in f64.
-impl_native_env!(MountainCarContinuous, id: ID, obs_dim: 2, after_set_state: |env| env.state_is_f32 = false);
+// Snapshots keep `state_is_f32`; `set_state` writes an f64 array (`np.array(.., dtype=np.float64)`): the
+// next step runs in f64.
+impl_native_env!(
+    MountainCarContinuous,
+    id: ID,
+    obs_dim: 2,
+    bookkeeping: state_is_f32,
+    after_set_state: |env| env.state_is_f32 = false,
+);
 
 impl BufferedEnv for MountainCarContinuous {
     fn reset_into(&mut self, seed: Option<u64>, obs: &mut [f32]) -> Result<()> {

@@ -4,10 +4,14 @@
 //! Where the same step also terminates, both flags are set, exactly as Gymnasium reports them; learners
 //! bootstrap from the final observation only when `truncated && !terminated`.
 //! Stepping on past the limit (without a reset) keeps reporting `truncated`, as in Gymnasium.
+//!
+//! Its [`EnvSnapshot`] has one counter, the elapsed steps, and the wrapped env's snapshot as `inner`
+//! (the limit itself is a construction argument, not saved).
 
-use flotilla_core::{Action, Env, Info, Obs, Result, Space, Step};
+use flotilla_core::{Action, Env, EnvSnapshot, Info, Obs, Result, Space, Step};
 
 use crate::buffered::{BufferedEnv, StepOutcome};
+use crate::snapshot::{check_id, check_lengths, invalid};
 
 /// Truncates episodes of the wrapped env after `max_episode_steps` steps.
 #[derive(Debug, Clone)]
@@ -85,6 +89,32 @@ impl<E: Env> Env for TimeLimit<E> {
     }
     fn set_state(&mut self, state: &[f64]) -> Result<()> {
         self.env.set_state(state)
+    }
+    fn snapshot(&self) -> Result<EnvSnapshot> {
+        let mut snapshot = EnvSnapshot::new(self.id());
+        snapshot.counters.push(self.elapsed_steps as u64);
+        snapshot.inner = Some(Box::new(self.env.snapshot()?));
+        Ok(snapshot)
+    }
+    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<()> {
+        let id = self.id();
+        check_id(id, snapshot)?;
+        let Some(inner) = &snapshot.inner else {
+            return Err(invalid(
+                id,
+                "it has no wrapped snapshot, expected a TimeLimit's (taken without a time limit?)",
+            ));
+        };
+        if snapshot.state.is_some() || snapshot.rng.is_some() {
+            return Err(invalid(id, "a TimeLimit's snapshot has no state or RNG stream of its own"));
+        }
+        check_lengths(id, snapshot, 1, 0)?;
+        let elapsed = usize::try_from(snapshot.counters[0])
+            .map_err(|_| invalid(id, format!("{} elapsed steps do not fit in usize", snapshot.counters[0])))?;
+        // The wrapped env checks its part before changing anything; ours is checked, so nothing fails after it.
+        self.env.restore(inner)?;
+        self.elapsed_steps = elapsed;
+        Ok(())
     }
 }
 

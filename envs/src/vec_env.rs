@@ -23,12 +23,18 @@
 //! by the `VecEnv` and reused, and envs write into them through [`BufferedEnv`].
 //! Only f32 observations are batched for now; envs with u8 (image) observation spaces are rejected
 //! with [`Error::Unsupported`] at construction.
+//!
+//! [`VecEnv::snapshot`] and [`VecEnv::restore`] save and put back the whole batch — each env's
+//! [`EnvSnapshot`], the current observations and the running episodes' returns and lengths — so that a
+//! resumed run steps on bit for bit, episode statistics included.
 
-use flotilla_core::{Action, DType, Env, Error, Result, Space};
+use flotilla_core::{Action, DType, Env, EnvSnapshot, Error, Result, Space};
+use serde::{Deserialize, Serialize};
 
 use crate::buffered::{BoxedEnv, BufferedEnv};
 use crate::kwargs::Kwargs;
 use crate::registry;
+use crate::snapshot::invalid;
 
 /// A batch of actions, one per env, flattened.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,6 +56,25 @@ pub struct EpisodeStats {
     pub length: usize,
     /// Whether it ended by truncation (time limit) rather than termination.
     pub truncated: bool,
+}
+
+/// The dynamic state of a [`VecEnv`], from [`VecEnv::snapshot`]: plain data, serialisable with serde.
+///
+/// The last step's outputs (rewards, flags, final observations, finished episodes) are not part of it: they
+/// do not affect the future, and after [`VecEnv::restore`] they read as after a reset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VecEnvSnapshot {
+    /// Id of the envs; a `VecEnv` of another id refuses the snapshot.
+    pub id: String,
+    /// One snapshot per env, in batch order.
+    pub envs: Vec<EnvSnapshot>,
+    /// The current observations, `num_envs * obs_dim`, env-major (the next step's inputs).
+    pub obs: Vec<f32>,
+    /// Per env: the undiscounted return so far of its running episode.
+    pub returns: Vec<f64>,
+    /// Per env: the steps so far of its running episode.
+    pub lengths: Vec<u64>,
 }
 
 /// A borrowed view of what the last [`VecEnv::step`] wrote.
@@ -328,6 +353,80 @@ impl VecEnv {
             has_final: &self.has_final,
             obs_dim: self.obs_dim,
         }
+    }
+
+    /// Everything that decides the batch's future: each env's snapshot, the current observations and the
+    /// running episodes' returns and lengths. [`Error::ResetNeeded`] before the first reset or after an env
+    /// failed mid-batch (the batch is then not consistent); [`Error::Unsupported`] if an env cannot take one.
+    pub fn snapshot(&self) -> Result<VecEnvSnapshot> {
+        if !self.ready {
+            return Err(Error::ResetNeeded { env: self.id.clone() });
+        }
+        Ok(VecEnvSnapshot {
+            id: self.id.clone(),
+            envs: self.envs.iter().map(|env| env.snapshot()).collect::<Result<_>>()?,
+            obs: self.obs.clone(),
+            returns: self.returns.clone(),
+            lengths: self.lengths.iter().map(|&n| n as u64).collect(),
+        })
+    }
+
+    /// Puts back a batch saved by [`snapshot`](VecEnv::snapshot) from a `VecEnv` made with the same id,
+    /// arguments and number of envs (this one may be fresh, neither seeded nor reset): the following steps,
+    /// episode statistics and auto-resets are bit-identical to the original's. The last step's outputs read
+    /// as after a reset.
+    ///
+    /// A snapshot of another id, number of envs or layout is [`Error::InvalidSnapshot`] and changes
+    /// nothing: if an env refuses its part, the envs restored before it are put back as they were.
+    pub fn restore(&mut self, snapshot: &VecEnvSnapshot) -> Result<()> {
+        let (n, d) = (self.envs.len(), self.obs_dim);
+        let id = self.id.as_str();
+        if snapshot.id != id {
+            return Err(invalid(id, format!("it was taken from a VecEnv of {:?}, not {id:?}", snapshot.id)));
+        }
+        if snapshot.envs.len() != n {
+            return Err(invalid(id, format!("it has {} envs, this VecEnv {n}", snapshot.envs.len())));
+        }
+        let sizes = [
+            ("observations", snapshot.obs.len(), n * d),
+            ("returns", snapshot.returns.len(), n),
+            ("lengths", snapshot.lengths.len(), n),
+        ];
+        if let Some((what, got, want)) = sizes.into_iter().find(|(_, got, want)| got != want) {
+            return Err(invalid(id, format!("{got} {what}, expected {want} for {n} envs")));
+        }
+        let lengths = snapshot
+            .lengths
+            .iter()
+            .map(|&l| usize::try_from(l).map_err(|_| invalid(id, format!("episode length {l} does not fit in usize"))))
+            .collect::<Result<Vec<_>>>()?;
+        let before = self.envs.iter().map(|env| env.snapshot()).collect::<Result<Vec<_>>>()?;
+        for (i, (env, part)) in self.envs.iter_mut().zip(&snapshot.envs).enumerate() {
+            if let Err(err) = env.restore(part) {
+                for (env, earlier) in self.envs.iter_mut().zip(&before).take(i) {
+                    // Putting back an env's own fresh snapshot does not fail; if it did, the batch is inconsistent.
+                    if env.restore(earlier).is_err() {
+                        self.ready = false;
+                    }
+                }
+                return Err(match err {
+                    Error::InvalidSnapshot { env, detail } => {
+                        Error::InvalidSnapshot { env, detail: format!("env {i} of the batch: {detail}") }
+                    }
+                    other => other,
+                });
+            }
+        }
+        self.obs.copy_from_slice(&snapshot.obs);
+        self.returns.copy_from_slice(&snapshot.returns);
+        self.lengths = lengths;
+        self.rewards.fill(0.0);
+        self.terminated.fill(false);
+        self.truncated.fill(false);
+        self.has_final.fill(false);
+        self.episodes.clear();
+        self.ready = true;
+        Ok(())
     }
 
     /// Current observations, `num_envs * obs_dim`, env-major.

@@ -6,6 +6,7 @@
 //! [algorithm]      # kind = "ppo", then that algorithm's fields (flotilla_algorithms::ppo::PpoConfig)
 //! [eval]           # episodes, interval_steps, seed
 //! [metrics]        # log_interval_steps
+//! [checkpoint]     # interval_steps
 //! ```
 //!
 //! `--set section.key=value` overrides are applied to the parsed TOML before it is typed, so they are checked
@@ -13,6 +14,7 @@
 use std::path::Path;
 use std::str::FromStr;
 
+use flotilla_algorithms::dqn::DqnConfig;
 use flotilla_algorithms::ppo::PpoConfig;
 use flotilla_envs::{KwargValue, Kwargs};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -36,6 +38,9 @@ pub struct ExperimentConfig {
     /// Logging.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Checkpoints for exact resume.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
 }
 
 /// `[run]`: what the whole experiment shares.
@@ -105,6 +110,8 @@ impl EnvConfig {
 pub enum AlgorithmConfig {
     /// Proximal Policy Optimization.
     Ppo(PpoConfig),
+    /// Deep Q-Networks (double-Q, dueling, prioritized replay, n-step as options).
+    Dqn(DqnConfig),
 }
 
 /// `[eval]`: deterministic evaluation of the current policy during and after training.
@@ -138,6 +145,15 @@ impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig { log_interval_steps: 5_000 }
     }
+}
+
+/// `[checkpoint]`: periodic snapshots of the whole training state (agent, envs, counters) for exact resume.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Write `RUN_DIR/checkpoint.safetensors` every this many env steps (0: never during training; the
+    /// final state is always written when a run ends).
+    pub interval_steps: u64,
 }
 
 /// Where tensors live.
@@ -245,11 +261,11 @@ impl ExperimentConfig {
         }
         flotilla_envs::make(&self.env.id, &self.env.registry_kwargs()?)
             .map_err(|e| Error::Config(format!("[env]: {e}")))?;
-        match &self.algorithm {
-            AlgorithmConfig::Ppo(c) => {
-                c.validate(self.env.num_envs).map_err(|e| Error::Config(format!("[algorithm]: {e}")))
-            }
-        }
+        let checked = match &self.algorithm {
+            AlgorithmConfig::Ppo(c) => c.validate(self.env.num_envs),
+            AlgorithmConfig::Dqn(c) => c.validate(),
+        };
+        checked.map_err(|e| Error::Config(format!("[algorithm]: {e}")))
     }
 
     /// The resolved config as TOML (every default written out).
@@ -261,6 +277,7 @@ impl ExperimentConfig {
     pub fn algorithm_name(&self) -> &'static str {
         match self.algorithm {
             AlgorithmConfig::Ppo(_) => "ppo",
+            AlgorithmConfig::Dqn(_) => "dqn",
         }
     }
 }
@@ -314,7 +331,7 @@ kind = "ppo"
     fn overrides_apply_and_are_checked() {
         let c =
             ExperimentConfig::parse(BASE, &["algorithm.learning_rate=3e-4".into(), "run.device=cpu".into()]).unwrap();
-        let AlgorithmConfig::Ppo(p) = &c.algorithm;
+        let AlgorithmConfig::Ppo(p) = &c.algorithm else { panic!("a PPO config") };
         assert_eq!(p.learning_rate, 3e-4);
         assert_eq!(c.run.device, DeviceSpec::Cpu);
         let e = ExperimentConfig::parse(BASE, &["algorithm.learnin_rate=3e-4".into()]).unwrap_err().to_string();

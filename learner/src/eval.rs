@@ -1,14 +1,14 @@
 //! Deterministic evaluation: run the greedy policy for whole episodes and report the returns.
-use flotilla_algorithms::ppo::{ActOutput, Ppo};
+use flotilla_algorithms::{ActMode, ActOutput, Policy};
 use flotilla_core::Env;
-
-use crate::actions::env_action;
+use serde::{Deserialize, Serialize};
 
 use crate::Result;
+use crate::actions::env_action;
 use crate::config::EnvConfig;
 
 /// Returns and lengths of evaluation episodes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EvalResult {
     /// Undiscounted return of each episode.
     pub returns: Vec<f64>,
@@ -31,7 +31,7 @@ impl EvalResult {
 
 /// Run `episodes` episodes, one per env copy (copy `i` reset with `seed + i`), acting deterministically in
 /// one batch per step, and return their returns. Episodes end on termination or the env's time limit.
-pub fn evaluate(agent: &mut Ppo, env: &EnvConfig, episodes: usize, seed: u64) -> Result<EvalResult> {
+pub fn evaluate(agent: &mut dyn Policy, env: &EnvConfig, episodes: usize, seed: u64) -> Result<EvalResult> {
     let kwargs = env.registry_kwargs()?;
     let mut envs: Vec<Box<dyn Env>> =
         (0..episodes).map(|_| flotilla_envs::make(&env.id, &kwargs)).collect::<std::result::Result<_, _>>()?;
@@ -53,7 +53,7 @@ pub fn evaluate(agent: &mut Ppo, env: &EnvConfig, episodes: usize, seed: u64) ->
         for &i in &active {
             batch.extend_from_slice(&obs[i]);
         }
-        agent.act(&batch, true, &mut out)?;
+        agent.act(&batch, ActMode::Deterministic, &mut out)?;
         let mut still = Vec::with_capacity(active.len());
         for (row, &i) in active.iter().enumerate() {
             let a = &out.actions[row * act_dim..(row + 1) * act_dim];

@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod actions;
+pub mod agent;
 mod allocator;
 pub mod config;
 pub mod error;

@@ -5,6 +5,7 @@
 //!   config.toml         the resolved config (every default written out)
 //!   metrics.csv         one row per log interval: env steps, episodic return, losses, steps/s, evaluations
 //!   model.safetensors   final policy weights
+//!   checkpoint.safetensors  the whole training state (agent, envs, counters) for `flotilla train --resume`
 //! ```
 //! `config.toml` and the weights are written atomically (temporary file, fsync, rename); `metrics.csv` is
 //! appended and flushed row by row, so a crash loses at most the row being written.
@@ -21,6 +22,8 @@ pub const CONFIG_FILE: &str = "config.toml";
 pub const METRICS_FILE: &str = "metrics.csv";
 /// Final weights file name.
 pub const MODEL_FILE: &str = "model.safetensors";
+/// Training-state checkpoint file name.
+pub const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
 
 /// An open run directory.
 #[derive(Debug, Clone)]
@@ -66,9 +69,19 @@ impl RunDir {
         self.path.join(MODEL_FILE)
     }
 
+    /// Where training-state checkpoints go.
+    pub fn checkpoint_path(&self) -> PathBuf {
+        self.path.join(CHECKPOINT_FILE)
+    }
+
     /// Start the metrics CSV.
     pub fn metrics_writer(&self) -> Result<CsvWriter> {
         CsvWriter::create(&self.path.join(METRICS_FILE))
+    }
+
+    /// Continue the metrics CSV of a resumed run (same header).
+    pub fn metrics_appender(&self) -> Result<CsvWriter> {
+        CsvWriter::append(&self.path.join(METRICS_FILE))
     }
 }
 
@@ -100,6 +113,14 @@ impl CsvWriter {
             .open(path)
             .map_err(|e| io("creating", path, e))?;
         Ok(CsvWriter { out: BufWriter::new(f), path: path.to_path_buf(), columns: None })
+    }
+
+    /// Append to an existing file, keeping its header (rows must have the same columns).
+    pub fn append(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| io("reading", path, e))?;
+        let columns = text.lines().next().map(|h| h.split(',').map(str::to_string).collect());
+        let f = OpenOptions::new().append(true).open(path).map_err(|e| io("opening", path, e))?;
+        Ok(CsvWriter { out: BufWriter::new(f), path: path.to_path_buf(), columns })
     }
 
     /// Append one row of `(column, value)` pairs (`None` writes an empty cell) and flush it.

@@ -1,24 +1,27 @@
-//! Single-process training: step a `VecEnv` in this thread, collect rollouts, update, evaluate, log.
+//! Single-process training: step a `VecEnv` in this thread, let the algorithm observe and update, evaluate,
+//! log, checkpoint.
 //!
 //! ```text
 //! reset envs (seed) ─► loop until total_env_steps:
-//!     n_steps × { act (batched, no grad) ─► step envs ─► store; V(final obs) for truncated envs }
-//!     V(last obs) ─► GAE ─► PPO update (progress = 1 − steps/total anneals lr and clip range)
-//!     every log interval: metrics row + progress line; every eval interval: deterministic evaluation
+//!     act (batched, exploring) ─► step envs (same-step auto-reset) ─► observe (obs, actions, rewards, flags,
+//!     true next obs) ─► update if the algorithm is ready (PPO: full rollout; DQN: every train_freq steps)
+//!     every log interval: metrics row + progress line; every eval interval: deterministic evaluation;
+//!     every checkpoint interval: the whole state (agent, envs, counters) to RUN_DIR/checkpoint.safetensors
 //! ```
 //! Wall-clock is split: `train_secs` counts collection and updates only, not evaluation, so speed numbers
-//! compare with other libraries' training time.
+//! compare with other libraries' training time. A run resumed from a checkpoint continues bit for bit as if
+//! it had never stopped (CPU, one torch thread).
+use std::path::Path;
 use std::time::Instant;
 
-use flotilla_algorithms::Metrics;
-use flotilla_algorithms::ppo::{ActOutput, Ppo};
-use flotilla_algorithms::rollout::Rollout;
-use flotilla_envs::VecEnv;
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
+use flotilla_envs::{VecEnv, VecEnvSnapshot};
+use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use crate::Result;
 use crate::actions::EnvActions;
-use crate::config::{AlgorithmConfig, ExperimentConfig};
+use crate::config::ExperimentConfig;
 use crate::eval::{EvalResult, evaluate};
 
 /// One metrics row, written at each log interval.
@@ -64,7 +67,7 @@ impl LogRow {
 }
 
 /// An evaluation during training.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalPoint {
     /// Env steps when it ran.
     pub env_steps: u64,
@@ -99,108 +102,211 @@ impl TrainReport {
     }
 }
 
-/// Train as `config` says, calling `on_log` with each metrics row. Returns the trained agent and a report
-/// whose last evaluation is of the final policy.
-pub fn train(config: &ExperimentConfig, on_log: &mut dyn FnMut(&LogRow) -> Result<()>) -> Result<(Ppo, TrainReport)> {
-    let AlgorithmConfig::Ppo(ppo_config) = &config.algorithm;
-    crate::tune_allocator();
-    let device = config.run.device.resolve()?;
-    tch::set_num_threads(config.run.torch_threads.max(1) as i32);
-    let seed = config.run.seed;
-    let kwargs = config.env.registry_kwargs()?;
-    let mut envs = VecEnv::make(&config.env.id, &kwargs, config.env.num_envs)?;
-    let action_space = envs.action_space().clone();
-    let mut agent = Ppo::new(envs.observation_space(), &action_space, ppo_config.clone(), device, seed)?;
-    let (n_envs, n_steps) = (config.env.num_envs, ppo_config.n_steps);
-    let mut rollout = Rollout::new(n_envs, n_steps, agent.obs_dim(), agent.act_dim());
-    let (gamma, lambda) = (ppo_config.gamma as f32, ppo_config.gae_lambda as f32);
+/// Counters that, with the agent and the envs, make up the trainer's state.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Counters {
+    env_steps: u64,
+    updates: u64,
+    episodes: u64,
+    train_secs: f64,
+    /// Env steps and train seconds at the last log row.
+    last_log: (u64, f64),
+    next_eval: u64,
+    next_checkpoint: u64,
+    /// Sums over episodes finished since the last log row: return, length, count.
+    interval_episodes: (f64, f64, u64),
+    evals: Vec<EvalPoint>,
+}
 
-    let mut obs = envs.reset(Some(seed))?.to_vec();
-    let mut out = ActOutput::default();
-    let mut env_actions = EnvActions::default();
-    let mut final_obs = Vec::new();
-    let mut truncated_envs = Vec::new();
+/// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
+/// holds all of it.
+pub struct Trainer {
+    config: ExperimentConfig,
+    envs: VecEnv,
+    agent: Box<dyn Algorithm>,
+    obs: Vec<f32>,
+    counters: Counters,
+    last_metrics: Metrics,
+}
 
-    let total = config.run.total_env_steps;
-    let (mut env_steps, mut updates, mut episodes) = (0u64, 0u64, 0u64);
-    let (mut ep_return_sum, mut ep_length_sum, mut ep_count) = (0.0f64, 0.0f64, 0u64);
-    let mut train_secs = 0.0f64;
-    let mut last_log = (0u64, 0.0f64);
-    let mut next_eval = if config.eval.interval_steps > 0 { config.eval.interval_steps } else { u64::MAX };
-    let mut evals = Vec::new();
+impl Trainer {
+    /// Build envs and agent from `config` and reset the envs with the run's seed.
+    pub fn new(config: &ExperimentConfig) -> Result<Self> {
+        crate::tune_allocator();
+        tch::set_num_threads(config.run.torch_threads.max(1) as i32);
+        let device = config.run.device.resolve()?;
+        let kwargs = config.env.registry_kwargs()?;
+        let mut envs = VecEnv::make(&config.env.id, &kwargs, config.env.num_envs)?;
+        let agent = crate::agent::build(config, envs.observation_space(), envs.action_space(), device)?;
+        let obs = envs.reset(Some(config.run.seed))?.to_vec();
+        let every = |n: u64| if n > 0 { n } else { u64::MAX };
+        let counters = Counters {
+            next_eval: every(config.eval.interval_steps),
+            next_checkpoint: every(config.checkpoint.interval_steps),
+            ..Default::default()
+        };
+        Ok(Trainer { config: config.clone(), envs, agent, obs, counters, last_metrics: Metrics::default() })
+    }
 
-    while env_steps < total {
-        let started = Instant::now();
-        rollout.clear();
-        for _ in 0..n_steps {
-            agent.act(&obs, false, &mut out)?;
-            rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values)?;
-            let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
-            rollout.push_outcome(step.rewards, step.terminated, step.truncated)?;
-            // Bootstrap truncated episodes from their true final observation, in one batched call.
-            final_obs.clear();
-            truncated_envs.clear();
+    /// Rebuild a trainer from `config` and a checkpoint written by [`Trainer::save_checkpoint`].
+    pub fn resume(config: &ExperimentConfig, path: &Path) -> Result<Self> {
+        let mut t = Self::new(config)?;
+        let mut c = Checkpoint::load(path)?;
+        t.agent.restore(&mut c)?;
+        t.counters = c.meta("trainer.counters")?;
+        let envs: VecEnvSnapshot = c.meta("trainer.envs")?;
+        t.envs.restore(&envs)?;
+        t.obs = c.take_f32("trainer.obs")?;
+        Ok(t)
+    }
+
+    /// Write the whole state to `path`, atomically.
+    pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
+        let mut c = self.agent.checkpoint()?;
+        c.put_meta("trainer.counters", &self.counters)?;
+        c.put_meta("trainer.envs", &self.envs.snapshot()?)?;
+        c.put_f32("trainer.obs", &self.obs);
+        c.save(path)?;
+        Ok(())
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &dyn Algorithm {
+        self.agent.as_ref()
+    }
+
+    /// Give up the trainer for its agent.
+    pub fn into_agent(self) -> Box<dyn Algorithm> {
+        self.agent
+    }
+
+    /// Env steps taken so far.
+    pub fn env_steps(&self) -> u64 {
+        self.counters.env_steps
+    }
+
+    /// What the run has done so far.
+    pub fn report(&self) -> TrainReport {
+        let c = &self.counters;
+        TrainReport { env_steps: c.env_steps, updates: c.updates, train_secs: c.train_secs, evals: c.evals.clone() }
+    }
+
+    /// Train until `stop_at` env steps or the budget, whichever comes first, calling `on_log` with each metrics
+    /// row and `on_checkpoint` at each checkpoint interval. Reaching the budget ends with an evaluation of the
+    /// final policy.
+    pub fn run(
+        &mut self,
+        stop_at: u64,
+        on_log: &mut dyn FnMut(&LogRow) -> Result<()>,
+        on_checkpoint: &mut dyn FnMut(&Trainer) -> Result<()>,
+    ) -> Result<()> {
+        let total = self.config.run.total_env_steps;
+        let n_envs = self.envs.num_envs();
+        let obs_dim = self.envs.obs_dim();
+        let action_space = self.envs.action_space().clone();
+        let mut out = ActOutput::default();
+        let mut env_actions = EnvActions::default();
+        let mut next_obs = vec![0.0f32; self.obs.len()];
+        while self.counters.env_steps < total.min(stop_at) {
+            let started = Instant::now();
+            self.agent.act(&self.obs, ActMode::Explore, &mut out)?;
+            let step = self.envs.step(&env_actions.convert(&action_space, &out.actions))?;
+            // The observation that truly followed: the final one where an episode ended, not the reset one.
+            next_obs.copy_from_slice(step.obs);
             for i in 0..n_envs {
-                if let (true, Some(o)) = (step.truncated[i] && !step.terminated[i], step.final_obs(i)) {
-                    final_obs.extend_from_slice(o);
-                    truncated_envs.push(i);
+                if let Some(last) = step.final_obs(i) {
+                    next_obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(last);
                 }
             }
+            let c = &mut self.counters;
             for ep in step.episodes {
-                ep_return_sum += ep.return_;
-                ep_length_sum += ep.length as f64;
-                ep_count += 1;
-                episodes += 1;
+                c.interval_episodes.0 += ep.return_;
+                c.interval_episodes.1 += ep.length as f64;
+                c.interval_episodes.2 += 1;
+                c.episodes += 1;
             }
-            obs.copy_from_slice(step.obs);
-            if !truncated_envs.is_empty() {
-                for (&i, v) in truncated_envs.iter().zip(agent.values(&final_obs)?) {
-                    rollout.set_final_value(i, v);
-                }
+            let transition = Transition {
+                obs: &self.obs,
+                act: &out,
+                rewards: step.rewards,
+                terminated: step.terminated,
+                truncated: step.truncated,
+                next_obs: &next_obs,
+            };
+            self.agent.observe(&transition)?;
+            self.obs.copy_from_slice(step.obs);
+            c.env_steps += n_envs as u64;
+            let progress = Progress { env_steps: c.env_steps, total_env_steps: total };
+            if let Some(m) = self.agent.update(&progress)? {
+                c.updates += 1;
+                self.last_metrics = m;
             }
-            env_steps += n_envs as u64;
+            c.train_secs += started.elapsed().as_secs_f64();
+            self.after_step(on_log, on_checkpoint)?;
         }
-        let last_values = agent.values(&obs)?;
-        rollout.finish(&last_values, gamma, lambda)?;
-        let progress_remaining = 1.0 - env_steps as f64 / total as f64;
-        let metrics = agent.update(&rollout, progress_remaining)?;
-        updates += 1;
-        train_secs += started.elapsed().as_secs_f64();
+        Ok(())
+    }
 
-        let done = env_steps >= total;
-        let eval = if env_steps >= next_eval || done {
-            while next_eval <= env_steps {
-                next_eval = next_eval.saturating_add(config.eval.interval_steps);
+    /// Evaluation, logging and checkpoints due after a step.
+    fn after_step(
+        &mut self,
+        on_log: &mut dyn FnMut(&LogRow) -> Result<()>,
+        on_checkpoint: &mut dyn FnMut(&Trainer) -> Result<()>,
+    ) -> Result<()> {
+        let (config, c) = (&self.config, &mut self.counters);
+        let done = c.env_steps >= config.run.total_env_steps;
+        let eval = if c.env_steps >= c.next_eval || done {
+            while c.next_eval <= c.env_steps {
+                c.next_eval = c.next_eval.saturating_add(config.eval.interval_steps);
             }
             // Each evaluation starts from fresh states: evaluation k seeds its envs from seed + k · episodes.
-            let eval_seed = config.eval.seed + (evals.len() * config.eval.episodes) as u64;
-            let result = evaluate(&mut agent, &config.env, config.eval.episodes, eval_seed)?;
-            evals.push(EvalPoint { env_steps, train_secs, result: result.clone() });
+            let eval_seed = config.eval.seed + (c.evals.len() * config.eval.episodes) as u64;
+            let result = evaluate(self.agent.as_mut(), &config.env, config.eval.episodes, eval_seed)?;
+            c.evals.push(EvalPoint { env_steps: c.env_steps, train_secs: c.train_secs, result: result.clone() });
             Some(result)
         } else {
             None
         };
-        if eval.is_some() || done || env_steps - last_log.0 >= config.metrics.log_interval_steps {
-            let sps = (env_steps - last_log.0) as f64 / (train_secs - last_log.1).max(1e-9);
-            let mean = |sum: f64| (ep_count > 0).then(|| sum / ep_count as f64);
+        if eval.is_some() || done || c.env_steps - c.last_log.0 >= config.metrics.log_interval_steps {
+            let sps = (c.env_steps - c.last_log.0) as f64 / (c.train_secs - c.last_log.1).max(1e-9);
+            let (ret, len, count) = c.interval_episodes;
+            let mean = |sum: f64| (count > 0).then(|| sum / count as f64);
             let row = LogRow {
-                env_steps,
-                updates,
-                train_secs,
+                env_steps: c.env_steps,
+                updates: c.updates,
+                train_secs: c.train_secs,
                 sps,
-                episodic_return: mean(ep_return_sum),
-                episodic_length: mean(ep_length_sum),
-                episodes,
-                update: metrics,
+                episodic_return: mean(ret),
+                episodic_length: mean(len),
+                episodes: c.episodes,
+                update: self.last_metrics.clone(),
                 eval,
             };
             log_progress(&row);
             on_log(&row)?;
-            (ep_return_sum, ep_length_sum, ep_count) = (0.0, 0.0, 0);
-            last_log = (env_steps, train_secs);
+            c.interval_episodes = (0.0, 0.0, 0);
+            c.last_log = (c.env_steps, c.train_secs);
         }
+        if c.env_steps >= c.next_checkpoint {
+            while c.next_checkpoint <= c.env_steps {
+                c.next_checkpoint = c.next_checkpoint.saturating_add(config.checkpoint.interval_steps);
+            }
+            on_checkpoint(self)?;
+        }
+        Ok(())
     }
-    Ok((agent, TrainReport { env_steps, updates, train_secs, evals }))
+}
+
+/// Train as `config` says, calling `on_log` with each metrics row. Returns the trained agent and a report
+/// whose last evaluation is of the final policy.
+pub fn train(
+    config: &ExperimentConfig,
+    on_log: &mut dyn FnMut(&LogRow) -> Result<()>,
+) -> Result<(Box<dyn Algorithm>, TrainReport)> {
+    let mut trainer = Trainer::new(config)?;
+    trainer.run(u64::MAX, on_log, &mut |_| Ok(()))?;
+    let report = trainer.report();
+    Ok((trainer.into_agent(), report))
 }
 
 fn log_progress(row: &LogRow) {

@@ -6,7 +6,7 @@ fn trained_weights(seed: u64) -> (tch::Tensor, Vec<f64>) {
     let config =
         cartpole_ppo_config(&[&seed, "run.total_env_steps=2048", "run.device=cpu", "eval.interval_steps=1024"]);
     let (agent, report) = flotilla_learner::train::train(&config, &mut |_| Ok(())).expect("training runs");
-    (agent.params().flat().detach().copy(), report.evals.iter().map(|e| e.result.mean()).collect())
+    (agent.policy_params().flat().detach().copy(), report.evals.iter().map(|e| e.result.mean()).collect())
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The `flotilla` command-line tool.
 //!
 //! ```text
-//! flotilla train CONFIG.toml [--set key=value ...] [--out RUN_DIR]
+//! flotilla train CONFIG.toml [--set key=value ...] [--out RUN_DIR] [--stop-at N]
+//! flotilla train --resume RUN_DIR [--stop-at N]
 //! flotilla eval RUN_DIR [--episodes N] [--seed S]
 //! ```
 use std::path::{Path, PathBuf};
@@ -9,11 +10,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use flotilla_algorithms::ppo::Ppo;
-use flotilla_learner::config::{AlgorithmConfig, ExperimentConfig};
+use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::eval::evaluate;
 use flotilla_learner::run_dir::RunDir;
-use flotilla_learner::train::train;
+use flotilla_learner::train::Trainer;
 
 #[derive(Parser)]
 #[command(name = "flotilla", version, about = "Distributed reinforcement learning on libtorch")]
@@ -27,13 +27,21 @@ enum Command {
     /// Train an agent as CONFIG says; writes the resolved config, metrics and final weights to a run directory.
     Train {
         /// Experiment config (TOML).
-        config: PathBuf,
+        #[arg(required_unless_present = "resume")]
+        config: Option<PathBuf>,
         /// Override a config value, e.g. `--set algorithm.learning_rate=3e-4` (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
+        #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "resume")]
         overrides: Vec<String>,
         /// Run directory (default: runs/ENV-ALGO-seedS-TIMESTAMP).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "resume")]
         out: Option<PathBuf>,
+        /// Continue the run in RUN_DIR exactly where its checkpoint left it.
+        #[arg(long, value_name = "RUN_DIR", conflicts_with = "config")]
+        resume: Option<PathBuf>,
+        /// Stop (with a checkpoint) once this many env steps are done, keeping the configured budget for the
+        /// schedules; `--resume` continues from there.
+        #[arg(long, value_name = "ENV_STEPS")]
+        stop_at: Option<u64>,
     },
     /// Evaluate a trained run's policy deterministically and print the mean and std of the return.
     Eval {
@@ -66,28 +74,57 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train { config, overrides, out } => train_command(&config, &overrides, out),
+        Command::Train { config, overrides, out, resume, stop_at } => {
+            train_command(config.as_deref(), &overrides, out, resume.as_deref(), stop_at.unwrap_or(u64::MAX))
+        }
         Command::Eval { run_dir, episodes, seed } => eval_command(&run_dir, episodes, seed),
     }
 }
 
-fn train_command(config_path: &Path, overrides: &[String], out: Option<PathBuf>) -> Result<()> {
-    let config = ExperimentConfig::load(config_path, overrides)?;
-    let out = out.unwrap_or_else(|| {
-        let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        PathBuf::from("runs").join(format!(
-            "{}-{}-seed{}-{stamp}",
-            config.env.id,
-            config.algorithm_name(),
-            config.run.seed
-        ))
-    });
-    let run_dir = RunDir::create(&out, &config)?;
-    tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
-    let mut csv = run_dir.metrics_writer()?;
-    let (agent, report) = train(&config, &mut |row| csv.write_row(&row.columns()))?;
+fn train_command(
+    config_path: Option<&Path>,
+    overrides: &[String],
+    out: Option<PathBuf>,
+    resume: Option<&Path>,
+    stop_at: u64,
+) -> Result<()> {
+    let (run_dir, config, mut trainer, mut csv) = match (resume, config_path) {
+        (Some(dir), _) => {
+            let (run_dir, config) = RunDir::open(dir)?;
+            let checkpoint = run_dir.checkpoint_path();
+            anyhow::ensure!(checkpoint.is_file(), "{} has no checkpoint to resume from", dir.display());
+            let trainer = Trainer::resume(&config, &checkpoint)
+                .with_context(|| format!("resuming from {}", checkpoint.display()))?;
+            tracing::info!("resuming {} at {} env steps", dir.display(), trainer.env_steps());
+            let csv = run_dir.metrics_appender()?;
+            (run_dir, config, trainer, csv)
+        }
+        (None, Some(path)) => {
+            let config = ExperimentConfig::load(path, overrides)?;
+            let out = out.unwrap_or_else(|| {
+                let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                let name = format!("{}-{}-seed{}-{stamp}", config.env.id, config.algorithm_name(), config.run.seed);
+                PathBuf::from("runs").join(name)
+            });
+            let run_dir = RunDir::create(&out, &config)?;
+            tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
+            let trainer = Trainer::new(&config)?;
+            let csv = run_dir.metrics_writer()?;
+            (run_dir, config, trainer, csv)
+        }
+        (None, None) => anyhow::bail!("give a CONFIG.toml or --resume RUN_DIR"),
+    };
+    let checkpoint = run_dir.checkpoint_path();
+    trainer.run(stop_at, &mut |row| csv.write_row(&row.columns()), &mut |t| t.save_checkpoint(&checkpoint))?;
+    trainer.save_checkpoint(&checkpoint)?;
     let model = run_dir.model_path();
-    agent.save(&model).with_context(|| format!("saving the trained policy to {}", model.display()))?;
+    trainer.agent().save_weights(&model).with_context(|| format!("saving the policy to {}", model.display()))?;
+    let report = trainer.report();
+    let dir = run_dir.path().display();
+    if report.env_steps < config.run.total_env_steps {
+        println!("stopped at {} of {} env steps; continue with: flotilla train --resume {dir}", report.env_steps, config.run.total_env_steps);
+        return Ok(());
+    }
     let e = report.final_eval();
     println!(
         "trained {} with {} for {} env steps in {:.1} s",
@@ -98,7 +135,7 @@ fn train_command(config_path: &Path, overrides: &[String], out: Option<PathBuf>)
     );
     println!("evaluation return: {:.1} ± {:.1} over {} episodes (deterministic)", e.mean(), e.std(), e.returns.len());
     println!("saved policy: {}", model.display());
-    println!("run directory: {}  (evaluate again with: flotilla eval {})", out.display(), out.display());
+    println!("run directory: {dir}  (evaluate again with: flotilla eval {dir})");
     Ok(())
 }
 
@@ -109,12 +146,10 @@ fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()
     anyhow::ensure!(model.is_file(), "{} has no trained policy ({} is missing)", run_dir.display(), model.display());
     let device = config.run.device.resolve()?;
     tch::set_num_threads(config.run.torch_threads.max(1) as i32);
-    let kwargs = config.env.registry_kwargs()?;
-    let env = flotilla_envs::make(&config.env.id, &kwargs)?;
-    let AlgorithmConfig::Ppo(ppo) = &config.algorithm;
-    let mut agent = Ppo::new(env.observation_space(), env.action_space(), ppo.clone(), device, config.run.seed)?;
-    agent.load(&model)?;
-    let result = evaluate(&mut agent, &config.env, episodes, seed.unwrap_or(config.eval.seed))?;
+    let env = flotilla_envs::make(&config.env.id, &config.env.registry_kwargs()?)?;
+    let mut agent = flotilla_learner::agent::build(&config, env.observation_space(), env.action_space(), device)?;
+    agent.load_weights(&model)?;
+    let result = evaluate(agent.as_mut(), &config.env, episodes, seed.unwrap_or(config.eval.seed))?;
     println!(
         "{}: mean return {:.2} ± {:.2} over {} episodes (deterministic policy, {})",
         config.env.id,

@@ -1,0 +1,715 @@
+//! Advantage Actor-Critic: the synchronous variant of A3C (Mnih et al. 2016, "Asynchronous Methods for Deep
+//! Reinforcement Learning"), as Stable-Baselines3's `A2C`.
+//!
+//! Implementation details that matter (SB3):
+//! * the same actor-critic network as PPO ([`crate::actor_critic`]): separate 64-64 tanh policy and value
+//!   MLPs, orthogonal init (√2 hidden, 0.01 policy head, 1 value head);
+//! * short rollouts (`n_steps` 5 per env) and **one** gradient step on all `n_steps × n_envs` samples: no
+//!   epochs, no minibatches, no importance ratio;
+//! * returns from GAE with λ = 1, which is the n-step return bootstrapped from `V(s_{t+n})`; truncated episodes
+//!   bootstrap from `V(true final observation)` ([`crate::gae`]);
+//! * loss `−E[Â log π(a|s)] + vf_coef · E[(R − V)²] − ent_coef · E[H]`; advantages not normalised; global
+//!   gradient-norm clipping at 0.5;
+//! * `torch.optim.RMSprop` (α 0.99, ε 1e-5, ε outside the square root: [`crate::rmsprop`]) at a constant
+//!   learning rate 7e-4;
+//! * the gradient is computed and applied in two calls ([`A2c::compute_gradients`], [`A2c::apply_gradients`]),
+//!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server).
+//!
+//! Defaults follow RL Zoo's CartPole-v1 A2C (with `[env] num_envs = 8`): SB3's defaults with no entropy bonus.
+//!
+//! Metrics: `losses/policy_loss`, `losses/value_loss`, `losses/entropy`, `losses/explained_variance`,
+//! `charts/learning_rate`.
+use std::path::Path;
+
+use flotilla_core::Space;
+use rand::SeedableRng;
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::actor_critic::ActorCritic;
+use crate::adam::Adam;
+use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::checkpoint::Checkpoint;
+use crate::nets::Activation;
+use crate::params::FlatParams;
+use crate::policy::{ActMode, ActOutput, Policy};
+use crate::ppo::explained_variance;
+use crate::rmsprop::RmsProp;
+use crate::rollout::Rollout;
+use crate::{Error, Metrics, Result};
+
+/// Which optimiser applies the gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// `torch.optim.RMSprop` without momentum or centring (SB3's A2C default, `use_rms_prop = True`).
+    RmsProp,
+    /// `torch.optim.Adam` with PyTorch's default betas (SB3's `use_rms_prop = False`).
+    Adam,
+}
+
+/// A2C hyperparameters. `Default` is RL Zoo's CartPole-v1 A2C.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct A2cConfig {
+    /// Steps per env per rollout (one update per `n_steps × num_envs` transitions).
+    pub n_steps: usize,
+    /// Discount factor γ.
+    pub gamma: f64,
+    /// GAE λ; 1 gives the classic n-step returns.
+    pub gae_lambda: f64,
+    /// Learning rate (initial value when annealed).
+    pub learning_rate: f64,
+    /// Anneal the learning rate linearly to 0 over training.
+    pub anneal_lr: bool,
+    /// Entropy bonus coefficient.
+    pub ent_coef: f64,
+    /// Value loss coefficient.
+    pub vf_coef: f64,
+    /// Global gradient-norm limit.
+    pub max_grad_norm: f64,
+    /// `"rmsprop"` or `"adam"`.
+    pub optimizer: OptimizerKind,
+    /// RMSprop's decay α of the running mean of squared gradients (unused by Adam).
+    pub rmsprop_alpha: f64,
+    /// ε in the optimiser's denominator (SB3's `rms_prop_eps`; its Adam uses 1e-5 too).
+    pub optimizer_eps: f64,
+    /// Normalise the advantages of each rollout to zero mean and unit variance.
+    pub normalize_advantage: bool,
+    /// Hidden layer widths of both the policy and the value MLP.
+    pub hidden_sizes: Vec<i64>,
+    /// Hidden nonlinearity.
+    pub activation: Activation,
+    /// Initial log standard deviation of Gaussian policies.
+    pub log_std_init: f64,
+}
+
+impl Default for A2cConfig {
+    fn default() -> Self {
+        A2cConfig {
+            n_steps: 5,
+            gamma: 0.99,
+            gae_lambda: 1.0,
+            learning_rate: 7e-4,
+            anneal_lr: false,
+            ent_coef: 0.0,
+            vf_coef: 0.5,
+            max_grad_norm: 0.5,
+            optimizer: OptimizerKind::RmsProp,
+            rmsprop_alpha: 0.99,
+            optimizer_eps: 1e-5,
+            normalize_advantage: false,
+            hidden_sizes: vec![64, 64],
+            activation: Activation::Tanh,
+            log_std_init: 0.0,
+        }
+    }
+}
+
+impl A2cConfig {
+    /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
+    pub fn validate(&self, num_envs: usize) -> Result<()> {
+        let bad = |field, value: String, detail: &str| {
+            Err(Error::InvalidConfig { algorithm: "a2c", field, value, detail: detail.to_string() })
+        };
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        let non_negative = |x: f64| x.is_finite() && x >= 0.0;
+        if self.n_steps == 0 {
+            return bad("n_steps", "0".into(), "must be at least 1");
+        }
+        if self.normalize_advantage && self.n_steps * num_envs < 2 {
+            return bad(
+                "normalize_advantage",
+                "true".into(),
+                &format!("needs at least 2 samples per rollout, n_steps × num_envs = {}", self.n_steps * num_envs),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.gamma) {
+            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.gae_lambda) {
+            return bad("gae_lambda", self.gae_lambda.to_string(), "must be in [0, 1]");
+        }
+        if !positive(self.learning_rate) {
+            return bad("learning_rate", self.learning_rate.to_string(), "must be > 0");
+        }
+        if !self.ent_coef.is_finite() {
+            return bad("ent_coef", self.ent_coef.to_string(), "must be finite");
+        }
+        if !non_negative(self.vf_coef) {
+            return bad("vf_coef", self.vf_coef.to_string(), "must be ≥ 0");
+        }
+        if !positive(self.max_grad_norm) {
+            return bad("max_grad_norm", self.max_grad_norm.to_string(), "must be > 0");
+        }
+        if !(0.0..1.0).contains(&self.rmsprop_alpha) {
+            return bad("rmsprop_alpha", self.rmsprop_alpha.to_string(), "must be in [0, 1)");
+        }
+        if !positive(self.optimizer_eps) {
+            return bad("optimizer_eps", self.optimizer_eps.to_string(), "must be > 0");
+        }
+        if self.hidden_sizes.iter().any(|&h| h <= 0) {
+            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+        }
+        Ok(())
+    }
+
+    /// The learning rate at `progress_remaining` (1 at the start of training, 0 at the end).
+    pub fn learning_rate_at(&self, progress_remaining: f64) -> f64 {
+        if self.anneal_lr { self.learning_rate * progress_remaining.clamp(0.0, 1.0) } else { self.learning_rate }
+    }
+}
+
+/// The loss terms of one rollout (scalars, differentiable where it matters).
+#[derive(Debug)]
+pub struct A2cLoss {
+    /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
+    pub total: Tensor,
+    /// Policy-gradient loss `−E[Â log π(a|s)]`.
+    pub policy: Tensor,
+    /// `E[(R − V)²]`.
+    pub value: Tensor,
+    /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
+    pub entropy: Option<Tensor>,
+}
+
+/// Coefficients of [`a2c_loss`].
+#[derive(Debug, Clone, Copy)]
+pub struct LossCoefficients {
+    /// Entropy coefficient.
+    pub ent_coef: f64,
+    /// Value loss coefficient.
+    pub vf_coef: f64,
+    /// Normalise the advantages first.
+    pub normalize_advantage: bool,
+}
+
+/// The A2C loss from per-sample tensors (all `[B]`): log-probs of the actions taken under the current policy,
+/// advantages (constants), entropies (optional), values and value targets.
+pub fn a2c_loss(
+    log_prob: &Tensor,
+    advantages: &Tensor,
+    entropy: Option<&Tensor>,
+    values: &Tensor,
+    returns: &Tensor,
+    c: LossCoefficients,
+) -> A2cLoss {
+    let advantages = if c.normalize_advantage { normalize(advantages) } else { advantages.shallow_clone() };
+    let policy = -(advantages.detach() * log_prob).mean(Kind::Float);
+    let value = (returns.detach() - values).square().mean(Kind::Float);
+    let mut total = &policy + &value * c.vf_coef;
+    let entropy = entropy.map(|e| e.mean(Kind::Float));
+    if let Some(e) = &entropy {
+        total -= e * c.ent_coef;
+    }
+    A2cLoss { total, policy, value, entropy }
+}
+
+/// `(x − mean) / (std + 1e-8)` with the unbiased std, as SB3.
+fn normalize(x: &Tensor) -> Tensor {
+    (x - x.mean(Kind::Float)) / (x.std(true) + 1e-8)
+}
+
+/// The optimiser state, whichever was configured.
+#[derive(Debug)]
+enum Optimizer {
+    RmsProp(RmsProp),
+    Adam(Adam),
+}
+
+impl Optimizer {
+    /// One step at learning rate `lr` from the gradient in `params`.
+    fn step(&mut self, params: &mut FlatParams, lr: f64) {
+        match self {
+            Optimizer::RmsProp(o) => {
+                o.lr = lr;
+                o.step(params);
+            }
+            Optimizer::Adam(o) => {
+                o.lr = lr;
+                o.step(params);
+            }
+        }
+    }
+
+    fn write_to(&self, c: &mut Checkpoint) -> Result<()> {
+        match self {
+            Optimizer::RmsProp(o) => o.write_to(c, "rmsprop"),
+            Optimizer::Adam(o) => o.write_to(c, "adam"),
+        }
+    }
+
+    fn read_from(&mut self, c: &mut Checkpoint) -> Result<()> {
+        match self {
+            Optimizer::RmsProp(o) => o.read_from(c, "rmsprop"),
+            Optimizer::Adam(o) => o.read_from(c, "adam"),
+        }
+    }
+}
+
+/// An A2C agent: the actor-critic network, its optimiser and the RNG used to act.
+#[derive(Debug)]
+pub struct A2c {
+    /// Hyperparameters.
+    pub config: A2cConfig,
+    net: ActorCritic,
+    opt: Optimizer,
+    rng: Pcg64,
+    /// The rollout being collected by [`Algorithm::observe`].
+    rollout: Rollout,
+    /// The observations after the rollout's last step, to bootstrap from.
+    bootstrap_obs: Vec<f32>,
+    scratch: Vec<(i64, f32)>,
+}
+
+impl A2c {
+    /// A fresh agent for these spaces, collecting rollouts from `n_envs` envs. `seed` fixes the weights'
+    /// initialisation (through libtorch's global generator) and action sampling.
+    pub fn new(
+        observation_space: &Space,
+        action_space: &Space,
+        n_envs: usize,
+        config: A2cConfig,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate(n_envs)?;
+        let (hidden, activation) = (&config.hidden_sizes, config.activation);
+        let net = ActorCritic::new(
+            "a2c",
+            observation_space,
+            action_space,
+            hidden,
+            activation,
+            config.log_std_init,
+            device,
+            seed,
+        )?;
+        let (lr, eps) = (config.learning_rate, config.optimizer_eps);
+        let opt = match config.optimizer {
+            OptimizerKind::RmsProp => Optimizer::RmsProp(RmsProp::new(&net.params, lr, config.rmsprop_alpha, eps)),
+            OptimizerKind::Adam => Optimizer::Adam(Adam::new(&net.params, lr, eps)),
+        };
+        let rollout = Rollout::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
+        let rng = Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c);
+        Ok(A2c { config, net, opt, rng, rollout, bootstrap_obs: Vec::new(), scratch: Vec::new() })
+    }
+
+    /// The network's parameters (for saving, broadcasting or inspecting).
+    pub fn params(&self) -> &FlatParams {
+        &self.net.params
+    }
+
+    /// Overwrite the network's parameters, e.g. with a parameter server's broadcast.
+    pub fn set_params(&mut self, flat: &Tensor) -> Result<()> {
+        self.net.params.copy_from(flat)
+    }
+
+    /// `V(obs)` for a batch of observations.
+    pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
+        self.net.values(obs)
+    }
+
+    /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
+    /// `max_grad_norm`: a detached flat tensor laid out like [`A2c::params`]. Neither the parameters nor the
+    /// optimiser change; [`A2c::apply_gradients`] (here or on another copy of the agent) takes the step.
+    pub fn compute_gradients(&mut self, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
+        let n = rollout.len();
+        if n == 0 {
+            return Err(Error::BadLength { what: "A2C rollout transitions".into(), got: 0, expected: rollout.n_steps });
+        }
+        if rollout.act_dim != self.net.act_dim() {
+            return Err(Error::BadLength {
+                what: "A2C rollout action size".into(),
+                got: rollout.act_dim,
+                expected: self.net.act_dim(),
+            });
+        }
+        let c = &self.config;
+        let coefficients =
+            LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: c.normalize_advantage };
+        let d = self.net.device;
+        let obs = self.net.obs_tensor(&rollout.obs)?;
+        let actions = self.net.actions_tensor(&rollout.actions);
+        let advantages = Tensor::from_slice(&rollout.advantages[..n]).to_device(d);
+        let returns = Tensor::from_slice(&rollout.returns[..n]).to_device(d);
+
+        let (head, values) = self.net.forward(&obs);
+        let dist = self.net.dist(head);
+        let entropy = (c.ent_coef != 0.0).then(|| dist.entropy());
+        let loss = a2c_loss(&dist.log_prob(&actions), &advantages, entropy.as_ref(), &values, &returns, coefficients);
+        self.net.params.zero_grad();
+        loss.total.backward();
+        self.net.params.clip_grad_norm(c.max_grad_norm);
+        let grad = self.net.params.flat().grad().detach().copy();
+
+        let entropy = match &loss.entropy {
+            Some(e) => e.shallow_clone(),
+            None => tch::no_grad(|| dist.entropy().mean(Kind::Float)),
+        };
+        let scalar = |t: &Tensor| f64::try_from(t).map_err(Error::from);
+        let mut m = Metrics::default();
+        m.push("losses/policy_loss", scalar(&loss.policy)?);
+        m.push("losses/value_loss", scalar(&loss.value)?);
+        m.push("losses/entropy", scalar(&entropy)?);
+        m.push("losses/explained_variance", explained_variance(&rollout.values, &rollout.returns[..n]));
+        Ok((grad, m))
+    }
+
+    /// One optimiser step with a gradient from [`A2c::compute_gradients`] (of this agent or of a copy with the
+    /// same layout), at the learning rate for `progress_remaining` (1 at the start of training, 0 at the end).
+    /// Returns that learning rate.
+    pub fn apply_gradients(&mut self, flat_grad: &Tensor, progress_remaining: f64) -> Result<f64> {
+        let flat = self.net.params.flat();
+        if flat_grad.size() != flat.size() {
+            return Err(Error::BadLength {
+                what: "A2C flat gradient".into(),
+                got: flat_grad.numel(),
+                expected: flat.numel(),
+            });
+        }
+        let mut grad = flat.grad();
+        if !grad.defined() {
+            // No backward pass has run here yet (a parameter server): create the gradient buffer.
+            (flat.sum(Kind::Float) * 0.0).backward();
+            grad = flat.grad();
+        }
+        tch::no_grad(|| grad.copy_(flat_grad));
+        let lr = self.config.learning_rate_at(progress_remaining);
+        self.opt.step(&mut self.net.params, lr);
+        Ok(lr)
+    }
+
+    /// One A2C update on a finished rollout: [`A2c::compute_gradients`] then [`A2c::apply_gradients`].
+    /// [`Algorithm::update`] calls this on the rollout [`Algorithm::observe`] collected.
+    pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
+        let (grad, mut metrics) = self.compute_gradients(rollout)?;
+        let lr = self.apply_gradients(&grad, progress_remaining)?;
+        metrics.push("charts/learning_rate", lr);
+        Ok(metrics)
+    }
+}
+
+impl Policy for A2c {
+    fn obs_dim(&self) -> usize {
+        self.net.obs_dim()
+    }
+
+    fn act_dim(&self) -> usize {
+        self.net.act_dim()
+    }
+
+    /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
+    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
+    }
+}
+
+impl Algorithm for A2c {
+    fn name(&self) -> &'static str {
+        "a2c"
+    }
+
+    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
+        let r = &mut self.rollout;
+        r.push_policy(step.obs, &step.act.actions, &step.act.log_probs, &step.act.values)?;
+        r.push_outcome(step.rewards, step.terminated, step.truncated)?;
+        // Bootstrap truncated episodes from their true final observation, in one batched call.
+        let d = self.net.obs_dim();
+        let cut: Vec<usize> = (0..r.n_envs).filter(|&i| step.truncated[i] && !step.terminated[i]).collect();
+        if !cut.is_empty() {
+            let rows: Vec<f32> = cut.iter().flat_map(|&i| step.next_obs[i * d..(i + 1) * d].iter().copied()).collect();
+            for (&i, v) in cut.iter().zip(self.values(&rows)?) {
+                self.rollout.set_final_value(i, v);
+            }
+        }
+        if self.rollout.is_full() {
+            self.bootstrap_obs.clear();
+            self.bootstrap_obs.extend_from_slice(step.next_obs);
+        }
+        Ok(())
+    }
+
+    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
+        if !self.rollout.is_full() {
+            return Ok(None);
+        }
+        let last_values = self.values(&self.bootstrap_obs)?;
+        let mut rollout = std::mem::replace(&mut self.rollout, Rollout::new(0, 0, 0, 0));
+        rollout.finish(&last_values, self.config.gamma as f32, self.config.gae_lambda as f32)?;
+        let metrics = self.update_from(&rollout, progress.remaining());
+        rollout.clear();
+        self.rollout = rollout;
+        metrics.map(Some)
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("params", self.net.params.flat());
+        self.opt.write_to(&mut c)?;
+        self.rollout.write_to(&mut c, "rollout")?;
+        c.put_f32("bootstrap_obs", &self.bootstrap_obs);
+        c.put_meta("rng", &self.rng)?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        c.copy_into("params", self.net.params.flat())?;
+        self.opt.read_from(c)?;
+        self.rollout.read_from(c, "rollout")?;
+        self.bootstrap_obs = c.take_f32("bootstrap_obs")?;
+        self.rng = c.meta("rng")?;
+        Ok(())
+    }
+
+    fn policy_params(&self) -> &FlatParams {
+        &self.net.params
+    }
+
+    fn save_weights(&self, path: &Path) -> Result<()> {
+        self.net.params.save(path)
+    }
+
+    fn load_weights(&mut self, path: &Path) -> Result<()> {
+        self.net.params.load(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::Rng;
+
+    /// The A2C loss in the paper's notation, sample by sample, in f64: (policy, value, total).
+    fn reference_loss(lp: &[f64], adv: &[f64], ent: &[f64], v: &[f64], ret: &[f64], c: LossCoefficients) -> [f64; 3] {
+        let n = adv.len() as f64;
+        let mean = adv.iter().sum::<f64>() / n;
+        let std = (adv.iter().map(|a| (a - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let (mut pg, mut vf, mut h) = (0.0, 0.0, 0.0);
+        for i in 0..adv.len() {
+            let a = if c.normalize_advantage { (adv[i] - mean) / (std + 1e-8) } else { adv[i] };
+            pg -= a * lp[i];
+            vf += (ret[i] - v[i]).powi(2);
+            h += ent[i];
+        }
+        let (pg, vf, h) = (pg / n, vf / n, h / n);
+        [pg, vf, pg + c.vf_coef * vf - c.ent_coef * h]
+    }
+
+    #[test]
+    fn loss_matches_reference() {
+        let mut rng = Pcg64::seed_from_u64(3);
+        let n = 40;
+        let mut draw = |lo: f64, hi: f64| (0..n).map(|_| rng.random_range(lo..hi)).collect::<Vec<f64>>();
+        let (lp, adv, ent, v, ret) =
+            (draw(-2.0, -0.1), draw(-3.0, 3.0), draw(0.0, 0.7), draw(-1.0, 1.0), draw(-2.0, 2.0));
+        let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
+        for (normalize, ent_coef) in [(false, 0.0), (false, 0.01), (true, 0.05)] {
+            let c = LossCoefficients { ent_coef, vf_coef: 0.5, normalize_advantage: normalize };
+            let entropy = (ent_coef != 0.0).then(|| t(&ent));
+            let loss = a2c_loss(&t(&lp), &t(&adv), entropy.as_ref(), &t(&v), &t(&ret), c);
+            let want = reference_loss(&lp, &adv, &ent, &v, &ret, c);
+            let got = |x: &Tensor| f64::try_from(x).unwrap();
+            for (name, g, w) in [
+                ("policy", got(&loss.policy), want[0]),
+                ("value", got(&loss.value), want[1]),
+                ("total", got(&loss.total), want[2]),
+            ] {
+                assert!((g - w).abs() < 1e-5, "{name} (normalize {normalize}, ent_coef {ent_coef}): {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn loss_gradients_point_the_right_way() {
+        // A positive advantage raises log π(a|s); the value moves towards the return; entropy is rewarded.
+        let lp = Tensor::from_slice(&[-0.7f32, -0.7]).set_requires_grad(true);
+        let v = Tensor::from_slice(&[0.0f32, 0.0]).set_requires_grad(true);
+        let ent = Tensor::from_slice(&[0.5f32, 0.5]).set_requires_grad(true);
+        let c = LossCoefficients { ent_coef: 0.1, vf_coef: 0.5, normalize_advantage: false };
+        let adv = Tensor::from_slice(&[2.0f32, -1.0]);
+        let ret = Tensor::from_slice(&[1.0f32, -3.0]);
+        a2c_loss(&lp, &adv, Some(&ent), &v, &ret, c).total.backward();
+        let grad = |t: &Tensor| Vec::<f32>::try_from(t.grad()).unwrap();
+        // d/d lp_i = −Â_i / n; d/d V_i = vf_coef · 2 (V_i − R_i) / n; d/d H_i = −ent_coef / n.
+        assert_eq!(grad(&lp), vec![-1.0, 0.5]);
+        assert_eq!(grad(&v), vec![-0.5, 1.5]);
+        assert_eq!(grad(&ent), vec![-0.05, -0.05]);
+    }
+
+    fn cartpole_spaces() -> (Space, Space) {
+        (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2))
+    }
+
+    /// A finished bandit rollout of `n_steps × 8` steps collected by `agent`: action 1 pays 1, action 0 pays 0,
+    /// every step ends its episode.
+    fn bandit_rollout(agent: &mut A2c, rng: &mut Pcg64) -> Rollout {
+        let n_steps = agent.config.n_steps;
+        let mut rollout = Rollout::new(8, n_steps, 4, 1);
+        let mut out = ActOutput::default();
+        for _ in 0..n_steps {
+            let obs: Vec<f32> = (0..32).map(|_| rng.random_range(-1.0..1.0)).collect();
+            agent.act(&obs, ActMode::Explore, &mut out).unwrap();
+            rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
+            rollout.push_outcome(&out.actions.clone(), &[true; 8], &[false; 8]).unwrap();
+        }
+        rollout.finish(&[0.0; 8], agent.config.gamma as f32, agent.config.gae_lambda as f32).unwrap();
+        rollout
+    }
+
+    fn flat(agent: &A2c) -> Tensor {
+        agent.params().flat().detach().copy()
+    }
+
+    #[test]
+    fn bandit_policy_improves() {
+        let (obs_space, act_space) = cartpole_spaces();
+        let mut a2c = A2c::new(&obs_space, &act_space, 8, A2cConfig::default(), Device::Cpu, 0).unwrap();
+        let probe = [0.1f32, 0.2, 0.3, 0.4];
+        let prob_of_1 = |a2c: &A2c| {
+            let x = a2c.net.obs_tensor(&probe).unwrap();
+            let (logits, _) = tch::no_grad(|| a2c.net.forward(&x));
+            f64::try_from(logits.softmax(-1, Kind::Float).get(0).get(1)).unwrap()
+        };
+        let before = prob_of_1(&a2c);
+        assert!((before - 0.5).abs() < 0.05, "near-uniform initial policy: {before}");
+        let mut rng = Pcg64::seed_from_u64(9);
+        let mut first_value_loss = None;
+        for _ in 0..40 {
+            let rollout = bandit_rollout(&mut a2c, &mut rng);
+            let m = a2c.update_from(&rollout, 1.0).unwrap();
+            first_value_loss.get_or_insert(m.get("losses/value_loss").unwrap());
+            assert_eq!(m.get("charts/learning_rate"), Some(7e-4));
+        }
+        let after = prob_of_1(&a2c);
+        eprintln!("TMP {before} -> {after}");
+        assert!(after > 0.8, "P(action 1): {before} -> {after}");
+        let mut o = ActOutput::default();
+        a2c.act(&probe, ActMode::Deterministic, &mut o).unwrap();
+        assert_eq!(o.actions, vec![1.0], "the greedy action is the paying one");
+    }
+
+    #[test]
+    fn gradients_computed_on_one_agent_and_applied_on_another_match_a_local_update() {
+        let (obs_space, act_space) = cartpole_spaces();
+        for optimizer in [OptimizerKind::RmsProp, OptimizerKind::Adam] {
+            let config = A2cConfig { optimizer, ent_coef: 0.01, anneal_lr: true, ..Default::default() };
+            let mut actor = A2c::new(&obs_space, &act_space, 8, config.clone(), Device::Cpu, 4).unwrap();
+            let mut server = A2c::new(&obs_space, &act_space, 8, config, Device::Cpu, 4).unwrap();
+            assert!(flat(&actor).equal(&flat(&server)));
+            let mut rng = Pcg64::seed_from_u64(1);
+            for k in 0..3 {
+                let progress = 1.0 - k as f64 / 10.0;
+                let rollout = bandit_rollout(&mut actor, &mut rng);
+                let before = flat(&actor);
+                let (grad, m) = actor.compute_gradients(&rollout).unwrap();
+                assert!(flat(&actor).equal(&before), "computing a gradient does not move the parameters");
+                assert!(m.get("losses/policy_loss").unwrap().is_finite());
+                let norm = f64::try_from(grad.norm()).unwrap();
+                assert!(norm > 0.0 && norm <= 0.5 + 1e-4, "clipped gradient norm {norm}");
+                let lr = server.apply_gradients(&grad, progress).unwrap();
+                assert!((lr - 7e-4 * progress).abs() < 1e-12);
+                actor.update_from(&rollout, progress).unwrap();
+                assert!(!flat(&actor).equal(&before), "the update moved the parameters");
+                assert!(flat(&actor).equal(&flat(&server)), "{optimizer:?}, update {k}: remote step differs");
+            }
+            let wrong = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+            assert!(server.apply_gradients(&wrong, 1.0).is_err(), "a gradient of the wrong layout is refused");
+        }
+    }
+
+    /// Drive an agent through the `Algorithm` interface on a synthetic 2-env task with terminations and
+    /// truncations, for `steps` vectorised steps starting at step `start`.
+    fn drive(agent: &mut A2c, start: u64, steps: u64, total: u64) -> Vec<f32> {
+        let mut out = ActOutput::default();
+        let mut actions = Vec::new();
+        for k in start..start + steps {
+            let obs: Vec<f32> = (0..8).map(|i| ((k * 8 + i) as f32 * 0.37).sin()).collect();
+            let next_obs: Vec<f32> = (0..8).map(|i| ((k * 8 + i) as f32 * 0.53).cos()).collect();
+            agent.act(&obs, ActMode::Explore, &mut out).unwrap();
+            actions.extend_from_slice(&out.actions);
+            let rewards: Vec<f32> = out.actions.iter().map(|a| 1.0 - a).collect();
+            let terminated = [k % 7 == 6, false];
+            let truncated = [false, k % 5 == 4];
+            let step = Transition {
+                obs: &obs,
+                act: &out,
+                rewards: &rewards,
+                terminated: &terminated,
+                truncated: &truncated,
+                next_obs: &next_obs,
+            };
+            agent.observe(&step).unwrap();
+            agent.update(&Progress { env_steps: (k + 1) * 2, total_env_steps: total }).unwrap();
+        }
+        actions
+    }
+
+    #[test]
+    fn checkpoint_round_trip_continues_identically() {
+        let (obs_space, act_space) = cartpole_spaces();
+        for optimizer in [OptimizerKind::RmsProp, OptimizerKind::Adam] {
+            let config = A2cConfig { optimizer, anneal_lr: true, ..Default::default() };
+            let mut a = A2c::new(&obs_space, &act_space, 2, config.clone(), Device::Cpu, 11).unwrap();
+            // 23 steps: four updates and a rollout three steps in.
+            drive(&mut a, 0, 23, 100);
+            let path = std::env::temp_dir().join(format!("flotilla-a2c-{}-{optimizer:?}.ckpt", std::process::id()));
+            a.checkpoint().unwrap().save(&path).unwrap();
+            let mut b = A2c::new(&obs_space, &act_space, 2, config, Device::Cpu, 12).unwrap();
+            assert!(!flat(&a).equal(&flat(&b)));
+            b.restore(&mut Checkpoint::load(&path).unwrap()).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            let actions_a = drive(&mut a, 23, 27, 100);
+            let actions_b = drive(&mut b, 23, 27, 100);
+            assert_eq!(actions_a, actions_b, "the RNG stream continues");
+            assert!(flat(&a).equal(&flat(&b)), "{optimizer:?}: training continues bit-identically");
+        }
+    }
+
+    #[test]
+    fn checkpoint_of_another_optimizer_is_refused() {
+        let (obs_space, act_space) = cartpole_spaces();
+        let a = A2c::new(&obs_space, &act_space, 2, A2cConfig::default(), Device::Cpu, 1).unwrap();
+        let adam = A2cConfig { optimizer: OptimizerKind::Adam, ..Default::default() };
+        let mut b = A2c::new(&obs_space, &act_space, 2, adam, Device::Cpu, 1).unwrap();
+        let e = b.restore(&mut a.checkpoint().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("adam"), "{e}");
+    }
+
+    #[test]
+    fn gaussian_policy_acts_and_updates() {
+        let obs_space = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
+        let act_space = Space::box1d(vec![-2.0], vec![2.0]);
+        let config = A2cConfig { ent_coef: 0.01, normalize_advantage: true, ..Default::default() };
+        let mut a2c = A2c::new(&obs_space, &act_space, 4, config, Device::Cpu, 1).unwrap();
+        assert_eq!(a2c.act_dim(), 1);
+        let mut out = ActOutput::default();
+        let mut rollout = Rollout::new(4, 5, 3, 1);
+        for _ in 0..5 {
+            let obs = vec![0.5f32; 12];
+            a2c.act(&obs, ActMode::Explore, &mut out).unwrap();
+            rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
+            let rewards: Vec<f32> = out.actions.iter().map(|a| -(a - 1.0).powi(2)).collect();
+            rollout.push_outcome(&rewards, &[true; 4], &[false; 4]).unwrap();
+        }
+        rollout.finish(&[0.0; 4], 0.99, 1.0).unwrap();
+        let m = a2c.update_from(&rollout, 1.0).unwrap();
+        assert!(m.get("losses/entropy").unwrap().is_finite());
+    }
+
+    #[test]
+    fn config_validation_and_serde() {
+        assert!(A2cConfig::default().validate(8).is_ok());
+        let e = A2cConfig { rmsprop_alpha: 1.0, ..Default::default() }.validate(8).unwrap_err().to_string();
+        assert!(e.contains("rmsprop_alpha") && e.contains("a2c"), "{e}");
+        let e = A2cConfig { normalize_advantage: true, n_steps: 1, ..Default::default() }.validate(1).unwrap_err();
+        assert!(e.to_string().contains("normalize_advantage"), "{e}");
+        assert!(A2cConfig { n_steps: 0, ..Default::default() }.validate(8).is_err());
+        let c: A2cConfig = serde_json::from_str(r#"{"optimizer": "adam", "n_steps": 8}"#).unwrap();
+        assert_eq!((c.optimizer, c.n_steps, c.gamma), (OptimizerKind::Adam, 8, 0.99));
+        let e = serde_json::from_str::<A2cConfig>(r#"{"optimiser": "adam"}"#).unwrap_err().to_string();
+        assert!(e.contains("optimiser"), "{e}");
+        assert!(serde_json::from_str::<A2cConfig>(r#"{"optimizer": "sgd"}"#).is_err());
+    }
+}

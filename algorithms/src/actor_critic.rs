@@ -1,0 +1,165 @@
+//! The actor-critic network PPO and A2C share: separate policy and value MLPs (run as one [`TwinMlp`]), a
+//! categorical head for discrete actions or a diagonal Gaussian with a state-independent log-std for boxes,
+//! all in one [`FlatParams`] buffer. Initialisation follows SB3: orthogonal, gain √2 on hidden layers, 0.01
+//! on the policy head, 1 on the value head.
+use flotilla_core::Space;
+use rand::Rng;
+use tch::{Device, Kind, Tensor};
+
+use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
+use crate::nets::{Activation, TwinMlp, with_torch_seed};
+use crate::params::FlatParams;
+use crate::policy::ActOutput;
+use crate::{Error, Result};
+
+/// How actions are represented.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ActionKind {
+    Discrete(usize),
+    Continuous(usize),
+}
+
+/// Policy and value networks over one parameter buffer.
+#[derive(Debug)]
+pub struct ActorCritic {
+    /// Every parameter: the twin MLP, then the log-std for Gaussian policies.
+    pub params: FlatParams,
+    twin: TwinMlp,
+    log_std: Option<usize>,
+    action: ActionKind,
+    obs_dim: usize,
+    /// Where the parameters live.
+    pub device: Device,
+}
+
+impl ActorCritic {
+    /// Build for these spaces (1-D box observations; discrete or 1-D box actions). `algorithm` names the
+    /// caller in errors; `seed` fixes the initialisation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        algorithm: &'static str,
+        observation_space: &Space,
+        action_space: &Space,
+        hidden: &[i64],
+        activation: Activation,
+        log_std_init: f64,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self> {
+        let obs_dim = match observation_space {
+            Space::Box { shape, .. } if shape.len() == 1 => shape[0],
+            other => {
+                return Err(Error::UnsupportedSpace {
+                    which: "observation",
+                    algorithm,
+                    detail: format!("{other:?}: the MLP policy takes 1-D boxes"),
+                });
+            }
+        };
+        let action = match action_space {
+            Space::Discrete { n, .. } => ActionKind::Discrete(*n),
+            Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),
+            other => return Err(Error::UnsupportedSpace { which: "action", algorithm, detail: format!("{other:?}") }),
+        };
+        let outputs = match action {
+            ActionKind::Discrete(n) | ActionKind::Continuous(n) => n as i64,
+        };
+        let (twin, mut named) = with_torch_seed(seed, || {
+            TwinMlp::init("pi_vf", obs_dim as i64, hidden, [outputs, 1], activation, [0.01, 1.0], 0)
+        });
+        let log_std = match action {
+            ActionKind::Discrete(_) => None,
+            ActionKind::Continuous(d) => {
+                named.push(("log_std".into(), Tensor::full([d as i64], log_std_init, (Kind::Float, Device::Cpu))));
+                Some(named.len() - 1)
+            }
+        };
+        let params = FlatParams::new(named, device);
+        Ok(ActorCritic { params, twin, log_std, action, obs_dim, device })
+    }
+
+    /// Flattened observation size.
+    pub fn obs_dim(&self) -> usize {
+        self.obs_dim
+    }
+
+    /// f32 values per action: 1 for discrete actions, `D` for boxes.
+    pub fn act_dim(&self) -> usize {
+        match self.action {
+            ActionKind::Discrete(_) => 1,
+            ActionKind::Continuous(d) => d,
+        }
+    }
+
+    /// Observations `rows × obs_dim` as a tensor on the device.
+    pub fn obs_tensor(&self, obs: &[f32]) -> Result<Tensor> {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        Ok(Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device))
+    }
+
+    /// Stored actions as the distribution takes them: i64 indices `[B]` or floats `[B, D]`.
+    pub fn actions_tensor(&self, actions: &[f32]) -> Tensor {
+        let t = Tensor::from_slice(actions);
+        match self.action {
+            ActionKind::Discrete(_) => t.to_kind(Kind::Int64).to_device(self.device),
+            ActionKind::Continuous(d) => t.view([-1, d as i64]).to_device(self.device),
+        }
+    }
+
+    /// Policy head output (logits or means) and values `[B]`.
+    pub fn forward(&self, obs: &Tensor) -> (Tensor, Tensor) {
+        let (head, value) = self.twin.forward(&self.params, obs);
+        (head, value.squeeze_dim(1))
+    }
+
+    /// The action distribution for a policy head output.
+    pub fn dist(&self, head: Tensor) -> ActionDist {
+        match self.log_std {
+            None => ActionDist::Categorical { logits: head },
+            Some(i) => ActionDist::DiagGaussian { mean: head, log_std: self.params.view(i).shallow_clone() },
+        }
+    }
+
+    /// Sample (or, with `deterministic`, take the mode of) the policy for a batch; fills actions, their
+    /// log-probs and the values. `scratch` is reused between calls.
+    pub fn act(
+        &self,
+        obs: &[f32],
+        deterministic: bool,
+        rng: &mut impl Rng,
+        scratch: &mut Vec<(i64, f32)>,
+        out: &mut ActOutput,
+    ) -> Result<()> {
+        let x = self.obs_tensor(obs)?;
+        let (head, values) = tch::no_grad(|| self.forward(&x));
+        out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
+        out.q_values.clear();
+        let head = Vec::<f32>::try_from(head.flatten(0, -1).to_device(Device::Cpu))?;
+        match self.action {
+            ActionKind::Discrete(n) => {
+                sample_categorical(&head, n, deterministic, rng, scratch);
+                out.actions.clear();
+                out.log_probs.clear();
+                for &(a, lp) in scratch.iter() {
+                    out.actions.push(a as f32);
+                    out.log_probs.push(lp);
+                }
+            }
+            ActionKind::Continuous(_) => {
+                let i = self.log_std.expect("Gaussian policies have a log-std");
+                let log_std = Vec::<f32>::try_from(self.params.view(i).detach().to_device(Device::Cpu))?;
+                sample_diag_gaussian(&head, &log_std, deterministic, rng, &mut out.actions, &mut out.log_probs);
+            }
+        }
+        Ok(())
+    }
+
+    /// `V(obs)` for a batch of observations.
+    pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
+        let x = self.obs_tensor(obs)?;
+        let (_, v) = tch::no_grad(|| self.forward(&x));
+        Ok(Vec::<f32>::try_from(v.to_device(Device::Cpu))?)
+    }
+}

@@ -1,0 +1,475 @@
+//! Deep Q-Networks (Mnih et al. 2015, "Human-level control through deep reinforcement learning") with the
+//! Rainbow-era options (Hessel et al. 2018): double-Q targets (van Hasselt et al. 2016), dueling heads
+//! (Wang et al. 2016), prioritized replay (Schaul et al. 2016) and n-step returns.
+//!
+//! Implementation details that matter (SB3's `DQN`):
+//! * ε-greedy exploration, ε decaying linearly from `exploration_initial_eps` to `exploration_final_eps`
+//!   over the first `exploration_fraction` of training; uniformly random actions before `learning_starts`;
+//! * every `train_freq` env steps (after `learning_starts`), `gradient_steps` minibatch updates;
+//! * the target network follows the online one every `target_update_interval` env steps, by Polyak
+//!   averaging with `tau` (1 = a hard copy), so it stays fixed within each block of gradient steps;
+//! * Huber (smooth L1) loss, weighted by importance weights under prioritized replay, whose priorities
+//!   become `(|δ| + ε)^α`; β anneals linearly from `per_beta0` to `per_beta_final`;
+//! * global gradient-norm clipping; Adam.
+//!
+//! Defaults are RL Zoo's CartPole-v1 DQN (with `[env] num_envs = 1`): 256-256 ReLU MLP, lr 2.3e-3, batch
+//! 64, buffer 100 K, learning starts 1 K, γ 0.99, train every 256 steps with 128 gradient steps, target
+//! every 10 steps, ε 1 → 0.04 over 16 % of training; no double-Q, dueling, PER or n-step (turn them on).
+//!
+//! Metrics: `losses/td_loss`, `losses/q_values`, `charts/epsilon`, `charts/learning_rate`, `charts/per_beta`.
+use std::path::Path;
+
+use flotilla_core::Space;
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Reduction, Tensor};
+
+use crate::adam::Adam;
+use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::checkpoint::Checkpoint;
+use crate::n_step::NStep;
+use crate::nets::{Activation, FlatMlp, LayerInit, with_torch_seed};
+use crate::params::FlatParams;
+use crate::policy::{ActMode, ActOutput, Policy};
+use crate::replay::{Element, PrioritizedReplay, ReplayBuffer, ReplaySample};
+use crate::{Error, Metrics, Result};
+
+/// DQN hyperparameters. `Default` is RL Zoo's CartPole-v1 DQN.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DqnConfig {
+    /// Adam learning rate.
+    pub learning_rate: f64,
+    /// Adam ε.
+    pub adam_eps: f64,
+    /// Transitions per gradient step.
+    pub batch_size: usize,
+    /// Replay capacity (transitions).
+    pub buffer_size: usize,
+    /// Env steps of uniformly random actions before learning starts.
+    pub learning_starts: u64,
+    /// Discount factor γ.
+    pub gamma: f64,
+    /// Env steps between training phases.
+    pub train_freq: u64,
+    /// Gradient steps per training phase.
+    pub gradient_steps: usize,
+    /// Env steps between target-network updates.
+    pub target_update_interval: u64,
+    /// Polyak coefficient of a target update (1: hard copy).
+    pub tau: f64,
+    /// Fraction of training over which ε decays.
+    pub exploration_fraction: f64,
+    /// ε at the start.
+    pub exploration_initial_eps: f64,
+    /// ε after the decay.
+    pub exploration_final_eps: f64,
+    /// Global gradient-norm limit.
+    pub max_grad_norm: f64,
+    /// Hidden layer widths.
+    pub hidden_sizes: Vec<i64>,
+    /// Hidden nonlinearity.
+    pub activation: Activation,
+    /// Double-Q targets: the online network picks the next action, the target network values it.
+    pub double_q: bool,
+    /// Dueling heads: `Q = V + A − mean(A)`.
+    pub dueling: bool,
+    /// n of the n-step returns (1: one-step TD).
+    pub n_step: usize,
+    /// Prioritized replay instead of uniform.
+    pub prioritized_replay: bool,
+    /// Priority exponent α.
+    pub per_alpha: f64,
+    /// Importance-sampling exponent β at the start (annealed to `per_beta_final`).
+    pub per_beta0: f64,
+    /// β at the end of training.
+    pub per_beta_final: f64,
+    /// Added to `|δ|` so no transition has priority 0.
+    pub per_eps: f64,
+}
+
+impl Default for DqnConfig {
+    fn default() -> Self {
+        DqnConfig {
+            learning_rate: 2.3e-3,
+            adam_eps: 1e-8,
+            batch_size: 64,
+            buffer_size: 100_000,
+            learning_starts: 1_000,
+            gamma: 0.99,
+            train_freq: 256,
+            gradient_steps: 128,
+            target_update_interval: 10,
+            tau: 1.0,
+            exploration_fraction: 0.16,
+            exploration_initial_eps: 1.0,
+            exploration_final_eps: 0.04,
+            max_grad_norm: 10.0,
+            hidden_sizes: vec![256, 256],
+            activation: Activation::Relu,
+            double_q: false,
+            dueling: false,
+            n_step: 1,
+            prioritized_replay: false,
+            per_alpha: 0.6,
+            per_beta0: 0.4,
+            per_beta_final: 1.0,
+            per_eps: 1e-6,
+        }
+    }
+}
+
+impl DqnConfig {
+    /// Range checks serde cannot express.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field, value: String, detail: &str| {
+            Err(Error::InvalidConfig { algorithm: "dqn", field, value, detail: detail.to_string() })
+        };
+        if self.batch_size == 0 {
+            return bad("batch_size", "0".into(), "must be at least 1");
+        }
+        if self.buffer_size < self.batch_size {
+            return bad("buffer_size", self.buffer_size.to_string(), "must be at least batch_size");
+        }
+        if self.n_step == 0 {
+            return bad("n_step", "0".into(), "must be at least 1");
+        }
+        if self.train_freq == 0 {
+            return bad("train_freq", "0".into(), "must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.gamma) {
+            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
+        }
+        if !(self.tau > 0.0 && self.tau <= 1.0) {
+            return bad("tau", self.tau.to_string(), "must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.exploration_fraction) {
+            return bad("exploration_fraction", self.exploration_fraction.to_string(), "must be in [0, 1]");
+        }
+        Ok(())
+    }
+
+    /// ε at `progress_remaining` (SB3's `get_linear_fn`).
+    pub fn epsilon(&self, progress_remaining: f64) -> f64 {
+        linear(self.exploration_initial_eps, self.exploration_final_eps, self.exploration_fraction, progress_remaining)
+    }
+}
+
+/// `start → end` linearly over the first `fraction` of training, then `end`.
+pub fn linear(start: f64, end: f64, fraction: f64, progress_remaining: f64) -> f64 {
+    let elapsed = 1.0 - progress_remaining;
+    if fraction <= 0.0 || elapsed > fraction { end } else { start + elapsed * (end - start) / fraction }
+}
+
+/// Uniform or prioritized replay.
+#[derive(Debug)]
+enum Replay {
+    Uniform(ReplayBuffer<f32>),
+    Prioritized(PrioritizedReplay<f32>),
+}
+
+/// Counters that schedules and triggers depend on (saved in checkpoints).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Counters {
+    /// Env steps observed (all envs).
+    env_steps: u64,
+    /// Vectorised steps observed (SB3's `_n_calls`, which times target updates).
+    calls: u64,
+    /// Env steps since the last training phase.
+    since_train: u64,
+    /// Gradient steps taken.
+    gradient_steps: u64,
+    epsilon: f64,
+    beta: f64,
+}
+
+/// A DQN agent: online and target Q-networks, replay, n-step accumulator, optimiser, RNG.
+#[derive(Debug)]
+pub struct Dqn {
+    /// Hyperparameters.
+    pub config: DqnConfig,
+    net: FlatMlp,
+    online: FlatParams,
+    target: FlatParams,
+    opt: Adam,
+    replay: Replay,
+    n_step: NStep<f32>,
+    n_actions: usize,
+    obs_dim: usize,
+    n_envs: usize,
+    rng: Pcg64,
+    device: Device,
+    counters: Counters,
+    sample: ReplaySample<f32>,
+}
+
+impl Dqn {
+    /// A fresh agent for a `Discrete` action space fed by `n_envs` envs.
+    pub fn new(
+        observation_space: &Space,
+        action_space: &Space,
+        n_envs: usize,
+        config: DqnConfig,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate()?;
+        let obs_dim = match observation_space {
+            Space::Box { shape, .. } if shape.len() == 1 => shape[0],
+            other => {
+                return Err(Error::UnsupportedSpace {
+                    which: "observation",
+                    algorithm: "dqn",
+                    detail: format!("{other:?}: the MLP Q-network takes 1-D boxes"),
+                });
+            }
+        };
+        let Space::Discrete { n: n_actions, .. } = *action_space else {
+            return Err(Error::UnsupportedSpace {
+                which: "action",
+                algorithm: "dqn",
+                detail: format!("{action_space:?}: DQN needs discrete actions"),
+            });
+        };
+        // A dueling network's last layer holds the value head next to the advantage head.
+        let outputs = (n_actions + usize::from(config.dueling)) as i64;
+        let (net, named) = with_torch_seed(seed, || {
+            FlatMlp::init("q", obs_dim as i64, &config.hidden_sizes, outputs, config.activation, LayerInit::Torch, 0)
+        });
+        let online = FlatParams::new(named, device);
+        let target = online.target_copy();
+        let opt = Adam::new(&online, config.learning_rate, config.adam_eps);
+        let replay = if config.prioritized_replay {
+            Replay::Prioritized(PrioritizedReplay::new(config.buffer_size, obs_dim, 1, config.per_alpha, config.per_eps)?)
+        } else {
+            Replay::Uniform(ReplayBuffer::new(config.buffer_size, obs_dim, 1)?)
+        };
+        let n_step = NStep::new(config.n_step, n_envs, obs_dim, 1, config.gamma)?;
+        let counters = Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
+        Ok(Dqn {
+            net,
+            online,
+            target,
+            opt,
+            replay,
+            n_step,
+            n_actions,
+            obs_dim,
+            n_envs,
+            rng: Pcg64::seed_from_u64(seed ^ 0xd9_0000),
+            device,
+            counters,
+            sample: ReplaySample::default(),
+            config,
+        })
+    }
+
+    /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
+    fn q_values(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
+        let out = self.net.forward(params, obs);
+        if self.config.dueling {
+            let value = out.narrow(1, 0, 1);
+            let advantage = out.narrow(1, 1, self.n_actions as i64);
+            value + &advantage - advantage.mean_dim(1, true, Kind::Float)
+        } else {
+            out
+        }
+    }
+
+    /// The online network's parameters.
+    pub fn params(&self) -> &FlatParams {
+        &self.online
+    }
+
+    /// One gradient step on a replay sample; returns (loss, mean Q) as tensors.
+    fn gradient_step(&mut self) -> Result<(Tensor, Tensor)> {
+        let c = &self.config;
+        let batch = c.batch_size;
+        match &self.replay {
+            Replay::Uniform(r) => r.sample(batch, &mut self.rng, &mut self.sample)?,
+            Replay::Prioritized(r) => r.sample(batch, self.counters.beta, &mut self.rng, &mut self.sample)?,
+        }
+        let s = &self.sample;
+        let d = self.device;
+        let rows = [batch as i64, self.obs_dim as i64];
+        let obs = f32::to_tensor(&s.obs, &rows)?.to_device(d);
+        let next_obs = f32::to_tensor(&s.next_obs, &rows)?.to_device(d);
+        let actions = Tensor::from_slice(&s.actions).to_kind(Kind::Int64).to_device(d).unsqueeze(1);
+        let rewards = Tensor::from_slice(&s.rewards).to_device(d);
+        // The bootstrap factor γ^m, zero for terminal transitions.
+        let bootstrap: Vec<f32> = s.discounts.iter().zip(&s.terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
+        let bootstrap = Tensor::from_slice(&bootstrap).to_device(d);
+        let target = tch::no_grad(|| {
+            let next_q = self.q_values(&self.target, &next_obs);
+            let next = if c.double_q {
+                let best = self.q_values(&self.online, &next_obs).argmax(1, true);
+                next_q.gather(1, &best, false).squeeze_dim(1)
+            } else {
+                next_q.amax(1, false)
+            };
+            rewards + bootstrap * next
+        });
+        let q = self.q_values(&self.online, &obs).gather(1, &actions, false).squeeze_dim(1);
+        let loss = match &self.replay {
+            Replay::Uniform(_) => q.smooth_l1_loss(&target, Reduction::Mean, 1.0),
+            Replay::Prioritized(_) => {
+                let weights = Tensor::from_slice(&s.weights).to_device(d);
+                (q.smooth_l1_loss(&target, Reduction::None, 1.0) * weights).mean(Kind::Float)
+            }
+        };
+        self.online.zero_grad();
+        loss.backward();
+        self.online.clip_grad_norm(c.max_grad_norm);
+        self.opt.step(&mut self.online);
+        if let Replay::Prioritized(r) = &mut self.replay {
+            let td: Vec<f32> = Vec::try_from((&q - &target).detach().to_device(Device::Cpu))?;
+            r.update_priorities(&self.sample.indices, &td)?;
+        }
+        self.counters.gradient_steps += 1;
+        Ok((loss.detach(), q.detach().mean(Kind::Float)))
+    }
+
+    fn replay_len(&self) -> usize {
+        match &self.replay {
+            Replay::Uniform(r) => r.len(),
+            Replay::Prioritized(r) => r.len(),
+        }
+    }
+}
+
+impl Policy for Dqn {
+    fn obs_dim(&self) -> usize {
+        self.obs_dim
+    }
+
+    fn act_dim(&self) -> usize {
+        1
+    }
+
+    /// Greedy in `Q`; with `Explore`, ε-greedy (uniformly random before `learning_starts`). Fills `q_values`.
+    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        let x = Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device);
+        let q = tch::no_grad(|| self.q_values(&self.online, &x));
+        out.q_values = Vec::<f32>::try_from(q.flatten(0, -1).to_device(Device::Cpu))?;
+        out.actions.clear();
+        out.log_probs.clear();
+        out.values.clear();
+        let explore = mode == ActMode::Explore;
+        let eps = if self.counters.env_steps < self.config.learning_starts { 1.0 } else { self.counters.epsilon };
+        for row in out.q_values.chunks_exact(self.n_actions) {
+            let action = if explore && self.rng.random::<f64>() < eps {
+                self.rng.random_range(0..self.n_actions)
+            } else {
+                row.iter().enumerate().fold(0, |best, (i, q)| if *q > row[best] { i } else { best })
+            };
+            out.actions.push(action as f32);
+        }
+        Ok(())
+    }
+}
+
+impl Algorithm for Dqn {
+    fn name(&self) -> &'static str {
+        "dqn"
+    }
+
+    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
+        let replay = &mut self.replay;
+        self.n_step.push(
+            step.obs,
+            &step.act.actions,
+            step.rewards,
+            step.terminated,
+            step.truncated,
+            step.next_obs,
+            |e| match replay {
+                Replay::Uniform(r) => r.push(e),
+                Replay::Prioritized(r) => r.push(e),
+            },
+        )?;
+        let c = &mut self.counters;
+        c.env_steps += self.n_envs as u64;
+        c.since_train += self.n_envs as u64;
+        c.calls += 1;
+        // SB3 counts the target interval in vectorised steps: every max(interval / n_envs, 1) calls.
+        let every = (self.config.target_update_interval / self.n_envs as u64).max(1);
+        if c.calls % every == 0 {
+            self.target.polyak_from(&self.online, self.config.tau);
+        }
+        Ok(())
+    }
+
+    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
+        let remaining = progress.remaining();
+        let c = &self.config;
+        self.counters.epsilon = c.epsilon(remaining);
+        self.counters.beta = c.per_beta0 + (1.0 - remaining) * (c.per_beta_final - c.per_beta0);
+        let due = self.counters.since_train >= c.train_freq;
+        if !due || self.counters.env_steps <= c.learning_starts || self.replay_len() == 0 {
+            return Ok(None);
+        }
+        self.counters.since_train = 0;
+        let mut losses = Vec::with_capacity(c.gradient_steps);
+        let mut qs = Vec::with_capacity(c.gradient_steps);
+        for _ in 0..self.config.gradient_steps {
+            let (loss, q) = self.gradient_step()?;
+            losses.push(loss);
+            qs.push(q);
+        }
+        let mean = |ts: &[Tensor]| -> Result<f64> { Ok(f64::try_from(Tensor::stack(ts, 0).mean(Kind::Float))?) };
+        let mut m = Metrics::default();
+        m.push("losses/td_loss", mean(&losses)?);
+        m.push("losses/q_values", mean(&qs)?);
+        m.push("charts/epsilon", self.counters.epsilon);
+        m.push("charts/learning_rate", self.opt.lr);
+        if self.config.prioritized_replay {
+            m.push("charts/per_beta", self.counters.beta);
+        }
+        Ok(Some(m))
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("q.online", self.online.flat());
+        c.put_tensor("q.target", self.target.flat());
+        self.opt.write_to(&mut c, "adam")?;
+        match &self.replay {
+            Replay::Uniform(r) => r.write_to(&mut c, "replay")?,
+            Replay::Prioritized(r) => r.write_to(&mut c, "replay")?,
+        }
+        self.n_step.write_to(&mut c, "n_step")?;
+        c.put_meta("rng", &self.rng)?;
+        c.put_meta("counters", &self.counters)?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        c.copy_into("q.online", self.online.flat())?;
+        c.copy_into("q.target", self.target.flat())?;
+        self.opt.read_from(c, "adam")?;
+        match &mut self.replay {
+            Replay::Uniform(r) => r.read_from(c, "replay")?,
+            Replay::Prioritized(r) => r.read_from(c, "replay")?,
+        }
+        self.n_step.read_from(c, "n_step")?;
+        self.rng = c.meta("rng")?;
+        self.counters = c.meta("counters")?;
+        Ok(())
+    }
+
+    fn policy_params(&self) -> &FlatParams {
+        &self.online
+    }
+
+    fn save_weights(&self, path: &Path) -> Result<()> {
+        self.online.save(path)
+    }
+
+    fn load_weights(&mut self, path: &Path) -> Result<()> {
+        self.online.load(path)
+    }
+}

@@ -1,0 +1,39 @@
+//! DQN on CartPole-v1 using the crates directly: `cargo run --release -p flotilla-examples --bin cartpole_dqn`
+use flotilla_algorithms::dqn::{Dqn, DqnConfig};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Policy, Progress, Transition};
+use flotilla_core::Action;
+use flotilla_envs::{Kwargs, VecActions, VecEnv, make};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let total_env_steps = 50_000; // RL Zoo's budget; DqnConfig::default() is RL Zoo's CartPole-v1 DQN
+    let mut envs = VecEnv::make("CartPole-v1", &Kwargs::new(), 1)?;
+    let (obs_space, act_space) = (envs.observation_space().clone(), envs.action_space().clone());
+    let mut agent = Dqn::new(&obs_space, &act_space, 1, DqnConfig::default(), tch::Device::Cpu, 1)?;
+    let (mut obs, mut out) = (envs.reset(Some(1))?.to_vec(), ActOutput::default());
+    for env_steps in 1..=total_env_steps {
+        agent.act(&obs, ActMode::Explore, &mut out)?; // ε-greedy
+        let actions: Vec<i64> = out.actions.iter().map(|&a| a as i64).collect();
+        let step = envs.step(&VecActions::Discrete(&actions))?;
+        let next_obs = step.final_obs(0).unwrap_or(step.obs).to_vec(); // the true next state
+        let (rewards, terminated, truncated) = (step.rewards, step.terminated, step.truncated);
+        agent.observe(&Transition { obs: &obs, act: &out, rewards, terminated, truncated, next_obs: &next_obs })?;
+        obs = step.obs.to_vec();
+        if let Some(m) = agent.update(&Progress { env_steps, total_env_steps })? {
+            if env_steps % 5_120 == 0 {
+                println!("{env_steps:>6} steps, TD loss {:.3}", m.get("losses/td_loss").unwrap_or(f64::NAN));
+            }
+        }
+    }
+    let (mut env, mut episode_return) = (make("CartPole-v1", &Kwargs::new())?, 0.0);
+    let (mut o, _) = env.reset(Some(1_000))?;
+    loop {
+        agent.act(o.as_f32().expect("f32 observations"), ActMode::Deterministic, &mut out)?; // greedy
+        let step = env.step(Action::Discrete(out.actions[0] as i64))?;
+        episode_return += step.reward;
+        if step.terminated || step.truncated {
+            break println!("greedy episode return: {episode_return}");
+        }
+        o = step.obs;
+    }
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! From the `[algorithm]` config to a live agent: the one place that knows every algorithm.
+use flotilla_algorithms::Algorithm;
+use flotilla_algorithms::dqn::Dqn;
+use flotilla_algorithms::ppo::Ppo;
+use flotilla_core::Space;
+use tch::Device;
+
+use crate::Result;
+use crate::config::{AlgorithmConfig, ExperimentConfig};
+
+/// A fresh agent for these spaces, as `config.algorithm` says, seeded with `config.run.seed`.
+pub fn build(
+    config: &ExperimentConfig,
+    observation_space: &Space,
+    action_space: &Space,
+    device: Device,
+) -> Result<Box<dyn Algorithm>> {
+    let (seed, n_envs) = (config.run.seed, config.env.num_envs);
+    Ok(match &config.algorithm {
+        AlgorithmConfig::Ppo(c) => {
+            Box::new(Ppo::new(observation_space, action_space, n_envs, c.clone(), device, seed)?)
+        }
+        AlgorithmConfig::Dqn(c) => {
+            Box::new(Dqn::new(observation_space, action_space, n_envs, c.clone(), device, seed)?)
+        }
+    })
+}
