@@ -583,7 +583,6 @@ mod tests {
             assert_eq!(m.get("charts/learning_rate"), Some(7e-4));
         }
         let after = prob_of_1(&a2c);
-        eprintln!("TMP {before} -> {after}");
         assert!(after > 0.8, "P(action 1): {before} -> {after}");
         let mut o = ActOutput::default();
         a2c.act(&probe, ActMode::Deterministic, &mut o).unwrap();

@@ -70,7 +70,7 @@ pub struct Experience<'a, O> {
 }
 
 /// A sampled batch, row-major (`batch_size` rows). Reused between calls: `sample` overwrites every field.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct ReplaySample<O: Element> {
     /// Buffer slots the rows came from (pass them back to [`PrioritizedReplay::update_priorities`]).
     pub indices: Vec<usize>,
@@ -88,6 +88,18 @@ pub struct ReplaySample<O: Element> {
     pub discounts: Vec<f32>,
     /// Importance-sampling weights: all 1 for uniform sampling, at most 1 for prioritized sampling.
     pub weights: Vec<f32>,
+    /// Prioritized sampling's draws, one per row (scratch).
+    masses: Vec<f64>,
+}
+
+/// Equal rows (the scratch space is not compared).
+impl<O: Element + PartialEq> PartialEq for ReplaySample<O> {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.indices, &self.obs, &self.actions, &self.rewards)
+            == (&other.indices, &other.obs, &other.actions, &other.rewards)
+            && (&self.next_obs, &self.terminated, &self.discounts, &self.weights)
+                == (&other.next_obs, &other.terminated, &other.discounts, &other.weights)
+    }
 }
 
 impl<O: Element> ReplaySample<O> {
@@ -395,14 +407,15 @@ impl<O: Element> PrioritizedReplay<O> {
             });
         }
         out.resize(batch_size, self.buffer.obs_dim, self.buffer.act_dim);
+        // Row j draws uniformly from the j-th of batch_size equal slices of the total mass.
         let segment = self.tree.total() / batch_size as f64;
+        out.masses.clear();
+        out.masses.extend((0..batch_size).map(|row| (row as f64 + rng.random::<f64>()) * segment));
+        self.tree.find_many(&mut out.masses, &mut out.indices);
         // w_i / w_max = (N p_i / Σp)^(−β) / (N p_min / Σp)^(−β) = (p_i / p_min)^(−β): N and Σp cancel.
         let p_min = self.tree.min();
-        for (row, (index, weight)) in out.indices.iter_mut().zip(&mut out.weights).enumerate() {
-            let mass = (row as f64 + rng.random::<f64>()) * segment;
-            let i = self.tree.find(mass);
+        for (&i, weight) in out.indices.iter().zip(&mut out.weights) {
             debug_assert!(i < self.buffer.len(), "slot {i} found beyond the {} stored", self.buffer.len());
-            *index = i;
             *weight = (self.tree.get(i) / p_min).powf(-beta) as f32;
         }
         self.buffer.gather(out);
@@ -442,8 +455,7 @@ impl<O: Element> PrioritizedReplay<O> {
     /// the max priority under `prefix`.
     pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         self.buffer.write_to(c, prefix)?;
-        let priorities: Vec<f64> = self.tree.priorities().take(self.len()).collect();
-        c.put_tensor(format!("{prefix}.priorities"), &Tensor::f_from_slice(&priorities)?);
+        c.put_tensor(format!("{prefix}.priorities"), &Tensor::f_from_slice(&self.tree.priorities()[..self.len()])?);
         c.put_tensor(format!("{prefix}.max_priority"), &Tensor::f_from_slice(&[self.max_priority])?);
         Ok(())
     }
@@ -771,45 +783,5 @@ mod tests {
         let e = wrong_kind.read_from(&mut c, "replay").unwrap_err().to_string();
         assert!(e.contains("Uint8"), "{e}");
         assert!(wrong_kind.is_empty());
-    }
-}
-#[cfg(test)]
-mod tmp_bench {
-    use super::*;
-    use rand::SeedableRng;
-    use rand_pcg::Pcg64;
-    #[test]
-    #[ignore]
-    fn tmp_bench() {
-        for (cap, od) in [(1_000_000usize, 4usize)] {
-            let mut per = PrioritizedReplay::<u8>::new(cap, od, 1, 0.6, 1e-6).unwrap();
-            let obs = vec![3u8; od];
-            let t0 = std::time::Instant::now();
-            for _ in 0..cap {
-                per.push(&Experience { obs: &obs, action: &[1.0], reward: 1.0, next_obs: &obs, terminated: false, discount: 0.99 }).unwrap();
-            }
-            let push = t0.elapsed().as_secs_f64() / cap as f64;
-            let mut rng = Pcg64::seed_from_u64(0);
-            let mut s = ReplaySample::default();
-            let td = vec![0.5f32; 256];
-            let iters = 2000;
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                per.sample(256, 0.4, &mut rng, &mut s).unwrap();
-                per.update_priorities(&s.indices.clone(), &td).unwrap();
-            }
-            let per_t = t0.elapsed().as_secs_f64() / iters as f64;
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                per.buffer().sample(256, &mut rng, &mut s).unwrap();
-            }
-            let t1 = std::time::Instant::now();
-            for _ in 0..iters {
-                per.sample(256, 0.4, &mut rng, &mut s).unwrap();
-            }
-            println!("PER sample alone {:.1} us", t1.elapsed().as_secs_f64() / iters as f64 * 1e6);
-            let uni = t0.elapsed().as_secs_f64() / iters as f64;
-            println!("cap {cap} obs_dim {od}: push {:.2} us, PER sample+update(256) {:.1} us, uniform sample(256) {:.1} us", push * 1e6, per_t * 1e6, uni * 1e6);
-        }
     }
 }

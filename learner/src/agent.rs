@@ -1,5 +1,6 @@
 //! From the `[algorithm]` config to a live agent: the one place that knows every algorithm.
 use flotilla_algorithms::Algorithm;
+use flotilla_algorithms::a2c::A2c;
 use flotilla_algorithms::dqn::Dqn;
 use flotilla_algorithms::ppo::Ppo;
 use flotilla_core::Space;
@@ -22,6 +23,9 @@ pub fn build(
         }
         AlgorithmConfig::Dqn(c) => {
             Box::new(Dqn::new(observation_space, action_space, n_envs, c.clone(), device, seed)?)
+        }
+        AlgorithmConfig::A2c(c) => {
+            Box::new(A2c::new(observation_space, action_space, n_envs, c.clone(), device, seed)?)
         }
     })
 }

@@ -14,6 +14,7 @@
 use std::path::Path;
 use std::str::FromStr;
 
+use flotilla_algorithms::a2c::A2cConfig;
 use flotilla_algorithms::dqn::DqnConfig;
 use flotilla_algorithms::ppo::PpoConfig;
 use flotilla_envs::{KwargValue, Kwargs};
@@ -112,6 +113,8 @@ pub enum AlgorithmConfig {
     Ppo(PpoConfig),
     /// Deep Q-Networks (double-Q, dueling, prioritized replay, n-step as options).
     Dqn(DqnConfig),
+    /// Advantage Actor-Critic (synchronous A3C).
+    A2c(A2cConfig),
 }
 
 /// `[eval]`: deterministic evaluation of the current policy during and after training.
@@ -264,6 +267,7 @@ impl ExperimentConfig {
         let checked = match &self.algorithm {
             AlgorithmConfig::Ppo(c) => c.validate(self.env.num_envs),
             AlgorithmConfig::Dqn(c) => c.validate(),
+            AlgorithmConfig::A2c(c) => c.validate(self.env.num_envs),
         };
         checked.map_err(|e| Error::Config(format!("[algorithm]: {e}")))
     }
@@ -278,6 +282,7 @@ impl ExperimentConfig {
         match self.algorithm {
             AlgorithmConfig::Ppo(_) => "ppo",
             AlgorithmConfig::Dqn(_) => "dqn",
+            AlgorithmConfig::A2c(_) => "a2c",
         }
     }
 }

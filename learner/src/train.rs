@@ -310,28 +310,14 @@ pub fn train(
 }
 
 fn log_progress(row: &LogRow) {
-    let fmt = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
-    let m = |name| row.update.get(name).map(|v| format!("{v:.4}")).unwrap_or_else(|| "-".into());
-    match &row.eval {
-        Some(e) => info!(
-            "steps {:>8} | return {:>6} | eval {:.1} ± {:.1} | sps {:>7.0} | pg {} vf {} kl {}",
-            row.env_steps,
-            fmt(row.episodic_return),
-            e.mean(),
-            e.std(),
-            row.sps,
-            m("losses/policy_loss"),
-            m("losses/value_loss"),
-            m("losses/approx_kl")
-        ),
-        None => info!(
-            "steps {:>8} | return {:>6} | sps {:>7.0} | pg {} vf {} kl {}",
-            row.env_steps,
-            fmt(row.episodic_return),
-            row.sps,
-            m("losses/policy_loss"),
-            m("losses/value_loss"),
-            m("losses/approx_kl")
-        ),
-    }
+    let ret = row.episodic_return.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    let eval = row.eval.as_ref().map(|e| format!(" | eval {:.1} ± {:.1}", e.mean(), e.std())).unwrap_or_default();
+    // The algorithm's first three losses, named without their `losses/` prefix.
+    let losses: Vec<String> = row
+        .update
+        .iter()
+        .filter_map(|(name, v)| name.strip_prefix("losses/").map(|n| format!("{n} {v:.4}")))
+        .take(3)
+        .collect();
+    info!("steps {:>8} | return {ret:>6}{eval} | sps {:>7.0} | {}", row.env_steps, row.sps, losses.join(" "));
 }
