@@ -18,7 +18,7 @@
 //! Defaults follow RL Zoo's CartPole-v1 A2C (with `[env] num_envs = 8`): SB3's defaults with no entropy bonus.
 //!
 //! Metrics: `losses/policy_loss`, `losses/value_loss`, `losses/entropy`, `losses/explained_variance`,
-//! `charts/learning_rate`.
+//! `charts/learning_rate`, `charts/gradient_steps`.
 use std::path::Path;
 
 use flotilla_core::Space;
@@ -387,6 +387,7 @@ impl A2c {
         let (grad, mut metrics) = self.compute_gradients(rollout)?;
         let lr = self.apply_gradients(&grad, progress_remaining)?;
         metrics.push("charts/learning_rate", lr);
+        metrics.push("charts/gradient_steps", 1.0);
         Ok(metrics)
     }
 }

@@ -16,7 +16,8 @@
 //! 64, buffer 100 K, learning starts 1 K, γ 0.99, train every 256 steps with 128 gradient steps, target
 //! every 10 steps, ε 1 → 0.04 over 16 % of training; no double-Q, dueling, PER or n-step (turn them on).
 //!
-//! Metrics: `losses/td_loss`, `losses/q_values`, `charts/epsilon`, `charts/learning_rate`, `charts/per_beta`.
+//! Metrics: `losses/td_loss`, `losses/q_values`, `charts/epsilon`, `charts/learning_rate`, `charts/gradient_steps`,
+//! `charts/per_beta`.
 use std::path::Path;
 
 use flotilla_core::Space;
@@ -426,6 +427,7 @@ impl Algorithm for Dqn {
         m.push("losses/q_values", mean(&qs)?);
         m.push("charts/epsilon", self.counters.epsilon);
         m.push("charts/learning_rate", self.opt.lr);
+        m.push("charts/gradient_steps", self.config.gradient_steps as f64);
         if self.config.prioritized_replay {
             m.push("charts/per_beta", self.counters.beta);
         }

@@ -13,7 +13,8 @@
 //! 20 epochs, γ 0.98, λ 0.8, lr 1e-3 and clip 0.2 both linearly annealed, no entropy bonus.
 //!
 //! Metrics: `losses/policy_loss`, `losses/value_loss`, `losses/entropy`, `losses/approx_kl`,
-//! `losses/clip_fraction`, `losses/explained_variance`, `charts/learning_rate`, `charts/clip_range`.
+//! `losses/clip_fraction`, `losses/explained_variance`, `charts/learning_rate`, `charts/clip_range`,
+//! `charts/gradient_steps`.
 use std::path::Path;
 
 use flotilla_core::Space;
@@ -313,6 +314,7 @@ impl Ppo {
         let mut order: Vec<i64> = (0..n as i64).collect();
         let need_entropy = c.ent_coef != 0.0;
         let mut last = None;
+        let mut gradient_steps = 0usize;
         'epochs: for _ in 0..n_epochs {
             order.shuffle(&mut self.rng);
             for minibatch in order.chunks(batch_size) {
@@ -339,6 +341,7 @@ impl Ppo {
                 loss.total.backward();
                 self.net.params.clip_grad_norm(max_grad_norm);
                 self.opt.step(&mut self.net.params);
+                gradient_steps += 1;
                 let stop = target_kl.is_some_and(|t| f64::try_from(loss.approx_kl()).unwrap_or(0.0) > 1.5 * t);
                 last = Some((loss, dist));
                 if stop {
@@ -361,6 +364,7 @@ impl Ppo {
         m.push("losses/explained_variance", explained_variance(&rollout.values, &rollout.returns[..n]));
         m.push("charts/learning_rate", lr);
         m.push("charts/clip_range", clip_range);
+        m.push("charts/gradient_steps", gradient_steps as f64);
         Ok(m)
     }
 

@@ -82,10 +82,14 @@ pub struct EvalPoint {
 pub struct TrainReport {
     /// Env steps taken.
     pub env_steps: u64,
-    /// Updates made.
+    /// Updates made (calls to `Algorithm::update` that trained).
     pub updates: u64,
+    /// Gradient steps taken (as the algorithms report them in `charts/gradient_steps`).
+    pub gradient_steps: u64,
     /// Seconds spent collecting and updating.
     pub train_secs: f64,
+    /// Of which, seconds inside updates.
+    pub update_secs: f64,
     /// Evaluations during training, in order (the last one is the final policy's).
     pub evals: Vec<EvalPoint>,
 }
@@ -107,8 +111,10 @@ impl TrainReport {
 struct Counters {
     env_steps: u64,
     updates: u64,
+    gradient_steps: u64,
     episodes: u64,
     train_secs: f64,
+    update_secs: f64,
     /// Env steps and train seconds at the last log row.
     last_log: (u64, f64),
     next_eval: u64,
@@ -188,7 +194,14 @@ impl Trainer {
     /// What the run has done so far.
     pub fn report(&self) -> TrainReport {
         let c = &self.counters;
-        TrainReport { env_steps: c.env_steps, updates: c.updates, train_secs: c.train_secs, evals: c.evals.clone() }
+        TrainReport {
+            env_steps: c.env_steps,
+            updates: c.updates,
+            gradient_steps: c.gradient_steps,
+            train_secs: c.train_secs,
+            update_secs: c.update_secs,
+            evals: c.evals.clone(),
+        }
     }
 
     /// Train until `stop_at` env steps or the budget, whichever comes first, calling `on_log` with each metrics
@@ -237,8 +250,11 @@ impl Trainer {
             self.obs.copy_from_slice(step.obs);
             c.env_steps += n_envs as u64;
             let progress = Progress { env_steps: c.env_steps, total_env_steps: total };
+            let update_started = Instant::now();
             if let Some(m) = self.agent.update(&progress)? {
                 c.updates += 1;
+                c.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
+                c.update_secs += update_started.elapsed().as_secs_f64();
                 self.last_metrics = m;
             }
             c.train_secs += started.elapsed().as_secs_f64();

@@ -1,20 +1,20 @@
 //! Flotilla's benchmark: prints the tables recorded in BENCHMARKS.md.
 //!
-//! `cargo run --release -p flotilla-tests --bin flotilla-bench [-- --quick]`
+//! `cargo run --release -p flotilla-tests --bin flotilla-bench [-- --quick] [--no-envs] [--only ppo,dqn,...]`
 //!
 //! 1. Env steps/s for every native env: one env through `Env::step` (boxed, as `make` returns it), through
 //!    the allocation-free `step_into`, and a `VecEnv` of 8; plus Python Gymnasium's CartPole-v1 measured in
 //!    the same run (when the setup venv is present) for the ratio.
-//! 2. PPO on CartPole-v1 with the quick-start config, seeds 1–3: env steps and training seconds until the
-//!    deterministic 10-episode evaluation (every 1,024 steps) first reaches ≥ 475, whether it stays there
-//!    for the rest of the 100 K-step budget, and the final evaluation.
+//! 2. Every algorithm on its reference task with its example config, seeds 1–3: env steps and training
+//!    seconds until the deterministic 10-episode evaluation first reaches the threshold, whether it stays
+//!    there for the rest of the budget, the final evaluation, and the learner's gradient steps per second.
 use std::hint::black_box;
 use std::process::Command;
 use std::time::Instant;
 
 use flotilla_core::{Action, Space};
 use flotilla_envs::{Kwargs, VecActions, VecEnv, make, make_buffered, registered};
-use flotilla_tests::cartpole_ppo_config;
+use flotilla_tests::train_seeds;
 
 /// Cheap varied actions: index `t mod n`, or a sweep over the box.
 fn action_for<'a>(space: &Space, t: usize, scratch: &'a mut [f32; 1]) -> Action<'a> {
@@ -100,47 +100,70 @@ print(len(acts) / (time.perf_counter() - t))
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
-fn ppo_table(seeds: &[u64]) {
-    println!("\n## PPO CartPole-v1 (quick-start config, 8 envs, 1 torch thread)\n");
+/// One algorithm on its reference task.
+struct Task {
+    label: &'static str,
+    config: &'static str,
+    threshold: f64,
+    /// Overrides: budget and a fine evaluation interval.
+    overrides: &'static [&'static str],
+}
+
+const TASKS: &[Task] = &[
+    Task { label: "ppo", config: "cartpole_ppo.toml", threshold: 475.0, overrides: &["eval.interval_steps=1024"] },
+    Task { label: "dqn", config: "cartpole_dqn.toml", threshold: 475.0, overrides: &["eval.interval_steps=1000"] },
+    Task { label: "a2c", config: "cartpole_a2c.toml", threshold: 475.0, overrides: &["eval.interval_steps=5000"] },
+    Task { label: "ppo-gauss", config: "pendulum_ppo.toml", threshold: -250.0, overrides: &["eval.interval_steps=4096"] },
+    Task { label: "ddpg", config: "pendulum_ddpg.toml", threshold: -200.0, overrides: &["eval.interval_steps=1000"] },
+    Task { label: "td3", config: "pendulum_td3.toml", threshold: -200.0, overrides: &["eval.interval_steps=1000"] },
+];
+
+fn algorithm_table(tasks: &[&Task], seeds: &[u64]) {
+    println!("\n## Algorithms on their reference tasks (1 torch thread; \"train s\" excludes evaluation)\n");
     println!(
-        "| seed | env steps to eval ≥ 475 | train s to eval ≥ 475 | evals ≥ 475 after that | final eval (100 K) | train s (100 K) | env steps/s |"
+        "| algorithm | env | seed | threshold | env steps to threshold | train s to threshold | evals ≥ threshold after | final eval | train s (budget) | gradient steps/s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for &seed in seeds {
-        let seed_override = format!("run.seed={seed}");
-        let config =
-            cartpole_ppo_config(&[&seed_override, "eval.interval_steps=1024", "metrics.log_interval_steps=1000000000"]);
-        let (_, report) = flotilla_learner::train::train(&config, &mut |_| Ok(())).expect("training runs");
-        let first = report.evals.iter().position(|e| e.result.mean() >= 475.0);
-        let (steps, secs, stays) = match first {
-            Some(i) => {
-                let after = &report.evals[i..];
-                let held = after.iter().filter(|e| e.result.mean() >= 475.0).count();
-                let e = &report.evals[i];
-                (e.env_steps.to_string(), format!("{:.2}", e.train_secs), format!("{held}/{}", after.len()))
-            }
-            None => ("—".into(), "—".into(), "—".into()),
-        };
-        println!(
-            "| {seed} | {steps} | {secs} | {stays} | {:.1} | {:.2} | {:.0} |",
-            report.final_eval().mean(),
-            report.train_secs,
-            report.env_steps as f64 / report.train_secs
-        );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for task in tasks {
+        let mut overrides = vec!["metrics.log_interval_steps=1000000000"];
+        overrides.extend_from_slice(task.overrides);
+        for r in train_seeds(task.config, &overrides, seeds, task.threshold) {
+            let rep = &r.report;
+            let first = rep.evals.iter().position(|e| e.result.mean() >= task.threshold);
+            let (steps, secs, held) = match first {
+                Some(i) => {
+                    let after = &rep.evals[i..];
+                    let held = after.iter().filter(|e| e.result.mean() >= task.threshold).count();
+                    let e = &rep.evals[i];
+                    (e.env_steps.to_string(), format!("{:.2}", e.train_secs), format!("{held}/{}", after.len()))
+                }
+                None => ("—".into(), "—".into(), "—".into()),
+            };
+            let env = flotilla_tests::example_config(task.config, &[]).env.id;
+            println!(
+                "| {} | {env} | {} | {} | {steps} | {secs} | {held} | {:.1} | {:.2} | {:.0} |",
+                task.label,
+                r.seed,
+                task.threshold,
+                r.final_return,
+                rep.train_secs,
+                rep.gradient_steps as f64 / rep.update_secs.max(1e-9)
+            );
+        }
     }
 }
 
 fn main() -> flotilla_core::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     flotilla_learner::tune_allocator();
-    let rust_cartpole = env_table(if quick { 400_000 } else { 4_000_000 })?;
-    if let (Some(py), Some(rs)) = (python_cartpole_sps(), rust_cartpole) {
-        println!(
-            "\nPython gymnasium CartPole-v1, same run: {:.0} steps/s; Flotilla Env::step is {:.0}× faster.",
-            py,
-            rs / py
-        );
+    let only: Vec<String> = std::env::args().skip_while(|a| a != "--only").skip(1).take(1).collect();
+    let tasks: Vec<&Task> = TASKS.iter().filter(|t| only.is_empty() || only[0].split(',').any(|o| o == t.label)).collect();
+    if !std::env::args().any(|a| a == "--no-envs") {
+        let rust_cartpole = env_table(if quick { 400_000 } else { 4_000_000 })?;
+        if let (Some(py), Some(rs)) = (python_cartpole_sps(), rust_cartpole) {
+            println!("\nPython gymnasium CartPole-v1, same run: {py:.0} steps/s; Flotilla Env::step is {:.0}× faster.", rs / py);
+        }
     }
-    ppo_table(if quick { &[1] } else { &[1, 2, 3] });
+    algorithm_table(&tasks, if quick { &[1] } else { &[1, 2, 3] });
     Ok(())
 }
