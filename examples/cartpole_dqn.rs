@@ -18,10 +18,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (rewards, terminated, truncated) = (step.rewards, step.terminated, step.truncated);
         agent.observe(&Transition { obs: &obs, act: &out, rewards, terminated, truncated, next_obs: &next_obs })?;
         obs = step.obs.to_vec();
-        if let Some(m) = agent.update(&Progress { env_steps, total_env_steps })? {
-            if env_steps % 5_120 == 0 {
-                println!("{env_steps:>6} steps, TD loss {:.3}", m.get("losses/td_loss").unwrap_or(f64::NAN));
-            }
+        if let Some(m) = agent.update(&Progress { env_steps, total_env_steps })?
+            && env_steps % 5_120 == 0
+        {
+            println!("{env_steps:>6} steps, TD loss {:.3}", m.get("losses/td_loss").unwrap_or(f64::NAN));
         }
     }
     let (mut env, mut episode_return) = (make("CartPole-v1", &Kwargs::new())?, 0.0);

@@ -75,4 +75,11 @@ rustflags = [\"-C\", \"link-arg=-Wl,-rpath,$LIBTORCH/lib\"]
 if [[ ! -f "$config" ]] || [[ "$(cat "$config")" != "$new_config" ]]; then
   printf '%s' "$new_config" > "$config.tmp" && mv "$config.tmp" "$config"
 fi
+# The target dir is shared by every clone on this machine, and cargo decides whether a workspace crate is stale
+# by comparing its source files' mtimes with the last build. Coming from another clone (e.g. CI's), files older
+# than that build would be taken as up to date and its artifacts reused: touch them once after a switch.
+if [[ "$(cat "$CACHE/last-checkout" 2>/dev/null)" != "$ROOT" ]]; then
+  (cd "$ROOT" && git ls-files -z 2>/dev/null | xargs -0 -r touch -c)
+  printf '%s' "$ROOT" > "$CACHE/last-checkout"
+fi
 echo "setup: ok (libtorch: $LIBTORCH, venv: $VENV)" >&2

@@ -339,8 +339,7 @@ impl A2c {
         let dist = self.net.dist(head);
         let entropy = (c.ent_coef != 0.0).then(|| dist.entropy());
         let loss = a2c_loss(&dist.log_prob(&actions), &advantages, entropy.as_ref(), &values, &returns, coefficients);
-        self.net.params.zero_grad();
-        loss.total.backward();
+        self.net.params.backward(&loss.total);
         self.net.params.clip_grad_norm(c.max_grad_norm);
         let grad = self.net.params.flat().grad().detach().copy();
 
@@ -369,13 +368,9 @@ impl A2c {
                 expected: flat.numel(),
             });
         }
-        let mut grad = flat.grad();
-        if !grad.defined() {
-            // No backward pass has run here yet (a parameter server): create the gradient buffer.
-            (flat.sum(Kind::Float) * 0.0).backward();
-            grad = flat.grad();
-        }
-        tch::no_grad(|| grad.copy_(flat_grad));
+        // FlatParams allocates its gradient buffer up front, so a parameter server that never ran a backward
+        // pass can still be handed gradients.
+        tch::no_grad(|| flat.grad().copy_(flat_grad));
         let lr = self.config.learning_rate_at(progress_remaining);
         self.opt.step(&mut self.net.params, lr);
         Ok(lr)

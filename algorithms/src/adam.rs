@@ -4,9 +4,9 @@
 //! `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `θ ← θ − (lr / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε)`.
 use tch::Tensor;
 
+use crate::Result;
 use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
-use crate::Result;
 
 /// Adam state for one flat parameter buffer.
 #[derive(Debug)]

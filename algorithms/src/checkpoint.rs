@@ -6,8 +6,8 @@
 //! Names are `section.field` (`q.params`, `adam.exp_avg`, `replay.obs`, ...).
 use std::path::Path;
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tch::{Device, Kind, Tensor};
 
 use crate::{Error, Result};
@@ -83,8 +83,10 @@ impl Checkpoint {
         let meta = Tensor::from_slice(&json);
         let mut named: Vec<(&str, &Tensor)> = self.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         named.push((META, &meta));
-        crate::atomic_write::write_atomic(path, |tmp| Tensor::write_safetensors(&named, tmp).map_err(std::io::Error::other))
-            .map_err(|e| Error::Checkpoint(format!("saving {}: {e}", path.display())))
+        crate::atomic_write::write_atomic(path, |tmp| {
+            Tensor::write_safetensors(&named, tmp).map_err(std::io::Error::other)
+        })
+        .map_err(|e| Error::Checkpoint(format!("saving {}: {e}", path.display())))
     }
 
     /// Read a checkpoint written by [`Checkpoint::save`].

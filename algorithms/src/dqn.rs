@@ -242,12 +242,19 @@ impl Dqn {
         let target = online.target_copy();
         let opt = Adam::new(&online, config.learning_rate, config.adam_eps);
         let replay = if config.prioritized_replay {
-            Replay::Prioritized(PrioritizedReplay::new(config.buffer_size, obs_dim, 1, config.per_alpha, config.per_eps)?)
+            Replay::Prioritized(PrioritizedReplay::new(
+                config.buffer_size,
+                obs_dim,
+                1,
+                config.per_alpha,
+                config.per_eps,
+            )?)
         } else {
             Replay::Uniform(ReplayBuffer::new(config.buffer_size, obs_dim, 1)?)
         };
         let n_step = NStep::new(config.n_step, n_envs, obs_dim, 1, config.gamma)?;
-        let counters = Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
+        let counters =
+            Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
         Ok(Dqn {
             net,
             online,
@@ -299,7 +306,8 @@ impl Dqn {
         let actions = Tensor::from_slice(&s.actions).to_kind(Kind::Int64).to_device(d).unsqueeze(1);
         let rewards = Tensor::from_slice(&s.rewards).to_device(d);
         // The bootstrap factor γ^m, zero for terminal transitions.
-        let bootstrap: Vec<f32> = s.discounts.iter().zip(&s.terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
+        let bootstrap: Vec<f32> =
+            s.discounts.iter().zip(&s.terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
         let bootstrap = Tensor::from_slice(&bootstrap).to_device(d);
         let target = tch::no_grad(|| {
             let next_q = self.q_values(&self.target, &next_obs);
@@ -319,8 +327,7 @@ impl Dqn {
                 (q.smooth_l1_loss(&target, Reduction::None, 1.0) * weights).mean(Kind::Float)
             }
         };
-        self.online.zero_grad();
-        loss.backward();
+        self.online.backward(&loss);
         self.online.clip_grad_norm(c.max_grad_norm);
         self.opt.step(&mut self.online);
         if let Replay::Prioritized(r) = &mut self.replay {
@@ -398,7 +405,7 @@ impl Algorithm for Dqn {
         c.calls += 1;
         // SB3 counts the target interval in vectorised steps: every max(interval / n_envs, 1) calls.
         let every = (self.config.target_update_interval / self.n_envs as u64).max(1);
-        if c.calls % every == 0 {
+        if c.calls.is_multiple_of(every) {
             self.target.polyak_from(&self.online, self.config.tau);
         }
         Ok(())

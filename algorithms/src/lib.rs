@@ -8,6 +8,7 @@
 //! save/load calls, tokio or the network.
 
 pub mod a2c;
+pub mod action_noise;
 pub mod actor_critic;
 pub mod adam;
 pub mod algorithm;
@@ -27,11 +28,12 @@ pub mod replay;
 pub mod rmsprop;
 pub mod rollout;
 pub mod sum_tree;
+pub mod td3;
 pub mod vtrace;
 
 pub use algorithm::{Algorithm, Progress, Transition};
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
-pub use policy::{ActMode, ActOutput, Policy};
 pub use metrics::Metrics;
+pub use policy::{ActMode, ActOutput, Policy};
 pub use tch;

@@ -28,6 +28,8 @@ pub struct FlatParams {
     flat: Tensor,
     entries: Vec<Entry>,
     views: Vec<Tensor>,
+    /// Slices of `flat.grad()`, one per view (empty for buffers that take no gradient).
+    grad_views: Vec<Tensor>,
 }
 
 impl FlatParams {
@@ -43,7 +45,31 @@ impl FlatParams {
         let parts: Vec<Tensor> = named.iter().map(|(_, t)| t.detach().to_kind(Kind::Float).flatten(0, -1)).collect();
         let flat = Tensor::cat(&parts, 0).to_device(device).set_requires_grad(true);
         let views = entries.iter().map(|e| flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
-        FlatParams { flat, entries, views }
+        // One backward through the leaf itself allocates its `.grad()` (zeros); the slices alias it for good.
+        (&flat * 0.0).sum(Kind::Float).backward();
+        let grad = flat.grad();
+        let grad_views = entries.iter().map(|e| grad.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
+        FlatParams { flat, entries, views, grad_views }
+    }
+
+    /// Set the gradient buffer to `∂loss/∂θ`, overwriting it (no `zero_grad` needed).
+    ///
+    /// `loss.backward()` through narrowed views of one leaf makes libtorch build a zero-filled, buffer-sized
+    /// gradient for every view and sum them — n passes over the whole buffer. Asking autograd for the views'
+    /// own gradients and copying each into its slice does one pass.
+    pub fn backward(&mut self, loss: &Tensor) {
+        let grads = Tensor::run_backward(&[loss], &self.views, false, false);
+        tch::no_grad(|| {
+            for (dst, g) in self.grad_views.iter().zip(&grads) {
+                let mut dst = dst.shallow_clone();
+                // A parameter the loss does not reach (e.g. a padding column) gets zero.
+                if g.defined() {
+                    dst.copy_(g);
+                } else {
+                    let _ = dst.zero_();
+                }
+            }
+        });
     }
 
     /// The view of parameter `i` (in the order given to [`FlatParams::new`]).
@@ -106,8 +132,9 @@ impl FlatParams {
     pub fn target_copy(&self) -> FlatParams {
         let named = self.entries.iter().zip(&self.views).map(|(e, v)| (e.name.clone(), v.detach().copy())).collect();
         let mut t = FlatParams::new(named, self.flat.device());
-        t.flat = t.flat.set_requires_grad(false);
+        t.flat = t.flat.detach();
         t.views = t.entries.iter().map(|e| t.flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
+        t.grad_views.clear();
         t
     }
 
@@ -191,6 +218,28 @@ mod tests {
         // In-place updates of the buffer show through the views.
         let _ = tch::no_grad(|| p.flat().shallow_clone().fill_(0.5));
         assert_eq!(Vec::<f32>::try_from(p.view(0).flatten(0, -1)).unwrap(), vec![0.5; 4]);
+    }
+
+    #[test]
+    fn backward_overwrites_the_gradient_like_zero_grad_then_backward() {
+        let init = vec![
+            ("a".into(), Tensor::from_slice(&[1.0f32, -2.0, 3.0]).view([3, 1])),
+            ("b".into(), Tensor::from_slice(&[0.5f32])),
+        ];
+        let mut p =
+            FlatParams::new(init.iter().map(|(n, t): &(String, Tensor)| (n.clone(), t.copy())).collect(), Device::Cpu);
+        let mut q = FlatParams::new(init, Device::Cpu);
+        let x = Tensor::from_slice(&[0.3f32, -1.0, 2.0]).view([1, 3]);
+        for _ in 0..2 {
+            let loss = |p: &FlatParams| (x.matmul(p.view(0)) + p.view(1)).square().sum(Kind::Float);
+            p.zero_grad();
+            loss(&p).backward();
+            q.backward(&loss(&q));
+            assert!(p.flat().grad().allclose(&q.flat().grad(), 1e-6, 1e-6, false));
+        }
+        // A parameter the loss does not touch gets a zero gradient.
+        q.backward(&q.view(1).sum(Kind::Float));
+        assert_eq!(Vec::<f32>::try_from(q.flat().grad()).unwrap(), vec![0.0, 0.0, 0.0, 1.0]);
     }
 
     #[test]

@@ -24,14 +24,14 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::adam::Adam;
 use crate::actor_critic::ActorCritic;
-use crate::nets::Activation;
-use crate::params::FlatParams;
-use crate::rollout::Rollout;
+use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
+use crate::nets::Activation;
+use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
+use crate::rollout::Rollout;
 use crate::{Error, Metrics, Result};
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
@@ -255,7 +255,16 @@ impl Ppo {
     ) -> Result<Self> {
         config.validate(n_envs)?;
         let (hidden, activation) = (&config.hidden_sizes, config.activation);
-        let net = ActorCritic::new("ppo", observation_space, action_space, hidden, activation, config.log_std_init, device, seed)?;
+        let net = ActorCritic::new(
+            "ppo",
+            observation_space,
+            action_space,
+            hidden,
+            activation,
+            config.log_std_init,
+            device,
+            seed,
+        )?;
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
         let rollout = Rollout::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);
@@ -337,8 +346,7 @@ impl Ppo {
                     &pick(&returns),
                     coefficients,
                 );
-                self.net.params.zero_grad();
-                loss.total.backward();
+                self.net.params.backward(&loss.total);
                 self.net.params.clip_grad_norm(max_grad_norm);
                 self.opt.step(&mut self.net.params);
                 gradient_steps += 1;
@@ -367,7 +375,6 @@ impl Ppo {
         m.push("charts/gradient_steps", gradient_steps as f64);
         Ok(m)
     }
-
 }
 
 impl Policy for Ppo {

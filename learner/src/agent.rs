@@ -3,6 +3,7 @@ use flotilla_algorithms::Algorithm;
 use flotilla_algorithms::a2c::A2c;
 use flotilla_algorithms::dqn::Dqn;
 use flotilla_algorithms::ppo::Ppo;
+use flotilla_algorithms::td3::Td3;
 use flotilla_core::Space;
 use tch::Device;
 
@@ -26,6 +27,12 @@ pub fn build(
         }
         AlgorithmConfig::A2c(c) => {
             Box::new(A2c::new(observation_space, action_space, n_envs, c.clone(), device, seed)?)
+        }
+        AlgorithmConfig::Ddpg(c) => {
+            Box::new(Td3::ddpg(observation_space, action_space, n_envs, c.clone(), device, seed)?)
+        }
+        AlgorithmConfig::Td3(c) => {
+            Box::new(Td3::td3(observation_space, action_space, n_envs, c.clone(), device, seed)?)
         }
     })
 }

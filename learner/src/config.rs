@@ -17,6 +17,7 @@ use std::str::FromStr;
 use flotilla_algorithms::a2c::A2cConfig;
 use flotilla_algorithms::dqn::DqnConfig;
 use flotilla_algorithms::ppo::PpoConfig;
+use flotilla_algorithms::td3::{DdpgConfig, Td3Config};
 use flotilla_envs::{KwargValue, Kwargs};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -115,6 +116,10 @@ pub enum AlgorithmConfig {
     Dqn(DqnConfig),
     /// Advantage Actor-Critic (synchronous A3C).
     A2c(A2cConfig),
+    /// Deep Deterministic Policy Gradient.
+    Ddpg(DdpgConfig),
+    /// Twin Delayed DDPG.
+    Td3(Td3Config),
 }
 
 /// `[eval]`: deterministic evaluation of the current policy during and after training.
@@ -268,6 +273,8 @@ impl ExperimentConfig {
             AlgorithmConfig::Ppo(c) => c.validate(self.env.num_envs),
             AlgorithmConfig::Dqn(c) => c.validate(),
             AlgorithmConfig::A2c(c) => c.validate(self.env.num_envs),
+            AlgorithmConfig::Ddpg(c) => c.validate(),
+            AlgorithmConfig::Td3(c) => c.validate(),
         };
         checked.map_err(|e| Error::Config(format!("[algorithm]: {e}")))
     }
@@ -283,6 +290,8 @@ impl ExperimentConfig {
             AlgorithmConfig::Ppo(_) => "ppo",
             AlgorithmConfig::Dqn(_) => "dqn",
             AlgorithmConfig::A2c(_) => "a2c",
+            AlgorithmConfig::Ddpg(_) => "ddpg",
+            AlgorithmConfig::Td3(_) => "td3",
         }
     }
 }

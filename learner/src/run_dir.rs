@@ -123,26 +123,43 @@ impl CsvWriter {
         Ok(CsvWriter { out: BufWriter::new(f), path: path.to_path_buf(), columns })
     }
 
-    /// Append one row of `(column, value)` pairs (`None` writes an empty cell) and flush it.
+    /// Append one row of `(column, value)` pairs (`None` writes an empty cell) and flush it. Columns the
+    /// header lacks (an algorithm's losses first appear once learning starts) are added to the header, the
+    /// file rewritten atomically with empty cells for the earlier rows; columns a row lacks stay empty.
     pub fn write_row(&mut self, row: &[(&str, Option<f64>)]) -> Result<()> {
-        let names: Vec<String> = row.iter().map(|(n, _)| n.to_string()).collect();
-        match &self.columns {
-            None => {
-                writeln!(self.out, "{}", names.join(",")).map_err(|e| io("writing", &self.path, e))?;
-                self.columns = Some(names);
-            }
-            Some(cols) if *cols != names => {
-                return Err(Error::RunDir(format!(
-                    "{}: row columns {names:?} differ from header {cols:?}",
-                    self.path.display()
-                )));
-            }
-            Some(_) => {}
+        let columns = self.columns.get_or_insert_with(Vec::new);
+        let new: Vec<String> = row.iter().map(|(n, _)| n.to_string()).filter(|n| !columns.contains(n)).collect();
+        if !new.is_empty() {
+            let (old_width, had_header) = (columns.len(), !columns.is_empty());
+            columns.extend(new);
+            self.rewrite_header(old_width, had_header)?;
         }
-        let cells: Vec<String> = row.iter().map(|(_, v)| v.map(|x| x.to_string()).unwrap_or_default()).collect();
+        let columns = self.columns.as_ref().expect("set above");
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|c| row.iter().find(|(n, _)| n == c).and_then(|(_, v)| *v).map(|x| x.to_string()).unwrap_or_default())
+            .collect();
         writeln!(self.out, "{}", cells.join(","))
             .and_then(|_| self.out.flush())
             .map_err(|e| io("writing", &self.path, e))
+    }
+
+    /// Write the current header over the file's first line, padding the `old_width`-column rows below it.
+    fn rewrite_header(&mut self, old_width: usize, had_header: bool) -> Result<()> {
+        self.out.flush().map_err(|e| io("writing", &self.path, e))?;
+        let columns = self.columns.as_ref().expect("set by the caller");
+        let text = std::fs::read_to_string(&self.path).map_err(|e| io("reading", &self.path, e))?;
+        let pad = ",".repeat(columns.len() - old_width);
+        let mut out = columns.join(",") + "\n";
+        for line in text.lines().skip(usize::from(had_header)) {
+            out.push_str(line);
+            out.push_str(&pad);
+            out.push('\n');
+        }
+        write_atomic(&self.path, out.as_bytes())?;
+        let f = OpenOptions::new().append(true).open(&self.path).map_err(|e| io("opening", &self.path, e))?;
+        self.out = BufWriter::new(f);
+        Ok(())
     }
 }
 
@@ -151,15 +168,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn csv_header_then_rows_and_mismatch_refused() {
+    fn csv_header_grows_with_new_columns() {
         let dir = std::env::temp_dir().join(format!("flotilla-csv-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("m.csv");
         let mut w = CsvWriter::create(&path).unwrap();
         w.write_row(&[("a", Some(1.0)), ("b", None)]).unwrap();
         w.write_row(&[("a", Some(2.5)), ("b", Some(-1.0))]).unwrap();
-        assert!(w.write_row(&[("a", Some(1.0))]).is_err());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "a,b\n1,\n2.5,-1\n");
+        // A new column extends the header and pads earlier rows; a missing one is an empty cell.
+        w.write_row(&[("a", Some(3.0)), ("c", Some(7.0))]).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a,b,c\n1,,\n2.5,-1,\n3,,7\n");
+        let mut again = CsvWriter::append(&path).unwrap();
+        again.write_row(&[("c", Some(1.0)), ("a", Some(4.0))]).unwrap();
+        assert!(std::fs::read_to_string(&path).unwrap().ends_with("3,,7\n4,,1\n"));
         write_atomic(&dir.join("x.txt"), b"hello").unwrap();
         assert_eq!(std::fs::read_to_string(dir.join("x.txt")).unwrap(), "hello");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temporary file left");

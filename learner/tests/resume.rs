@@ -69,3 +69,20 @@ fn dqn_resumes_exactly_with_prioritized_n_step_replay() {
 fn a2c_resumes_exactly_mid_rollout() {
     check_resume("a2c", "cartpole_a2c.toml", &["run.total_env_steps=4000", "eval.interval_steps=2000"], 1208);
 }
+
+#[test]
+fn td3_resumes_exactly_with_delayed_updates() {
+    let sets = ["run.total_env_steps=1200", "algorithm.learning_starts=300", "eval.interval_steps=600"];
+    check_resume("td3", "pendulum_td3.toml", &sets, 777);
+}
+
+#[test]
+fn ddpg_resumes_exactly_with_ou_noise() {
+    let sets = [
+        "run.total_env_steps=1200",
+        "algorithm.learning_starts=300",
+        "algorithm.noise_type=ornstein_uhlenbeck",
+        "eval.interval_steps=600",
+    ];
+    check_resume("ddpg", "pendulum_ddpg.toml", &sets, 701);
+}

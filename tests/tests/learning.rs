@@ -7,7 +7,8 @@ const SEEDS: [u64; 3] = [1, 2, 3];
 
 #[test]
 fn ppo_solves_cartpole_within_100k_steps() {
-    let r = train_seeds("cartpole_ppo.toml", &["run.total_env_steps=100000", "eval.interval_steps=5120"], &SEEDS, 475.0);
+    let r =
+        train_seeds("cartpole_ppo.toml", &["run.total_env_steps=100000", "eval.interval_steps=5120"], &SEEDS, 475.0);
     assert!(r.iter().all(|s| s.report.env_steps <= 100_000 + 256), "budget respected");
     assert_solved("ppo cartpole", &r, 475.0, 2);
 }
@@ -17,18 +18,35 @@ fn ppo_solves_cartpole_within_100k_steps() {
 /// A mean of −250 over 10 random starts means the policy swings up and balances from nearly all of them.
 #[test]
 fn ppo_gaussian_swings_up_pendulum_within_100k_steps() {
-    let r = train_seeds("pendulum_ppo.toml", &["run.total_env_steps=100000", "eval.interval_steps=20000"], &SEEDS, -250.0);
+    let r =
+        train_seeds("pendulum_ppo.toml", &["run.total_env_steps=100000", "eval.interval_steps=20000"], &SEEDS, -250.0);
     assert_solved("ppo pendulum", &r, -250.0, 2);
 }
 
 #[test]
 fn dqn_solves_cartpole_within_50k_steps() {
-    let r = train_seeds("cartpole_dqn.toml", &["run.total_env_steps=50000", "eval.interval_steps=10000"], &SEEDS, 475.0);
+    let r =
+        train_seeds("cartpole_dqn.toml", &["run.total_env_steps=50000", "eval.interval_steps=10000"], &SEEDS, 475.0);
     assert_solved("dqn cartpole", &r, 475.0, 2);
 }
 
 #[test]
 fn a2c_solves_cartpole_within_500k_steps() {
-    let r = train_seeds("cartpole_a2c.toml", &["run.total_env_steps=500000", "eval.interval_steps=50000"], &SEEDS, 475.0);
+    let r =
+        train_seeds("cartpole_a2c.toml", &["run.total_env_steps=500000", "eval.interval_steps=50000"], &SEEDS, 475.0);
     assert_solved("a2c cartpole", &r, 475.0, 2);
+}
+
+#[test]
+fn ddpg_swings_up_pendulum_within_20k_steps() {
+    let r =
+        train_seeds("pendulum_ddpg.toml", &["run.total_env_steps=20000", "eval.interval_steps=5000"], &SEEDS, -200.0);
+    assert_solved("ddpg pendulum", &r, -200.0, 2);
+}
+
+#[test]
+fn td3_swings_up_pendulum_within_20k_steps() {
+    let r =
+        train_seeds("pendulum_td3.toml", &["run.total_env_steps=20000", "eval.interval_steps=5000"], &SEEDS, -200.0);
+    assert_solved("td3 pendulum", &r, -200.0, 2);
 }

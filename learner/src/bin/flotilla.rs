@@ -122,7 +122,10 @@ fn train_command(
     let report = trainer.report();
     let dir = run_dir.path().display();
     if report.env_steps < config.run.total_env_steps {
-        println!("stopped at {} of {} env steps; continue with: flotilla train --resume {dir}", report.env_steps, config.run.total_env_steps);
+        println!(
+            "stopped at {} of {} env steps; continue with: flotilla train --resume {dir}",
+            report.env_steps, config.run.total_env_steps
+        );
         return Ok(());
     }
     let e = report.final_eval();

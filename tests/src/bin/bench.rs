@@ -113,7 +113,12 @@ const TASKS: &[Task] = &[
     Task { label: "ppo", config: "cartpole_ppo.toml", threshold: 475.0, overrides: &["eval.interval_steps=1024"] },
     Task { label: "dqn", config: "cartpole_dqn.toml", threshold: 475.0, overrides: &["eval.interval_steps=1000"] },
     Task { label: "a2c", config: "cartpole_a2c.toml", threshold: 475.0, overrides: &["eval.interval_steps=5000"] },
-    Task { label: "ppo-gauss", config: "pendulum_ppo.toml", threshold: -250.0, overrides: &["eval.interval_steps=4096"] },
+    Task {
+        label: "ppo-gauss",
+        config: "pendulum_ppo.toml",
+        threshold: -250.0,
+        overrides: &["eval.interval_steps=4096"],
+    },
     Task { label: "ddpg", config: "pendulum_ddpg.toml", threshold: -200.0, overrides: &["eval.interval_steps=1000"] },
     Task { label: "td3", config: "pendulum_td3.toml", threshold: -200.0, overrides: &["eval.interval_steps=1000"] },
 ];
@@ -157,11 +162,15 @@ fn main() -> flotilla_core::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     flotilla_learner::tune_allocator();
     let only: Vec<String> = std::env::args().skip_while(|a| a != "--only").skip(1).take(1).collect();
-    let tasks: Vec<&Task> = TASKS.iter().filter(|t| only.is_empty() || only[0].split(',').any(|o| o == t.label)).collect();
+    let tasks: Vec<&Task> =
+        TASKS.iter().filter(|t| only.is_empty() || only[0].split(',').any(|o| o == t.label)).collect();
     if !std::env::args().any(|a| a == "--no-envs") {
         let rust_cartpole = env_table(if quick { 400_000 } else { 4_000_000 })?;
         if let (Some(py), Some(rs)) = (python_cartpole_sps(), rust_cartpole) {
-            println!("\nPython gymnasium CartPole-v1, same run: {py:.0} steps/s; Flotilla Env::step is {:.0}× faster.", rs / py);
+            println!(
+                "\nPython gymnasium CartPole-v1, same run: {py:.0} steps/s; Flotilla Env::step is {:.0}× faster.",
+                rs / py
+            );
         }
     }
     algorithm_table(&tasks, if quick { &[1] } else { &[1, 2, 3] });

@@ -1,0 +1,956 @@
+//! Twin Delayed DDPG (Fujimoto et al. 2018, "Addressing Function Approximation Error in Actor-Critic Methods")
+//! and DDPG (Lillicrap et al. 2016, "Continuous control with deep reinforcement learning"), one implementation:
+//! as in SB3, DDPG is TD3 with one critic, `policy_delay = 1` and no target policy smoothing.
+//!
+//! Implementation details that matter (SB3's `TD3` / `DDPG`):
+//! * the actor is an MLP ending in `tanh`: actions live in `[−1, 1]` and are scaled to the Box bounds,
+//!   `low + (a + 1)/2 · (high − low)`, only when handed to the env ([`unscale_action`]). **Replay stores the
+//!   `[−1, 1]` action** (SB3's `buffer_action`): [`Algorithm::observe`] rescales the env-unit action it is
+//!   given with [`scale_action`], so the critics always see `[−1, 1]` actions, from replay and from the actor;
+//! * exploration: uniformly random actions before `learning_starts` env steps, then the actor's action; in
+//!   both cases plus Gaussian or Ornstein–Uhlenbeck noise ([`crate::action_noise`], σ in `[−1, 1]` units, OU
+//!   state per env, reset when its episode ends), clipped to `[−1, 1]`;
+//! * every `train_freq` vectorised steps once more than `learning_starts` env steps were taken,
+//!   `gradient_steps` updates, each: critic target `y = r + γ (1 − terminated) min_j Q̄_j(s', clip(π̄(s') + ε,
+//!   −1, 1))` with `ε = clip(N(0, σ̃²), −c, c)` (target policy smoothing; 0 for DDPG), critic loss
+//!   `Σ_j MSE(Q_j(s, a), y)`; every `policy_delay`-th update (counted over the whole run) the actor loss
+//!   `−mean Q_1(s, π(s))` and Polyak updates (τ) of the actor *and* critic targets; truncated episodes
+//!   bootstrap from the true final observation;
+//! * all critics share one parameter buffer (one Adam step, one Polyak op); the actor loss reads critic 1
+//!   through detached aliases of its weights, so no critic weight gradient is computed there; gradients are
+//!   written straight into each buffer's `.grad()` (`GradSink`); separate Adam optimisers (PyTorch
+//!   defaults, ε 1e-8) for actor and critics; PyTorch's default `nn.Linear` initialisation
+//!   ([`LayerInit::Torch`]).
+//!
+//! Defaults are RL Zoo's Pendulum-v1 (`td3.yml` / `ddpg.yml`, same for both): 400-300 ReLU MLPs, lr 1e-3,
+//! batch 256, buffer 200 K, learning starts 10 K, γ 0.98, τ 0.005, train every step with 1 gradient step,
+//! Gaussian noise σ 0.1; TD3: 2 critics, policy delay 2, target noise 0.2 clipped at 0.5.
+//!
+//! Metrics: `losses/critic_loss`, `losses/actor_loss` (mean over this update's actor steps; the latest one
+//! when the delay skipped them all, so every row has the same columns; NaN before the first),
+//! `losses/q_values` (mean `Q_j(s, a)` over critics and batch), `charts/learning_rate`,
+//! `charts/gradient_steps` (critic updates in this call).
+use std::path::Path;
+
+use flotilla_core::Space;
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Reduction, Tensor};
+
+use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
+use crate::adam::Adam;
+use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::checkpoint::Checkpoint;
+use crate::nets::{Activation, FlatMlp, LayerInit, with_torch_seed};
+use crate::params::FlatParams;
+use crate::policy::{ActMode, ActOutput, Policy};
+use crate::replay::{Experience, ReplayBuffer, ReplaySample};
+use crate::{Error, Metrics, Result};
+
+/// TD3 hyperparameters. `Default` is RL Zoo's Pendulum-v1 TD3.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Td3Config {
+    /// Adam learning rate (actor and critics).
+    pub learning_rate: f64,
+    /// Adam ε.
+    pub adam_eps: f64,
+    /// Transitions per gradient step.
+    pub batch_size: usize,
+    /// Replay capacity (transitions).
+    pub buffer_size: usize,
+    /// Env steps of uniformly random actions before learning starts.
+    pub learning_starts: u64,
+    /// Discount factor γ.
+    pub gamma: f64,
+    /// Polyak coefficient of the target updates.
+    pub tau: f64,
+    /// Vectorised env steps between training phases.
+    pub train_freq: u64,
+    /// Gradient steps per training phase.
+    pub gradient_steps: usize,
+    /// Exploration noise added to the actor's `[−1, 1]` action.
+    pub noise_type: NoiseType,
+    /// σ of the exploration noise, in units of the `[−1, 1]` action.
+    pub noise_std: f64,
+    /// Hidden layer widths of the actor and of each critic.
+    pub hidden_sizes: Vec<i64>,
+    /// Hidden nonlinearity.
+    pub activation: Activation,
+    /// Critics; the target is the minimum of their target networks (clipped double-Q with 2).
+    pub n_critics: usize,
+    /// Critic updates per actor and target update.
+    pub policy_delay: u64,
+    /// σ̃ of the Gaussian noise added to the target action (target policy smoothing), `[−1, 1]` units.
+    pub target_policy_noise: f64,
+    /// The target-action noise is clipped to `[−c, c]`.
+    pub target_noise_clip: f64,
+}
+
+impl Default for Td3Config {
+    fn default() -> Self {
+        let d = DdpgConfig::default();
+        Td3Config { n_critics: 2, policy_delay: 2, target_policy_noise: 0.2, target_noise_clip: 0.5, ..d.into() }
+    }
+}
+
+/// DDPG hyperparameters. `Default` is RL Zoo's Pendulum-v1 DDPG.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DdpgConfig {
+    /// Adam learning rate (actor and critic).
+    pub learning_rate: f64,
+    /// Adam ε.
+    pub adam_eps: f64,
+    /// Transitions per gradient step.
+    pub batch_size: usize,
+    /// Replay capacity (transitions).
+    pub buffer_size: usize,
+    /// Env steps of uniformly random actions before learning starts.
+    pub learning_starts: u64,
+    /// Discount factor γ.
+    pub gamma: f64,
+    /// Polyak coefficient of the target updates.
+    pub tau: f64,
+    /// Vectorised env steps between training phases.
+    pub train_freq: u64,
+    /// Gradient steps per training phase.
+    pub gradient_steps: usize,
+    /// Exploration noise added to the actor's `[−1, 1]` action.
+    pub noise_type: NoiseType,
+    /// σ of the exploration noise, in units of the `[−1, 1]` action.
+    pub noise_std: f64,
+    /// Hidden layer widths of the actor and of the critic.
+    pub hidden_sizes: Vec<i64>,
+    /// Hidden nonlinearity.
+    pub activation: Activation,
+}
+
+impl Default for DdpgConfig {
+    fn default() -> Self {
+        DdpgConfig {
+            learning_rate: 1e-3,
+            adam_eps: 1e-8,
+            batch_size: 256,
+            buffer_size: 200_000,
+            learning_starts: 10_000,
+            gamma: 0.98,
+            tau: 0.005,
+            train_freq: 1,
+            gradient_steps: 1,
+            noise_type: NoiseType::Normal,
+            noise_std: 0.1,
+            hidden_sizes: vec![400, 300],
+            activation: Activation::Relu,
+        }
+    }
+}
+
+/// DDPG as TD3 runs it: one critic, no delay, no target policy smoothing.
+impl From<DdpgConfig> for Td3Config {
+    fn from(c: DdpgConfig) -> Self {
+        Td3Config {
+            learning_rate: c.learning_rate,
+            adam_eps: c.adam_eps,
+            batch_size: c.batch_size,
+            buffer_size: c.buffer_size,
+            learning_starts: c.learning_starts,
+            gamma: c.gamma,
+            tau: c.tau,
+            train_freq: c.train_freq,
+            gradient_steps: c.gradient_steps,
+            noise_type: c.noise_type,
+            noise_std: c.noise_std,
+            hidden_sizes: c.hidden_sizes,
+            activation: c.activation,
+            n_critics: 1,
+            policy_delay: 1,
+            target_policy_noise: 0.0,
+            target_noise_clip: 0.0,
+        }
+    }
+}
+
+impl DdpgConfig {
+    /// Range checks serde cannot express.
+    pub fn validate(&self) -> Result<()> {
+        Td3Config::from(self.clone()).validate_as("ddpg")
+    }
+}
+
+impl Td3Config {
+    /// Range checks serde cannot express.
+    pub fn validate(&self) -> Result<()> {
+        self.validate_as("td3")
+    }
+
+    fn validate_as(&self, algorithm: &'static str) -> Result<()> {
+        let bad = |field, value: String, detail: &str| {
+            Err(Error::InvalidConfig { algorithm, field, value, detail: detail.to_string() })
+        };
+        let non_negative = |x: f64| x.is_finite() && x >= 0.0;
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+            return bad("learning_rate", self.learning_rate.to_string(), "must be finite and > 0");
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size", "0".into(), "must be at least 1");
+        }
+        if self.buffer_size < self.batch_size {
+            return bad("buffer_size", self.buffer_size.to_string(), "must be at least batch_size");
+        }
+        if !(0.0..=1.0).contains(&self.gamma) {
+            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
+        }
+        if !(self.tau > 0.0 && self.tau <= 1.0) {
+            return bad("tau", self.tau.to_string(), "must be in (0, 1]");
+        }
+        if self.train_freq == 0 {
+            return bad("train_freq", "0".into(), "must be at least 1");
+        }
+        if !non_negative(self.noise_std) {
+            return bad("noise_std", self.noise_std.to_string(), "must be finite and ≥ 0");
+        }
+        if self.hidden_sizes.iter().any(|&h| h <= 0) {
+            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be at least 1");
+        }
+        if self.n_critics == 0 {
+            return bad("n_critics", "0".into(), "must be at least 1");
+        }
+        if self.policy_delay == 0 {
+            return bad("policy_delay", "0".into(), "must be at least 1");
+        }
+        if !non_negative(self.target_policy_noise) {
+            return bad("target_policy_noise", self.target_policy_noise.to_string(), "must be finite and ≥ 0");
+        }
+        if !non_negative(self.target_noise_clip) {
+            return bad("target_noise_clip", self.target_noise_clip.to_string(), "must be finite and ≥ 0");
+        }
+        Ok(())
+    }
+
+    /// Whether target actions get clipped Gaussian noise (a zero clip or σ̃ leaves them unchanged).
+    fn smoothing(&self) -> bool {
+        self.target_policy_noise > 0.0 && self.target_noise_clip > 0.0
+    }
+}
+
+/// `a ∈ [−1, 1]` → env units: `low + (a + 1)/2 · (high − low)` (SB3's `unscale_action`).
+pub fn unscale_action(a: f32, low: f32, high: f32) -> f32 {
+    low + 0.5 * (a + 1.0) * (high - low)
+}
+
+/// Env units → `[−1, 1]`: `2 (x − low)/(high − low) − 1` (SB3's `scale_action`), the inverse of
+/// [`unscale_action`].
+pub fn scale_action(x: f32, low: f32, high: f32) -> f32 {
+    2.0 * ((x - low) / (high - low)) - 1.0
+}
+
+fn activate(activation: Activation, x: Tensor) -> Tensor {
+    match activation {
+        Activation::Relu => x.relu(),
+        Activation::Tanh => x.tanh(),
+    }
+}
+
+/// `n` Q-networks `Q_j(s, a)` of one layout, all in one [`FlatParams`] (online or target): critic `j` is a
+/// [`FlatMlp`] named `{prefix}.{j}.{k}.weight` / `.bias`. Run one after the other: libtorch's batched matmul
+/// (and especially its transposed form in the backward pass) is slower on the CPU than separate `addmm`s.
+#[derive(Debug, Clone)]
+struct Critics {
+    nets: Vec<FlatMlp>,
+    layers: usize,
+    activation: Activation,
+}
+
+impl Critics {
+    /// Initial parameters: each critic drawn as its own PyTorch-default MLP with one output.
+    fn init(
+        prefix: &str,
+        inputs: i64,
+        hidden: &[i64],
+        n: usize,
+        activation: Activation,
+    ) -> (Self, Vec<(String, Tensor)>) {
+        let mut named = Vec::new();
+        let mut nets = Vec::with_capacity(n);
+        for j in 0..n {
+            let (net, params) =
+                FlatMlp::init(&format!("{prefix}.{j}"), inputs, hidden, 1, activation, LayerInit::Torch, named.len());
+            nets.push(net);
+            named.extend(params);
+        }
+        (Critics { nets, layers: hidden.len() + 1, activation }, named)
+    }
+
+    /// Every critic on the same input `[B, inputs]`: `[B, n]`.
+    fn forward(&self, params: &FlatParams, x: &Tensor) -> Tensor {
+        match self.nets.as_slice() {
+            [one] => one.forward(params, x),
+            nets => Tensor::cat(&nets.iter().map(|net| net.forward(params, x)).collect::<Vec<_>>(), 1),
+        }
+    }
+
+    /// Critic 1's weights and biases as detached aliases of `params`' buffer: they follow every in-place
+    /// update of the buffer, and a loss through them puts no gradient into it.
+    fn first_detached(&self, params: &FlatParams) -> Vec<Tensor> {
+        (0..2 * self.layers).map(|i| params.view(i).detach()).collect()
+    }
+
+    /// Critic 1 alone on `[B, inputs]`, with weights from [`Critics::first_detached`]: `[B, 1]`.
+    fn forward_first(&self, weights: &[Tensor], x: &Tensor) -> Tensor {
+        let mut h = x.shallow_clone();
+        for k in 0..self.layers {
+            h = weights[2 * k + 1].addmm(&h, &weights[2 * k]);
+            if k + 1 < self.layers {
+                h = activate(self.activation, h);
+            }
+        }
+        h
+    }
+}
+
+/// Counters that schedules and triggers depend on (saved in checkpoints).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Counters {
+    /// Env steps observed (all envs).
+    env_steps: u64,
+    /// Vectorised steps observed (SB3 counts `train_freq` in these).
+    calls: u64,
+    /// Critic updates (SB3's `_n_updates`, which times the delayed actor updates).
+    critic_updates: u64,
+    /// Actor (and target) updates.
+    actor_updates: u64,
+    /// The latest actor loss, reported while the delay skips actor updates.
+    last_actor_loss: Option<f64>,
+}
+
+/// A DDPG or TD3 agent: actor and critics with their targets, optimisers, replay, exploration noise, RNG.
+#[derive(Debug)]
+pub struct Td3 {
+    name: &'static str,
+    config: Td3Config,
+    actor_net: FlatMlp,
+    actor: FlatParams,
+    actor_target: FlatParams,
+    critic_net: Critics,
+    critic: FlatParams,
+    critic_target: FlatParams,
+    /// Critic 1 of `critic`, detached (for the actor loss).
+    critic_first: Vec<Tensor>,
+    actor_opt: Adam,
+    critic_opt: Adam,
+    replay: ReplayBuffer<f32>,
+    noise: ActionNoise,
+    low: Vec<f32>,
+    high: Vec<f32>,
+    obs_dim: usize,
+    act_dim: usize,
+    n_envs: usize,
+    rng: Pcg64,
+    device: Device,
+    counters: Counters,
+    sample: ReplaySample<f32>,
+    /// One row per sampled transition, `[obs | action | next_obs | reward | bootstrap | target noise]`:
+    /// the whole batch goes to the device as one tensor.
+    batch: Vec<f32>,
+    /// One `[−1, 1]` action being stored.
+    scaled: Vec<f32>,
+}
+
+impl Td3 {
+    /// A fresh DDPG agent for a bounded 1-D `Box` action space fed by `n_envs` envs.
+    pub fn ddpg(
+        observation_space: &Space,
+        action_space: &Space,
+        n_envs: usize,
+        config: DdpgConfig,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate()?;
+        Self::build("ddpg", observation_space, action_space, n_envs, config.into(), device, seed)
+    }
+
+    /// A fresh TD3 agent for a bounded 1-D `Box` action space fed by `n_envs` envs.
+    #[allow(clippy::self_named_constructors)] // `Td3::td3` next to `Td3::ddpg` names the algorithm built.
+    pub fn td3(
+        observation_space: &Space,
+        action_space: &Space,
+        n_envs: usize,
+        config: Td3Config,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate()?;
+        Self::build("td3", observation_space, action_space, n_envs, config, device, seed)
+    }
+
+    fn build(
+        name: &'static str,
+        observation_space: &Space,
+        action_space: &Space,
+        n_envs: usize,
+        config: Td3Config,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self> {
+        let obs_dim = match observation_space {
+            Space::Box { shape, .. } if shape.len() == 1 => shape[0],
+            other => {
+                return Err(Error::UnsupportedSpace {
+                    which: "observation",
+                    algorithm: name,
+                    detail: format!("{other:?}: the MLP networks take 1-D boxes"),
+                });
+            }
+        };
+        let (low, high) = match action_space {
+            Space::Box { low, high, shape, .. }
+                if shape.len() == 1 && low.iter().zip(high).all(|(l, h)| l.is_finite() && h.is_finite() && l < h) =>
+            {
+                (low.clone(), high.clone())
+            }
+            other => {
+                return Err(Error::UnsupportedSpace {
+                    which: "action",
+                    algorithm: name,
+                    detail: format!("{other:?}: needs a 1-D box with finite bounds, low < high"),
+                });
+            }
+        };
+        let act_dim = low.len();
+        let (od, ad) = (obs_dim as i64, act_dim as i64);
+        let c = &config;
+        let (actor_net, actor, critic_net, critic) = with_torch_seed(seed, || {
+            let (actor_net, a) = FlatMlp::init("actor", od, &c.hidden_sizes, ad, c.activation, LayerInit::Torch, 0);
+            let (critic_net, q) = Critics::init("critic", od + ad, &c.hidden_sizes, c.n_critics, c.activation);
+            (actor_net, FlatParams::new(a, device), critic_net, FlatParams::new(q, device))
+        });
+        let actor_opt = Adam::new(&actor, c.learning_rate, c.adam_eps);
+        let critic_opt = Adam::new(&critic, c.learning_rate, c.adam_eps);
+        Ok(Td3 {
+            name,
+            actor_target: actor.target_copy(),
+            critic_target: critic.target_copy(),
+            critic_first: critic_net.first_detached(&critic),
+            replay: ReplayBuffer::new(c.buffer_size, obs_dim, act_dim)?,
+            noise: ActionNoise::new(c.noise_type, c.noise_std, n_envs, act_dim),
+            actor_net,
+            actor,
+            critic_net,
+            critic,
+            actor_opt,
+            critic_opt,
+            low,
+            high,
+            obs_dim,
+            act_dim,
+            n_envs,
+            rng: Pcg64::seed_from_u64(seed ^ 0x7d3_0000),
+            device,
+            counters: Counters::default(),
+            sample: ReplaySample::default(),
+            batch: Vec::new(),
+            scaled: vec![0.0; act_dim],
+            config,
+        })
+    }
+
+    /// The resolved configuration (a DDPG agent's is TD3's with one critic, no delay and no smoothing).
+    pub fn config(&self) -> &Td3Config {
+        &self.config
+    }
+
+    /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target actor.
+    fn policy(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
+        self.actor_net.forward(params, obs).tanh()
+    }
+
+    /// Sample a batch and lay it out in `self.batch` (see its doc), drawing the target-action noise.
+    fn fill_batch(&mut self) -> Result<usize> {
+        let c = &self.config;
+        self.replay.sample(c.batch_size, &mut self.rng, &mut self.sample)?;
+        let (od, ad, s) = (self.obs_dim, self.act_dim, &self.sample);
+        let smoothing = c.smoothing();
+        let width = 2 * od + ad + 2 + if smoothing { ad } else { 0 };
+        self.batch.clear();
+        for row in 0..c.batch_size {
+            self.batch.extend_from_slice(&s.obs[row * od..(row + 1) * od]);
+            self.batch.extend_from_slice(&s.actions[row * ad..(row + 1) * ad]);
+            self.batch.extend_from_slice(&s.next_obs[row * od..(row + 1) * od]);
+            self.batch.push(s.rewards[row]);
+            self.batch.push(if s.terminated[row] { 0.0 } else { s.discounts[row] });
+            if smoothing {
+                let (batch, sigma, clip) = (&mut self.batch, c.target_policy_noise, c.target_noise_clip);
+                fill_standard_normal(&mut self.rng, ad, |_, e| batch.push((sigma * e).clamp(-clip, clip) as f32));
+            }
+        }
+        Ok(width)
+    }
+
+    /// One critic update, and with `update_actor` an actor update and Polyak target updates. Returns the
+    /// critic loss, the mean Q and the actor loss, as tensors (no device sync).
+    fn gradient_step(&mut self, update_actor: bool) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let width = self.fill_batch()?;
+        let (od, ad, b) = (self.obs_dim as i64, self.act_dim as i64, self.config.batch_size as i64);
+        let x = Tensor::f_from_slice(&self.batch)?.f_view([b, width as i64])?.to_device(self.device);
+        let obs = x.narrow(1, 0, od);
+        let next_obs = x.narrow(1, od + ad, od);
+        let target = tch::no_grad(|| {
+            let mut next_action = self.policy(&self.actor_target, &next_obs);
+            if self.config.smoothing() {
+                next_action = (next_action + x.narrow(1, 2 * od + ad + 2, ad)).clamp(-1.0, 1.0);
+            }
+            let next_q = self.critic_net.forward(&self.critic_target, &Tensor::cat(&[&next_obs, &next_action], 1));
+            // r + γ (1 − terminated) min_j Q̄_j(s', a'), `[B, 1]`.
+            x.narrow(1, 2 * od + ad, 1).addcmul(&x.narrow(1, 2 * od + ad + 1, 1), &next_q.amin(1, true))
+        });
+        let q = self.critic_net.forward(&self.critic, &x.narrow(1, 0, od + ad));
+        // Σ_j MSE(Q_j, y): the squared errors of all critics summed, over the batch size.
+        let critic_loss = q.mse_loss(&target.expand_as(&q), Reduction::Sum) / b as f64;
+        self.critic.backward(&critic_loss);
+        self.critic_opt.step(&mut self.critic);
+        self.counters.critic_updates += 1;
+        let actor_loss = if update_actor {
+            let action = self.policy(&self.actor, &obs);
+            let q1 = self.critic_net.forward_first(&self.critic_first, &Tensor::cat(&[&obs, &action], 1));
+            let loss = -q1.mean(Kind::Float);
+            self.actor.backward(&loss);
+            self.actor_opt.step(&mut self.actor);
+            self.critic_target.polyak_from(&self.critic, self.config.tau);
+            self.actor_target.polyak_from(&self.actor, self.config.tau);
+            self.counters.actor_updates += 1;
+            Some(loss.detach())
+        } else {
+            None
+        };
+        Ok((critic_loss.detach(), q.detach().mean(Kind::Float), actor_loss))
+    }
+}
+
+impl Policy for Td3 {
+    fn obs_dim(&self) -> usize {
+        self.obs_dim
+    }
+
+    fn act_dim(&self) -> usize {
+        self.act_dim
+    }
+
+    /// `π(obs)` scaled to the bounds; with `Explore`, plus noise (uniformly random before `learning_starts`).
+    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        let rows = obs.len() / self.obs_dim;
+        out.log_probs.clear();
+        out.values.clear();
+        out.q_values.clear();
+        out.actions.resize(rows * self.act_dim, 0.0);
+        let explore = mode == ActMode::Explore;
+        if explore && self.counters.env_steps < self.config.learning_starts {
+            for a in &mut out.actions {
+                *a = self.rng.random_range(-1.0..1.0);
+            }
+        } else {
+            let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
+            let a = tch::no_grad(|| self.policy(&self.actor, &x)).to_device(Device::Cpu);
+            a.f_copy_data(&mut out.actions, rows * self.act_dim)?;
+        }
+        if explore && self.noise.kind() != NoiseType::None {
+            self.noise.add_to(&mut out.actions, &mut self.rng)?;
+            for a in &mut out.actions {
+                *a = a.clamp(-1.0, 1.0);
+            }
+        }
+        for row in out.actions.chunks_exact_mut(self.act_dim) {
+            for ((a, l), h) in row.iter_mut().zip(&self.low).zip(&self.high) {
+                *a = unscale_action(*a, *l, *h);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Algorithm for Td3 {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
+        let (n, od, ad) = (self.n_envs, self.obs_dim, self.act_dim);
+        for (what, got, expected) in [
+            ("transition observations", step.obs.len(), n * od),
+            ("transition next observations", step.next_obs.len(), n * od),
+            ("transition actions", step.act.actions.len(), n * ad),
+            ("transition rewards", step.rewards.len(), n),
+            ("transition terminated flags", step.terminated.len(), n),
+            ("transition truncated flags", step.truncated.len(), n),
+        ] {
+            if got != expected {
+                return Err(Error::BadLength { what: what.into(), got, expected });
+            }
+        }
+        let gamma = self.config.gamma as f32;
+        for i in 0..n {
+            let action = &step.act.actions[i * ad..(i + 1) * ad];
+            for (((s, a), l), h) in self.scaled.iter_mut().zip(action).zip(&self.low).zip(&self.high) {
+                *s = scale_action(*a, *l, *h).clamp(-1.0, 1.0);
+            }
+            self.replay.push(&Experience {
+                obs: &step.obs[i * od..(i + 1) * od],
+                action: &self.scaled,
+                reward: step.rewards[i],
+                next_obs: &step.next_obs[i * od..(i + 1) * od],
+                terminated: step.terminated[i],
+                discount: gamma,
+            })?;
+            if step.terminated[i] || step.truncated[i] {
+                self.noise.reset(i);
+            }
+        }
+        self.counters.env_steps += n as u64;
+        self.counters.calls += 1;
+        Ok(())
+    }
+
+    fn update(&mut self, _progress: &Progress) -> Result<Option<Metrics>> {
+        let c = &self.config;
+        let due = self.counters.calls.is_multiple_of(c.train_freq);
+        if !due || self.counters.env_steps <= c.learning_starts || self.replay.is_empty() {
+            return Ok(None);
+        }
+        let steps = c.gradient_steps;
+        let (mut critic_losses, mut qs, mut actor_losses) = (Vec::with_capacity(steps), Vec::new(), Vec::new());
+        for _ in 0..steps {
+            let delayed = (self.counters.critic_updates + 1).is_multiple_of(self.config.policy_delay);
+            let (critic_loss, q, actor_loss) = self.gradient_step(delayed)?;
+            critic_losses.push(critic_loss);
+            qs.push(q);
+            actor_losses.extend(actor_loss);
+        }
+        let mean = |ts: &[Tensor]| -> Result<f64> {
+            Ok(match ts {
+                [one] => f64::try_from(one)?,
+                _ => f64::try_from(Tensor::stack(ts, 0).mean(Kind::Float))?,
+            })
+        };
+        if !actor_losses.is_empty() {
+            self.counters.last_actor_loss = Some(mean(&actor_losses)?);
+        }
+        let mut m = Metrics::default();
+        m.push("losses/critic_loss", mean(&critic_losses)?);
+        m.push("losses/actor_loss", self.counters.last_actor_loss.unwrap_or(f64::NAN));
+        m.push("losses/q_values", mean(&qs)?);
+        m.push("charts/learning_rate", self.actor_opt.lr);
+        m.push("charts/gradient_steps", steps as f64);
+        Ok(Some(m))
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("actor.online", self.actor.flat());
+        c.put_tensor("actor.target", self.actor_target.flat());
+        c.put_tensor("critic.online", self.critic.flat());
+        c.put_tensor("critic.target", self.critic_target.flat());
+        self.actor_opt.write_to(&mut c, "actor_adam")?;
+        self.critic_opt.write_to(&mut c, "critic_adam")?;
+        self.replay.write_to(&mut c, "replay")?;
+        c.put_meta("noise", &self.noise.state())?;
+        c.put_meta("rng", &self.rng)?;
+        c.put_meta("counters", &self.counters)?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        // Read the metadata first: a checkpoint of another algorithm fails before anything changes.
+        let noise: Vec<f64> = c.meta("noise")?;
+        let rng = c.meta("rng")?;
+        let counters = c.meta("counters")?;
+        c.copy_into("actor.online", self.actor.flat())?;
+        c.copy_into("actor.target", self.actor_target.flat())?;
+        c.copy_into("critic.online", self.critic.flat())?;
+        c.copy_into("critic.target", self.critic_target.flat())?;
+        self.actor_opt.read_from(c, "actor_adam")?;
+        self.critic_opt.read_from(c, "critic_adam")?;
+        self.replay.read_from(c, "replay")?;
+        self.noise.set_state(&noise)?;
+        self.rng = rng;
+        self.counters = counters;
+        Ok(())
+    }
+
+    /// The actor.
+    fn policy_params(&self) -> &FlatParams {
+        &self.actor
+    }
+
+    fn save_weights(&self, path: &Path) -> Result<()> {
+        self.actor.save(path)
+    }
+
+    fn load_weights(&mut self, path: &Path) -> Result<()> {
+        self.actor.load(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The synthetic task: 2-D random observations, a 1-D action in the asymmetric box `[−1, 2]`, reward
+    /// `−(a − 0.3)²` whatever the observation. Episodes end every `episode` steps (`terminal`: terminated, so
+    /// a bandit; else truncated, so the critics bootstrap).
+    #[derive(Clone)]
+    struct Bandit {
+        rng: Pcg64,
+        obs: Vec<f32>,
+        n_envs: usize,
+        t: usize,
+        episode: usize,
+        terminal: bool,
+    }
+
+    const OPTIMUM: f32 = 0.3;
+
+    fn spaces() -> (Space, Space) {
+        (Space::box1d(vec![-1.0; 2], vec![1.0; 2]), Space::box1d(vec![-1.0], vec![2.0]))
+    }
+
+    impl Bandit {
+        fn new(seed: u64, n_envs: usize, episode: usize, terminal: bool) -> Self {
+            let mut b = Bandit { rng: Pcg64::seed_from_u64(seed), obs: Vec::new(), n_envs, t: 0, episode, terminal };
+            b.obs = b.draw();
+            b
+        }
+
+        fn draw(&mut self) -> Vec<f32> {
+            (0..2 * self.n_envs).map(|_| self.rng.random_range(-1.0..1.0)).collect()
+        }
+
+        /// `steps` vectorised steps of act → observe → update, as the trainer runs them.
+        fn drive(&mut self, agent: &mut Td3, steps: usize, total: u64) -> Vec<Metrics> {
+            let mut out = ActOutput::default();
+            let mut metrics = Vec::new();
+            for _ in 0..steps {
+                agent.act(&self.obs, ActMode::Explore, &mut out).unwrap();
+                let rewards: Vec<f32> = out.actions.iter().map(|a| -(a.clamp(-1.0, 2.0) - OPTIMUM).powi(2)).collect();
+                self.t += 1;
+                let end = self.t.is_multiple_of(self.episode);
+                let terminated = vec![end && self.terminal; self.n_envs];
+                let truncated = vec![end && !self.terminal; self.n_envs];
+                let next_obs = self.draw();
+                let step = Transition {
+                    obs: &self.obs,
+                    act: &out,
+                    rewards: &rewards,
+                    terminated: &terminated,
+                    truncated: &truncated,
+                    next_obs: &next_obs,
+                };
+                agent.observe(&step).unwrap();
+                let progress = Progress { env_steps: agent.counters.env_steps, total_env_steps: total };
+                metrics.extend(agent.update(&progress).unwrap());
+                self.obs = next_obs;
+            }
+            metrics
+        }
+    }
+
+    fn tiny_td3() -> Td3Config {
+        Td3Config {
+            batch_size: 32,
+            buffer_size: 1_000,
+            learning_starts: 64,
+            hidden_sizes: vec![32, 32],
+            gamma: 0.9,
+            tau: 0.05,
+            ..Td3Config::default()
+        }
+    }
+
+    fn tiny_ddpg() -> DdpgConfig {
+        let t = tiny_td3();
+        DdpgConfig {
+            batch_size: t.batch_size,
+            buffer_size: t.buffer_size,
+            learning_starts: t.learning_starts,
+            hidden_sizes: t.hidden_sizes,
+            gamma: t.gamma,
+            tau: t.tau,
+            ..DdpgConfig::default()
+        }
+    }
+
+    fn values(p: &FlatParams) -> Vec<f32> {
+        Vec::try_from(p.flat().detach()).unwrap()
+    }
+
+    #[test]
+    fn action_scaling_both_ways_with_asymmetric_bounds() {
+        // [−1, 1] → [−1, 2]: the ends map to the bounds, 0 to the midpoint.
+        for (a, x) in [(-1.0, -1.0), (1.0, 2.0), (0.0, 0.5), (-0.5, -0.25)] {
+            assert_eq!(unscale_action(a, -1.0, 2.0), x);
+            assert_eq!(scale_action(x, -1.0, 2.0), a);
+        }
+        for (low, high) in [(-2.0f32, 2.0f32), (0.0, 1.0), (-5.0, 0.5)] {
+            for k in 0..=20 {
+                let a = -1.0 + k as f32 / 10.0;
+                assert!((scale_action(unscale_action(a, low, high), low, high) - a).abs() < 1e-6);
+            }
+        }
+        // The agent scales its [−1, 1] actions to the bounds, per dimension, and stores them back in [−1, 1].
+        let obs_space = Space::box1d(vec![-1.0], vec![1.0]);
+        let act_space = Space::box1d(vec![-2.0, 0.0], vec![2.0, 10.0]);
+        let config = Td3Config { learning_starts: 0, noise_type: NoiseType::None, ..tiny_td3() };
+        let mut agent = Td3::td3(&obs_space, &act_space, 1, config, Device::Cpu, 0).unwrap();
+        let mut out = ActOutput::default();
+        agent.act(&[0.7], ActMode::Deterministic, &mut out).unwrap();
+        let raw = tch::no_grad(|| agent.policy(&agent.actor, &Tensor::from_slice(&[0.7f32]).view([1, 1])));
+        let raw = Vec::<f32>::try_from(raw.flatten(0, -1)).unwrap();
+        assert!((out.actions[0] - 2.0 * raw[0]).abs() < 1e-6, "{:?} vs {raw:?}", out.actions);
+        assert!((out.actions[1] - 5.0 * (raw[1] + 1.0)).abs() < 1e-5, "{:?} vs {raw:?}", out.actions);
+        agent.act(&[0.7], ActMode::Explore, &mut out).unwrap();
+        let step = Transition {
+            obs: &[0.7],
+            act: &out,
+            rewards: &[0.0],
+            terminated: &[false],
+            truncated: &[false],
+            next_obs: &[0.1],
+        };
+        agent.observe(&step).unwrap();
+        let stored = agent.replay.get(0).unwrap().action;
+        assert!(stored.iter().zip(&raw).all(|(s, r)| (s - r).abs() < 1e-6), "{stored:?} vs {raw:?}");
+    }
+
+    #[test]
+    fn random_warm_up_and_noisy_actions_stay_in_bounds() {
+        let (obs_space, act_space) = spaces();
+        let config = Td3Config { noise_std: 0.5, ..tiny_td3() };
+        let mut agent = Td3::td3(&obs_space, &act_space, 2, config, Device::Cpu, 1).unwrap();
+        let mut env = Bandit::new(1, 2, 5, false);
+        let mut out = ActOutput::default();
+        let mut warm_up = Vec::new();
+        for _ in 0..32 {
+            agent.act(&env.obs, ActMode::Explore, &mut out).unwrap();
+            warm_up.extend_from_slice(&out.actions);
+            env.drive(&mut agent, 1, 1_000);
+        }
+        assert!(warm_up.iter().all(|a| (-1.0..=2.0).contains(a)));
+        let mean = warm_up.iter().sum::<f32>() / warm_up.len() as f32;
+        assert!((mean - 0.5).abs() < 0.25, "uniform over [−1, 2]: mean {mean}");
+        env.drive(&mut agent, 64, 1_000);
+        for _ in 0..50 {
+            agent.act(&env.obs, ActMode::Explore, &mut out).unwrap();
+            assert!(out.actions.iter().all(|a| (-1.0..=2.0).contains(a)), "{:?}", out.actions);
+        }
+        let mut det = ActOutput::default();
+        agent.act(&env.obs, ActMode::Deterministic, &mut det).unwrap();
+        agent.act(&env.obs, ActMode::Explore, &mut out).unwrap();
+        assert_ne!(det.actions, out.actions, "exploration adds noise");
+    }
+
+    #[test]
+    fn td3_delays_actor_and_targets_ddpg_does_not() {
+        let (obs_space, act_space) = spaces();
+        let td3 = Td3::td3(&obs_space, &act_space, 1, tiny_td3(), Device::Cpu, 2).unwrap();
+        let ddpg = Td3::ddpg(&obs_space, &act_space, 1, tiny_ddpg(), Device::Cpu, 2).unwrap();
+        assert_eq!((td3.name(), ddpg.name()), ("td3", "ddpg"));
+        assert_eq!((ddpg.config.n_critics, ddpg.config.policy_delay, ddpg.config.smoothing()), (1, 1, false));
+        for (mut agent, delay) in [(td3, 2), (ddpg, 1)] {
+            let mut env = Bandit::new(3, 1, 10, false);
+            // Up to learning_starts (64 env steps) nothing trains.
+            assert!(env.drive(&mut agent, 64, 1_000).is_empty());
+            for step in 1..=8u64 {
+                let before = [&agent.actor, &agent.actor_target, &agent.critic, &agent.critic_target].map(values);
+                let m = env.drive(&mut agent, 1, 1_000);
+                assert_eq!(m.len(), 1, "trains every step after learning_starts");
+                assert_eq!(m[0].get("charts/gradient_steps"), Some(1.0));
+                let after = [&agent.actor, &agent.actor_target, &agent.critic, &agent.critic_target].map(values);
+                let changed = |i: usize| before[i] != after[i];
+                assert!(changed(2), "the critic learns every step");
+                let due = step.is_multiple_of(delay);
+                assert_eq!([changed(0), changed(1), changed(3)], [due; 3], "{} step {step}", agent.name());
+                assert_eq!(agent.counters.critic_updates, step);
+                assert_eq!(agent.counters.actor_updates, step / delay);
+                assert_eq!(m[0].get("losses/actor_loss").unwrap().is_finite(), step >= delay);
+            }
+        }
+    }
+
+    #[test]
+    fn checkpoint_round_trip_continues_bit_identically() {
+        let (obs_space, act_space) = spaces();
+        let config = Td3Config { noise_type: NoiseType::OrnsteinUhlenbeck, noise_std: 0.3, ..tiny_td3() };
+        let mut agent = Td3::td3(&obs_space, &act_space, 2, config.clone(), Device::Cpu, 4).unwrap();
+        let mut env = Bandit::new(4, 2, 7, false);
+        // 151 vectorised steps: past learning_starts, an odd number of critic updates, OU noise mid-episode.
+        env.drive(&mut agent, 151, 1_000);
+        assert_eq!(agent.counters.critic_updates % 2, 1);
+        assert!(agent.noise.state().iter().any(|x| *x != 0.0));
+        let path = std::env::temp_dir().join(format!("flotilla-td3-ckpt-{}.safetensors", std::process::id()));
+        agent.checkpoint().unwrap().save(&path).unwrap();
+        let mut back = Td3::td3(&obs_space, &act_space, 2, config, Device::Cpu, 99).unwrap();
+        back.restore(&mut Checkpoint::load(&path).unwrap()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut env_copy = env.clone();
+        let a = env.drive(&mut agent, 60, 1_000);
+        let b = env_copy.drive(&mut back, 60, 1_000);
+        assert_eq!(a, b, "same metrics");
+        for (x, y) in [
+            (&agent.actor, &back.actor),
+            (&agent.actor_target, &back.actor_target),
+            (&agent.critic, &back.critic),
+            (&agent.critic_target, &back.critic_target),
+        ] {
+            assert_eq!(values(x), values(y));
+        }
+        assert_eq!(agent.counters, back.counters);
+        assert_eq!(agent.noise, back.noise);
+        // A DDPG checkpoint (one critic) does not fit a TD3 agent.
+        let ddpg = Td3::ddpg(&obs_space, &act_space, 2, tiny_ddpg(), Device::Cpu, 0).unwrap();
+        assert!(back.restore(&mut ddpg.checkpoint().unwrap()).is_err());
+    }
+
+    #[test]
+    fn learns_the_bandit_optimum() {
+        let (obs_space, act_space) = spaces();
+        let ddpg = DdpgConfig { learning_starts: 200, ..tiny_ddpg() };
+        let td3 = Td3Config { learning_starts: 200, ..tiny_td3() };
+        for mut agent in [
+            Td3::ddpg(&obs_space, &act_space, 1, ddpg, Device::Cpu, 5).unwrap(),
+            Td3::td3(&obs_space, &act_space, 1, td3, Device::Cpu, 5).unwrap(),
+        ] {
+            let mut env = Bandit::new(5, 1, 1, true);
+            env.drive(&mut agent, 1_500, 1_500);
+            let obs = env.draw();
+            let mut out = ActOutput::default();
+            agent.act(&obs, ActMode::Deterministic, &mut out).unwrap();
+            assert!((out.actions[0] - OPTIMUM).abs() < 0.1, "{}: action {:?}", agent.name(), out.actions);
+        }
+    }
+
+    #[test]
+    fn configs_defaults_and_validation() {
+        let (d, t) = (DdpgConfig::default(), Td3Config::default());
+        assert_eq!(
+            (d.learning_starts, d.buffer_size, d.gamma, d.hidden_sizes.as_slice()),
+            (10_000, 200_000, 0.98, &[400, 300][..])
+        );
+        assert_eq!((t.policy_delay, t.n_critics, t.target_policy_noise, t.target_noise_clip), (2, 2, 0.2, 0.5));
+        assert_eq!(
+            Td3Config { n_critics: 1, policy_delay: 1, target_policy_noise: 0.0, target_noise_clip: 0.0, ..t.clone() },
+            d.into()
+        );
+        let e = Td3Config { policy_delay: 0, ..t }.validate().unwrap_err().to_string();
+        assert!(e.contains("td3") && e.contains("policy_delay"), "{e}");
+        let e = DdpgConfig { batch_size: 0, ..DdpgConfig::default() }.validate().unwrap_err().to_string();
+        assert!(e.contains("ddpg") && e.contains("batch_size"), "{e}");
+        let (obs_space, _) = spaces();
+        for bad in [Space::discrete(3), Space::box1d(vec![f32::NEG_INFINITY], vec![1.0])] {
+            assert!(Td3::td3(&obs_space, &bad, 1, tiny_td3(), Device::Cpu, 0).is_err());
+        }
+    }
+}
