@@ -31,7 +31,7 @@ use crate::checkpoint::Checkpoint;
 use crate::nets::Activation;
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::rollout::Rollout;
+use crate::rollout::{Rollout, RolloutCollector};
 use crate::{Error, Metrics, Result};
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
@@ -236,9 +236,7 @@ pub struct Ppo {
     opt: Adam,
     rng: Pcg64,
     /// The rollout being collected by [`Algorithm::observe`].
-    rollout: Rollout,
-    /// The observations after the rollout's last step, to bootstrap from.
-    bootstrap_obs: Vec<f32>,
+    collector: RolloutCollector,
     scratch: Vec<(i64, f32)>,
 }
 
@@ -266,9 +264,9 @@ impl Ppo {
             seed,
         )?;
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
-        let rollout = Rollout::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
+        let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);
-        Ok(Ppo { config, net, opt, rng, rollout, bootstrap_obs: Vec::new(), scratch: Vec::new() })
+        Ok(Ppo { config, net, opt, rng, collector, scratch: Vec::new() })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
@@ -398,35 +396,16 @@ impl Algorithm for Ppo {
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        let r = &mut self.rollout;
-        r.push_policy(step.obs, &step.act.actions, &step.act.log_probs, &step.act.values)?;
-        r.push_outcome(step.rewards, step.terminated, step.truncated)?;
-        // Bootstrap truncated episodes from their true final observation, in one batched call.
-        let d = self.net.obs_dim();
-        let cut: Vec<usize> = (0..r.n_envs).filter(|&i| step.truncated[i] && !step.terminated[i]).collect();
-        if !cut.is_empty() {
-            let rows: Vec<f32> = cut.iter().flat_map(|&i| step.next_obs[i * d..(i + 1) * d].iter().copied()).collect();
-            for (&i, v) in cut.iter().zip(self.values(&rows)?) {
-                self.rollout.set_final_value(i, v);
-            }
-        }
-        if self.rollout.is_full() {
-            self.bootstrap_obs.clear();
-            self.bootstrap_obs.extend_from_slice(step.next_obs);
-        }
-        Ok(())
+        self.collector.observe(step, |obs| self.net.values(obs))
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        if !self.rollout.is_full() {
+        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
+        let Some(rollout) = self.collector.finish(|obs| self.net.values(obs), gamma, lambda)? else {
             return Ok(None);
-        }
-        let last_values = self.values(&self.bootstrap_obs)?;
-        let mut rollout = std::mem::replace(&mut self.rollout, Rollout::new(0, 0, 0, 0));
-        rollout.finish(&last_values, self.config.gamma as f32, self.config.gae_lambda as f32)?;
+        };
         let metrics = self.update_from(&rollout, progress.remaining());
-        rollout.clear();
-        self.rollout = rollout;
+        self.collector.recycle(rollout);
         metrics.map(Some)
     }
 
@@ -434,8 +413,7 @@ impl Algorithm for Ppo {
         let mut c = Checkpoint::new();
         c.put_tensor("params", self.net.params.flat());
         self.opt.write_to(&mut c, "adam")?;
-        self.rollout.write_to(&mut c, "rollout")?;
-        c.put_f32("bootstrap_obs", &self.bootstrap_obs);
+        self.collector.write_to(&mut c, "rollout")?;
         c.put_meta("rng", &self.rng)?;
         Ok(c)
     }
@@ -443,8 +421,7 @@ impl Algorithm for Ppo {
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
         c.copy_into("params", self.net.params.flat())?;
         self.opt.read_from(c, "adam")?;
-        self.rollout.read_from(c, "rollout")?;
-        self.bootstrap_obs = c.take_f32("bootstrap_obs")?;
+        self.collector.read_from(c, "rollout")?;
         self.rng = c.meta("rng")?;
         Ok(())
     }

@@ -7,6 +7,7 @@
 //!
 //! Then [`Rollout::finish`] with the values of the observations after the last step computes GAE advantages
 //! and returns. Buffers are allocated once and reused.
+use crate::algorithm::Transition;
 use crate::checkpoint::Checkpoint;
 use crate::gae::gae;
 use crate::{Error, Result};
@@ -201,6 +202,82 @@ impl Rollout {
         self.next_values = c.take_f32(&format!("{prefix}.next_values"))?;
         self.terminated = c.meta(&format!("{prefix}.terminated"))?;
         self.truncated = c.meta(&format!("{prefix}.truncated"))?;
+        Ok(())
+    }
+}
+
+/// A [`Rollout`] filled from the trainer's [`Transition`]s, as PPO and A2C collect it: truncated episodes are
+/// bootstrapped from `V(true final observation)`, and the rollout is finished with `V` of the observations
+/// after its last step.
+#[derive(Debug, Clone)]
+pub struct RolloutCollector {
+    rollout: Rollout,
+    /// The observations after the rollout's last step, to bootstrap from.
+    bootstrap_obs: Vec<f32>,
+}
+
+impl RolloutCollector {
+    /// Empty storage for `n_steps × n_envs` transitions.
+    pub fn new(n_envs: usize, n_steps: usize, obs_dim: usize, act_dim: usize) -> Self {
+        RolloutCollector { rollout: Rollout::new(n_envs, n_steps, obs_dim, act_dim), bootstrap_obs: Vec::new() }
+    }
+
+    /// Store one vectorised step; `values` computes `V` for a batch of observations.
+    pub fn observe(&mut self, step: &Transition<'_>, values: impl FnOnce(&[f32]) -> Result<Vec<f32>>) -> Result<()> {
+        let r = &mut self.rollout;
+        r.push_policy(step.obs, &step.act.actions, &step.act.log_probs, &step.act.values)?;
+        r.push_outcome(step.rewards, step.terminated, step.truncated)?;
+        // Bootstrap truncated episodes from their true final observation, in one batched call.
+        let d = r.obs_dim;
+        let cut: Vec<usize> = (0..r.n_envs).filter(|&i| step.truncated[i] && !step.terminated[i]).collect();
+        if !cut.is_empty() {
+            let rows: Vec<f32> = cut.iter().flat_map(|&i| step.next_obs[i * d..(i + 1) * d].iter().copied()).collect();
+            for (&i, v) in cut.iter().zip(values(&rows)?) {
+                r.set_final_value(i, v);
+            }
+        }
+        if r.is_full() {
+            self.bootstrap_obs.clear();
+            self.bootstrap_obs.extend_from_slice(step.next_obs);
+        }
+        Ok(())
+    }
+
+    /// When the rollout is full: compute GAE advantages and returns and hand it out (give it back with
+    /// [`RolloutCollector::recycle`] to reuse its buffers). `None` while it is still filling.
+    pub fn finish(
+        &mut self,
+        values: impl FnOnce(&[f32]) -> Result<Vec<f32>>,
+        gamma: f32,
+        lambda: f32,
+    ) -> Result<Option<Rollout>> {
+        if !self.rollout.is_full() {
+            return Ok(None);
+        }
+        let last_values = values(&self.bootstrap_obs)?;
+        let empty = Rollout::new(self.rollout.n_envs, self.rollout.n_steps, self.rollout.obs_dim, self.rollout.act_dim);
+        let mut rollout = std::mem::replace(&mut self.rollout, empty);
+        rollout.finish(&last_values, gamma, lambda)?;
+        Ok(Some(rollout))
+    }
+
+    /// Take back a rollout [`RolloutCollector::finish`] handed out, cleared, to fill again.
+    pub fn recycle(&mut self, mut rollout: Rollout) {
+        rollout.clear();
+        self.rollout = rollout;
+    }
+
+    /// Save the partly filled rollout and the bootstrap observations under `prefix`.
+    pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        self.rollout.write_to(c, prefix)?;
+        c.put_f32(format!("{prefix}.bootstrap_obs"), &self.bootstrap_obs);
+        Ok(())
+    }
+
+    /// Restore what [`RolloutCollector::write_to`] saved.
+    pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        self.rollout.read_from(c, prefix)?;
+        self.bootstrap_obs = c.take_f32(&format!("{prefix}.bootstrap_obs"))?;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! Flotilla's benchmark: prints the tables recorded in BENCHMARKS.md.
 //!
-//! `cargo run --release -p flotilla-tests --bin flotilla-bench [-- --quick] [--no-envs] [--only ppo,dqn,...]`
+//! `cargo run --release -p flotilla-tests --bin flotilla-bench [-- --quick] [--no-envs] [--only ppo,dqn,...]
+//! [--set key=value ...]`
 //!
 //! 1. Env steps/s for every native env: one env through `Env::step` (boxed, as `make` returns it), through
 //!    the allocation-free `step_into`, and a `VecEnv` of 8; plus Python Gymnasium's CartPole-v1 measured in
@@ -123,8 +124,8 @@ const TASKS: &[Task] = &[
     Task { label: "td3", config: "pendulum_td3.toml", threshold: -200.0, overrides: &["eval.interval_steps=1000"] },
 ];
 
-fn algorithm_table(tasks: &[&Task], seeds: &[u64]) {
-    println!("\n## Algorithms on their reference tasks (1 torch thread; \"train s\" excludes evaluation)\n");
+fn algorithm_table(tasks: &[&Task], seeds: &[u64], extra: &[String]) {
+    println!("\n## Algorithms on their reference tasks (\"train s\" excludes evaluation; extra settings: {extra:?})\n");
     println!(
         "| algorithm | env | seed | threshold | env steps to threshold | train s to threshold | evals ≥ threshold after | final eval | train s (budget) | gradient steps/s |"
     );
@@ -132,7 +133,9 @@ fn algorithm_table(tasks: &[&Task], seeds: &[u64]) {
     for task in tasks {
         let mut overrides = vec!["metrics.log_interval_steps=1000000000"];
         overrides.extend_from_slice(task.overrides);
-        for r in train_seeds(task.config, &overrides, seeds, task.threshold) {
+        overrides.extend(extra.iter().map(String::as_str));
+        // One seed at a time, so timings are not shared between runs.
+        for r in seeds.iter().flat_map(|&seed| train_seeds(task.config, &overrides, &[seed], task.threshold)) {
             let rep = &r.report;
             let first = rep.evals.iter().position(|e| e.result.mean() >= task.threshold);
             let (steps, secs, held) = match first {
@@ -173,6 +176,9 @@ fn main() -> flotilla_core::Result<()> {
             );
         }
     }
-    algorithm_table(&tasks, if quick { &[1] } else { &[1, 2, 3] });
+    // `--set key=value` (repeatable) overrides every task's config, e.g. `--set run.torch_threads=2`.
+    let args: Vec<String> = std::env::args().collect();
+    let extra: Vec<String> = args.windows(2).filter(|w| w[0] == "--set").map(|w| w[1].clone()).collect();
+    algorithm_table(&tasks, if quick { &[1] } else { &[1, 2, 3] }, &extra);
     Ok(())
 }
