@@ -5,7 +5,8 @@
 //! Implementation details that matter (SB3's `DQN`):
 //! * ε-greedy exploration, ε decaying linearly from `exploration_initial_eps` to `exploration_final_eps`
 //!   over the first `exploration_fraction` of training; uniformly random actions before `learning_starts`;
-//! * every `train_freq` env steps (after `learning_starts`), `gradient_steps` minibatch updates;
+//! * every `train_freq` vectorised steps (SB3's unit: one call to the vectorised env; with one env, env steps)
+//!   after `learning_starts` env steps, `gradient_steps` minibatch updates;
 //! * the target network follows the online one every `target_update_interval` env steps, by Polyak
 //!   averaging with `tau` (1 = a hard copy), so it stays fixed within each block of gradient steps;
 //! * Huber (smooth L1) loss, weighted by importance weights under prioritized replay, whose priorities
@@ -52,11 +53,12 @@ pub struct DqnConfig {
     pub learning_starts: u64,
     /// Discount factor γ.
     pub gamma: f64,
-    /// Env steps between training phases.
+    /// Vectorised steps between training phases (SB3's unit; env steps when `num_envs = 1`).
     pub train_freq: u64,
     /// Gradient steps per training phase.
     pub gradient_steps: usize,
-    /// Env steps between target-network updates.
+    /// Env steps between target-network updates (counted as SB3 does: every max(interval / num_envs, 1)
+    /// vectorised steps).
     pub target_update_interval: u64,
     /// Polyak coefficient of a target update (1: hard copy).
     pub tau: f64,
@@ -177,7 +179,7 @@ struct Counters {
     env_steps: u64,
     /// Vectorised steps observed (SB3's `_n_calls`, which times target updates).
     calls: u64,
-    /// Env steps since the last training phase.
+    /// Vectorised steps since the last training phase.
     since_train: u64,
     /// Gradient steps taken.
     gradient_steps: u64,
@@ -401,7 +403,7 @@ impl Algorithm for Dqn {
         )?;
         let c = &mut self.counters;
         c.env_steps += self.n_envs as u64;
-        c.since_train += self.n_envs as u64;
+        c.since_train += 1;
         c.calls += 1;
         // SB3 counts the target interval in vectorised steps: every max(interval / n_envs, 1) calls.
         let every = (self.config.target_update_interval / self.n_envs as u64).max(1);
@@ -480,5 +482,90 @@ impl Algorithm for Dqn {
 
     fn load_weights(&mut self, path: &Path) -> Result<()> {
         self.online.load(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spaces() -> (Space, Space) {
+        (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::discrete(2))
+    }
+
+    #[test]
+    fn epsilon_decays_linearly_then_stays() {
+        let c = DqnConfig::default();
+        assert_eq!(c.epsilon(1.0), 1.0);
+        assert!((c.epsilon(1.0 - 0.08) - (1.0 + 0.5 * (0.04 - 1.0))).abs() < 1e-12, "halfway through the decay");
+        assert_eq!(c.epsilon(1.0 - 0.16), 0.04);
+        assert_eq!(c.epsilon(0.0), 0.04);
+    }
+
+    #[test]
+    fn dueling_q_values_average_to_the_state_value() {
+        let (obs, act) = spaces();
+        let config = DqnConfig { dueling: true, hidden_sizes: vec![8], ..Default::default() };
+        let dqn = Dqn::new(&obs, &act, 1, config, Device::Cpu, 0).unwrap();
+        let x = Tensor::from_slice(&[0.1f32, -0.3, 0.7, 0.2, 0.2, -0.9]).view([2, 3]);
+        let raw = dqn.net.forward(&dqn.online, &x);
+        let q = dqn.q_values(&dqn.online, &x);
+        // Q = V + A − mean(A), so mean_a Q(s, a) = V(s), the first output.
+        let mean_q = q.mean_dim(1, false, Kind::Float);
+        assert!(mean_q.allclose(&raw.narrow(1, 0, 1).squeeze_dim(1), 1e-6, 1e-6, false));
+    }
+
+    #[test]
+    fn random_before_learning_starts_then_learns_a_bandit() {
+        let (obs_space, act_space) = spaces();
+        let config = DqnConfig {
+            learning_starts: 64,
+            train_freq: 16,
+            gradient_steps: 16,
+            batch_size: 32,
+            hidden_sizes: vec![32],
+            exploration_fraction: 0.2,
+            double_q: true,
+            prioritized_replay: true,
+            n_step: 2,
+            ..Default::default()
+        };
+        let mut dqn = Dqn::new(&obs_space, &act_space, 1, config, Device::Cpu, 3).unwrap();
+        let mut rng = Pcg64::seed_from_u64(4);
+        let mut out = ActOutput::default();
+        let total = 2_000u64;
+        let mut early_actions = Vec::new();
+        for t in 1..=total {
+            let obs: Vec<f32> = (0..3).map(|_| rng.random_range(-1.0..1.0)).collect();
+            dqn.act(&obs, ActMode::Explore, &mut out).unwrap();
+            if t <= 64 {
+                early_actions.push(out.actions[0]);
+            }
+            // Action 1 pays 1, action 0 pays 0; every step ends the episode.
+            let reward = [out.actions[0]];
+            let step = Transition {
+                obs: &obs,
+                act: &out,
+                rewards: &reward,
+                terminated: &[true],
+                truncated: &[false],
+                next_obs: &obs,
+            };
+            dqn.observe(&step).unwrap();
+            dqn.update(&Progress { env_steps: t, total_env_steps: total }).unwrap();
+        }
+        assert!(early_actions.contains(&0.0) && early_actions.contains(&1.0), "uniform actions before learning");
+        for probe in [[0.5f32, 0.5, 0.5], [-0.9, 0.1, 0.3]] {
+            dqn.act(&probe, ActMode::Deterministic, &mut out).unwrap();
+            assert_eq!(out.actions, vec![1.0], "greedy action pays; Q = {:?}", out.q_values);
+            assert!((out.q_values[1] - 1.0).abs() < 0.2 && out.q_values[0].abs() < 0.2, "Q = {:?}", out.q_values);
+        }
+    }
+
+    #[test]
+    fn continuous_actions_are_refused() {
+        let obs = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
+        let e = Dqn::new(&obs, &obs, 1, DqnConfig::default(), Device::Cpu, 0).unwrap_err().to_string();
+        assert!(e.contains("discrete"), "{e}");
     }
 }
