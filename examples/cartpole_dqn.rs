@@ -21,7 +21,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         obs = step.obs.to_vec();
         if let Some(m) = agent.update(&Progress { env_steps, total_env_steps })?
             && env_steps % 10 == 9
-        // every fifth training phase (they start at step 1001, 256 apart)
         {
             println!("{env_steps:>6} steps, TD loss {:.3}", m.get("losses/td_loss").unwrap_or(f64::NAN));
         }
