@@ -7,7 +7,7 @@ use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
 use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
-use crate::nets::{Activation, TwinMlp, with_torch_seed};
+use crate::nets::{Activation, TwinMlp, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::ActOutput;
 use crate::{Error, Result};
@@ -46,16 +46,7 @@ impl ActorCritic {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        let obs_dim = match observation_space {
-            Space::Box { shape, .. } if shape.len() == 1 => shape[0],
-            other => {
-                return Err(Error::UnsupportedSpace {
-                    which: "observation",
-                    algorithm,
-                    detail: format!("{other:?}: the MLP policy takes 1-D boxes"),
-                });
-            }
-        };
+        let obs_dim = mlp_input_dim(algorithm, observation_space)?;
         let action = match action_space {
             Space::Discrete { n, .. } => ActionKind::Discrete(*n),
             Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),

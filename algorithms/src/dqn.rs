@@ -31,7 +31,7 @@ use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
 use crate::n_step::NStep;
-use crate::nets::{Activation, FlatMlp, LayerInit, with_torch_seed};
+use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::replay::{Element, PrioritizedReplay, ReplayBuffer, ReplaySample};
@@ -218,16 +218,7 @@ impl Dqn {
         seed: u64,
     ) -> Result<Self> {
         config.validate()?;
-        let obs_dim = match observation_space {
-            Space::Box { shape, .. } if shape.len() == 1 => shape[0],
-            other => {
-                return Err(Error::UnsupportedSpace {
-                    which: "observation",
-                    algorithm: "dqn",
-                    detail: format!("{other:?}: the MLP Q-network takes 1-D boxes"),
-                });
-            }
-        };
+        let obs_dim = mlp_input_dim("dqn", observation_space)?;
         let Space::Discrete { n: n_actions, .. } = *action_space else {
             return Err(Error::UnsupportedSpace {
                 which: "action",

@@ -75,6 +75,19 @@ impl Module for Mlp {
     }
 }
 
+/// Input width of an MLP for this observation space: its size if it is a 1-D box; otherwise an error naming
+/// `algorithm` (image observations need a convolutional torso).
+pub fn mlp_input_dim(algorithm: &'static str, observation_space: &flotilla_core::Space) -> crate::Result<usize> {
+    match observation_space {
+        flotilla_core::Space::Box { shape, .. } if shape.len() == 1 => Ok(shape[0]),
+        other => Err(crate::Error::UnsupportedSpace {
+            which: "observation",
+            algorithm,
+            detail: format!("{other:?}: MLP networks take 1-D boxes"),
+        }),
+    }
+}
+
 /// How an MLP's layers are initialised.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LayerInit {

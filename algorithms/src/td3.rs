@@ -42,7 +42,7 @@ use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
-use crate::nets::{Activation, FlatMlp, LayerInit, with_torch_seed};
+use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::replay::{Experience, ReplayBuffer, ReplaySample};
@@ -395,16 +395,7 @@ impl Td3 {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        let obs_dim = match observation_space {
-            Space::Box { shape, .. } if shape.len() == 1 => shape[0],
-            other => {
-                return Err(Error::UnsupportedSpace {
-                    which: "observation",
-                    algorithm: name,
-                    detail: format!("{other:?}: the MLP networks take 1-D boxes"),
-                });
-            }
-        };
+        let obs_dim = mlp_input_dim(name, observation_space)?;
         let (low, high) = match action_space {
             Space::Box { low, high, shape, .. }
                 if shape.len() == 1 && low.iter().zip(high).all(|(l, h)| l.is_finite() && h.is_finite() && l < h) =>
