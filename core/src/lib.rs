@@ -1,7 +1,8 @@
 //! Plain data that crosses Flotilla's crate boundaries.
 //!
 //! This crate holds only types and traits — [`Space`], [`Action`], [`Obs`], [`Step`], the [`Env`] trait
-//! with Gymnasium 1.x semantics, [`EnvSnapshot`] for exact resume, and the shared [`Error`] — so it builds
+//! with Gymnasium 1.x semantics, [`EnvSnapshot`] for exact resume, what actors send learners ([`Chunk`], [`Gradient`], [`Versioned`]
+//! parameters), and the shared [`Error`] — so it builds
 //! in seconds and every other crate can depend on it. It deliberately knows nothing of libtorch, tokio, files or the network.
 #![deny(missing_docs)]
 
@@ -9,8 +10,10 @@ mod env;
 mod error;
 mod snapshot;
 mod space;
+mod trajectory;
 
 pub use env::{Action, Env, Info, Obs, Step};
 pub use error::{Error, Result};
 pub use snapshot::EnvSnapshot;
 pub use space::{DType, Space};
+pub use trajectory::{Chunk, ChunkSpec, EpisodeStats, Gradient, ObsBuf, Params, Versioned};

@@ -13,6 +13,11 @@
 //! | `MountainCarContinuous-v0` | [`MountainCarContinuous`] | 999 | 90 |
 //! | `Pendulum-v1` | [`Pendulum`] | 200 | — |
 //! | `Acrobot-v1` | [`Acrobot`] | 500 | -100 |
+//! | `Latency-v0` | [`Latency`] | 500 | 475 |
+//!
+//! `Latency-v0` is not Gymnasium's: it is CartPole-v1 whose every step takes a fixed wall-clock time
+//! (`step_latency_us`, 1 ms by default), sleeping, like an expensive simulator, for scaling benchmarks of
+//! many actor processes on few cores.
 //!
 //! ```
 //! use flotilla_core::Action;
@@ -50,6 +55,7 @@ mod action;
 mod buffered;
 mod cartpole;
 mod kwargs;
+mod latency;
 mod mountain_car;
 mod mountain_car_continuous;
 mod numpy_scalar;
@@ -64,6 +70,7 @@ pub use acrobot::{Acrobot, AcrobotState};
 pub use buffered::{BoxedEnv, BufferedEnv, StepOutcome};
 pub use cartpole::{CartPole, CartPoleConfig, CartPoleState};
 pub use kwargs::{KwargValue, Kwargs};
+pub use latency::{Latency, LatencyConfig};
 pub use mountain_car::{MountainCar, MountainCarConfig, MountainCarState};
 pub use mountain_car_continuous::{MountainCarContinuous, MountainCarContinuousConfig};
 pub use pendulum::{Pendulum, PendulumConfig, PendulumState, angle_normalize};

@@ -1,5 +1,6 @@
 //! Environment ids and `gym.make`, mirroring the classic-control registrations in
-//! `gymnasium/envs/__init__.py` (Gymnasium 1.2.2) and `gymnasium/envs/registration.py`'s `make`.
+//! `gymnasium/envs/__init__.py` (Gymnasium 1.2.2) and `gymnasium/envs/registration.py`'s `make`, plus
+//! `Latency-v0` (CartPole with a fixed wall-clock time per step, for scaling benchmarks; not Gymnasium's).
 //!
 //! [`make`] builds the native env from its id and [`Kwargs`], wrapped in its registered
 //! [`TimeLimit`]. As in `gym.make`, the extra argument `max_episode_steps` overrides the limit
@@ -11,7 +12,7 @@ use flotilla_core::{Env, Error, Result};
 use crate::buffered::BufferedEnv;
 use crate::kwargs::{KwargReader, Kwargs};
 use crate::{
-    Acrobot, CartPole, CartPoleConfig, MountainCar, MountainCarConfig, MountainCarContinuous,
+    Acrobot, CartPole, CartPoleConfig, Latency, LatencyConfig, MountainCar, MountainCarConfig, MountainCarContinuous,
     MountainCarContinuousConfig, Pendulum, PendulumConfig, TimeLimit,
 };
 
@@ -28,7 +29,7 @@ pub struct EnvSpec {
     pub kwargs: &'static [&'static str],
 }
 
-static REGISTRY: [EnvSpec; 5] = [
+static REGISTRY: [EnvSpec; 6] = [
     EnvSpec {
         id: "CartPole-v1",
         max_episode_steps: Some(500),
@@ -49,9 +50,15 @@ static REGISTRY: [EnvSpec; 5] = [
     },
     EnvSpec { id: "Pendulum-v1", max_episode_steps: Some(200), reward_threshold: None, kwargs: PendulumConfig::KWARGS },
     EnvSpec { id: "Acrobot-v1", max_episode_steps: Some(500), reward_threshold: Some(-100.0), kwargs: &[] },
+    EnvSpec {
+        id: "Latency-v0",
+        max_episode_steps: Some(500),
+        reward_threshold: Some(475.0),
+        kwargs: LatencyConfig::KWARGS,
+    },
 ];
 
-/// Every native env id, in Gymnasium's registration order.
+/// Every native env id, in Gymnasium's registration order, then `Latency-v0`.
 pub fn registered() -> &'static [EnvSpec] {
     &REGISTRY
 }
@@ -81,6 +88,7 @@ pub fn make(id: &str, kwargs: &Kwargs) -> Result<Box<dyn Env>> {
         (Native::MountainCar(e), limit) => boxed_env(e, limit),
         (Native::MountainCarContinuous(e), limit) => boxed_env(e, limit),
         (Native::Pendulum(e), limit) => boxed_env(e, limit),
+        (Native::Latency(e), limit) => boxed_env(e, limit),
     })
 }
 
@@ -92,6 +100,7 @@ pub fn make_buffered(id: &str, kwargs: &Kwargs) -> Result<Box<dyn BufferedEnv>> 
         (Native::MountainCar(e), limit) => boxed_buffered(e, limit),
         (Native::MountainCarContinuous(e), limit) => boxed_buffered(e, limit),
         (Native::Pendulum(e), limit) => boxed_buffered(e, limit),
+        (Native::Latency(e), limit) => boxed_buffered(e, limit),
     })
 }
 
@@ -102,6 +111,7 @@ enum Native {
     MountainCar(MountainCar),
     MountainCarContinuous(MountainCarContinuous),
     Pendulum(Pendulum),
+    Latency(Latency),
 }
 
 fn boxed_env<E: BufferedEnv + 'static>(env: E, limit: Option<usize>) -> Box<dyn Env> {
@@ -141,6 +151,7 @@ fn build(id: &str, kwargs: &Kwargs) -> Result<(Native, Option<usize>)> {
             Native::MountainCarContinuous(MountainCarContinuous::new(MountainCarContinuousConfig::read(&mut reader)?)?)
         }
         "Pendulum-v1" => Native::Pendulum(Pendulum::new(PendulumConfig::read(&mut reader)?)?),
+        "Latency-v0" => Native::Latency(Latency::new(LatencyConfig::read(&mut reader)?)?),
         other => {
             return Err(Error::Unsupported { env: other.to_string(), what: "building from the registry".into() });
         }

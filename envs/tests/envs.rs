@@ -30,8 +30,9 @@ fn step_valid(env: &mut dyn Env) -> flotilla_core::Step {
 #[test]
 fn spaces_are_gymnasiums() {
     let inf = f32::INFINITY;
-    let expect: [(&str, Vec<f32>, Space); 5] = [
+    let expect: [(&str, Vec<f32>, Space); 6] = [
         ("CartPole-v1", vec![4.8, inf, 0.41887903, inf], Space::discrete(2)),
+        ("Latency-v0", vec![4.8, inf, 0.41887903, inf], Space::discrete(2)),
         ("MountainCar-v0", vec![0.6, 0.07], Space::discrete(3)),
         ("MountainCarContinuous-v0", vec![0.6, 0.07], Space::box1d(vec![-1.0], vec![1.0])),
         ("Pendulum-v1", vec![1.0, 1.0, 8.0], Space::box1d(vec![-2.0], vec![2.0])),
@@ -190,7 +191,7 @@ fn reset_states_lie_in_gymnasiums_ranges() {
             assert!(env.observation_space().contains_f32(&obs), "{id}: {obs:?} outside the observation space");
             let inside = |x: f64, lo: f64, hi: f64| (lo..=hi).contains(&x);
             match id.as_str() {
-                "CartPole-v1" => {
+                "CartPole-v1" | "Latency-v0" => {
                     assert!(s.iter().all(|&x| inside(x, -0.05, 0.05)), "{id}: {s:?}");
                     assert_eq!(obs, s.iter().map(|&x| x as f32).collect::<Vec<_>>());
                 }

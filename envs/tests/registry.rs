@@ -15,6 +15,7 @@ fn registrations_match_gymnasium() {
             ("MountainCarContinuous-v0", Some(999), Some(90.0)),
             ("Pendulum-v1", Some(200), None),
             ("Acrobot-v1", Some(500), Some(-100.0)),
+            ("Latency-v0", Some(500), Some(475.0)),
         ]
     );
     for s in registered() {
