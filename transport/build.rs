@@ -5,8 +5,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         unsafe { std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?) };
     }
     println!("cargo:rerun-if-changed=proto/flotilla.proto");
-    tonic_prost_build::configure()
-        .bytes(".")
-        .compile_protos(&["proto/flotilla.proto"], &["proto"])?;
+    tonic_prost_build::configure().bytes(".").compile_protos(&["proto/flotilla.proto"], &["proto"])?;
     Ok(())
 }

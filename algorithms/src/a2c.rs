@@ -13,12 +13,19 @@
 //! * `torch.optim.RMSprop` (α 0.99, ε 1e-5, ε outside the square root: [`crate::rmsprop`]) at a constant
 //!   learning rate 7e-4;
 //! * the gradient is computed and applied in two calls ([`A2c::compute_gradients`], [`A2c::apply_gradients`]),
-//!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server).
+//!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server);
+//! * optional V-trace correction (`vtrace`, `[algorithm.vtrace]` in TOML) for rollouts that actors collected
+//!   with parameters a few versions old, which makes the update IMPALA's (Espeholt et al. 2018): the current
+//!   parameters (no gradient) recompute `V(x_t)` and `V(x_{t+1})` (from the kept final and bootstrap
+//!   observations) and `ln π(a|x)` for the importance weights, and the advantages and value targets become
+//!   V-trace's `ρ^pg (r + γ v_{t+1} − V(x_t))` and `v_t` ([`crate::vtrace`]; `gae_lambda` is then unused).
 //!
 //! Defaults follow RL Zoo's CartPole-v1 A2C (with `[env] num_envs = 8`): SB3's defaults with no entropy bonus.
 //!
 //! Metrics: `losses/policy_loss`, `losses/value_loss`, `losses/entropy`, `losses/explained_variance`,
-//! `charts/learning_rate`, `charts/gradient_steps`.
+//! `charts/learning_rate`, `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean
+//! `min(ρ̄, π/μ)`), `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with
+//! `π/μ > ρ̄`) and `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)).
 use std::path::Path;
 
 use flotilla_core::Space;
@@ -37,6 +44,7 @@ use crate::policy::{ActMode, ActOutput, Policy};
 use crate::ppo::explained_variance;
 use crate::rmsprop::RmsProp;
 use crate::rollout::{Rollout, RolloutCollector};
+use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 
 /// Which optimiser applies the gradients.
@@ -83,6 +91,10 @@ pub struct A2cConfig {
     pub activation: Activation,
     /// Initial log standard deviation of Gaussian policies.
     pub log_std_init: f64,
+    /// Off-policy correction for rollouts collected with stale parameters: when set (`[algorithm.vtrace]`,
+    /// with its truncation thresholds), advantages and value targets are recomputed with V-trace under the
+    /// current parameters before each gradient, and `gae_lambda` is unused. `None` is plain A2C.
+    pub vtrace: Option<VtraceConfig>,
 }
 
 impl Default for A2cConfig {
@@ -103,6 +115,7 @@ impl Default for A2cConfig {
             hidden_sizes: vec![64, 64],
             activation: Activation::Tanh,
             log_std_init: 0.0,
+            vtrace: None,
         }
     }
 }
@@ -151,6 +164,9 @@ impl A2cConfig {
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+        }
+        if let Some(vtrace) = &self.vtrace {
+            vtrace.validate()?;
         }
         Ok(())
     }
@@ -309,9 +325,25 @@ impl A2c {
         self.net.values(obs)
     }
 
+    /// A3C actors: once [`Algorithm::observe`] has filled a rollout, its gradient (flat, in
+    /// [`A2c::params`]' layout, computed with the current parameters) and loss metrics; the rollout's buffers
+    /// are reused. `None` while the rollout is still filling. The parameters are not changed.
+    pub fn collected_gradients(&mut self) -> Result<Option<(Tensor, Metrics)>> {
+        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
+        let Some(rollout) = self.collector.finish(|obs| self.net.values(obs), gamma, lambda)? else {
+            return Ok(None);
+        };
+        let out = self.compute_gradients(&rollout);
+        self.collector.recycle(rollout);
+        out.map(Some)
+    }
+
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
     /// `max_grad_norm`: a detached flat tensor laid out like [`A2c::params`]. Neither the parameters nor the
     /// optimiser change; [`A2c::apply_gradients`] (here or on another copy of the agent) takes the step.
+    ///
+    /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
+    /// under this agent's parameters (the rollout itself is left as the behaviour policy's record).
     pub fn compute_gradients(&mut self, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
         let n = rollout.len();
         if n == 0 {
@@ -327,11 +359,21 @@ impl A2c {
         let c = &self.config;
         let coefficients =
             LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: c.normalize_advantage };
+        // Off-policy correction: advantages and value targets recomputed under the current parameters.
+        let vtrace = match &c.vtrace {
+            Some(v) => Some(self.net.vtrace_targets(rollout, c.gamma as f32, v)?),
+            None => None,
+        };
+        let (advantages, returns, values) = match &vtrace {
+            Some(t) => (&t.pg_advantages[..], &t.vs[..], &t.values[..]),
+            None => (&rollout.advantages[..n], &rollout.returns[..n], &rollout.values[..]),
+        };
+        let explained_var = explained_variance(values, returns);
         let d = self.net.device;
         let obs = self.net.obs_tensor(&rollout.obs)?;
         let actions = self.net.actions_tensor(&rollout.actions);
-        let advantages = Tensor::from_slice(&rollout.advantages[..n]).to_device(d);
-        let returns = Tensor::from_slice(&rollout.returns[..n]).to_device(d);
+        let advantages = Tensor::from_slice(advantages).to_device(d);
+        let returns = Tensor::from_slice(returns).to_device(d);
 
         let (head, values) = self.net.forward(&obs);
         let dist = self.net.dist(head);
@@ -350,7 +392,10 @@ impl A2c {
         m.push("losses/policy_loss", scalar(&loss.policy)?);
         m.push("losses/value_loss", scalar(&loss.value)?);
         m.push("losses/entropy", scalar(&entropy)?);
-        m.push("losses/explained_variance", explained_variance(&rollout.values, &rollout.returns[..n]));
+        m.push("losses/explained_variance", explained_var);
+        if let Some(t) = &vtrace {
+            t.weights.push_metrics(&mut m);
+        }
         Ok((grad, m))
     }
 
@@ -452,6 +497,7 @@ impl Algorithm for A2c {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vtrace::VtraceConfig;
     use rand::Rng;
 
     /// The A2C loss in the paper's notation, sample by sample, in f64: (policy, value, total).
@@ -683,5 +729,71 @@ mod tests {
         let e = serde_json::from_str::<A2cConfig>(r#"{"optimiser": "adam"}"#).unwrap_err().to_string();
         assert!(e.contains("optimiser"), "{e}");
         assert!(serde_json::from_str::<A2cConfig>(r#"{"optimizer": "sgd"}"#).is_err());
+    }
+
+    #[test]
+    fn vtrace_on_policy_is_plain_a2c_and_reweights_a_lagging_rollout() {
+        let (obs_space, act_space) = cartpole_spaces();
+        // A2C's returns are GAE with λ = 1 already, so on-policy V-trace (ρ̄ = c̄ = ρ̄_pg = 1) changes nothing.
+        // (No gradient clipping, so that gradients compare by scale too.)
+        let config = A2cConfig { max_grad_norm: 1e9, ..Default::default() };
+        let mut a2c = A2c::new(&obs_space, &act_space, 8, config, Device::Cpu, 2).unwrap();
+        let mut rollout = bandit_rollout(&mut a2c, &mut Pcg64::seed_from_u64(5));
+        let (plain, m) = a2c.compute_gradients(&rollout).unwrap();
+        assert!(m.get("losses/vtrace_mean_rho").is_none());
+        a2c.config.vtrace = Some(VtraceConfig::default());
+        let (corrected, m) = a2c.compute_gradients(&rollout).unwrap();
+        assert!(corrected.allclose(&plain, 1e-5, 1e-7, false), "on-policy V-trace gradient differs");
+        assert!((m.get("losses/vtrace_mean_rho").unwrap() - 1.0).abs() < 1e-5);
+        // μ gave every action twice π's probability: ρ = ρ^pg = 0.5, so each (terminal) advantage and each
+        // v_s − V(x_s) halves, and with them, without an entropy bonus, the whole gradient.
+        for lp in &mut rollout.log_probs {
+            *lp += 2.0f32.ln();
+        }
+        let (lagged, m) = a2c.compute_gradients(&rollout).unwrap();
+        assert!((m.get("losses/vtrace_mean_rho").unwrap() - 0.5).abs() < 1e-5);
+        assert!((m.get("losses/vtrace_mean_ratio").unwrap() - 0.5).abs() < 1e-5);
+        assert_eq!(m.get("losses/vtrace_rho_clip_fraction"), Some(0.0));
+        assert!(lagged.allclose(&(&plain * 0.5), 1e-4, 1e-7, false), "ρ = 0.5 halves the gradient");
+        let t = a2c.net.vtrace_targets(&rollout, a2c.config.gamma as f32, &VtraceConfig::default()).unwrap();
+        for i in 0..rollout.len() {
+            let td = rollout.rewards[i] - t.values[i];
+            assert!((t.pg_advantages[i] - 0.5 * td).abs() < 1e-5 * (1.0 + td.abs()), "step {i}");
+            assert!((t.vs[i] - t.values[i] - 0.5 * td).abs() < 1e-5 * (1.0 + td.abs()), "step {i}");
+        }
+    }
+
+    #[test]
+    fn vtrace_through_the_algorithm_interface_resumes_identically() {
+        // `drive` truncates env 1 at the last step of every rollout, so V-trace needs the kept final and
+        // bootstrap observations, including those of a rollout restored half-filled from a checkpoint.
+        let (obs_space, act_space) = cartpole_spaces();
+        let config = A2cConfig { vtrace: Some(VtraceConfig::default()), ..Default::default() };
+        let mut a = A2c::new(&obs_space, &act_space, 2, config.clone(), Device::Cpu, 11).unwrap();
+        let before = flat(&a);
+        drive(&mut a, 0, 23, 100);
+        assert!(!flat(&a).equal(&before), "the updates ran");
+        let mut c = a.checkpoint().unwrap();
+        let mut b = A2c::new(&obs_space, &act_space, 2, config, Device::Cpu, 12).unwrap();
+        b.restore(&mut c).unwrap();
+        assert_eq!(drive(&mut a, 23, 27, 100), drive(&mut b, 23, 27, 100));
+        assert!(flat(&a).equal(&flat(&b)), "training continues bit-identically");
+    }
+
+    #[test]
+    fn vtrace_config_parses_and_validates() {
+        let c: A2cConfig =
+            serde_json::from_str(r#"{"vtrace": {"clip_rho_threshold": 1.5, "clip_pg_rho_threshold": 2.0}}"#).unwrap();
+        let want = VtraceConfig { clip_rho_threshold: 1.5, clip_pg_rho_threshold: 2.0, ..VtraceConfig::default() };
+        assert_eq!(c.vtrace, Some(want));
+        assert!(c.validate(8).is_ok());
+        assert_eq!(A2cConfig::default().vtrace, None, "off unless asked for");
+        assert!(serde_json::from_str::<A2cConfig>(r#"{"vtrace": {"c_bar": 1.0}}"#).is_err());
+        let bad = A2cConfig {
+            vtrace: Some(VtraceConfig { clip_rho_threshold: -1.0, ..VtraceConfig::default() }),
+            ..A2cConfig::default()
+        };
+        let e = bad.validate(8).unwrap_err().to_string();
+        assert!(e.contains("vtrace") && e.contains("clip_rho_threshold = -1"), "{e}");
     }
 }

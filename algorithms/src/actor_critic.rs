@@ -2,6 +2,9 @@
 //! categorical head for discrete actions or a diagonal Gaussian with a state-independent log-std for boxes,
 //! all in one [`FlatParams`] buffer. Initialisation follows SB3: orthogonal, gain √2 on hidden layers, 0.01
 //! on the policy head, 1 on the value head.
+//!
+//! It also re-evaluates a rollout that older parameters collected, for the V-trace correction both algorithms
+//! can apply ([`ActorCritic::vtrace_targets`]).
 use flotilla_core::Space;
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
@@ -10,6 +13,8 @@ use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian}
 use crate::nets::{Activation, TwinMlp, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::ActOutput;
+use crate::rollout::Rollout;
+use crate::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
 use crate::{Error, Result};
 
 /// How actions are represented.
@@ -152,5 +157,60 @@ impl ActorCritic {
         let x = self.obs_tensor(obs)?;
         let (_, v) = tch::no_grad(|| self.forward(&x));
         Ok(Vec::<f32>::try_from(v.to_device(Device::Cpu))?)
+    }
+    /// Log-probabilities of the stored `actions` and values of `obs` under the current parameters, without
+    /// gradient.
+    pub fn evaluate(&self, obs: &[f32], actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let x = self.obs_tensor(obs)?;
+        let rows = obs.len() / self.obs_dim;
+        if actions.len() != rows * self.act_dim() {
+            return Err(Error::BadLength {
+                what: format!("actions of {rows} observations to evaluate"),
+                got: actions.len(),
+                expected: rows * self.act_dim(),
+            });
+        }
+        let a = self.actions_tensor(actions);
+        let (log_probs, values) = tch::no_grad(|| {
+            let (head, values) = self.forward(&x);
+            (self.dist(head).log_prob(&a), values)
+        });
+        let cpu = |t: Tensor| Vec::<f32>::try_from(t.to_device(Device::Cpu));
+        Ok((cpu(log_probs)?, cpu(values)?))
+    }
+
+    /// V-trace for a rollout the behaviour policy `μ` collected (its log-probs are the rollout's), with the
+    /// current parameters as the target policy `π` and value function: recomputes `ln π(a_s|x_s)`, `V(x_s)` and
+    /// every `V(x_{s+1})` (from the kept final and bootstrap observations), without gradient, then
+    /// [`vtrace`]. The rollout's own values and advantages are not read.
+    pub fn vtrace_targets(&self, rollout: &Rollout, gamma: f32, config: &VtraceConfig) -> Result<VtraceTargets> {
+        let n = rollout.len();
+        for (what, got, expected) in [
+            ("rollout observations to re-evaluate", rollout.obs.len(), n * self.obs_dim),
+            ("rollout behaviour log-probs", rollout.log_probs.len(), n),
+        ] {
+            if got != expected {
+                return Err(Error::BadLength { what: what.into(), got, expected });
+            }
+        }
+        let (target_log_probs, values) = self.evaluate(&rollout.obs, &rollout.actions)?;
+        let next_values = rollout.next_values_under(&values, |rows| self.values(rows))?;
+        let (mut vs, mut pg_advantages) = (vec![0.0; n], vec![0.0; n]);
+        vtrace(
+            &rollout.log_probs,
+            &target_log_probs,
+            &rollout.rewards,
+            &values,
+            &next_values,
+            &rollout.terminated,
+            &rollout.dones(),
+            rollout.n_envs,
+            gamma,
+            config,
+            &mut vs,
+            &mut pg_advantages,
+        );
+        let weights = ImportanceWeights::new(&rollout.log_probs, &target_log_probs, config);
+        Ok(VtraceTargets { target_log_probs, values, next_values, vs, pg_advantages, weights })
     }
 }

@@ -68,6 +68,23 @@ pub trait Algorithm: Policy {
     fn restore(&mut self, checkpoint: &mut Checkpoint) -> Result<()>;
     /// The parameters acting needs (what a parameter broadcast sends and `save_weights` writes).
     fn policy_params(&self) -> &FlatParams;
+    /// Overwrite the acting parameters with `values` (a parameter broadcast, in [`Algorithm::policy_params`]'s
+    /// layout). Actors call this between chunks.
+    fn load_policy_params(&mut self, values: &[f32]) -> Result<()> {
+        let params = self.policy_params();
+        if values.len() as i64 != params.numel() {
+            return Err(crate::Error::BadLength {
+                what: "broadcast parameters".into(),
+                got: values.len(),
+                expected: params.numel() as usize,
+            });
+        }
+        // The flat leaf shares storage with every view; copy in place without recording autograd.
+        let mut flat = params.flat().shallow_clone();
+        let src = tch::Tensor::from_slice(values).to_device(flat.device());
+        tch::no_grad(|| flat.copy_(&src));
+        Ok(())
+    }
     /// Save the policy weights alone (what `flotilla eval` loads), atomically.
     fn save_weights(&self, path: &Path) -> Result<()>;
     /// Load weights saved by [`Algorithm::save_weights`].

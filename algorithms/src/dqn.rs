@@ -205,6 +205,17 @@ pub struct Dqn {
     device: Device,
     counters: Counters,
     sample: ReplaySample<f32>,
+    /// An actor's fixed ε (Ape-X), replacing the schedule and the random warm-up.
+    fixed_epsilon: Option<f64>,
+}
+
+/// Ape-X's per-actor exploration (Horgan et al. 2018): actor `i` of `n` uses `ε_i = ε^(1 + α·i/(n−1))`
+/// (ε = 0.4, α = 7 in the paper), so a few actors explore widely and most act nearly greedily.
+pub fn apex_epsilon(i: usize, n: usize, epsilon: f64, alpha: f64) -> f64 {
+    if n <= 1 {
+        return epsilon;
+    }
+    epsilon.powf(1.0 + alpha * i as f64 / (n - 1) as f64)
 }
 
 impl Dqn {
@@ -262,6 +273,7 @@ impl Dqn {
             device,
             counters,
             sample: ReplaySample::default(),
+            fixed_epsilon: None,
             config,
         })
     }
@@ -276,6 +288,12 @@ impl Dqn {
         } else {
             out
         }
+    }
+
+    /// Act ε-greedily with this fixed ε from now on (an actor's Ape-X ε), ignoring the schedule and
+    /// `learning_starts`.
+    pub fn set_fixed_epsilon(&mut self, epsilon: f64) {
+        self.fixed_epsilon = Some(epsilon);
     }
 
     /// The online network's parameters.
@@ -360,7 +378,11 @@ impl Policy for Dqn {
         out.log_probs.clear();
         out.values.clear();
         let explore = mode == ActMode::Explore;
-        let eps = if self.counters.env_steps < self.config.learning_starts { 1.0 } else { self.counters.epsilon };
+        let eps = match self.fixed_epsilon {
+            Some(eps) => eps,
+            None if self.counters.env_steps < self.config.learning_starts => 1.0,
+            None => self.counters.epsilon,
+        };
         for row in out.q_values.chunks_exact(self.n_actions) {
             let action = if explore && self.rng.random::<f64>() < eps {
                 self.rng.random_range(0..self.n_actions)
@@ -473,6 +495,35 @@ impl Algorithm for Dqn {
 
     fn load_weights(&mut self, path: &Path) -> Result<()> {
         self.online.load(path)
+    }
+}
+
+#[cfg(test)]
+mod apex_tests {
+    use super::*;
+
+    #[test]
+    fn apex_epsilons_span_from_epsilon_to_nearly_greedy() {
+        let eps: Vec<f64> = (0..4).map(|i| apex_epsilon(i, 4, 0.4, 7.0)).collect();
+        assert_eq!(eps[0], 0.4);
+        assert!((eps[3] - 0.4f64.powi(8)).abs() < 1e-12);
+        assert!(eps.windows(2).all(|w| w[1] < w[0]));
+        assert_eq!(apex_epsilon(0, 1, 0.4, 7.0), 0.4);
+    }
+
+    #[test]
+    fn a_fixed_epsilon_replaces_the_warm_up() {
+        let space = Space::box1d(vec![-1.0; 2], vec![1.0; 2]);
+        let mut dqn = Dqn::new(&space, &Space::discrete(3), 1, DqnConfig::default(), Device::Cpu, 0).unwrap();
+        dqn.set_fixed_epsilon(0.0);
+        let mut out = ActOutput::default();
+        let obs = [0.3f32, -0.2];
+        let mut greedy = ActOutput::default();
+        dqn.act(&obs, ActMode::Deterministic, &mut greedy).unwrap();
+        for _ in 0..20 {
+            dqn.act(&obs, ActMode::Explore, &mut out).unwrap();
+            assert_eq!(out.actions, greedy.actions, "ε = 0 acts greedily even before learning_starts");
+        }
     }
 }
 

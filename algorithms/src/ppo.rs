@@ -7,14 +7,22 @@
 //!   the old values; entropy bonus; global gradient-norm clipping; Adam with ε = 1e-5;
 //! * learning rate and clip range annealed linearly to 0 over training (`progress_remaining` from the caller);
 //! * a state-independent log-std for Gaussian policies; continuous actions are stored unclipped and clipped
-//!   to the action bounds only when sent to the env.
+//!   to the action bounds only when sent to the env;
+//! * optional V-trace correction (`vtrace`, `[algorithm.vtrace]` in TOML) for rollouts that actors collected
+//!   with parameters a few versions old, as IMPALA (Espeholt et al. 2018) and APPO: before the update the
+//!   current parameters (no gradient) recompute `ln π(a|x)` of the stored actions, `V(x_t)` and `V(x_{t+1})`
+//!   (from the kept final and bootstrap observations), and the advantages and value targets become V-trace's
+//!   `ρ^pg (r + γ v_{t+1} − V(x_t))` and `v_t` ([`crate::vtrace`]; `gae_lambda` is then unused). The ratio
+//!   stays `π_θ / μ` against the behaviour log-probs, and value clipping is around the recomputed values.
 //!
 //! Defaults follow RL Zoo's tuned CartPole-v1 PPO (with `[env] num_envs = 8`): `n_steps` 32, batch 256,
 //! 20 epochs, γ 0.98, λ 0.8, lr 1e-3 and clip 0.2 both linearly annealed, no entropy bonus.
 //!
 //! Metrics: `losses/policy_loss`, `losses/value_loss`, `losses/entropy`, `losses/approx_kl`,
 //! `losses/clip_fraction`, `losses/explained_variance`, `charts/learning_rate`, `charts/clip_range`,
-//! `charts/gradient_steps`.
+//! `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean `min(ρ̄, π/μ)`),
+//! `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with `π/μ > ρ̄`) and
+//! `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)), all before the update.
 use std::path::Path;
 
 use flotilla_core::Space;
@@ -32,6 +40,7 @@ use crate::nets::Activation;
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::{Rollout, RolloutCollector};
+use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
@@ -76,6 +85,10 @@ pub struct PpoConfig {
     pub adam_eps: f64,
     /// Initial log standard deviation of Gaussian policies.
     pub log_std_init: f64,
+    /// Off-policy correction for rollouts collected with stale parameters: when set (`[algorithm.vtrace]`,
+    /// with its truncation thresholds), advantages and value targets are recomputed with V-trace under the
+    /// current parameters before each update, and `gae_lambda` is unused. `None` is plain PPO.
+    pub vtrace: Option<VtraceConfig>,
 }
 
 impl Default for PpoConfig {
@@ -100,6 +113,7 @@ impl Default for PpoConfig {
             activation: Activation::Tanh,
             adam_eps: 1e-5,
             log_std_init: 0.0,
+            vtrace: None,
         }
     }
 }
@@ -135,6 +149,9 @@ impl PpoConfig {
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+        }
+        if let Some(vtrace) = &self.vtrace {
+            vtrace.validate()?;
         }
         Ok(())
     }
@@ -282,6 +299,9 @@ impl Ppo {
     /// One PPO update on a finished rollout (GAE already computed). `progress_remaining` goes from 1 (start of
     /// training) to 0 (end) and drives the learning-rate and clip-range annealing. [`Algorithm::update`] calls
     /// this on the rollout [`Algorithm::observe`] collected.
+    ///
+    /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
+    /// under the current parameters (the rollout itself is left as the behaviour policy's record).
     pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
         let c = &self.config;
         let n = rollout.len();
@@ -303,19 +323,29 @@ impl Ppo {
             vf_coef: c.vf_coef,
             normalize_advantage: c.normalize_advantage,
         };
+        // Off-policy correction: advantages, value targets and the values to clip around, all recomputed.
+        let vtrace = match &c.vtrace {
+            Some(v) => Some(self.net.vtrace_targets(rollout, c.gamma as f32, v)?),
+            None => None,
+        };
+        let (advantages, returns, values) = match &vtrace {
+            Some(t) => (&t.pg_advantages[..], &t.vs[..], &t.values[..]),
+            None => (&rollout.advantages[..n], &rollout.returns[..n], &rollout.values[..]),
+        };
+        let explained_var = explained_variance(values, returns);
         let d = self.net.device;
         let obs = self.net.obs_tensor(&rollout.obs)?;
         let actions = self.net.actions_tensor(&rollout.actions);
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
-        let mut advantages = Tensor::from_slice(&rollout.advantages[..n]).to_device(d);
+        let mut advantages = Tensor::from_slice(advantages).to_device(d);
         let mut coefficients = coefficients;
         if c.batch_size == n && c.normalize_advantage {
             // One minibatch holds every sample, so its normalisation is the same in every epoch: do it once.
             advantages = normalize(&advantages);
             coefficients.normalize_advantage = false;
         }
-        let returns = Tensor::from_slice(&rollout.returns[..n]).to_device(d);
-        let old_values = Tensor::from_slice(&rollout.values).to_device(d);
+        let returns = Tensor::from_slice(returns).to_device(d);
+        let old_values = Tensor::from_slice(values).to_device(d);
 
         let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
         let mut order: Vec<i64> = (0..n as i64).collect();
@@ -367,10 +397,13 @@ impl Ppo {
         m.push("losses/entropy", scalar(&entropy)?);
         m.push("losses/approx_kl", scalar(&loss.approx_kl())?);
         m.push("losses/clip_fraction", scalar(&loss.clip_fraction(clip_range))?);
-        m.push("losses/explained_variance", explained_variance(&rollout.values, &rollout.returns[..n]));
+        m.push("losses/explained_variance", explained_var);
         m.push("charts/learning_rate", lr);
         m.push("charts/clip_range", clip_range);
         m.push("charts/gradient_steps", gradient_steps as f64);
+        if let Some(t) = &vtrace {
+            t.weights.push_metrics(&mut m);
+        }
         Ok(m)
     }
 }
@@ -457,6 +490,7 @@ pub fn explained_variance(values: &[f32], returns: &[f32]) -> f64 {
 mod tests {
     use super::*;
     use crate::rollout::Rollout;
+    use crate::vtrace::VtraceConfig;
     use rand::{Rng, SeedableRng};
 
     /// The PPO loss in the paper's notation, sample by sample, in f64.
@@ -621,5 +655,131 @@ mod tests {
         let e = c.validate(8).unwrap_err().to_string();
         assert!(e.contains("batch_size") && e.contains("256"), "{e}");
         assert!(PpoConfig::default().validate(8).is_ok());
+    }
+
+    /// A rollout of `n_steps × 2` steps that `ppo` collected itself through a [`RolloutCollector`], on a
+    /// synthetic task where env 0 terminates every 7 steps and env 1 is truncated every 5 and at the last step;
+    /// finished with GAE λ = 1 under `ppo`'s current values.
+    fn collect_cut_rollout(ppo: &mut Ppo, n_steps: usize) -> Rollout {
+        let mut collector = RolloutCollector::new(2, n_steps, 4, 1);
+        let obs_at = |k: usize| (0..8).map(|i| ((k * 8 + i) as f32 * 0.37).sin()).collect::<Vec<f32>>();
+        let mut out = ActOutput::default();
+        for k in 0..n_steps {
+            let obs = obs_at(k);
+            ppo.act(&obs, ActMode::Explore, &mut out).unwrap();
+            let rewards: Vec<f32> = (0..2).map(|e| out.actions[e] - obs[4 * e]).collect();
+            let terminated = [k % 7 == 6, false];
+            let truncated = [false, k % 5 == 4 || k + 1 == n_steps];
+            // The observation that truly followed: the next one inside an episode, a final one at its end.
+            let mut next_obs = obs_at(k + 1);
+            for e in (0..2).filter(|&e| terminated[e] || truncated[e]) {
+                for (j, x) in next_obs[4 * e..4 * e + 4].iter_mut().enumerate() {
+                    *x = ((k * 8 + j) as f32 * 0.53).cos();
+                }
+            }
+            let step = Transition {
+                obs: &obs,
+                act: &out,
+                rewards: &rewards,
+                terminated: &terminated,
+                truncated: &truncated,
+                next_obs: &next_obs,
+            };
+            collector.observe(&step, |o| ppo.values(o)).unwrap();
+        }
+        collector.finish(|o| ppo.values(o), ppo.config.gamma as f32, 1.0).unwrap().expect("a full rollout")
+    }
+
+    fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: lengths");
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what} at {i}: {g} vs {w}");
+        }
+    }
+
+    fn vtrace_ppo(vtrace: VtraceConfig, seed: u64) -> Ppo {
+        let (obs_space, act_space) = cartpole_spaces();
+        let config = PpoConfig { n_steps: 16, batch_size: 32, n_epochs: 2, vtrace: Some(vtrace), ..Default::default() };
+        Ppo::new(&obs_space, &act_space, 2, config, Device::Cpu, seed).unwrap()
+    }
+
+    #[test]
+    fn vtrace_on_policy_targets_are_gae_lambda_one_under_current_values() {
+        let cfg = VtraceConfig::default();
+        let mut ppo = vtrace_ppo(cfg.clone(), 3);
+        let gamma = ppo.config.gamma as f32;
+        let mut rollout = collect_cut_rollout(&mut ppo, 16);
+        assert!(rollout.terminated.iter().any(|&x| x) && rollout.truncated[rollout.len() - 1]);
+        let (want_advantages, want_returns) = (rollout.advantages.clone(), rollout.returns.clone());
+        // A stale critic's values are not read: V-trace recomputes V(x_t) and V(x_{t+1}) with the current one.
+        for v in rollout.values.iter_mut().chain(&mut rollout.next_values) {
+            *v += 0.5;
+        }
+        let t = ppo.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        assert_close(&t.vs, &want_returns, 1e-5, "v_s vs GAE(λ = 1) returns");
+        assert_close(&t.pg_advantages, &want_advantages, 1e-5, "pg advantages vs GAE(λ = 1) advantages");
+        assert_close(&t.target_log_probs, &rollout.log_probs, 1e-5, "π vs μ on-policy");
+        assert!((t.weights.mean_rho - 1.0).abs() < 1e-5 && t.weights.behaviour_kl.abs() < 1e-6, "{:?}", t.weights);
+        let m = ppo.update_from(&rollout, 1.0).unwrap();
+        assert!((m.get("losses/vtrace_mean_rho").unwrap() - 1.0).abs() < 1e-5);
+        assert_eq!(m.get("losses/vtrace_rho_clip_fraction"), Some(0.0), "rounding is not clipping");
+        assert!(m.get("losses/explained_variance").unwrap().is_finite());
+    }
+
+    #[test]
+    fn vtrace_clips_the_weights_of_a_lagging_behaviour_policy() {
+        let cfg = VtraceConfig { clip_rho_threshold: 2.0, clip_c_threshold: 1.0, clip_pg_rho_threshold: 1.5 };
+        let mut ppo = vtrace_ppo(cfg.clone(), 4);
+        let gamma = ppo.config.gamma as f32;
+        let mut rollout = collect_cut_rollout(&mut ppo, 16);
+        let on_policy = ppo.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        // π/μ = 4 at even steps (μ made the action less likely than π does), 0.5 at odd ones.
+        let ratio = |i: usize| if (i / 2).is_multiple_of(2) { 4.0f32 } else { 0.5 };
+        for (i, lp) in rollout.log_probs.iter_mut().enumerate() {
+            *lp -= ratio(i).ln();
+        }
+        let t = ppo.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let w = t.weights;
+        assert!((w.mean_rho - (2.0 + 0.5) / 2.0).abs() < 1e-5, "ρ = min(ρ̄, π/μ) = 2 or 0.5: {w:?}");
+        assert!((w.mean_ratio - (4.0 + 0.5) / 2.0).abs() < 1e-5 && w.rho_clip_fraction == 0.5, "{w:?}");
+        assert!(w.behaviour_kl > 0.1, "{w:?}");
+        assert_close(&t.values, &on_policy.values, 0.0, "values do not depend on μ");
+        // A terminated step carries nothing back: v_s − V(x_s) = ρ (r − V(x_s)), advantage ρ^pg (r − V(x_s)).
+        let terminated: Vec<usize> = (0..rollout.len()).filter(|&i| rollout.terminated[i]).collect();
+        assert!(terminated.iter().any(|&i| ratio(i) == 4.0) && terminated.iter().any(|&i| ratio(i) == 0.5));
+        for &i in &terminated {
+            let td = rollout.rewards[i] - t.values[i];
+            assert_close(&[t.vs[i] - t.values[i]], &[ratio(i).min(2.0) * td], 1e-5, "terminated v_s");
+            assert_close(&[t.pg_advantages[i]], &[ratio(i).min(1.5) * td], 1e-5, "terminated advantage");
+        }
+        let moved = t.pg_advantages.iter().zip(&on_policy.pg_advantages).filter(|(a, b)| (*a - *b).abs() > 1e-3);
+        assert!(moved.count() > rollout.len() / 2, "the correction changes most advantages");
+        let m = ppo.update_from(&rollout, 1.0).unwrap();
+        assert!((m.get("losses/vtrace_mean_rho").unwrap() - 1.25).abs() < 1e-5);
+        assert_eq!(m.get("losses/vtrace_rho_clip_fraction"), Some(0.5));
+        // Without V-trace the same update logs none of it.
+        ppo.config.vtrace = None;
+        assert!(ppo.update_from(&rollout, 1.0).unwrap().get("losses/vtrace_mean_rho").is_none());
+    }
+
+    #[test]
+    fn vtrace_config_parses_and_validates() {
+        let c: PpoConfig = serde_json::from_str(r#"{"n_steps": 64, "vtrace": {"clip_rho_threshold": 2.0}}"#).unwrap();
+        let want = VtraceConfig { clip_rho_threshold: 2.0, ..VtraceConfig::default() };
+        assert_eq!((c.n_steps, c.vtrace.clone()), (64, Some(want)));
+        assert!(c.validate(8).is_ok());
+        let c: PpoConfig = serde_json::from_str(r#"{"vtrace": {}}"#).unwrap();
+        assert_eq!(c.vtrace, Some(VtraceConfig::default()), "an empty [algorithm.vtrace] is the paper's");
+        assert_eq!(PpoConfig::default().vtrace, None, "off unless asked for");
+        let e = serde_json::from_str::<PpoConfig>(r#"{"vtrace": {"rho_bar": 2.0}}"#).unwrap_err().to_string();
+        assert!(e.contains("rho_bar"), "{e}");
+        let bad = PpoConfig {
+            vtrace: Some(VtraceConfig { clip_c_threshold: 0.0, ..VtraceConfig::default() }),
+            ..PpoConfig::default()
+        };
+        let e = bad.validate(8).unwrap_err().to_string();
+        assert!(e.contains("vtrace") && e.contains("clip_c_threshold") && e.contains("> 0"), "{e}");
+        let (obs_space, act_space) = cartpole_spaces();
+        assert!(Ppo::new(&obs_space, &act_space, 8, bad, Device::Cpu, 0).is_err());
     }
 }

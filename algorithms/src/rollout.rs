@@ -3,10 +3,15 @@
 //! The collection loop, for each of `n_steps` steps:
 //! 1. [`Rollout::push_policy`] — observations the policy saw, the actions it took, their log-probs and values;
 //! 2. [`Rollout::push_outcome`] — rewards, `terminated`, `truncated` from the vectorised env;
-//! 3. [`Rollout::set_final_value`] — for each truncated env, `V(true final observation)`.
+//! 3. [`Rollout::set_final_value`] — for each truncated env, `V(true final observation)`, and
+//!    [`Rollout::set_final_obs`] — that observation itself.
 //!
-//! Then [`Rollout::finish`] with the values of the observations after the last step computes GAE advantages
-//! and returns. Buffers are allocated once and reused.
+//! Then [`Rollout::set_bootstrap_obs`] with the observations after the last step, and [`Rollout::finish`] with
+//! their values, computes GAE advantages and returns. Buffers are allocated once and reused.
+//!
+//! The final and bootstrap observations are kept so that a learner whose parameters moved on since the
+//! rollout was collected can recompute every `V(x_{t+1})` with its own ([`Rollout::next_values_under`]), as
+//! the V-trace correction does ([`crate::vtrace`]).
 use crate::algorithm::Transition;
 use crate::checkpoint::Checkpoint;
 use crate::gae::gae;
@@ -43,6 +48,13 @@ pub struct Rollout {
     pub advantages: Vec<f32>,
     /// Value targets `advantages + values` (after `finish`).
     pub returns: Vec<f32>,
+    /// True final observations of the steps cut by a time limit (`truncated` and not `terminated`), `obs_dim`
+    /// values each, row `k` belonging to transition `final_obs_steps[k]`.
+    pub final_obs: Vec<f32>,
+    /// The transition index (`t · n_envs + env`) of each row of `final_obs`.
+    pub final_obs_steps: Vec<usize>,
+    /// The observations after the rollout's last step, `n_envs × obs_dim` (empty until set).
+    pub bootstrap_obs: Vec<f32>,
     steps: usize,
 }
 
@@ -65,15 +77,27 @@ impl Rollout {
             next_values: vec![0.0; n],
             advantages: vec![0.0; n],
             returns: vec![0.0; n],
+            final_obs: Vec::new(),
+            final_obs_steps: Vec::new(),
+            bootstrap_obs: Vec::with_capacity(n_envs * obs_dim),
             steps: 0,
         }
     }
 
     /// Forget the stored transitions, keeping the allocations.
     pub fn clear(&mut self) {
-        for v in [&mut self.obs, &mut self.actions, &mut self.log_probs, &mut self.values, &mut self.rewards] {
+        for v in [
+            &mut self.obs,
+            &mut self.actions,
+            &mut self.log_probs,
+            &mut self.values,
+            &mut self.rewards,
+            &mut self.final_obs,
+            &mut self.bootstrap_obs,
+        ] {
             v.clear();
         }
+        self.final_obs_steps.clear();
         self.terminated.clear();
         self.truncated.clear();
         self.steps = 0;
@@ -133,21 +157,65 @@ impl Rollout {
         self.next_values[i] = value;
     }
 
+    /// Keep the true final observation of env `env`, truncated at the step just pushed (the observation
+    /// [`Rollout::set_final_value`] gave the value of), so that its value can be recomputed later.
+    pub fn set_final_obs(&mut self, env: usize, obs: &[f32]) -> Result<()> {
+        check_len("rollout final observation", obs.len(), self.obs_dim)?;
+        if self.steps == 0 || env >= self.n_envs {
+            return Err(Error::BadLength {
+                what: format!("rollout final observation of env {env} at step {} (push_outcome first)", self.steps),
+                got: env,
+                expected: self.n_envs,
+            });
+        }
+        let i = (self.steps - 1) * self.n_envs + env;
+        match self.final_obs_steps.iter().position(|&j| j == i) {
+            Some(k) => self.final_obs[k * self.obs_dim..(k + 1) * self.obs_dim].copy_from_slice(obs),
+            None => {
+                self.final_obs_steps.push(i);
+                self.final_obs.extend_from_slice(obs);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keep the observations after the last step (the ones `finish`'s `last_values` are the values of).
+    pub fn set_bootstrap_obs(&mut self, obs: &[f32]) -> Result<()> {
+        check_len("rollout bootstrap observations", obs.len(), self.n_envs * self.obs_dim)?;
+        self.bootstrap_obs.clear();
+        self.bootstrap_obs.extend_from_slice(obs);
+        Ok(())
+    }
+
+    /// `dones[i] = terminated[i] || truncated[i]`.
+    pub fn dones(&self) -> Vec<bool> {
+        self.terminated.iter().zip(&self.truncated).map(|(a, b)| *a || *b).collect()
+    }
+
+    /// Fill `next_values` where it follows from `values` (inside an episode), `last_values` (after the last
+    /// step) or a termination (0); truncated steps are left as they are.
+    fn fill_next_values(&self, values: &[f32], last_values: &[f32], next_values: &mut [f32]) {
+        let n = self.len();
+        for i in 0..n {
+            if self.terminated[i] {
+                next_values[i] = 0.0;
+            } else if !self.truncated[i] {
+                // The next observation is the one the policy saw at the next step (or after the rollout).
+                next_values[i] =
+                    if i + self.n_envs < n { values[i + self.n_envs] } else { last_values[i + self.n_envs - n] };
+            }
+        }
+    }
+
     /// Compute next-state values, GAE advantages and returns. `last_values` are `V` of the observations after
     /// the final step (the first observations of new episodes where an env just ended: those are masked).
     pub fn finish(&mut self, last_values: &[f32], gamma: f32, lambda: f32) -> Result<()> {
         check_len("rollout last values", last_values.len(), self.n_envs)?;
         let n = self.len();
-        let dones: Vec<bool> = self.terminated.iter().zip(&self.truncated).map(|(a, b)| *a || *b).collect();
-        for i in 0..n {
-            if !dones[i] {
-                // The next observation is the one the policy saw at the next step (or after the rollout).
-                self.next_values[i] =
-                    if i + self.n_envs < n { self.values[i + self.n_envs] } else { last_values[i + self.n_envs - n] };
-            } else if self.terminated[i] {
-                self.next_values[i] = 0.0;
-            }
-        }
+        let mut next_values = std::mem::take(&mut self.next_values);
+        self.fill_next_values(&self.values, last_values, &mut next_values[..n]);
+        self.next_values = next_values;
+        let dones = self.dones();
         let (adv, ret) = (&mut self.advantages[..n], &mut self.returns[..n]);
         gae(
             &self.rewards,
@@ -163,6 +231,65 @@ impl Rollout {
         );
         Ok(())
     }
+
+    /// `next_values` under another value function (one whose parameters moved on since the rollout was
+    /// collected): `values` is its `V` of the stored observations, and `value_fn` computes it for a batch of
+    /// the kept final and bootstrap observations (called once). 0 after a termination.
+    ///
+    /// Needs [`Rollout::set_final_obs`] for every truncated step and [`Rollout::set_bootstrap_obs`] unless
+    /// every env's last step ended its episode; [`RolloutCollector`] records both.
+    pub fn next_values_under(
+        &self,
+        values: &[f32],
+        value_fn: impl FnOnce(&[f32]) -> Result<Vec<f32>>,
+    ) -> Result<Vec<f32>> {
+        let n = self.len();
+        check_len("rollout values to recompute next values from", values.len(), n)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let cut = |i: usize| self.truncated[i] && !self.terminated[i];
+        let needed = (0..n).filter(|&i| cut(i)).count();
+        let mut seen = vec![false; n];
+        for &i in &self.final_obs_steps {
+            if i >= n || !cut(i) || std::mem::replace(&mut seen[i], true) {
+                return Err(Error::BadLength {
+                    what: format!("rollout final observations (one per truncated step; transition {i} is not one)"),
+                    got: self.final_obs_steps.len(),
+                    expected: needed,
+                });
+            }
+        }
+        if self.final_obs_steps.len() != needed || self.final_obs.len() != needed * self.obs_dim {
+            return Err(Error::BadLength {
+                what: "rollout final observations of truncated steps (record them with Rollout::set_final_obs)".into(),
+                got: self.final_obs_steps.len(),
+                expected: needed,
+            });
+        }
+        let need_bootstrap = (n - self.n_envs..n).any(|i| !self.terminated[i] && !self.truncated[i]);
+        if need_bootstrap {
+            check_len(
+                "rollout bootstrap observations (record them with Rollout::set_bootstrap_obs)",
+                self.bootstrap_obs.len(),
+                self.n_envs * self.obs_dim,
+            )?;
+        }
+        let mut next_values = vec![0.0; n];
+        let mut rows = self.final_obs.clone();
+        if need_bootstrap {
+            rows.extend_from_slice(&self.bootstrap_obs);
+        }
+        let extra = if rows.is_empty() { Vec::new() } else { value_fn(&rows)? };
+        check_len("values of the final and bootstrap observations", extra.len(), rows.len() / self.obs_dim)?;
+        let (final_values, last_values) = extra.split_at(needed);
+        for (&i, &v) in self.final_obs_steps.iter().zip(final_values) {
+            next_values[i] = v;
+        }
+        let last_values = if need_bootstrap { last_values.to_vec() } else { vec![0.0; self.n_envs] };
+        self.fill_next_values(values, &last_values, &mut next_values);
+        Ok(next_values)
+    }
 }
 
 impl Rollout {
@@ -175,9 +302,12 @@ impl Rollout {
             ("values", &self.values),
             ("rewards", &self.rewards),
             ("next_values", &self.next_values),
+            ("final_obs", &self.final_obs),
+            ("bootstrap_obs", &self.bootstrap_obs),
         ] {
             c.put_f32(format!("{prefix}.{name}"), v);
         }
+        c.put_meta(format!("{prefix}.final_obs_steps"), &self.final_obs_steps)?;
         c.put_meta(format!("{prefix}.terminated"), &self.terminated)?;
         c.put_meta(format!("{prefix}.truncated"), &self.truncated)?;
         c.put_meta(format!("{prefix}.shape"), &[self.n_envs, self.n_steps, self.obs_dim, self.act_dim, self.steps])
@@ -200,6 +330,9 @@ impl Rollout {
         self.values = c.take_f32(&format!("{prefix}.values"))?;
         self.rewards = c.take_f32(&format!("{prefix}.rewards"))?;
         self.next_values = c.take_f32(&format!("{prefix}.next_values"))?;
+        self.final_obs = c.take_f32(&format!("{prefix}.final_obs"))?;
+        self.bootstrap_obs = c.take_f32(&format!("{prefix}.bootstrap_obs"))?;
+        self.final_obs_steps = c.meta(&format!("{prefix}.final_obs_steps"))?;
         self.terminated = c.meta(&format!("{prefix}.terminated"))?;
         self.truncated = c.meta(&format!("{prefix}.truncated"))?;
         Ok(())
@@ -208,18 +341,16 @@ impl Rollout {
 
 /// A [`Rollout`] filled from the trainer's [`Transition`]s, as PPO and A2C collect it: truncated episodes are
 /// bootstrapped from `V(true final observation)`, and the rollout is finished with `V` of the observations
-/// after its last step.
+/// after its last step. Both kinds of observation are kept in the rollout.
 #[derive(Debug, Clone)]
 pub struct RolloutCollector {
     rollout: Rollout,
-    /// The observations after the rollout's last step, to bootstrap from.
-    bootstrap_obs: Vec<f32>,
 }
 
 impl RolloutCollector {
     /// Empty storage for `n_steps × n_envs` transitions.
     pub fn new(n_envs: usize, n_steps: usize, obs_dim: usize, act_dim: usize) -> Self {
-        RolloutCollector { rollout: Rollout::new(n_envs, n_steps, obs_dim, act_dim), bootstrap_obs: Vec::new() }
+        RolloutCollector { rollout: Rollout::new(n_envs, n_steps, obs_dim, act_dim) }
     }
 
     /// Store one vectorised step; `values` computes `V` for a batch of observations.
@@ -235,10 +366,12 @@ impl RolloutCollector {
             for (&i, v) in cut.iter().zip(values(&rows)?) {
                 r.set_final_value(i, v);
             }
+            for (k, &i) in cut.iter().enumerate() {
+                r.set_final_obs(i, &rows[k * d..(k + 1) * d])?;
+            }
         }
         if r.is_full() {
-            self.bootstrap_obs.clear();
-            self.bootstrap_obs.extend_from_slice(step.next_obs);
+            r.set_bootstrap_obs(step.next_obs)?;
         }
         Ok(())
     }
@@ -254,7 +387,7 @@ impl RolloutCollector {
         if !self.rollout.is_full() {
             return Ok(None);
         }
-        let last_values = values(&self.bootstrap_obs)?;
+        let last_values = values(&self.rollout.bootstrap_obs)?;
         let empty = Rollout::new(self.rollout.n_envs, self.rollout.n_steps, self.rollout.obs_dim, self.rollout.act_dim);
         let mut rollout = std::mem::replace(&mut self.rollout, empty);
         rollout.finish(&last_values, gamma, lambda)?;
@@ -267,18 +400,14 @@ impl RolloutCollector {
         self.rollout = rollout;
     }
 
-    /// Save the partly filled rollout and the bootstrap observations under `prefix`.
+    /// Save the partly filled rollout under `prefix`.
     pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
-        self.rollout.write_to(c, prefix)?;
-        c.put_f32(format!("{prefix}.bootstrap_obs"), &self.bootstrap_obs);
-        Ok(())
+        self.rollout.write_to(c, prefix)
     }
 
     /// Restore what [`RolloutCollector::write_to`] saved.
     pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
-        self.rollout.read_from(c, prefix)?;
-        self.bootstrap_obs = c.take_f32(&format!("{prefix}.bootstrap_obs"))?;
-        Ok(())
+        self.rollout.read_from(c, prefix)
     }
 }
 
@@ -310,5 +439,62 @@ mod tests {
         assert_eq!(r.advantages[0], 1.0);
         assert!(r.push_policy(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).is_err(), "full buffer refuses");
         assert!(matches!(r.finish(&[1.0], 1.0, 1.0), Err(Error::BadLength { .. })));
+    }
+
+    /// 2 envs × 2 steps, `obs_dim` 1: env 1 truncated at step 0 (final observation 9), env 0 terminated at
+    /// step 1, bootstrap observations (5, 6).
+    fn cut_rollout() -> Rollout {
+        let mut r = Rollout::new(2, 2, 1, 1);
+        r.push_policy(&[1.0, 2.0], &[0.0, 1.0], &[-0.1, -0.2], &[1.0, 2.0]).unwrap();
+        r.push_outcome(&[1.0, 1.0], &[false, false], &[false, true]).unwrap();
+        r.set_final_value(1, 7.0);
+        r.set_final_obs(1, &[9.0]).unwrap();
+        r.push_policy(&[3.0, 4.0], &[0.0, 1.0], &[-0.3, -0.4], &[3.0, 4.0]).unwrap();
+        r.push_outcome(&[1.0, 1.0], &[true, false], &[false, false]).unwrap();
+        r.set_bootstrap_obs(&[5.0, 6.0]).unwrap();
+        r
+    }
+
+    #[test]
+    fn next_values_under_new_values_use_the_kept_observations() {
+        let r = cut_rollout();
+        // A "new" value function V(x) = 100 x, given for the stored observations as (10, 20, 30, 40).
+        let mut calls = 0;
+        let next = r
+            .next_values_under(&[10.0, 20.0, 30.0, 40.0], |rows| {
+                calls += 1;
+                assert_eq!(rows, [9.0, 5.0, 6.0], "final observations, then the bootstrap ones");
+                Ok(rows.iter().map(|x| 100.0 * x).collect())
+            })
+            .unwrap();
+        assert_eq!(calls, 1);
+        // env 0: the next row's value, then terminated; env 1: V(final obs), then V(bootstrap obs).
+        assert_eq!(next, vec![30.0, 900.0, 0.0, 600.0]);
+        // Without the final observation (a rollout filled by hand), the values cannot be recomputed.
+        let mut bare = r.clone();
+        bare.final_obs.clear();
+        bare.final_obs_steps.clear();
+        let e = bare.next_values_under(&[0.0; 4], |rows| Ok(rows.to_vec())).unwrap_err().to_string();
+        assert!(e.contains("set_final_obs"), "{e}");
+        let mut bare = r.clone();
+        bare.bootstrap_obs.clear();
+        let e = bare.next_values_under(&[0.0; 4], |rows| Ok(rows.to_vec())).unwrap_err().to_string();
+        assert!(e.contains("set_bootstrap_obs"), "{e}");
+        assert!(r.clone().set_final_obs(2, &[0.0]).is_err(), "no env 2");
+    }
+
+    #[test]
+    fn checkpoint_keeps_final_and_bootstrap_observations() {
+        let r = cut_rollout();
+        let mut c = Checkpoint::new();
+        r.write_to(&mut c, "rollout").unwrap();
+        let mut back = Rollout::new(2, 2, 1, 1);
+        back.read_from(&mut c, "rollout").unwrap();
+        assert!(back.is_full());
+        assert_eq!((back.final_obs.clone(), back.final_obs_steps.clone()), (vec![9.0], vec![1]));
+        assert_eq!(back.bootstrap_obs, vec![5.0, 6.0]);
+        assert_eq!((back.obs.clone(), back.log_probs.clone()), (r.obs.clone(), r.log_probs.clone()));
+        back.clear();
+        assert!(back.final_obs.is_empty() && back.final_obs_steps.is_empty() && back.bootstrap_obs.is_empty());
     }
 }

@@ -17,9 +17,14 @@
 //! truncation the caller passes `V(final observation)` in `next_values`; the bootstrap stays (`terminated` is
 //! false) while the correction carry is cut (`done` is true), and `v_{t+1}` there is that plain value. After
 //! the rollout's last step `v_{T}` is the bootstrap value `next_values` itself.
+//!
+//! PPO and A2C apply it to a [`crate::rollout::Rollout`] collected with stale parameters when their config
+//! sets `vtrace` ([`crate::actor_critic::ActorCritic::vtrace_targets`]), logging [`ImportanceWeights`] as
+//! `losses/vtrace_mean_rho`, `losses/vtrace_mean_ratio`, `losses/vtrace_rho_clip_fraction` and
+//! `losses/vtrace_behaviour_kl`.
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result};
+use crate::{Error, Metrics, Result};
 
 /// Truncation thresholds of the importance weights. `Default` is the paper's `ρ̄ = c̄ = 1` (and `ρ̄_pg = 1`).
 /// A threshold of `inf` disables that clipping.
@@ -121,6 +126,71 @@ pub fn vtrace(
             vs[i] = values[i] + next_correction;
             pg_advantages[i] = pg_rho * (rewards[i] + gamma * next_vs - values[i]);
         }
+    }
+}
+
+/// What V-trace makes of a rollout under the current parameters: the targets and advantages that replace GAE's,
+/// and what they were computed from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VtraceTargets {
+    /// `ln π(a_s|x_s)` of the stored actions under the current parameters.
+    pub target_log_probs: Vec<f32>,
+    /// `V(x_s)` under the current parameters.
+    pub values: Vec<f32>,
+    /// `V(x_{s+1})` under the current parameters (0 after a termination).
+    pub next_values: Vec<f32>,
+    /// Value targets `v_s`: what replaces the rollout's `returns`.
+    pub vs: Vec<f32>,
+    /// `ρ^pg_s (r_s + γ v_{s+1} − V(x_s))`: what replaces the rollout's `advantages`.
+    pub pg_advantages: Vec<f32>,
+    /// Statistics of the importance weights, for the logs.
+    pub weights: ImportanceWeights,
+}
+
+/// Statistics of the importance weights `π(a|x) / μ(a|x)` of a rollout: how far the behaviour policy lags.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ImportanceWeights {
+    /// Mean truncated weight `ρ_t = min(ρ̄, π/μ)`: 1 on-policy (with `ρ̄ ≥ 1`), lower as `μ` falls behind.
+    pub mean_rho: f64,
+    /// Mean untruncated `π/μ` (1 in expectation under `μ`).
+    pub mean_ratio: f64,
+    /// Fraction of steps whose `π/μ` exceeds `ρ̄` (and so is clipped in `δ_t`), by more than the f32 rounding
+    /// of the two log-probs (`ln(π/μ) > ln ρ̄ + 1e-5`), so that on-policy with `ρ̄ = 1` it reads 0.
+    pub rho_clip_fraction: f64,
+    /// `E_μ[(π/μ − 1) − ln(π/μ)]`, an unbiased estimate of KL(μ ‖ π) from the behaviour samples.
+    pub behaviour_kl: f64,
+}
+
+impl ImportanceWeights {
+    /// The statistics of `exp(target_log_probs − behaviour_log_probs)` with `config`'s `ρ̄`.
+    pub fn new(behaviour_log_probs: &[f32], target_log_probs: &[f32], config: &VtraceConfig) -> Self {
+        assert_eq!(behaviour_log_probs.len(), target_log_probs.len(), "importance weights: log-prob lengths differ");
+        let n = behaviour_log_probs.len().max(1) as f64;
+        let clipped_above = config.clip_rho_threshold.ln() + 1e-5;
+        let (mut rho, mut ratio, mut clipped, mut kl) = (0.0, 0.0, 0.0, 0.0);
+        for (&mu, &pi) in behaviour_log_probs.iter().zip(target_log_probs) {
+            let log_ratio = pi as f64 - mu as f64;
+            let r = log_ratio.exp();
+            rho += r.min(config.clip_rho_threshold);
+            ratio += r;
+            clipped += f64::from(u8::from(log_ratio > clipped_above));
+            kl += r - 1.0 - log_ratio;
+        }
+        ImportanceWeights {
+            mean_rho: rho / n,
+            mean_ratio: ratio / n,
+            rho_clip_fraction: clipped / n,
+            behaviour_kl: kl / n,
+        }
+    }
+
+    /// Append as `losses/vtrace_mean_rho`, `losses/vtrace_mean_ratio`, `losses/vtrace_rho_clip_fraction` and
+    /// `losses/vtrace_behaviour_kl`.
+    pub fn push_metrics(&self, m: &mut Metrics) {
+        m.push("losses/vtrace_mean_rho", self.mean_rho);
+        m.push("losses/vtrace_mean_ratio", self.mean_ratio);
+        m.push("losses/vtrace_rho_clip_fraction", self.rho_clip_fraction);
+        m.push("losses/vtrace_behaviour_kl", self.behaviour_kl);
     }
 }
 
@@ -296,6 +366,30 @@ mod tests {
         vtrace(&lp, &lp, &r, &v, &nv, &[true, false], &[true, false], 1, 0.5, &cfg, &mut vs, &mut adv);
         assert_eq!(vs[0], 1.0);
         assert_eq!(adv[0], 1.0);
+    }
+
+    #[test]
+    fn importance_weight_statistics() {
+        // π/μ = (4, 1, 0.5) with ρ̄ = 2: ρ = (2, 1, 0.5), one of three clipped.
+        let mu = [0.0f32, -1.0, 0.5];
+        let pi = [4.0f32.ln(), -1.0, 0.5 + 0.5f32.ln()];
+        let cfg = VtraceConfig { clip_rho_threshold: 2.0, ..VtraceConfig::default() };
+        let w = ImportanceWeights::new(&mu, &pi, &cfg);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        assert!(close(w.mean_rho, 3.5 / 3.0) && close(w.mean_ratio, 5.5 / 3.0), "{w:?}");
+        assert!(close(w.rho_clip_fraction, 1.0 / 3.0), "{w:?}");
+        assert!(close(w.behaviour_kl, ((3.0 - 4.0f64.ln()) + (-0.5 - 0.5f64.ln())) / 3.0), "{w:?}");
+        // π and μ computed by different code differ in the last bits; that is not clipping.
+        let noisy: Vec<f32> = mu.iter().map(|&m| m + 4.0 * f32::EPSILON).collect();
+        assert_eq!(ImportanceWeights::new(&mu, &noisy, &VtraceConfig::default()).rho_clip_fraction, 0.0);
+        let on_policy = ImportanceWeights::new(&mu, &mu, &VtraceConfig::default());
+        assert_eq!(
+            on_policy,
+            ImportanceWeights { mean_rho: 1.0, mean_ratio: 1.0, rho_clip_fraction: 0.0, behaviour_kl: 0.0 }
+        );
+        let mut m = Metrics::default();
+        w.push_metrics(&mut m);
+        assert_eq!(m.get("losses/vtrace_mean_rho"), Some(w.mean_rho));
     }
 
     #[test]

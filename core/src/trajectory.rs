@@ -124,18 +124,13 @@ impl Chunk {
     pub fn validate(&self, spec: &ChunkSpec) -> Result<(), String> {
         let (t, e) = (self.n_steps, self.n_envs);
         if t != spec.n_steps || e != spec.n_envs {
-            return Err(format!(
-                "shape {t} steps × {e} envs, expected {} steps × {} envs",
-                spec.n_steps, spec.n_envs
-            ));
+            return Err(format!("shape {t} steps × {e} envs, expected {} steps × {} envs", spec.n_steps, spec.n_envs));
         }
         let n = t * e;
         let len = |what: &str, got: usize, expected: usize| {
             if got == expected { Ok(()) } else { Err(format!("{what} has {got} values, expected {expected}")) }
         };
-        for (what, buf, rows) in
-            [("observations", &self.obs, n), ("bootstrap observations", &self.bootstrap_obs, e)]
-        {
+        for (what, buf, rows) in [("observations", &self.obs, n), ("bootstrap observations", &self.bootstrap_obs, e)] {
             if buf.dtype() != spec.obs_dtype {
                 return Err(format!("{what} are {:?}, expected {:?}", buf.dtype(), spec.obs_dtype));
             }
@@ -282,7 +277,8 @@ mod tests {
             final_obs: ObsBuf::F32(vec![11.0]),
             episodes: vec![EpisodeStats { episode_return: 12.0, length: 12 }],
         };
-        let spec = ChunkSpec { obs_dim: 1, obs_dtype: DType::F32, act_dim: 1, n_envs: 2, n_steps: 2, needs_behaviour: true };
+        let spec =
+            ChunkSpec { obs_dim: 1, obs_dtype: DType::F32, act_dim: 1, n_envs: 2, n_steps: 2, needs_behaviour: true };
         (c, spec)
     }
 
@@ -302,7 +298,8 @@ mod tests {
 
     #[test]
     fn each_defect_is_named() {
-        let cases: Vec<(fn(&mut Chunk), &str)> = vec![
+        type Defect = fn(&mut Chunk);
+        let cases: Vec<(Defect, &str)> = vec![
             (|c| c.rewards.pop().map(drop).unwrap_or(()), "rewards has 3 values, expected 4"),
             (|c| c.rewards[2] = f32::NAN, "rewards[2] is NaN"),
             (|c| c.obs = ObsBuf::U8(vec![0; 4]), "observations are U8, expected F32"),
@@ -323,7 +320,8 @@ mod tests {
 
     #[test]
     fn gradients_are_checked() {
-        let g = Gradient { actor_id: 1, policy_version: 0, values: vec![0.0, f32::NAN], env_steps: 5, episodes: vec![] };
+        let g =
+            Gradient { actor_id: 1, policy_version: 0, values: vec![0.0, f32::NAN], env_steps: 5, episodes: vec![] };
         assert!(g.validate(2).unwrap_err().contains("gradient[1] is NaN"));
         assert!(g.validate(3).unwrap_err().contains("expected 3"));
     }

@@ -54,6 +54,7 @@ mod acrobot;
 mod action;
 mod buffered;
 mod cartpole;
+pub mod env_actions;
 mod kwargs;
 mod latency;
 mod mountain_car;

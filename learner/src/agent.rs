@@ -17,7 +17,19 @@ pub fn build(
     action_space: &Space,
     device: Device,
 ) -> Result<Box<dyn Algorithm>> {
-    let (seed, n_envs) = (config.run.seed, config.env.num_envs);
+    build_for(config, observation_space, action_space, device, config.env.num_envs, config.run.seed)
+}
+
+/// [`build`] for `n_envs` parallel rows per observed step and another seed (distributed learners batch
+/// several actors' chunks; each actor builds its own acting copy).
+pub fn build_for(
+    config: &ExperimentConfig,
+    observation_space: &Space,
+    action_space: &Space,
+    device: Device,
+    n_envs: usize,
+    seed: u64,
+) -> Result<Box<dyn Algorithm>> {
     Ok(match &config.algorithm {
         AlgorithmConfig::Ppo(c) => {
             Box::new(Ppo::new(observation_space, action_space, n_envs, c.clone(), device, seed)?)
@@ -25,7 +37,7 @@ pub fn build(
         AlgorithmConfig::Dqn(c) => {
             Box::new(Dqn::new(observation_space, action_space, n_envs, c.clone(), device, seed)?)
         }
-        AlgorithmConfig::A2c(c) => {
+        AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => {
             Box::new(A2c::new(observation_space, action_space, n_envs, c.clone(), device, seed)?)
         }
         AlgorithmConfig::Ddpg(c) => {

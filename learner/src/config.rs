@@ -43,6 +43,111 @@ pub struct ExperimentConfig {
     /// Checkpoints for exact resume.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
+    /// Actor processes (distributed runs: `flotilla train --actors N`, `flotilla learner`).
+    #[serde(default)]
+    pub actors: ActorsConfig,
+    /// The learner's server and ingest queue (distributed runs).
+    #[serde(default)]
+    pub learner: LearnerConfig,
+    /// Message limits of the wire (distributed runs).
+    #[serde(default)]
+    pub transport: TransportConfig,
+}
+
+/// How the learner uses actor data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// PPO, A2C: batches of fresh whole chunks, `chunks_per_batch` at a time; too-stale chunks are skipped.
+    OnPolicy,
+    /// DQN, DDPG, TD3: every chunk goes into replay.
+    OffPolicy,
+    /// A3C: actors send gradients; the learner applies them.
+    Gradients,
+}
+
+/// A distributed run's shape, from [`ExperimentConfig::plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// How chunks are used.
+    pub family: Family,
+    /// Actor processes.
+    pub n_actors: usize,
+    /// Envs per actor (`E` of a chunk).
+    pub envs_per_actor: usize,
+    /// Steps per chunk (`T`).
+    pub chunk_steps: usize,
+    /// On-policy: chunks per learner batch (`num_envs / E`).
+    pub chunks_per_batch: usize,
+}
+
+/// `[actors]`: how actor processes collect data. Used only when the run has actors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActorsConfig {
+    /// Actor processes (0: single-process training). `--actors N` overrides it.
+    pub count: usize,
+    /// Envs each actor steps (0: `env.num_envs / count` for on-policy algorithms, so a learner batch of
+    /// `env.num_envs × n_steps` is the single-process one; `env.num_envs` for off-policy ones).
+    pub envs_per_actor: usize,
+    /// Steps per chunk (0: the algorithm's `n_steps` for PPO/A2C/A3C; 32 for off-policy algorithms).
+    pub chunk_steps: usize,
+    /// Ape-X exploration for DQN: actor `i` of `N` acts ε-greedily with `ε_i = epsilon^(1 + epsilon_alpha · i/(N−1))`.
+    pub epsilon: f64,
+    /// See `epsilon`.
+    pub epsilon_alpha: f64,
+    /// Restarts allowed per actor slot over the run before the launcher gives up on it.
+    pub max_restarts: u32,
+    /// Seconds an actor keeps trying to reach a learner that went away before it exits.
+    pub reconnect_secs: f64,
+}
+
+impl Default for ActorsConfig {
+    fn default() -> Self {
+        ActorsConfig {
+            count: 0,
+            envs_per_actor: 0,
+            chunk_steps: 0,
+            epsilon: 0.4,
+            epsilon_alpha: 7.0,
+            max_restarts: 100,
+            reconnect_secs: 60.0,
+        }
+    }
+}
+
+/// `[learner]`: the learner's server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LearnerConfig {
+    /// Address to listen on. Loopback unless told otherwise; port 0 picks a free port.
+    pub listen: String,
+    /// Chunks (or gradients) older than this many parameter versions are not trained on; they are counted
+    /// in `charts/stale_chunks` and logged. On-policy algorithms and A3C only.
+    pub max_policy_lag: u64,
+    /// Chunks (or gradients) the ingest queue holds before actors wait (back-pressure). 0: one learner batch
+    /// (`chunks_per_batch`) for on-policy algorithms, one per actor for A3C, 64 for off-policy ones. A short
+    /// queue keeps on-policy data fresh: what waits in the queue ages by one version per update.
+    pub queue_chunks: usize,
+}
+
+impl Default for LearnerConfig {
+    fn default() -> Self {
+        LearnerConfig { listen: "127.0.0.1:0".into(), max_policy_lag: 4, queue_chunks: 0 }
+    }
+}
+
+/// `[transport]`: limits of the gRPC carrier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportConfig {
+    /// Largest message in MiB (parameters of a large network are one message).
+    pub max_message_mib: usize,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig { max_message_mib: 256 }
+    }
 }
 
 /// `[run]`: what the whole experiment shares.
@@ -116,6 +221,9 @@ pub enum AlgorithmConfig {
     Dqn(DqnConfig),
     /// Advantage Actor-Critic (synchronous A3C).
     A2c(A2cConfig),
+    /// Asynchronous Advantage Actor-Critic: actors compute A2C gradients on their own chunks and the learner
+    /// applies them as a parameter server (needs actors: `--actors N`). Same fields as `a2c`.
+    A3c(A2cConfig),
     /// Deep Deterministic Policy Gradient.
     Ddpg(DdpgConfig),
     /// Twin Delayed DDPG.
@@ -272,11 +380,77 @@ impl ExperimentConfig {
         let checked = match &self.algorithm {
             AlgorithmConfig::Ppo(c) => c.validate(self.env.num_envs),
             AlgorithmConfig::Dqn(c) => c.validate(),
-            AlgorithmConfig::A2c(c) => c.validate(self.env.num_envs),
+            AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => c.validate(self.env.num_envs),
             AlgorithmConfig::Ddpg(c) => c.validate(),
             AlgorithmConfig::Td3(c) => c.validate(),
         };
-        checked.map_err(|e| Error::Config(format!("[algorithm]: {e}")))
+        checked.map_err(|e| Error::Config(format!("[algorithm]: {e}")))?;
+        if !self.learner.listen.contains(':') {
+            return Err(Error::Config(format!("[learner] listen = {:?}: expected HOST:PORT", self.learner.listen)));
+        }
+        if self.transport.max_message_mib == 0 {
+            return Err(Error::Config("[transport] max_message_mib = 0".into()));
+        }
+        if self.actors.count > 0 {
+            self.plan(self.actors.count)?;
+        } else if matches!(self.algorithm, AlgorithmConfig::A3c(_)) {
+            return Err(Error::Config(
+                "[algorithm] kind = \"a3c\" needs actor processes: pass --actors N or set [actors] count".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// How a run with `n_actors` actor processes splits the work, checked against the algorithm.
+    pub fn plan(&self, n_actors: usize) -> Result<Plan> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        if n_actors == 0 {
+            return bad("a distributed run needs at least one actor".into());
+        }
+        let a = &self.actors;
+        let num_envs = self.env.num_envs;
+        let on_policy = |n_steps: usize, family: Family| -> Result<Plan> {
+            let per_actor = if a.envs_per_actor > 0 { a.envs_per_actor } else { (num_envs / n_actors).max(1) };
+            let chunk_steps = if a.chunk_steps > 0 { a.chunk_steps } else { n_steps };
+            if chunk_steps != n_steps {
+                return bad(format!(
+                    "[actors] chunk_steps = {chunk_steps}: on-policy chunks must be the algorithm's n_steps = {n_steps}"
+                ));
+            }
+            let chunks_per_batch = match family {
+                Family::Gradients => 1,
+                _ if !num_envs.is_multiple_of(per_actor) => {
+                    return bad(format!(
+                        "[env] num_envs = {num_envs} is not a multiple of {per_actor} envs per actor; a learner \
+                         batch is num_envs × n_steps, made of whole chunks (set [actors] envs_per_actor)"
+                    ));
+                }
+                _ => num_envs / per_actor,
+            };
+            Ok(Plan { family, n_actors, envs_per_actor: per_actor, chunk_steps, chunks_per_batch })
+        };
+        let off_policy = || -> Result<Plan> {
+            let per_actor = if a.envs_per_actor > 0 { a.envs_per_actor } else { num_envs };
+            let chunk_steps = if a.chunk_steps > 0 { a.chunk_steps } else { 32 };
+            Ok(Plan {
+                family: Family::OffPolicy,
+                n_actors,
+                envs_per_actor: per_actor,
+                chunk_steps,
+                chunks_per_batch: 1,
+            })
+        };
+        match &self.algorithm {
+            AlgorithmConfig::Ppo(c) => on_policy(c.n_steps, Family::OnPolicy),
+            AlgorithmConfig::A2c(c) => on_policy(c.n_steps, Family::OnPolicy),
+            AlgorithmConfig::A3c(c) => on_policy(c.n_steps, Family::Gradients),
+            AlgorithmConfig::Dqn(c) if c.n_step > 1 => bad(format!(
+                "[algorithm] n_step = {}: n-step returns need one queue per actor env, which the distributed \
+                 learner does not keep yet; use n_step = 1 with actors",
+                c.n_step
+            )),
+            AlgorithmConfig::Dqn(_) | AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) => off_policy(),
+        }
     }
 
     /// The resolved config as TOML (every default written out).
@@ -290,6 +464,7 @@ impl ExperimentConfig {
             AlgorithmConfig::Ppo(_) => "ppo",
             AlgorithmConfig::Dqn(_) => "dqn",
             AlgorithmConfig::A2c(_) => "a2c",
+            AlgorithmConfig::A3c(_) => "a3c",
             AlgorithmConfig::Ddpg(_) => "ddpg",
             AlgorithmConfig::Td3(_) => "td3",
         }

@@ -20,6 +20,9 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The distributed runtime failed: a server that cannot listen, a runtime that cannot start.
+    #[error("{0}")]
+    Runtime(String),
     /// An environment refused an action or argument.
     #[error(transparent)]
     Env(#[from] flotilla_core::Error),

@@ -12,14 +12,18 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod actions;
 pub mod agent;
 mod allocator;
 pub mod config;
+pub mod distributed;
 pub mod error;
 pub mod eval;
+pub mod hub;
+pub mod launcher;
 pub mod run_dir;
 pub mod train;
 
 pub use allocator::tune_allocator;
 pub use error::{Error, Result};
+/// From policy outputs to env actions (moved to `flotilla_envs::env_actions`, shared with the actors).
+pub use flotilla_envs::env_actions as actions;

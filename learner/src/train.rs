@@ -325,7 +325,7 @@ pub fn train(
     Ok((trainer.into_agent(), report))
 }
 
-fn log_progress(row: &LogRow) {
+pub(crate) fn log_progress(row: &LogRow) {
     let ret = row.episodic_return.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
     let eval = row.eval.as_ref().map(|e| format!(" | eval {:.1} ± {:.1}", e.mean(), e.std())).unwrap_or_default();
     // The algorithm's first three losses, named without their `losses/` prefix.

@@ -29,9 +29,10 @@ fn obs_tensor(buf: &ObsBuf, mut shape: Vec<u64>, obs_dim: usize) -> proto::Tenso
 }
 
 fn elements(t: &proto::Tensor, field: &str) -> Result<usize, RpcError> {
-    t.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d as usize)).ok_or_else(|| {
-        RpcError::invalid(format!("{field}: shape {:?} overflows", t.shape))
-    })
+    t.shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d as usize))
+        .ok_or_else(|| RpcError::invalid(format!("{field}: shape {:?} overflows", t.shape)))
 }
 
 /// A tensor's values as f32 (it must be `DTYPE_F32` with `4 · product(shape)` bytes). An absent tensor is empty.
@@ -95,8 +96,9 @@ fn episodes_from_proto(episodes: &[proto::EpisodeStats]) -> Vec<EpisodeStats> {
 /// Encode a chunk (observation rows of `obs_dim` values).
 pub fn chunk_to_proto(c: &Chunk, protocol_version: u32) -> proto::Chunk {
     let (t, e) = (c.n_steps as u64, c.n_envs as u64);
-    let obs_dim = if c.n_steps * c.n_envs == 0 { 0 } else { c.obs.len() / (c.n_steps * c.n_envs) };
-    let act_dim = if c.n_steps * c.n_envs == 0 { 0 } else { c.actions.len() / (c.n_steps * c.n_envs) };
+    let n = c.n_steps * c.n_envs;
+    let obs_dim = c.obs.len().checked_div(n).unwrap_or(0);
+    let act_dim = c.actions.len().checked_div(n).unwrap_or(0);
     let opt = |v: &[f32]| (!v.is_empty()).then(|| f32_tensor(v, vec![t, e]));
     proto::Chunk {
         protocol_version,

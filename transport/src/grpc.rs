@@ -14,13 +14,13 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
+use crate::PROTOCOL_VERSION;
 use crate::codec;
 use crate::error::{Code, RpcError};
 use crate::proto;
 use crate::proto::learner_client::LearnerClient as ProtoClient;
 use crate::proto::learner_server::{Learner as ProtoLearner, LearnerServer};
 use crate::service::{Ack, LearnerClient, LearnerService, Registered, Registration, RunInfo, check_token};
-use crate::PROTOCOL_VERSION;
 
 /// HTTP/2 flow-control windows (TOOLCHAIN.md: 4 MiB gave ~340 MiB/s per stream on loopback).
 const WINDOW: u32 = 4 << 20;
@@ -75,7 +75,8 @@ pub fn serve<S: LearnerService>(
     let local_addr = listener.local_addr().map_err(|e| RpcError::new(Code::Internal, e.to_string()))?;
     listener.set_nonblocking(true).map_err(|e| RpcError::new(Code::Internal, e.to_string()))?;
     let _enter = runtime.enter();
-    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::new(Code::Internal, e.to_string()))?;
+    let listener =
+        tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::new(Code::Internal, e.to_string()))?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let adapter = Adapter { inner: service, token: Arc::from(token) };
     let svc = LearnerServer::new(adapter)
@@ -140,9 +141,8 @@ impl<S: LearnerService> ProtoLearner for Adapter<S> {
 
     async fn send_chunk(&self, req: Request<proto::Chunk>) -> Result<Response<proto::Ack>, Status> {
         self.admit(&req, "SendChunk", req.get_ref().protocol_version)?;
-        let chunk = codec::chunk_from_proto(req.get_ref()).map_err(|e| {
+        let chunk = codec::chunk_from_proto(req.get_ref()).inspect_err(|e| {
             warn!("refused a chunk from actor {}: {}", req.get_ref().actor_id, e.message);
-            e
         })?;
         Ok(Response::new(codec::ack_to_proto(self.inner.ingest(chunk).await?)))
     }
@@ -188,9 +188,8 @@ impl GrpcClient {
         let inner = ProtoClient::new(channel)
             .max_decoding_message_size(limits.max_message_bytes)
             .max_encoding_message_size(limits.max_message_bytes);
-        let auth = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| RpcError::invalid("the token must be printable ASCII"))?;
+        let auth =
+            format!("Bearer {token}").parse().map_err(|_| RpcError::invalid("the token must be printable ASCII"))?;
         Ok(GrpcClient { runtime, inner, auth })
     }
 
@@ -214,20 +213,21 @@ impl LearnerClient for GrpcClient {
         Ok(codec::registered_from_proto(reply.get_ref()))
     }
 
-    fn send_chunk(&mut self, chunk: flotilla_core::Chunk) -> Result<Ack, RpcError> {
-        let req = self.request(codec::chunk_to_proto(&chunk, PROTOCOL_VERSION));
+    fn send_chunk(&mut self, chunk: &flotilla_core::Chunk) -> Result<Ack, RpcError> {
+        let req = self.request(codec::chunk_to_proto(chunk, PROTOCOL_VERSION));
         let reply = self.runtime.block_on(self.inner.send_chunk(req))?;
         Ok(codec::ack_from_proto(reply.get_ref()))
     }
 
-    fn send_gradient(&mut self, gradient: flotilla_core::Gradient) -> Result<Ack, RpcError> {
-        let req = self.request(codec::gradient_to_proto(&gradient, PROTOCOL_VERSION));
+    fn send_gradient(&mut self, gradient: &flotilla_core::Gradient) -> Result<Ack, RpcError> {
+        let req = self.request(codec::gradient_to_proto(gradient, PROTOCOL_VERSION));
         let reply = self.runtime.block_on(self.inner.send_gradient(req))?;
         Ok(codec::ack_from_proto(reply.get_ref()))
     }
 
     fn params(&mut self, actor_id: u64, have: Option<u64>) -> Result<Option<flotilla_core::Params>, RpcError> {
-        let req = self.request(proto::ParamsRequest { protocol_version: PROTOCOL_VERSION, actor_id, have_version: have });
+        let req =
+            self.request(proto::ParamsRequest { protocol_version: PROTOCOL_VERSION, actor_id, have_version: have });
         let reply = self.runtime.block_on(self.inner.get_params(req))?;
         codec::params_from_proto(reply.get_ref())
     }

@@ -43,14 +43,14 @@ impl<S: LearnerService> LearnerClient for LocalClient<S> {
         self.service.register(registration.clone())
     }
 
-    fn send_chunk(&mut self, chunk: Chunk) -> Result<Ack, RpcError> {
+    fn send_chunk(&mut self, chunk: &Chunk) -> Result<Ack, RpcError> {
         self.admit("SendChunk")?;
-        self.runtime.block_on(self.service.ingest(chunk))
+        self.runtime.block_on(self.service.ingest(chunk.clone()))
     }
 
-    fn send_gradient(&mut self, gradient: Gradient) -> Result<Ack, RpcError> {
+    fn send_gradient(&mut self, gradient: &Gradient) -> Result<Ack, RpcError> {
         self.admit("SendGradient")?;
-        self.runtime.block_on(self.service.gradient(gradient))
+        self.runtime.block_on(self.service.gradient(gradient.clone()))
     }
 
     fn params(&mut self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError> {

@@ -83,9 +83,9 @@ pub trait LearnerClient: Send {
     /// [`LearnerService::register`].
     fn register(&mut self, registration: &Registration) -> Result<Registered, RpcError>;
     /// [`LearnerService::ingest`]; returns when the learner has queued the chunk.
-    fn send_chunk(&mut self, chunk: Chunk) -> Result<Ack, RpcError>;
+    fn send_chunk(&mut self, chunk: &Chunk) -> Result<Ack, RpcError>;
     /// [`LearnerService::gradient`].
-    fn send_gradient(&mut self, gradient: Gradient) -> Result<Ack, RpcError>;
+    fn send_gradient(&mut self, gradient: &Gradient) -> Result<Ack, RpcError>;
     /// [`LearnerService::params`].
     fn params(&mut self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError>;
 }

@@ -3,8 +3,8 @@
 //! Policies emit f32 rows: an index for discrete spaces, an unclipped Gaussian sample for boxes. Envs take
 //! `start + index`, or the sample clipped to the box bounds (as SB3 does); the rollout keeps the unclipped
 //! sample, whose log-probability the policy computed.
+use crate::VecActions;
 use flotilla_core::{Action, Space};
-use flotilla_envs::VecActions;
 
 /// The env-facing form of one policy action (clipped into `scratch` for boxes).
 pub fn env_action<'a>(space: &Space, action: &[f32], scratch: &'a mut Vec<f32>) -> Action<'a> {

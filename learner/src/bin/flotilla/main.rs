@@ -3,8 +3,14 @@
 //! ```text
 //! flotilla train CONFIG.toml [--set key=value ...] [--out RUN_DIR] [--stop-at N]
 //! flotilla train --resume RUN_DIR [--stop-at N]
+//! flotilla train CONFIG.toml --actors N [--set ...] [--out RUN_DIR]      # learner + N actor processes
+//! flotilla learner CONFIG.toml [--listen ADDR] [--actors N] [--token T]   # actors join from anywhere
+//! flotilla actor --learner HOST:PORT [--token T | FLOTILLA_TOKEN=T] [--index I]
 //! flotilla eval RUN_DIR [--episodes N] [--seed S]
 //! ```
+mod actor;
+mod launch;
+
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -40,8 +46,46 @@ enum Command {
         resume: Option<PathBuf>,
         /// Stop (with a checkpoint) once this many env steps are done, keeping the configured budget for the
         /// schedules; `--resume` continues from there.
-        #[arg(long, value_name = "ENV_STEPS")]
+        #[arg(long, value_name = "ENV_STEPS", conflicts_with = "actors")]
         stop_at: Option<u64>,
+        /// Train with a learner in this process and N actor processes on loopback, restarted if they die.
+        #[arg(long, value_name = "N", conflicts_with = "resume")]
+        actors: Option<usize>,
+    },
+    /// Run a distributed learner that actors join with `flotilla actor` (from this or other machines).
+    Learner {
+        /// Experiment config (TOML).
+        config: PathBuf,
+        /// Address to listen on (default: `[learner] listen`, loopback). Other machines need e.g. 0.0.0.0:50051.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// Actor slots (default: `[actors] count`).
+        #[arg(long, value_name = "N")]
+        actors: Option<usize>,
+        /// The run token actors must present (default: generated and printed).
+        #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Override a config value (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// Run directory.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Act for a learner: step envs, send trajectory chunks, pick up new parameters.
+    Actor {
+        /// The learner's address.
+        #[arg(long, value_name = "HOST:PORT")]
+        learner: String,
+        /// The run token.
+        #[arg(long, env = "FLOTILLA_TOKEN", hide_env_values = true)]
+        token: String,
+        /// Slot to take (launchers set it; default: the learner picks).
+        #[arg(long)]
+        index: Option<u32>,
+        /// Seconds to keep reconnecting to a learner that went away.
+        #[arg(long, default_value_t = 60.0)]
+        reconnect_secs: f64,
     },
     /// Evaluate a trained run's policy deterministically and print the mean and std of the return.
     Eval {
@@ -74,8 +118,24 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train { config, overrides, out, resume, stop_at } => {
+        Command::Train { config: Some(path), mut overrides, out, actors: Some(n), .. } => {
+            overrides.push(format!("actors.count={n}"));
+            learner_command(&path, &overrides, out, launch::Actors::Launch, None)
+        }
+        Command::Train { config, overrides, out, resume, stop_at, .. } => {
             train_command(config.as_deref(), &overrides, out, resume.as_deref(), stop_at.unwrap_or(u64::MAX))
+        }
+        Command::Learner { config, listen, actors, token, mut overrides, out } => {
+            if let Some(addr) = listen {
+                overrides.push(format!("learner.listen={addr:?}"));
+            }
+            if let Some(n) = actors {
+                overrides.push(format!("actors.count={n}"));
+            }
+            learner_command(&config, &overrides, out, launch::Actors::External, token)
+        }
+        Command::Actor { learner, token, index, reconnect_secs } => {
+            actor::actor_command(&learner, &token, index, reconnect_secs).map(|_| ())
         }
         Command::Eval { run_dir, episodes, seed } => eval_command(&run_dir, episodes, seed),
     }
@@ -140,6 +200,21 @@ fn train_command(
     println!("saved policy: {}", model.display());
     println!("run directory: {dir}  (evaluate again with: flotilla eval {dir})");
     Ok(())
+}
+
+fn learner_command(
+    path: &Path,
+    overrides: &[String],
+    out: Option<PathBuf>,
+    actors: launch::Actors,
+    token: Option<String>,
+) -> Result<()> {
+    let config = ExperimentConfig::load(path, overrides)?;
+    anyhow::ensure!(config.actors.count > 0, "a distributed run needs actors: pass --actors N or set [actors] count");
+    let out = out.unwrap_or_else(|| launch::default_out(&config));
+    let run_dir = RunDir::create(&out, &config)?;
+    tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
+    launch::distributed_train(&config, &run_dir, actors, token)
 }
 
 fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()> {

@@ -1,0 +1,406 @@
+//! The actor loop (see the crate docs for its shape).
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use flotilla_algorithms::a2c::A2c;
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Transition};
+use flotilla_core::{Chunk, EpisodeStats, Gradient, ObsBuf, Params};
+use flotilla_envs::VecEnv;
+use flotilla_envs::env_actions::EnvActions;
+use flotilla_transport::grpc::backoff;
+use flotilla_transport::{Code, LearnerClient, Registered, Registration, RpcError, RunInfo};
+use tch::Device;
+use tracing::{info, warn};
+
+use crate::{Error, Result};
+
+/// Opens a connection to the learner (called again to reconnect).
+pub type Connector = Box<dyn FnMut() -> std::result::Result<Box<dyn LearnerClient>, RpcError> + Send>;
+
+/// What acts: any algorithm's policy (chunks go to the learner), or A3C's A2C (gradients go to the learner).
+pub enum ActorAgent {
+    /// Acts and records chunks.
+    Rollout(Box<dyn Algorithm>),
+    /// Acts, computes A2C gradients on its own rollouts (A3C).
+    Gradient(Box<A2c>),
+}
+
+impl ActorAgent {
+    fn algorithm(&mut self) -> &mut dyn Algorithm {
+        match self {
+            ActorAgent::Rollout(a) => a.as_mut(),
+            ActorAgent::Gradient(a) => a.as_mut(),
+        }
+    }
+}
+
+/// Builds the actor's envs and agent from the learner's run config (the binary knows the config format;
+/// this crate does not).
+pub trait ActorFactory {
+    /// The envs to step (their spaces are checked at registration).
+    fn envs(&mut self, run: &RunInfo) -> Result<VecEnv>;
+    /// The acting agent for the slot the learner gave (`registered.actor_index` sets Ape-X exploration).
+    fn agent(&mut self, run: &RunInfo, registered: &Registered, envs: &VecEnv) -> Result<ActorAgent>;
+}
+
+/// How an actor joins and how long it keeps trying.
+#[derive(Debug, Clone)]
+pub struct ActorOptions {
+    /// The slot a launcher assigned (`None`: the learner picks).
+    pub actor_index: Option<u32>,
+    /// How long to keep reconnecting to a learner that went away before giving up.
+    pub reconnect_for: Duration,
+    /// Set to stop after the current chunk.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// What an actor did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ActorReport {
+    /// Chunks (or gradients) delivered.
+    pub sent: u64,
+    /// Env steps taken (all envs).
+    pub env_steps: u64,
+    /// Parameter versions loaded.
+    pub params_loaded: u64,
+    /// Times the actor reconnected and re-registered.
+    pub reconnects: u32,
+    /// Whether the learner said the run is over.
+    pub finished: bool,
+}
+
+#[allow(clippy::large_enum_variant)] // One message in flight at a time; boxing would only add an allocation.
+enum Outgoing {
+    Chunk(Chunk),
+    Gradient(Gradient),
+}
+
+/// State the env thread and the IO thread share.
+#[derive(Default)]
+struct Shared {
+    params: Mutex<Option<Params>>,
+    finished: AtomicBool,
+    reconnects: AtomicU32,
+}
+
+/// Join the learner `connect` reaches and act until it says the run is over, `options.stop` is set, or the
+/// learner stays unreachable for `options.reconnect_for`.
+pub fn run_actor(
+    mut connect: Connector,
+    factory: &mut dyn ActorFactory,
+    options: &ActorOptions,
+) -> Result<ActorReport> {
+    let (mut client, run) = join(&mut connect, options.reconnect_for)?;
+    let mut envs = factory.envs(&run)?;
+    let registration = Registration {
+        run_id: run.run_id.clone(),
+        observation_space: envs.observation_space().clone(),
+        action_space: envs.action_space().clone(),
+        n_envs: envs.num_envs(),
+        actor_index: options.actor_index,
+        host: hostname(),
+        pid: std::process::id(),
+    };
+    let registered = client.register(&registration)?;
+    let mut registration = registration;
+    registration.actor_index = Some(registered.actor_index);
+    info!(actor_id = registered.actor_id, "registered in slot {} of {}", registered.actor_index, registered.n_actors);
+    let mut agent = factory.agent(&run, &registered, &envs)?;
+    let mut version = 0;
+    if let Some(p) = client.params(registered.actor_id, None)? {
+        agent.algorithm().load_policy_params(&p.value)?;
+        version = p.version;
+    }
+
+    let shared = Arc::new(Shared::default());
+    let (tx, rx) = sync_channel::<Outgoing>(1);
+    let io = {
+        let shared = shared.clone();
+        let mut link = Link {
+            client,
+            connect,
+            registration,
+            actor_id: registered.actor_id,
+            have: Some(version),
+            run_id: run.run_id,
+        };
+        let reconnect_for = options.reconnect_for;
+        std::thread::Builder::new()
+            .name("flotilla-actor-io".into())
+            .spawn(move || link.serve(rx, &shared, reconnect_for))
+            .map_err(|e| Error::Setup(format!("IO thread: {e}")))?
+    };
+    let mut report = ActorReport { params_loaded: 1, ..Default::default() };
+    let result = act_loop(
+        &mut envs,
+        &mut agent,
+        registered.seed,
+        registered.chunk_steps,
+        version,
+        &tx,
+        &shared,
+        options,
+        &mut report,
+    );
+    drop(tx);
+    let io_result = join_io(io);
+    result?;
+    io_result?;
+    report.reconnects = shared.reconnects.load(Ordering::SeqCst);
+    report.finished = shared.finished.load(Ordering::SeqCst);
+    Ok(report)
+}
+
+fn join_io(io: JoinHandle<Result<()>>) -> Result<()> {
+    io.join().map_err(|_| Error::Setup("the IO thread panicked".into()))?
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// Connect and fetch the run info, retrying with backoff for up to `window`.
+fn join(connect: &mut Connector, window: Duration) -> Result<(Box<dyn LearnerClient>, RunInfo)> {
+    let deadline = Instant::now() + window;
+    let mut attempt = 0;
+    loop {
+        let tried = connect().and_then(|mut c| c.run_info().map(|run| (c, run)));
+        match tried {
+            Ok(ok) => return Ok(ok),
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                std::thread::sleep(backoff(attempt, Duration::from_secs(5)));
+                attempt += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn act_loop(
+    envs: &mut VecEnv,
+    agent: &mut ActorAgent,
+    seed: u64,
+    chunk_steps: usize,
+    mut version: u64,
+    tx: &SyncSender<Outgoing>,
+    shared: &Shared,
+    options: &ActorOptions,
+    report: &mut ActorReport,
+) -> Result<()> {
+    let (e, d) = (envs.num_envs(), envs.obs_dim());
+    let action_space = envs.action_space().clone();
+    let mut obs = envs.reset(Some(seed))?.to_vec();
+    let mut out = ActOutput::default();
+    let mut env_actions = EnvActions::default();
+    let mut next_obs = vec![0.0f32; e * d];
+    loop {
+        if shared.finished.load(Ordering::SeqCst) || options.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        // Newer parameters fetched by the IO thread while the envs were stepping.
+        if let Some(p) = shared.params.lock().expect("params slot").take() {
+            agent.algorithm().load_policy_params(&p.value)?;
+            version = p.version;
+            report.params_loaded += 1;
+        }
+        let n = chunk_steps * e;
+        let mut c = Chunk {
+            actor_id: 0,
+            policy_version: version,
+            n_steps: chunk_steps,
+            n_envs: e,
+            obs: ObsBuf::F32(Vec::with_capacity(n * d)),
+            bootstrap_obs: ObsBuf::F32(Vec::new()),
+            actions: Vec::with_capacity(n * agent.algorithm().act_dim()),
+            rewards: Vec::with_capacity(n),
+            terminated: Vec::with_capacity(n),
+            truncated: Vec::with_capacity(n),
+            log_probs: Vec::with_capacity(n),
+            values: Vec::with_capacity(n),
+            final_index: Vec::new(),
+            final_obs: ObsBuf::F32(Vec::new()),
+            episodes: Vec::new(),
+        };
+        let (ObsBuf::F32(obs_rows), ObsBuf::F32(final_rows)) = (&mut c.obs, &mut c.final_obs) else {
+            unreachable!("built as f32 above")
+        };
+        for t in 0..chunk_steps {
+            obs_rows.extend_from_slice(&obs);
+            agent.algorithm().act(&obs, ActMode::Explore, &mut out)?;
+            let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
+            next_obs.copy_from_slice(step.obs);
+            for i in 0..e {
+                if step.terminated[i] || step.truncated[i] {
+                    let last = step.final_obs(i).ok_or_else(|| {
+                        Error::Setup(format!("env {i} ended an episode without reporting its final observation"))
+                    })?;
+                    c.final_index.push((t * e + i) as u32);
+                    final_rows.extend_from_slice(last);
+                    next_obs[i * d..(i + 1) * d].copy_from_slice(last);
+                }
+            }
+            c.episodes.extend(
+                step.episodes.iter().map(|ep| EpisodeStats { episode_return: ep.return_, length: ep.length as u64 }),
+            );
+            if let ActorAgent::Gradient(a2c) = agent {
+                let transition = Transition {
+                    obs: &obs,
+                    act: &out,
+                    rewards: step.rewards,
+                    terminated: step.terminated,
+                    truncated: step.truncated,
+                    next_obs: &next_obs,
+                };
+                a2c.observe(&transition)?;
+            }
+            c.actions.extend_from_slice(&out.actions);
+            c.log_probs.extend_from_slice(&out.log_probs);
+            c.values.extend_from_slice(&out.values);
+            c.rewards.extend_from_slice(step.rewards);
+            c.terminated.extend_from_slice(step.terminated);
+            c.truncated.extend_from_slice(step.truncated);
+            obs.copy_from_slice(step.obs);
+        }
+        c.bootstrap_obs = ObsBuf::F32(obs.clone());
+        report.env_steps += n as u64;
+        let message = match agent {
+            ActorAgent::Rollout(_) => Outgoing::Chunk(c),
+            ActorAgent::Gradient(a2c) => {
+                let (grad, _metrics) = a2c
+                    .collected_gradients()?
+                    .ok_or_else(|| Error::Setup(format!("{chunk_steps} steps did not fill the A2C rollout")))?;
+                let values = Vec::<f32>::try_from(grad.to_device(Device::Cpu).view([-1]))
+                    .map_err(flotilla_algorithms::Error::from)?;
+                Outgoing::Gradient(Gradient {
+                    actor_id: 0,
+                    policy_version: version,
+                    values,
+                    env_steps: n as u64,
+                    episodes: c.episodes,
+                })
+            }
+        };
+        // Waits while the previous message is still on the wire (and so while the learner pushes back).
+        if tx.send(message).is_err() {
+            return Ok(()); // The IO thread ended: finished, or failed (its result says which).
+        }
+        report.sent += 1;
+    }
+}
+
+/// The IO thread's connection and identity.
+struct Link {
+    client: Box<dyn LearnerClient>,
+    connect: Connector,
+    registration: Registration,
+    actor_id: u64,
+    have: Option<u64>,
+    run_id: String,
+}
+
+impl Link {
+    fn serve(
+        &mut self,
+        rx: std::sync::mpsc::Receiver<Outgoing>,
+        shared: &Shared,
+        reconnect_for: Duration,
+    ) -> Result<()> {
+        for mut message in rx {
+            let ack = loop {
+                let sent = match &mut message {
+                    Outgoing::Chunk(c) => {
+                        c.actor_id = self.actor_id;
+                        self.client.send_chunk(c)
+                    }
+                    Outgoing::Gradient(g) => {
+                        g.actor_id = self.actor_id;
+                        self.client.send_gradient(g)
+                    }
+                };
+                match sent {
+                    Ok(ack) => break Some(ack),
+                    Err(e) if e.is_transient() => {
+                        warn!("learner unreachable ({}); reconnecting", e.message);
+                        if self.rejoin(shared, reconnect_for)? {
+                            break None; // A new run: this message belongs to the old one.
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let Some(ack) = ack else { continue };
+            if ack.finished {
+                shared.finished.store(true, Ordering::SeqCst);
+                return Ok(());
+            }
+            if Some(ack.policy_version) != self.have {
+                match self.client.params(self.actor_id, self.have) {
+                    Ok(Some(p)) => {
+                        self.have = Some(p.version);
+                        *shared.params.lock().expect("params slot") = Some(p);
+                    }
+                    Ok(None) => {}
+                    Err(e) if e.is_transient() => {
+                        warn!("parameter fetch failed ({}); reconnecting", e.message);
+                        self.rejoin(shared, reconnect_for)?;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reconnect with exponential backoff and register again. Returns whether the learner now runs another
+    /// run (then the unsent message is discarded, with a log line, and parameters are fetched afresh).
+    fn rejoin(&mut self, shared: &Shared, window: Duration) -> Result<bool> {
+        let deadline = Instant::now() + window;
+        let mut attempt = 0;
+        loop {
+            if Instant::now() >= deadline {
+                return Err(RpcError::new(
+                    Code::Unavailable,
+                    format!("learner unreachable for {:.0} s; giving up", window.as_secs_f64()),
+                )
+                .into());
+            }
+            std::thread::sleep(backoff(attempt, Duration::from_secs(5)));
+            attempt += 1;
+            let Ok(mut client) = (self.connect)() else { continue };
+            let run = match client.run_info() {
+                Ok(run) => run,
+                Err(e) if e.is_transient() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let new_run = run.run_id != self.run_id;
+            self.registration.run_id = run.run_id.clone();
+            let registered = match client.register(&self.registration) {
+                Ok(r) => r,
+                Err(e) if e.is_transient() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            info!(
+                actor_id = registered.actor_id,
+                "re-registered after {attempt} attempts (was actor {}){}",
+                self.actor_id,
+                if new_run { "; the learner restarted: discarding the message collected for the old run" } else { "" }
+            );
+            self.client = client;
+            self.actor_id = registered.actor_id;
+            self.run_id = run.run_id;
+            shared.reconnects.fetch_add(1, Ordering::SeqCst);
+            if new_run {
+                self.have = None;
+                if let Some(p) = self.client.params(self.actor_id, None)? {
+                    self.have = Some(p.version);
+                    *shared.params.lock().expect("params slot") = Some(p);
+                }
+            }
+            return Ok(new_run);
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! `flotilla train --actors N` and `flotilla learner`: a distributed learner, with (train) or without
+//! (learner) locally launched actor processes.
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use flotilla_learner::config::ExperimentConfig;
+use flotilla_learner::distributed::DistributedLearner;
+use flotilla_learner::launcher::{ActorCommand, Launcher, LauncherConfig, generate_token, install_stop_signals};
+use flotilla_learner::run_dir::RunDir;
+
+/// Who starts the actors.
+pub enum Actors {
+    /// This process launches and supervises `N` actor processes on loopback.
+    Launch,
+    /// Actors are started elsewhere (`flotilla actor --learner ADDR --token T`).
+    External,
+}
+
+/// Train `config` (with `[actors] count` set) with a distributed learner writing to `run_dir`.
+pub fn distributed_train(
+    config: &ExperimentConfig,
+    run_dir: &RunDir,
+    actors: Actors,
+    token: Option<String>,
+) -> Result<()> {
+    let n = config.actors.count;
+    let plan = config.plan(n)?;
+    let stop = install_stop_signals();
+    let mut learner = DistributedLearner::new(config, plan)?;
+    let token = match token {
+        Some(t) => t,
+        None => generate_token().context("generating the run token")?,
+    };
+    let addr = learner.listen(&token)?;
+    tracing::info!(
+        "learner listening on {addr}: {n} actors × {} envs, chunks of {} steps",
+        plan.envs_per_actor,
+        plan.chunk_steps
+    );
+    let mut launcher = match actors {
+        Actors::Launch => {
+            let exe = std::env::current_exe().context("locating the flotilla executable")?;
+            let addr = addr.to_string();
+            let reconnect = config.actors.reconnect_secs.to_string();
+            let command = move |i: usize| ActorCommand {
+                program: exe.clone(),
+                args: vec![
+                    "actor".into(),
+                    "--learner".into(),
+                    addr.clone(),
+                    "--index".into(),
+                    i.to_string(),
+                    "--reconnect-secs".into(),
+                    reconnect.clone(),
+                ],
+                env: vec![("FLOTILLA_TOKEN".into(), token.clone())],
+            };
+            let lc = LauncherConfig {
+                max_restarts: config.actors.max_restarts,
+                restart_backoff: Duration::from_millis(200),
+            };
+            Some(Launcher::start(n, command, lc).context("starting actor processes")?)
+        }
+        Actors::External => {
+            eprintln!("waiting for {n} actors; start each with:");
+            eprintln!("  FLOTILLA_TOKEN={token} flotilla actor --learner {addr}");
+            None
+        }
+    };
+    let mut csv = run_dir.metrics_writer()?;
+    let result = learner.run(&stop, &mut |row| csv.write_row(&row.columns()));
+    if let Some(l) = launcher.as_mut() {
+        tracing::info!("stopping actors ({} restarts during the run)", l.restarts());
+        l.stop(Duration::from_secs(5));
+    }
+    let report = result?;
+    let model = run_dir.model_path();
+    learner.agent().save_weights(&model).with_context(|| format!("saving the policy to {}", model.display()))?;
+    let dir = run_dir.path().display();
+    if report.env_steps < config.run.total_env_steps {
+        println!(
+            "interrupted at {} of {} env steps; policy saved to {}",
+            report.env_steps,
+            config.run.total_env_steps,
+            model.display()
+        );
+        std::process::exit(130);
+    }
+    let e = report.final_eval();
+    println!(
+        "trained {} with {} and {n} actors for {} env steps in {:.1} s",
+        config.env.id,
+        config.algorithm_name(),
+        report.env_steps,
+        report.train_secs
+    );
+    if let Some(first) = report.first_reaching(475.0).filter(|_| config.env.id == "CartPole-v1") {
+        println!("first evaluation ≥ 475 at {} env steps, {:.1} s", first.env_steps, first.train_secs);
+    }
+    println!("evaluation return: {:.1} ± {:.1} over {} episodes (deterministic)", e.mean(), e.std(), e.returns.len());
+    println!("saved policy: {}", model.display());
+    println!("run directory: {dir}  (evaluate again with: flotilla eval {dir})");
+    Ok(())
+}
+
+/// The run directory's default name.
+pub fn default_out(config: &ExperimentConfig) -> std::path::PathBuf {
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let name = format!("{}-{}-seed{}-{stamp}", config.env.id, config.algorithm_name(), config.run.seed);
+    Path::new("runs").join(name)
+}

@@ -1,0 +1,269 @@
+//! The learner's front door, shared by the gRPC server's tasks and the update loop: the actor registry, the
+//! bounded ingest queue, and the published parameters.
+//!
+//! ```text
+//! actors ─► register (version, run id, spaces) ─► actor table
+//!        ─► chunk / gradient ─► validate ─► bounded queue ─► update loop (Hub::next)
+//!        ◄─ params(have) ◄─ newest Versioned params ◄─ Hub::publish after each update
+//! ```
+//! A full queue makes `ingest` wait, so actors wait: back-pressure, nothing dropped. A refused message is
+//! logged, counted and answered with an error naming the problem; the hub keeps serving everyone else.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use flotilla_core::{Chunk, ChunkSpec, Gradient, Params, Space, Versioned};
+use flotilla_transport::{Ack, Code, LearnerService, Registered, Registration, RpcError, RunInfo};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::config::Family;
+
+/// What actors deliver.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // Moved through the queue once; boxing would only add an allocation.
+pub enum Delivery {
+    /// A trajectory chunk.
+    Chunk(Chunk),
+    /// An A3C gradient.
+    Gradient(Gradient),
+}
+
+/// The run's fixed facts, against which every actor and message is checked.
+#[derive(Debug, Clone)]
+pub struct HubSpec {
+    /// Run id and config handed to actors.
+    pub run: RunInfo,
+    /// The learner's env spaces.
+    pub observation_space: Space,
+    /// The learner's action space.
+    pub action_space: Space,
+    /// What every chunk must look like.
+    pub chunk: ChunkSpec,
+    /// Chunks or gradients.
+    pub family: Family,
+    /// Actor slots.
+    pub n_actors: usize,
+    /// Base seed; actor registration `k` gets `seed + 1000 · (k + 1)`.
+    pub seed: u64,
+    /// Parameters per broadcast (and per gradient).
+    pub n_params: usize,
+    /// Ingest queue capacity.
+    pub queue: usize,
+}
+
+#[derive(Debug)]
+struct ActorEntry {
+    host: String,
+    pid: u32,
+}
+
+#[derive(Default)]
+struct ActorTable {
+    registrations: u64,
+    by_id: HashMap<u64, ActorEntry>,
+    by_slot: HashMap<u32, u64>,
+}
+
+/// Counters of refused and skipped messages.
+#[derive(Debug, Default)]
+pub struct HubCounters {
+    /// Messages refused as malformed or from unknown actors.
+    pub refused: AtomicU64,
+}
+
+/// The shared state behind [`LearnerService`].
+pub struct Hub {
+    spec: HubSpec,
+    actors: Mutex<ActorTable>,
+    queue: mpsc::Sender<Delivery>,
+    params: RwLock<Params>,
+    finished: AtomicBool,
+    /// Refusal counts.
+    pub counters: HubCounters,
+}
+
+impl Hub {
+    /// A hub publishing `initial` as version 0, and the receiving end of its ingest queue.
+    pub fn new(spec: HubSpec, initial: Vec<f32>) -> (Arc<Hub>, mpsc::Receiver<Delivery>) {
+        let (tx, rx) = mpsc::channel(spec.queue);
+        let hub = Hub {
+            spec,
+            actors: Mutex::new(ActorTable::default()),
+            queue: tx,
+            params: RwLock::new(Versioned { version: 0, value: Arc::new(initial) }),
+            finished: AtomicBool::new(false),
+            counters: HubCounters::default(),
+        };
+        (Arc::new(hub), rx)
+    }
+
+    /// The run's facts.
+    pub fn spec(&self) -> &HubSpec {
+        &self.spec
+    }
+
+    /// Publish new parameters; returns their version.
+    pub fn publish(&self, values: Vec<f32>) -> u64 {
+        let mut p = self.params.write().expect("params lock");
+        p.version += 1;
+        p.value = Arc::new(values);
+        p.version
+    }
+
+    /// The newest published version.
+    pub fn version(&self) -> u64 {
+        self.params.read().expect("params lock").version
+    }
+
+    /// Tell actors the run is over (their next message is answered `finished`).
+    pub fn finish(&self) {
+        self.finished.store(true, Ordering::SeqCst);
+    }
+
+    /// Actors registered now.
+    pub fn live_actors(&self) -> usize {
+        self.actors.lock().expect("actor table").by_id.len()
+    }
+
+    fn ack(&self) -> Ack {
+        Ack { finished: self.finished.load(Ordering::SeqCst), policy_version: self.version() }
+    }
+
+    fn refuse(&self, actor_id: u64, what: &str, problem: String) -> RpcError {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        warn!(actor_id, "refused a {what} from actor {actor_id}: {problem}");
+        RpcError::invalid(format!("{what} from actor {actor_id}: {problem}"))
+    }
+
+    fn check_actor(&self, actor_id: u64, what: &str) -> Result<(), RpcError> {
+        if self.actors.lock().expect("actor table").by_id.contains_key(&actor_id) {
+            Ok(())
+        } else {
+            Err(self.refuse(actor_id, what, "unknown actor (not registered, or replaced by a restart)".into()))
+        }
+    }
+
+    async fn enqueue(&self, d: Delivery) -> Result<Ack, RpcError> {
+        if self.finished.load(Ordering::SeqCst) {
+            return Ok(self.ack());
+        }
+        // Waits while the queue is full: the actor's call does not return, so the actor waits too.
+        match self.queue.send(d).await {
+            Ok(()) => Ok(self.ack()),
+            // The learner closed the queue because the run is over.
+            Err(_) if self.finished.load(Ordering::SeqCst) => Ok(self.ack()),
+            Err(_) => Err(RpcError::new(Code::Unavailable, "the learner is shutting down")),
+        }
+    }
+}
+
+impl LearnerService for Hub {
+    fn run_info(&self) -> RunInfo {
+        self.spec.run.clone()
+    }
+
+    fn register(&self, r: Registration) -> Result<Registered, RpcError> {
+        let s = &self.spec;
+        let precondition = |msg: String| {
+            warn!("refused registration from {} (pid {}): {msg}", r.host, r.pid);
+            Err(RpcError::new(Code::FailedPrecondition, msg))
+        };
+        if r.run_id != s.run.run_id {
+            return precondition(format!("run id {:?}, this learner runs {:?}", r.run_id, s.run.run_id));
+        }
+        if r.observation_space != s.observation_space {
+            return precondition(format!(
+                "actor observation space {:?} differs from the learner's {:?}",
+                r.observation_space, s.observation_space
+            ));
+        }
+        if r.action_space != s.action_space {
+            return precondition(format!(
+                "actor action space {:?} differs from the learner's {:?}",
+                r.action_space, s.action_space
+            ));
+        }
+        if r.n_envs != s.chunk.n_envs {
+            return precondition(format!("actor steps {} envs, this run needs {} per actor", r.n_envs, s.chunk.n_envs));
+        }
+        let mut t = self.actors.lock().expect("actor table");
+        let index = match r.actor_index {
+            Some(i) if (i as usize) < s.n_actors => i,
+            Some(i) => return precondition(format!("actor index {i} outside 0..{}", s.n_actors)),
+            None => (t.registrations % s.n_actors as u64) as u32,
+        };
+        t.registrations += 1;
+        let actor_id = t.registrations;
+        // A new registration in a slot replaces the old one: a restarted actor's predecessor is gone.
+        if let Some(old) = t.by_slot.insert(index, actor_id)
+            && let Some(e) = t.by_id.remove(&old)
+        {
+            info!("slot {index}: actor {actor_id} replaces actor {old} ({} pid {})", e.host, e.pid);
+        }
+        t.by_id.insert(actor_id, ActorEntry { host: r.host.clone(), pid: r.pid });
+        info!(actor_id, "actor {actor_id} registered in slot {index} from {} (pid {})", r.host, r.pid);
+        Ok(Registered {
+            actor_id,
+            actor_index: index,
+            n_actors: s.n_actors as u32,
+            seed: s.seed + 1000 * actor_id,
+            chunk_steps: s.chunk.n_steps,
+            policy_version: self.version(),
+        })
+    }
+
+    async fn ingest(&self, chunk: Chunk) -> Result<Ack, RpcError> {
+        self.check_actor(chunk.actor_id, "chunk")?;
+        if self.spec.family == Family::Gradients {
+            return Err(self.refuse(chunk.actor_id, "chunk", "this run (a3c) takes gradients, not chunks".into()));
+        }
+        if let Err(problem) = chunk.validate(&self.spec.chunk) {
+            return Err(self.refuse(chunk.actor_id, "chunk", problem));
+        }
+        if chunk.policy_version > self.version() {
+            let problem =
+                format!("policy version {} was never published (newest {})", chunk.policy_version, self.version());
+            return Err(self.refuse(chunk.actor_id, "chunk", problem));
+        }
+        self.enqueue(Delivery::Chunk(chunk)).await
+    }
+
+    async fn gradient(&self, g: Gradient) -> Result<Ack, RpcError> {
+        self.check_actor(g.actor_id, "gradient")?;
+        if self.spec.family != Family::Gradients {
+            return Err(self.refuse(g.actor_id, "gradient", "this run takes chunks, not gradients".into()));
+        }
+        if let Err(problem) = g.validate(self.spec.n_params) {
+            return Err(self.refuse(g.actor_id, "gradient", problem));
+        }
+        if g.policy_version > self.version() {
+            let problem =
+                format!("policy version {} was never published (newest {})", g.policy_version, self.version());
+            return Err(self.refuse(g.actor_id, "gradient", problem));
+        }
+        self.enqueue(Delivery::Gradient(g)).await
+    }
+
+    fn params(&self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError> {
+        self.check_actor(actor_id, "parameter request")?;
+        let p = self.params.read().expect("params lock");
+        Ok(if have == Some(p.version) { None } else { Some(p.clone()) })
+    }
+}
+
+/// Wait at most `timeout` for the next delivery (`None` on timeout or when every sender is gone).
+pub fn next_delivery(
+    runtime: &tokio::runtime::Handle,
+    rx: &mut mpsc::Receiver<Delivery>,
+    timeout: Duration,
+) -> Option<Delivery> {
+    runtime.block_on(async { tokio::time::timeout(timeout, rx.recv()).await.ok().flatten() })
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("run_id", &self.spec.run.run_id).field("version", &self.version()).finish()
+    }
+}
