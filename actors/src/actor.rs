@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flotilla_algorithms::a2c::A2c;
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Transition};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Progress, Transition};
 use flotilla_core::{Chunk, EpisodeStats, Gradient, ObsBuf, Params};
 use flotilla_envs::VecEnv;
 use flotilla_envs::env_actions::EnvActions;
@@ -82,6 +82,8 @@ enum Outgoing {
 #[derive(Default)]
 struct Shared {
     params: Mutex<Option<Params>>,
+    /// The learner's progress from the last ack: (env steps, budget).
+    progress: Mutex<(u64, u64)>,
     finished: AtomicBool,
     reconnects: AtomicU32,
 }
@@ -206,6 +208,10 @@ fn act_loop(
             agent.algorithm().load_policy_params(&p.value)?;
             version = p.version;
             report.params_loaded += 1;
+        }
+        let (env_steps, total_env_steps) = *shared.progress.lock().expect("progress");
+        if total_env_steps > 0 {
+            agent.algorithm().set_progress(&Progress { env_steps, total_env_steps });
         }
         let n = chunk_steps * e;
         let mut c = Chunk {
@@ -333,6 +339,7 @@ impl Link {
                 }
             };
             let Some(ack) = ack else { continue };
+            *shared.progress.lock().expect("progress") = (ack.env_steps, ack.total_env_steps);
             if ack.finished {
                 shared.finished.store(true, Ordering::SeqCst);
                 return Ok(());

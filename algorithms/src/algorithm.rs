@@ -68,6 +68,11 @@ pub trait Algorithm: Policy {
     fn restore(&mut self, checkpoint: &mut Checkpoint) -> Result<()>;
     /// The parameters acting needs (what a parameter broadcast sends and `save_weights` writes).
     fn policy_params(&self) -> &FlatParams;
+    /// Let acting schedules (DQN's ε) follow the learner's progress: actors, which never call
+    /// [`Algorithm::update`], call this between chunks. Policies without such schedules ignore it.
+    fn set_progress(&mut self, progress: &Progress) {
+        let _ = progress;
+    }
     /// Overwrite the acting parameters with `values` (a parameter broadcast, in [`Algorithm::policy_params`]'s
     /// layout). Actors call this between chunks.
     fn load_policy_params(&mut self, values: &[f32]) -> Result<()> {

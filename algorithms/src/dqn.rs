@@ -205,8 +205,16 @@ pub struct Dqn {
     device: Device,
     counters: Counters,
     sample: ReplaySample<f32>,
-    /// An actor's fixed ε (Ape-X), replacing the schedule and the random warm-up.
-    fixed_epsilon: Option<f64>,
+    /// An actor's exploration: its Ape-X ε floor and the learner's progress.
+    actor: Option<ActorExploration>,
+}
+
+/// How an actor process explores: ε = max(its Ape-X floor, the run's schedule at the learner's progress),
+/// uniformly random until the learner has `learning_starts` env steps.
+#[derive(Debug, Clone, Copy)]
+struct ActorExploration {
+    floor: f64,
+    learner_env_steps: u64,
 }
 
 /// Ape-X's per-actor exploration (Horgan et al. 2018): actor `i` of `n` uses `ε_i = ε^(1 + α·i/(n−1))`
@@ -273,7 +281,7 @@ impl Dqn {
             device,
             counters,
             sample: ReplaySample::default(),
-            fixed_epsilon: None,
+            actor: None,
             config,
         })
     }
@@ -290,10 +298,12 @@ impl Dqn {
         }
     }
 
-    /// Act ε-greedily with this fixed ε from now on (an actor's Ape-X ε), ignoring the schedule and
-    /// `learning_starts`.
-    pub fn set_fixed_epsilon(&mut self, epsilon: f64) {
-        self.fixed_epsilon = Some(epsilon);
+    /// Make this an actor's acting copy with Ape-X floor `epsilon`: from now on it explores with
+    /// ε = max(`epsilon`, the schedule at the learner's progress given by [`Algorithm::set_progress`]), and
+    /// uniformly at random while the learner has fewer than `learning_starts` env steps. With many actors the
+    /// floors keep a spread of exploration after the schedule has decayed.
+    pub fn set_actor_epsilon(&mut self, epsilon: f64) {
+        self.actor = Some(ActorExploration { floor: epsilon, learner_env_steps: 0 });
     }
 
     /// The online network's parameters.
@@ -378,9 +388,11 @@ impl Policy for Dqn {
         out.log_probs.clear();
         out.values.clear();
         let explore = mode == ActMode::Explore;
-        let eps = match self.fixed_epsilon {
-            Some(eps) => eps,
-            None if self.counters.env_steps < self.config.learning_starts => 1.0,
+        let warm_up = |steps: u64| steps < self.config.learning_starts;
+        let eps = match self.actor {
+            Some(a) if warm_up(a.learner_env_steps) => 1.0,
+            Some(a) => a.floor.max(self.counters.epsilon),
+            None if warm_up(self.counters.env_steps) => 1.0,
             None => self.counters.epsilon,
         };
         for row in out.q_values.chunks_exact(self.n_actions) {
@@ -398,6 +410,13 @@ impl Policy for Dqn {
 impl Algorithm for Dqn {
     fn name(&self) -> &'static str {
         "dqn"
+    }
+
+    fn set_progress(&mut self, progress: &Progress) {
+        self.counters.epsilon = self.config.epsilon(progress.remaining());
+        if let Some(a) = &mut self.actor {
+            a.learner_env_steps = progress.env_steps;
+        }
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
@@ -512,17 +531,24 @@ mod apex_tests {
     }
 
     #[test]
-    fn a_fixed_epsilon_replaces_the_warm_up() {
+    fn an_actor_explores_at_its_floor_after_the_learners_warm_up() {
         let space = Space::box1d(vec![-1.0; 2], vec![1.0; 2]);
-        let mut dqn = Dqn::new(&space, &Space::discrete(3), 1, DqnConfig::default(), Device::Cpu, 0).unwrap();
-        dqn.set_fixed_epsilon(0.0);
+        let config = DqnConfig { exploration_final_eps: 0.0, ..Default::default() };
+        let mut dqn = Dqn::new(&space, &Space::discrete(3), 1, config, Device::Cpu, 0).unwrap();
+        dqn.set_actor_epsilon(0.0);
+        let mut random = ActOutput::default();
+        dqn.act(&[0.3f32, -0.2].repeat(64), ActMode::Explore, &mut random).unwrap();
+        let distinct = random.actions.iter().map(|a| *a as usize).collect::<std::collections::HashSet<_>>();
+        assert_eq!(distinct.len(), 3, "uniformly random while the learner is warming up");
+        // Past the schedule's decay, with a floor of 0: greedy.
+        dqn.set_progress(&Progress { env_steps: 50_000, total_env_steps: 50_000 });
         let mut out = ActOutput::default();
         let obs = [0.3f32, -0.2];
         let mut greedy = ActOutput::default();
         dqn.act(&obs, ActMode::Deterministic, &mut greedy).unwrap();
         for _ in 0..20 {
             dqn.act(&obs, ActMode::Explore, &mut out).unwrap();
-            assert_eq!(out.actions, greedy.actions, "ε = 0 acts greedily even before learning_starts");
+            assert_eq!(out.actions, greedy.actions, "ε = max(0, 0) acts greedily");
         }
     }
 }

@@ -159,6 +159,7 @@ impl DistributedLearner {
             n_actors: plan.n_actors,
             seed,
             n_params: initial.len(),
+            total_env_steps: config.run.total_env_steps,
             queue: match (config.learner.queue_chunks, plan.family) {
                 (0, Family::OnPolicy) => plan.chunks_per_batch,
                 (0, Family::Gradients) => plan.n_actors,
@@ -242,6 +243,7 @@ impl DistributedLearner {
                 Delivery::Chunk(chunk) => self.on_chunk(chunk)?,
                 Delivery::Gradient(g) => self.on_gradient(g)?,
             }
+            self.hub.set_env_steps(self.counters.env_steps);
             self.counters.train_secs = start.elapsed().as_secs_f64() - self.counters.eval_secs;
             self.after_data(on_log)?;
         }
@@ -334,9 +336,9 @@ impl DistributedLearner {
             Progress { env_steps: self.counters.env_steps, total_env_steps: self.config.run.total_env_steps };
         let started = Instant::now();
         let grad = Tensor::from_slice(&g.values);
-        let grad_norm = a2c.apply_gradients(&grad, progress.remaining())?;
+        let lr = a2c.apply_gradients(&grad, progress.remaining())?;
         let mut m = Metrics::default();
-        m.push("losses/grad_norm", grad_norm);
+        m.push("charts/learning_rate", lr);
         m.push("charts/gradient_steps", 1.0);
         self.finish_update(m, started)
     }

@@ -51,6 +51,8 @@ pub struct HubSpec {
     pub n_params: usize,
     /// Ingest queue capacity.
     pub queue: usize,
+    /// The run's budget of env steps.
+    pub total_env_steps: u64,
 }
 
 #[derive(Debug)]
@@ -80,6 +82,7 @@ pub struct Hub {
     queue: mpsc::Sender<Delivery>,
     params: RwLock<Params>,
     finished: AtomicBool,
+    env_steps: AtomicU64,
     /// Refusal counts.
     pub counters: HubCounters,
 }
@@ -94,6 +97,7 @@ impl Hub {
             queue: tx,
             params: RwLock::new(Versioned { version: 0, value: Arc::new(initial) }),
             finished: AtomicBool::new(false),
+            env_steps: AtomicU64::new(0),
             counters: HubCounters::default(),
         };
         (Arc::new(hub), rx)
@@ -117,6 +121,11 @@ impl Hub {
         self.params.read().expect("params lock").version
     }
 
+    /// Record the learner's progress (acks carry it to actors).
+    pub fn set_env_steps(&self, env_steps: u64) {
+        self.env_steps.store(env_steps, Ordering::Relaxed);
+    }
+
     /// Tell actors the run is over (their next message is answered `finished`).
     pub fn finish(&self) {
         self.finished.store(true, Ordering::SeqCst);
@@ -128,7 +137,12 @@ impl Hub {
     }
 
     fn ack(&self) -> Ack {
-        Ack { finished: self.finished.load(Ordering::SeqCst), policy_version: self.version() }
+        Ack {
+            finished: self.finished.load(Ordering::SeqCst),
+            policy_version: self.version(),
+            env_steps: self.env_steps.load(Ordering::Relaxed),
+            total_env_steps: self.spec.total_env_steps,
+        }
     }
 
     fn refuse(&self, actor_id: u64, what: &str, problem: String) -> RpcError {

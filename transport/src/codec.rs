@@ -255,12 +255,22 @@ pub fn run_info_from_proto(p: &proto::RunInfo) -> RunInfo {
 
 /// Encode an ack.
 pub fn ack_to_proto(a: Ack) -> proto::Ack {
-    proto::Ack { finished: a.finished, policy_version: a.policy_version }
+    proto::Ack {
+        finished: a.finished,
+        policy_version: a.policy_version,
+        env_steps: a.env_steps,
+        total_env_steps: a.total_env_steps,
+    }
 }
 
 /// Decode an ack.
 pub fn ack_from_proto(p: &proto::Ack) -> Ack {
-    Ack { finished: p.finished, policy_version: p.policy_version }
+    Ack {
+        finished: p.finished,
+        policy_version: p.policy_version,
+        env_steps: p.env_steps,
+        total_env_steps: p.total_env_steps,
+    }
 }
 
 #[cfg(test)]

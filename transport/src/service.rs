@@ -58,6 +58,10 @@ pub struct Ack {
     pub finished: bool,
     /// Newest published parameter version (fetch it when newer than yours).
     pub policy_version: u64,
+    /// Env steps the learner has received so far.
+    pub env_steps: u64,
+    /// The run's budget of env steps.
+    pub total_env_steps: u64,
 }
 
 /// The learner side. Implemented once; served by [`crate::grpc::serve`] or called by

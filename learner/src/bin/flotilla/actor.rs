@@ -62,8 +62,8 @@ impl ActorFactory for ConfigFactory {
                     a.epsilon,
                     a.epsilon_alpha,
                 );
-                tracing::info!("Ape-X exploration: ε = {eps:.4} for slot {}", registered.actor_index);
-                dqn.set_fixed_epsilon(eps);
+                tracing::info!("Ape-X exploration: ε floor {eps:.4} for slot {}", registered.actor_index);
+                dqn.set_actor_epsilon(eps);
                 ActorAgent::Rollout(Box::new(dqn))
             }
             _ => {
