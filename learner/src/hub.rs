@@ -281,3 +281,131 @@ impl std::fmt::Debug for Hub {
         f.debug_struct("Hub").field("run_id", &self.spec.run.run_id).field("version", &self.version()).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use flotilla_core::{DType, EpisodeStats, ObsBuf};
+
+    use super::*;
+
+    fn spec(queue: usize) -> HubSpec {
+        HubSpec {
+            run: RunInfo { run_id: "r".into(), config_toml: String::new() },
+            observation_space: Space::box1d(vec![-1.0; 2], vec![1.0; 2]),
+            action_space: Space::discrete(2),
+            chunk: ChunkSpec {
+                obs_dim: 2,
+                obs_dtype: DType::F32,
+                act_dim: 1,
+                n_envs: 1,
+                n_steps: 2,
+                needs_behaviour: true,
+            },
+            family: Family::OnPolicy,
+            n_actors: 2,
+            seed: 0,
+            n_params: 3,
+            queue,
+            total_env_steps: 100,
+        }
+    }
+
+    fn registration(hub: &Hub) -> Registered {
+        let s = hub.spec();
+        hub.register(Registration {
+            run_id: "r".into(),
+            observation_space: s.observation_space.clone(),
+            action_space: s.action_space.clone(),
+            n_envs: 1,
+            actor_index: None,
+            host: "h".into(),
+            pid: 1,
+        })
+        .unwrap()
+    }
+
+    fn chunk(actor_id: u64) -> Chunk {
+        Chunk {
+            actor_id,
+            policy_version: 0,
+            n_steps: 2,
+            n_envs: 1,
+            obs: ObsBuf::F32(vec![0.0; 4]),
+            bootstrap_obs: ObsBuf::F32(vec![0.0; 2]),
+            actions: vec![0.0, 1.0],
+            rewards: vec![1.0, 1.0],
+            terminated: vec![false; 2],
+            truncated: vec![false; 2],
+            log_probs: vec![-0.7; 2],
+            values: vec![0.0; 2],
+            final_index: vec![],
+            final_obs: ObsBuf::F32(vec![]),
+            episodes: vec![EpisodeStats { episode_return: 1.0, length: 1 }],
+        }
+    }
+
+    #[test]
+    fn a_full_queue_makes_senders_wait_and_drops_nothing() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (hub, mut rx) = Hub::new(spec(1), vec![0.0; 3]);
+        let id = registration(&hub).actor_id;
+        rt.block_on(hub.ingest(chunk(id))).unwrap();
+        // The queue (1) is full: the second send waits instead of failing or dropping.
+        let h = hub.clone();
+        let second = rt.spawn(async move { h.ingest(chunk(id)).await });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!second.is_finished(), "a send into a full queue must wait");
+        assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
+        rt.block_on(second).unwrap().unwrap();
+        assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some(), "the waiting chunk arrived");
+        // After the run ends, waiting senders are answered `finished` rather than left hanging.
+        hub.finish();
+        rx.close();
+        assert!(rt.block_on(hub.ingest(chunk(id))).unwrap().finished);
+    }
+
+    #[test]
+    fn registration_refusals_name_both_sides_and_restarts_replace_their_slot() {
+        let (hub, _rx) = Hub::new(spec(4), vec![0.0; 3]);
+        let mut r = Registration {
+            run_id: "r".into(),
+            observation_space: Space::box1d(vec![-1.0; 3], vec![1.0; 3]),
+            action_space: Space::discrete(2),
+            n_envs: 1,
+            actor_index: Some(0),
+            host: "h".into(),
+            pid: 1,
+        };
+        let err = hub.register(r.clone()).unwrap_err();
+        assert_eq!(err.code, Code::FailedPrecondition);
+        assert!(err.message.contains("shape: [3]") && err.message.contains("shape: [2]"), "{}", err.message);
+        r.observation_space = hub.spec().observation_space.clone();
+        r.n_envs = 3;
+        assert!(hub.register(r.clone()).unwrap_err().message.contains("steps 3 envs, this run needs 1"));
+        r.n_envs = 1;
+        let first = hub.register(r.clone()).unwrap();
+        let again = hub.register(r).unwrap();
+        assert_ne!(first.actor_id, again.actor_id);
+        assert_eq!(hub.live_actors(), 1, "the restarted actor replaced its predecessor");
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let err = rt.block_on(hub.ingest(chunk(first.actor_id))).unwrap_err();
+        assert!(err.message.contains("unknown actor"), "{}", err.message);
+        assert_eq!(hub.counters.refused.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn parameters_are_versioned_and_only_sent_when_newer() {
+        let (hub, _rx) = Hub::new(spec(4), vec![0.0; 3]);
+        let id = registration(&hub).actor_id;
+        assert_eq!(hub.params(id, None).unwrap().unwrap().version, 0);
+        assert!(hub.params(id, Some(0)).unwrap().is_none());
+        assert_eq!(hub.publish(vec![1.0; 3]), 1);
+        let p = hub.params(id, Some(0)).unwrap().unwrap();
+        assert_eq!((p.version, p.value.as_slice()), (1, &[1.0f32; 3][..]));
+        // A chunk claiming a version never published is refused.
+        let mut c = chunk(id);
+        c.policy_version = 7;
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        assert!(rt.block_on(hub.ingest(c)).unwrap_err().message.contains("policy version 7 was never published"));
+    }
+}

@@ -1,0 +1,71 @@
+//! The same learner and actor code in one process: a [`DistributedLearner`] and two actor threads joined by
+//! the in-process transport (`LocalClient`) train PPO on CartPole to an evaluation of 475, exactly as the
+//! multi-process run does over gRPC (`tests/distributed.rs`).
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use flotilla_actors::{ActorAgent, ActorFactory, ActorOptions, Connector, run_actor};
+use flotilla_envs::VecEnv;
+use flotilla_learner::config::ExperimentConfig;
+use flotilla_learner::distributed::DistributedLearner;
+use flotilla_transport::local::LocalClient;
+use flotilla_transport::{LearnerClient, Registered, RunInfo};
+
+struct PpoActors {
+    config: ExperimentConfig,
+    envs_per_actor: usize,
+}
+
+impl ActorFactory for PpoActors {
+    fn envs(&mut self, _run: &RunInfo) -> flotilla_actors::Result<VecEnv> {
+        Ok(VecEnv::make("CartPole-v1", &Default::default(), self.envs_per_actor)?)
+    }
+
+    fn agent(&mut self, _run: &RunInfo, r: &Registered, envs: &VecEnv) -> flotilla_actors::Result<ActorAgent> {
+        let mut config = self.config.clone();
+        if let flotilla_learner::config::AlgorithmConfig::Ppo(c) = &mut config.algorithm {
+            c.batch_size = c.n_steps * envs.num_envs();
+        }
+        let (o, a) = (envs.observation_space(), envs.action_space());
+        let agent = flotilla_learner::agent::build_for(&config, o, a, tch::Device::Cpu, envs.num_envs(), r.seed)
+            .map_err(|e| flotilla_actors::Error::Setup(e.to_string()))?;
+        Ok(ActorAgent::Rollout(agent))
+    }
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn in_process_actors_train_ppo_through_the_local_transport() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/cartpole_ppo.toml");
+    let config = ExperimentConfig::load(path.as_ref(), &["actors.count=2".into()]).unwrap();
+    let plan = config.plan(2).unwrap();
+    let mut learner = DistributedLearner::new(&config, plan).unwrap();
+    let hub = learner.hub();
+    let stop = Arc::new(AtomicBool::new(false));
+    let actors: Vec<_> = (0..2u32)
+        .map(|i| {
+            let hub = hub.clone();
+            let mut factory = PpoActors { config: config.clone(), envs_per_actor: plan.envs_per_actor };
+            let options =
+                ActorOptions { actor_index: Some(i), reconnect_for: Duration::from_secs(5), stop: stop.clone() };
+            std::thread::spawn(move || {
+                let connect: Connector = Box::new(move || {
+                    LocalClient::new(hub.clone(), "token", "token").map(|c| Box::new(c) as Box<dyn LearnerClient>)
+                });
+                run_actor(connect, &mut factory, &options)
+            })
+        })
+        .collect();
+    let report = learner.run(&AtomicBool::new(false), &mut |_| Ok(())).unwrap();
+    for a in actors {
+        let r = a.join().unwrap().unwrap();
+        assert!(r.finished && r.sent > 0 && r.params_loaded > 1, "{r:?}");
+    }
+    let evals: Vec<f64> = report.evals.iter().map(|e| e.result.mean()).collect();
+    assert!(report.final_eval().mean() >= 475.0, "evaluations {evals:?}");
+
+    // A client with the wrong token is refused on this carrier too.
+    let mut wrong = LocalClient::new(hub, "token", "nope").unwrap();
+    assert_eq!(wrong.run_info().unwrap_err().code, flotilla_transport::Code::Unauthenticated);
+}
