@@ -78,10 +78,17 @@ enum Outgoing {
     Gradient(Gradient),
 }
 
+/// A message and the learner run (0, 1, ... as the actor rejoins restarted learners) whose parameters made it.
+struct Tagged {
+    run: u64,
+    message: Outgoing,
+}
+
 /// State the env thread and the IO thread share.
 #[derive(Default)]
 struct Shared {
-    params: Mutex<Option<Params>>,
+    /// Newer parameters for the env thread, with the run (see [`Tagged`]) they belong to.
+    params: Mutex<Option<(u64, Params)>>,
     /// The learner's progress from the last ack: (env steps, budget).
     progress: Mutex<(u64, u64)>,
     finished: AtomicBool,
@@ -118,7 +125,7 @@ pub fn run_actor(
     }
 
     let shared = Arc::new(Shared::default());
-    let (tx, rx) = sync_channel::<Outgoing>(1);
+    let (tx, rx) = sync_channel::<Tagged>(1);
     let io = {
         let shared = shared.clone();
         let mut link = Link {
@@ -128,6 +135,7 @@ pub fn run_actor(
             actor_id: registered.actor_id,
             have: Some(version),
             run_id: run.run_id,
+            run: 0,
         };
         let reconnect_for = options.reconnect_for;
         std::thread::Builder::new()
@@ -188,7 +196,7 @@ fn act_loop(
     seed: u64,
     chunk_steps: usize,
     mut version: u64,
-    tx: &SyncSender<Outgoing>,
+    tx: &SyncSender<Tagged>,
     shared: &Shared,
     options: &ActorOptions,
     report: &mut ActorReport,
@@ -199,14 +207,16 @@ fn act_loop(
     let mut out = ActOutput::default();
     let mut env_actions = EnvActions::default();
     let mut next_obs = vec![0.0f32; e * d];
+    let mut run = 0;
     loop {
         if shared.finished.load(Ordering::SeqCst) || options.stop.load(Ordering::SeqCst) {
             return Ok(());
         }
         // Newer parameters fetched by the IO thread while the envs were stepping.
-        if let Some(p) = shared.params.lock().expect("params slot").take() {
+        if let Some((r, p)) = shared.params.lock().expect("params slot").take() {
             agent.algorithm().load_policy_params(&p.value)?;
             version = p.version;
+            run = r;
             report.params_loaded += 1;
         }
         let (env_steps, total_env_steps) = *shared.progress.lock().expect("progress");
@@ -291,7 +301,7 @@ fn act_loop(
             }
         };
         // Waits while the previous message is still on the wire (and so while the learner pushes back).
-        if tx.send(message).is_err() {
+        if tx.send(Tagged { run, message }).is_err() {
             return Ok(()); // The IO thread ended: finished, or failed (its result says which).
         }
         report.sent += 1;
@@ -306,16 +316,18 @@ struct Link {
     actor_id: u64,
     have: Option<u64>,
     run_id: String,
+    /// How many times the learner was found running a new run (restarted).
+    run: u64,
 }
 
 impl Link {
-    fn serve(
-        &mut self,
-        rx: std::sync::mpsc::Receiver<Outgoing>,
-        shared: &Shared,
-        reconnect_for: Duration,
-    ) -> Result<()> {
-        for mut message in rx {
+    fn serve(&mut self, rx: std::sync::mpsc::Receiver<Tagged>, shared: &Shared, reconnect_for: Duration) -> Result<()> {
+        for Tagged { run, mut message } in rx {
+            if run < self.run {
+                // Collected with the parameters of a run the learner no longer has: its versions mean nothing there.
+                info!("discarding a message collected for the learner's previous run");
+                continue;
+            }
             let ack = loop {
                 let sent = match &mut message {
                     Outgoing::Chunk(c) => {
@@ -348,7 +360,7 @@ impl Link {
                 match self.client.params(self.actor_id, self.have) {
                     Ok(Some(p)) => {
                         self.have = Some(p.version);
-                        *shared.params.lock().expect("params slot") = Some(p);
+                        *shared.params.lock().expect("params slot") = Some((self.run, p));
                     }
                     Ok(None) => {}
                     Err(e) if e.is_transient() => {
@@ -401,10 +413,11 @@ impl Link {
             self.run_id = run.run_id;
             shared.reconnects.fetch_add(1, Ordering::SeqCst);
             if new_run {
+                self.run += 1;
                 self.have = None;
                 if let Some(p) = self.client.params(self.actor_id, None)? {
                     self.have = Some(p.version);
-                    *shared.params.lock().expect("params slot") = Some(p);
+                    *shared.params.lock().expect("params slot") = Some((self.run, p));
                 }
             }
             return Ok(new_run);

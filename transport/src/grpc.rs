@@ -78,7 +78,7 @@ pub fn serve<S: LearnerService>(
     let listener =
         tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::new(Code::Internal, e.to_string()))?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let adapter = Adapter { inner: service, token: Arc::from(token) };
+    let adapter = Adapter { inner: service, token: Arc::from(token), encoded: std::sync::Mutex::new(None) };
     let svc = LearnerServer::new(adapter)
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
@@ -101,6 +101,8 @@ pub fn serve<S: LearnerService>(
 struct Adapter<S> {
     inner: Arc<S>,
     token: Arc<str>,
+    /// The newest parameters, encoded once and shared by every reply (a broadcast to N actors encodes once).
+    encoded: std::sync::Mutex<Option<(u64, proto::Tensor)>>,
 }
 
 impl<S> Adapter<S> {
@@ -156,8 +158,20 @@ impl<S: LearnerService> ProtoLearner for Adapter<S> {
     async fn get_params(&self, req: Request<proto::ParamsRequest>) -> Result<Response<proto::ParamsReply>, Status> {
         self.admit(&req, "GetParams", req.get_ref().protocol_version)?;
         let r = req.get_ref();
-        let params = self.inner.params(r.actor_id, r.have_version)?;
-        Ok(Response::new(codec::params_to_proto(params.as_ref())))
+        let Some(p) = self.inner.params(r.actor_id, r.have_version)? else {
+            return Ok(Response::new(codec::params_to_proto(None)));
+        };
+        let mut cache = self.encoded.lock().expect("params cache");
+        let tensor = match cache.as_ref() {
+            Some((version, t)) if *version == p.version => t.clone(),
+            _ => {
+                let t = codec::f32_tensor(&p.value, vec![p.value.len() as u64]);
+                *cache = Some((p.version, t.clone()));
+                t
+            }
+        };
+        drop(cache);
+        Ok(Response::new(proto::ParamsReply { modified: true, version: p.version, values: Some(tensor) }))
     }
 }
 
