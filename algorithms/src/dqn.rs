@@ -43,6 +43,9 @@ use crate::{Error, Metrics, Result};
 pub struct DqnConfig {
     /// Adam learning rate.
     pub learning_rate: f64,
+    /// Anneal the learning rate linearly to 0 over training (as PPO and A2C can). DQN's CartPole policies
+    /// tend to collapse and recover at a constant rate; annealing keeps the one training ends with.
+    pub anneal_lr: bool,
     /// Adam ε.
     pub adam_eps: f64,
     /// Transitions per gradient step.
@@ -96,6 +99,7 @@ impl Default for DqnConfig {
     fn default() -> Self {
         DqnConfig {
             learning_rate: 2.3e-3,
+            anneal_lr: false,
             adam_eps: 1e-8,
             batch_size: 64,
             buffer_size: 100_000,
@@ -450,6 +454,7 @@ impl Algorithm for Dqn {
         let c = &self.config;
         self.counters.epsilon = c.epsilon(remaining);
         self.counters.beta = c.per_beta0 + (1.0 - remaining) * (c.per_beta_final - c.per_beta0);
+        self.opt.lr = if c.anneal_lr { c.learning_rate * remaining } else { c.learning_rate };
         let due = self.counters.since_train >= c.train_freq;
         if !due || self.counters.env_steps <= c.learning_starts || self.replay_len() == 0 {
             return Ok(None);

@@ -1,7 +1,7 @@
 //! Flotilla's distributed benchmark: the wire, the hub and actor processes, as three markdown tables.
 //!
 //! `cargo run --release -p flotilla-tests --bin flotilla-bench-distributed [-- --quick]
-//! [--only ingest,scaling,broadcast] [--max-actors N]`
+//! [--only ingest,scaling,broadcast,ppo] [--max-actors N]`
 //!
 //! 1. **Learner ingest, gRPC vs local** (`ingest`). A [`Hub`] served over loopback gRPC takes CartPole chunks
 //!    (8 envs × 128 steps, log-probs, values, episode ends with final observations) from 1, 2 and 4 client
@@ -23,6 +23,11 @@
 //!    then 1) each fetch the new version at once. Reported: time from `publish` until every client holds it,
 //!    median and max over 10 rounds (3 quick) after a warm-up round, and aggregate MB/s (10⁶ bytes of f32
 //!    payload per second at the median).
+//!
+//! 4. **PPO to 475, single-process vs actors** (`ppo`). `flotilla train examples/configs/cartpole_ppo.toml`
+//!    without and with `--actors 2` / `--actors 4`, seeds 1–3, one after another in this run: training seconds
+//!    (wall-clock minus evaluations; for actor runs from the learner's start, actor start-up included) and
+//!    env steps at the first evaluation ≥ 475 (every 5 K steps), and whether the last two evaluations held it.
 //!
 //! Timings are wall-clock on whatever machine runs this: on a small shared machine the client threads, the
 //! server's two IO workers and the consumer compete for the same cores.
@@ -58,7 +63,8 @@ const STEPS: usize = 128;
 const OBS_DIM: usize = 4;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-const USAGE: &str = "usage: flotilla-bench-distributed [--quick] [--only ingest,scaling,broadcast] [--max-actors N]";
+const USAGE: &str =
+    "usage: flotilla-bench-distributed [--quick] [--only ingest,scaling,broadcast,ppo] [--max-actors N]";
 
 /// Command-line flags.
 struct Args {
@@ -77,9 +83,12 @@ impl Args {
                 "--only" => {
                     let list = args.next().ok_or(format!("--only needs a list\n{USAGE}"))?;
                     let names: Vec<String> = list.split(',').map(str::to_string).collect();
-                    if let Some(bad) = names.iter().find(|n| !["ingest", "scaling", "broadcast"].contains(&n.as_str()))
+                    if let Some(bad) =
+                        names.iter().find(|n| !["ingest", "scaling", "broadcast", "ppo"].contains(&n.as_str()))
                     {
-                        return Err(format!("--only {bad:?}: expected ingest, scaling or broadcast\n{USAGE}").into());
+                        return Err(
+                            format!("--only {bad:?}: expected ingest, scaling, broadcast or ppo\n{USAGE}").into()
+                        );
                     }
                     only = Some(names);
                 }
@@ -116,6 +125,9 @@ fn run() -> BenchResult<()> {
     }
     if args.wants("broadcast") {
         broadcast_table(&args)?;
+    }
+    if args.wants("ppo") {
+        ppo_table(&args)?;
     }
     Ok(())
 }
@@ -686,5 +698,63 @@ fn broadcast_table(args: &Args) -> BenchResult<()> {
         println!("| {clients} | {:.1} | {:.1} | {:.0} |", med * 1e3, max * 1e3, clients as f64 * mb / med);
     }
     println!();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// PPO to 475: single-process against actor processes.
+
+/// `(env_steps, train_secs)` at the first evaluation ≥ 475, and whether the last two evaluations are ≥ 475.
+fn first_solved(metrics: &Path) -> BenchResult<(Option<(f64, f64)>, bool)> {
+    let text = std::fs::read_to_string(metrics)?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().ok_or("empty metrics.csv")?.split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).ok_or(format!("no {name} column"));
+    let (steps, secs, eval) = (col("env_steps")?, col("train_secs")?, col("eval/mean_return")?);
+    let rows: Vec<(f64, f64, f64)> = lines
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            Some((c.get(steps)?.parse().ok()?, c.get(secs)?.parse().ok()?, c.get(eval)?.parse().ok()?))
+        })
+        .collect();
+    let first = rows.iter().find(|r| r.2 >= 475.0).map(|r| (r.0, r.1));
+    let held = rows.len() >= 2 && rows[rows.len() - 2..].iter().all(|r| r.2 >= 475.0);
+    Ok((first, held))
+}
+
+fn ppo_table(args: &Args) -> BenchResult<()> {
+    let flotilla = std::env::current_exe()?.with_file_name("flotilla");
+    if !flotilla.is_file() {
+        return Err("the flotilla binary is missing next to this one: cargo build --release --bin flotilla".into());
+    }
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/cartpole_ppo.toml");
+    let seeds: &[u64] = if args.quick { &[1] } else { &[1, 2, 3] };
+    println!("\n### PPO on CartPole-v1 to an evaluation of 475: single process vs actor processes\n");
+    println!("| run | seed | env steps to 475 | train s to 475 | holds at the end |");
+    println!("|---|---:|---:|---:|---|");
+    for actors in [0usize, 2, 4] {
+        for &seed in seeds {
+            let out = std::env::temp_dir().join(format!("flotilla-bench-ppo-{actors}-{seed}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&out);
+            let mut cmd = Command::new(&flotilla);
+            cmd.arg("train").arg(&config).args(["--set", &format!("run.seed={seed}")]);
+            cmd.args(["--set", "eval.interval_steps=5000", "--set", "metrics.log_interval_steps=5000"]);
+            if actors > 0 {
+                cmd.args(["--actors", &actors.to_string()]);
+            }
+            let status = cmd.arg("--out").arg(&out).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+            if !status.success() {
+                return Err(format!("{cmd:?} failed: {status}").into());
+            }
+            let (first, held) = first_solved(&out.join("metrics.csv"))?;
+            let name = if actors == 0 { "single process".to_string() } else { format!("{actors} actors") };
+            let (steps, secs) = match first {
+                Some((steps, secs)) => (format!("{steps:.0}"), format!("{secs:.2}")),
+                None => ("not reached".into(), "—".into()),
+            };
+            println!("| {name} | {seed} | {steps} | {secs} | {} |", if held { "yes" } else { "no" });
+            let _ = std::fs::remove_dir_all(&out);
+        }
+    }
     Ok(())
 }

@@ -1,0 +1,417 @@
+//! The distributed runtime with real processes over loopback: `flotilla train --actors N` and
+//! `flotilla learner` + `flotilla actor`.
+//!
+//! * PPO, DQN and A3C with 4 actor processes each end with a deterministic evaluation ≥ 475 on CartPole-v1
+//!   (within their configs' budgets) that holds over the last evaluations;
+//! * `kill -9` of an actor mid-run: the launcher restarts it and the run still reaches 475;
+//! * a wrong or missing token is refused with UNAUTHENTICATED; malformed chunks (wrong shapes, NaN, unknown
+//!   actor, another protocol version) with INVALID_ARGUMENT naming the problem; mismatched env spaces at
+//!   registration with a message naming both; and meanwhile a real actor keeps the run going to its end.
+//!
+//! Learning runs are slow in unoptimised builds and are skipped there (CI runs `cargo test --release`).
+//! The heavy tests take a lock so that only one multi-process run uses the CPUs at a time.
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use flotilla_core::{Chunk, EpisodeStats, ObsBuf, Space};
+use flotilla_transport::grpc::{GrpcClient, Limits, send_raw_chunk};
+use flotilla_transport::{Code, LearnerClient, Registration, codec};
+
+static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn config(name: &str) -> String {
+    format!("{}/../examples/configs/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flotilla-dist-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn text(o: &Output) -> String {
+    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The final evaluation's mean return from the `evaluation return: X ± Y` line.
+fn final_return(o: &Output) -> f64 {
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("evaluation return:")).unwrap_or_else(|| panic!("{}", text(o)));
+    line["evaluation return:".len()..].split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// Evaluation means from the metrics CSV, in order.
+fn evals(run: &std::path::Path) -> Vec<f64> {
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "eval/mean_return").unwrap();
+    lines.filter_map(|l| l.split(',').nth(col).and_then(|v| v.parse().ok())).collect()
+}
+
+/// Kill `pid` with SIGKILL unless `done` is set within `limit`: no test can hang CI on a stuck process.
+fn watchdog(pid: u32, limit: Duration) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("watchdog: pid {pid} still running after {limit:?}; killing it");
+        // SAFETY: kill(2) with a pid we started; at worst it has exited already.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    done
+}
+
+/// Run to completion, killed after `limit`.
+fn output_within(command: &mut Command, limit: Duration) -> Output {
+    let child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("flotilla runs");
+    let done = watchdog(child.id(), limit);
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    out
+}
+
+fn train_with_actors(config_name: &str, n: usize, name: &str, extra: &[&str]) -> (Output, PathBuf) {
+    let run = scratch(name).join("run");
+    let mut args = vec!["train".to_string(), config(config_name), "--actors".into(), n.to_string()];
+    args.extend(["--out".to_string(), run.to_str().unwrap().to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = output_within(Command::new(env!("CARGO_BIN_EXE_flotilla")).args(&args), Duration::from_secs(240));
+    (out, run)
+}
+
+/// A solved run: final evaluation ≥ 475 and the last two evaluations too (it holds, not a touch).
+fn solved(out: &Output, run: &std::path::Path) -> Result<(), String> {
+    if !out.status.success() {
+        return Err(format!("the run failed:\n{}", text(out)));
+    }
+    let e = evals(run);
+    if final_return(out) < 475.0 || e.len() < 2 || e[e.len() - 2..].iter().any(|r| *r < 475.0) {
+        return Err(format!("did not end at ≥ 475 and hold it: evaluations {e:?}"));
+    }
+    Ok(())
+}
+
+fn assert_solved(out: &Output, run: &std::path::Path) {
+    if let Err(e) = solved(out, run) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn ppo_with_four_actor_processes_solves_cartpole() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (out, run) = train_with_actors("cartpole_ppo.toml", 4, "ppo", &[]);
+    assert_solved(&out, &run);
+    // The learner tracked policy lag and had 4 actors registered.
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let header = csv.lines().next().unwrap();
+    assert!(header.contains("charts/policy_lag") && header.contains("charts/stale_chunks"), "{header}");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn dqn_with_four_actor_processes_solves_cartpole() {
+    // DQN on CartPole forgets and relearns, and asynchronous actors make every run different: as the
+    // single-process learning tests do, 2 of seeds 1–3 must end solved (stopping as soon as that is decided).
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut solved_seeds, mut failures) = (0, Vec::new());
+    for seed in 1..=3 {
+        let (out, run) = train_with_actors(
+            "cartpole_dqn_actors.toml",
+            4,
+            &format!("dqn{seed}"),
+            &["--set", &format!("run.seed={seed}")],
+        );
+        match solved(&out, &run) {
+            Ok(()) => solved_seeds += 1,
+            Err(e) => failures.push(format!("seed {seed}: {e}")),
+        }
+        if solved_seeds == 2 {
+            return;
+        }
+        assert!(failures.len() < 2, "2 of 3 seeds must solve:\n{}", failures.join("\n"));
+    }
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn a3c_with_four_actor_processes_solves_cartpole() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (out, run) = train_with_actors("cartpole_a3c.toml", 4, "a3c", &[]);
+    assert_solved(&out, &run);
+}
+
+/// Pids of the direct children of `parent` (from /proc).
+fn children(parent: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // Fields after the parenthesised command name: state, ppid, ...
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        if after.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn a_killed_actor_is_restarted_and_the_run_still_solves() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let run = scratch("kill").join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["train", &config("cartpole_ppo.toml"), "--actors", "4", "--out", run.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let done = watchdog(child.id(), Duration::from_secs(240));
+    // Collect stderr in the background; kill an actor once training is under way.
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
+    let started = Instant::now();
+    let victim = loop {
+        let kids = children(child.id());
+        if kids.len() == 4 && started.elapsed() > Duration::from_millis(1500) {
+            break kids[1];
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "4 actors never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // SAFETY: kill(2) on a pid we just read; at worst it has exited and the call fails.
+    assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let log = log.join().unwrap().join("\n");
+    let out = Output { stderr: log.into_bytes(), ..out };
+    assert!(text(&out).contains("restarted the actor in slot"), "no restart logged:\n{}", text(&out));
+    assert_solved(&out, &run);
+    // No actor outlives the run.
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: signal 0 only checks for existence.
+    assert_ne!(unsafe { libc::kill(victim as i32, 0) }, 0, "the killed actor is gone");
+}
+
+/// A `flotilla learner` process and the address it listens on.
+struct Learner {
+    child: Child,
+    _watchdog: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    addr: String,
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Learner {
+    fn start(extra: &[&str]) -> Learner {
+        Self::start_in("learner", extra)
+    }
+
+    fn start_in(name: &str, extra: &[&str]) -> Learner {
+        let run = scratch(name).join("run");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["learner", &config("cartpole_ppo.toml"), "--actors", "2", "--token", "s3cret"])
+            .args(["--out", run.to_str().unwrap()])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, log) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let addr = loop {
+            let line = log.recv_timeout(deadline - Instant::now()).expect("the learner logs its address");
+            if let Some(rest) = line.split("learner listening on ").nth(1) {
+                break rest.split(':').take(2).collect::<Vec<_>>().join(":");
+            }
+        };
+        Learner { _watchdog: watchdog(child.id(), Duration::from_secs(240)), child, addr, log }
+    }
+
+    fn client(&self, token: &str) -> GrpcClient {
+        GrpcClient::connect(&self.addr, token, &Limits::default(), Duration::from_secs(5)).unwrap()
+    }
+
+    fn drain_log(&self) -> String {
+        self.log.try_iter().collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for Learner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cartpole_registration(run_id: &str, n_envs: usize) -> Registration {
+    let env = flotilla_envs::make("CartPole-v1", &Default::default()).unwrap();
+    Registration {
+        run_id: run_id.into(),
+        observation_space: env.observation_space().clone(),
+        action_space: env.action_space().clone(),
+        n_envs,
+        actor_index: None,
+        host: "test".into(),
+        pid: std::process::id(),
+    }
+}
+
+/// A valid chunk for PPO's `n_steps = 32` with `n_envs` envs and no episode ends.
+fn chunk(actor_id: u64, n_envs: usize) -> Chunk {
+    let n = 32 * n_envs;
+    Chunk {
+        actor_id,
+        policy_version: 0,
+        n_steps: 32,
+        n_envs,
+        obs: ObsBuf::F32(vec![0.01; n * 4]),
+        bootstrap_obs: ObsBuf::F32(vec![0.01; n_envs * 4]),
+        actions: vec![1.0; n],
+        rewards: vec![1.0; n],
+        terminated: vec![false; n],
+        truncated: vec![false; n],
+        log_probs: vec![-0.69; n],
+        values: vec![0.0; n],
+        final_index: vec![],
+        final_obs: ObsBuf::F32(vec![]),
+        episodes: vec![EpisodeStats { episode_return: 10.0, length: 10 }],
+    }
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "multi-process run: run with --release")]
+fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Two slots of 4 envs: a real actor process in slot 0, this test's fake actor in slot 1. The real one
+    // alone fills the learner's batches; 40 K steps keep the run short.
+    let learner = Learner::start(&["--set", "run.total_env_steps=40000", "--set", "eval.interval_steps=20000"]);
+    let actor = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["actor", "--learner", &learner.addr, "--index", "0"])
+        .env("FLOTILLA_TOKEN", "s3cret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _actor_watchdog = watchdog(actor.id(), Duration::from_secs(240));
+
+    // Wrong and missing tokens: UNAUTHENTICATED, and a log line.
+    let err = learner.client("wrong").run_info().unwrap_err();
+    assert_eq!(err.code, Code::Unauthenticated, "{err}");
+    let mut good = learner.client("s3cret");
+    let run = good.run_info().unwrap();
+    let err = send_raw_chunk(&mut good, codec::chunk_to_proto(&chunk(1, 4), 1), None).unwrap_err();
+    assert_eq!(err.code, Code::Unauthenticated, "{err}");
+
+    // Registration checks the spaces and names both.
+    let mut wrong_space = cartpole_registration(&run.run_id, 4);
+    wrong_space.observation_space = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
+    let err = good.register(&wrong_space).unwrap_err();
+    assert_eq!(err.code, Code::FailedPrecondition, "{err}");
+    assert!(err.message.contains("differs from the learner's") && err.message.contains("[3]"), "{err}");
+    let err = good.register(&cartpole_registration("another-run", 4)).unwrap_err();
+    assert!(err.message.contains("another-run"), "{err}");
+
+    // Malformed chunks from a registered (fake) actor: each refused with INVALID_ARGUMENT naming the problem.
+    let mut slot1 = cartpole_registration(&run.run_id, 4);
+    slot1.actor_index = Some(1);
+    let me = good.register(&slot1).unwrap();
+    let mut short = chunk(me.actor_id, 4);
+    short.rewards.pop();
+    let mut nan = chunk(me.actor_id, 4);
+    nan.values[3] = f32::NAN;
+    let mut shape = chunk(me.actor_id, 4);
+    shape.obs = ObsBuf::F32(vec![0.0; 32 * 4 * 3]);
+    shape.bootstrap_obs = ObsBuf::F32(vec![0.0; 4 * 3]);
+    let mut ended = chunk(me.actor_id, 4);
+    ended.terminated[5] = true;
+    let cases = [
+        (short, "rewards: 508 bytes for shape [32, 4] of f32"),
+        (nan, "behaviour values[3] is NaN"),
+        (shape, "observations has 384 values, expected 512"),
+        (ended, "final_index [] does not list the 1 steps"),
+        (chunk(9999, 4), "unknown actor"),
+    ];
+    for (bad, expected) in cases {
+        let err = good.send_chunk(&bad).unwrap_err();
+        assert_eq!(err.code, Code::InvalidArgument, "{err}");
+        assert!(err.message.contains(expected), "{err:?} should name {expected:?}");
+    }
+    let mut bytes = codec::chunk_to_proto(&chunk(me.actor_id, 4), 1);
+    bytes.rewards.as_mut().unwrap().data.truncate(5);
+    let err = send_raw_chunk(&mut good, bytes, Some("s3cret")).unwrap_err();
+    assert!(err.message.contains("rewards: 5 bytes"), "{err}");
+    let err = send_raw_chunk(&mut good, codec::chunk_to_proto(&chunk(me.actor_id, 4), 99), Some("s3cret")).unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(err.message.contains("protocol version 99"), "{err}");
+
+    // The real actor was unaffected: the run finishes with its final evaluation.
+    let mut learner = learner;
+    let out = std::mem::replace(&mut learner.child, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
+    let log = learner.drain_log();
+    assert!(out.status.success(), "{log}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("evaluation return:"), "{log}");
+    assert!(log.contains("refused GetRunInfo") && log.contains("wrong run token"), "no auth log line:\n{log}");
+    assert!(log.contains("refused a chunk from actor"), "no refusal log line:\n{log}");
+    let mut actor = actor;
+    let status = actor.wait().unwrap();
+    assert!(status.success(), "the actor ends cleanly when the run is over: {status}");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "multi-process run: run with --release")]
+fn an_actor_reconnects_to_a_restarted_learner() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // A fixed port, so the restarted learner is where the actor looks.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let first = Learner::start_in("restart-1", &["--listen", &listen, "--set", "run.total_env_steps=10000000"]);
+    let actor = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["actor", "--learner", &first.addr, "--index", "0", "--reconnect-secs", "60"])
+        .env("FLOTILLA_TOKEN", "s3cret")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _actor_watchdog = watchdog(actor.id(), Duration::from_secs(240));
+    // Let the first run get going, then kill its learner outright.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !first.drain_log().contains("registered in slot 0") {
+        assert!(Instant::now() < deadline, "the actor never registered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    drop(first); // SIGKILL
+    std::thread::sleep(Duration::from_millis(700));
+    // A new learner (a new run) on the same address: the actor rejoins it and the new run finishes.
+    let mut second = Learner::start_in(
+        "restart-2",
+        &["--listen", &listen, "--set", "run.total_env_steps=20000", "--set", "eval.interval_steps=0"],
+    );
+    let out = std::mem::replace(&mut second.child, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
+    let log = second.drain_log();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("evaluation return:"), "{log}");
+    let actor = actor.wait_with_output().unwrap();
+    let actor_log = String::from_utf8_lossy(&actor.stderr);
+    assert!(actor.status.success(), "the actor ends cleanly with the second run:\n{actor_log}");
+    assert!(actor_log.contains("re-registered after"), "{actor_log}");
+    assert!(actor_log.contains("the learner restarted"), "{actor_log}");
+}
