@@ -126,6 +126,9 @@ pub fn run_actor(
 
     let shared = Arc::new(Shared::default());
     let (tx, rx) = sync_channel::<Tagged>(1);
+    // Synchronous mode: the IO thread reports each message done (acked, newer parameters fetched).
+    let (done_tx, done_rx) = sync_channel::<()>(1);
+    let done_tx = registered.synchronous.then_some(done_tx);
     let io = {
         let shared = shared.clone();
         let mut link = Link {
@@ -140,7 +143,7 @@ pub fn run_actor(
         let reconnect_for = options.reconnect_for;
         std::thread::Builder::new()
             .name("flotilla-actor-io".into())
-            .spawn(move || link.serve(rx, &shared, reconnect_for))
+            .spawn(move || link.serve(rx, &shared, reconnect_for, done_tx))
             .map_err(|e| Error::Setup(format!("IO thread: {e}")))?
     };
     let mut report = ActorReport { params_loaded: 1, ..Default::default() };
@@ -150,7 +153,7 @@ pub fn run_actor(
         registered.seed,
         registered.chunk_steps,
         version,
-        &tx,
+        (&tx, registered.synchronous.then_some(&done_rx)),
         &shared,
         options,
         &mut report,
@@ -196,7 +199,7 @@ fn act_loop(
     seed: u64,
     chunk_steps: usize,
     mut version: u64,
-    tx: &SyncSender<Tagged>,
+    (tx, done): (&SyncSender<Tagged>, Option<&std::sync::mpsc::Receiver<()>>),
     shared: &Shared,
     options: &ActorOptions,
     report: &mut ActorReport,
@@ -305,6 +308,12 @@ fn act_loop(
             return Ok(()); // The IO thread ended: finished, or failed (its result says which).
         }
         report.sent += 1;
+        // Synchronous mode: the next chunk is collected with the parameters this one trains.
+        if let Some(done) = done
+            && done.recv().is_err()
+        {
+            return Ok(());
+        }
     }
 }
 
@@ -321,57 +330,80 @@ struct Link {
 }
 
 impl Link {
-    fn serve(&mut self, rx: std::sync::mpsc::Receiver<Tagged>, shared: &Shared, reconnect_for: Duration) -> Result<()> {
-        for Tagged { run, mut message } in rx {
-            if run < self.run {
-                // Collected with the parameters of a run the learner no longer has: its versions mean nothing there.
-                info!("discarding a message collected for the learner's previous run");
-                continue;
+    /// Deliver messages until the channel closes or the learner says the run is over. In synchronous mode,
+    /// report each message done on `done` (acked, newer parameters in the slot).
+    fn serve(
+        &mut self,
+        rx: std::sync::mpsc::Receiver<Tagged>,
+        shared: &Shared,
+        reconnect_for: Duration,
+        done: Option<SyncSender<()>>,
+    ) -> Result<()> {
+        for tagged in rx {
+            if self.deliver(tagged, shared, reconnect_for)? {
+                return Ok(()); // Finished; dropping `done` releases a waiting env thread.
             }
-            let ack = loop {
-                let sent = match &mut message {
-                    Outgoing::Chunk(c) => {
-                        c.actor_id = self.actor_id;
-                        self.client.send_chunk(c)
-                    }
-                    Outgoing::Gradient(g) => {
-                        g.actor_id = self.actor_id;
-                        self.client.send_gradient(g)
-                    }
-                };
-                match sent {
-                    Ok(ack) => break Some(ack),
-                    Err(e) if e.is_transient() => {
-                        warn!("learner unreachable ({}); reconnecting", e.message);
-                        if self.rejoin(shared, reconnect_for)? {
-                            break None; // A new run: this message belongs to the old one.
-                        }
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            };
-            let Some(ack) = ack else { continue };
-            *shared.progress.lock().expect("progress") = (ack.env_steps, ack.total_env_steps);
-            if ack.finished {
-                shared.finished.store(true, Ordering::SeqCst);
-                return Ok(());
-            }
-            if Some(ack.policy_version) != self.have {
-                match self.client.params(self.actor_id, self.have) {
-                    Ok(Some(p)) => {
-                        self.have = Some(p.version);
-                        *shared.params.lock().expect("params slot") = Some((self.run, p));
-                    }
-                    Ok(None) => {}
-                    Err(e) if e.is_transient() => {
-                        warn!("parameter fetch failed ({}); reconnecting", e.message);
-                        self.rejoin(shared, reconnect_for)?;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+            if let Some(done) = &done {
+                let _ = done.send(());
             }
         }
         Ok(())
+    }
+
+    /// Send one message (reconnecting as needed) and fetch newer parameters; returns whether the run is over.
+    fn deliver(
+        &mut self,
+        Tagged { run, mut message }: Tagged,
+        shared: &Shared,
+        reconnect_for: Duration,
+    ) -> Result<bool> {
+        if run < self.run {
+            // Collected with the parameters of a run the learner no longer has: its versions mean nothing there.
+            info!("discarding a message collected for the learner's previous run");
+            return Ok(false);
+        }
+        let ack = loop {
+            let sent = match &mut message {
+                Outgoing::Chunk(c) => {
+                    c.actor_id = self.actor_id;
+                    self.client.send_chunk(c)
+                }
+                Outgoing::Gradient(g) => {
+                    g.actor_id = self.actor_id;
+                    self.client.send_gradient(g)
+                }
+            };
+            match sent {
+                Ok(ack) => break ack,
+                Err(e) if e.is_transient() => {
+                    warn!("learner unreachable ({}); reconnecting", e.message);
+                    if self.rejoin(shared, reconnect_for)? {
+                        return Ok(false); // A new run: this message belongs to the old one.
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        *shared.progress.lock().expect("progress") = (ack.env_steps, ack.total_env_steps);
+        if ack.finished {
+            shared.finished.store(true, Ordering::SeqCst);
+            return Ok(true);
+        }
+        if Some(ack.policy_version) != self.have {
+            match self.client.params(self.actor_id, self.have) {
+                Ok(Some(p)) => {
+                    self.have = Some(p.version);
+                    *shared.params.lock().expect("params slot") = Some((self.run, p));
+                }
+                Ok(None) => {}
+                Err(e) if e.is_transient() => {
+                    warn!("parameter fetch failed ({}); reconnecting", e.message);
+                    self.rejoin(shared, reconnect_for)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(false)
     }
 
     /// Reconnect with exponential backoff and register again. Returns whether the learner now runs another

@@ -1,16 +1,17 @@
 //! Latency-v0: CartPole-v1 whose every step takes a fixed wall-clock time, like an expensive simulator.
 //!
-//! For scaling benchmarks of many actor processes: with a 1 ms step an actor spends nearly all its time
-//! waiting, so 64 actor processes on 2 cores still scale, as they would on a simulator running elsewhere.
+//! For scaling benchmarks of many actor processes: with a 1 ms step the env itself costs an actor almost no
+//! CPU, as a simulator running elsewhere would; how far actors then scale on a few cores depends on their own
+//! per-step cost (inference, chunking, sending), which is what the benchmark measures.
 //! Not a Gymnasium env; its dynamics, spaces, rewards, reset noise and snapshot layout are those of
 //! [`CartPole`] (which it runs inside), under its own id, with the same 500-step time limit.
 //!
 //! Each step sets a deadline `step_latency` after it starts, runs CartPole's step, then waits for the
-//! deadline: the step's own compute counts towards the latency instead of adding to it. The wait sleeps
-//! (the waiting actors must leave the cores to the others) and wakes [`WAKE_EARLY`] before the deadline, to
-//! absorb the OS timer slack, yielding the core for whatever is left. A step therefore never returns
-//! before its deadline, and on an idle Linux machine rarely more than a few tens of µs after it;
-//! on an oversubscribed one the scheduler's delay adds to that. Resets wait `reset_latency` the same way
+//! deadline: the step's own compute counts towards the latency instead of adding to it. The wait only
+//! sleeps (the waiting actors must leave the cores to the others; an earlier version spun on `yield_now`
+//! for the last 50 µs, which cost each actor ~50 µs of CPU per step). A step therefore never returns before
+//! its deadline, and ends after it by the OS timer slack (~50–80 µs on an idle Linux machine); on an
+//! oversubscribed one the scheduler's delay adds to that. Resets wait `reset_latency` the same way
 //! (0 by default); a step or reset that fails returns at once.
 //!
 //! [`VecEnv`](crate::VecEnv) steps its envs one after another, so a batch step of `n` Latency envs takes
@@ -31,11 +32,6 @@ use crate::{CartPole, CartPoleConfig};
 
 const ID: &str = "Latency-v0";
 const OBS_DIM: usize = 4;
-
-/// How long before a deadline the sleep ends: Linux's default timer slack (50 µs), by which the kernel
-/// may delay a sleeping thread's wake-up. The rest is waited by yielding, which costs a core only while
-/// nothing else wants it.
-const WAKE_EARLY: Duration = Duration::from_micros(50);
 
 /// Latency-v0's constructor arguments; `Default` is a 1 ms step, an instant reset and Gymnasium's CartPole.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,14 +109,11 @@ fn renamed(mut err: Error) -> Error {
     err
 }
 
-/// Blocks until `deadline`: sleeps until [`WAKE_EARLY`] before it, then yields until it has passed.
+/// Blocks until `deadline` by sleeping: the waiting actors leave the cores to the others (no spinning).
 fn wait_until(deadline: Instant) {
     let left = deadline.saturating_duration_since(Instant::now());
-    if left > WAKE_EARLY {
-        thread::sleep(left - WAKE_EARLY);
-    }
-    while Instant::now() < deadline {
-        thread::yield_now();
+    if !left.is_zero() {
+        thread::sleep(left);
     }
 }
 

@@ -124,6 +124,10 @@ pub struct LearnerConfig {
     /// Chunks (or gradients) older than this many parameter versions are not trained on; they are counted
     /// in `charts/stale_chunks` and logged. On-policy algorithms and A3C only.
     pub max_policy_lag: u64,
+    /// On-policy algorithms (PPO, A2C): each actor's chunk is acknowledged only after the update it feeds, and
+    /// the actor collects its next chunk with those new parameters — no policy lag, the single-process sample
+    /// efficiency, but actors idle while the learner updates. Off: actors never wait (lag 1–`max_policy_lag`).
+    pub synchronous: bool,
     /// Chunks (or gradients) the ingest queue holds before actors wait (back-pressure). 0: one learner batch
     /// (`chunks_per_batch`) for on-policy algorithms, one per actor for A3C, 64 for off-policy ones. A short
     /// queue keeps on-policy data fresh: what waits in the queue ages by one version per update.
@@ -132,7 +136,7 @@ pub struct LearnerConfig {
 
 impl Default for LearnerConfig {
     fn default() -> Self {
-        LearnerConfig { listen: "127.0.0.1:0".into(), max_policy_lag: 4, queue_chunks: 0 }
+        LearnerConfig { listen: "127.0.0.1:0".into(), max_policy_lag: 4, synchronous: false, queue_chunks: 0 }
     }
 }
 
@@ -427,6 +431,12 @@ impl ExperimentConfig {
                 }
                 _ => num_envs / per_actor,
             };
+            if self.learner.synchronous && family == Family::OnPolicy && chunks_per_batch > n_actors {
+                return bad(format!(
+                    "[learner] synchronous = true needs a chunk from each of {chunks_per_batch} actors per batch, \
+                     but the run has {n_actors} (each waits for the update its chunk feeds)"
+                ));
+            }
             Ok(Plan { family, n_actors, envs_per_actor: per_actor, chunk_steps, chunks_per_batch })
         };
         let off_policy = || -> Result<Plan> {

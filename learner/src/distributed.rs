@@ -160,6 +160,7 @@ impl DistributedLearner {
             seed,
             n_params: initial.len(),
             total_env_steps: config.run.total_env_steps,
+            synchronous: config.learner.synchronous && plan.family == Family::OnPolicy,
             queue: match (config.learner.queue_chunks, plan.family) {
                 (0, Family::OnPolicy) => plan.chunks_per_batch,
                 (0, Family::Gradients) => plan.n_actors,

@@ -53,6 +53,8 @@ pub struct HubSpec {
     pub queue: usize,
     /// The run's budget of env steps.
     pub total_env_steps: u64,
+    /// Synchronous on-policy training: a chunk's ack waits for the update it feeds.
+    pub synchronous: bool,
 }
 
 #[derive(Debug)]
@@ -82,6 +84,8 @@ pub struct Hub {
     queue: mpsc::Sender<Delivery>,
     params: RwLock<Params>,
     finished: AtomicBool,
+    /// Newest version, and whether the run is over, for acks that wait for an update (synchronous mode).
+    progress: tokio::sync::watch::Sender<(u64, bool)>,
     env_steps: AtomicU64,
     /// Refusal counts.
     pub counters: HubCounters,
@@ -97,6 +101,7 @@ impl Hub {
             queue: tx,
             params: RwLock::new(Versioned { version: 0, value: Arc::new(initial) }),
             finished: AtomicBool::new(false),
+            progress: tokio::sync::watch::Sender::new((0, false)),
             env_steps: AtomicU64::new(0),
             counters: HubCounters::default(),
         };
@@ -113,7 +118,10 @@ impl Hub {
         let mut p = self.params.write().expect("params lock");
         p.version += 1;
         p.value = Arc::new(values);
-        p.version
+        let version = p.version;
+        drop(p);
+        self.progress.send_modify(|v| v.0 = version);
+        version
     }
 
     /// The newest published version.
@@ -129,6 +137,7 @@ impl Hub {
     /// Tell actors the run is over (their next message is answered `finished`).
     pub fn finish(&self) {
         self.finished.store(true, Ordering::SeqCst);
+        self.progress.send_modify(|v| v.1 = true);
     }
 
     /// Actors registered now.
@@ -163,8 +172,19 @@ impl Hub {
         if self.finished.load(Ordering::SeqCst) {
             return Ok(self.ack());
         }
+        let version = match &d {
+            Delivery::Chunk(c) => c.policy_version,
+            Delivery::Gradient(g) => g.policy_version,
+        };
+        // Subscribed before queueing, so an update that lands right after cannot be missed.
+        let mut progress = self.progress.subscribe();
         // Waits while the queue is full: the actor's call does not return, so the actor waits too.
         match self.queue.send(d).await {
+            Ok(()) if self.spec.synchronous => {
+                // Synchronous mode: answer once the update this chunk feeds is published (or the run ends).
+                let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
+                Ok(self.ack())
+            }
             Ok(()) => Ok(self.ack()),
             // The learner closed the queue because the run is over.
             Err(_) if self.finished.load(Ordering::SeqCst) => Ok(self.ack()),
@@ -225,6 +245,7 @@ impl LearnerService for Hub {
             seed: s.seed + 1000 * actor_id,
             chunk_steps: s.chunk.n_steps,
             policy_version: self.version(),
+            synchronous: s.synchronous,
         })
     }
 
@@ -307,6 +328,7 @@ mod tests {
             n_params: 3,
             queue,
             total_env_steps: 100,
+            synchronous: false,
         }
     }
 
@@ -362,6 +384,30 @@ mod tests {
         hub.finish();
         rx.close();
         assert!(rt.block_on(hub.ingest(chunk(id))).unwrap().finished);
+    }
+
+    #[test]
+    fn in_synchronous_mode_an_ack_waits_for_the_update_its_chunk_feeds() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (hub, mut rx) = Hub::new(HubSpec { synchronous: true, ..spec(4) }, vec![0.0; 3]);
+        let r = registration(&hub);
+        assert!(r.synchronous);
+        let h = hub.clone();
+        let pending = rt.spawn(async move { h.ingest(chunk(r.actor_id)).await });
+        assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some(), "queued at once");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!pending.is_finished(), "no ack before the update");
+        hub.publish(vec![1.0; 3]);
+        let ack = rt.block_on(pending).unwrap().unwrap();
+        assert_eq!((ack.policy_version, ack.finished), (1, false));
+        // The end of the run releases a waiting ack too.
+        let h = hub.clone();
+        let mut c = chunk(r.actor_id);
+        c.policy_version = 1;
+        let pending = rt.spawn(async move { h.ingest(c).await });
+        assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
+        hub.finish();
+        assert!(rt.block_on(pending).unwrap().unwrap().finished);
     }
 
     #[test]

@@ -228,6 +228,7 @@ pub fn registered_to_proto(r: &Registered) -> proto::Registered {
         seed: r.seed,
         chunk_steps: r.chunk_steps as u32,
         policy_version: r.policy_version,
+        synchronous: r.synchronous,
     }
 }
 
@@ -240,6 +241,7 @@ pub fn registered_from_proto(p: &proto::Registered) -> Registered {
         seed: p.seed,
         chunk_steps: p.chunk_steps as usize,
         policy_version: p.policy_version,
+        synchronous: p.synchronous,
     }
 }
 

@@ -49,6 +49,9 @@ pub struct Registered {
     pub chunk_steps: usize,
     /// Newest published parameter version.
     pub policy_version: u64,
+    /// Synchronous on-policy training: each chunk's ack comes after the update it feeds; collect the next
+    /// chunk only with the parameters of that update.
+    pub synchronous: bool,
 }
 
 /// The learner's answer to a chunk or gradient.

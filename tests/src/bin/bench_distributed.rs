@@ -25,7 +25,7 @@
 //!    payload per second at the median).
 //!
 //! 4. **PPO to 475, single-process vs actors** (`ppo`). `flotilla train examples/configs/cartpole_ppo.toml`
-//!    without and with `--actors 2` / `--actors 4`, seeds 1–3, one after another in this run: training seconds
+//!    without and with `--actors 2` / `--actors 4` (and 4 with `learner.synchronous = true`), seeds 1–3, one after another in this run: training seconds
 //!    (wall-clock minus evaluations; for actor runs from the learner's start, actor start-up included) and
 //!    env steps at the first evaluation ≥ 475 (every 5 K steps), and whether the last two evaluations held it.
 //!
@@ -165,6 +165,7 @@ fn cartpole_hub(n_actors: usize, params: Vec<f32>) -> BenchResult<(Arc<Hub>, Rec
         seed: 0,
         n_params: params.len(),
         queue: 64,
+        synchronous: false,
         total_env_steps: u64::MAX,
     };
     Ok(Hub::new(spec, params))
@@ -732,7 +733,7 @@ fn ppo_table(args: &Args) -> BenchResult<()> {
     println!("\n### PPO on CartPole-v1 to an evaluation of 475: single process vs actor processes\n");
     println!("| run | seed | env steps to 475 | train s to 475 | holds at the end |");
     println!("|---|---:|---:|---:|---|");
-    for actors in [0usize, 2, 4] {
+    for (actors, synchronous) in [(0usize, false), (2, false), (4, false), (4, true)] {
         for &seed in seeds {
             let out = std::env::temp_dir().join(format!("flotilla-bench-ppo-{actors}-{seed}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&out);
@@ -740,14 +741,18 @@ fn ppo_table(args: &Args) -> BenchResult<()> {
             cmd.arg("train").arg(&config).args(["--set", &format!("run.seed={seed}")]);
             cmd.args(["--set", "eval.interval_steps=5000", "--set", "metrics.log_interval_steps=5000"]);
             if actors > 0 {
-                cmd.args(["--actors", &actors.to_string()]);
+                cmd.args(["--actors", &actors.to_string(), "--set", &format!("learner.synchronous={synchronous}")]);
             }
             let status = cmd.arg("--out").arg(&out).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
             if !status.success() {
                 return Err(format!("{cmd:?} failed: {status}").into());
             }
             let (first, held) = first_solved(&out.join("metrics.csv"))?;
-            let name = if actors == 0 { "single process".to_string() } else { format!("{actors} actors") };
+            let name = match (actors, synchronous) {
+                (0, _) => "single process".to_string(),
+                (n, false) => format!("{n} actors"),
+                (n, true) => format!("{n} actors, synchronous"),
+            };
             let (steps, secs) = match first {
                 Some((steps, secs)) => (format!("{steps:.0}"), format!("{secs:.2}")),
                 None => ("not reached".into(), "—".into()),
