@@ -171,18 +171,19 @@ impl Chunk {
                 return Err(format!("{what}[{i}] is {}, must be finite", v[i]));
             }
         }
-        let ended: Vec<u32> = (0..n).filter(|&i| self.terminated[i] || self.truncated[i]).map(|i| i as u32).collect();
-        if ended != self.final_index {
+        // No allocation on this path: every chunk a learner ingests passes here.
+        let ended = || (0..n).filter(|&i| self.terminated[i] || self.truncated[i]).map(|i| i as u32);
+        if !ended().eq(self.final_index.iter().copied()) {
             return Err(format!(
                 "final_index {:?} does not list the {} steps where an episode ended",
                 abbreviate(&self.final_index),
-                ended.len()
+                ended().count()
             ));
         }
         if self.final_obs.dtype() != spec.obs_dtype {
             return Err(format!("final observations are {:?}, expected {:?}", self.final_obs.dtype(), spec.obs_dtype));
         }
-        len("final observations", self.final_obs.len(), ended.len() * spec.obs_dim)?;
+        len("final observations", self.final_obs.len(), self.final_index.len() * spec.obs_dim)?;
         if let Some(ep) = self.episodes.iter().find(|ep| !ep.episode_return.is_finite()) {
             return Err(format!("episode return {} must be finite", ep.episode_return));
         }

@@ -341,7 +341,8 @@ impl DistributedLearner {
         let mut m = Metrics::default();
         m.push("charts/learning_rate", lr);
         m.push("charts/gradient_steps", 1.0);
-        self.finish_update(m, started)
+        self.count_update(&m);
+        self.publish(m, started)
     }
 
     /// Observe each step of a chunk into the off-policy agent, asking it to update after each, as the
@@ -353,9 +354,8 @@ impl DistributedLearner {
         let (mut obs, mut next_obs) = (Vec::with_capacity(e * d), Vec::with_capacity(e * d));
         let mut act = ActOutput::default();
         let mut cursor = 0;
-        let mut trained = false;
         let started = Instant::now();
-        let mut merged = Metrics::default();
+        let mut last = None;
         for t in 0..chunk.n_steps {
             let rows = t * e..(t + 1) * e;
             obs.clear();
@@ -379,16 +379,13 @@ impl DistributedLearner {
             self.counters.env_steps += e as u64;
             let progress = Progress { env_steps: self.counters.env_steps, total_env_steps: total };
             if let Some(m) = agent.update(&progress)? {
-                self.counters.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
-                self.counters.updates += 1;
-                merged = m;
-                trained = true;
+                self.count_update(&m);
+                last = Some(m);
             }
         }
-        if trained {
-            self.counters.gradient_steps -= merged.get("charts/gradient_steps").unwrap_or(0.0) as u64;
-            self.counters.updates -= 1;
-            self.finish_update(merged, started)?;
+        // One publication per chunk, however many updates it triggered.
+        if let Some(m) = last {
+            self.publish(m, started)?;
         }
         Ok(())
     }
@@ -445,16 +442,20 @@ impl DistributedLearner {
                 self.plan.chunk_steps
             ))
         })?;
-        self.finish_update(m, started)
+        self.count_update(&m);
+        self.publish(m, started)
     }
 
-    fn finish_update(&mut self, m: Metrics, started: Instant) -> Result<()> {
+    fn count_update(&mut self, m: &Metrics) {
+        self.counters.updates += 1;
+        self.counters.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
+    }
+
+    /// Publish the parameters after updates begun at `started`; `m` is the last update's metrics.
+    fn publish(&mut self, m: Metrics, started: Instant) -> Result<()> {
         let params = self.agent.params_vec()?;
         self.hub.publish(params);
-        let c = &mut self.counters;
-        c.updates += 1;
-        c.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
-        c.update_secs += started.elapsed().as_secs_f64();
+        self.counters.update_secs += started.elapsed().as_secs_f64();
         self.last_metrics = m;
         Ok(())
     }

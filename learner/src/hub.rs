@@ -177,10 +177,10 @@ impl Hub {
             Delivery::Gradient(g) => g.policy_version,
         };
         // Subscribed before queueing, so an update that lands right after cannot be missed.
-        let mut progress = self.progress.subscribe();
+        let progress = self.spec.synchronous.then(|| self.progress.subscribe());
         // Waits while the queue is full: the actor's call does not return, so the actor waits too.
         match self.queue.send(d).await {
-            Ok(()) if self.spec.synchronous => {
+            Ok(()) if let Some(mut progress) = progress => {
                 // Synchronous mode: answer once the update this chunk feeds is published (or the run ends).
                 let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
                 Ok(self.ack())
