@@ -127,6 +127,7 @@ pub struct LearnerConfig {
     /// On-policy algorithms (PPO, A2C): each actor's chunk is acknowledged only after the update it feeds, and
     /// the actor collects its next chunk with those new parameters — no policy lag, the single-process sample
     /// efficiency, but actors idle while the learner updates. Off: actors never wait (lag 1–`max_policy_lag`).
+    /// A3C actors always wait for their gradient to be applied (A3C's own loop), whatever this says.
     pub synchronous: bool,
     /// Chunks (or gradients) the ingest queue holds before actors wait (back-pressure). 0: one learner batch
     /// (`chunks_per_batch`) for on-policy algorithms, one per actor for A3C, 64 for off-policy ones. A short

@@ -9,7 +9,8 @@
 //!                            their T steps are stacked row-wise (num_envs rows), observed, and one update runs
 //!     off-policy (DQN, DDPG, TD3): each step of the chunk is observed (into replay) and update() is asked,
 //!                            as in single-process training; any training publishes
-//!     A3C:                   gradient staleness as above; else applied by the parameter server's optimiser
+//!     A3C:                   gradient staleness as above; else applied by the parameter server's optimiser,
+//!                            then the actor's call is answered and it fetches the new version (A3C's sync)
 //!     publish the new version ─► actors pick it up between chunks
 //!     metrics row / evaluation at their intervals
 //! hub.finish(): actors are told the run is over
@@ -160,7 +161,11 @@ impl DistributedLearner {
             seed,
             n_params: initial.len(),
             total_env_steps: config.run.total_env_steps,
-            synchronous: config.learner.synchronous && plan.family == Family::OnPolicy,
+            synchronous: match plan.family {
+                Family::OnPolicy => config.learner.synchronous,
+                Family::Gradients => true,
+                Family::OffPolicy => false,
+            },
             queue: match (config.learner.queue_chunks, plan.family) {
                 (0, Family::OnPolicy) => plan.chunks_per_batch,
                 (0, Family::Gradients) => plan.n_actors,
@@ -242,7 +247,11 @@ impl DistributedLearner {
             last_data = Instant::now();
             match delivery {
                 Delivery::Chunk(chunk) => self.on_chunk(chunk)?,
-                Delivery::Gradient(g) => self.on_gradient(g)?,
+                // The actor's ack goes out as soon as its gradient is in the published parameters.
+                Delivery::Gradient(g, receipt) => {
+                    self.on_gradient(g)?;
+                    drop(receipt);
+                }
             }
             self.hub.set_env_steps(self.counters.env_steps);
             self.counters.train_secs = start.elapsed().as_secs_f64() - self.counters.eval_secs;

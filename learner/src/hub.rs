@@ -26,8 +26,31 @@ use crate::config::Family;
 pub enum Delivery {
     /// A trajectory chunk.
     Chunk(Chunk),
-    /// An A3C gradient.
-    Gradient(Gradient),
+    /// An A3C gradient, with the receipt that acknowledges it to its actor once dropped (after it is applied).
+    Gradient(Gradient, Receipt),
+}
+
+/// Held by the update loop while it applies an A3C gradient; dropping it answers the actor's call. An A3C actor
+/// waits for that answer, then fetches the parameters its gradient went into before collecting again
+/// (Mnih et al. 2016, Algorithm S3: update θ, then synchronise θ′ ← θ), so each gradient is computed with
+/// parameters at most the other actors' in-flight gradients old.
+#[derive(Debug)]
+pub struct Receipt(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Receipt {
+    /// A receipt and the future its drop completes.
+    pub fn new() -> (Receipt, tokio::sync::oneshot::Receiver<()>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Receipt(Some(tx)), rx)
+    }
+}
+
+impl Drop for Receipt {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(()); // The actor's call may have gone (disconnected); nothing to answer then.
+        }
+    }
 }
 
 /// The run's fixed facts, against which every actor and message is checked.
@@ -53,7 +76,9 @@ pub struct HubSpec {
     pub queue: usize,
     /// The run's budget of env steps.
     pub total_env_steps: u64,
-    /// Synchronous on-policy training: a chunk's ack waits for the update it feeds.
+    /// Actors wait for each message's ack before collecting again: on-policy chunks are acked after the update
+    /// they feed ([`LearnerConfig::synchronous`](crate::config::LearnerConfig)); A3C gradients always, after
+    /// they are applied.
     pub synchronous: bool,
 }
 
@@ -168,24 +193,30 @@ impl Hub {
         }
     }
 
-    async fn enqueue(&self, d: Delivery) -> Result<Ack, RpcError> {
+    /// Queue `d` and answer: at once, or in synchronous mode once the update it feeds is published, or (A3C)
+    /// once `applied` completes.
+    async fn enqueue(&self, d: Delivery, applied: Option<tokio::sync::oneshot::Receiver<()>>) -> Result<Ack, RpcError> {
         if self.finished.load(Ordering::SeqCst) {
             return Ok(self.ack());
         }
-        let version = match &d {
-            Delivery::Chunk(c) => c.policy_version,
-            Delivery::Gradient(g) => g.policy_version,
-        };
         // Subscribed before queueing, so an update that lands right after cannot be missed.
-        let progress = self.spec.synchronous.then(|| self.progress.subscribe());
+        let progress = match &d {
+            Delivery::Chunk(c) if self.spec.synchronous => Some((c.policy_version, self.progress.subscribe())),
+            _ => None,
+        };
         // Waits while the queue is full: the actor's call does not return, so the actor waits too.
         match self.queue.send(d).await {
-            Ok(()) if let Some(mut progress) = progress => {
-                // Synchronous mode: answer once the update this chunk feeds is published (or the run ends).
-                let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
+            Ok(()) => {
+                if let Some((version, mut progress)) = progress {
+                    // Synchronous mode: answer once the update this chunk feeds is published (or the run ends).
+                    let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
+                }
+                if let Some(applied) = applied {
+                    // The receipt is dropped after the gradient is applied, or with the queue when the run ends.
+                    let _ = applied.await;
+                }
                 Ok(self.ack())
             }
-            Ok(()) => Ok(self.ack()),
             // The learner closed the queue because the run is over.
             Err(_) if self.finished.load(Ordering::SeqCst) => Ok(self.ack()),
             Err(_) => Err(RpcError::new(Code::Unavailable, "the learner is shutting down")),
@@ -262,7 +293,7 @@ impl LearnerService for Hub {
                 format!("policy version {} was never published (newest {})", chunk.policy_version, self.version());
             return Err(self.refuse(chunk.actor_id, "chunk", problem));
         }
-        self.enqueue(Delivery::Chunk(chunk)).await
+        self.enqueue(Delivery::Chunk(chunk), None).await
     }
 
     async fn gradient(&self, g: Gradient) -> Result<Ack, RpcError> {
@@ -278,7 +309,8 @@ impl LearnerService for Hub {
                 format!("policy version {} was never published (newest {})", g.policy_version, self.version());
             return Err(self.refuse(g.actor_id, "gradient", problem));
         }
-        self.enqueue(Delivery::Gradient(g)).await
+        let (receipt, applied) = Receipt::new();
+        self.enqueue(Delivery::Gradient(g, receipt), Some(applied)).await
     }
 
     fn params(&self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError> {
@@ -407,6 +439,42 @@ mod tests {
         let pending = rt.spawn(async move { h.ingest(c).await });
         assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
         hub.finish();
+        assert!(rt.block_on(pending).unwrap().unwrap().finished);
+    }
+
+    #[test]
+    fn an_a3c_gradient_is_acked_once_the_learner_has_applied_it() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (hub, mut rx) =
+            Hub::new(HubSpec { family: Family::Gradients, synchronous: true, ..spec(4) }, vec![0.0; 3]);
+        let r = registration(&hub);
+        assert!(r.synchronous, "A3C actors wait for their gradient to be applied");
+        let actor_id = r.actor_id;
+        let gradient = move |version| Gradient {
+            actor_id,
+            policy_version: version,
+            values: vec![0.5; 3],
+            env_steps: 2,
+            episodes: vec![],
+        };
+        let h = hub.clone();
+        let pending = rt.spawn(async move { h.gradient(gradient(0)).await });
+        let Some(Delivery::Gradient(g, receipt)) = next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)) else {
+            panic!("the gradient is queued at once")
+        };
+        assert_eq!(g.values, vec![0.5; 3]);
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!pending.is_finished(), "no ack while the learner holds the receipt");
+        hub.publish(vec![1.0; 3]);
+        drop(receipt);
+        let ack = rt.block_on(pending).unwrap().unwrap();
+        assert_eq!((ack.policy_version, ack.finished), (1, false), "the ack names the version it went into");
+        // A run that ends with gradients still queued answers their actors too.
+        let h = hub.clone();
+        let pending = rt.spawn(async move { h.gradient(gradient(1)).await });
+        std::thread::sleep(Duration::from_millis(100));
+        hub.finish();
+        drop(rx);
         assert!(rt.block_on(pending).unwrap().unwrap().finished);
     }
 
