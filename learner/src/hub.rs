@@ -445,8 +445,7 @@ mod tests {
     #[test]
     fn an_a3c_gradient_is_acked_once_the_learner_has_applied_it() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let (hub, mut rx) =
-            Hub::new(HubSpec { family: Family::Gradients, synchronous: true, ..spec(4) }, vec![0.0; 3]);
+        let (hub, mut rx) = Hub::new(HubSpec { family: Family::Gradients, synchronous: true, ..spec(4) }, vec![0.0; 3]);
         let r = registration(&hub);
         assert!(r.synchronous, "A3C actors wait for their gradient to be applied");
         let actor_id = r.actor_id;
