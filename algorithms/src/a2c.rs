@@ -34,7 +34,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::actor_critic::ActorCritic;
+use crate::actor_critic::{ActScratch, ActorCritic};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -274,7 +274,7 @@ pub struct A2c {
     rng: Pcg64,
     /// The rollout being collected by [`Algorithm::observe`].
     collector: RolloutCollector,
-    scratch: Vec<(i64, f32)>,
+    scratch: ActScratch,
 }
 
 impl A2c {
@@ -307,7 +307,7 @@ impl A2c {
         };
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c);
-        Ok(A2c { config, net, opt, rng, collector, scratch: Vec::new() })
+        Ok(A2c { config, net, opt, rng, collector, scratch: ActScratch::default() })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).

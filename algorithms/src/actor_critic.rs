@@ -10,12 +10,21 @@ use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
 use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
+use crate::host_mlp::HostScratch;
 use crate::nets::{Activation, TwinMlp, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::ActOutput;
 use crate::rollout::Rollout;
 use crate::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
 use crate::{Error, Result};
+
+/// Buffers [`ActorCritic::act`] reuses between calls.
+#[derive(Debug, Default, Clone)]
+pub struct ActScratch {
+    samples: Vec<(i64, f32)>,
+    host: HostScratch,
+    head: Vec<f32>,
+}
 
 /// How actions are represented.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -119,34 +128,48 @@ impl ActorCritic {
     }
 
     /// Sample (or, with `deterministic`, take the mode of) the policy for a batch; fills actions, their
-    /// log-probs and the values. `scratch` is reused between calls.
+    /// log-probs and the values. `scratch` is reused between calls. On the CPU the networks run without
+    /// libtorch ([`crate::host_mlp`]).
     pub fn act(
         &self,
         obs: &[f32],
         deterministic: bool,
         rng: &mut impl Rng,
-        scratch: &mut Vec<(i64, f32)>,
+        scratch: &mut ActScratch,
         out: &mut ActOutput,
     ) -> Result<()> {
-        let x = self.obs_tensor(obs)?;
-        let (head, values) = tch::no_grad(|| self.forward(&x));
-        out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        let rows = obs.len() / self.obs_dim;
         out.q_values.clear();
-        let head = Vec::<f32>::try_from(head.flatten(0, -1).to_device(Device::Cpu))?;
+        let ActScratch { samples, host, head } = scratch;
+        if !self.twin.forward_host(&self.params, obs, rows, host, [&mut *head, &mut out.values]) {
+            let x = self.obs_tensor(obs)?;
+            let (h, values) = tch::no_grad(|| self.forward(&x));
+            out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
+            *head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
+        }
         match self.action {
             ActionKind::Discrete(n) => {
-                sample_categorical(&head, n, deterministic, rng, scratch);
+                sample_categorical(head, n, deterministic, rng, samples);
                 out.actions.clear();
                 out.log_probs.clear();
-                for &(a, lp) in scratch.iter() {
+                for &(a, lp) in samples.iter() {
                     out.actions.push(a as f32);
                     out.log_probs.push(lp);
                 }
             }
-            ActionKind::Continuous(_) => {
+            ActionKind::Continuous(d) => {
                 let i = self.log_std.expect("Gaussian policies have a log-std");
-                let log_std = Vec::<f32>::try_from(self.params.view(i).detach().to_device(Device::Cpu))?;
-                sample_diag_gaussian(&head, &log_std, deterministic, rng, &mut out.actions, &mut out.log_probs);
+                let (actions, log_probs) = (&mut out.actions, &mut out.log_probs);
+                if let Some(v) = self.params.host_values() {
+                    let log_std = &v[self.params.offset(i)..self.params.offset(i) + d];
+                    sample_diag_gaussian(head, log_std, deterministic, rng, actions, log_probs);
+                } else {
+                    let log_std = Vec::<f32>::try_from(self.params.view(i).detach().to_device(Device::Cpu))?;
+                    sample_diag_gaussian(head, &log_std, deterministic, rng, actions, log_probs);
+                }
             }
         }
         Ok(())

@@ -30,6 +30,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
+use crate::host_mlp::HostScratch;
 use crate::n_step::NStep;
 use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
@@ -211,6 +212,8 @@ pub struct Dqn {
     sample: ReplaySample<f32>,
     /// An actor's exploration: its Ape-X ε floor and the learner's progress.
     actor: Option<ActorExploration>,
+    /// Acting's host forward pass: hidden activations and the network's raw output.
+    host: (HostScratch, Vec<f32>),
 }
 
 /// How an actor process explores: ε = max(its Ape-X floor, the run's schedule at the learner's progress),
@@ -283,6 +286,7 @@ impl Dqn {
             n_envs,
             rng: Pcg64::seed_from_u64(seed ^ 0xd9_0000),
             device,
+            host: Default::default(),
             counters,
             sample: ReplaySample::default(),
             actor: None,
@@ -385,9 +389,25 @@ impl Policy for Dqn {
         if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
             return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
         }
-        let x = Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device);
-        let q = tch::no_grad(|| self.q_values(&self.online, &x));
-        out.q_values = Vec::<f32>::try_from(q.flatten(0, -1).to_device(Device::Cpu))?;
+        let rows = obs.len() / self.obs_dim;
+        let (scratch, raw) = &mut self.host;
+        if self.net.forward_host(&self.online, obs, rows, scratch, raw) {
+            // The network without libtorch (CPU parameters); the dueling combination as `q_values` does it.
+            out.q_values.clear();
+            for row in raw.chunks_exact(raw.len() / rows) {
+                if self.config.dueling {
+                    let (value, advantage) = (row[0], &row[1..]);
+                    let mean = advantage.iter().sum::<f32>() / advantage.len() as f32;
+                    out.q_values.extend(advantage.iter().map(|a| value + a - mean));
+                } else {
+                    out.q_values.extend_from_slice(row);
+                }
+            }
+        } else {
+            let x = Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device);
+            let q = tch::no_grad(|| self.q_values(&self.online, &x));
+            out.q_values = Vec::<f32>::try_from(q.flatten(0, -1).to_device(Device::Cpu))?;
+        }
         out.actions.clear();
         out.log_probs.clear();
         out.values.clear();
@@ -586,6 +606,30 @@ mod tests {
         // Q = V + A − mean(A), so mean_a Q(s, a) = V(s), the first output.
         let mean_q = q.mean_dim(1, false, Kind::Float);
         assert!(mean_q.allclose(&raw.narrow(1, 0, 1).squeeze_dim(1), 1e-6, 1e-6, false));
+    }
+
+    #[test]
+    fn acting_without_libtorch_gives_the_tensor_q_values_and_their_argmax() {
+        let (obs, act) = spaces();
+        for dueling in [false, true] {
+            let config = DqnConfig { dueling, hidden_sizes: vec![16, 16], ..Default::default() };
+            let mut dqn = Dqn::new(&obs, &act, 1, config, Device::Cpu, 0).unwrap();
+            let rows = [0.1f32, -0.3, 0.7, 0.2, 0.2, -0.9];
+            let want = dqn.q_values(&dqn.online, &Tensor::from_slice(&rows).view([2, 3]));
+            let want = Vec::<f32>::try_from(want.flatten(0, -1)).unwrap();
+            let mut out = ActOutput::default();
+            dqn.act(&rows, ActMode::Deterministic, &mut out).unwrap();
+            assert_eq!(out.q_values.len(), want.len());
+            assert!(
+                out.q_values.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5),
+                "{:?} vs {want:?}",
+                out.q_values
+            );
+            for (row, a) in out.q_values.chunks_exact(2).zip(&out.actions) {
+                let best = row.iter().enumerate().fold(0, |b, (i, q)| if *q > row[b] { i } else { b });
+                assert_eq!(*a as usize, best, "dueling {dueling}");
+            }
+        }
     }
 
     #[test]

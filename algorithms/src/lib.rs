@@ -18,6 +18,7 @@ pub mod distributions;
 pub mod dqn;
 pub mod error;
 pub mod gae;
+pub mod host_mlp;
 pub mod metrics;
 pub mod n_step;
 pub mod nets;

@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 use tch::nn::{self, Init, LinearConfig, Module};
 
+use crate::host_mlp::{self, HostScratch};
+
 /// Run `build` with libtorch's global generator seeded with `seed`, holding a process-wide lock, so that
 /// networks built on several threads at once still get the same weights for the same seed.
 pub fn with_torch_seed<T>(seed: u64, build: impl FnOnce() -> T) -> T {
@@ -127,6 +129,8 @@ impl LayerInit {
 #[derive(Debug, Clone)]
 pub struct FlatMlp {
     layers: Vec<usize>,
+    /// Input width, hidden widths, output width.
+    widths: Vec<usize>,
     activation: Activation,
 }
 
@@ -153,7 +157,8 @@ impl FlatMlp {
             named.push((format!("{prefix}.{k}.weight"), w));
             named.push((format!("{prefix}.{k}.bias"), b));
         }
-        (FlatMlp { layers, activation }, named)
+        let widths = widths.iter().map(|&w| w as usize).collect();
+        (FlatMlp { layers, widths, activation }, named)
     }
 
     /// The network on `x` `[B, inputs]` with the parameters in `params`.
@@ -170,6 +175,28 @@ impl FlatMlp {
     }
 }
 
+impl FlatMlp {
+    /// [`FlatMlp::forward`] without libtorch, on `x` (`rows × inputs`, row-major) into `out` (`rows × outputs`),
+    /// when `params` live on the CPU; returns false (and leaves `out` alone) when they do not.
+    pub fn forward_host(
+        &self,
+        params: &crate::params::FlatParams,
+        x: &[f32],
+        rows: usize,
+        scratch: &mut HostScratch,
+        out: &mut Vec<f32>,
+    ) -> bool {
+        let Some(v) = params.host_values() else { return false };
+        let layers = self.layers.iter().enumerate().map(|(k, &i)| {
+            let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
+            let (w, b) = (params.offset(i), params.offset(i + 1));
+            (&v[w..w + fan_in * fan_out], &v[b..b + fan_out])
+        });
+        host_mlp::mlp(layers, self.activation, x, rows, scratch, out);
+        true
+    }
+}
+
 /// Two MLPs of the same hidden widths (e.g. a policy and a value network) evaluated together as one chain of
 /// batched matmuls over [`FlatParams`]: half the dispatches of two separate MLPs, identical maths. Layer `k`
 /// holds `weight` `[2, in, out]` and `bias` `[2, 1, out]`; the output layer is padded to the wider of the
@@ -178,6 +205,8 @@ impl FlatMlp {
 pub struct TwinMlp {
     /// Index in the parameter buffer of each layer's weight (its bias follows).
     layers: Vec<usize>,
+    /// Input width, hidden widths, padded output width.
+    widths: Vec<usize>,
     activation: Activation,
     outputs: [i64; 2],
 }
@@ -219,7 +248,8 @@ impl TwinMlp {
             named.push((format!("{prefix}.{k}.weight"), Tensor::stack(&weights, 0)));
             named.push((format!("{prefix}.{k}.bias"), Tensor::zeros([2, 1, fan_out], (tch::Kind::Float, cpu))));
         }
-        (TwinMlp { layers, activation, outputs }, named)
+        let widths = widths.iter().map(|&w| w as usize).collect();
+        (TwinMlp { layers, widths, activation, outputs }, named)
     }
 
     /// Both nets on the same input `[B, inputs]`: `([B, outputs[0]], [B, outputs[1]])`.
@@ -233,6 +263,38 @@ impl TwinMlp {
             }
         }
         (h.get(0).narrow(1, 0, self.outputs[0]), h.get(1).narrow(1, 0, self.outputs[1]))
+    }
+}
+
+impl TwinMlp {
+    /// [`TwinMlp::forward`] without libtorch, on `x` (`rows × inputs`) into `outs[j]` (`rows × outputs[j]`),
+    /// when `params` live on the CPU; returns false (and leaves `outs` alone) when they do not.
+    pub fn forward_host(
+        &self,
+        params: &crate::params::FlatParams,
+        x: &[f32],
+        rows: usize,
+        scratch: &mut HostScratch,
+        outs: [&mut Vec<f32>; 2],
+    ) -> bool {
+        let Some(v) = params.host_values() else { return false };
+        for (j, out) in outs.into_iter().enumerate() {
+            let layers = self.layers.iter().enumerate().map(|(k, &i)| {
+                let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
+                let (w, b) = (params.offset(i) + j * fan_in * fan_out, params.offset(i + 1) + j * fan_out);
+                (&v[w..w + fan_in * fan_out], &v[b..b + fan_out])
+            });
+            host_mlp::mlp(layers, self.activation, x, rows, scratch, out);
+            // Drop the padding columns of the narrower net's output layer.
+            let (padded, width) = (*self.widths.last().expect("an output layer"), self.outputs[j] as usize);
+            if width < padded {
+                for r in 0..rows {
+                    out.copy_within(r * padded..r * padded + width, r * width);
+                }
+                out.truncate(rows * width);
+            }
+        }
+        true
     }
 }
 
@@ -330,6 +392,54 @@ mod tests {
         }
         // The value net's padding column starts at zero.
         assert_eq!(f64::try_from(params.view(4).get(1).narrow(1, 1, 1).abs().sum(Kind::Float)).unwrap(), 0.0);
+    }
+
+    fn randomise_biases(params: &crate::params::FlatParams, biases: &[usize]) {
+        tch::no_grad(|| {
+            for &i in biases {
+                params.view(i).shallow_clone().copy_(&Tensor::randn(params.view(i).size(), (Kind::Float, Device::Cpu)));
+            }
+        });
+    }
+
+    #[test]
+    fn host_forward_passes_equal_libtorch() {
+        tch::manual_seed(3);
+        for activation in [Activation::Tanh, Activation::Relu] {
+            for rows in [1usize, 8] {
+                let x = Tensor::randn([rows as i64, 4], (Kind::Float, Device::Cpu));
+                let xs = Vec::<f32>::try_from(x.flatten(0, -1)).unwrap();
+                let mut scratch = HostScratch::default();
+                // FlatMlp, as DQN and TD3 use it (torch init has non-zero biases).
+                let (mlp, named) = FlatMlp::init("q", 4, &[64, 32], 3, activation, LayerInit::Torch, 0);
+                let params = crate::params::FlatParams::new(named, Device::Cpu);
+                let want = Vec::<f32>::try_from(mlp.forward(&params, &x).flatten(0, -1)).unwrap();
+                let mut got = Vec::new();
+                assert!(mlp.forward_host(&params, &xs, rows, &mut scratch, &mut got));
+                assert_eq!(got.len(), want.len());
+                let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                assert!(diff < 1e-5, "FlatMlp {activation:?} rows {rows}: {diff}");
+                // TwinMlp, as PPO and A2C use it: a 2-wide head and a padded 1-wide value.
+                let (twin, named) = TwinMlp::init("t", 4, &[64, 64], [2, 1], activation, [0.01, 1.0], 0);
+                let params = crate::params::FlatParams::new(named, Device::Cpu);
+                randomise_biases(&params, &[1, 3, 5]);
+                let (h, v) = twin.forward(&params, &x);
+                let (mut gh, mut gv) = (Vec::new(), Vec::new());
+                assert!(twin.forward_host(&params, &xs, rows, &mut scratch, [&mut gh, &mut gv]));
+                for (what, got, want) in [("head", &gh, h), ("value", &gv, v)] {
+                    let want = Vec::<f32>::try_from(want.contiguous().flatten(0, -1)).unwrap();
+                    assert_eq!(got.len(), want.len(), "{what}");
+                    let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                    assert!(diff < 1e-5, "TwinMlp {what} {activation:?} rows {rows}: {diff}");
+                }
+                // An in-place update of the buffer shows in the next host pass (no stale copy).
+                let _ = tch::no_grad(|| params.flat().shallow_clone().g_mul_scalar_(0.5));
+                let (h, _) = twin.forward(&params, &x);
+                assert!(twin.forward_host(&params, &xs, rows, &mut scratch, [&mut gh, &mut gv]));
+                let want = Vec::<f32>::try_from(h.contiguous().flatten(0, -1)).unwrap();
+                assert!(gh.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5));
+            }
+        }
     }
 
     #[test]

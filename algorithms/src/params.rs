@@ -82,6 +82,28 @@ impl FlatParams {
         &self.flat
     }
 
+    /// The buffer's values as a slice of host memory, when it lives on the CPU (`None` on a GPU). Acting
+    /// reads the weights through this without a libtorch call ([`crate::nets::host`]).
+    ///
+    /// Crate-private because of its one rule: nothing may write the buffer while the slice is alive. Callers
+    /// use it for one forward pass inside a `&self` method and drop it before returning.
+    pub(crate) fn host_values(&self) -> Option<&[f32]> {
+        if self.flat.device() != Device::Cpu || self.flat.kind() != Kind::Float || !self.flat.is_contiguous() {
+            return None;
+        }
+        let n = self.flat.numel();
+        // SAFETY: `flat` is a contiguous f32 CPU tensor of `n` elements (checked above), owned by `self`, so
+        // its storage outlives the returned borrow; libtorch never reallocates it (updates are in place).
+        // Within this crate no write to it happens while a returned slice is alive (see above), and the
+        // tensor is not shared with another thread.
+        Some(unsafe { std::slice::from_raw_parts(self.flat.data_ptr() as *const f32, n) })
+    }
+
+    /// Where parameter `i` starts in the flat buffer.
+    pub(crate) fn offset(&self, i: usize) -> usize {
+        self.entries[i].offset as usize
+    }
+
     /// Total number of scalars.
     pub fn numel(&self) -> i64 {
         self.flat.numel() as i64

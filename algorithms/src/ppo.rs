@@ -32,7 +32,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::actor_critic::ActorCritic;
+use crate::actor_critic::{ActScratch, ActorCritic};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -254,7 +254,7 @@ pub struct Ppo {
     rng: Pcg64,
     /// The rollout being collected by [`Algorithm::observe`].
     collector: RolloutCollector,
-    scratch: Vec<(i64, f32)>,
+    scratch: ActScratch,
 }
 
 impl Ppo {
@@ -283,7 +283,7 @@ impl Ppo {
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);
-        Ok(Ppo { config, net, opt, rng, collector, scratch: Vec::new() })
+        Ok(Ppo { config, net, opt, rng, collector, scratch: ActScratch::default() })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).

@@ -42,6 +42,7 @@ use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
+use crate::host_mlp::HostScratch;
 use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
@@ -356,6 +357,8 @@ pub struct Td3 {
     batch: Vec<f32>,
     /// One `[−1, 1]` action being stored.
     scaled: Vec<f32>,
+    /// Acting's host forward pass: hidden activations and the actor network's raw output.
+    host: (HostScratch, Vec<f32>),
 }
 
 impl Td3 {
@@ -422,6 +425,7 @@ impl Td3 {
         let critic_opt = Adam::new(&critic, c.learning_rate, c.adam_eps);
         Ok(Td3 {
             name,
+            host: Default::default(),
             actor_target: actor.target_copy(),
             critic_target: critic.target_copy(),
             critic_first: critic_net.first_detached(&critic),
@@ -545,9 +549,17 @@ impl Policy for Td3 {
                 *a = self.rng.random_range(-1.0..1.0);
             }
         } else {
-            let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
-            let a = tch::no_grad(|| self.policy(&self.actor, &x)).to_device(Device::Cpu);
-            a.f_copy_data(&mut out.actions, rows * self.act_dim)?;
+            let (scratch, raw) = &mut self.host;
+            if self.actor_net.forward_host(&self.actor, obs, rows, scratch, raw) {
+                // The network without libtorch (CPU parameters), then `policy`'s tanh.
+                for (a, r) in out.actions.iter_mut().zip(raw.iter()) {
+                    *a = r.tanh();
+                }
+            } else {
+                let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
+                let a = tch::no_grad(|| self.policy(&self.actor, &x)).to_device(Device::Cpu);
+                a.f_copy_data(&mut out.actions, rows * self.act_dim)?;
+            }
         }
         if explore && self.noise.kind() != NoiseType::None {
             self.noise.add_to(&mut out.actions, &mut self.rng)?;
@@ -841,6 +853,23 @@ mod tests {
         agent.act(&env.obs, ActMode::Deterministic, &mut det).unwrap();
         agent.act(&env.obs, ActMode::Explore, &mut out).unwrap();
         assert_ne!(det.actions, out.actions, "exploration adds noise");
+    }
+
+    #[test]
+    fn acting_without_libtorch_gives_the_tensor_policy() {
+        let (obs_space, act_space) = spaces();
+        let config = Td3Config { learning_starts: 0, ..tiny_td3() };
+        let mut agent = Td3::td3(&obs_space, &act_space, 2, config, Device::Cpu, 1).unwrap();
+        let obs: Vec<f32> = (0..2 * agent.obs_dim).map(|i| 0.3 * i as f32 - 0.5).collect();
+        let mut out = ActOutput::default();
+        agent.act(&obs, ActMode::Deterministic, &mut out).unwrap();
+        let x = Tensor::from_slice(&obs).view([2, agent.obs_dim as i64]);
+        let want = Vec::<f32>::try_from(agent.policy(&agent.actor, &x).flatten(0, -1)).unwrap();
+        assert_eq!(out.actions.len(), want.len());
+        for (k, (got, w)) in out.actions.iter().zip(&want).enumerate() {
+            let (l, h) = (agent.low[k % agent.act_dim], agent.high[k % agent.act_dim]);
+            assert!((got - unscale_action(*w, l, h)).abs() < 1e-5, "{:?} vs {want:?}", out.actions);
+        }
     }
 
     #[test]
