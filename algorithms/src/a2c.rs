@@ -360,14 +360,8 @@ impl A2c {
         let coefficients =
             LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: c.normalize_advantage };
         // Off-policy correction: advantages and value targets recomputed under the current parameters.
-        let vtrace = match &c.vtrace {
-            Some(v) => Some(self.net.vtrace_targets(rollout, c.gamma as f32, v)?),
-            None => None,
-        };
-        let (advantages, returns, values) = match &vtrace {
-            Some(t) => (&t.pg_advantages[..], &t.vs[..], &t.values[..]),
-            None => (&rollout.advantages[..n], &rollout.returns[..n], &rollout.values[..]),
-        };
+        let targets = self.net.targets(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+        let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
         let d = self.net.device;
         let obs = self.net.obs_tensor(&rollout.obs)?;
@@ -393,7 +387,7 @@ impl A2c {
         m.push("losses/value_loss", scalar(&loss.value)?);
         m.push("losses/entropy", scalar(&entropy)?);
         m.push("losses/explained_variance", explained_var);
-        if let Some(t) = &vtrace {
+        if let Some(t) = &targets.vtrace {
             t.weights.push_metrics(&mut m);
         }
         Ok((grad, m))

@@ -26,6 +26,25 @@ pub struct ActScratch {
     head: Vec<f32>,
 }
 
+/// A rollout's training targets (see [`ActorCritic::targets`]).
+#[derive(Debug)]
+pub struct Targets<'r> {
+    rollout: &'r Rollout,
+    /// The V-trace targets, when the correction is on (their importance weights give its metrics).
+    pub vtrace: Option<VtraceTargets>,
+}
+
+impl Targets<'_> {
+    /// Advantages, value targets (returns) and the values they were computed with, one per step.
+    pub fn advantages_returns_values(&self) -> (&[f32], &[f32], &[f32]) {
+        let n = self.rollout.len();
+        match &self.vtrace {
+            Some(t) => (&t.pg_advantages, &t.vs, &t.values),
+            None => (&self.rollout.advantages[..n], &self.rollout.returns[..n], &self.rollout.values),
+        }
+    }
+}
+
 /// How actions are represented.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum ActionKind {
@@ -200,6 +219,13 @@ impl ActorCritic {
         });
         let cpu = |t: Tensor| Vec::<f32>::try_from(t.to_device(Device::Cpu));
         Ok((cpu(log_probs)?, cpu(values)?))
+    }
+
+    /// What to train on: with `vtrace`, advantages, value targets and values recomputed under the current
+    /// parameters ([`ActorCritic::vtrace_targets`]); without, the rollout's own (GAE).
+    pub fn targets<'r>(&self, rollout: &'r Rollout, gamma: f32, vtrace: Option<&VtraceConfig>) -> Result<Targets<'r>> {
+        let vtrace = vtrace.map(|v| self.vtrace_targets(rollout, gamma, v)).transpose()?;
+        Ok(Targets { rollout, vtrace })
     }
 
     /// V-trace for a rollout the behaviour policy `μ` collected (its log-probs are the rollout's), with the

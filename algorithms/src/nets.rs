@@ -175,6 +175,22 @@ impl FlatMlp {
     }
 }
 
+/// Weight and bias slices, layer by layer, of net `j` in the CPU buffer `v` of `params`: layer `k`'s weight
+/// is parameter `layers[k]` (`[fan_in, fan_out]`, or a stack of such for a [`TwinMlp`]), its bias the next one.
+fn host_layers<'a>(
+    layers: &'a [usize],
+    widths: &'a [usize],
+    params: &'a crate::params::FlatParams,
+    v: &'a [f32],
+    j: usize,
+) -> impl ExactSizeIterator<Item = (&'a [f32], &'a [f32])> + 'a {
+    layers.iter().enumerate().map(move |(k, &i)| {
+        let (fan_in, fan_out) = (widths[k], widths[k + 1]);
+        let (w, b) = (params.offset(i) + j * fan_in * fan_out, params.offset(i + 1) + j * fan_out);
+        (&v[w..w + fan_in * fan_out], &v[b..b + fan_out])
+    })
+}
+
 impl FlatMlp {
     /// [`FlatMlp::forward`] without libtorch, on `x` (`rows × inputs`, row-major) into `out` (`rows × outputs`),
     /// when `params` live on the CPU; returns false (and leaves `out` alone) when they do not.
@@ -187,12 +203,7 @@ impl FlatMlp {
         out: &mut Vec<f32>,
     ) -> bool {
         let Some(v) = params.host_values() else { return false };
-        let layers = self.layers.iter().enumerate().map(|(k, &i)| {
-            let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
-            let (w, b) = (params.offset(i), params.offset(i + 1));
-            (&v[w..w + fan_in * fan_out], &v[b..b + fan_out])
-        });
-        host_mlp::mlp(layers, self.activation, x, rows, scratch, out);
+        host_mlp::mlp(host_layers(&self.layers, &self.widths, params, v, 0), self.activation, x, rows, scratch, out);
         true
     }
 }
@@ -279,11 +290,7 @@ impl TwinMlp {
     ) -> bool {
         let Some(v) = params.host_values() else { return false };
         for (j, out) in outs.into_iter().enumerate() {
-            let layers = self.layers.iter().enumerate().map(|(k, &i)| {
-                let (fan_in, fan_out) = (self.widths[k], self.widths[k + 1]);
-                let (w, b) = (params.offset(i) + j * fan_in * fan_out, params.offset(i + 1) + j * fan_out);
-                (&v[w..w + fan_in * fan_out], &v[b..b + fan_out])
-            });
+            let layers = host_layers(&self.layers, &self.widths, params, v, j);
             host_mlp::mlp(layers, self.activation, x, rows, scratch, out);
             // Drop the padding columns of the narrower net's output layer.
             let (padded, width) = (*self.widths.last().expect("an output layer"), self.outputs[j] as usize);

@@ -324,14 +324,8 @@ impl Ppo {
             normalize_advantage: c.normalize_advantage,
         };
         // Off-policy correction: advantages, value targets and the values to clip around, all recomputed.
-        let vtrace = match &c.vtrace {
-            Some(v) => Some(self.net.vtrace_targets(rollout, c.gamma as f32, v)?),
-            None => None,
-        };
-        let (advantages, returns, values) = match &vtrace {
-            Some(t) => (&t.pg_advantages[..], &t.vs[..], &t.values[..]),
-            None => (&rollout.advantages[..n], &rollout.returns[..n], &rollout.values[..]),
-        };
+        let targets = self.net.targets(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+        let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
         let d = self.net.device;
         let obs = self.net.obs_tensor(&rollout.obs)?;
@@ -401,7 +395,7 @@ impl Ppo {
         m.push("charts/learning_rate", lr);
         m.push("charts/clip_range", clip_range);
         m.push("charts/gradient_steps", gradient_steps as f64);
-        if let Some(t) = &vtrace {
+        if let Some(t) = &targets.vtrace {
             t.weights.push_metrics(&mut m);
         }
         Ok(m)
