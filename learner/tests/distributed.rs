@@ -165,7 +165,7 @@ fn last_metric(run: &std::path::Path, column: &str) -> f64 {
     let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     let mut lines = csv.lines();
     let col = lines.next().unwrap().split(',').position(|h| h == column).unwrap_or_else(|| panic!("no {column}"));
-    lines.filter_map(|l| l.split(',').nth(col).and_then(|v| v.parse().ok())).last().unwrap()
+    lines.filter_map(|l| l.split(',').nth(col).and_then(|v| v.parse().ok())).next_back().unwrap()
 }
 
 /// Solved, and A3C's actors waited for their gradients to be applied: under 5 % of gradients were skipped as
