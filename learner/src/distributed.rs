@@ -59,8 +59,8 @@ impl LearnerAgent {
     }
 }
 
-/// Progress counters of a distributed run.
-#[derive(Debug, Default)]
+/// Progress counters of a distributed run (saved in its checkpoints).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct Counters {
     env_steps: u64,
     updates: u64,
@@ -76,6 +76,7 @@ struct Counters {
     stale: u64,
     eval_secs: f64,
     evals: Vec<EvalPoint>,
+    next_checkpoint: u64,
 }
 
 /// A learner serving actors. Build with [`DistributedLearner::new`], then [`DistributedLearner::run`].
@@ -91,6 +92,10 @@ pub struct DistributedLearner {
     pending: Vec<Chunk>,
     last_metrics: Metrics,
     obs_dim: usize,
+    /// Where to write checkpoints (none: no checkpoints).
+    checkpoint: Option<std::path::PathBuf>,
+    /// Stop (with a checkpoint) once this many env steps are in, before the budget.
+    stop_at: u64,
 }
 
 /// A unique run id: time and process id.
@@ -181,7 +186,11 @@ impl DistributedLearner {
             .build()
             .map_err(|e| Error::Runtime(format!("tokio runtime: {e}")))?;
         let every = |n: u64| if n > 0 { n } else { u64::MAX };
-        let counters = Counters { next_eval: every(config.eval.interval_steps), ..Default::default() };
+        let counters = Counters {
+            next_eval: every(config.eval.interval_steps),
+            next_checkpoint: every(config.checkpoint.interval_steps),
+            ..Default::default()
+        };
         Ok(DistributedLearner {
             config: config.clone(),
             plan,
@@ -194,7 +203,49 @@ impl DistributedLearner {
             pending: Vec::new(),
             last_metrics: Metrics::default(),
             obs_dim,
+            checkpoint: None,
+            stop_at: u64::MAX,
         })
+    }
+
+    /// A learner that continues the run a checkpoint written by [`DistributedLearner::save_checkpoint`] holds:
+    /// the agent's whole state (parameters, optimiser, replay, schedules, RNG) and the run's counters and
+    /// evaluations. The restored parameters are published as version 1 of a new run id, so actors (new ones,
+    /// or old ones that re-register) start from them; their envs start new episodes.
+    pub fn resume(config: &ExperimentConfig, plan: Plan, path: &std::path::Path) -> Result<Self> {
+        let mut learner = Self::new(config, plan)?;
+        let mut c = flotilla_algorithms::Checkpoint::load(path)?;
+        learner.agent.algorithm().restore(&mut c)?;
+        learner.counters = c.meta("distributed.counters")?;
+        let params = learner.agent.params_vec()?;
+        learner.hub.publish(params);
+        learner.hub.set_env_steps(learner.counters.env_steps);
+        Ok(learner)
+    }
+
+    /// Write checkpoints to `path` (atomically): every `[checkpoint] interval_steps` env steps, at the first
+    /// update boundary after it, and when [`DistributedLearner::run`] returns.
+    pub fn checkpoint_to(&mut self, path: std::path::PathBuf) {
+        self.checkpoint = Some(path);
+    }
+
+    /// Make [`DistributedLearner::run`] return once `env_steps` are in (schedules still use the budget).
+    pub fn stop_at(&mut self, env_steps: u64) {
+        self.stop_at = env_steps;
+    }
+
+    /// Write the learner's state to `path`, atomically. Chunks waiting for a full on-policy batch are not part
+    /// of it: like stale chunks, their env steps count but they are not trained on (and, like the chunks actors
+    /// have in flight, they are gone after a resume). Periodic checkpoints are taken right after an update,
+    /// when there are none.
+    pub fn save_checkpoint(&mut self, path: &std::path::Path) -> Result<()> {
+        if !self.pending.is_empty() {
+            warn!("checkpoint without the {} chunks waiting for a full batch", self.pending.len());
+        }
+        let mut c = self.agent.algorithm().checkpoint()?;
+        c.put_meta("distributed.counters", &self.counters)?;
+        c.save(path)?;
+        Ok(())
     }
 
     /// Serve gRPC on `[learner] listen` with `token`; returns the bound address.
@@ -232,11 +283,13 @@ impl DistributedLearner {
     /// evaluation of the final policy (unless stopped) and tells actors the run is over.
     pub fn run(&mut self, stop: &AtomicBool, on_log: &mut dyn FnMut(&LogRow) -> Result<()>) -> Result<TrainReport> {
         let total = self.config.run.total_env_steps;
-        // Training time is wall-clock (actors run in parallel with the learner) minus evaluations.
+        // Training time is wall-clock (actors run in parallel with the learner) minus evaluations, added to what
+        // a resumed run had.
         let start = Instant::now();
+        let (train_before, eval_before) = (self.counters.train_secs, self.counters.eval_secs);
         let mut last_data = Instant::now();
         let mut waited_log = Instant::now();
-        while self.counters.env_steps < total && !stop.load(Ordering::SeqCst) {
+        while self.counters.env_steps < total.min(self.stop_at) && !stop.load(Ordering::SeqCst) {
             let Some(delivery) = next_delivery(self.runtime.handle(), &mut self.rx, Duration::from_millis(200)) else {
                 if last_data.elapsed() > Duration::from_secs(10) && waited_log.elapsed() > Duration::from_secs(10) {
                     info!("waiting for actors ({} registered)", self.hub.live_actors());
@@ -254,16 +307,22 @@ impl DistributedLearner {
                 }
             }
             self.hub.set_env_steps(self.counters.env_steps);
-            self.counters.train_secs = start.elapsed().as_secs_f64() - self.counters.eval_secs;
+            self.counters.train_secs =
+                train_before + start.elapsed().as_secs_f64() - (self.counters.eval_secs - eval_before);
             self.after_data(on_log)?;
+            self.checkpoint_if_due()?;
         }
         // Actors waiting on a full queue get `finished` now, and every later message too.
         self.hub.finish();
         self.rx.close();
         if !stop.load(Ordering::SeqCst)
+            && self.counters.env_steps >= total
             && self.counters.evals.last().is_none_or(|e| e.env_steps < self.counters.env_steps)
         {
             self.evaluate_now()?;
+        }
+        if let Some(path) = self.checkpoint.clone() {
+            self.save_checkpoint(&path)?;
         }
         Ok(self.report())
     }
@@ -279,6 +338,20 @@ impl DistributedLearner {
             update_secs: c.update_secs,
             evals: c.evals.clone(),
         }
+    }
+
+    /// A checkpoint once its interval has passed, at an update boundary (no chunks waiting for a batch).
+    fn checkpoint_if_due(&mut self) -> Result<()> {
+        let Some(path) = &self.checkpoint else { return Ok(()) };
+        if self.counters.env_steps < self.counters.next_checkpoint || !self.pending.is_empty() {
+            return Ok(());
+        }
+        let interval = self.config.checkpoint.interval_steps;
+        while self.counters.next_checkpoint <= self.counters.env_steps {
+            self.counters.next_checkpoint = self.counters.next_checkpoint.saturating_add(interval);
+        }
+        let path = path.clone();
+        self.save_checkpoint(&path)
     }
 
     fn count_episodes(&mut self, episodes: &[EpisodeStats]) {

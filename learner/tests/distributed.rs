@@ -5,6 +5,7 @@
 //!   over the last two evaluations (A3C: 2 of seeds 1–3, with under 5 % of gradients too stale to apply);
 //!   DQN with 4 actors reaches 475 within its budget (2 of seeds 1–3) but does not reliably hold it;
 //! * `kill -9` of an actor mid-run: the launcher restarts it and the run still reaches 475;
+//! * `--stop-at` writes a checkpoint and `train --resume` continues the run (metrics appended) to a solved end;
 //! * a wrong or missing token is refused with UNAUTHENTICATED; malformed chunks (wrong shapes, NaN, unknown
 //!   actor, another protocol version) with INVALID_ARGUMENT naming the problem; mismatched env spaces at
 //!   registration with a message naming both; and meanwhile a real actor keeps the run going to its end.
@@ -185,6 +186,35 @@ fn a3c_solved(out: &Output, run: &std::path::Path) -> Result<(), String> {
 fn a3c_with_four_actor_processes_solves_cartpole() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     two_of_three_seeds("cartpole_a3c.toml", a3c_solved);
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn a_distributed_run_stops_with_a_checkpoint_and_resumes_to_the_end() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (out, run) = train_with_actors("cartpole_ppo.toml", 2, "resume", &["--stop-at", "20000"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("continue with: flotilla train --resume"), "{}", text(&out));
+    assert!(run.join("checkpoint.safetensors").is_file(), "no checkpoint after --stop-at");
+    let steps = |run: &std::path::Path| -> Vec<f64> {
+        let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+        csv.lines().skip(1).map(|l| l.split(',').next().unwrap().parse().unwrap()).collect()
+    };
+    let before = steps(&run);
+    let stopped_at = *before.last().unwrap();
+    assert!((20_000.0..30_000.0).contains(&stopped_at), "stopped at {stopped_at}: {before:?}");
+
+    let resumed = output_within(
+        Command::new(env!("CARGO_BIN_EXE_flotilla")).args(["train", "--resume", run.to_str().unwrap()]),
+        Duration::from_secs(240),
+    );
+    assert!(String::from_utf8_lossy(&resumed.stderr).contains("resuming"), "{}", text(&resumed));
+    assert_solved(&resumed, &run);
+    // The metrics file goes on from where the first part stopped, to the budget.
+    let after = steps(&run);
+    assert_eq!(after[..before.len()], before[..]);
+    assert!(after.windows(2).all(|w| w[1] > w[0]), "env steps must keep rising: {after:?}");
+    assert!(*after.last().unwrap() >= 100_000.0, "{after:?}");
 }
 
 /// Pids of the direct children of `parent` (from /proc).

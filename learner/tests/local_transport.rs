@@ -1,6 +1,6 @@
 //! The same learner and actor code in one process: a [`DistributedLearner`] and two actor threads joined by
 //! the in-process transport (`LocalClient`) train PPO on CartPole to an evaluation of 475, exactly as the
-//! multi-process run does over gRPC (`tests/distributed.rs`).
+//! multi-process run does over gRPC (`tests/distributed.rs`); its checkpoint restores the learner exactly.
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -64,6 +64,20 @@ fn in_process_actors_train_ppo_through_the_local_transport() {
     }
     let evals: Vec<f64> = report.evals.iter().map(|e| e.result.mean()).collect();
     assert!(report.final_eval().mean() >= 475.0, "evaluations {evals:?}");
+
+    // A checkpoint restores the learner exactly: parameters (republished to actors as version 1 of the new run),
+    // counters and evaluations.
+    let path = std::env::temp_dir().join(format!("flotilla-local-ckpt-{}.safetensors", std::process::id()));
+    learner.save_checkpoint(&path).unwrap();
+    let mut resumed = DistributedLearner::resume(&config, plan, &path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let flat = |l: &mut DistributedLearner| l.agent().policy_params().flat().detach().copy();
+    assert!(flat(&mut resumed).equal(&flat(&mut learner)), "restored parameters differ");
+    assert_eq!(resumed.hub().version(), 1);
+    let (a, b) = (resumed.report(), learner.report());
+    assert_eq!((a.env_steps, a.updates, a.gradient_steps), (b.env_steps, b.updates, b.gradient_steps));
+    let means = |r: &flotilla_learner::train::TrainReport| r.evals.iter().map(|e| e.result.mean()).collect::<Vec<_>>();
+    assert_eq!(means(&a), means(&b));
 
     // A client with the wrong token is refused on this carrier too.
     let mut wrong = LocalClient::new(hub, "token", "nope").unwrap();

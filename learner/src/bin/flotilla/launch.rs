@@ -17,17 +17,31 @@ pub enum Actors {
     External,
 }
 
-/// Train `config` (with `[actors] count` set) with a distributed learner writing to `run_dir`.
+/// Train `config` (with `[actors] count` set) with a distributed learner writing to `run_dir`, from the start or
+/// (`resume`) from the run directory's checkpoint, until the budget or `stop_at` env steps. Checkpoints go to the
+/// run directory at `[checkpoint] interval_steps` and at the end.
 pub fn distributed_train(
     config: &ExperimentConfig,
     run_dir: &RunDir,
     actors: Actors,
     token: Option<String>,
+    resume: bool,
+    stop_at: u64,
 ) -> Result<()> {
     let n = config.actors.count;
     let plan = config.plan(n)?;
     let stop = install_stop_signals();
-    let mut learner = DistributedLearner::new(config, plan)?;
+    let checkpoint = run_dir.checkpoint_path();
+    let mut learner = if resume {
+        let learner = DistributedLearner::resume(config, plan, &checkpoint)
+            .with_context(|| format!("resuming from {}", checkpoint.display()))?;
+        tracing::info!("resuming {} at {} env steps", run_dir.path().display(), learner.report().env_steps);
+        learner
+    } else {
+        DistributedLearner::new(config, plan)?
+    };
+    learner.checkpoint_to(checkpoint);
+    learner.stop_at(stop_at);
     let token = match token {
         Some(t) => t,
         None => generate_token().context("generating the run token")?,
@@ -68,7 +82,7 @@ pub fn distributed_train(
             None
         }
     };
-    let mut csv = run_dir.metrics_writer()?;
+    let mut csv = if resume { run_dir.metrics_appender()? } else { run_dir.metrics_writer()? };
     let result = learner.run(&stop, &mut |row| csv.write_row(&row.columns()));
     if let Some(l) = launcher.as_mut() {
         tracing::info!("stopping actors ({} restarts during the run)", l.restarts());
@@ -79,13 +93,18 @@ pub fn distributed_train(
     learner.agent().save_weights(&model).with_context(|| format!("saving the policy to {}", model.display()))?;
     let dir = run_dir.path().display();
     if report.env_steps < config.run.total_env_steps {
+        let interrupted = stop.load(std::sync::atomic::Ordering::SeqCst);
         println!(
-            "interrupted at {} of {} env steps; policy saved to {}",
+            "{} at {} of {} env steps; policy saved to {}; continue with: flotilla train --resume {dir}",
+            if interrupted { "interrupted" } else { "stopped" },
             report.env_steps,
             config.run.total_env_steps,
             model.display()
         );
-        std::process::exit(130);
+        if interrupted {
+            std::process::exit(130);
+        }
+        return Ok(());
     }
     let e = report.final_eval();
     println!(

@@ -3,7 +3,7 @@
 //! ```text
 //! flotilla train CONFIG.toml [--set key=value ...] [--out RUN_DIR] [--stop-at N]
 //! flotilla train --resume RUN_DIR [--stop-at N]
-//! flotilla train CONFIG.toml --actors N [--set ...] [--out RUN_DIR]      # learner + N actor processes
+//! flotilla train CONFIG.toml --actors N [--set ...] [--out RUN_DIR] [--stop-at N]  # learner + N actor processes
 //! flotilla learner CONFIG.toml [--listen ADDR] [--actors N] [--token T]   # actors join from anywhere
 //! flotilla actor --learner HOST:PORT [--token T | FLOTILLA_TOKEN=T] [--index I]
 //! flotilla eval RUN_DIR [--episodes N] [--seed S]
@@ -46,7 +46,7 @@ enum Command {
         resume: Option<PathBuf>,
         /// Stop (with a checkpoint) once this many env steps are done, keeping the configured budget for the
         /// schedules; `--resume` continues from there.
-        #[arg(long, value_name = "ENV_STEPS", conflicts_with = "actors")]
+        #[arg(long, value_name = "ENV_STEPS")]
         stop_at: Option<u64>,
         /// Train with a learner in this process and N actor processes on loopback, restarted if they die.
         #[arg(long, value_name = "N", conflicts_with = "resume")]
@@ -118,9 +118,9 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train { config: Some(path), mut overrides, out, actors: Some(n), .. } => {
+        Command::Train { config: Some(path), mut overrides, out, actors: Some(n), stop_at, .. } => {
             overrides.push(format!("actors.count={n}"));
-            learner_command(&path, &overrides, out, launch::Actors::Launch, None)
+            learner_command(&path, &overrides, out, launch::Actors::Launch, None, stop_at.unwrap_or(u64::MAX))
         }
         Command::Train { config, overrides, out, resume, stop_at, .. } => {
             train_command(config.as_deref(), &overrides, out, resume.as_deref(), stop_at.unwrap_or(u64::MAX))
@@ -132,7 +132,7 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(n) = actors {
                 overrides.push(format!("actors.count={n}"));
             }
-            learner_command(&config, &overrides, out, launch::Actors::External, token)
+            learner_command(&config, &overrides, out, launch::Actors::External, token, u64::MAX)
         }
         Command::Actor { learner, token, index, reconnect_secs } => {
             actor::actor_command(&learner, &token, index, reconnect_secs).map(|_| ())
@@ -153,6 +153,10 @@ fn train_command(
             let (run_dir, config) = RunDir::open(dir)?;
             let checkpoint = run_dir.checkpoint_path();
             anyhow::ensure!(checkpoint.is_file(), "{} has no checkpoint to resume from", dir.display());
+            if config.actors.count > 0 {
+                // A distributed run: the learner resumes and launches its actors again.
+                return launch::distributed_train(&config, &run_dir, launch::Actors::Launch, None, true, stop_at);
+            }
             let trainer = Trainer::resume(&config, &checkpoint)
                 .with_context(|| format!("resuming from {}", checkpoint.display()))?;
             tracing::info!("resuming {} at {} env steps", dir.display(), trainer.env_steps());
@@ -208,13 +212,14 @@ fn learner_command(
     out: Option<PathBuf>,
     actors: launch::Actors,
     token: Option<String>,
+    stop_at: u64,
 ) -> Result<()> {
     let config = ExperimentConfig::load(path, overrides)?;
     anyhow::ensure!(config.actors.count > 0, "a distributed run needs actors: pass --actors N or set [actors] count");
     let out = out.unwrap_or_else(|| launch::default_out(&config));
     let run_dir = RunDir::create(&out, &config)?;
     tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
-    launch::distributed_train(&config, &run_dir, actors, token)
+    launch::distributed_train(&config, &run_dir, actors, token, false, stop_at)
 }
 
 fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()> {
