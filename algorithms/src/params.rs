@@ -83,7 +83,7 @@ impl FlatParams {
     }
 
     /// The buffer's values as a slice of host memory, when it lives on the CPU (`None` on a GPU). Acting
-    /// reads the weights through this without a libtorch call ([`crate::nets::host`]).
+    /// reads the weights through this without a libtorch call ([`crate::host_mlp`]).
     ///
     /// Crate-private because of its one rule: nothing may write the buffer while the slice is alive. Callers
     /// use it for one forward pass inside a `&self` method and drop it before returning.

@@ -32,8 +32,8 @@ pub enum Delivery {
 
 /// Held by the update loop while it applies an A3C gradient; dropping it answers the actor's call. An A3C actor
 /// waits for that answer, then fetches the parameters its gradient went into before collecting again
-/// (Mnih et al. 2016, Algorithm S3: update θ, then synchronise θ′ ← θ), so each gradient is computed with
-/// parameters at most the other actors' in-flight gradients old.
+/// (Mnih et al. 2016, Algorithm S3: update θ, then synchronise θ′ ← θ), so a gradient is stale only by the
+/// other actors' gradients applied while it was collected and computed.
 #[derive(Debug)]
 pub struct Receipt(Option<tokio::sync::oneshot::Sender<()>>);
 
