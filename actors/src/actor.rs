@@ -126,7 +126,8 @@ pub fn run_actor(
 
     let shared = Arc::new(Shared::default());
     let (tx, rx) = sync_channel::<Tagged>(1);
-    // Synchronous mode: the IO thread reports each message done (acked, newer parameters fetched).
+    // Synchronous on-policy runs and A3C: the IO thread reports each message done (acked, newer parameters
+    // fetched) and the env thread waits for that before collecting again.
     let (done_tx, done_rx) = sync_channel::<()>(1);
     let done_tx = registered.synchronous.then_some(done_tx);
     let io = {
@@ -308,7 +309,7 @@ fn act_loop(
             return Ok(()); // The IO thread ended: finished, or failed (its result says which).
         }
         report.sent += 1;
-        // Synchronous mode: the next chunk is collected with the parameters this one trains.
+        // Synchronous mode (and A3C): the next chunk is collected with the parameters this one went into.
         if let Some(done) = done
             && done.recv().is_err()
         {

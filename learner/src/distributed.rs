@@ -33,7 +33,7 @@ use tracing::{info, warn};
 use crate::config::{AlgorithmConfig, ExperimentConfig, Family, Plan};
 use crate::eval::evaluate;
 use crate::hub::{Delivery, Hub, HubSpec, next_delivery};
-use crate::train::{EvalPoint, LogRow, TrainReport, log_progress};
+use crate::train::{EvalPoint, LogRow, RunCounters, TrainReport, log_progress};
 use crate::{Error, Result};
 
 /// The learner's agent: any algorithm fed chunks, or A3C's parameter server.
@@ -59,24 +59,16 @@ impl LearnerAgent {
     }
 }
 
-/// Progress counters of a distributed run (saved in its checkpoints).
+/// Progress counters of a distributed run (saved in its checkpoints): the single-process ones, plus policy lag
+/// and the time spent evaluating (training time is wall-clock minus that).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct Counters {
-    env_steps: u64,
-    updates: u64,
-    gradient_steps: u64,
-    episodes: u64,
-    train_secs: f64,
-    update_secs: f64,
-    last_log: (u64, f64),
-    next_eval: u64,
-    interval_episodes: (f64, f64, u64),
+    #[serde(flatten)]
+    run: RunCounters,
     /// Lag of the chunks (or gradients) used since the last log row: sum, max, count.
     interval_lag: (u64, u64, u64),
     stale: u64,
     eval_secs: f64,
-    evals: Vec<EvalPoint>,
-    next_checkpoint: u64,
 }
 
 /// A learner serving actors. Build with [`DistributedLearner::new`], then [`DistributedLearner::run`].
@@ -185,12 +177,7 @@ impl DistributedLearner {
             .enable_all()
             .build()
             .map_err(|e| Error::Runtime(format!("tokio runtime: {e}")))?;
-        let every = |n: u64| if n > 0 { n } else { u64::MAX };
-        let counters = Counters {
-            next_eval: every(config.eval.interval_steps),
-            next_checkpoint: every(config.checkpoint.interval_steps),
-            ..Default::default()
-        };
+        let counters = Counters { run: RunCounters::new(config), ..Default::default() };
         Ok(DistributedLearner {
             config: config.clone(),
             plan,
@@ -219,7 +206,7 @@ impl DistributedLearner {
         learner.counters = c.meta("distributed.counters")?;
         let params = learner.agent.params_vec()?;
         learner.hub.publish(params);
-        learner.hub.set_env_steps(learner.counters.env_steps);
+        learner.hub.set_env_steps(learner.counters.run.env_steps);
         Ok(learner)
     }
 
@@ -286,10 +273,10 @@ impl DistributedLearner {
         // Training time is wall-clock (actors run in parallel with the learner) minus evaluations, added to what
         // a resumed run had.
         let start = Instant::now();
-        let (train_before, eval_before) = (self.counters.train_secs, self.counters.eval_secs);
+        let (train_before, eval_before) = (self.counters.run.train_secs, self.counters.eval_secs);
         let mut last_data = Instant::now();
         let mut waited_log = Instant::now();
-        while self.counters.env_steps < total.min(self.stop_at) && !stop.load(Ordering::SeqCst) {
+        while self.counters.run.env_steps < total.min(self.stop_at) && !stop.load(Ordering::SeqCst) {
             let Some(delivery) = next_delivery(self.runtime.handle(), &mut self.rx, Duration::from_millis(200)) else {
                 if last_data.elapsed() > Duration::from_secs(10) && waited_log.elapsed() > Duration::from_secs(10) {
                     info!("waiting for actors ({} registered)", self.hub.live_actors());
@@ -306,8 +293,8 @@ impl DistributedLearner {
                     drop(receipt);
                 }
             }
-            self.hub.set_env_steps(self.counters.env_steps);
-            self.counters.train_secs =
+            self.hub.set_env_steps(self.counters.run.env_steps);
+            self.counters.run.train_secs =
                 train_before + start.elapsed().as_secs_f64() - (self.counters.eval_secs - eval_before);
             self.after_data(on_log)?;
             self.checkpoint_if_due()?;
@@ -316,8 +303,8 @@ impl DistributedLearner {
         self.hub.finish();
         self.rx.close();
         if !stop.load(Ordering::SeqCst)
-            && self.counters.env_steps >= total
-            && self.counters.evals.last().is_none_or(|e| e.env_steps < self.counters.env_steps)
+            && self.counters.run.env_steps >= total
+            && self.counters.run.evals.last().is_none_or(|e| e.env_steps < self.counters.run.env_steps)
         {
             self.evaluate_now()?;
         }
@@ -329,38 +316,21 @@ impl DistributedLearner {
 
     /// What the run has done so far.
     pub fn report(&self) -> TrainReport {
-        let c = &self.counters;
-        TrainReport {
-            env_steps: c.env_steps,
-            updates: c.updates,
-            gradient_steps: c.gradient_steps,
-            train_secs: c.train_secs,
-            update_secs: c.update_secs,
-            evals: c.evals.clone(),
-        }
+        self.counters.run.report()
     }
 
     /// A checkpoint once its interval has passed, at an update boundary (no chunks waiting for a batch).
     fn checkpoint_if_due(&mut self) -> Result<()> {
-        let Some(path) = &self.checkpoint else { return Ok(()) };
-        if self.counters.env_steps < self.counters.next_checkpoint || !self.pending.is_empty() {
-            return Ok(());
+        let Some(path) = self.checkpoint.clone() else { return Ok(()) };
+        if self.pending.is_empty() && self.counters.run.checkpoint_due(&self.config) {
+            self.save_checkpoint(&path)?;
         }
-        let interval = self.config.checkpoint.interval_steps;
-        while self.counters.next_checkpoint <= self.counters.env_steps {
-            self.counters.next_checkpoint = self.counters.next_checkpoint.saturating_add(interval);
-        }
-        let path = path.clone();
-        self.save_checkpoint(&path)
+        Ok(())
     }
 
     fn count_episodes(&mut self, episodes: &[EpisodeStats]) {
-        let c = &mut self.counters;
         for ep in episodes {
-            c.interval_episodes.0 += ep.episode_return;
-            c.interval_episodes.1 += ep.length as f64;
-            c.interval_episodes.2 += 1;
-            c.episodes += 1;
+            self.counters.run.count_episode(ep.episode_return, ep.length);
         }
     }
 
@@ -392,7 +362,7 @@ impl DistributedLearner {
                 self.feed_off_policy(&chunk)?;
             }
             Family::OnPolicy => {
-                self.counters.env_steps += chunk.transitions() as u64;
+                self.counters.run.env_steps += chunk.transitions() as u64;
                 if fresh {
                     self.pending.push(chunk);
                 }
@@ -408,7 +378,7 @@ impl DistributedLearner {
 
     fn on_gradient(&mut self, g: Gradient) -> Result<()> {
         self.count_episodes(&g.episodes);
-        self.counters.env_steps += g.env_steps;
+        self.counters.run.env_steps += g.env_steps;
         if !self.admit(g.policy_version, g.actor_id) {
             return Ok(());
         }
@@ -416,14 +386,14 @@ impl DistributedLearner {
             unreachable!("the hub refuses gradients unless the run is a3c")
         };
         let progress =
-            Progress { env_steps: self.counters.env_steps, total_env_steps: self.config.run.total_env_steps };
+            Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
         let started = Instant::now();
         let grad = Tensor::from_slice(&g.values);
         let lr = a2c.apply_gradients(&grad, progress.remaining())?;
         let mut m = Metrics::default();
         m.push("charts/learning_rate", lr);
         m.push("charts/gradient_steps", 1.0);
-        self.count_update(&m);
+        self.counters.run.count_update(&m);
         self.publish(m, started)
     }
 
@@ -458,10 +428,10 @@ impl DistributedLearner {
             };
             let agent = self.agent.algorithm();
             agent.observe(&transition)?;
-            self.counters.env_steps += e as u64;
-            let progress = Progress { env_steps: self.counters.env_steps, total_env_steps: total };
+            self.counters.run.env_steps += e as u64;
+            let progress = Progress { env_steps: self.counters.run.env_steps, total_env_steps: total };
             if let Some(m) = agent.update(&progress)? {
-                self.count_update(&m);
+                self.counters.run.count_update(&m);
                 last = Some(m);
             }
         }
@@ -517,60 +487,45 @@ impl DistributedLearner {
             self.agent.algorithm().observe(&transition)?;
         }
         let progress =
-            Progress { env_steps: self.counters.env_steps, total_env_steps: self.config.run.total_env_steps };
+            Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
         let m = self.agent.algorithm().update(&progress)?.ok_or_else(|| {
             Error::Runtime(format!(
                 "an on-policy batch of {rows} rows × {} steps did not fill a rollout",
                 self.plan.chunk_steps
             ))
         })?;
-        self.count_update(&m);
+        self.counters.run.count_update(&m);
         self.publish(m, started)
-    }
-
-    fn count_update(&mut self, m: &Metrics) {
-        self.counters.updates += 1;
-        self.counters.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
     }
 
     /// Publish the parameters after updates begun at `started`; `m` is the last update's metrics.
     fn publish(&mut self, m: Metrics, started: Instant) -> Result<()> {
         let params = self.agent.params_vec()?;
         self.hub.publish(params);
-        self.counters.update_secs += started.elapsed().as_secs_f64();
+        self.counters.run.update_secs += started.elapsed().as_secs_f64();
         self.last_metrics = m;
         Ok(())
     }
 
     fn evaluate_now(&mut self) -> Result<()> {
-        let c = &self.config;
-        let eval_seed = c.eval.seed + (self.counters.evals.len() * c.eval.episodes) as u64;
+        let (c, k) = (&self.config, &mut self.counters);
         let started = Instant::now();
-        let result = evaluate(self.agent.algorithm(), &c.env, c.eval.episodes, eval_seed)?;
-        let k = &mut self.counters;
+        let result = evaluate(self.agent.algorithm(), &c.env, c.eval.episodes, k.run.eval_seed(c))?;
         k.eval_secs += started.elapsed().as_secs_f64();
-        k.evals.push(EvalPoint { env_steps: k.env_steps, train_secs: k.train_secs, result });
+        k.run.evals.push(EvalPoint { env_steps: k.run.env_steps, train_secs: k.run.train_secs, result });
         Ok(())
     }
 
     fn after_data(&mut self, on_log: &mut dyn FnMut(&LogRow) -> Result<()>) -> Result<()> {
-        let done = self.counters.env_steps >= self.config.run.total_env_steps;
         let mut eval = None;
-        if self.counters.env_steps >= self.counters.next_eval || done {
-            let interval = self.config.eval.interval_steps;
-            while self.counters.next_eval <= self.counters.env_steps {
-                self.counters.next_eval = self.counters.next_eval.saturating_add(interval);
-            }
+        if self.counters.run.eval_due(&self.config) {
             self.evaluate_now()?;
-            eval = self.counters.evals.last().map(|e| e.result.clone());
+            eval = self.counters.run.evals.last().map(|e| e.result.clone());
         }
         let c = &mut self.counters;
-        if eval.is_none() && !done && c.env_steps - c.last_log.0 < self.config.metrics.log_interval_steps {
+        if !c.run.log_due(&self.config, eval.is_some()) {
             return Ok(());
         }
-        let sps = (c.env_steps - c.last_log.0) as f64 / (c.train_secs - c.last_log.1).max(1e-9);
-        let (ret, len, count) = c.interval_episodes;
-        let mean = |sum: f64| (count > 0).then(|| sum / count as f64);
         let mut update = self.last_metrics.clone();
         let (lag_sum, lag_max, lag_n) = c.interval_lag;
         if lag_n > 0 {
@@ -581,22 +536,10 @@ impl DistributedLearner {
         update.push("charts/refused_messages", self.hub.counters.refused.load(Ordering::Relaxed) as f64);
         update.push("charts/policy_version", self.hub.version() as f64);
         update.push("charts/actors", self.hub.live_actors() as f64);
-        let row = LogRow {
-            env_steps: c.env_steps,
-            updates: c.updates,
-            train_secs: c.train_secs,
-            sps,
-            episodic_return: mean(ret),
-            episodic_length: mean(len),
-            episodes: c.episodes,
-            update,
-            eval,
-        };
+        let row = c.run.log_row(update, eval);
         log_progress(&row);
         on_log(&row)?;
-        c.interval_episodes = (0.0, 0.0, 0);
         c.interval_lag = (0, 0, 0);
-        c.last_log = (c.env_steps, c.train_secs);
         Ok(())
     }
 }

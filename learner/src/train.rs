@@ -106,22 +106,120 @@ impl TrainReport {
     }
 }
 
-/// Counters that, with the agent and the envs, make up the trainer's state.
+/// A training run's progress counters and schedules (evaluation, log rows, checkpoints), shared by the
+/// single-process [`Trainer`] and the distributed learner; with the agent (and the envs) they make up a
+/// checkpoint.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Counters {
-    env_steps: u64,
-    updates: u64,
-    gradient_steps: u64,
-    episodes: u64,
-    train_secs: f64,
-    update_secs: f64,
+pub(crate) struct RunCounters {
+    pub(crate) env_steps: u64,
+    pub(crate) updates: u64,
+    pub(crate) gradient_steps: u64,
+    pub(crate) episodes: u64,
+    pub(crate) train_secs: f64,
+    pub(crate) update_secs: f64,
     /// Env steps and train seconds at the last log row.
     last_log: (u64, f64),
     next_eval: u64,
     next_checkpoint: u64,
     /// Sums over episodes finished since the last log row: return, length, count.
     interval_episodes: (f64, f64, u64),
-    evals: Vec<EvalPoint>,
+    pub(crate) evals: Vec<EvalPoint>,
+}
+
+/// Whether `now` has reached `next`; if so, moves `next` past `now` by whole `interval`s.
+fn passed(next: &mut u64, now: u64, interval: u64) -> bool {
+    if now < *next {
+        return false;
+    }
+    while *next <= now {
+        *next = next.saturating_add(interval);
+    }
+    true
+}
+
+impl RunCounters {
+    /// A run at its start: the first evaluation and checkpoint one interval in (never for interval 0).
+    pub(crate) fn new(config: &ExperimentConfig) -> Self {
+        let every = |n: u64| if n > 0 { n } else { u64::MAX };
+        RunCounters {
+            next_eval: every(config.eval.interval_steps),
+            next_checkpoint: every(config.checkpoint.interval_steps),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn count_episode(&mut self, episode_return: f64, length: u64) {
+        self.interval_episodes.0 += episode_return;
+        self.interval_episodes.1 += length as f64;
+        self.interval_episodes.2 += 1;
+        self.episodes += 1;
+    }
+
+    /// Count an update that produced `m`.
+    pub(crate) fn count_update(&mut self, m: &Metrics) {
+        self.updates += 1;
+        self.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
+    }
+
+    /// Whether the budget is spent.
+    pub(crate) fn done(&self, config: &ExperimentConfig) -> bool {
+        self.env_steps >= config.run.total_env_steps
+    }
+
+    /// Whether an evaluation is due now (at each interval, and at the end of the budget); schedules the next.
+    pub(crate) fn eval_due(&mut self, config: &ExperimentConfig) -> bool {
+        let due = passed(&mut self.next_eval, self.env_steps, config.eval.interval_steps);
+        due || self.done(config)
+    }
+
+    /// The seed of the next evaluation: evaluation k seeds its envs from seed + k · episodes, so each one
+    /// starts from fresh states.
+    pub(crate) fn eval_seed(&self, config: &ExperimentConfig) -> u64 {
+        config.eval.seed + (self.evals.len() * config.eval.episodes) as u64
+    }
+
+    /// Whether a checkpoint is due now; schedules the next.
+    pub(crate) fn checkpoint_due(&mut self, config: &ExperimentConfig) -> bool {
+        passed(&mut self.next_checkpoint, self.env_steps, config.checkpoint.interval_steps)
+    }
+
+    /// Whether a metrics row is due: with an evaluation, at the end, or a log interval after the last row.
+    pub(crate) fn log_due(&self, config: &ExperimentConfig, evaluated: bool) -> bool {
+        evaluated || self.done(config) || self.env_steps - self.last_log.0 >= config.metrics.log_interval_steps
+    }
+
+    /// The metrics row for now, with the last update's metrics and the evaluation just run; starts the next
+    /// interval.
+    pub(crate) fn log_row(&mut self, update: Metrics, eval: Option<EvalResult>) -> LogRow {
+        let sps = (self.env_steps - self.last_log.0) as f64 / (self.train_secs - self.last_log.1).max(1e-9);
+        let (ret, len, count) = self.interval_episodes;
+        let mean = |sum: f64| (count > 0).then(|| sum / count as f64);
+        let row = LogRow {
+            env_steps: self.env_steps,
+            updates: self.updates,
+            train_secs: self.train_secs,
+            sps,
+            episodic_return: mean(ret),
+            episodic_length: mean(len),
+            episodes: self.episodes,
+            update,
+            eval,
+        };
+        self.interval_episodes = (0.0, 0.0, 0);
+        self.last_log = (self.env_steps, self.train_secs);
+        row
+    }
+
+    pub(crate) fn report(&self) -> TrainReport {
+        TrainReport {
+            env_steps: self.env_steps,
+            updates: self.updates,
+            gradient_steps: self.gradient_steps,
+            train_secs: self.train_secs,
+            update_secs: self.update_secs,
+            evals: self.evals.clone(),
+        }
+    }
 }
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
@@ -131,7 +229,7 @@ pub struct Trainer {
     envs: VecEnv,
     agent: Box<dyn Algorithm>,
     obs: Vec<f32>,
-    counters: Counters,
+    counters: RunCounters,
     last_metrics: Metrics,
 }
 
@@ -145,12 +243,7 @@ impl Trainer {
         let mut envs = VecEnv::make(&config.env.id, &kwargs, config.env.num_envs)?;
         let agent = crate::agent::build(config, envs.observation_space(), envs.action_space(), device)?;
         let obs = envs.reset(Some(config.run.seed))?.to_vec();
-        let every = |n: u64| if n > 0 { n } else { u64::MAX };
-        let counters = Counters {
-            next_eval: every(config.eval.interval_steps),
-            next_checkpoint: every(config.checkpoint.interval_steps),
-            ..Default::default()
-        };
+        let counters = RunCounters::new(config);
         Ok(Trainer { config: config.clone(), envs, agent, obs, counters, last_metrics: Metrics::default() })
     }
 
@@ -193,15 +286,7 @@ impl Trainer {
 
     /// What the run has done so far.
     pub fn report(&self) -> TrainReport {
-        let c = &self.counters;
-        TrainReport {
-            env_steps: c.env_steps,
-            updates: c.updates,
-            gradient_steps: c.gradient_steps,
-            train_secs: c.train_secs,
-            update_secs: c.update_secs,
-            evals: c.evals.clone(),
-        }
+        self.counters.report()
     }
 
     /// Train until `stop_at` env steps or the budget, whichever comes first, calling `on_log` with each metrics
@@ -233,10 +318,7 @@ impl Trainer {
             }
             let c = &mut self.counters;
             for ep in step.episodes {
-                c.interval_episodes.0 += ep.return_;
-                c.interval_episodes.1 += ep.length as f64;
-                c.interval_episodes.2 += 1;
-                c.episodes += 1;
+                c.count_episode(ep.return_, ep.length as u64);
             }
             let transition = Transition {
                 obs: &self.obs,
@@ -252,8 +334,7 @@ impl Trainer {
             let progress = Progress { env_steps: c.env_steps, total_env_steps: total };
             let update_started = Instant::now();
             if let Some(m) = self.agent.update(&progress)? {
-                c.updates += 1;
-                c.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
+                c.count_update(&m);
                 c.update_secs += update_started.elapsed().as_secs_f64();
                 self.last_metrics = m;
             }
@@ -270,43 +351,19 @@ impl Trainer {
         on_checkpoint: &mut dyn FnMut(&Trainer) -> Result<()>,
     ) -> Result<()> {
         let (config, c) = (&self.config, &mut self.counters);
-        let done = c.env_steps >= config.run.total_env_steps;
-        let eval = if c.env_steps >= c.next_eval || done {
-            while c.next_eval <= c.env_steps {
-                c.next_eval = c.next_eval.saturating_add(config.eval.interval_steps);
-            }
-            // Each evaluation starts from fresh states: evaluation k seeds its envs from seed + k · episodes.
-            let eval_seed = config.eval.seed + (c.evals.len() * config.eval.episodes) as u64;
-            let result = evaluate(self.agent.as_mut(), &config.env, config.eval.episodes, eval_seed)?;
+        let eval = if c.eval_due(config) {
+            let result = evaluate(self.agent.as_mut(), &config.env, config.eval.episodes, c.eval_seed(config))?;
             c.evals.push(EvalPoint { env_steps: c.env_steps, train_secs: c.train_secs, result: result.clone() });
             Some(result)
         } else {
             None
         };
-        if eval.is_some() || done || c.env_steps - c.last_log.0 >= config.metrics.log_interval_steps {
-            let sps = (c.env_steps - c.last_log.0) as f64 / (c.train_secs - c.last_log.1).max(1e-9);
-            let (ret, len, count) = c.interval_episodes;
-            let mean = |sum: f64| (count > 0).then(|| sum / count as f64);
-            let row = LogRow {
-                env_steps: c.env_steps,
-                updates: c.updates,
-                train_secs: c.train_secs,
-                sps,
-                episodic_return: mean(ret),
-                episodic_length: mean(len),
-                episodes: c.episodes,
-                update: self.last_metrics.clone(),
-                eval,
-            };
+        if c.log_due(config, eval.is_some()) {
+            let row = c.log_row(self.last_metrics.clone(), eval);
             log_progress(&row);
             on_log(&row)?;
-            c.interval_episodes = (0.0, 0.0, 0);
-            c.last_log = (c.env_steps, c.train_secs);
         }
-        if c.env_steps >= c.next_checkpoint {
-            while c.next_checkpoint <= c.env_steps {
-                c.next_checkpoint = c.next_checkpoint.saturating_add(config.checkpoint.interval_steps);
-            }
+        if c.checkpoint_due(config) {
             on_checkpoint(self)?;
         }
         Ok(())

@@ -1,28 +1,16 @@
 //! The `flotilla` binary end to end: train writes a complete run directory, eval reads it back, and bad
 //! input fails with a message that names the problem.
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
+
+use common::{flotilla, text};
 
 const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/cartpole_ppo.toml");
 
-fn flotilla(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flotilla")).args(args).output().expect("the flotilla binary runs")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flotilla-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
 #[test]
 fn train_writes_a_run_dir_and_eval_reads_it() {
-    let dir = scratch("train");
+    let dir = common::scratch("cli", "train");
     let run = dir.join("run");
     let out = flotilla(&[
         "train",
@@ -88,7 +76,7 @@ fn write(dir: &Path, name: &str, body: &str) -> String {
 
 #[test]
 fn bad_configs_fail_naming_key_value_and_file() {
-    let dir = scratch("bad");
+    let dir = common::scratch("cli", "bad");
     let base = std::fs::read_to_string(CONFIG).unwrap();
     let cases = [
         ("unknown_key.toml", base.replace("n_epochs = 20", "n_epocs = 20"), "n_epocs"),
@@ -116,7 +104,7 @@ fn bad_configs_fail_naming_key_value_and_file() {
 
 #[test]
 fn eval_of_a_missing_or_incomplete_run_dir_says_so() {
-    let dir = scratch("missing");
+    let dir = common::scratch("cli", "missing");
     let missing = dir.join("nope");
     let out = flotilla(&["eval", missing.to_str().unwrap()]);
     assert!(!out.status.success());

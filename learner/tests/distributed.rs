@@ -12,47 +12,26 @@
 //!
 //! Learning runs are slow in unoptimised builds and are skipped there (CI runs `cargo test --release`).
 //! The heavy tests take a lock so that only one multi-process run uses the CPUs at a time.
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::{config, metric, scratch, text};
 use flotilla_core::{Chunk, EpisodeStats, ObsBuf, Space};
 use flotilla_transport::grpc::{GrpcClient, Limits, send_raw_chunk};
 use flotilla_transport::{Code, LearnerClient, Registration, codec};
 
 static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn config(name: &str) -> String {
-    format!("{}/../examples/configs/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flotilla-dist-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn text(o: &Output) -> String {
-    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
 /// The final evaluation's mean return from the `evaluation return: X ± Y` line.
 fn final_return(o: &Output) -> f64 {
     let stdout = String::from_utf8_lossy(&o.stdout);
     let line = stdout.lines().find(|l| l.starts_with("evaluation return:")).unwrap_or_else(|| panic!("{}", text(o)));
     line["evaluation return:".len()..].split_whitespace().next().unwrap().parse().unwrap()
-}
-
-/// Evaluation means from the metrics CSV, in order.
-fn evals(run: &std::path::Path) -> Vec<f64> {
-    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let col = header.iter().position(|h| *h == "eval/mean_return").unwrap();
-    lines.filter_map(|l| l.split(',').nth(col).and_then(|v| v.parse().ok())).collect()
 }
 
 /// Kill `pid` with SIGKILL unless `done` is set within `limit`: no test can hang CI on a stuck process.
@@ -84,7 +63,7 @@ fn output_within(command: &mut Command, limit: Duration) -> Output {
 }
 
 fn train_with_actors(config_name: &str, n: usize, name: &str, extra: &[&str]) -> (Output, PathBuf) {
-    let run = scratch(name).join("run");
+    let run = scratch("dist", name).join("run");
     let mut args = vec!["train".to_string(), config(config_name), "--actors".into(), n.to_string()];
     args.extend(["--out".to_string(), run.to_str().unwrap().to_string()]);
     args.extend(extra.iter().map(|s| s.to_string()));
@@ -97,7 +76,7 @@ fn solved(out: &Output, run: &std::path::Path) -> Result<(), String> {
     if !out.status.success() {
         return Err(format!("the run failed:\n{}", text(out)));
     }
-    let e = evals(run);
+    let e = metric(run, "eval/mean_return");
     if final_return(out) < 475.0 || e.len() < 2 || e[e.len() - 2..].iter().any(|r| *r < 475.0) {
         return Err(format!("did not end at ≥ 475 and hold it: evaluations {e:?}"));
     }
@@ -127,7 +106,7 @@ fn reached(out: &Output, run: &std::path::Path) -> Result<(), String> {
     if !out.status.success() {
         return Err(format!("the run failed:\n{}", text(out)));
     }
-    let e = evals(run);
+    let e = metric(run, "eval/mean_return");
     if e.iter().all(|r| *r < 475.0) {
         return Err(format!("never reached 475: evaluations {e:?}"));
     }
@@ -161,20 +140,13 @@ fn dqn_with_four_actor_processes_reaches_475() {
     two_of_three_seeds("cartpole_dqn_actors.toml", reached);
 }
 
-/// The last value of a metrics CSV column.
-fn last_metric(run: &std::path::Path, column: &str) -> f64 {
-    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-    let mut lines = csv.lines();
-    let col = lines.next().unwrap().split(',').position(|h| h == column).unwrap_or_else(|| panic!("no {column}"));
-    lines.filter_map(|l| l.split(',').nth(col).and_then(|v| v.parse().ok())).next_back().unwrap()
-}
-
 /// Solved, and A3C's actors waited for their gradients to be applied: under 5 % of gradients were skipped as
 /// staler than `max_policy_lag` (when actors kept collecting while a gradient was on the wire, 27 % were).
 fn a3c_solved(out: &Output, run: &std::path::Path) -> Result<(), String> {
     solved(out, run)?;
-    let gradients = last_metric(run, "env_steps") / 40.0; // 8 envs × 5 steps per gradient
-    let stale = last_metric(run, "charts/stale_chunks");
+    let last = |column| *metric(run, column).last().unwrap();
+    let gradients = last("env_steps") / 40.0; // 8 envs × 5 steps per gradient
+    let stale = last("charts/stale_chunks");
     if stale > 0.05 * gradients {
         return Err(format!("{stale} of ~{gradients} gradients were too stale to apply"));
     }
@@ -196,11 +168,7 @@ fn a_distributed_run_stops_with_a_checkpoint_and_resumes_to_the_end() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("continue with: flotilla train --resume"), "{}", text(&out));
     assert!(run.join("checkpoint.safetensors").is_file(), "no checkpoint after --stop-at");
-    let steps = |run: &std::path::Path| -> Vec<f64> {
-        let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-        csv.lines().skip(1).map(|l| l.split(',').next().unwrap().parse().unwrap()).collect()
-    };
-    let before = steps(&run);
+    let before = metric(&run, "env_steps");
     let stopped_at = *before.last().unwrap();
     assert!((20_000.0..30_000.0).contains(&stopped_at), "stopped at {stopped_at}: {before:?}");
 
@@ -211,10 +179,24 @@ fn a_distributed_run_stops_with_a_checkpoint_and_resumes_to_the_end() {
     assert!(String::from_utf8_lossy(&resumed.stderr).contains("resuming"), "{}", text(&resumed));
     assert_solved(&resumed, &run);
     // The metrics file goes on from where the first part stopped, to the budget.
-    let after = steps(&run);
+    let after = metric(&run, "env_steps");
     assert_eq!(after[..before.len()], before[..]);
     assert!(after.windows(2).all(|w| w[1] > w[0]), "env steps must keep rising: {after:?}");
     assert!(*after.last().unwrap() >= 100_000.0, "{after:?}");
+}
+
+/// A `flotilla actor` process in slot 0 joining the learner at `addr` with the test token, and its watchdog.
+fn spawn_actor(addr: &str, extra: &[&str], stderr: Stdio) -> (Child, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let actor = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["actor", "--learner", addr, "--index", "0"])
+        .args(extra)
+        .env("FLOTILLA_TOKEN", "s3cret")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let watchdog = watchdog(actor.id(), Duration::from_secs(240));
+    (actor, watchdog)
 }
 
 /// Pids of the direct children of `parent` (from /proc).
@@ -236,7 +218,7 @@ fn children(parent: u32) -> Vec<u32> {
 #[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
 fn a_killed_actor_is_restarted_and_the_run_still_solves() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let run = scratch("kill").join("run");
+    let run = scratch("dist", "kill").join("run");
     let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
         .args(["train", &config("cartpole_ppo.toml"), "--actors", "4", "--out", run.to_str().unwrap()])
         .stdout(Stdio::piped())
@@ -284,7 +266,7 @@ impl Learner {
     }
 
     fn start_in(name: &str, extra: &[&str]) -> Learner {
-        let run = scratch(name).join("run");
+        let run = scratch("dist", name).join("run");
         let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(["learner", &config("cartpole_ppo.toml"), "--actors", "2", "--token", "s3cret"])
             .args(["--out", run.to_str().unwrap()])
@@ -368,14 +350,7 @@ fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
     // Two slots of 4 envs: a real actor process in slot 0, this test's fake actor in slot 1. The real one
     // alone fills the learner's batches; 40 K steps keep the run short.
     let learner = Learner::start(&["--set", "run.total_env_steps=40000", "--set", "eval.interval_steps=20000"]);
-    let actor = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["actor", "--learner", &learner.addr, "--index", "0"])
-        .env("FLOTILLA_TOKEN", "s3cret")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _actor_watchdog = watchdog(actor.id(), Duration::from_secs(240));
+    let (actor, _actor_watchdog) = spawn_actor(&learner.addr, &[], Stdio::null());
 
     // Wrong and missing tokens: UNAUTHENTICATED, and a log line.
     let err = learner.client("wrong").run_info().unwrap_err();
@@ -448,14 +423,7 @@ fn an_actor_reconnects_to_a_restarted_learner() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
     let first = Learner::start_in("restart-1", &["--listen", &listen, "--set", "run.total_env_steps=10000000"]);
-    let actor = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["actor", "--learner", &first.addr, "--index", "0", "--reconnect-secs", "60"])
-        .env("FLOTILLA_TOKEN", "s3cret")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let _actor_watchdog = watchdog(actor.id(), Duration::from_secs(240));
+    let (actor, _actor_watchdog) = spawn_actor(&first.addr, &["--reconnect-secs", "60"], Stdio::piped());
     // Let the first run get going, then kill its learner outright.
     let deadline = Instant::now() + Duration::from_secs(60);
     while !first.drain_log().contains("registered in slot 0") {

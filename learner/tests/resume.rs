@@ -3,21 +3,17 @@
 //! process (CPU, one torch thread). The stop points fall mid-rollout / between training phases, so the
 //! checkpoint must carry rollouts, replay contents, n-step queues, optimiser moments, target networks, RNG
 //! streams, env states and counters.
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn flotilla(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flotilla")).args(args).output().expect("the flotilla binary runs")
-}
+use std::path::Path;
+use std::process::Output;
+
+use common::{config, flotilla, text};
 
 fn ok(out: Output) -> String {
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = text(&out);
     assert!(out.status.success(), "{text}");
     text
-}
-
-fn config(name: &str) -> String {
-    format!("{}/../examples/configs/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 /// Train `cfg` with `sets` to its budget in one process and, separately, to `stop_at` then resumed.

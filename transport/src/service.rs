@@ -49,8 +49,8 @@ pub struct Registered {
     pub chunk_steps: usize,
     /// Newest published parameter version.
     pub policy_version: u64,
-    /// Synchronous on-policy training: each chunk's ack comes after the update it feeds; collect the next
-    /// chunk only with the parameters of that update.
+    /// Wait for each message's ack and collect again only with the parameters it names: on-policy chunks are
+    /// acked after the update they feed (synchronous mode), A3C gradients after they are applied.
     pub synchronous: bool,
 }
 
