@@ -10,12 +10,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (obs_space, act_space) = (envs.observation_space().clone(), envs.action_space().clone());
     // Seed 2 holds 500 at the end; seed 1 ends near 200 (DQN on CartPole is unstable: see BENCHMARKS.md).
     let mut agent = Dqn::new(&obs_space, &act_space, 1, DqnConfig::default(), tch::Device::Cpu, 2)?;
-    let (mut obs, mut out) = (envs.reset(Some(2))?.to_vec(), ActOutput::default());
+    let (mut obs, mut out, mut next_obs) = (envs.reset(Some(2))?.to_vec(), ActOutput::default(), Vec::new());
     for env_steps in 1..=total_env_steps {
         agent.act(&obs, ActMode::Explore, &mut out)?; // ε-greedy
         let actions: Vec<i64> = out.actions.iter().map(|&a| a as i64).collect();
         let step = envs.step(&VecActions::Discrete(&actions))?;
-        let next_obs = step.final_obs(0).unwrap_or(step.obs).to_vec(); // the true next state
+        step.true_next_obs(&mut next_obs); // the final observation where an episode ended, not the reset one
         let (rewards, terminated, truncated) = (step.rewards, step.terminated, step.truncated);
         agent.observe(&Transition { obs: &obs, act: &out, rewards, terminated, truncated, next_obs: &next_obs })?;
         obs = step.obs.to_vec();

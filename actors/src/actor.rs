@@ -5,14 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use flotilla_algorithms::a2c::A2c;
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Progress, Transition};
+use flotilla_algorithms::{ActMode, ActOutput, Acting, Progress};
 use flotilla_core::{Chunk, EpisodeStats, Gradient, ObsBuf, Params};
 use flotilla_envs::VecEnv;
 use flotilla_envs::env_actions::EnvActions;
 use flotilla_transport::grpc::backoff;
 use flotilla_transport::{Code, LearnerClient, Registered, Registration, RpcError, RunInfo};
-use tch::Device;
 use tracing::{info, warn};
 
 use crate::{Error, Result};
@@ -20,30 +18,14 @@ use crate::{Error, Result};
 /// Opens a connection to the learner (called again to reconnect).
 pub type Connector = Box<dyn FnMut() -> std::result::Result<Box<dyn LearnerClient>, RpcError> + Send>;
 
-/// What acts: any algorithm's policy (chunks go to the learner), or A3C's A2C (gradients go to the learner).
-pub enum ActorAgent {
-    /// Acts and records chunks.
-    Rollout(Box<dyn Algorithm>),
-    /// Acts, computes A2C gradients on its own rollouts (A3C).
-    Gradient(Box<A2c>),
-}
-
-impl ActorAgent {
-    fn algorithm(&mut self) -> &mut dyn Algorithm {
-        match self {
-            ActorAgent::Rollout(a) => a.as_mut(),
-            ActorAgent::Gradient(a) => a.as_mut(),
-        }
-    }
-}
-
-/// Builds the actor's envs and agent from the learner's run config (the binary knows the config format;
-/// this crate does not).
+/// Builds the actor's envs and acting policy from the learner's run config (the binary knows the config
+/// format; this crate does not).
 pub trait ActorFactory {
     /// The envs to step (their spaces are checked at registration).
     fn envs(&mut self, run: &RunInfo) -> Result<VecEnv>;
-    /// The acting agent for the slot the learner gave (`registered.actor_index` sets Ape-X exploration).
-    fn agent(&mut self, run: &RunInfo, registered: &Registered, envs: &VecEnv) -> Result<ActorAgent>;
+    /// The acting policy (or A3C gradient worker) for the slot the learner gave (`registered.actor_index` sets
+    /// Ape-X exploration); no optimiser, replay or rollout buffers.
+    fn acting(&mut self, run: &RunInfo, registered: &Registered, envs: &VecEnv) -> Result<Acting>;
 }
 
 /// How an actor joins and how long it keeps trying.
@@ -117,10 +99,10 @@ pub fn run_actor(
     let mut registration = registration;
     registration.actor_index = Some(registered.actor_index);
     info!(actor_id = registered.actor_id, "registered in slot {} of {}", registered.actor_index, registered.n_actors);
-    let mut agent = factory.agent(&run, &registered, &envs)?;
+    let mut agent = factory.acting(&run, &registered, &envs)?;
     let mut version = 0;
     if let Some(p) = client.params(registered.actor_id, None)? {
-        agent.algorithm().load_policy_params(&p.value)?;
+        agent.policy().load_params(&p.value)?;
         version = p.version;
     }
 
@@ -196,7 +178,7 @@ fn join(connect: &mut Connector, window: Duration) -> Result<(Box<dyn LearnerCli
 #[allow(clippy::too_many_arguments)]
 fn act_loop(
     envs: &mut VecEnv,
-    agent: &mut ActorAgent,
+    agent: &mut Acting,
     seed: u64,
     chunk_steps: usize,
     mut version: u64,
@@ -210,7 +192,6 @@ fn act_loop(
     let mut obs = envs.reset(Some(seed))?.to_vec();
     let mut out = ActOutput::default();
     let mut env_actions = EnvActions::default();
-    let mut next_obs = vec![0.0f32; e * d];
     let mut run = 0;
     loop {
         if shared.finished.load(Ordering::SeqCst) || options.stop.load(Ordering::SeqCst) {
@@ -218,14 +199,14 @@ fn act_loop(
         }
         // Newer parameters fetched by the IO thread while the envs were stepping.
         if let Some((r, p)) = shared.params.lock().expect("params slot").take() {
-            agent.algorithm().load_policy_params(&p.value)?;
+            agent.policy().load_params(&p.value)?;
             version = p.version;
             run = r;
             report.params_loaded += 1;
         }
         let (env_steps, total_env_steps) = *shared.progress.lock().expect("progress");
         if total_env_steps > 0 {
-            agent.algorithm().set_progress(&Progress { env_steps, total_env_steps });
+            agent.policy().set_progress(&Progress { env_steps, total_env_steps });
         }
         let n = chunk_steps * e;
         let mut c = Chunk {
@@ -235,7 +216,7 @@ fn act_loop(
             n_envs: e,
             obs: ObsBuf::F32(Vec::with_capacity(n * d)),
             bootstrap_obs: ObsBuf::F32(Vec::new()),
-            actions: Vec::with_capacity(n * agent.algorithm().act_dim()),
+            actions: Vec::with_capacity(n * agent.policy().act_dim()),
             rewards: Vec::with_capacity(n),
             terminated: Vec::with_capacity(n),
             truncated: Vec::with_capacity(n),
@@ -250,9 +231,9 @@ fn act_loop(
         };
         for t in 0..chunk_steps {
             obs_rows.extend_from_slice(&obs);
-            agent.algorithm().act(&obs, ActMode::Explore, &mut out)?;
+            agent.policy().act(&obs, ActMode::Explore, &mut out)?;
             let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
-            next_obs.copy_from_slice(step.obs);
+            // Where an episode ended, the observation that truly followed is kept beside the reset one.
             for i in 0..e {
                 if step.terminated[i] || step.truncated[i] {
                     let last = step.final_obs(i).ok_or_else(|| {
@@ -260,23 +241,11 @@ fn act_loop(
                     })?;
                     c.final_index.push((t * e + i) as u32);
                     final_rows.extend_from_slice(last);
-                    next_obs[i * d..(i + 1) * d].copy_from_slice(last);
                 }
             }
             c.episodes.extend(
                 step.episodes.iter().map(|ep| EpisodeStats { episode_return: ep.return_, length: ep.length as u64 }),
             );
-            if let ActorAgent::Gradient(a2c) = agent {
-                let transition = Transition {
-                    obs: &obs,
-                    act: &out,
-                    rewards: step.rewards,
-                    terminated: step.terminated,
-                    truncated: step.truncated,
-                    next_obs: &next_obs,
-                };
-                a2c.observe(&transition)?;
-            }
             c.actions.extend_from_slice(&out.actions);
             c.log_probs.extend_from_slice(&out.log_probs);
             c.values.extend_from_slice(&out.values);
@@ -288,13 +257,9 @@ fn act_loop(
         c.bootstrap_obs = ObsBuf::F32(obs.clone());
         report.env_steps += n as u64;
         let message = match agent {
-            ActorAgent::Rollout(_) => Outgoing::Chunk(c),
-            ActorAgent::Gradient(a2c) => {
-                let (grad, _metrics) = a2c
-                    .collected_gradients()?
-                    .ok_or_else(|| Error::Setup(format!("{chunk_steps} steps did not fill the A2C rollout")))?;
-                let values = Vec::<f32>::try_from(grad.to_device(Device::Cpu).view([-1]))
-                    .map_err(flotilla_algorithms::Error::from)?;
+            Acting::Chunks(_) => Outgoing::Chunk(c),
+            Acting::Gradients(worker) => {
+                let (values, _metrics) = worker.gradient(&c)?;
                 Outgoing::Gradient(Gradient {
                     actor_id: 0,
                     policy_version: version,

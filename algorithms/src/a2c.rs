@@ -44,6 +44,9 @@ use crate::policy::{ActMode, ActOutput, Policy};
 use crate::ppo::explained_variance;
 use crate::rmsprop::RmsProp;
 use crate::rollout::{Rollout, RolloutCollector};
+use flotilla_core::Chunk;
+use crate::acting::{ActingPolicy, GradientWorker};
+use crate::actor_critic::ActorCriticPolicy;
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 
@@ -264,6 +267,58 @@ impl Optimizer {
     }
 }
 
+/// The clipped A2C loss gradient of `net` on a finished rollout (see [`A2c::compute_gradients`]).
+fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
+    let n = rollout.len();
+    if n == 0 {
+        return Err(Error::BadLength { what: "A2C rollout transitions".into(), got: 0, expected: rollout.n_steps });
+    }
+    if rollout.act_dim != net.act_dim() {
+        return Err(Error::BadLength {
+            what: "A2C rollout action size".into(),
+            got: rollout.act_dim,
+            expected: net.act_dim(),
+        });
+    }
+    let coefficients =
+        LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: c.normalize_advantage };
+    // Off-policy correction: advantages and value targets recomputed under the current parameters.
+    let targets = net.targets(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+    let (advantages, returns, values) = targets.advantages_returns_values();
+    let explained_var = explained_variance(values, returns);
+    let d = net.device;
+    let obs = net.obs_tensor(&rollout.obs)?;
+    let actions = net.actions_tensor(&rollout.actions);
+    let advantages = Tensor::from_slice(advantages).to_device(d);
+    let returns = Tensor::from_slice(returns).to_device(d);
+
+    let (head, values) = net.forward(&obs);
+    let dist = net.dist(head);
+    let entropy = (c.ent_coef != 0.0).then(|| dist.entropy());
+    let loss = a2c_loss(&dist.log_prob(&actions), &advantages, entropy.as_ref(), &values, &returns, coefficients);
+    net.params.backward(&loss.total);
+    let norm = net.params.clip_grad_norm(c.max_grad_norm);
+    if !norm.is_finite() {
+        return Err(Error::NonFinite(format!("a2c: gradient norm {norm} (non-finite loss); step not taken")));
+    }
+    let grad = net.params.flat().grad().detach().copy();
+
+    let entropy = match &loss.entropy {
+        Some(e) => e.shallow_clone(),
+        None => tch::no_grad(|| dist.entropy().mean(Kind::Float)),
+    };
+    let scalar = |t: &Tensor| f64::try_from(t).map_err(Error::from);
+    let mut m = Metrics::default();
+    m.push("losses/policy_loss", scalar(&loss.policy)?);
+    m.push("losses/value_loss", scalar(&loss.value)?);
+    m.push("losses/entropy", scalar(&entropy)?);
+    m.push("losses/explained_variance", explained_var);
+    if let Some(t) = &targets.vtrace {
+        t.weights.push_metrics(&mut m);
+    }
+    Ok((grad, m))
+}
+
 /// An A2C agent: the actor-critic network, its optimiser and the RNG used to act.
 #[derive(Debug)]
 pub struct A2c {
@@ -325,19 +380,6 @@ impl A2c {
         self.net.values(obs)
     }
 
-    /// A3C actors: once [`Algorithm::observe`] has filled a rollout, its gradient (flat, in
-    /// [`A2c::params`]' layout, computed with the current parameters) and loss metrics; the rollout's buffers
-    /// are reused. `None` while the rollout is still filling. The parameters are not changed.
-    pub fn collected_gradients(&mut self) -> Result<Option<(Tensor, Metrics)>> {
-        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        let Some(rollout) = self.collector.finish(|obs| self.net.values(obs), gamma, lambda)? else {
-            return Ok(None);
-        };
-        let out = self.compute_gradients(&rollout);
-        self.collector.recycle(rollout);
-        out.map(Some)
-    }
-
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
     /// `max_grad_norm`: a detached flat tensor laid out like [`A2c::params`]. Neither the parameters nor the
     /// optimiser change; [`A2c::apply_gradients`] (here or on another copy of the agent) takes the step.
@@ -345,52 +387,7 @@ impl A2c {
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under this agent's parameters (the rollout itself is left as the behaviour policy's record).
     pub fn compute_gradients(&mut self, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
-        let n = rollout.len();
-        if n == 0 {
-            return Err(Error::BadLength { what: "A2C rollout transitions".into(), got: 0, expected: rollout.n_steps });
-        }
-        if rollout.act_dim != self.net.act_dim() {
-            return Err(Error::BadLength {
-                what: "A2C rollout action size".into(),
-                got: rollout.act_dim,
-                expected: self.net.act_dim(),
-            });
-        }
-        let c = &self.config;
-        let coefficients =
-            LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: c.normalize_advantage };
-        // Off-policy correction: advantages and value targets recomputed under the current parameters.
-        let targets = self.net.targets(rollout, c.gamma as f32, c.vtrace.as_ref())?;
-        let (advantages, returns, values) = targets.advantages_returns_values();
-        let explained_var = explained_variance(values, returns);
-        let d = self.net.device;
-        let obs = self.net.obs_tensor(&rollout.obs)?;
-        let actions = self.net.actions_tensor(&rollout.actions);
-        let advantages = Tensor::from_slice(advantages).to_device(d);
-        let returns = Tensor::from_slice(returns).to_device(d);
-
-        let (head, values) = self.net.forward(&obs);
-        let dist = self.net.dist(head);
-        let entropy = (c.ent_coef != 0.0).then(|| dist.entropy());
-        let loss = a2c_loss(&dist.log_prob(&actions), &advantages, entropy.as_ref(), &values, &returns, coefficients);
-        self.net.params.backward(&loss.total);
-        self.net.params.clip_grad_norm(c.max_grad_norm);
-        let grad = self.net.params.flat().grad().detach().copy();
-
-        let entropy = match &loss.entropy {
-            Some(e) => e.shallow_clone(),
-            None => tch::no_grad(|| dist.entropy().mean(Kind::Float)),
-        };
-        let scalar = |t: &Tensor| f64::try_from(t).map_err(Error::from);
-        let mut m = Metrics::default();
-        m.push("losses/policy_loss", scalar(&loss.policy)?);
-        m.push("losses/value_loss", scalar(&loss.value)?);
-        m.push("losses/entropy", scalar(&entropy)?);
-        m.push("losses/explained_variance", explained_var);
-        if let Some(t) = &targets.vtrace {
-            t.weights.push_metrics(&mut m);
-        }
-        Ok((grad, m))
+        a2c_gradient(&mut self.net, &self.config, rollout)
     }
 
     /// One optimiser step with a gradient from [`A2c::compute_gradients`] (of this agent or of a copy with the
@@ -448,6 +445,20 @@ impl Algorithm for A2c {
         self.collector.observe(step, |obs| self.net.values(obs))
     }
 
+    fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
+        self.collector.push_chunks(chunks, |obs| self.net.values(obs))
+    }
+
+    /// A3C's parameter server step: the gradient an [`A3cWorker`] computed, at the annealed learning rate.
+    fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
+        let grad = Tensor::from_slice(gradient);
+        let lr = self.apply_gradients(&grad, progress.remaining())?;
+        let mut m = Metrics::default();
+        m.push("charts/learning_rate", lr);
+        m.push("charts/gradient_steps", 1.0);
+        Ok(m)
+    }
+
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
         let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
         let Some(rollout) = self.collector.finish(|obs| self.net.values(obs), gamma, lambda)? else {
@@ -485,6 +496,60 @@ impl Algorithm for A2c {
 
     fn load_weights(&mut self, path: &Path) -> Result<()> {
         self.net.params.load(path)
+    }
+}
+
+
+/// A3C's actor side (Mnih et al. 2016): acts with a copy of the parameters and turns each chunk it collected
+/// into the clipped A2C loss gradient, which the learner applies ([`Algorithm::apply_gradient`] of an [`A2c`])
+/// before broadcasting. No optimiser lives here.
+#[derive(Debug)]
+pub struct A3cWorker {
+    config: A2cConfig,
+    policy: ActorCriticPolicy,
+    collector: RolloutCollector,
+}
+
+impl A3cWorker {
+    /// A worker for `n_envs` envs; `seed` fixes action sampling (the weights come from the learner).
+    pub fn new(
+        observation_space: &Space,
+        action_space: &Space,
+        n_envs: usize,
+        config: A2cConfig,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate(n_envs)?;
+        let policy = ActorCriticPolicy::new(
+            "a3c",
+            observation_space,
+            action_space,
+            &config.hidden_sizes,
+            config.activation,
+            config.log_std_init,
+            seed,
+        )?;
+        let collector = RolloutCollector::new(n_envs, config.n_steps, policy.net.obs_dim(), policy.net.act_dim());
+        Ok(A3cWorker { config, policy, collector })
+    }
+}
+
+impl GradientWorker for A3cWorker {
+    fn policy(&mut self) -> &mut dyn ActingPolicy {
+        &mut self.policy
+    }
+
+    fn gradient(&mut self, chunk: &Chunk) -> Result<(Vec<f32>, Metrics)> {
+        let net = &mut self.policy.net;
+        self.collector.push_chunks(std::slice::from_ref(chunk), |obs| net.values(obs))?;
+        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
+        let rollout = self.collector.finish(|obs| net.values(obs), gamma, lambda)?.ok_or_else(|| {
+            Error::BadLength { what: "A3C chunk steps".into(), got: chunk.n_steps, expected: self.config.n_steps }
+        })?;
+        let out = a2c_gradient(net, &self.config, &rollout);
+        self.collector.recycle(rollout);
+        let (grad, metrics) = out?;
+        Ok((Vec::<f32>::try_from(grad.to_device(Device::Cpu).view([-1]))?, metrics))
     }
 }
 

@@ -9,11 +9,12 @@ use flotilla_core::Space;
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
+use crate::acting::{ActingPolicy, load_flat};
 use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::host_mlp::HostScratch;
 use crate::nets::{Activation, TwinMlp, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
-use crate::policy::ActOutput;
+use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::Rollout;
 use crate::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
 use crate::{Error, Result};
@@ -263,3 +264,56 @@ impl ActorCritic {
         Ok(VtraceTargets { target_log_probs, values, next_values, vs, pg_advantages, weights })
     }
 }
+
+/// PPO's and A2C's acting policy, as an actor holds it: the network on the CPU and an action-sampling RNG; no
+/// optimiser, no rollout.
+#[derive(Debug)]
+pub struct ActorCriticPolicy {
+    pub(crate) net: ActorCritic,
+    rng: rand_pcg::Pcg64,
+    scratch: ActScratch,
+}
+
+impl ActorCriticPolicy {
+    /// The policy for these spaces and network shape (see [`ActorCritic::new`]); `seed` fixes sampling.
+    pub fn new(
+        algorithm: &'static str,
+        observation_space: &Space,
+        action_space: &Space,
+        hidden: &[i64],
+        activation: Activation,
+        log_std_init: f64,
+        seed: u64,
+    ) -> Result<Self> {
+        let net =
+            ActorCritic::new(algorithm, observation_space, action_space, hidden, activation, log_std_init, Device::Cpu, seed)?;
+        let rng = <rand_pcg::Pcg64 as rand::SeedableRng>::seed_from_u64(seed ^ 0xac70_0001);
+        Ok(ActorCriticPolicy { net, rng, scratch: ActScratch::default() })
+    }
+}
+
+impl Policy for ActorCriticPolicy {
+    fn obs_dim(&self) -> usize {
+        self.net.obs_dim()
+    }
+
+    fn act_dim(&self) -> usize {
+        self.net.act_dim()
+    }
+
+    /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
+    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
+    }
+}
+
+impl ActingPolicy for ActorCriticPolicy {
+    fn n_params(&self) -> usize {
+        self.net.params.numel() as usize
+    }
+
+    fn load_params(&mut self, values: &[f32]) -> Result<()> {
+        load_flat(&self.net.params, values)
+    }
+}
+

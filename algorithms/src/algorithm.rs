@@ -13,6 +13,8 @@
 //! ```
 use std::path::Path;
 
+use flotilla_core::Chunk;
+
 use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
 use crate::policy::{ActOutput, Policy};
@@ -68,30 +70,60 @@ pub trait Algorithm: Policy {
     fn restore(&mut self, checkpoint: &mut Checkpoint) -> Result<()>;
     /// The parameters acting needs (what a parameter broadcast sends and `save_weights` writes).
     fn policy_params(&self) -> &FlatParams;
-    /// Let acting schedules (DQN's ε) follow the learner's progress: actors, which never call
-    /// [`Algorithm::update`], call this between chunks. Policies without such schedules ignore it.
-    fn set_progress(&mut self, progress: &Progress) {
-        let _ = progress;
-    }
-    /// Overwrite the acting parameters with `values` (a parameter broadcast, in [`Algorithm::policy_params`]'s
-    /// layout). Actors call this between chunks.
-    fn load_policy_params(&mut self, values: &[f32]) -> Result<()> {
-        let params = self.policy_params();
-        if values.len() as i64 != params.numel() {
-            return Err(crate::Error::BadLength {
-                what: "broadcast parameters".into(),
-                got: values.len(),
-                expected: params.numel() as usize,
-            });
+    /// Observe whole trajectory chunks of the envs of several actors, stacked row-wise (chunk `k`'s env `j` is
+    /// row `k · E + j` of the update), for on-policy learners fed by actors. The default observes each chunk's
+    /// steps in order (true next observations restored), which suits algorithms whose `n_envs` is one
+    /// chunk's `E`; PPO and A2C write the chunks' columns straight into their rollout.
+    fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
+        for chunk in chunks {
+            for_each_transition(chunk, |step| self.observe(step))?;
         }
-        // The flat leaf shares storage with every view; copy in place without recording autograd.
-        let mut flat = params.flat().shallow_clone();
-        let src = tch::Tensor::from_slice(values).to_device(flat.device());
-        tch::no_grad(|| flat.copy_(&src));
         Ok(())
+    }
+    /// A3C's parameter server: one optimiser step with a flat gradient an actor computed (in
+    /// [`Algorithm::policy_params`]' layout). Algorithms without that role refuse.
+    fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
+        let _ = (gradient, progress);
+        Err(crate::Error::Unsupported(format!("{} does not apply actors' gradients", self.name())))
     }
     /// Save the policy weights alone (what `flotilla eval` loads), atomically.
     fn save_weights(&self, path: &Path) -> Result<()>;
     /// Load weights saved by [`Algorithm::save_weights`].
     fn load_weights(&mut self, path: &Path) -> Result<()>;
+}
+
+/// Call `f` with each of `chunk`'s `T` steps as a [`Transition`] of its `E` envs, in time order, with the true
+/// next observations restored ([`Chunk::next_obs_into`]) and u8 frames converted to f32. Only the actions are
+/// carried in the transition's [`ActOutput`].
+pub fn for_each_transition(chunk: &Chunk, mut f: impl FnMut(&Transition<'_>) -> Result<()>) -> Result<()> {
+    let (t_max, e) = (chunk.n_steps, chunk.n_envs);
+    let n = chunk.transitions();
+    if n == 0 {
+        return Ok(());
+    }
+    let d = chunk.obs.len() / n;
+    let act_dim = chunk.actions.len() / n;
+    let (mut obs, mut next_obs) = (Vec::with_capacity(e * d), Vec::with_capacity(e * d));
+    let mut act = ActOutput::default();
+    let mut cursor = 0;
+    for t in 0..t_max {
+        let rows = t * e..(t + 1) * e;
+        obs.clear();
+        chunk.obs.extend_f32(rows.start * d..rows.end * d, &mut obs);
+        next_obs.clear();
+        for env in 0..e {
+            chunk.next_obs_into(t, env, d, &mut cursor, &mut next_obs);
+        }
+        act.actions.clear();
+        act.actions.extend_from_slice(&chunk.actions[rows.start * act_dim..rows.end * act_dim]);
+        f(&Transition {
+            obs: &obs,
+            act: &act,
+            rewards: &chunk.rewards[rows.clone()],
+            terminated: &chunk.terminated[rows.clone()],
+            truncated: &chunk.truncated[rows],
+            next_obs: &next_obs,
+        })?;
+    }
+    Ok(())
 }

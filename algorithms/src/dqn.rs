@@ -27,6 +27,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
+use crate::acting::{ActingPolicy, load_flat};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -197,7 +198,7 @@ struct Counters {
 pub struct Dqn {
     /// Hyperparameters.
     pub config: DqnConfig,
-    net: FlatMlp,
+    q: QNet,
     online: FlatParams,
     target: FlatParams,
     opt: Adam,
@@ -210,18 +211,179 @@ pub struct Dqn {
     device: Device,
     counters: Counters,
     sample: ReplaySample<f32>,
-    /// An actor's exploration: its Ape-X ε floor and the learner's progress.
-    actor: Option<ActorExploration>,
     /// Acting's host forward pass: hidden activations and the network's raw output.
     host: (HostScratch, Vec<f32>),
 }
 
-/// How an actor process explores: ε = max(its Ape-X floor, the run's schedule at the learner's progress),
-/// uniformly random until the learner has `learning_starts` env steps.
-#[derive(Debug, Clone, Copy)]
-struct ActorExploration {
+/// The Q-network's layout and forward passes, shared by the agent and its acting copy ([`DqnPolicy`]).
+#[derive(Debug, Clone)]
+struct QNet {
+    net: FlatMlp,
+    dueling: bool,
+    n_actions: usize,
+    obs_dim: usize,
+    device: Device,
+}
+
+impl QNet {
+    /// The network for these spaces (a `Discrete` action space) and its initial parameters (PyTorch's default
+    /// init, seeded).
+    fn init(
+        observation_space: &Space,
+        action_space: &Space,
+        config: &DqnConfig,
+        seed: u64,
+    ) -> Result<(QNet, Vec<(String, Tensor)>)> {
+        let obs_dim = mlp_input_dim("dqn", observation_space)?;
+        let Space::Discrete { n: n_actions, .. } = *action_space else {
+            return Err(Error::UnsupportedSpace {
+                which: "action",
+                algorithm: "dqn",
+                detail: format!("{action_space:?}: DQN needs discrete actions"),
+            });
+        };
+        // A dueling network's last layer holds the value head next to the advantage head.
+        let outputs = (n_actions + usize::from(config.dueling)) as i64;
+        let (net, named) = with_torch_seed(seed, || {
+            FlatMlp::init("q", obs_dim as i64, &config.hidden_sizes, outputs, config.activation, LayerInit::Torch, 0)
+        });
+        Ok((QNet { net, dueling: config.dueling, n_actions, obs_dim, device: Device::Cpu }, named))
+    }
+
+    /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
+    fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
+        let out = self.net.forward(params, obs);
+        if self.dueling {
+            let value = out.narrow(1, 0, 1);
+            let advantage = out.narrow(1, 1, self.n_actions as i64);
+            value + &advantage - advantage.mean_dim(1, true, Kind::Float)
+        } else {
+            out
+        }
+    }
+
+    /// `Q(obs, ·)` for acting, row-major into `q_values`: without libtorch when the parameters are on the CPU.
+    fn q_values(
+        &self,
+        params: &FlatParams,
+        obs: &[f32],
+        host: &mut (HostScratch, Vec<f32>),
+        q_values: &mut Vec<f32>,
+    ) -> Result<()> {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        let rows = obs.len() / self.obs_dim;
+        let (scratch, raw) = host;
+        if self.net.forward_host(params, obs, rows, scratch, raw) {
+            // The network without libtorch (CPU parameters); the dueling combination as `forward` does it.
+            q_values.clear();
+            for row in raw.chunks_exact(raw.len() / rows) {
+                if self.dueling {
+                    let (value, advantage) = (row[0], &row[1..]);
+                    let mean = advantage.iter().sum::<f32>() / advantage.len() as f32;
+                    q_values.extend(advantage.iter().map(|a| value + a - mean));
+                } else {
+                    q_values.extend_from_slice(row);
+                }
+            }
+        } else {
+            let x = Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device);
+            let q = tch::no_grad(|| self.forward(params, &x));
+            *q_values = Vec::<f32>::try_from(q.flatten(0, -1).to_device(Device::Cpu))?;
+        }
+        Ok(())
+    }
+}
+
+/// Fill `out` from `out.q_values`: the greedy action, or with `epsilon` a uniformly random one with that
+/// probability.
+fn epsilon_greedy(n_actions: usize, epsilon: Option<f64>, rng: &mut Pcg64, out: &mut ActOutput) {
+    out.actions.clear();
+    out.log_probs.clear();
+    out.values.clear();
+    for row in out.q_values.chunks_exact(n_actions) {
+        let action = match epsilon {
+            Some(eps) if rng.random::<f64>() < eps => rng.random_range(0..n_actions),
+            _ => row.iter().enumerate().fold(0, |best, (i, q)| if *q > row[best] { i } else { best }),
+        };
+        out.actions.push(action as f32);
+    }
+}
+
+/// DQN's acting policy in an actor process: the online Q-network's weights (from the learner's broadcast) and
+/// ε-greedy exploration with ε = max(its Ape-X floor, the run's schedule at the learner's progress), uniformly
+/// random while the learner has fewer than `learning_starts` env steps. No replay, no target, no optimiser.
+#[derive(Debug)]
+pub struct DqnPolicy {
+    config: DqnConfig,
+    q: QNet,
+    params: FlatParams,
     floor: f64,
+    epsilon: f64,
     learner_env_steps: u64,
+    rng: Pcg64,
+    host: (HostScratch, Vec<f32>),
+}
+
+impl DqnPolicy {
+    /// An acting policy for these spaces with Ape-X floor `epsilon_floor`; `seed` fixes exploration.
+    pub fn new(
+        observation_space: &Space,
+        action_space: &Space,
+        config: DqnConfig,
+        epsilon_floor: f64,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate()?;
+        let (q, named) = QNet::init(observation_space, action_space, &config, seed)?;
+        Ok(DqnPolicy {
+            params: FlatParams::new(named, Device::Cpu),
+            q,
+            floor: epsilon_floor,
+            epsilon: config.exploration_initial_eps,
+            learner_env_steps: 0,
+            rng: Pcg64::seed_from_u64(seed ^ 0xd9_ac70),
+            host: Default::default(),
+            config,
+        })
+    }
+}
+
+impl Policy for DqnPolicy {
+    fn obs_dim(&self) -> usize {
+        self.q.obs_dim
+    }
+
+    fn act_dim(&self) -> usize {
+        1
+    }
+
+    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.q.q_values(&self.params, obs, &mut self.host, &mut out.q_values)?;
+        let eps = if self.learner_env_steps < self.config.learning_starts {
+            1.0
+        } else {
+            self.floor.max(self.epsilon)
+        };
+        epsilon_greedy(self.q.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
+        Ok(())
+    }
+}
+
+impl ActingPolicy for DqnPolicy {
+    fn n_params(&self) -> usize {
+        self.params.numel() as usize
+    }
+
+    fn load_params(&mut self, values: &[f32]) -> Result<()> {
+        load_flat(&self.params, values)
+    }
+
+    fn set_progress(&mut self, progress: &Progress) {
+        self.epsilon = self.config.epsilon(progress.remaining());
+        self.learner_env_steps = progress.env_steps;
+    }
 }
 
 /// Ape-X's per-actor exploration (Horgan et al. 2018): actor `i` of `n` uses `ε_i = ε^(1 + α·i/(n−1))`
@@ -244,19 +406,9 @@ impl Dqn {
         seed: u64,
     ) -> Result<Self> {
         config.validate()?;
-        let obs_dim = mlp_input_dim("dqn", observation_space)?;
-        let Space::Discrete { n: n_actions, .. } = *action_space else {
-            return Err(Error::UnsupportedSpace {
-                which: "action",
-                algorithm: "dqn",
-                detail: format!("{action_space:?}: DQN needs discrete actions"),
-            });
-        };
-        // A dueling network's last layer holds the value head next to the advantage head.
-        let outputs = (n_actions + usize::from(config.dueling)) as i64;
-        let (net, named) = with_torch_seed(seed, || {
-            FlatMlp::init("q", obs_dim as i64, &config.hidden_sizes, outputs, config.activation, LayerInit::Torch, 0)
-        });
+        let (mut q, named) = QNet::init(observation_space, action_space, &config, seed)?;
+        q.device = device;
+        let (obs_dim, n_actions) = (q.obs_dim, q.n_actions);
         let online = FlatParams::new(named, device);
         let target = online.target_copy();
         let opt = Adam::new(&online, config.learning_rate, config.adam_eps);
@@ -275,7 +427,7 @@ impl Dqn {
         let counters =
             Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
         Ok(Dqn {
-            net,
+            q,
             online,
             target,
             opt,
@@ -289,29 +441,13 @@ impl Dqn {
             host: Default::default(),
             counters,
             sample: ReplaySample::default(),
-            actor: None,
             config,
         })
     }
 
     /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
     fn q_values(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        let out = self.net.forward(params, obs);
-        if self.config.dueling {
-            let value = out.narrow(1, 0, 1);
-            let advantage = out.narrow(1, 1, self.n_actions as i64);
-            value + &advantage - advantage.mean_dim(1, true, Kind::Float)
-        } else {
-            out
-        }
-    }
-
-    /// Make this an actor's acting copy with Ape-X floor `epsilon`: from now on it explores with
-    /// ε = max(`epsilon`, the schedule at the learner's progress given by [`Algorithm::set_progress`]), and
-    /// uniformly at random while the learner has fewer than `learning_starts` env steps. With many actors the
-    /// floors keep a spread of exploration after the schedule has decayed.
-    pub fn set_actor_epsilon(&mut self, epsilon: f64) {
-        self.actor = Some(ActorExploration { floor: epsilon, learner_env_steps: 0 });
+        self.q.forward(params, obs)
     }
 
     /// The online network's parameters.
@@ -357,7 +493,10 @@ impl Dqn {
             }
         };
         self.online.backward(&loss);
-        self.online.clip_grad_norm(c.max_grad_norm);
+        let norm = self.online.clip_grad_norm(c.max_grad_norm);
+        if !norm.is_finite() {
+            return Err(Error::NonFinite(format!("dqn: gradient norm {norm} (non-finite loss); step not taken")));
+        }
         self.opt.step(&mut self.online);
         if let Replay::Prioritized(r) = &mut self.replay {
             let td: Vec<f32> = Vec::try_from((&q - &target).detach().to_device(Device::Cpu))?;
@@ -386,47 +525,10 @@ impl Policy for Dqn {
 
     /// Greedy in `Q`; with `Explore`, ε-greedy (uniformly random before `learning_starts`). Fills `q_values`.
     fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        let rows = obs.len() / self.obs_dim;
-        let (scratch, raw) = &mut self.host;
-        if self.net.forward_host(&self.online, obs, rows, scratch, raw) {
-            // The network without libtorch (CPU parameters); the dueling combination as `q_values` does it.
-            out.q_values.clear();
-            for row in raw.chunks_exact(raw.len() / rows) {
-                if self.config.dueling {
-                    let (value, advantage) = (row[0], &row[1..]);
-                    let mean = advantage.iter().sum::<f32>() / advantage.len() as f32;
-                    out.q_values.extend(advantage.iter().map(|a| value + a - mean));
-                } else {
-                    out.q_values.extend_from_slice(row);
-                }
-            }
-        } else {
-            let x = Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device);
-            let q = tch::no_grad(|| self.q_values(&self.online, &x));
-            out.q_values = Vec::<f32>::try_from(q.flatten(0, -1).to_device(Device::Cpu))?;
-        }
-        out.actions.clear();
-        out.log_probs.clear();
-        out.values.clear();
-        let explore = mode == ActMode::Explore;
-        let warm_up = |steps: u64| steps < self.config.learning_starts;
-        let eps = match self.actor {
-            Some(a) if warm_up(a.learner_env_steps) => 1.0,
-            Some(a) => a.floor.max(self.counters.epsilon),
-            None if warm_up(self.counters.env_steps) => 1.0,
-            None => self.counters.epsilon,
-        };
-        for row in out.q_values.chunks_exact(self.n_actions) {
-            let action = if explore && self.rng.random::<f64>() < eps {
-                self.rng.random_range(0..self.n_actions)
-            } else {
-                row.iter().enumerate().fold(0, |best, (i, q)| if *q > row[best] { i } else { best })
-            };
-            out.actions.push(action as f32);
-        }
+        self.q.q_values(&self.online, obs, &mut self.host, &mut out.q_values)?;
+        let c = &self.counters;
+        let eps = if c.env_steps < self.config.learning_starts { 1.0 } else { c.epsilon };
+        epsilon_greedy(self.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
         Ok(())
     }
 }
@@ -434,13 +536,6 @@ impl Policy for Dqn {
 impl Algorithm for Dqn {
     fn name(&self) -> &'static str {
         "dqn"
-    }
-
-    fn set_progress(&mut self, progress: &Progress) {
-        self.counters.epsilon = self.config.epsilon(progress.remaining());
-        if let Some(a) = &mut self.actor {
-            a.learner_env_steps = progress.env_steps;
-        }
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
@@ -559,8 +654,7 @@ mod apex_tests {
     fn an_actor_explores_at_its_floor_after_the_learners_warm_up() {
         let space = Space::box1d(vec![-1.0; 2], vec![1.0; 2]);
         let config = DqnConfig { exploration_final_eps: 0.0, ..Default::default() };
-        let mut dqn = Dqn::new(&space, &Space::discrete(3), 1, config, Device::Cpu, 0).unwrap();
-        dqn.set_actor_epsilon(0.0);
+        let mut dqn = DqnPolicy::new(&space, &Space::discrete(3), config, 0.0, 0).unwrap();
         let mut random = ActOutput::default();
         dqn.act(&[0.3f32, -0.2].repeat(64), ActMode::Explore, &mut random).unwrap();
         let distinct = random.actions.iter().map(|a| *a as usize).collect::<std::collections::HashSet<_>>();
@@ -601,7 +695,7 @@ mod tests {
         let config = DqnConfig { dueling: true, hidden_sizes: vec![8], ..Default::default() };
         let dqn = Dqn::new(&obs, &act, 1, config, Device::Cpu, 0).unwrap();
         let x = Tensor::from_slice(&[0.1f32, -0.3, 0.7, 0.2, 0.2, -0.9]).view([2, 3]);
-        let raw = dqn.net.forward(&dqn.online, &x);
+        let raw = dqn.q.net.forward(&dqn.online, &x);
         let q = dqn.q_values(&dqn.online, &x);
         // Q = V + A − mean(A), so mean_a Q(s, a) = V(s), the first output.
         let mean_q = q.mean_dim(1, false, Kind::Float);

@@ -49,6 +49,12 @@ pub enum Error {
     /// A checkpoint that cannot be written, read, or does not match the agent.
     #[error("{0}")]
     Checkpoint(String),
+    /// The algorithm has no such role (e.g. applying actors' gradients outside A3C).
+    #[error("{0}")]
+    Unsupported(String),
+    /// An update produced a non-finite loss or gradient; nothing was applied.
+    #[error("{0}")]
+    NonFinite(String),
     /// A libtorch call failed.
     #[error(transparent)]
     Torch(#[from] tch::TchError),

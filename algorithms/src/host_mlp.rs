@@ -6,7 +6,7 @@
 //! carries. The networks keep their parameters in [`FlatParams`](crate::params::FlatParams); on the CPU these
 //! functions read the same buffer in place (no copy, so new weights show at once). Training still runs on
 //! libtorch. Results agree with the libtorch forward pass to float rounding (tests in `nets`).
-use crate::nets::Activation;
+use crate::activation::Activation;
 
 /// Buffers reused between forward passes (hidden activations), so acting does not allocate.
 #[derive(Debug, Default, Clone)]

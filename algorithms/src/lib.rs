@@ -1,14 +1,22 @@
 //! Flotilla's learning algorithms on libtorch.
 //!
-//! Building blocks — [`nets`] (MLP and Nature-CNN torsos), [`distributions`] (categorical and diagonal
-//! Gaussian), [`gae`] (generalised advantage estimation), [`rollout`] (on-policy storage) — and the
-//! algorithms built from them, one file each: [`ppo`].
+//! Two traits split every agent: [`Algorithm`] (observe, update, checkpoint: what a learner runs) and
+//! [`ActingPolicy`] (weights and the forward pass: what an actor runs). [`registry`] is the one place that
+//! knows every algorithm kind and builds both from a config.
+//!
+//! Algorithms, one file each: [`ppo`], [`dqn`] (double-Q, dueling, PER, n-step), [`a2c`] (and A3C's actor-side
+//! [`a2c::A3cWorker`]), [`td3`] (TD3, and DDPG as its special case). Building blocks: [`nets`], [`host_mlp`],
+//! [`activation`], [`params`], [`actor_critic`], [`distributions`], [`action_noise`], [`gae`], [`vtrace`],
+//! [`n_step`], [`rollout`] (on-policy storage, filled per step or straight from actors' chunks), [`replay`],
+//! [`sum_tree`], [`adam`], [`rmsprop`], [`checkpoint`].
 //!
 //! The crate knows environments only through `flotilla_core` types and never touches files except in explicit
 //! save/load calls, tokio or the network.
 
 pub mod a2c;
+pub mod acting;
 pub mod action_noise;
+pub mod activation;
 pub mod actor_critic;
 pub mod adam;
 pub mod algorithm;
@@ -25,6 +33,7 @@ pub mod nets;
 pub mod params;
 pub mod policy;
 pub mod ppo;
+pub mod registry;
 pub mod replay;
 pub mod rmsprop;
 pub mod rollout;
@@ -32,9 +41,11 @@ pub mod sum_tree;
 pub mod td3;
 pub mod vtrace;
 
-pub use algorithm::{Algorithm, Progress, Transition};
+pub use acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
+pub use algorithm::{Algorithm, Progress, Transition, for_each_transition};
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use metrics::Metrics;
 pub use policy::{ActMode, ActOutput, Policy};
+pub use registry::{AlgorithmConfig, Family};
 pub use tch;

@@ -2,10 +2,10 @@
 //!
 //! Initialisation follows Stable-Baselines3 / CleanRL: orthogonal weights with gain √2 on hidden layers (a
 //! caller-chosen gain on the output layer, e.g. 0.01 for policy logits, 1 for values) and zero biases.
-use serde::{Deserialize, Serialize};
 use tch::Tensor;
 use tch::nn::{self, Init, LinearConfig, Module};
 
+pub use crate::activation::Activation;
 use crate::host_mlp::{self, HostScratch};
 
 /// Run `build` with libtorch's global generator seeded with `seed`, holding a process-wide lock, so that
@@ -17,64 +17,10 @@ pub fn with_torch_seed<T>(seed: u64, build: impl FnOnce() -> T) -> T {
     build()
 }
 
-/// Hidden-layer nonlinearity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Activation {
-    /// `tanh` (SB3's default for on-policy MLPs).
-    #[default]
-    Tanh,
-    /// `relu`.
-    Relu,
-}
-
-impl Activation {
-    fn apply(self, x: &Tensor) -> Tensor {
-        match self {
-            // 2σ(2x) − 1 = tanh(x): libtorch's CPU tanh kernel is ~5× slower than its sigmoid here.
-            Activation::Tanh => (x * 2.0).sigmoid() * 2.0 - 1.0,
-            Activation::Relu => x.relu(),
-        }
-    }
-}
-
 /// A linear layer with orthogonal weights of the given gain and zero bias.
 pub fn orthogonal_linear(p: nn::Path, inputs: i64, outputs: i64, gain: f64) -> nn::Linear {
     let cfg = LinearConfig { ws_init: Init::Orthogonal { gain }, bs_init: Some(Init::Const(0.0)), bias: true };
     nn::linear(p, inputs, outputs, cfg)
-}
-
-/// A multi-layer perceptron: `hidden.len()` hidden layers with `activation`, then a linear output layer
-/// (no activation). Parameters live under `p / "0"`, `p / "1"`, ... in layer order.
-#[derive(Debug)]
-pub struct Mlp {
-    layers: Vec<nn::Linear>,
-    activation: Activation,
-}
-
-impl Mlp {
-    /// Build the layers under `p`; `out_gain` is the orthogonal gain of the output layer.
-    pub fn new(p: &nn::Path, inputs: i64, hidden: &[i64], outputs: i64, activation: Activation, out_gain: f64) -> Self {
-        let mut layers = Vec::with_capacity(hidden.len() + 1);
-        let mut width = inputs;
-        for (i, &h) in hidden.iter().enumerate() {
-            layers.push(orthogonal_linear(p / i.to_string(), width, h, 2f64.sqrt()));
-            width = h;
-        }
-        layers.push(orthogonal_linear(p / hidden.len().to_string(), width, outputs, out_gain));
-        Mlp { layers, activation }
-    }
-}
-
-impl Module for Mlp {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let (last, hidden) = self.layers.split_last().expect("an MLP has an output layer");
-        let mut h = None;
-        for layer in hidden {
-            h = Some(self.activation.apply(&layer.forward(h.as_ref().unwrap_or(x))));
-        }
-        last.forward(h.as_ref().unwrap_or(x))
-    }
 }
 
 /// Input width of an MLP for this observation space: its size if it is a 1-D box; otherwise an error naming
@@ -349,25 +295,6 @@ impl Module for NatureCnn {
 mod tests {
     use super::*;
     use tch::{Device, Kind};
-
-    #[test]
-    fn mlp_shapes_and_init() {
-        tch::manual_seed(0);
-        let vs = nn::VarStore::new(Device::Cpu);
-        let mlp = Mlp::new(&vs.root(), 4, &[64, 64], 2, Activation::Tanh, 0.01);
-        let y = mlp.forward(&Tensor::ones([5, 4], (Kind::Float, Device::Cpu)));
-        assert_eq!(y.size(), vec![5, 2]);
-        let vars = vs.variables();
-        assert_eq!(vars.len(), 6);
-        // Zero biases; orthogonal hidden weights: W Wᵀ = 2 I for a 64×4 matrix with gain √2 (columns orthogonal).
-        assert_eq!(f64::try_from(vars["0.bias"].abs().sum(Kind::Float)).unwrap(), 0.0);
-        let w = &vars["0.weight"];
-        let gram = w.transpose(0, 1).matmul(w);
-        let eye = Tensor::eye(4, (Kind::Float, Device::Cpu)) * 2.0;
-        assert!(f64::try_from((gram - eye).abs().max()).unwrap() < 1e-4);
-        // Small output gain gives near-zero initial logits.
-        assert!(f64::try_from(y.abs().max()).unwrap() < 0.2);
-    }
 
     #[test]
     fn twin_mlp_equals_two_separate_mlps() {

@@ -40,6 +40,7 @@ use crate::nets::Activation;
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::{Rollout, RolloutCollector};
+use flotilla_core::Chunk;
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 
@@ -369,7 +370,10 @@ impl Ppo {
                     coefficients,
                 );
                 self.net.params.backward(&loss.total);
-                self.net.params.clip_grad_norm(max_grad_norm);
+                let norm = self.net.params.clip_grad_norm(max_grad_norm);
+                if !norm.is_finite() {
+                    return Err(Error::NonFinite(format!("ppo: gradient norm {norm} (non-finite loss); step not taken")));
+                }
                 self.opt.step(&mut self.net.params);
                 gradient_steps += 1;
                 let stop = target_kl.is_some_and(|t| f64::try_from(loss.approx_kl()).unwrap_or(0.0) > 1.5 * t);
@@ -424,6 +428,10 @@ impl Algorithm for Ppo {
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
         self.collector.observe(step, |obs| self.net.values(obs))
+    }
+
+    fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
+        self.collector.push_chunks(chunks, |obs| self.net.values(obs))
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {

@@ -9,9 +9,15 @@
 //! Then [`Rollout::set_bootstrap_obs`] with the observations after the last step, and [`Rollout::finish`] with
 //! their values, computes GAE advantages and returns. Buffers are allocated once and reused.
 //!
+//! [`RolloutCollector`] does this for the single-process trainer's per-step [`Transition`]s
+//! ([`RolloutCollector::observe`]) and, for a learner fed by actors, straight from their trajectory chunks
+//! ([`RolloutCollector::push_chunks`]: the columns are copied once, no per-step transitions).
+//!
 //! The final and bootstrap observations are kept so that a learner whose parameters moved on since the
 //! rollout was collected can recompute every `V(x_{t+1})` with its own ([`Rollout::next_values_under`]), as
 //! the V-trace correction does ([`crate::vtrace`]).
+use flotilla_core::Chunk;
+
 use crate::algorithm::Transition;
 use crate::checkpoint::Checkpoint;
 use crate::gae::gae;
@@ -376,6 +382,83 @@ impl RolloutCollector {
         Ok(())
     }
 
+    /// Fill the whole rollout from actors' chunks, stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j`
+    /// (so the chunks' envs add up to this rollout's `n_envs`, and each covers its `n_steps`). Columns are
+    /// written once, straight from the chunks; the true final observations of truncated episodes are kept
+    /// and `V` of all of them is computed in one batched call (`values`). The rollout must be empty; then
+    /// [`RolloutCollector::finish`] computes the targets. Chunks carry behaviour log-probs and values (a
+    /// learner validates them on arrival); u8 frames are converted to f32.
+    pub fn push_chunks(
+        &mut self,
+        chunks: &[Chunk],
+        values: impl FnOnce(&[f32]) -> Result<Vec<f32>>,
+    ) -> Result<()> {
+        let r = &mut self.rollout;
+        if r.steps != 0 {
+            return Err(Error::BadLength {
+                what: "rollout steps before push_chunks (it fills a whole rollout)".into(),
+                got: r.steps,
+                expected: 0,
+            });
+        }
+        let e = chunks.first().map_or(0, |c| c.n_envs);
+        let (n, d, a) = (r.n_envs * r.n_steps, r.obs_dim, r.act_dim);
+        check_len("rows of the stacked chunks", chunks.len() * e, r.n_envs)?;
+        for c in chunks {
+            let k = c.transitions();
+            check_len("chunk steps", c.n_steps, r.n_steps)?;
+            check_len("chunk envs", c.n_envs, e)?;
+            check_len("chunk observations", c.obs.len(), k * d)?;
+            check_len("chunk bootstrap observations", c.bootstrap_obs.len(), e * d)?;
+            check_len("chunk actions", c.actions.len(), k * a)?;
+            check_len("chunk behaviour log-probs", c.log_probs.len(), k)?;
+            check_len("chunk behaviour values", c.values.len(), k)?;
+            check_len("chunk rewards", c.rewards.len(), k)?;
+            check_len("chunk terminated flags", c.terminated.len(), k)?;
+            check_len("chunk truncated flags", c.truncated.len(), k)?;
+            check_len("chunk final observations", c.final_obs.len(), c.final_index.len() * d)?;
+        }
+        let mut cursors = vec![0usize; chunks.len()];
+        for t in 0..r.n_steps {
+            for (k, (c, cursor)) in chunks.iter().zip(&mut cursors).enumerate() {
+                let rows = t * e..(t + 1) * e;
+                c.obs.extend_f32(rows.start * d..rows.end * d, &mut r.obs);
+                r.actions.extend_from_slice(&c.actions[rows.start * a..rows.end * a]);
+                r.log_probs.extend_from_slice(&c.log_probs[rows.clone()]);
+                r.values.extend_from_slice(&c.values[rows.clone()]);
+                r.rewards.extend_from_slice(&c.rewards[rows.clone()]);
+                r.terminated.extend_from_slice(&c.terminated[rows.clone()]);
+                r.truncated.extend_from_slice(&c.truncated[rows.clone()]);
+                // The chunk's final observations in step order: keep those of truncated episodes.
+                while let Some(&i) = c.final_index.get(*cursor) {
+                    let i = i as usize;
+                    if i >= rows.end {
+                        break;
+                    }
+                    if c.truncated[i] && !c.terminated[i] {
+                        r.final_obs_steps.push(t * r.n_envs + k * e + (i - rows.start));
+                        c.final_obs.extend_f32(*cursor * d..(*cursor + 1) * d, &mut r.final_obs);
+                    }
+                    *cursor += 1;
+                }
+            }
+        }
+        for c in chunks {
+            c.bootstrap_obs.extend_f32(0..e * d, &mut r.bootstrap_obs);
+        }
+        r.steps = r.n_steps;
+        debug_assert_eq!(r.rewards.len(), n);
+        // Bootstrap truncated episodes from their true final observations, in one batched call.
+        if !r.final_obs_steps.is_empty() {
+            let final_values = values(&r.final_obs)?;
+            check_len("values of the final observations", final_values.len(), r.final_obs_steps.len())?;
+            for (&i, v) in r.final_obs_steps.iter().zip(final_values) {
+                r.next_values[i] = v;
+            }
+        }
+        Ok(())
+    }
+
     /// When the rollout is full: compute GAE advantages and returns and hand it out (give it back with
     /// [`RolloutCollector::recycle`] to reuse its buffers). `None` while it is still filling.
     pub fn finish(
@@ -496,5 +579,92 @@ mod tests {
         assert_eq!((back.obs.clone(), back.log_probs.clone()), (r.obs.clone(), r.log_probs.clone()));
         back.clear();
         assert!(back.final_obs.is_empty() && back.final_obs_steps.is_empty() && back.bootstrap_obs.is_empty());
+    }
+
+    /// Two chunks of 2 envs × 3 steps (obs_dim 1): chunk 0's env 1 is truncated at step 0 (final obs 90),
+    /// chunk 1's env 0 terminates at step 1 (final obs 91) and env 1 is truncated at step 2 (final obs 92).
+    fn two_chunks() -> Vec<Chunk> {
+        use flotilla_core::{EpisodeStats, ObsBuf};
+        let chunk = |base: f32, terminated: Vec<bool>, truncated: Vec<bool>, final_index: Vec<u32>, finals: Vec<f32>| {
+            Chunk {
+                actor_id: 1,
+                policy_version: 0,
+                n_steps: 3,
+                n_envs: 2,
+                obs: ObsBuf::F32((0..6).map(|i| base + i as f32).collect()),
+                bootstrap_obs: ObsBuf::F32(vec![base + 6.0, base + 7.0]),
+                actions: (0..6).map(|i| (i % 2) as f32).collect(),
+                rewards: vec![1.0; 6],
+                terminated,
+                truncated,
+                log_probs: (0..6).map(|i| -0.1 * i as f32).collect(),
+                values: (0..6).map(|i| base + 0.5 * i as f32).collect(),
+                final_index,
+                final_obs: ObsBuf::F32(finals),
+                episodes: vec![EpisodeStats { episode_return: 3.0, length: 3 }],
+            }
+        };
+        let f = false;
+        vec![
+            chunk(0.0, vec![f; 6], vec![f, true, f, f, f, f], vec![1], vec![90.0]),
+            chunk(100.0, vec![f, f, true, f, f, f], vec![f, f, f, f, f, true], vec![2, 5], vec![91.0, 92.0]),
+        ]
+    }
+
+    #[test]
+    fn chunks_fill_the_rollout_as_the_same_steps_observed_one_by_one() {
+        let chunks = two_chunks();
+        let value = |rows: &[f32]| Ok(rows.iter().map(|x| 10.0 * x).collect::<Vec<f32>>());
+        let mut from_chunks = RolloutCollector::new(4, 3, 1, 1);
+        let mut calls = 0;
+        from_chunks
+            .push_chunks(&chunks, |rows| {
+                calls += 1;
+                value(rows)
+            })
+            .unwrap();
+        assert_eq!(calls, 1, "V of every final observation in one call");
+        // The same data as the trainer's per-step transitions, rows stacked chunk by chunk.
+        let mut by_step = RolloutCollector::new(4, 3, 1, 1);
+        let mut cursors = [0usize; 2];
+        for t in 0..3 {
+            let (mut obs, mut next_obs, mut act) = (vec![], vec![], crate::ActOutput::default());
+            let (mut rewards, mut terminated, mut truncated) = (vec![], vec![], vec![]);
+            for (c, cursor) in chunks.iter().zip(&mut cursors) {
+                let r = t * 2..t * 2 + 2;
+                c.obs.extend_f32(r.clone(), &mut obs);
+                for e in 0..2 {
+                    c.next_obs_into(t, e, 1, cursor, &mut next_obs);
+                }
+                act.actions.extend_from_slice(&c.actions[r.clone()]);
+                act.log_probs.extend_from_slice(&c.log_probs[r.clone()]);
+                act.values.extend_from_slice(&c.values[r.clone()]);
+                rewards.extend_from_slice(&c.rewards[r.clone()]);
+                terminated.extend_from_slice(&c.terminated[r.clone()]);
+                truncated.extend_from_slice(&c.truncated[r]);
+            }
+            let step = Transition {
+                obs: &obs,
+                act: &act,
+                rewards: &rewards,
+                terminated: &terminated,
+                truncated: &truncated,
+                next_obs: &next_obs,
+            };
+            by_step.observe(&step, value).unwrap();
+        }
+        let a = from_chunks.finish(value, 0.9, 0.8).unwrap().expect("full");
+        let b = by_step.finish(value, 0.9, 0.8).unwrap().expect("full");
+        assert_eq!(a.obs, b.obs);
+        assert_eq!((a.actions.clone(), a.log_probs.clone(), a.values.clone()), (b.actions, b.log_probs, b.values));
+        assert_eq!((a.terminated.clone(), a.truncated.clone()), (b.terminated, b.truncated));
+        assert_eq!((a.final_obs.clone(), a.final_obs_steps.clone()), (vec![90.0, 92.0], vec![1, 11]));
+        assert_eq!((a.final_obs.clone(), a.final_obs_steps.clone()), (b.final_obs, b.final_obs_steps));
+        assert_eq!(a.next_values, b.next_values);
+        assert_eq!(a.advantages, b.advantages);
+        assert_eq!(a.returns, b.returns);
+        // A rollout already holding steps refuses a chunk batch; so does a batch of the wrong width.
+        let mut partial = RolloutCollector::new(4, 3, 1, 1);
+        assert!(partial.push_chunks(&chunks[..1], value).is_err());
     }
 }

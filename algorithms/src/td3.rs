@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
+use crate::acting::{ActingPolicy, load_flat};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -331,7 +332,7 @@ struct Counters {
 pub struct Td3 {
     name: &'static str,
     config: Td3Config,
-    actor_net: FlatMlp,
+    pi: ActorNet,
     actor: FlatParams,
     actor_target: FlatParams,
     critic_net: Critics,
@@ -343,8 +344,6 @@ pub struct Td3 {
     critic_opt: Adam,
     replay: ReplayBuffer<f32>,
     noise: ActionNoise,
-    low: Vec<f32>,
-    high: Vec<f32>,
     obs_dim: usize,
     act_dim: usize,
     n_envs: usize,
@@ -399,20 +398,7 @@ impl Td3 {
         seed: u64,
     ) -> Result<Self> {
         let obs_dim = mlp_input_dim(name, observation_space)?;
-        let (low, high) = match action_space {
-            Space::Box { low, high, shape, .. }
-                if shape.len() == 1 && low.iter().zip(high).all(|(l, h)| l.is_finite() && h.is_finite() && l < h) =>
-            {
-                (low.clone(), high.clone())
-            }
-            other => {
-                return Err(Error::UnsupportedSpace {
-                    which: "action",
-                    algorithm: name,
-                    detail: format!("{other:?}: needs a 1-D box with finite bounds, low < high"),
-                });
-            }
-        };
+        let (low, high) = action_bounds(name, action_space)?;
         let act_dim = low.len();
         let (od, ad) = (obs_dim as i64, act_dim as i64);
         let c = &config;
@@ -431,14 +417,12 @@ impl Td3 {
             critic_first: critic_net.first_detached(&critic),
             replay: ReplayBuffer::new(c.buffer_size, obs_dim, act_dim)?,
             noise: ActionNoise::new(c.noise_type, c.noise_std, n_envs, act_dim),
-            actor_net,
+            pi: ActorNet { net: actor_net, low, high, obs_dim, act_dim, device },
             actor,
             critic_net,
             critic,
             actor_opt,
             critic_opt,
-            low,
-            high,
             obs_dim,
             act_dim,
             n_envs,
@@ -459,7 +443,7 @@ impl Td3 {
 
     /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target actor.
     fn policy(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        self.actor_net.forward(params, obs).tanh()
+        self.pi.forward(params, obs)
     }
 
     /// Sample a batch and lay it out in `self.batch` (see its doc), drawing the target-action noise.
@@ -535,44 +519,10 @@ impl Policy for Td3 {
 
     /// `π(obs)` scaled to the bounds; with `Explore`, plus noise (uniformly random before `learning_starts`).
     fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        let rows = obs.len() / self.obs_dim;
-        out.log_probs.clear();
-        out.values.clear();
-        out.q_values.clear();
-        out.actions.resize(rows * self.act_dim, 0.0);
         let explore = mode == ActMode::Explore;
-        if explore && self.counters.env_steps < self.config.learning_starts {
-            for a in &mut out.actions {
-                *a = self.rng.random_range(-1.0..1.0);
-            }
-        } else {
-            let (scratch, raw) = &mut self.host;
-            if self.actor_net.forward_host(&self.actor, obs, rows, scratch, raw) {
-                // The network without libtorch (CPU parameters), then `policy`'s tanh.
-                for (a, r) in out.actions.iter_mut().zip(raw.iter()) {
-                    *a = r.tanh();
-                }
-            } else {
-                let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
-                let a = tch::no_grad(|| self.policy(&self.actor, &x)).to_device(Device::Cpu);
-                a.f_copy_data(&mut out.actions, rows * self.act_dim)?;
-            }
-        }
-        if explore && self.noise.kind() != NoiseType::None {
-            self.noise.add_to(&mut out.actions, &mut self.rng)?;
-            for a in &mut out.actions {
-                *a = a.clamp(-1.0, 1.0);
-            }
-        }
-        for row in out.actions.chunks_exact_mut(self.act_dim) {
-            for ((a, l), h) in row.iter_mut().zip(&self.low).zip(&self.high) {
-                *a = unscale_action(*a, *l, *h);
-            }
-        }
-        Ok(())
+        let random = explore && self.counters.env_steps < self.config.learning_starts;
+        let noise = explore.then_some(&mut self.noise);
+        self.pi.act(&self.actor, obs, random, noise, &mut self.rng, &mut self.host, out)
     }
 }
 
@@ -598,7 +548,7 @@ impl Algorithm for Td3 {
         let gamma = self.config.gamma as f32;
         for i in 0..n {
             let action = &step.act.actions[i * ad..(i + 1) * ad];
-            for (((s, a), l), h) in self.scaled.iter_mut().zip(action).zip(&self.low).zip(&self.high) {
+            for (((s, a), l), h) in self.scaled.iter_mut().zip(action).zip(&self.pi.low).zip(&self.pi.high) {
                 *s = scale_action(*a, *l, *h).clamp(-1.0, 1.0);
             }
             self.replay.push(&Experience {
@@ -695,6 +645,171 @@ impl Algorithm for Td3 {
 
     fn load_weights(&mut self, path: &Path) -> Result<()> {
         self.actor.load(path)
+    }
+}
+
+
+/// The bounds of a 1-D `Box` action space with finite bounds, `low < high`; otherwise an error naming `name`.
+fn action_bounds(name: &'static str, action_space: &Space) -> Result<(Vec<f32>, Vec<f32>)> {
+    match action_space {
+        Space::Box { low, high, shape, .. }
+            if shape.len() == 1 && low.iter().zip(high).all(|(l, h)| l.is_finite() && h.is_finite() && l < h) =>
+        {
+            Ok((low.clone(), high.clone()))
+        }
+        other => Err(Error::UnsupportedSpace {
+            which: "action",
+            algorithm: name,
+            detail: format!("{other:?}: needs a 1-D box with finite bounds, low < high"),
+        }),
+    }
+}
+
+/// The deterministic actor `π(obs) = tanh(MLP(obs))` in `[−1, 1]`, scaled to the action bounds for the env;
+/// shared by the agent and its acting copy ([`Td3Policy`]).
+#[derive(Debug, Clone)]
+struct ActorNet {
+    net: FlatMlp,
+    low: Vec<f32>,
+    high: Vec<f32>,
+    obs_dim: usize,
+    act_dim: usize,
+    device: Device,
+}
+
+impl ActorNet {
+    /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target parameters.
+    fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
+        self.net.forward(params, obs).tanh()
+    }
+
+    /// Actions for a batch in the env's bounds: `π(obs)`, or uniformly random with `random`, plus `noise`
+    /// (clipped to `[−1, 1]`) when given. On CPU parameters the network runs without libtorch.
+    #[allow(clippy::too_many_arguments)]
+    fn act(
+        &self,
+        params: &FlatParams,
+        obs: &[f32],
+        random: bool,
+        noise: Option<&mut ActionNoise>,
+        rng: &mut Pcg64,
+        host: &mut (HostScratch, Vec<f32>),
+        out: &mut ActOutput,
+    ) -> Result<()> {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        let rows = obs.len() / self.obs_dim;
+        out.log_probs.clear();
+        out.values.clear();
+        out.q_values.clear();
+        out.actions.resize(rows * self.act_dim, 0.0);
+        if random {
+            for a in &mut out.actions {
+                *a = rng.random_range(-1.0..1.0);
+            }
+        } else {
+            let (scratch, raw) = host;
+            if self.net.forward_host(params, obs, rows, scratch, raw) {
+                // The network without libtorch (CPU parameters), then `forward`'s tanh.
+                for (a, r) in out.actions.iter_mut().zip(raw.iter()) {
+                    *a = r.tanh();
+                }
+            } else {
+                let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
+                let a = tch::no_grad(|| self.forward(params, &x)).to_device(Device::Cpu);
+                a.f_copy_data(&mut out.actions, rows * self.act_dim)?;
+            }
+        }
+        if let Some(noise) = noise
+            && noise.kind() != NoiseType::None
+        {
+            noise.add_to(&mut out.actions, rng)?;
+            for a in &mut out.actions {
+                *a = a.clamp(-1.0, 1.0);
+            }
+        }
+        for row in out.actions.chunks_exact_mut(self.act_dim) {
+            for ((a, l), h) in row.iter_mut().zip(&self.low).zip(&self.high) {
+                *a = unscale_action(*a, *l, *h);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// DDPG's and TD3's acting policy in an actor process: the actor network's weights (from the learner's
+/// broadcast) and exploration noise; uniformly random actions while the learner has fewer than
+/// `learning_starts` env steps. No critics, no replay, no optimiser.
+#[derive(Debug)]
+pub struct Td3Policy {
+    pi: ActorNet,
+    params: FlatParams,
+    noise: ActionNoise,
+    learning_starts: u64,
+    learner_env_steps: u64,
+    rng: Pcg64,
+    host: (HostScratch, Vec<f32>),
+}
+
+impl Td3Policy {
+    /// An acting policy (`name`: "ddpg" or "td3", for errors) for `n_envs` envs; `seed` fixes exploration.
+    pub fn new(
+        name: &'static str,
+        observation_space: &Space,
+        action_space: &Space,
+        n_envs: usize,
+        config: &Td3Config,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate_as(name)?;
+        let obs_dim = mlp_input_dim(name, observation_space)?;
+        let (low, high) = action_bounds(name, action_space)?;
+        let act_dim = low.len();
+        let (net, named) = with_torch_seed(seed, || {
+            let (od, ad) = (obs_dim as i64, act_dim as i64);
+            FlatMlp::init("actor", od, &config.hidden_sizes, ad, config.activation, LayerInit::Torch, 0)
+        });
+        Ok(Td3Policy {
+            pi: ActorNet { net, low, high, obs_dim, act_dim, device: Device::Cpu },
+            params: FlatParams::new(named, Device::Cpu),
+            noise: ActionNoise::new(config.noise_type, config.noise_std, n_envs, act_dim),
+            learning_starts: config.learning_starts,
+            learner_env_steps: 0,
+            rng: Pcg64::seed_from_u64(seed ^ 0x7d3_ac70),
+            host: Default::default(),
+        })
+    }
+}
+
+impl Policy for Td3Policy {
+    fn obs_dim(&self) -> usize {
+        self.pi.obs_dim
+    }
+
+    fn act_dim(&self) -> usize {
+        self.pi.act_dim
+    }
+
+    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        let explore = mode == ActMode::Explore;
+        let random = explore && self.learner_env_steps < self.learning_starts;
+        let noise = explore.then_some(&mut self.noise);
+        self.pi.act(&self.params, obs, random, noise, &mut self.rng, &mut self.host, out)
+    }
+}
+
+impl ActingPolicy for Td3Policy {
+    fn n_params(&self) -> usize {
+        self.params.numel() as usize
+    }
+
+    fn load_params(&mut self, values: &[f32]) -> Result<()> {
+        load_flat(&self.params, values)
+    }
+
+    fn set_progress(&mut self, progress: &Progress) {
+        self.learner_env_steps = progress.env_steps;
     }
 }
 

@@ -100,6 +100,19 @@ impl<'a> VecStep<'a> {
     pub fn final_obs(&self, i: usize) -> Option<&'a [f32]> {
         final_row(self.final_obs, self.has_final, self.obs_dim, i)
     }
+
+    /// The observation that truly followed each env's action, into `out` (`num_envs × obs_dim`, replacing
+    /// its contents): the final observation where an episode ended in this step (not the first of the next
+    /// episode, which `obs` holds), else `obs`. This is the `next_obs` a learner bootstraps from.
+    pub fn true_next_obs(&self, out: &mut Vec<f32>) {
+        out.clear();
+        out.extend_from_slice(self.obs);
+        for i in 0..self.terminated.len() {
+            if let Some(last) = self.final_obs(i) {
+                out[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(last);
+            }
+        }
+    }
 }
 
 fn final_row<'a>(final_obs: &'a [f32], has_final: &[bool], dim: usize, i: usize) -> Option<&'a [f32]> {

@@ -14,14 +14,17 @@
 use std::path::Path;
 use std::str::FromStr;
 
-use flotilla_algorithms::a2c::A2cConfig;
-use flotilla_algorithms::dqn::DqnConfig;
-use flotilla_algorithms::ppo::PpoConfig;
-use flotilla_algorithms::td3::{DdpgConfig, Td3Config};
+use flotilla_algorithms::Algorithm;
+/// The `[algorithm]` section and the families of algorithms live in the algorithm registry.
+pub use flotilla_algorithms::registry::{AlgorithmConfig, Family};
+use flotilla_core::Space;
 use flotilla_envs::{KwargValue, Kwargs};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{Error, Result};
+
+/// Longest `[actors] reconnect_secs` accepted: about four months.
+pub const MAX_RECONNECT_SECS: f64 = 1e7;
 
 /// A whole experiment.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,17 +55,6 @@ pub struct ExperimentConfig {
     /// Message limits of the wire (distributed runs).
     #[serde(default)]
     pub transport: TransportConfig,
-}
-
-/// How the learner uses actor data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// PPO, A2C: batches of fresh whole chunks, `chunks_per_batch` at a time; too-stale chunks are skipped.
-    OnPolicy,
-    /// DQN, DDPG, TD3: every chunk goes into replay.
-    OffPolicy,
-    /// A3C: actors send gradients; the learner applies them.
-    Gradients,
 }
 
 /// A distributed run's shape, from [`ExperimentConfig::plan`].
@@ -216,25 +208,6 @@ impl EnvConfig {
     }
 }
 
-/// `[algorithm]`: `kind` picks the algorithm; the other keys are its config struct's fields.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum AlgorithmConfig {
-    /// Proximal Policy Optimization.
-    Ppo(PpoConfig),
-    /// Deep Q-Networks (double-Q, dueling, prioritized replay, n-step as options).
-    Dqn(DqnConfig),
-    /// Advantage Actor-Critic (synchronous A3C).
-    A2c(A2cConfig),
-    /// Asynchronous Advantage Actor-Critic: actors compute A2C gradients on their own chunks and the learner
-    /// applies them as a parameter server (needs actors: `--actors N`). Same fields as `a2c`.
-    A3c(A2cConfig),
-    /// Deep Deterministic Policy Gradient.
-    Ddpg(DdpgConfig),
-    /// Twin Delayed DDPG.
-    Td3(Td3Config),
-}
-
 /// `[eval]`: deterministic evaluation of the current policy during and after training.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -382,14 +355,27 @@ impl ExperimentConfig {
         }
         flotilla_envs::make(&self.env.id, &self.env.registry_kwargs()?)
             .map_err(|e| Error::Config(format!("[env]: {e}")))?;
-        let checked = match &self.algorithm {
-            AlgorithmConfig::Ppo(c) => c.validate(self.env.num_envs),
-            AlgorithmConfig::Dqn(c) => c.validate(),
-            AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => c.validate(self.env.num_envs),
-            AlgorithmConfig::Ddpg(c) => c.validate(),
-            AlgorithmConfig::Td3(c) => c.validate(),
-        };
-        checked.map_err(|e| Error::Config(format!("[algorithm]: {e}")))?;
+        self.algorithm.validate(self.env.num_envs).map_err(|e| Error::Config(format!("[algorithm]: {e}")))?;
+        // A device that is not there fails now, before a run directory is written.
+        self.run.device.resolve()?;
+        if self.run.torch_threads == 0 {
+            return Err(Error::Config("[run] torch_threads = 0: need at least one thread".into()));
+        }
+        let a = &self.actors;
+        if !(a.reconnect_secs.is_finite() && a.reconnect_secs > 0.0 && a.reconnect_secs <= MAX_RECONNECT_SECS) {
+            return Err(Error::Config(format!(
+                "[actors] reconnect_secs = {}: must be a number of seconds in (0, {MAX_RECONNECT_SECS}]",
+                a.reconnect_secs
+            )));
+        }
+        for (key, value) in [("epsilon", a.epsilon), ("epsilon_alpha", a.epsilon_alpha)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(Error::Config(format!("[actors] {key} = {value}: must be finite and ≥ 0")));
+            }
+        }
+        if a.epsilon > 1.0 {
+            return Err(Error::Config(format!("[actors] epsilon = {}: a probability, must be ≤ 1", a.epsilon)));
+        }
         if !self.learner.listen.contains(':') {
             return Err(Error::Config(format!("[learner] listen = {:?}: expected HOST:PORT", self.learner.listen)));
         }
@@ -398,10 +384,11 @@ impl ExperimentConfig {
         }
         if self.actors.count > 0 {
             self.plan(self.actors.count)?;
-        } else if matches!(self.algorithm, AlgorithmConfig::A3c(_)) {
-            return Err(Error::Config(
-                "[algorithm] kind = \"a3c\" needs actor processes: pass --actors N or set [actors] count".into(),
-            ));
+        } else if self.algorithm.family() == Family::Gradients {
+            return Err(Error::Config(format!(
+                "[algorithm] kind = {:?} needs actor processes: pass --actors N or set [actors] count",
+                self.algorithm.name()
+            )));
         }
         Ok(())
     }
@@ -451,16 +438,11 @@ impl ExperimentConfig {
                 chunks_per_batch: 1,
             })
         };
-        match &self.algorithm {
-            AlgorithmConfig::Ppo(c) => on_policy(c.n_steps, Family::OnPolicy),
-            AlgorithmConfig::A2c(c) => on_policy(c.n_steps, Family::OnPolicy),
-            AlgorithmConfig::A3c(c) => on_policy(c.n_steps, Family::Gradients),
-            AlgorithmConfig::Dqn(c) if c.n_step > 1 => bad(format!(
-                "[algorithm] n_step = {}: n-step returns need one queue per actor env, which the distributed \
-                 learner does not keep yet; use n_step = 1 with actors",
-                c.n_step
-            )),
-            AlgorithmConfig::Dqn(_) | AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) => off_policy(),
+        self.algorithm.check_distributed().map_err(|e| Error::Config(format!("[algorithm]: {e}")))?;
+        match (self.algorithm.family(), self.algorithm.rollout_steps()) {
+            (Family::OffPolicy, _) => off_policy(),
+            (family, Some(n_steps)) => on_policy(n_steps, family),
+            (family, None) => bad(format!("{family:?} algorithm {} has no rollout length", self.algorithm.name())),
         }
     }
 
@@ -471,14 +453,18 @@ impl ExperimentConfig {
 
     /// Short algorithm name (`"ppo"`).
     pub fn algorithm_name(&self) -> &'static str {
-        match self.algorithm {
-            AlgorithmConfig::Ppo(_) => "ppo",
-            AlgorithmConfig::Dqn(_) => "dqn",
-            AlgorithmConfig::A2c(_) => "a2c",
-            AlgorithmConfig::A3c(_) => "a3c",
-            AlgorithmConfig::Ddpg(_) => "ddpg",
-            AlgorithmConfig::Td3(_) => "td3",
-        }
+        self.algorithm.name()
+    }
+
+    /// A fresh agent for these spaces, as `[algorithm]` says, fed by `[env] num_envs` envs and seeded with
+    /// `[run] seed` (the single-process trainer's and `flotilla eval`'s agent).
+    pub fn build_agent(
+        &self,
+        observation_space: &Space,
+        action_space: &Space,
+        device: tch::Device,
+    ) -> Result<Box<dyn Algorithm>> {
+        Ok(self.algorithm.build_learner(observation_space, action_space, self.env.num_envs, device, self.run.seed)?)
     }
 }
 
@@ -508,6 +494,8 @@ fn apply_override(table: &mut toml::Table, spec: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use flotilla_algorithms::ppo::PpoConfig;
+
     use super::*;
 
     const BASE: &str = r#"
@@ -551,6 +539,12 @@ kind = "ppo"
             (format!("{BASE}batch_size = 100\n"), "batch_size"),
             (format!("{BASE}\n[run]\ndevice = \"gpu\"\n"), "gpu"),
             (format!("{BASE}\n[env.kwargs]\nlength = [1]\n"), "length"),
+            (format!("{BASE}\n[actors]\nreconnect_secs = inf\n"), "actors] reconnect_secs"),
+            (format!("{BASE}\n[actors]\nreconnect_secs = nan\n"), "actors] reconnect_secs"),
+            (format!("{BASE}\n[actors]\nreconnect_secs = -1.0\n"), "actors] reconnect_secs"),
+            (format!("{BASE}\n[actors]\nepsilon = 1.5\n"), "actors] epsilon"),
+            (format!("{BASE}\n[run]\ntorch_threads = 0\n"), "torch_threads"),
+            (format!("{BASE}\n[run]\ndevice = \"cuda:7\"\n"), "cuda:7"),
         ];
         for (text, needle) in cases {
             let e = ExperimentConfig::parse(&text, &[]).unwrap_err().to_string();

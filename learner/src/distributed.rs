@@ -22,40 +22,36 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flotilla_algorithms::a2c::A2c;
-use flotilla_algorithms::{ActOutput, Algorithm, Metrics, Progress, Transition};
+use flotilla_algorithms::{Algorithm, Metrics, Progress, for_each_transition};
 use flotilla_core::{Chunk, ChunkSpec, DType, EpisodeStats, Gradient};
 use flotilla_transport::RunInfo;
 use flotilla_transport::grpc::{Limits, ServerHandle, serve};
-use tch::{Device, Tensor};
-use tracing::{info, warn};
+use tch::Device;
+use tracing::{error, info, warn};
 
-use crate::config::{AlgorithmConfig, ExperimentConfig, Family, Plan};
+use crate::config::{ExperimentConfig, Family, Plan};
 use crate::eval::evaluate;
 use crate::hub::{Delivery, Hub, HubSpec, next_delivery};
-use crate::train::{EvalPoint, LogRow, RunCounters, TrainReport, log_progress};
+use crate::progress::{EvalPoint, LogRow, RunCounters, TrainReport, log_progress};
 use crate::{Error, Result};
 
-/// The learner's agent: any algorithm fed chunks, or A3C's parameter server.
-pub enum LearnerAgent {
-    /// PPO, A2C, DQN, DDPG, TD3.
-    Chunks(Box<dyn Algorithm>),
-    /// A3C: applies actors' gradients.
-    Gradients(Box<A2c>),
+/// The agent's policy parameters as a flat CPU vector (what a broadcast carries).
+fn params_vec(agent: &dyn Algorithm) -> Result<Vec<f32>> {
+    let flat = agent.policy_params().flat().to_device(Device::Cpu);
+    Ok(Vec::<f32>::try_from(flat.view([-1])).map_err(flotilla_algorithms::Error::from)?)
 }
 
-impl LearnerAgent {
-    /// The agent as an [`Algorithm`] (evaluation, saving).
-    pub fn algorithm(&mut self) -> &mut dyn Algorithm {
-        match self {
-            LearnerAgent::Chunks(a) => a.as_mut(),
-            LearnerAgent::Gradients(a) => a.as_mut(),
-        }
-    }
-
-    fn params_vec(&mut self) -> Result<Vec<f32>> {
-        let flat = self.algorithm().policy_params().flat().to_device(Device::Cpu);
-        Ok(Vec::<f32>::try_from(flat.view([-1])).map_err(flotilla_algorithms::Error::from)?)
+/// Run one learning step; an error from it — a libtorch error (which tch raises as a panic), or an `Err`
+/// such as a non-finite loss — comes back as a message instead of ending the learner.
+fn guarded<T>(step: impl FnOnce() -> flotilla_algorithms::Result<T>) -> std::result::Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic without a message".into())),
     }
 }
 
@@ -68,6 +64,9 @@ struct Counters {
     /// Lag of the chunks (or gradients) used since the last log row: sum, max, count.
     interval_lag: (u64, u64, u64),
     stale: u64,
+    /// Updates that failed (a libtorch error or a non-finite loss): their data was skipped.
+    #[serde(default)]
+    failed_updates: u64,
     eval_secs: f64,
 }
 
@@ -75,7 +74,7 @@ struct Counters {
 pub struct DistributedLearner {
     config: ExperimentConfig,
     plan: Plan,
-    agent: LearnerAgent,
+    agent: Box<dyn Algorithm>,
     hub: Arc<Hub>,
     rx: tokio::sync::mpsc::Receiver<Delivery>,
     runtime: tokio::runtime::Runtime,
@@ -83,7 +82,6 @@ pub struct DistributedLearner {
     counters: Counters,
     pending: Vec<Chunk>,
     last_metrics: Metrics,
-    obs_dim: usize,
     /// Where to write checkpoints (none: no checkpoints).
     checkpoint: Option<std::path::PathBuf>,
     /// Stop (with a checkpoint) once this many env steps are in, before the budget.
@@ -110,42 +108,20 @@ impl DistributedLearner {
             flotilla_core::Space::Discrete { .. } => DType::F32,
         };
         let seed = config.run.seed;
-        let mut agent = match (&config.algorithm, plan.family) {
-            (AlgorithmConfig::A3c(c), _) => LearnerAgent::Gradients(Box::new(A2c::new(
-                &obs_space,
-                &act_space,
-                plan.envs_per_actor,
-                c.clone(),
-                device,
-                seed,
-            )?)),
-            (_, Family::OnPolicy) => LearnerAgent::Chunks(crate::agent::build_for(
-                config,
-                &obs_space,
-                &act_space,
-                device,
-                plan.envs_per_actor * plan.chunks_per_batch,
-                seed,
-            )?),
-            _ => LearnerAgent::Chunks(crate::agent::build_for(
-                config,
-                &obs_space,
-                &act_space,
-                device,
-                plan.envs_per_actor,
-                seed,
-            )?),
+        // An on-policy update is a batch of whole chunks stacked row-wise; otherwise the agent sees one
+        // actor's envs at a time (chunks into replay, or A3C gradients of one actor's rollout).
+        let rows = match plan.family {
+            Family::OnPolicy => plan.envs_per_actor * plan.chunks_per_batch,
+            Family::OffPolicy | Family::Gradients => plan.envs_per_actor,
         };
-        let initial = agent.params_vec()?;
-        let (obs_dim, act_dim) = {
-            let a = agent.algorithm();
-            (a.obs_dim(), a.act_dim())
-        };
+        let agent = config.algorithm.build_learner(&obs_space, &act_space, rows, device, seed)?;
+        let initial = params_vec(agent.as_ref())?;
+        let (obs_dim, act_dim) = (agent.obs_dim(), agent.act_dim());
         let spec = HubSpec {
             run: RunInfo { run_id: new_run_id(), config_toml: config.to_toml() },
-            observation_space: obs_space,
-            action_space: act_space,
             chunk: ChunkSpec {
+                observation_space: obs_space.clone(),
+                action_space: act_space.clone(),
                 obs_dim,
                 obs_dtype,
                 act_dim,
@@ -153,6 +129,8 @@ impl DistributedLearner {
                 n_steps: plan.chunk_steps,
                 needs_behaviour: plan.family == Family::OnPolicy,
             },
+            observation_space: obs_space,
+            action_space: act_space,
             family: plan.family,
             n_actors: plan.n_actors,
             seed,
@@ -189,7 +167,6 @@ impl DistributedLearner {
             counters,
             pending: Vec::new(),
             last_metrics: Metrics::default(),
-            obs_dim,
             checkpoint: None,
             stop_at: u64::MAX,
         })
@@ -202,9 +179,9 @@ impl DistributedLearner {
     pub fn resume(config: &ExperimentConfig, plan: Plan, path: &std::path::Path) -> Result<Self> {
         let mut learner = Self::new(config, plan)?;
         let mut c = flotilla_algorithms::Checkpoint::load(path)?;
-        learner.agent.algorithm().restore(&mut c)?;
+        learner.agent.restore(&mut c)?;
         learner.counters = c.meta("distributed.counters")?;
-        let params = learner.agent.params_vec()?;
+        let params = params_vec(learner.agent.as_ref())?;
         learner.hub.publish(params);
         learner.hub.set_env_steps(learner.counters.run.env_steps);
         Ok(learner)
@@ -229,7 +206,7 @@ impl DistributedLearner {
         if !self.pending.is_empty() {
             warn!("checkpoint without the {} chunks waiting for a full batch", self.pending.len());
         }
-        let mut c = self.agent.algorithm().checkpoint()?;
+        let mut c = self.agent.checkpoint()?;
         c.put_meta("distributed.counters", &self.counters)?;
         c.save(path)?;
         Ok(())
@@ -263,7 +240,7 @@ impl DistributedLearner {
 
     /// The agent.
     pub fn agent(&mut self) -> &mut dyn Algorithm {
-        self.agent.algorithm()
+        self.agent.as_mut()
     }
 
     /// Train until the budget or until `stop` is set, calling `on_log` with each metrics row. Ends with an
@@ -382,58 +359,54 @@ impl DistributedLearner {
         if !self.admit(g.policy_version, g.actor_id) {
             return Ok(());
         }
-        let LearnerAgent::Gradients(a2c) = &mut self.agent else {
-            unreachable!("the hub refuses gradients unless the run is a3c")
-        };
         let progress =
             Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
         let started = Instant::now();
-        let grad = Tensor::from_slice(&g.values);
-        let lr = a2c.apply_gradients(&grad, progress.remaining())?;
-        let mut m = Metrics::default();
-        m.push("charts/learning_rate", lr);
-        m.push("charts/gradient_steps", 1.0);
-        self.counters.run.count_update(&m);
-        self.publish(m, started)
+        let agent = &mut self.agent;
+        match guarded(|| agent.apply_gradient(&g.values, &progress)) {
+            Ok(m) => {
+                self.counters.run.count_update(&m);
+                self.publish(m, started)
+            }
+            Err(e) => {
+                self.update_failed(&e, &[g.actor_id]);
+                Ok(())
+            }
+        }
+    }
+
+    /// An update failed: its data is skipped, the error logged with the actors it came from; the learner keeps
+    /// serving with the parameters it last published.
+    fn update_failed(&mut self, error: &str, actors: &[u64]) {
+        self.counters.failed_updates += 1;
+        error!("update failed on data from actors {actors:?}; skipped: {error}");
     }
 
     /// Observe each step of a chunk into the off-policy agent, asking it to update after each, as the
     /// single-process trainer does.
     fn feed_off_policy(&mut self, chunk: &Chunk) -> Result<()> {
-        let (e, d) = (chunk.n_envs, self.obs_dim);
-        let act_dim = chunk.actions.len() / chunk.transitions();
         let total = self.config.run.total_env_steps;
-        let (mut obs, mut next_obs) = (Vec::with_capacity(e * d), Vec::with_capacity(e * d));
-        let mut act = ActOutput::default();
-        let mut cursor = 0;
+        let e = chunk.n_envs as u64;
         let started = Instant::now();
+        let before = self.counters.run.env_steps;
         let mut last = None;
-        for t in 0..chunk.n_steps {
-            let rows = t * e..(t + 1) * e;
-            obs.clear();
-            chunk.obs.extend_f32(rows.start * d..rows.end * d, &mut obs);
-            next_obs.clear();
-            for env in 0..e {
-                chunk.next_obs_into(t, env, d, &mut cursor, &mut next_obs);
-            }
-            act.actions.clear();
-            act.actions.extend_from_slice(&chunk.actions[rows.start * act_dim..rows.end * act_dim]);
-            let transition = Transition {
-                obs: &obs,
-                act: &act,
-                rewards: &chunk.rewards[rows.clone()],
-                terminated: &chunk.terminated[rows.clone()],
-                truncated: &chunk.truncated[rows.clone()],
-                next_obs: &next_obs,
-            };
-            let agent = self.agent.algorithm();
-            agent.observe(&transition)?;
-            self.counters.run.env_steps += e as u64;
-            let progress = Progress { env_steps: self.counters.run.env_steps, total_env_steps: total };
-            if let Some(m) = agent.update(&progress)? {
-                self.counters.run.count_update(&m);
-                last = Some(m);
-            }
+        let (agent, counters) = (&mut self.agent, &mut self.counters);
+        let fed = guarded(|| {
+            for_each_transition(chunk, |step| {
+                agent.observe(step)?;
+                counters.run.env_steps += e;
+                let progress = Progress { env_steps: counters.run.env_steps, total_env_steps: total };
+                if let Some(m) = agent.update(&progress)? {
+                    counters.run.count_update(&m);
+                    last = Some(m);
+                }
+                Ok(())
+            })
+        });
+        // Every step of the chunk counts, whether or not the agent could learn from all of it.
+        self.counters.run.env_steps = before + chunk.transitions() as u64;
+        if let Err(error) = fed {
+            self.update_failed(&error, &[chunk.actor_id]);
         }
         // One publication per chunk, however many updates it triggered.
         if let Some(m) = last {
@@ -442,65 +415,37 @@ impl DistributedLearner {
         Ok(())
     }
 
-    /// Stack `batch`'s chunks row-wise (chunk k's env j is row k·E + j) and observe its T steps, then update.
+    /// Push `batch`'s chunks into the agent's rollout (chunk k's env j is row k·E + j) and update.
     fn train_on_policy(&mut self, batch: &[Chunk]) -> Result<()> {
         let started = Instant::now();
-        let d = self.obs_dim;
-        let e = self.plan.envs_per_actor;
-        let rows = e * batch.len();
-        let act_dim = batch[0].actions.len() / batch[0].transitions();
-        let mut obs = Vec::with_capacity(rows * d);
-        let mut next_obs = Vec::with_capacity(rows * d);
-        let mut act = ActOutput::default();
-        let (mut rewards, mut terminated, mut truncated) = (Vec::new(), Vec::new(), Vec::new());
-        let mut cursors = vec![0usize; batch.len()];
-        for t in 0..self.plan.chunk_steps {
-            obs.clear();
-            next_obs.clear();
-            act.actions.clear();
-            act.log_probs.clear();
-            act.values.clear();
-            rewards.clear();
-            terminated.clear();
-            truncated.clear();
-            for (chunk, cursor) in batch.iter().zip(&mut cursors) {
-                let r = t * e..(t + 1) * e;
-                chunk.obs.extend_f32(r.start * d..r.end * d, &mut obs);
-                for env in 0..e {
-                    chunk.next_obs_into(t, env, d, cursor, &mut next_obs);
-                }
-                act.actions.extend_from_slice(&chunk.actions[r.start * act_dim..r.end * act_dim]);
-                act.log_probs.extend_from_slice(&chunk.log_probs[r.clone()]);
-                act.values.extend_from_slice(&chunk.values[r.clone()]);
-                rewards.extend_from_slice(&chunk.rewards[r.clone()]);
-                terminated.extend_from_slice(&chunk.terminated[r.clone()]);
-                truncated.extend_from_slice(&chunk.truncated[r]);
-            }
-            let transition = Transition {
-                obs: &obs,
-                act: &act,
-                rewards: &rewards,
-                terminated: &terminated,
-                truncated: &truncated,
-                next_obs: &next_obs,
-            };
-            self.agent.algorithm().observe(&transition)?;
-        }
         let progress =
             Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
-        let m = self.agent.algorithm().update(&progress)?.ok_or_else(|| {
-            Error::Runtime(format!(
-                "an on-policy batch of {rows} rows × {} steps did not fill a rollout",
+        let agent = &mut self.agent;
+        let updated = guarded(|| {
+            agent.observe_chunks(batch)?;
+            agent.update(&progress)
+        });
+        match updated {
+            Ok(Some(m)) => {
+                self.counters.run.count_update(&m);
+                self.publish(m, started)
+            }
+            Ok(None) => Err(Error::Runtime(format!(
+                "an on-policy batch of {} chunks × {} steps did not fill a rollout",
+                batch.len(),
                 self.plan.chunk_steps
-            ))
-        })?;
-        self.counters.run.count_update(&m);
-        self.publish(m, started)
+            ))),
+            Err(e) => {
+                let actors: Vec<u64> = batch.iter().map(|c| c.actor_id).collect();
+                self.update_failed(&e, &actors);
+                Ok(())
+            }
+        }
     }
 
     /// Publish the parameters after updates begun at `started`; `m` is the last update's metrics.
     fn publish(&mut self, m: Metrics, started: Instant) -> Result<()> {
-        let params = self.agent.params_vec()?;
+        let params = params_vec(self.agent.as_ref())?;
         self.hub.publish(params);
         self.counters.run.update_secs += started.elapsed().as_secs_f64();
         self.last_metrics = m;
@@ -510,7 +455,7 @@ impl DistributedLearner {
     fn evaluate_now(&mut self) -> Result<()> {
         let (c, k) = (&self.config, &mut self.counters);
         let started = Instant::now();
-        let result = evaluate(self.agent.algorithm(), &c.env, c.eval.episodes, k.run.eval_seed(c))?;
+        let result = evaluate(self.agent.as_mut(), &c.env, c.eval.episodes, k.run.eval_seed(c))?;
         k.eval_secs += started.elapsed().as_secs_f64();
         k.run.evals.push(EvalPoint { env_steps: k.run.env_steps, train_secs: k.run.train_secs, result });
         Ok(())
@@ -533,6 +478,7 @@ impl DistributedLearner {
             update.push("charts/policy_lag_max", lag_max as f64);
         }
         update.push("charts/stale_chunks", c.stale as f64);
+        update.push("charts/failed_updates", c.failed_updates as f64);
         update.push("charts/refused_messages", self.hub.counters.refused.load(Ordering::Relaxed) as f64);
         update.push("charts/policy_version", self.hub.version() as f64);
         update.push("charts/actors", self.hub.live_actors() as f64);

@@ -62,13 +62,14 @@ pub struct HubSpec {
     pub observation_space: Space,
     /// The learner's action space.
     pub action_space: Space,
-    /// What every chunk must look like.
+    /// What every chunk must look like; its spaces are `observation_space` and `action_space`.
     pub chunk: ChunkSpec,
     /// Chunks or gradients.
     pub family: Family,
     /// Actor slots.
     pub n_actors: usize,
-    /// Base seed; actor registration `k` gets `seed + 1000 · (k + 1)`.
+    /// Base seed; actor registration `k` gets `seed + 1000 · (k + 1)`, wrapping modulo 2⁶⁴ so that any base
+    /// seed works (one near `u64::MAX` wraps round to small seeds instead of overflowing).
     pub seed: u64,
     /// Parameters per broadcast (and per gradient).
     pub n_params: usize,
@@ -118,7 +119,17 @@ pub struct Hub {
 
 impl Hub {
     /// A hub publishing `initial` as version 0, and the receiving end of its ingest queue.
+    ///
+    /// Panics if `spec.chunk` checks chunks against other spaces than actors register with (a bug).
     pub fn new(spec: HubSpec, initial: Vec<f32>) -> (Arc<Hub>, mpsc::Receiver<Delivery>) {
+        assert!(
+            spec.chunk.observation_space == spec.observation_space && spec.chunk.action_space == spec.action_space,
+            "HubSpec: chunks are validated against spaces {:?} / {:?}, actors register with {:?} / {:?}",
+            spec.chunk.observation_space,
+            spec.chunk.action_space,
+            spec.observation_space,
+            spec.action_space
+        );
         let (tx, rx) = mpsc::channel(spec.queue);
         let hub = Hub {
             spec,
@@ -273,7 +284,8 @@ impl LearnerService for Hub {
             actor_id,
             actor_index: index,
             n_actors: s.n_actors as u32,
-            seed: s.seed + 1000 * actor_id,
+            // Wrapping: a base seed near u64::MAX must not overflow (and panic in debug builds).
+            seed: s.seed.wrapping_add(1000u64.wrapping_mul(actor_id)),
             chunk_steps: s.chunk.n_steps,
             policy_version: self.version(),
             synchronous: s.synchronous,
@@ -347,6 +359,8 @@ mod tests {
             observation_space: Space::box1d(vec![-1.0; 2], vec![1.0; 2]),
             action_space: Space::discrete(2),
             chunk: ChunkSpec {
+                observation_space: Space::box1d(vec![-1.0; 2], vec![1.0; 2]),
+                action_space: Space::discrete(2),
                 obs_dim: 2,
                 obs_dtype: DType::F32,
                 act_dim: 1,
@@ -504,6 +518,43 @@ mod tests {
         let err = rt.block_on(hub.ingest(chunk(first.actor_id))).unwrap_err();
         assert!(err.message.contains("unknown actor"), "{}", err.message);
         assert_eq!(hub.counters.refused.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn actor_seeds_wrap_instead_of_overflowing() {
+        let (hub, _rx) = Hub::new(HubSpec { seed: 7, ..spec(4) }, vec![0.0; 3]);
+        assert_eq!(registration(&hub).seed, 1007);
+        assert_eq!(registration(&hub).seed, 2007);
+        let (hub, _rx) = Hub::new(HubSpec { seed: u64::MAX - 499, ..spec(4) }, vec![0.0; 3]);
+        assert_eq!(registration(&hub).seed, 500, "(2⁶⁴ − 500 + 1000) mod 2⁶⁴");
+    }
+
+    #[test]
+    fn chunks_with_values_outside_the_spaces_are_refused_naming_the_field() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (hub, _rx) = Hub::new(spec(4), vec![0.0; 3]);
+        let id = registration(&hub).actor_id;
+        let mut action = chunk(id);
+        action.actions[1] = 7.0;
+        let mut observation = chunk(id);
+        observation.obs = ObsBuf::F32(vec![0.0, 0.0, 0.0, 1.5]);
+        for (bad, expected) in [
+            (action, "actions[1] is 7, outside Discrete(2) (expected an integer in 0..2)"),
+            (observation, "observations[3] is 1.5, outside the observation space's bounds [-1, 1] for element 1"),
+        ] {
+            let err = rt.block_on(hub.ingest(bad)).unwrap_err();
+            assert_eq!(err.code, Code::InvalidArgument, "{err:?}");
+            assert!(err.message.contains(&format!("chunk from actor {id}: {expected}")), "{err:?}");
+        }
+        assert_eq!(hub.counters.refused.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "chunks are validated against spaces")]
+    fn a_chunk_spec_with_other_spaces_than_the_run_is_a_bug() {
+        let mut s = spec(4);
+        s.chunk.action_space = Space::discrete(3);
+        let _ = Hub::new(s, vec![0.0; 3]);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Flotilla's learner: the experiment config, the training loop, evaluation and run directories.
-//! The `flotilla` binary (`src/bin/flotilla.rs`) is the command-line front end.
+//! Flotilla's learner: the experiment config, the single-process training loop, the distributed learner
+//! (hub and update loop), evaluation and run directories. The `flotilla` binary (the `flotilla-cli` crate)
+//! is the command-line front end.
 //!
 //! Library use:
 //! ```no_run
@@ -12,14 +13,13 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod agent;
 mod allocator;
 pub mod config;
 pub mod distributed;
 pub mod error;
 pub mod eval;
 pub mod hub;
-pub mod launcher;
+pub mod progress;
 pub mod run_dir;
 pub mod train;
 

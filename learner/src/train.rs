@@ -16,211 +16,12 @@ use std::time::Instant;
 
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
 use flotilla_envs::{VecEnv, VecEnvSnapshot};
-use serde::{Deserialize, Serialize};
-use tracing::info;
-
 use crate::Result;
 use crate::actions::EnvActions;
 use crate::config::ExperimentConfig;
-use crate::eval::{EvalResult, evaluate};
-
-/// One metrics row, written at each log interval.
-#[derive(Debug, Clone)]
-pub struct LogRow {
-    /// Env steps so far (all envs).
-    pub env_steps: u64,
-    /// Updates so far.
-    pub updates: u64,
-    /// Training seconds so far (evaluation excluded).
-    pub train_secs: f64,
-    /// Env steps per training second over the last interval.
-    pub sps: f64,
-    /// Mean return of episodes finished in the last interval.
-    pub episodic_return: Option<f64>,
-    /// Mean length of those episodes.
-    pub episodic_length: Option<f64>,
-    /// Episodes finished so far.
-    pub episodes: u64,
-    /// The last update's metrics.
-    pub update: Metrics,
-    /// Evaluation run at this point, if any.
-    pub eval: Option<EvalResult>,
-}
-
-impl LogRow {
-    /// `(column, value)` pairs with CleanRL-style names, for the metrics CSV.
-    pub fn columns(&self) -> Vec<(&'static str, Option<f64>)> {
-        let mut cols = vec![
-            ("env_steps", Some(self.env_steps as f64)),
-            ("updates", Some(self.updates as f64)),
-            ("train_secs", Some(self.train_secs)),
-            ("charts/sps", Some(self.sps)),
-            ("charts/episodic_return", self.episodic_return),
-            ("charts/episodic_length", self.episodic_length),
-            ("charts/episodes", Some(self.episodes as f64)),
-        ];
-        cols.extend(self.update.iter().map(|(n, v)| (*n, Some(*v))));
-        cols.push(("eval/mean_return", self.eval.as_ref().map(EvalResult::mean)));
-        cols.push(("eval/std_return", self.eval.as_ref().map(EvalResult::std)));
-        cols
-    }
-}
-
-/// An evaluation during training.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EvalPoint {
-    /// Env steps when it ran.
-    pub env_steps: u64,
-    /// Training seconds when it ran.
-    pub train_secs: f64,
-    /// Its result.
-    pub result: EvalResult,
-}
-
-/// What a finished training run reports.
-#[derive(Debug, Clone)]
-pub struct TrainReport {
-    /// Env steps taken.
-    pub env_steps: u64,
-    /// Updates made (calls to `Algorithm::update` that trained).
-    pub updates: u64,
-    /// Gradient steps taken (as the algorithms report them in `charts/gradient_steps`).
-    pub gradient_steps: u64,
-    /// Seconds spent collecting and updating.
-    pub train_secs: f64,
-    /// Of which, seconds inside updates.
-    pub update_secs: f64,
-    /// Evaluations during training, in order (the last one is the final policy's).
-    pub evals: Vec<EvalPoint>,
-}
-
-impl TrainReport {
-    /// The first evaluation whose mean return reached `threshold`.
-    pub fn first_reaching(&self, threshold: f64) -> Option<&EvalPoint> {
-        self.evals.iter().find(|e| e.result.mean() >= threshold)
-    }
-
-    /// The final policy's evaluation.
-    pub fn final_eval(&self) -> &EvalResult {
-        &self.evals.last().expect("training always ends with an evaluation").result
-    }
-}
-
-/// A training run's progress counters and schedules (evaluation, log rows, checkpoints), shared by the
-/// single-process [`Trainer`] and the distributed learner; with the agent (and the envs) they make up a
-/// checkpoint.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct RunCounters {
-    pub(crate) env_steps: u64,
-    pub(crate) updates: u64,
-    pub(crate) gradient_steps: u64,
-    pub(crate) episodes: u64,
-    pub(crate) train_secs: f64,
-    pub(crate) update_secs: f64,
-    /// Env steps and train seconds at the last log row.
-    last_log: (u64, f64),
-    next_eval: u64,
-    next_checkpoint: u64,
-    /// Sums over episodes finished since the last log row: return, length, count.
-    interval_episodes: (f64, f64, u64),
-    pub(crate) evals: Vec<EvalPoint>,
-}
-
-/// Whether `now` has reached `next`; if so, moves `next` past `now` by whole `interval`s.
-fn passed(next: &mut u64, now: u64, interval: u64) -> bool {
-    if now < *next {
-        return false;
-    }
-    while *next <= now {
-        *next = next.saturating_add(interval);
-    }
-    true
-}
-
-impl RunCounters {
-    /// A run at its start: the first evaluation and checkpoint one interval in (never for interval 0).
-    pub(crate) fn new(config: &ExperimentConfig) -> Self {
-        let every = |n: u64| if n > 0 { n } else { u64::MAX };
-        RunCounters {
-            next_eval: every(config.eval.interval_steps),
-            next_checkpoint: every(config.checkpoint.interval_steps),
-            ..Default::default()
-        }
-    }
-
-    pub(crate) fn count_episode(&mut self, episode_return: f64, length: u64) {
-        self.interval_episodes.0 += episode_return;
-        self.interval_episodes.1 += length as f64;
-        self.interval_episodes.2 += 1;
-        self.episodes += 1;
-    }
-
-    /// Count an update that produced `m`.
-    pub(crate) fn count_update(&mut self, m: &Metrics) {
-        self.updates += 1;
-        self.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
-    }
-
-    /// Whether the budget is spent.
-    pub(crate) fn done(&self, config: &ExperimentConfig) -> bool {
-        self.env_steps >= config.run.total_env_steps
-    }
-
-    /// Whether an evaluation is due now (at each interval, and at the end of the budget); schedules the next.
-    pub(crate) fn eval_due(&mut self, config: &ExperimentConfig) -> bool {
-        let due = passed(&mut self.next_eval, self.env_steps, config.eval.interval_steps);
-        due || self.done(config)
-    }
-
-    /// The seed of the next evaluation: evaluation k seeds its envs from seed + k · episodes, so each one
-    /// starts from fresh states.
-    pub(crate) fn eval_seed(&self, config: &ExperimentConfig) -> u64 {
-        config.eval.seed + (self.evals.len() * config.eval.episodes) as u64
-    }
-
-    /// Whether a checkpoint is due now; schedules the next.
-    pub(crate) fn checkpoint_due(&mut self, config: &ExperimentConfig) -> bool {
-        passed(&mut self.next_checkpoint, self.env_steps, config.checkpoint.interval_steps)
-    }
-
-    /// Whether a metrics row is due: with an evaluation, at the end, or a log interval after the last row.
-    pub(crate) fn log_due(&self, config: &ExperimentConfig, evaluated: bool) -> bool {
-        evaluated || self.done(config) || self.env_steps - self.last_log.0 >= config.metrics.log_interval_steps
-    }
-
-    /// The metrics row for now, with the last update's metrics and the evaluation just run; starts the next
-    /// interval.
-    pub(crate) fn log_row(&mut self, update: Metrics, eval: Option<EvalResult>) -> LogRow {
-        let sps = (self.env_steps - self.last_log.0) as f64 / (self.train_secs - self.last_log.1).max(1e-9);
-        let (ret, len, count) = self.interval_episodes;
-        let mean = |sum: f64| (count > 0).then(|| sum / count as f64);
-        let row = LogRow {
-            env_steps: self.env_steps,
-            updates: self.updates,
-            train_secs: self.train_secs,
-            sps,
-            episodic_return: mean(ret),
-            episodic_length: mean(len),
-            episodes: self.episodes,
-            update,
-            eval,
-        };
-        self.interval_episodes = (0.0, 0.0, 0);
-        self.last_log = (self.env_steps, self.train_secs);
-        row
-    }
-
-    pub(crate) fn report(&self) -> TrainReport {
-        TrainReport {
-            env_steps: self.env_steps,
-            updates: self.updates,
-            gradient_steps: self.gradient_steps,
-            train_secs: self.train_secs,
-            update_secs: self.update_secs,
-            evals: self.evals.clone(),
-        }
-    }
-}
+use crate::eval::evaluate;
+pub use crate::progress::{EvalPoint, LogRow, TrainReport};
+use crate::progress::{RunCounters, log_progress};
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
 /// holds all of it.
@@ -241,7 +42,7 @@ impl Trainer {
         let device = config.run.device.resolve()?;
         let kwargs = config.env.registry_kwargs()?;
         let mut envs = VecEnv::make(&config.env.id, &kwargs, config.env.num_envs)?;
-        let agent = crate::agent::build(config, envs.observation_space(), envs.action_space(), device)?;
+        let agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
         let obs = envs.reset(Some(config.run.seed))?.to_vec();
         let counters = RunCounters::new(config);
         Ok(Trainer { config: config.clone(), envs, agent, obs, counters, last_metrics: Metrics::default() })
@@ -300,22 +101,16 @@ impl Trainer {
     ) -> Result<()> {
         let total = self.config.run.total_env_steps;
         let n_envs = self.envs.num_envs();
-        let obs_dim = self.envs.obs_dim();
         let action_space = self.envs.action_space().clone();
         let mut out = ActOutput::default();
         let mut env_actions = EnvActions::default();
-        let mut next_obs = vec![0.0f32; self.obs.len()];
+        let mut next_obs = Vec::with_capacity(self.obs.len());
         while self.counters.env_steps < total.min(stop_at) {
             let started = Instant::now();
             self.agent.act(&self.obs, ActMode::Explore, &mut out)?;
             let step = self.envs.step(&env_actions.convert(&action_space, &out.actions))?;
             // The observation that truly followed: the final one where an episode ended, not the reset one.
-            next_obs.copy_from_slice(step.obs);
-            for i in 0..n_envs {
-                if let Some(last) = step.final_obs(i) {
-                    next_obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(last);
-                }
-            }
+            step.true_next_obs(&mut next_obs);
             let c = &mut self.counters;
             for ep in step.episodes {
                 c.count_episode(ep.return_, ep.length as u64);
@@ -380,17 +175,4 @@ pub fn train(
     trainer.run(u64::MAX, on_log, &mut |_| Ok(()))?;
     let report = trainer.report();
     Ok((trainer.into_agent(), report))
-}
-
-pub(crate) fn log_progress(row: &LogRow) {
-    let ret = row.episodic_return.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
-    let eval = row.eval.as_ref().map(|e| format!(" | eval {:.1} ± {:.1}", e.mean(), e.std())).unwrap_or_default();
-    // The algorithm's first three losses, named without their `losses/` prefix.
-    let losses: Vec<String> = row
-        .update
-        .iter()
-        .filter_map(|(name, v)| name.strip_prefix("losses/").map(|n| format!("{n} {v:.4}")))
-        .take(3)
-        .collect();
-    info!("steps {:>8} | return {ret:>6}{eval} | sps {:>7.0} | {}", row.env_steps, row.sps, losses.join(" "));
 }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use flotilla_actors::{ActorAgent, ActorFactory, ActorOptions, Connector, run_actor};
+use flotilla_actors::{ActorFactory, ActorOptions, Connector, run_actor};
+use flotilla_algorithms::{Acting, ActingSetup};
 use flotilla_envs::VecEnv;
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::distributed::DistributedLearner;
@@ -22,15 +23,15 @@ impl ActorFactory for PpoActors {
         Ok(VecEnv::make("CartPole-v1", &Default::default(), self.envs_per_actor)?)
     }
 
-    fn agent(&mut self, _run: &RunInfo, r: &Registered, envs: &VecEnv) -> flotilla_actors::Result<ActorAgent> {
-        let mut config = self.config.clone();
-        if let flotilla_learner::config::AlgorithmConfig::Ppo(c) = &mut config.algorithm {
-            c.batch_size = c.n_steps * envs.num_envs();
-        }
-        let (o, a) = (envs.observation_space(), envs.action_space());
-        let agent = flotilla_learner::agent::build_for(&config, o, a, tch::Device::Cpu, envs.num_envs(), r.seed)
-            .map_err(|e| flotilla_actors::Error::Setup(e.to_string()))?;
-        Ok(ActorAgent::Rollout(agent))
+    fn acting(&mut self, _run: &RunInfo, r: &Registered, envs: &VecEnv) -> flotilla_actors::Result<Acting> {
+        let setup = ActingSetup {
+            observation_space: envs.observation_space(),
+            action_space: envs.action_space(),
+            n_envs: envs.num_envs(),
+            seed: r.seed,
+            epsilon_floor: 0.0,
+        };
+        Ok(self.config.algorithm.build_acting(&setup)?)
     }
 }
 

@@ -10,9 +10,9 @@
 //! ```
 mod actor;
 mod launch;
+mod launcher;
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -155,7 +155,8 @@ fn train_command(
             anyhow::ensure!(checkpoint.is_file(), "{} has no checkpoint to resume from", dir.display());
             if config.actors.count > 0 {
                 // A distributed run: the learner resumes and launches its actors again.
-                return launch::distributed_train(&config, &run_dir, launch::Actors::Launch, None, true, stop_at);
+                let start = launch::Start::Resume(run_dir);
+                return launch::distributed_train(&config, start, launch::Actors::Launch, None, stop_at);
             }
             let trainer = Trainer::resume(&config, &checkpoint)
                 .with_context(|| format!("resuming from {}", checkpoint.display()))?;
@@ -165,14 +166,12 @@ fn train_command(
         }
         (None, Some(path)) => {
             let config = ExperimentConfig::load(path, overrides)?;
-            let out = out.unwrap_or_else(|| {
-                let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-                let name = format!("{}-{}-seed{}-{stamp}", config.env.id, config.algorithm_name(), config.run.seed);
-                PathBuf::from("runs").join(name)
-            });
+            let out = out.unwrap_or_else(|| launch::default_out(&config));
+            // Everything that can fail (envs, device, spaces the algorithm cannot take) fails before the run
+            // directory is written.
+            let trainer = Trainer::new(&config)?;
             let run_dir = RunDir::create(&out, &config)?;
             tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
-            let trainer = Trainer::new(&config)?;
             let csv = run_dir.metrics_writer()?;
             (run_dir, config, trainer, csv)
         }
@@ -217,9 +216,7 @@ fn learner_command(
     let config = ExperimentConfig::load(path, overrides)?;
     anyhow::ensure!(config.actors.count > 0, "a distributed run needs actors: pass --actors N or set [actors] count");
     let out = out.unwrap_or_else(|| launch::default_out(&config));
-    let run_dir = RunDir::create(&out, &config)?;
-    tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
-    launch::distributed_train(&config, &run_dir, actors, token, false, stop_at)
+    launch::distributed_train(&config, launch::Start::Fresh(out), actors, token, stop_at)
 }
 
 fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()> {
@@ -230,7 +227,7 @@ fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()
     let device = config.run.device.resolve()?;
     tch::set_num_threads(config.run.torch_threads.max(1) as i32);
     let env = flotilla_envs::make(&config.env.id, &config.env.registry_kwargs()?)?;
-    let mut agent = flotilla_learner::agent::build(&config, env.observation_space(), env.action_space(), device)?;
+    let mut agent = config.build_agent(env.observation_space(), env.action_space(), device)?;
     agent.load_weights(&model)?;
     let result = evaluate(agent.as_mut(), &config.env, episodes, seed.unwrap_or(config.eval.seed))?;
     println!(

@@ -1,12 +1,12 @@
 //! `flotilla train --actors N` and `flotilla learner`: a distributed learner, with (train) or without
 //! (learner) locally launched actor processes.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::distributed::DistributedLearner;
-use flotilla_learner::launcher::{ActorCommand, Launcher, LauncherConfig, generate_token, install_stop_signals};
+use crate::launcher::{ActorCommand, Launcher, LauncherConfig, generate_token, install_stop_signals};
 use flotilla_learner::run_dir::RunDir;
 
 /// Who starts the actors.
@@ -17,36 +17,55 @@ pub enum Actors {
     External,
 }
 
-/// Train `config` (with `[actors] count` set) with a distributed learner writing to `run_dir`, from the start or
-/// (`resume`) from the run directory's checkpoint, until the budget or `stop_at` env steps. Checkpoints go to the
-/// run directory at `[checkpoint] interval_steps` and at the end.
+/// Where a distributed run writes.
+pub enum Start {
+    /// A new run directory at this path, created once the learner is built (so a config, device or space
+    /// error leaves nothing behind).
+    Fresh(PathBuf),
+    /// Continue the run in this directory from its checkpoint.
+    Resume(RunDir),
+}
+
+/// Train `config` (with `[actors] count` set) with a distributed learner, from the start or from a run
+/// directory's checkpoint, until the budget or `stop_at` env steps. Checkpoints go to the run directory at
+/// `[checkpoint] interval_steps` and at the end.
 pub fn distributed_train(
     config: &ExperimentConfig,
-    run_dir: &RunDir,
+    start: Start,
     actors: Actors,
     token: Option<String>,
-    resume: bool,
     stop_at: u64,
 ) -> Result<()> {
     let n = config.actors.count;
     let plan = config.plan(n)?;
-    let stop = install_stop_signals();
-    let checkpoint = run_dir.checkpoint_path();
-    let mut learner = if resume {
-        let learner = DistributedLearner::resume(config, plan, &checkpoint)
-            .with_context(|| format!("resuming from {}", checkpoint.display()))?;
-        tracing::info!("resuming {} at {} env steps", run_dir.path().display(), learner.report().env_steps);
-        learner
-    } else {
-        DistributedLearner::new(config, plan)?
+    let resume = matches!(start, Start::Resume(_));
+    let mut learner = match &start {
+        Start::Resume(run_dir) => {
+            let checkpoint = run_dir.checkpoint_path();
+            let learner = DistributedLearner::resume(config, plan, &checkpoint)
+                .with_context(|| format!("resuming from {}", checkpoint.display()))?;
+            tracing::info!("resuming {} at {} env steps", run_dir.path().display(), learner.report().env_steps);
+            learner
+        }
+        Start::Fresh(_) => DistributedLearner::new(config, plan)?,
     };
-    learner.checkpoint_to(checkpoint);
-    learner.stop_at(stop_at);
     let token = match token {
         Some(t) => t,
         None => generate_token().context("generating the run token")?,
     };
     let addr = learner.listen(&token)?;
+    // Built and listening: only now is a new run directory written.
+    let run_dir = match start {
+        Start::Resume(run_dir) => run_dir,
+        Start::Fresh(out) => {
+            let run_dir = RunDir::create(&out, config)?;
+            tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
+            run_dir
+        }
+    };
+    let stop = install_stop_signals();
+    learner.checkpoint_to(run_dir.checkpoint_path());
+    learner.stop_at(stop_at);
     tracing::info!(
         "learner listening on {addr}: {n} actors × {} envs, chunks of {} steps",
         plan.envs_per_actor,
@@ -114,8 +133,13 @@ pub fn distributed_train(
         report.env_steps,
         report.train_secs
     );
-    if let Some(first) = report.first_reaching(475.0).filter(|_| config.env.id == "CartPole-v1") {
-        println!("first evaluation ≥ 475 at {} env steps, {:.1} s", first.env_steps, first.train_secs);
+    // The env's registered reward threshold, where Gymnasium sets one.
+    let threshold = flotilla_envs::spec(&config.env.id).ok().and_then(|s| s.reward_threshold);
+    if let Some((threshold, first)) = threshold.and_then(|t| Some((t, report.first_reaching(t)?))) {
+        println!(
+            "first evaluation ≥ {threshold} (the env's reward threshold) at {} env steps, {:.1} s",
+            first.env_steps, first.train_secs
+        );
     }
     println!("evaluation return: {:.1} ± {:.1} over {} episodes (deterministic)", e.mean(), e.std(), e.returns.len());
     println!("saved policy: {}", model.display());

@@ -20,10 +20,10 @@
 //! That signal follows the *thread* that spawned the child, which is why every child, the first ones
 //! included, is spawned by the supervisor thread, which lives exactly as long as the children should.
 //!
-//! ```no_run
+//! ```ignore
 //! use std::sync::atomic::Ordering;
 //! use std::time::Duration;
-//! use flotilla_learner::launcher::{self, ActorCommand, Launcher, LauncherConfig};
+//! use crate::launcher::{self, ActorCommand, Launcher, LauncherConfig};
 //!
 //! let stop = launcher::install_stop_signals();
 //! let token = launcher::generate_token()?;
@@ -32,7 +32,7 @@
 //!     4,
 //!     move |slot| ActorCommand {
 //!         program: exe.clone(),
-//!         args: vec!["actor".into(), "--slot".into(), slot.to_string()],
+//!         args: vec!["actor".into(), "--index".into(), slot.to_string()],
 //!         env: vec![("FLOTILLA_TOKEN".into(), token.clone())],
 //!     },
 //!     LauncherConfig::default(),
@@ -179,6 +179,7 @@ impl Launcher {
     }
 
     /// Pids of the live children by slot (`None` while a slot is between restarts, given up on, or stopped).
+    #[cfg_attr(not(test), allow(dead_code))] // Only the supervisor's tests look at the pids.
     pub fn pids(&self) -> Vec<Option<u32>> {
         lock(&self.shared.state)
             .slots

@@ -7,8 +7,11 @@
 //! * `kill -9` of an actor mid-run: the launcher restarts it and the run still reaches 475;
 //! * `--stop-at` writes a checkpoint and `train --resume` continues the run (metrics appended) to a solved end;
 //! * a wrong or missing token is refused with UNAUTHENTICATED; malformed chunks (wrong shapes, NaN, unknown
-//!   actor, another protocol version) with INVALID_ARGUMENT naming the problem; mismatched env spaces at
-//!   registration with a message naming both; and meanwhile a real actor keeps the run going to its end.
+//!   actor, another protocol version) with INVALID_ARGUMENT naming the problem; well-formed chunks whose values
+//!   lie outside the registered spaces (discrete actions 7, 0.5 or NaN for CartPole's Discrete(2), an
+//!   observation outside its bounds or NaN) with INVALID_ARGUMENT naming the field and index, where accepting
+//!   them would crash the learner's next update; mismatched env spaces at registration with a message naming
+//!   both; and meanwhile a real actor keeps training, and the run ends solved (final evaluation ≥ 475).
 //!
 //! Learning runs are slow in unoptimised builds and are skipped there (CI runs `cargo test --release`).
 //! The heavy tests take a lock so that only one multi-process run uses the CPUs at a time.
@@ -348,8 +351,8 @@ fn chunk(actor_id: u64, n_envs: usize) -> Chunk {
 fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Two slots of 4 envs: a real actor process in slot 0, this test's fake actor in slot 1. The real one
-    // alone fills the learner's batches; 40 K steps keep the run short.
-    let learner = Learner::start(&["--set", "run.total_env_steps=40000", "--set", "eval.interval_steps=20000"]);
+    // alone fills the learner's batches, for the config's whole budget: the run must still end solved.
+    let learner = Learner::start(&["--set", "eval.interval_steps=50000"]);
     let (actor, _actor_watchdog) = spawn_actor(&learner.addr, &[], Stdio::null());
 
     // Wrong and missing tokens: UNAUTHENTICATED, and a log line.
@@ -382,12 +385,28 @@ fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
     shape.bootstrap_obs = ObsBuf::F32(vec![0.0; 4 * 3]);
     let mut ended = chunk(me.actor_id, 4);
     ended.terminated[5] = true;
+    // Well-formed, but with values outside the spaces. Were it accepted, an action of 7 would reach libtorch's gather
+    // in the next update and kill the learner.
+    let with = |edit: fn(&mut Chunk)| {
+        let mut c = chunk(me.actor_id, 4);
+        edit(&mut c);
+        c
+    };
     let cases = [
         (short, "rewards: 508 bytes for shape [32, 4] of f32"),
         (nan, "behaviour values[3] is NaN"),
         (shape, "observations has 384 values, expected 512"),
         (ended, "final_index [] does not list the 1 steps"),
         (chunk(9999, 4), "unknown actor"),
+        (with(|c| c.actions[7] = 7.0), "actions[7] is 7, outside Discrete(2) (expected an integer in 0..2)"),
+        (with(|c| c.actions[3] = 0.5), "actions[3] is 0.5, not an integer index of Discrete(2)"),
+        (with(|c| c.actions[0] = f32::NAN), "actions[0] is NaN, must be finite"),
+        // Element 2 is the pole angle, within ±0.419 rad (twice the termination angle).
+        (with(|c| c.obs = ObsBuf::F32([0.01, 0.0, 1.0, 0.0].repeat(32 * 4))), "observations[2] is 1, outside"),
+        (
+            with(|c| c.bootstrap_obs = ObsBuf::F32([0.01, f32::NAN, 0.01, 0.01].repeat(4))),
+            "bootstrap observations[1] is NaN, must be finite",
+        ),
     ];
     for (bad, expected) in cases {
         let err = good.send_chunk(&bad).unwrap_err();
@@ -402,12 +421,13 @@ fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
     assert_eq!(err.code, Code::InvalidArgument);
     assert!(err.message.contains("protocol version 99"), "{err}");
 
-    // The real actor was unaffected: the run finishes with its final evaluation.
+    // The real actor was unaffected: the run finishes, solved.
     let mut learner = learner;
     let out = std::mem::replace(&mut learner.child, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
     let log = learner.drain_log();
     assert!(out.status.success(), "{log}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("evaluation return:"), "{log}");
+    let final_return = final_return(&Output { stderr: log.clone().into_bytes(), ..out });
+    assert!(final_return >= 475.0, "the run did not end solved: final evaluation {final_return}\n{log}");
     assert!(log.contains("refused GetRunInfo") && log.contains("wrong run token"), "no auth log line:\n{log}");
     assert!(log.contains("refused a chunk from actor"), "no refusal log line:\n{log}");
     let mut actor = actor;

@@ -1,0 +1,92 @@
+//! What an actor process runs: an acting policy (weights and the forward pass, nothing a learner needs), or
+//! for A3C a gradient worker. Built by [`crate::registry::AlgorithmConfig::build_acting`].
+//!
+//! ```text
+//! let mut acting = config.build_acting(&setup)?;                  // no optimiser, no replay, no rollout
+//! loop {
+//!     policy.load_params(&broadcast)?;                              // a parameter broadcast, flat f32
+//!     policy.set_progress(&learner_progress);                       // ε / warm-up schedules follow the learner
+//!     T × { policy.act(obs, Explore, &mut out)?; step envs; record } ─► chunk
+//!     Chunks: send the chunk    Gradients: worker.gradient(&chunk)? ─► send the Vec<f32>
+//! }
+//! ```
+//! Everything crossing this boundary is plain `f32` slices and `flotilla_core` types, so the actor crate
+//! never sees a libtorch type.
+use flotilla_core::{Chunk, Space};
+
+use crate::algorithm::Progress;
+use crate::params::FlatParams;
+use crate::policy::Policy;
+use crate::{Error, Metrics, Result};
+
+/// The acting half of an algorithm, as an actor holds it.
+pub trait ActingPolicy: Policy {
+    /// Number of parameters a broadcast carries.
+    fn n_params(&self) -> usize;
+    /// Overwrite the parameters with a broadcast (the learner's `Algorithm::policy_params` layout).
+    fn load_params(&mut self, values: &[f32]) -> Result<()>;
+    /// Let acting schedules (DQN's ε, the random warm-up of DQN/DDPG/TD3) follow the learner's progress.
+    /// Policies without such schedules ignore it.
+    fn set_progress(&mut self, progress: &Progress) {
+        let _ = progress;
+    }
+}
+
+/// A3C's actor side: acts, and computes the loss gradient on each chunk it collected with the current
+/// parameters. The parameters never change here; the learner applies the gradient and broadcasts.
+pub trait GradientWorker {
+    /// The acting policy the gradient is computed for.
+    fn policy(&mut self) -> &mut dyn ActingPolicy;
+    /// The clipped loss gradient on `chunk` (a whole rollout of this worker's envs), flat in the parameters'
+    /// layout, and the loss metrics.
+    fn gradient(&mut self, chunk: &Chunk) -> Result<(Vec<f32>, Metrics)>;
+}
+
+/// What an actor builds from the run's algorithm.
+pub enum Acting {
+    /// Act and send trajectory chunks (every algorithm but A3C).
+    Chunks(Box<dyn ActingPolicy>),
+    /// Act and send gradients (A3C).
+    Gradients(Box<dyn GradientWorker>),
+}
+
+impl Acting {
+    /// The policy that acts, whichever kind this is.
+    pub fn policy(&mut self) -> &mut dyn ActingPolicy {
+        match self {
+            Acting::Chunks(p) => p.as_mut(),
+            Acting::Gradients(w) => w.policy(),
+        }
+    }
+}
+
+/// What an actor knows when it builds its acting policy.
+#[derive(Debug, Clone)]
+pub struct ActingSetup<'a> {
+    /// The envs' observation space.
+    pub observation_space: &'a Space,
+    /// The envs' action space.
+    pub action_space: &'a Space,
+    /// Envs the actor steps in lock-step (rows per `act` call).
+    pub n_envs: usize,
+    /// Seeds action sampling (and the unused initial weights, overwritten by the first broadcast).
+    pub seed: u64,
+    /// Ape-X's per-actor exploration floor (Horgan et al. 2018): ε-greedy policies explore with at least this ε.
+    /// Other policies ignore it.
+    pub epsilon_floor: f64,
+}
+
+/// Copy a broadcast into `params` in place (the views share its storage), checking its length.
+pub fn load_flat(params: &FlatParams, values: &[f32]) -> Result<()> {
+    if values.len() as i64 != params.numel() {
+        return Err(Error::BadLength {
+            what: "broadcast parameters".into(),
+            got: values.len(),
+            expected: params.numel() as usize,
+        });
+    }
+    let mut flat = params.flat().shallow_clone();
+    let src = tch::Tensor::from_slice(values).to_device(flat.device());
+    tch::no_grad(|| flat.copy_(&src));
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! A training run's progress, shared by the single-process [`Trainer`](crate::train::Trainer) and the
+//! [`DistributedLearner`](crate::distributed::DistributedLearner): the counters and schedules
+//! ([`RunCounters`]: evaluations, metrics rows, checkpoints), the metrics row ([`LogRow`]) with its CSV columns
+//! and progress line, and what a finished run reports ([`TrainReport`]).
+use flotilla_algorithms::Metrics;
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use crate::config::ExperimentConfig;
+use crate::eval::EvalResult;
+
+/// One metrics row, written at each log interval.
+#[derive(Debug, Clone)]
+pub struct LogRow {
+    /// Env steps so far (all envs).
+    pub env_steps: u64,
+    /// Updates so far.
+    pub updates: u64,
+    /// Training seconds so far (evaluation excluded).
+    pub train_secs: f64,
+    /// Env steps per training second over the last interval.
+    pub sps: f64,
+    /// Mean return of episodes finished in the last interval.
+    pub episodic_return: Option<f64>,
+    /// Mean length of those episodes.
+    pub episodic_length: Option<f64>,
+    /// Episodes finished so far.
+    pub episodes: u64,
+    /// The last update's metrics.
+    pub update: Metrics,
+    /// Evaluation run at this point, if any.
+    pub eval: Option<EvalResult>,
+}
+
+impl LogRow {
+    /// `(column, value)` pairs with CleanRL-style names, for the metrics CSV.
+    pub fn columns(&self) -> Vec<(&'static str, Option<f64>)> {
+        let mut cols = vec![
+            ("env_steps", Some(self.env_steps as f64)),
+            ("updates", Some(self.updates as f64)),
+            ("train_secs", Some(self.train_secs)),
+            ("charts/sps", Some(self.sps)),
+            ("charts/episodic_return", self.episodic_return),
+            ("charts/episodic_length", self.episodic_length),
+            ("charts/episodes", Some(self.episodes as f64)),
+        ];
+        cols.extend(self.update.iter().map(|(n, v)| (*n, Some(*v))));
+        cols.push(("eval/mean_return", self.eval.as_ref().map(EvalResult::mean)));
+        cols.push(("eval/std_return", self.eval.as_ref().map(EvalResult::std)));
+        cols
+    }
+}
+
+/// An evaluation during training.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalPoint {
+    /// Env steps when it ran.
+    pub env_steps: u64,
+    /// Training seconds when it ran.
+    pub train_secs: f64,
+    /// Its result.
+    pub result: EvalResult,
+}
+
+/// What a finished training run reports.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    /// Env steps taken.
+    pub env_steps: u64,
+    /// Updates made (calls to `Algorithm::update` that trained).
+    pub updates: u64,
+    /// Gradient steps taken (as the algorithms report them in `charts/gradient_steps`).
+    pub gradient_steps: u64,
+    /// Seconds spent collecting and updating.
+    pub train_secs: f64,
+    /// Of which, seconds inside updates.
+    pub update_secs: f64,
+    /// Evaluations during training, in order (the last one is the final policy's).
+    pub evals: Vec<EvalPoint>,
+}
+
+impl TrainReport {
+    /// The first evaluation whose mean return reached `threshold`.
+    pub fn first_reaching(&self, threshold: f64) -> Option<&EvalPoint> {
+        self.evals.iter().find(|e| e.result.mean() >= threshold)
+    }
+
+    /// The final policy's evaluation.
+    pub fn final_eval(&self) -> &EvalResult {
+        &self.evals.last().expect("training always ends with an evaluation").result
+    }
+}
+
+/// A training run's progress counters and schedules (evaluation, log rows, checkpoints), shared by the
+/// single-process [`Trainer`] and the distributed learner; with the agent (and the envs) they make up a
+/// checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct RunCounters {
+    pub(crate) env_steps: u64,
+    pub(crate) updates: u64,
+    pub(crate) gradient_steps: u64,
+    pub(crate) episodes: u64,
+    pub(crate) train_secs: f64,
+    pub(crate) update_secs: f64,
+    /// Env steps and train seconds at the last log row.
+    last_log: (u64, f64),
+    next_eval: u64,
+    next_checkpoint: u64,
+    /// Sums over episodes finished since the last log row: return, length, count.
+    interval_episodes: (f64, f64, u64),
+    pub(crate) evals: Vec<EvalPoint>,
+}
+
+/// Whether `now` has reached `next`; if so, moves `next` past `now` by whole `interval`s.
+fn passed(next: &mut u64, now: u64, interval: u64) -> bool {
+    if now < *next {
+        return false;
+    }
+    while *next <= now {
+        *next = next.saturating_add(interval);
+    }
+    true
+}
+
+impl RunCounters {
+    /// A run at its start: the first evaluation and checkpoint one interval in (never for interval 0).
+    pub(crate) fn new(config: &ExperimentConfig) -> Self {
+        let every = |n: u64| if n > 0 { n } else { u64::MAX };
+        RunCounters {
+            next_eval: every(config.eval.interval_steps),
+            next_checkpoint: every(config.checkpoint.interval_steps),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn count_episode(&mut self, episode_return: f64, length: u64) {
+        self.interval_episodes.0 += episode_return;
+        self.interval_episodes.1 += length as f64;
+        self.interval_episodes.2 += 1;
+        self.episodes += 1;
+    }
+
+    /// Count an update that produced `m`.
+    pub(crate) fn count_update(&mut self, m: &Metrics) {
+        self.updates += 1;
+        self.gradient_steps += m.get("charts/gradient_steps").unwrap_or(0.0) as u64;
+    }
+
+    /// Whether the budget is spent.
+    pub(crate) fn done(&self, config: &ExperimentConfig) -> bool {
+        self.env_steps >= config.run.total_env_steps
+    }
+
+    /// Whether an evaluation is due now (at each interval, and at the end of the budget); schedules the next.
+    pub(crate) fn eval_due(&mut self, config: &ExperimentConfig) -> bool {
+        let due = passed(&mut self.next_eval, self.env_steps, config.eval.interval_steps);
+        due || self.done(config)
+    }
+
+    /// The seed of the next evaluation: evaluation k seeds its envs from seed + k · episodes, so each one
+    /// starts from fresh states.
+    pub(crate) fn eval_seed(&self, config: &ExperimentConfig) -> u64 {
+        config.eval.seed + (self.evals.len() * config.eval.episodes) as u64
+    }
+
+    /// Whether a checkpoint is due now; schedules the next.
+    pub(crate) fn checkpoint_due(&mut self, config: &ExperimentConfig) -> bool {
+        passed(&mut self.next_checkpoint, self.env_steps, config.checkpoint.interval_steps)
+    }
+
+    /// Whether a metrics row is due: with an evaluation, at the end, or a log interval after the last row.
+    pub(crate) fn log_due(&self, config: &ExperimentConfig, evaluated: bool) -> bool {
+        evaluated || self.done(config) || self.env_steps - self.last_log.0 >= config.metrics.log_interval_steps
+    }
+
+    /// The metrics row for now, with the last update's metrics and the evaluation just run; starts the next
+    /// interval.
+    pub(crate) fn log_row(&mut self, update: Metrics, eval: Option<EvalResult>) -> LogRow {
+        let sps = (self.env_steps - self.last_log.0) as f64 / (self.train_secs - self.last_log.1).max(1e-9);
+        let (ret, len, count) = self.interval_episodes;
+        let mean = |sum: f64| (count > 0).then(|| sum / count as f64);
+        let row = LogRow {
+            env_steps: self.env_steps,
+            updates: self.updates,
+            train_secs: self.train_secs,
+            sps,
+            episodic_return: mean(ret),
+            episodic_length: mean(len),
+            episodes: self.episodes,
+            update,
+            eval,
+        };
+        self.interval_episodes = (0.0, 0.0, 0);
+        self.last_log = (self.env_steps, self.train_secs);
+        row
+    }
+
+    pub(crate) fn report(&self) -> TrainReport {
+        TrainReport {
+            env_steps: self.env_steps,
+            updates: self.updates,
+            gradient_steps: self.gradient_steps,
+            train_secs: self.train_secs,
+            update_secs: self.update_secs,
+            evals: self.evals.clone(),
+        }
+    }
+}
+
+pub(crate) fn log_progress(row: &LogRow) {
+    let ret = row.episodic_return.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+    let eval = row.eval.as_ref().map(|e| format!(" | eval {:.1} ± {:.1}", e.mean(), e.std())).unwrap_or_default();
+    // The algorithm's first three losses, named without their `losses/` prefix.
+    let losses: Vec<String> = row
+        .update
+        .iter()
+        .filter_map(|(name, v)| name.strip_prefix("losses/").map(|n| format!("{n} {v:.4}")))
+        .take(3)
+        .collect();
+    info!("steps {:>8} | return {ret:>6}{eval} | sps {:>7.0} | {}", row.env_steps, row.sps, losses.join(" "));
+}
