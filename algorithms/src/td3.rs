@@ -982,7 +982,7 @@ mod tests {
         let want = Vec::<f32>::try_from(agent.policy(&agent.actor, &x).flatten(0, -1)).unwrap();
         assert_eq!(out.actions.len(), want.len());
         for (k, (got, w)) in out.actions.iter().zip(&want).enumerate() {
-            let (l, h) = (agent.low[k % agent.act_dim], agent.high[k % agent.act_dim]);
+            let (l, h) = (agent.pi.low[k % agent.act_dim], agent.pi.high[k % agent.act_dim]);
             assert!((got - unscale_action(*w, l, h)).abs() < 1e-5, "{:?} vs {want:?}", out.actions);
         }
     }

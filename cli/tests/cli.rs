@@ -114,3 +114,33 @@ fn eval_of_a_missing_or_incomplete_run_dir_says_so() {
     assert!(text(&out).contains("not a run directory"), "{}", text(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Config and device errors fail at once, name the key, and leave no run directory behind — for single-process
+/// and distributed runs alike (an actor-side panic on a bad `reconnect_secs` used to hang a distributed run).
+#[test]
+fn bad_values_fail_fast_and_write_nothing() {
+    let dir = common::scratch("cli", "fail-fast");
+    let cases: [(&[&str], &str); 6] = [
+        (&["--set", "actors.reconnect_secs=inf", "--actors", "2"], "actors] reconnect_secs"),
+        (&["--set", "actors.reconnect_secs=nan", "--actors", "2"], "actors] reconnect_secs"),
+        (&["--set", "actors.reconnect_secs=-1", "--actors", "2"], "actors] reconnect_secs"),
+        (&["--set", "run.device=cuda:0"], "cuda:0"),
+        (&["--set", "run.device=cuda:0", "--actors", "2"], "cuda:0"),
+        (&["--set", "env.num_envs=0", "--actors", "2"], "num_envs"),
+    ];
+    for (i, (extra, needle)) in cases.iter().enumerate() {
+        let run = dir.join(format!("run{i}"));
+        let mut args = vec!["train", CONFIG, "--out", run.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let started = std::time::Instant::now();
+        let out = flotilla(&args);
+        let took = started.elapsed();
+        assert!(!out.status.success(), "{args:?} should fail: {}", text(&out));
+        assert!(text(&out).contains(needle), "{args:?}: the error does not name {needle:?}: {}", text(&out));
+        assert!(took < std::time::Duration::from_secs(5), "{args:?} took {took:?}");
+        assert!(!run.exists(), "{args:?} left a run directory behind");
+    }
+    let out = flotilla(&["actor", "--learner", "127.0.0.1:1", "--token", "t", "--reconnect-secs", "inf"]);
+    assert!(!out.status.success() && text(&out).contains("--reconnect-secs"), "{}", text(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

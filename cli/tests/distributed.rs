@@ -385,8 +385,8 @@ fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
     shape.bootstrap_obs = ObsBuf::F32(vec![0.0; 4 * 3]);
     let mut ended = chunk(me.actor_id, 4);
     ended.terminated[5] = true;
-    // Well-formed, but with values outside the spaces. Were it accepted, an action of 7 would reach libtorch's gather
-    // in the next update and kill the learner.
+    // Well-formed, but with values outside the spaces. Were it accepted, an action of 7 would reach libtorch's
+    // gather in the next update and kill the learner.
     let with = |edit: fn(&mut Chunk)| {
         let mut c = chunk(me.actor_id, 4);
         edit(&mut c);

@@ -7,10 +7,12 @@
 //! (to bootstrap from), the parameter version that acted, and the episodes that finished.
 //!
 //! [`Chunk::validate`] is the single check a learner runs on data from outside: shapes, dtypes, lengths that
-//! agree, finite numbers, flags and indices in range. Its error names the field and what was wrong.
+//! agree, finite numbers, flags and indices in range, and values that belong to the spaces the actor registered
+//! (a discrete action outside `0..n` would otherwise reach libtorch's `gather` and kill the learner). Its error
+//! names the field, the index and what was wrong.
 use std::sync::Arc;
 
-use crate::space::DType;
+use crate::space::{DType, Space};
 
 /// Observation storage: image frames stay `u8` end to end; everything else is `f32`.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,9 +98,14 @@ pub struct Chunk {
     pub episodes: Vec<EpisodeStats>,
 }
 
-/// What a learner expects of every chunk of a run.
+/// What a learner expects of every chunk of a run. `obs_dim`, `obs_dtype` and `act_dim` describe the two spaces
+/// as chunks carry them (`observation_space.flat_dim()`, its `Box` dtype, `action_space.flat_dim()`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChunkSpec {
+    /// The run's observation space: observations must lie within a `Box`'s bounds.
+    pub observation_space: Space,
+    /// The run's action space: discrete actions must be indices `0..n` (the action minus `start`).
+    pub action_space: Space,
     /// Flattened observation size.
     pub obs_dim: usize,
     /// Observation element type.
@@ -120,7 +127,21 @@ impl Chunk {
     }
 
     /// Check the chunk against `spec`: every length agrees, dtypes match, numbers are finite, final indices
-    /// are increasing, in range and exactly the steps where an episode ended. The error names the problem.
+    /// are increasing, in range and exactly the steps where an episode ended, and the values belong to the run's
+    /// spaces. The error names the field, the index and what was wrong, e.g. `actions[3] is 7, outside
+    /// Discrete(2) (expected an integer in 0..2)`.
+    ///
+    /// Values, against the spaces:
+    /// - discrete actions are integral indices in `0..n` (chunks carry `action − start`, as the actor's policy
+    ///   emitted them);
+    /// - `Box` actions need only be finite: values outside the bounds are **accepted**, because Gaussian
+    ///   policies send their unclipped samples (the env got them clipped) and the learner's log-probabilities
+    ///   must be computed on exactly those;
+    /// - observations, bootstrap and final observations lie within a `Box`'s bounds (for `u8` frames too);
+    ///   infinite bounds hold every finite value;
+    /// - finished episodes have a finite return and a length of at least one step.
+    ///
+    /// Runs on every chunk a learner ingests, so it allocates only to describe a refusal.
     pub fn validate(&self, spec: &ChunkSpec) -> Result<(), String> {
         let (t, e) = (self.n_steps, self.n_envs);
         if t != spec.n_steps || e != spec.n_envs {
@@ -184,8 +205,43 @@ impl Chunk {
             return Err(format!("final observations are {:?}, expected {:?}", self.final_obs.dtype(), spec.obs_dtype));
         }
         len("final observations", self.final_obs.len(), self.final_index.len() * spec.obs_dim)?;
-        if let Some(ep) = self.episodes.iter().find(|ep| !ep.episode_return.is_finite()) {
-            return Err(format!("episode return {} must be finite", ep.episode_return));
+        if let Space::Discrete { n, start } = spec.action_space {
+            for (i, &a) in self.actions.iter().enumerate() {
+                let problem = if a.fract() != 0.0 {
+                    "not an integer index of"
+                } else if a < 0.0 || a >= n as f32 {
+                    "outside"
+                } else {
+                    continue;
+                };
+                return Err(format!(
+                    "actions[{i}] is {a}, {problem} {} (expected an integer in 0..{n})",
+                    discrete_name(n, start)
+                ));
+            }
+        }
+        if let Space::Box { low, high, .. } = &spec.observation_space {
+            for (what, buf) in [
+                ("observations", &self.obs),
+                ("bootstrap observations", &self.bootstrap_obs),
+                ("final observations", &self.final_obs),
+            ] {
+                if let Some((i, x)) = outside_bounds(buf, low, high) {
+                    let k = i % low.len();
+                    return Err(format!(
+                        "{what}[{i}] is {x}, outside the observation space's bounds [{}, {}] for element {k}",
+                        low[k], high[k]
+                    ));
+                }
+            }
+        }
+        for (i, ep) in self.episodes.iter().enumerate() {
+            if !ep.episode_return.is_finite() {
+                return Err(format!("episodes[{i}].episode_return is {}, must be finite", ep.episode_return));
+            }
+            if ep.length == 0 {
+                return Err(format!("episodes[{i}].length is 0, must be at least 1 step"));
+            }
         }
         Ok(())
     }
@@ -210,6 +266,22 @@ impl Chunk {
 
 fn abbreviate(v: &[u32]) -> Vec<u32> {
     v.iter().copied().take(8).collect()
+}
+
+/// Gymnasium's name for a discrete space: `Discrete(2)`, or `Discrete(3, start=-1)`.
+fn discrete_name(n: usize, start: i64) -> String {
+    if start == 0 { format!("Discrete({n})") } else { format!("Discrete({n}, start={start})") }
+}
+
+/// The first element of `buf`, rows of `low.len()` values, outside `[low, high]` (NaN included): its index and
+/// value.
+fn outside_bounds(buf: &ObsBuf, low: &[f32], high: &[f32]) -> Option<(usize, f32)> {
+    let bounds = low.iter().zip(high).cycle();
+    let outside = |(i, (x, (l, h))): (usize, (f32, (&f32, &f32)))| (!(x >= *l && x <= *h)).then_some((i, x));
+    match buf {
+        ObsBuf::F32(v) => v.iter().copied().zip(bounds).enumerate().find_map(outside),
+        ObsBuf::U8(v) => v.iter().map(|&b| f32::from(b)).zip(bounds).enumerate().find_map(outside),
+    }
 }
 
 /// A value tagged with the parameter version it belongs to.
@@ -278,8 +350,16 @@ mod tests {
             final_obs: ObsBuf::F32(vec![11.0]),
             episodes: vec![EpisodeStats { episode_return: 12.0, length: 12 }],
         };
-        let spec =
-            ChunkSpec { obs_dim: 1, obs_dtype: DType::F32, act_dim: 1, n_envs: 2, n_steps: 2, needs_behaviour: true };
+        let spec = ChunkSpec {
+            observation_space: Space::box1d(vec![-30.0], vec![30.0]),
+            action_space: Space::discrete(2),
+            obs_dim: 1,
+            obs_dtype: DType::F32,
+            act_dim: 1,
+            n_envs: 2,
+            n_steps: 2,
+            needs_behaviour: true,
+        };
         (c, spec)
     }
 
@@ -310,12 +390,134 @@ mod tests {
             (|c| c.n_steps = 3, "shape 3 steps × 2 envs, expected 2 steps × 2 envs"),
             (|c| c.log_probs.clear(), "behaviour log-probs has 0 values"),
             (|c| c.obs = ObsBuf::F32(vec![0.0, f32::INFINITY, 0.0, 0.0]), "observations[1] is inf"),
+            // Values against the spaces: Discrete(2) actions, observations within [-30, 30].
+            (|c| c.actions[3] = 7.0, "actions[3] is 7, outside Discrete(2) (expected an integer in 0..2)"),
+            (|c| c.actions[2] = -1.0, "actions[2] is -1, outside Discrete(2)"),
+            (|c| c.actions[1] = 0.5, "actions[1] is 0.5, not an integer index of Discrete(2)"),
+            (|c| c.actions[0] = f32::NAN, "actions[0] is NaN, must be finite"),
+            (
+                |c| c.obs = ObsBuf::F32(vec![0.0, 10.0, 31.0, 20.0]),
+                "observations[2] is 31, outside the observation space's bounds [-30, 30] for element 0",
+            ),
+            (|c| c.bootstrap_obs = ObsBuf::F32(vec![2.0, -40.0]), "bootstrap observations[1] is -40, outside"),
+            (|c| c.final_obs = ObsBuf::F32(vec![99.0]), "final observations[0] is 99, outside"),
+            (|c| c.final_obs = ObsBuf::F32(vec![f32::NAN]), "final observations[0] is NaN, must be finite"),
+            // Episode statistics.
+            (|c| c.episodes[0].episode_return = f64::INFINITY, "episodes[0].episode_return is inf, must be finite"),
+            (|c| c.episodes.push(EpisodeStats { episode_return: 1.0, length: 0 }), "episodes[1].length is 0"),
+            // Final indices: out of order, out of range.
+            (
+                |c| {
+                    c.terminated[0] = true;
+                    c.final_index = vec![1, 0];
+                    c.final_obs = ObsBuf::F32(vec![11.0, 1.0]);
+                },
+                "final_index [1, 0] does not list the 2 steps",
+            ),
+            (|c| c.final_index = vec![1, 9], "final_index [1, 9] does not list the 1 steps"),
         ];
         for (break_it, expected) in cases {
             let (mut c, spec) = chunk();
             break_it(&mut c);
             let err = c.validate(&spec).unwrap_err();
             assert!(err.contains(expected), "{err:?} should contain {expected:?}");
+        }
+    }
+
+    #[test]
+    fn box_actions_may_lie_outside_their_bounds_but_must_be_finite() {
+        // Gaussian policies send unclipped samples: the learner needs them for the log-probabilities.
+        let (mut c, mut spec) = chunk();
+        spec.action_space = Space::box1d(vec![-2.0], vec![2.0]);
+        c.actions = vec![-9.0, 0.5, 3.0, 2.0];
+        c.validate(&spec).unwrap();
+        c.actions[2] = f32::NEG_INFINITY;
+        assert!(c.validate(&spec).unwrap_err().contains("actions[2] is -inf, must be finite"));
+    }
+
+    #[test]
+    fn discrete_actions_are_indices_from_start() {
+        // Discrete(3, start=-1): the env takes -1, 0, 1; chunks carry the indices 0, 1, 2.
+        let (mut c, mut spec) = chunk();
+        spec.action_space = Space::Discrete { n: 3, start: -1 };
+        c.actions = vec![0.0, 1.0, 2.0, 0.0];
+        c.validate(&spec).unwrap();
+        c.actions[0] = 3.0;
+        let err = c.validate(&spec).unwrap_err();
+        assert!(err.contains("actions[0] is 3, outside Discrete(3, start=-1) (expected an integer in 0..3)"), "{err}");
+    }
+
+    #[test]
+    fn observation_bounds_hold_per_element_for_floats_and_frames() {
+        // Infinite bounds (CartPole's velocities) hold every finite value; finite ones are checked per element.
+        let (mut c, mut spec) = chunk();
+        spec.observation_space = Space::box1d(vec![-1.0, f32::NEG_INFINITY], vec![1.0, f32::INFINITY]);
+        spec.obs_dim = 2;
+        c.obs = ObsBuf::F32(vec![0.5, 1e30, -1.0, -1e30, 1.0, 0.0, 0.0, 0.0]);
+        c.bootstrap_obs = ObsBuf::F32(vec![0.0; 4]);
+        c.final_obs = ObsBuf::F32(vec![0.0, 7.0]);
+        c.validate(&spec).unwrap();
+        c.obs = ObsBuf::F32(vec![0.5, 1e30, -1.0, -1e30, 1.0, 0.0, -1.5, 0.0]);
+        assert!(c.validate(&spec).unwrap_err().contains("observations[6] is -1.5, outside"));
+        c.obs = ObsBuf::F32(vec![0.5, 1e30, 1.5, -1e30, 1.0, 0.0, 0.0, 0.0]);
+        assert!(c.validate(&spec).unwrap_err().contains("bounds [-1, 1] for element 0"));
+        // u8 frames against a box of bytes in [0, 200].
+        let (mut c, mut spec) = chunk();
+        spec.observation_space = Space::Box { low: vec![0.0], high: vec![200.0], shape: vec![1], dtype: DType::U8 };
+        spec.obs_dtype = DType::U8;
+        c.obs = ObsBuf::U8(vec![0, 10, 200, 20]);
+        c.bootstrap_obs = ObsBuf::U8(vec![2, 21]);
+        c.final_obs = ObsBuf::U8(vec![11]);
+        c.validate(&spec).unwrap();
+        c.bootstrap_obs = ObsBuf::U8(vec![2, 255]);
+        assert!(c.validate(&spec).unwrap_err().contains("bootstrap observations[1] is 255, outside"));
+    }
+
+    #[test]
+    fn validating_a_good_chunk_allocates_nothing() {
+        let (c, spec) = chunk();
+        let before = alloc_counter::allocations();
+        c.validate(&spec).unwrap();
+        assert_eq!(alloc_counter::allocations(), before, "validate allocated on the success path");
+        // The counter does see this thread's allocations: describing a refusal allocates.
+        let (mut bad, _) = chunk();
+        bad.actions[0] = 7.0;
+        let before = alloc_counter::allocations();
+        assert!(bad.validate(&spec).is_err());
+        assert!(alloc_counter::allocations() > before);
+    }
+
+    /// Counts this thread's allocations (tests run on several threads at once).
+    mod alloc_counter {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+        }
+
+        struct Counting;
+
+        // SAFETY: forwards to the system allocator; the counter is a const-initialised thread-local without a
+        // destructor, so touching it never allocates.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+                // SAFETY: the caller's contract is the system allocator's.
+                unsafe { System.alloc(layout) }
+            }
+
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                // SAFETY: as above.
+                unsafe { System.dealloc(ptr, layout) }
+            }
+        }
+
+        #[global_allocator]
+        static COUNTING: Counting = Counting;
+
+        pub fn allocations() -> u64 {
+            ALLOCATIONS.with(Cell::get)
         }
     }
 

@@ -1,0 +1,97 @@
+//! The hub that the gRPC benchmarks (ingest and broadcast) drive: an on-policy CartPole [`Hub`] built in this
+//! process, served over loopback gRPC on an IO runtime shaped like the distributed learner's, and the client
+//! side (registration, gRPC connections).
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_core::{ChunkSpec, DType, Space};
+use flotilla_envs::Kwargs;
+use flotilla_learner::config::Family;
+use flotilla_learner::hub::{Delivery, Hub, HubSpec};
+use flotilla_transport::grpc::{GrpcClient, Limits, ServerHandle, serve};
+use flotilla_transport::{LearnerClient, Registration, RunInfo};
+use tokio::sync::mpsc::Receiver;
+
+use crate::BenchResult;
+
+pub(crate) const TOKEN: &str = "bench-token";
+const RUN_ID: &str = "bench-distributed";
+/// CartPole chunk shape for the ingest table.
+pub(crate) const ENVS: usize = 8;
+pub(crate) const STEPS: usize = 128;
+pub(crate) const OBS_DIM: usize = 4;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The server's IO runtime, shaped like the distributed learner's (two workers).
+pub(crate) fn io_runtime() -> BenchResult<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("bench-io").enable_all().build()?)
+}
+
+fn cartpole_spaces() -> BenchResult<(Space, Space)> {
+    let env = flotilla_envs::make("CartPole-v1", &Kwargs::default())?;
+    Ok((env.observation_space().clone(), env.action_space().clone()))
+}
+
+/// An on-policy CartPole hub for `n_actors` actors with `params` as version 0.
+pub(crate) fn cartpole_hub(n_actors: usize, params: Vec<f32>) -> BenchResult<(Arc<Hub>, Receiver<Delivery>)> {
+    let (observation_space, action_space) = cartpole_spaces()?;
+    let spec = HubSpec {
+        run: RunInfo { run_id: RUN_ID.into(), config_toml: String::new() },
+        chunk: ChunkSpec {
+            observation_space: observation_space.clone(),
+            action_space: action_space.clone(),
+            obs_dim: OBS_DIM,
+            obs_dtype: DType::F32,
+            act_dim: 1,
+            n_envs: ENVS,
+            n_steps: STEPS,
+            needs_behaviour: true,
+        },
+        observation_space,
+        action_space,
+        family: Family::OnPolicy,
+        n_actors,
+        seed: 0,
+        n_params: params.len(),
+        queue: 64,
+        synchronous: false,
+        total_env_steps: u64::MAX,
+    };
+    Ok(Hub::new(spec, params))
+}
+
+/// Register `client` in slot `index`; returns its actor id.
+pub(crate) fn register(client: &mut dyn LearnerClient, index: usize) -> BenchResult<u64> {
+    let (observation_space, action_space) = cartpole_spaces()?;
+    let registration = Registration {
+        run_id: RUN_ID.into(),
+        observation_space,
+        action_space,
+        n_envs: ENVS,
+        actor_index: Some(index as u32),
+        host: "localhost".into(),
+        pid: std::process::id(),
+    };
+    Ok(client.register(&registration)?.actor_id)
+}
+
+/// Opens one client connection (called on the client's own thread).
+pub(crate) type Connect<'a> = &'a (dyn Fn() -> BenchResult<Box<dyn LearnerClient>> + Sync);
+
+pub(crate) fn grpc_connector(
+    addr: SocketAddr,
+    limits: Limits,
+) -> impl Fn() -> BenchResult<Box<dyn LearnerClient>> + Sync {
+    let addr = addr.to_string();
+    move || Ok(Box::new(GrpcClient::connect(&addr, TOKEN, &limits, CONNECT_TIMEOUT)?) as Box<dyn LearnerClient>)
+}
+
+pub(crate) fn serve_grpc(
+    runtime: &tokio::runtime::Runtime,
+    hub: &Arc<Hub>,
+    limits: &Limits,
+) -> BenchResult<ServerHandle> {
+    let addr: SocketAddr = "127.0.0.1:0".parse()?;
+    Ok(serve(runtime.handle(), hub.clone(), addr, TOKEN, limits)?)
+}

@@ -1,0 +1,205 @@
+//! Scaling with actor processes (`--only scaling`): the real CLI, `flotilla train CONFIG --actors N`, on
+//! Latency-v0 with one env per actor for N = 1, 2, 4, … up to `--max-actors`; steady-state SPS comes from the
+//! run's `metrics.csv`, CPU use over the same window from [`CpuMark`], and the run is stopped with SIGINT.
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::cpu_accounting::CpuMark;
+use crate::{Args, BenchResult};
+
+/// Latency-v0 with one env per actor and a PPO learner kept cheap: 16 hidden units, one epoch, one minibatch
+/// (`batch_size` = the whole rollout, set per run), evaluation only at the end (and the run is stopped before).
+const SCALING_CONFIG: &str = r#"
+[run]
+seed = 1
+device = "cpu"
+torch_threads = 1
+
+[env]
+id = "Latency-v0"
+kwargs = { step_latency_us = 1000 }
+
+[algorithm]
+kind = "ppo"
+n_steps = 32
+n_epochs = 1
+hidden_sizes = [16]
+
+[eval]
+episodes = 1
+interval_steps = 0
+
+[learner]
+max_policy_lag = 1000
+
+[actors]
+envs_per_actor = 1
+"#;
+
+/// Env step of Latency-v0 in this config, and the ideal steps/s of one single-env actor.
+const STEP_LATENCY_US: f64 = 1000.0;
+
+/// One scaling run's steady state.
+struct Steady {
+    sps: f64,
+    secs: f64,
+    /// Learner process CPU over the steady window, in cores.
+    learner_cores: f64,
+    /// All actor processes' CPU over the steady window, in cores.
+    actor_cores: f64,
+    /// Everything else on the machine (other users included) over the steady window, in cores.
+    other_cores: f64,
+}
+
+/// Metrics rows as `(env_steps, train_secs, charts/actors)`.
+fn read_metrics(path: &Path) -> Vec<(f64, f64, f64)> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else { return Vec::new() };
+    let cols: HashMap<&str, usize> = header.split(',').enumerate().map(|(i, c)| (c, i)).collect();
+    let (Some(&steps), Some(&secs), Some(&actors)) =
+        (cols.get("env_steps"), cols.get("train_secs"), cols.get("charts/actors"))
+    else {
+        return Vec::new();
+    };
+    lines
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            let get = |i: usize| cells.get(i).and_then(|c| c.parse::<f64>().ok());
+            Some((get(steps)?, get(secs)?, get(actors)?))
+        })
+        .collect()
+}
+
+/// The first steady row: one row after the first row with all `n` actors registered (that row still
+/// covers the ramp-up).
+fn steady_start(rows: &[(f64, f64, f64)], n: usize) -> Option<usize> {
+    rows.iter().position(|r| r.2 >= n as f64).map(|i| i + 1).filter(|&i| i < rows.len())
+}
+
+/// Ask the learner to stop (it stops its actors), then wait for it; kill it if it does not exit.
+fn stop_child(child: &mut Child) -> BenchResult<()> {
+    let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    child.kill()?;
+    child.wait()?;
+    Ok(())
+}
+
+/// `flotilla train CONFIG --actors n` until `steady` seconds of steady state are in its metrics.
+fn scaling_run(flotilla: &Path, config: &Path, out: &Path, n: usize, steady: f64) -> BenchResult<Steady> {
+    // Rows about every 0.5 s at the ideal rate; the budget is only a safety stop (10 min at the ideal rate).
+    let ideal = n as f64 * 1e6 / STEP_LATENCY_US;
+    let log_path = out.with_extension("log");
+    let log = std::fs::File::create(&log_path)?;
+    let sets = [
+        format!("env.num_envs={n}"),
+        format!("algorithm.batch_size={}", 32 * n),
+        format!("run.total_env_steps={}", (ideal * 600.0) as u64),
+        format!("metrics.log_interval_steps={}", (ideal * 0.5) as u64),
+    ];
+    let mut cmd = Command::new(flotilla);
+    cmd.arg("train").arg(config).args(["--actors", &n.to_string()]).arg("--out").arg(out);
+    for s in &sets {
+        cmd.args(["--set", s]);
+    }
+    let mut child = cmd.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log)).spawn()?;
+    let metrics = out.join("metrics.csv");
+    let started = Instant::now();
+    let timeout = Duration::from_secs(180) + Duration::from_secs_f64(steady * 4.0);
+    // CPU counters from when the first steady row appeared.
+    let mut mark: Option<CpuMark> = None;
+    let result = loop {
+        thread::sleep(Duration::from_millis(100));
+        if let Some(status) = child.try_wait()? {
+            break Err(format!("flotilla train --actors {n} exited early ({status}); see {}", log_path.display()));
+        }
+        if started.elapsed() > timeout {
+            break Err(format!("flotilla train --actors {n}: no steady state within {timeout:?}"));
+        }
+        let rows = read_metrics(&metrics);
+        let Some(first) = steady_start(&rows, n) else { continue };
+        let mark = mark.get_or_insert_with(|| CpuMark::take(child.id()));
+        let (last, base) = (rows[rows.len() - 1], rows[first]);
+        if last.1 - base.1 >= steady {
+            let (learner_cores, actor_cores, other_cores) = mark.usage(&CpuMark::take(child.id()));
+            let secs = last.1 - base.1;
+            break Ok(Steady { sps: (last.0 - base.0) / secs, secs, learner_cores, actor_cores, other_cores });
+        }
+    };
+    stop_child(&mut child)?;
+    Ok(result?)
+}
+
+pub(crate) fn scaling_table(args: &Args) -> BenchResult<()> {
+    let flotilla = std::env::current_exe()?.with_file_name("flotilla");
+    if !flotilla.is_file() {
+        return Err(format!(
+            "{} is missing: build it first with `cargo build --release --bin flotilla`",
+            flotilla.display()
+        )
+        .into());
+    }
+    let dir = std::env::temp_dir().join(format!("flotilla-bench-distributed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("latency_ppo.toml");
+    std::fs::write(&config, SCALING_CONFIG)?;
+    let steady = if args.quick { 1.5 } else { 5.0 };
+    let cores = thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "## Scaling: `flotilla train --actors N` on Latency-v0 (1 ms steps, 1 env per actor, ideal 1000 steps/s \
+         per actor; PPO n_steps 32, 1 epoch, 1 minibatch, hidden [16]; ≥ {steady} s steady state per point; \
+         {cores} cores)\n"
+    );
+    println!(
+        "| actors | SPS | ideal (N × SPS(1)) | efficiency | steady s | learner CPU (cores) | actors CPU (cores) | \
+         actor CPU per step (µs) | other processes (cores) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let counts: Vec<usize> = [1, 2, 4, 8, 16, 32, 64].into_iter().filter(|&n| n <= args.max_actors.max(1)).collect();
+    let mut one = None;
+    let mut last = None;
+    for &n in &counts {
+        let s = scaling_run(&flotilla, &config, &dir.join(format!("actors-{n}")), n, steady)?;
+        let base = *one.get_or_insert(s.sps);
+        let ideal = n as f64 * base;
+        println!(
+            "| {n} | {:.0} | {ideal:.0} | {:.1} % | {:.1} | {:.2} | {:.2} | {:.0} | {:.2} |",
+            s.sps,
+            100.0 * s.sps / ideal,
+            s.secs,
+            s.learner_cores,
+            s.actor_cores,
+            1e6 * s.actor_cores / s.sps,
+            s.other_cores
+        );
+        last = Some((n, s.sps / ideal));
+    }
+    if let Some((n, eff)) = last {
+        let verdict = match (n, eff >= 0.9) {
+            (64, true) => "met".to_string(),
+            (64, false) => "NOT met".to_string(),
+            _ => format!("not measured (largest run: {n} actors)"),
+        };
+        println!(
+            "\nTarget ≥ 90 % efficiency at 64 actors: {verdict}; {:.1} % at {n} actors. SPS(1) is {:.0} of an ideal \
+             {:.0}: each step is the 1 ms latency plus the actor's policy forward pass and chunk sending. Learner \
+             CPU near 1 core would mean the learner is the bottleneck; learner + actors + other processes near \
+             {cores} cores means the machine is (CPU from /proc, 100 ticks/s assumed).\n",
+            100.0 * eff,
+            one.unwrap_or(0.0),
+            1e6 / STEP_LATENCY_US
+        );
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
