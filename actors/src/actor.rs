@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flotilla_algorithms::{ActMode, ActOutput, Acting, Progress};
-use flotilla_core::{Chunk, EpisodeStats, Gradient, ObsBuf, Params};
+use flotilla_core::{Chunk, Gradient, ObsBuf, Params};
 use flotilla_envs::VecEnv;
 use flotilla_envs::env_actions::EnvActions;
 use flotilla_transport::grpc::backoff;
@@ -243,9 +243,7 @@ fn act_loop(
                     final_rows.extend_from_slice(last);
                 }
             }
-            c.episodes.extend(
-                step.episodes.iter().map(|ep| EpisodeStats { episode_return: ep.return_, length: ep.length as u64 }),
-            );
+            c.episodes.extend_from_slice(step.episodes);
             c.actions.extend_from_slice(&out.actions);
             c.log_probs.extend_from_slice(&out.log_probs);
             c.values.extend_from_slice(&out.values);

@@ -34,7 +34,8 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::actor_critic::{ActScratch, ActorCritic};
+use crate::acting::{ActingPolicy, GradientWorker};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -44,11 +45,9 @@ use crate::policy::{ActMode, ActOutput, Policy};
 use crate::ppo::explained_variance;
 use crate::rmsprop::RmsProp;
 use crate::rollout::{Rollout, RolloutCollector};
-use flotilla_core::Chunk;
-use crate::acting::{ActingPolicy, GradientWorker};
-use crate::actor_critic::ActorCriticPolicy;
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
+use flotilla_core::Chunk;
 
 /// Which optimiser applies the gradients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -324,12 +323,11 @@ fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Resu
 pub struct A2c {
     /// Hyperparameters.
     pub config: A2cConfig,
-    net: ActorCritic,
+    /// The acting half: network, sampling RNG (also drawing minibatch shuffles), buffers.
+    pi: ActorCriticPolicy,
     opt: Optimizer,
-    rng: Pcg64,
     /// The rollout being collected by [`Algorithm::observe`].
     collector: RolloutCollector,
-    scratch: ActScratch,
 }
 
 impl A2c {
@@ -362,22 +360,22 @@ impl A2c {
         };
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c);
-        Ok(A2c { config, net, opt, rng, collector, scratch: ActScratch::default() })
+        Ok(A2c { config, pi: ActorCriticPolicy::with_rng(net, rng), opt, collector })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
     pub fn params(&self) -> &FlatParams {
-        &self.net.params
+        &self.pi.net.params
     }
 
     /// Overwrite the network's parameters, e.g. with a parameter server's broadcast.
     pub fn set_params(&mut self, flat: &Tensor) -> Result<()> {
-        self.net.params.copy_from(flat)
+        self.pi.net.params.copy_from(flat)
     }
 
     /// `V(obs)` for a batch of observations.
     pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
-        self.net.values(obs)
+        self.pi.net.values(obs)
     }
 
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
@@ -387,14 +385,14 @@ impl A2c {
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under this agent's parameters (the rollout itself is left as the behaviour policy's record).
     pub fn compute_gradients(&mut self, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
-        a2c_gradient(&mut self.net, &self.config, rollout)
+        a2c_gradient(&mut self.pi.net, &self.config, rollout)
     }
 
     /// One optimiser step with a gradient from [`A2c::compute_gradients`] (of this agent or of a copy with the
     /// same layout), at the learning rate for `progress_remaining` (1 at the start of training, 0 at the end).
     /// Returns that learning rate.
     pub fn apply_gradients(&mut self, flat_grad: &Tensor, progress_remaining: f64) -> Result<f64> {
-        let flat = self.net.params.flat();
+        let flat = self.pi.net.params.flat();
         if flat_grad.size() != flat.size() {
             return Err(Error::BadLength {
                 what: "A2C flat gradient".into(),
@@ -406,7 +404,7 @@ impl A2c {
         // pass can still be handed gradients.
         tch::no_grad(|| flat.grad().copy_(flat_grad));
         let lr = self.config.learning_rate_at(progress_remaining);
-        self.opt.step(&mut self.net.params, lr);
+        self.opt.step(&mut self.pi.net.params, lr);
         Ok(lr)
     }
 
@@ -423,16 +421,16 @@ impl A2c {
 
 impl Policy for A2c {
     fn obs_dim(&self) -> usize {
-        self.net.obs_dim()
+        self.pi.net.obs_dim()
     }
 
     fn act_dim(&self) -> usize {
-        self.net.act_dim()
+        self.pi.net.act_dim()
     }
 
     /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
     fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
+        self.pi.act(obs, mode, out)
     }
 }
 
@@ -442,11 +440,11 @@ impl Algorithm for A2c {
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        self.collector.observe(step, |obs| self.net.values(obs))
+        self.collector.observe(step, |obs| self.pi.net.values(obs))
     }
 
     fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
-        self.collector.push_chunks(chunks, |obs| self.net.values(obs))
+        self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
     }
 
     /// A3C's parameter server step: the gradient an [`A3cWorker`] computed, at the annealed learning rate.
@@ -461,7 +459,7 @@ impl Algorithm for A2c {
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
         let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        let Some(rollout) = self.collector.finish(|obs| self.net.values(obs), gamma, lambda)? else {
+        let Some(rollout) = self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)? else {
             return Ok(None);
         };
         let metrics = self.update_from(&rollout, progress.remaining());
@@ -471,34 +469,33 @@ impl Algorithm for A2c {
 
     fn checkpoint(&self) -> Result<Checkpoint> {
         let mut c = Checkpoint::new();
-        c.put_tensor("params", self.net.params.flat());
+        c.put_tensor("params", self.pi.net.params.flat());
         self.opt.write_to(&mut c)?;
         self.collector.write_to(&mut c, "rollout")?;
-        c.put_meta("rng", &self.rng)?;
+        c.put_meta("rng", &self.pi.rng)?;
         Ok(c)
     }
 
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
-        c.copy_into("params", self.net.params.flat())?;
+        c.copy_into("params", self.pi.net.params.flat())?;
         self.opt.read_from(c)?;
         self.collector.read_from(c, "rollout")?;
-        self.rng = c.meta("rng")?;
+        self.pi.rng = c.meta("rng")?;
         Ok(())
     }
 
     fn policy_params(&self) -> &FlatParams {
-        &self.net.params
+        &self.pi.net.params
     }
 
     fn save_weights(&self, path: &Path) -> Result<()> {
-        self.net.params.save(path)
+        self.pi.net.params.save(path)
     }
 
     fn load_weights(&mut self, path: &Path) -> Result<()> {
-        self.net.params.load(path)
+        self.pi.net.params.load(path)
     }
 }
-
 
 /// A3C's actor side (Mnih et al. 2016): acts with a copy of the parameters and turns each chunk it collected
 /// into the clipped A2C loss gradient, which the learner applies ([`Algorithm::apply_gradient`] of an [`A2c`])
@@ -543,8 +540,10 @@ impl GradientWorker for A3cWorker {
         let net = &mut self.policy.net;
         self.collector.push_chunks(std::slice::from_ref(chunk), |obs| net.values(obs))?;
         let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        let rollout = self.collector.finish(|obs| net.values(obs), gamma, lambda)?.ok_or_else(|| {
-            Error::BadLength { what: "A3C chunk steps".into(), got: chunk.n_steps, expected: self.config.n_steps }
+        let rollout = self.collector.finish(|obs| net.values(obs), gamma, lambda)?.ok_or_else(|| Error::BadLength {
+            what: "A3C chunk steps".into(),
+            got: chunk.n_steps,
+            expected: self.config.n_steps,
         })?;
         let out = a2c_gradient(net, &self.config, &rollout);
         self.collector.recycle(rollout);
@@ -646,8 +645,8 @@ mod tests {
         let mut a2c = A2c::new(&obs_space, &act_space, 8, A2cConfig::default(), Device::Cpu, 0).unwrap();
         let probe = [0.1f32, 0.2, 0.3, 0.4];
         let prob_of_1 = |a2c: &A2c| {
-            let x = a2c.net.obs_tensor(&probe).unwrap();
-            let (logits, _) = tch::no_grad(|| a2c.net.forward(&x));
+            let x = a2c.pi.net.obs_tensor(&probe).unwrap();
+            let (logits, _) = tch::no_grad(|| a2c.pi.net.forward(&x));
             f64::try_from(logits.softmax(-1, Kind::Float).get(0).get(1)).unwrap()
         };
         let before = prob_of_1(&a2c);
@@ -814,7 +813,7 @@ mod tests {
         assert!((m.get("losses/vtrace_mean_ratio").unwrap() - 0.5).abs() < 1e-5);
         assert_eq!(m.get("losses/vtrace_rho_clip_fraction"), Some(0.0));
         assert!(lagged.allclose(&(&plain * 0.5), 1e-4, 1e-7, false), "ρ = 0.5 halves the gradient");
-        let t = a2c.net.vtrace_targets(&rollout, a2c.config.gamma as f32, &VtraceConfig::default()).unwrap();
+        let t = a2c.pi.net.vtrace_targets(&rollout, a2c.config.gamma as f32, &VtraceConfig::default()).unwrap();
         for i in 0..rollout.len() {
             let td = rollout.rewards[i] - t.values[i];
             assert!((t.pg_advantages[i] - 0.5 * td).abs() < 1e-5 * (1.0 + td.abs()), "step {i}");

@@ -270,7 +270,7 @@ impl ActorCritic {
 #[derive(Debug)]
 pub struct ActorCriticPolicy {
     pub(crate) net: ActorCritic,
-    rng: rand_pcg::Pcg64,
+    pub(crate) rng: rand_pcg::Pcg64,
     scratch: ActScratch,
 }
 
@@ -285,10 +285,23 @@ impl ActorCriticPolicy {
         log_std_init: f64,
         seed: u64,
     ) -> Result<Self> {
-        let net =
-            ActorCritic::new(algorithm, observation_space, action_space, hidden, activation, log_std_init, Device::Cpu, seed)?;
+        let net = ActorCritic::new(
+            algorithm,
+            observation_space,
+            action_space,
+            hidden,
+            activation,
+            log_std_init,
+            Device::Cpu,
+            seed,
+        )?;
         let rng = <rand_pcg::Pcg64 as rand::SeedableRng>::seed_from_u64(seed ^ 0xac70_0001);
-        Ok(ActorCriticPolicy { net, rng, scratch: ActScratch::default() })
+        Ok(Self::with_rng(net, rng))
+    }
+
+    /// The policy of a network a learner built (PPO and A2C hold their acting half as one of these).
+    pub(crate) fn with_rng(net: ActorCritic, rng: rand_pcg::Pcg64) -> Self {
+        ActorCriticPolicy { net, rng, scratch: ActScratch::default() }
     }
 }
 
@@ -316,4 +329,3 @@ impl ActingPolicy for ActorCriticPolicy {
         load_flat(&self.net.params, values)
     }
 }
-

@@ -361,11 +361,7 @@ impl Policy for DqnPolicy {
 
     fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.q.q_values(&self.params, obs, &mut self.host, &mut out.q_values)?;
-        let eps = if self.learner_env_steps < self.config.learning_starts {
-            1.0
-        } else {
-            self.floor.max(self.epsilon)
-        };
+        let eps = if self.learner_env_steps < self.config.learning_starts { 1.0 } else { self.floor.max(self.epsilon) };
         epsilon_greedy(self.q.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
         Ok(())
     }

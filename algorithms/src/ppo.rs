@@ -32,7 +32,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::actor_critic::{ActScratch, ActorCritic};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -40,9 +40,9 @@ use crate::nets::Activation;
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::{Rollout, RolloutCollector};
-use flotilla_core::Chunk;
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
+use flotilla_core::Chunk;
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -250,12 +250,11 @@ fn normalize(x: &Tensor) -> Tensor {
 pub struct Ppo {
     /// Hyperparameters.
     pub config: PpoConfig,
-    net: ActorCritic,
+    /// The acting half: network, sampling RNG (also drawing minibatch shuffles), buffers.
+    pi: ActorCriticPolicy,
     opt: Adam,
-    rng: Pcg64,
     /// The rollout being collected by [`Algorithm::observe`].
     collector: RolloutCollector,
-    scratch: ActScratch,
 }
 
 impl Ppo {
@@ -284,17 +283,17 @@ impl Ppo {
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);
-        Ok(Ppo { config, net, opt, rng, collector, scratch: ActScratch::default() })
+        Ok(Ppo { config, pi: ActorCriticPolicy::with_rng(net, rng), opt, collector })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
     pub fn params(&self) -> &FlatParams {
-        &self.net.params
+        &self.pi.net.params
     }
 
     /// `V(obs)` for a batch of observations.
     pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
-        self.net.values(obs)
+        self.pi.net.values(obs)
     }
 
     /// One PPO update on a finished rollout (GAE already computed). `progress_remaining` goes from 1 (start of
@@ -325,12 +324,12 @@ impl Ppo {
             normalize_advantage: c.normalize_advantage,
         };
         // Off-policy correction: advantages, value targets and the values to clip around, all recomputed.
-        let targets = self.net.targets(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+        let targets = self.pi.net.targets(rollout, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
-        let d = self.net.device;
-        let obs = self.net.obs_tensor(&rollout.obs)?;
-        let actions = self.net.actions_tensor(&rollout.actions);
+        let d = self.pi.net.device;
+        let obs = self.pi.net.obs_tensor(&rollout.obs)?;
+        let actions = self.pi.net.actions_tensor(&rollout.actions);
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
         let mut advantages = Tensor::from_slice(advantages).to_device(d);
         let mut coefficients = coefficients;
@@ -348,7 +347,7 @@ impl Ppo {
         let mut last = None;
         let mut gradient_steps = 0usize;
         'epochs: for _ in 0..n_epochs {
-            order.shuffle(&mut self.rng);
+            order.shuffle(&mut self.pi.rng);
             for minibatch in order.chunks(batch_size) {
                 // A full-batch "minibatch" needs no gather: the loss is a mean, so order does not matter.
                 let idx = (batch_size != n).then(|| Tensor::from_slice(minibatch).to_device(d));
@@ -356,8 +355,8 @@ impl Ppo {
                     None => t.shallow_clone(),
                     Some(i) => t.index_select(0, i),
                 };
-                let (head, values) = self.net.forward(&pick(&obs));
-                let dist = self.net.dist(head);
+                let (head, values) = self.pi.net.forward(&pick(&obs));
+                let dist = self.pi.net.dist(head);
                 let entropy = need_entropy.then(|| dist.entropy());
                 let loss = ppo_loss(
                     &dist.log_prob(&pick(&actions)),
@@ -369,12 +368,14 @@ impl Ppo {
                     &pick(&returns),
                     coefficients,
                 );
-                self.net.params.backward(&loss.total);
-                let norm = self.net.params.clip_grad_norm(max_grad_norm);
+                self.pi.net.params.backward(&loss.total);
+                let norm = self.pi.net.params.clip_grad_norm(max_grad_norm);
                 if !norm.is_finite() {
-                    return Err(Error::NonFinite(format!("ppo: gradient norm {norm} (non-finite loss); step not taken")));
+                    return Err(Error::NonFinite(format!(
+                        "ppo: gradient norm {norm} (non-finite loss); step not taken"
+                    )));
                 }
-                self.opt.step(&mut self.net.params);
+                self.opt.step(&mut self.pi.net.params);
                 gradient_steps += 1;
                 let stop = target_kl.is_some_and(|t| f64::try_from(loss.approx_kl()).unwrap_or(0.0) > 1.5 * t);
                 last = Some((loss, dist));
@@ -408,16 +409,16 @@ impl Ppo {
 
 impl Policy for Ppo {
     fn obs_dim(&self) -> usize {
-        self.net.obs_dim()
+        self.pi.net.obs_dim()
     }
 
     fn act_dim(&self) -> usize {
-        self.net.act_dim()
+        self.pi.net.act_dim()
     }
 
     /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
     fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
+        self.pi.act(obs, mode, out)
     }
 }
 
@@ -427,16 +428,16 @@ impl Algorithm for Ppo {
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        self.collector.observe(step, |obs| self.net.values(obs))
+        self.collector.observe(step, |obs| self.pi.net.values(obs))
     }
 
     fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
-        self.collector.push_chunks(chunks, |obs| self.net.values(obs))
+        self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
         let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        let Some(rollout) = self.collector.finish(|obs| self.net.values(obs), gamma, lambda)? else {
+        let Some(rollout) = self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)? else {
             return Ok(None);
         };
         let metrics = self.update_from(&rollout, progress.remaining());
@@ -446,31 +447,31 @@ impl Algorithm for Ppo {
 
     fn checkpoint(&self) -> Result<Checkpoint> {
         let mut c = Checkpoint::new();
-        c.put_tensor("params", self.net.params.flat());
+        c.put_tensor("params", self.pi.net.params.flat());
         self.opt.write_to(&mut c, "adam")?;
         self.collector.write_to(&mut c, "rollout")?;
-        c.put_meta("rng", &self.rng)?;
+        c.put_meta("rng", &self.pi.rng)?;
         Ok(c)
     }
 
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
-        c.copy_into("params", self.net.params.flat())?;
+        c.copy_into("params", self.pi.net.params.flat())?;
         self.opt.read_from(c, "adam")?;
         self.collector.read_from(c, "rollout")?;
-        self.rng = c.meta("rng")?;
+        self.pi.rng = c.meta("rng")?;
         Ok(())
     }
 
     fn policy_params(&self) -> &FlatParams {
-        &self.net.params
+        &self.pi.net.params
     }
 
     fn save_weights(&self, path: &Path) -> Result<()> {
-        self.net.params.save(path)
+        self.pi.net.params.save(path)
     }
 
     fn load_weights(&mut self, path: &Path) -> Result<()> {
-        self.net.params.load(path)
+        self.pi.net.params.load(path)
     }
 }
 
@@ -652,6 +653,19 @@ mod tests {
     }
 
     #[test]
+    fn a_non_finite_loss_is_an_error_and_no_step_is_taken() {
+        let (obs_space, act_space) = cartpole_spaces();
+        let config = PpoConfig { batch_size: 64, ..Default::default() };
+        let mut ppo = Ppo::new(&obs_space, &act_space, 2, config, Device::Cpu, 0).unwrap();
+        let mut rollout = collect_cut_rollout(&mut ppo, 32);
+        rollout.advantages[3] = f32::NAN; // what a NaN reward or value would leave behind
+        let before = ppo.params().flat().detach().copy();
+        let e = ppo.update_from(&rollout, 1.0).unwrap_err();
+        assert!(matches!(e, Error::NonFinite(_)), "{e}");
+        assert!(ppo.params().flat().equal(&before), "the parameters changed");
+    }
+
+    #[test]
     fn config_validation_names_the_field() {
         let c = PpoConfig { batch_size: 100, ..Default::default() };
         let e = c.validate(8).unwrap_err().to_string();
@@ -717,7 +731,7 @@ mod tests {
         for v in rollout.values.iter_mut().chain(&mut rollout.next_values) {
             *v += 0.5;
         }
-        let t = ppo.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let t = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
         assert_close(&t.vs, &want_returns, 1e-5, "v_s vs GAE(λ = 1) returns");
         assert_close(&t.pg_advantages, &want_advantages, 1e-5, "pg advantages vs GAE(λ = 1) advantages");
         assert_close(&t.target_log_probs, &rollout.log_probs, 1e-5, "π vs μ on-policy");
@@ -734,13 +748,13 @@ mod tests {
         let mut ppo = vtrace_ppo(cfg.clone(), 4);
         let gamma = ppo.config.gamma as f32;
         let mut rollout = collect_cut_rollout(&mut ppo, 16);
-        let on_policy = ppo.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let on_policy = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
         // π/μ = 4 at even steps (μ made the action less likely than π does), 0.5 at odd ones.
         let ratio = |i: usize| if (i / 2).is_multiple_of(2) { 4.0f32 } else { 0.5 };
         for (i, lp) in rollout.log_probs.iter_mut().enumerate() {
             *lp -= ratio(i).ln();
         }
-        let t = ppo.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let t = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
         let w = t.weights;
         assert!((w.mean_rho - (2.0 + 0.5) / 2.0).abs() < 1e-5, "ρ = min(ρ̄, π/μ) = 2 or 0.5: {w:?}");
         assert!((w.mean_ratio - (4.0 + 0.5) / 2.0).abs() < 1e-5 && w.rho_clip_fraction == 0.5, "{w:?}");

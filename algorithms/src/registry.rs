@@ -149,9 +149,7 @@ impl AlgorithmConfig {
                 Acting::Chunks(Box::new(actor_critic("a2c", &c.hidden_sizes, c.activation, c.log_std_init)?))
             }
             AlgorithmConfig::A3c(c) => Acting::Gradients(Box::new(A3cWorker::new(o, a, n_envs, c.clone(), seed)?)),
-            AlgorithmConfig::Dqn(c) => {
-                Acting::Chunks(Box::new(DqnPolicy::new(o, a, c.clone(), epsilon_floor, seed)?))
-            }
+            AlgorithmConfig::Dqn(c) => Acting::Chunks(Box::new(DqnPolicy::new(o, a, c.clone(), epsilon_floor, seed)?)),
             AlgorithmConfig::Ddpg(c) => {
                 Acting::Chunks(Box::new(Td3Policy::new("ddpg", o, a, n_envs, &c.clone().into(), seed)?))
             }

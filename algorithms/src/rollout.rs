@@ -388,11 +388,7 @@ impl RolloutCollector {
     /// and `V` of all of them is computed in one batched call (`values`). The rollout must be empty; then
     /// [`RolloutCollector::finish`] computes the targets. Chunks carry behaviour log-probs and values (a
     /// learner validates them on arrival); u8 frames are converted to f32.
-    pub fn push_chunks(
-        &mut self,
-        chunks: &[Chunk],
-        values: impl FnOnce(&[f32]) -> Result<Vec<f32>>,
-    ) -> Result<()> {
+    pub fn push_chunks(&mut self, chunks: &[Chunk], values: impl FnOnce(&[f32]) -> Result<Vec<f32>>) -> Result<()> {
         let r = &mut self.rollout;
         if r.steps != 0 {
             return Err(Error::BadLength {
@@ -585,8 +581,8 @@ mod tests {
     /// chunk 1's env 0 terminates at step 1 (final obs 91) and env 1 is truncated at step 2 (final obs 92).
     fn two_chunks() -> Vec<Chunk> {
         use flotilla_core::{EpisodeStats, ObsBuf};
-        let chunk = |base: f32, terminated: Vec<bool>, truncated: Vec<bool>, final_index: Vec<u32>, finals: Vec<f32>| {
-            Chunk {
+        let chunk =
+            |base: f32, terminated: Vec<bool>, truncated: Vec<bool>, final_index: Vec<u32>, finals: Vec<f32>| Chunk {
                 actor_id: 1,
                 policy_version: 0,
                 n_steps: 3,
@@ -601,9 +597,8 @@ mod tests {
                 values: (0..6).map(|i| base + 0.5 * i as f32).collect(),
                 final_index,
                 final_obs: ObsBuf::F32(finals),
-                episodes: vec![EpisodeStats { episode_return: 3.0, length: 3 }],
-            }
-        };
+                episodes: vec![EpisodeStats { episode_return: 3.0, length: 3, env_index: 0, truncated: false }],
+            };
         let f = false;
         vec![
             chunk(0.0, vec![f; 6], vec![f, true, f, f, f, f], vec![1], vec![90.0]),

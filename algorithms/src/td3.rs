@@ -38,8 +38,8 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::acting::{ActingPolicy, load_flat};
+use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -647,7 +647,6 @@ impl Algorithm for Td3 {
         self.actor.load(path)
     }
 }
-
 
 /// The bounds of a 1-D `Box` action space with finite bounds, `low < high`; otherwise an error naming `name`.
 fn action_bounds(name: &'static str, action_space: &Space) -> Result<(Vec<f32>, Vec<f32>)> {

@@ -3,11 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::launcher::{ActorCommand, Launcher, LauncherConfig, generate_token, install_stop_signals};
 use anyhow::{Context, Result};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::distributed::DistributedLearner;
-use crate::launcher::{ActorCommand, Launcher, LauncherConfig, generate_token, install_stop_signals};
 use flotilla_learner::run_dir::RunDir;
+use flotilla_learner::train::TrainReport;
 
 /// Who starts the actors.
 pub enum Actors {
@@ -125,15 +126,21 @@ pub fn distributed_train(
         }
         return Ok(());
     }
-    let e = report.final_eval();
+    print_summary(config, &report, Some(n), &model, run_dir.path());
+    Ok(())
+}
+
+/// What a finished run prints: the budget and time, when it first reached the env's registered reward
+/// threshold (where Gymnasium sets one), the final evaluation, and where the policy went.
+pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Option<usize>, model: &Path, dir: &Path) {
+    let with = actors.map(|n| format!(" and {n} actors")).unwrap_or_default();
     println!(
-        "trained {} with {} and {n} actors for {} env steps in {:.1} s",
+        "trained {} with {}{with} for {} env steps in {:.1} s",
         config.env.id,
         config.algorithm_name(),
         report.env_steps,
         report.train_secs
     );
-    // The env's registered reward threshold, where Gymnasium sets one.
     let threshold = flotilla_envs::spec(&config.env.id).ok().and_then(|s| s.reward_threshold);
     if let Some((threshold, first)) = threshold.and_then(|t| Some((t, report.first_reaching(t)?))) {
         println!(
@@ -141,10 +148,11 @@ pub fn distributed_train(
             first.env_steps, first.train_secs
         );
     }
+    let e = report.final_eval();
     println!("evaluation return: {:.1} ± {:.1} over {} episodes (deterministic)", e.mean(), e.std(), e.returns.len());
     println!("saved policy: {}", model.display());
+    let dir = dir.display();
     println!("run directory: {dir}  (evaluate again with: flotilla eval {dir})");
-    Ok(())
 }
 
 /// The run directory's default name.

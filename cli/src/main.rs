@@ -191,17 +191,7 @@ fn train_command(
         );
         return Ok(());
     }
-    let e = report.final_eval();
-    println!(
-        "trained {} with {} for {} env steps in {:.1} s",
-        config.env.id,
-        config.algorithm_name(),
-        report.env_steps,
-        report.train_secs
-    );
-    println!("evaluation return: {:.1} ± {:.1} over {} episodes (deterministic)", e.mean(), e.std(), e.returns.len());
-    println!("saved policy: {}", model.display());
-    println!("run directory: {dir}  (evaluate again with: flotilla eval {dir})");
+    launch::print_summary(&config, &report, None, &model, run_dir.path());
     Ok(())
 }
 

@@ -54,13 +54,18 @@ impl ObsBuf {
     }
 }
 
-/// One finished episode, as the actor's env saw it.
+/// One finished episode, reported by the vectorised step that ended it (`VecEnv`) and carried in the chunk
+/// that holds that step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EpisodeStats {
-    /// Undiscounted return.
+    /// Undiscounted return (summed in f64 from the unrounded rewards).
     pub episode_return: f64,
     /// Length in env steps.
     pub length: u64,
+    /// Which env of the batch (of the actor's envs, in a chunk).
+    pub env_index: usize,
+    /// Whether it ended by truncation (time limit) rather than termination.
+    pub truncated: bool,
 }
 
 /// `T` steps of `E` envs from one actor. Per-step arrays are time-major: element `t · E + e`.
@@ -242,6 +247,9 @@ impl Chunk {
             if ep.length == 0 {
                 return Err(format!("episodes[{i}].length is 0, must be at least 1 step"));
             }
+            if ep.env_index >= e {
+                return Err(format!("episodes[{i}].env_index is {}, the chunk has {e} envs", ep.env_index));
+            }
         }
         Ok(())
     }
@@ -348,7 +356,7 @@ mod tests {
             values: vec![0.5; 4],
             final_index: vec![1],
             final_obs: ObsBuf::F32(vec![11.0]),
-            episodes: vec![EpisodeStats { episode_return: 12.0, length: 12 }],
+            episodes: vec![EpisodeStats { episode_return: 12.0, length: 12, env_index: 0, truncated: false }],
         };
         let spec = ChunkSpec {
             observation_space: Space::box1d(vec![-30.0], vec![30.0]),
@@ -404,7 +412,11 @@ mod tests {
             (|c| c.final_obs = ObsBuf::F32(vec![f32::NAN]), "final observations[0] is NaN, must be finite"),
             // Episode statistics.
             (|c| c.episodes[0].episode_return = f64::INFINITY, "episodes[0].episode_return is inf, must be finite"),
-            (|c| c.episodes.push(EpisodeStats { episode_return: 1.0, length: 0 }), "episodes[1].length is 0"),
+            (
+                |c| c.episodes.push(EpisodeStats { episode_return: 1.0, length: 0, env_index: 0, truncated: false }),
+                "episodes[1].length is 0",
+            ),
+            (|c| c.episodes[0].env_index = 2, "episodes[0].env_index is 2, the chunk has 2 envs"),
             // Final indices: out of order, out of range.
             (
                 |c| {

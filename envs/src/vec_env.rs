@@ -45,18 +45,8 @@ pub enum VecActions<'a> {
     Continuous(&'a [f32]),
 }
 
-/// One finished episode, reported by the step that ended it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EpisodeStats {
-    /// Which env of the batch.
-    pub env_index: usize,
-    /// Undiscounted sum of the episode's rewards (summed in f64 from the unrounded rewards).
-    pub return_: f64,
-    /// Number of steps in the episode.
-    pub length: usize,
-    /// Whether it ended by truncation (time limit) rather than termination.
-    pub truncated: bool,
-}
+/// One finished episode (the type chunks carry to learners too).
+pub use flotilla_core::EpisodeStats;
 
 /// The dynamic state of a [`VecEnv`], from [`VecEnv::snapshot`]: plain data, serialisable with serde.
 ///
@@ -305,8 +295,8 @@ impl VecEnv {
                 final_obs.copy_from_slice(obs);
                 self.episodes.push(EpisodeStats {
                     env_index: i,
-                    return_: self.returns[i],
-                    length: self.lengths[i],
+                    episode_return: self.returns[i],
+                    length: self.lengths[i] as u64,
                     truncated: out.truncated && !out.terminated,
                 });
                 self.returns[i] = 0.0;

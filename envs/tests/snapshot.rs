@@ -269,7 +269,7 @@ fn run_vec(venv: &mut VecEnv, actions: &[Batch]) -> Vec<VecEvent> {
             truncated: step.truncated.to_vec(),
             final_obs: (0..n).map(|i| step.final_obs(i).map(to_bits)).collect(),
             episodes: (step.episodes.iter())
-                .map(|e: &EpisodeStats| (e.env_index, e.return_.to_bits(), e.length, e.truncated))
+                .map(|e: &EpisodeStats| (e.env_index, e.episode_return.to_bits(), e.length as usize, e.truncated))
                 .collect(),
         });
     }

@@ -66,7 +66,8 @@ fn check_against_single_envs(id: &str, kwargs: &Kwargs, n: usize, steps: usize) 
                 assert_eq!(&out.obs[i * d..(i + 1) * d], obs, "{id} t={t} env {i}");
             }
         }
-        let got: Vec<_> = out.episodes.iter().map(|e| (e.env_index, e.return_, e.length, e.truncated)).collect();
+        let got: Vec<_> =
+            out.episodes.iter().map(|e| (e.env_index, e.episode_return, e.length as usize, e.truncated)).collect();
         assert_eq!(got, expected_episodes, "{id} t={t}");
         let finals: Vec<_> = (0..n).map(|i| out.final_obs(i).map(<[f32]>::to_vec)).collect();
         // The accessors on VecEnv agree with the view the step returned.
@@ -116,7 +117,7 @@ fn truncations_and_terminations_are_reported_apart() {
             if e.truncated {
                 truncated += 1;
                 assert_eq!(e.length, 10);
-                assert_eq!(e.return_, 10.0);
+                assert_eq!(e.episode_return, 10.0);
             } else {
                 terminated += 1;
             }

@@ -120,8 +120,8 @@ impl DistributedLearner {
         let spec = HubSpec {
             run: RunInfo { run_id: new_run_id(), config_toml: config.to_toml() },
             chunk: ChunkSpec {
-                observation_space: obs_space.clone(),
-                action_space: act_space.clone(),
+                observation_space: obs_space,
+                action_space: act_space,
                 obs_dim,
                 obs_dtype,
                 act_dim,
@@ -129,8 +129,6 @@ impl DistributedLearner {
                 n_steps: plan.chunk_steps,
                 needs_behaviour: plan.family == Family::OnPolicy,
             },
-            observation_space: obs_space,
-            action_space: act_space,
             family: plan.family,
             n_actors: plan.n_actors,
             seed,
@@ -487,5 +485,26 @@ impl DistributedLearner {
         on_log(&row)?;
         c.interval_lag = (0, 0, 0);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_step_becomes_a_message_not_a_crash() {
+        assert_eq!(guarded(|| Ok(3)), Ok(3));
+        let e = guarded::<()>(|| Err(flotilla_algorithms::Error::NonFinite("loss NaN".into()))).unwrap_err();
+        assert!(e.contains("loss NaN"), "{e}");
+        // What libtorch does on an out-of-range index: tch turns the C++ error into a panic.
+        let e = guarded::<()>(|| {
+            let x = tch::Tensor::from_slice(&[1.0f32, 2.0]).view([1, 2]);
+            let index = tch::Tensor::from_slice(&[7i64]).view([1, 1]);
+            let _ = x.gather(1, &index, false);
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(e.contains("index") || e.contains("out of bounds"), "{e}");
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use flotilla_core::{Chunk, ChunkSpec, Gradient, Params, Space, Versioned};
+use flotilla_core::{Chunk, ChunkSpec, Gradient, Params, Versioned};
 use flotilla_transport::{Ack, Code, LearnerService, Registered, Registration, RpcError, RunInfo};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -58,11 +58,7 @@ impl Drop for Receipt {
 pub struct HubSpec {
     /// Run id and config handed to actors.
     pub run: RunInfo,
-    /// The learner's env spaces.
-    pub observation_space: Space,
-    /// The learner's action space.
-    pub action_space: Space,
-    /// What every chunk must look like; its spaces are `observation_space` and `action_space`.
+    /// What every chunk must look like; its spaces are the run's, which actors must register with.
     pub chunk: ChunkSpec,
     /// Chunks or gradients.
     pub family: Family,
@@ -119,17 +115,7 @@ pub struct Hub {
 
 impl Hub {
     /// A hub publishing `initial` as version 0, and the receiving end of its ingest queue.
-    ///
-    /// Panics if `spec.chunk` checks chunks against other spaces than actors register with (a bug).
     pub fn new(spec: HubSpec, initial: Vec<f32>) -> (Arc<Hub>, mpsc::Receiver<Delivery>) {
-        assert!(
-            spec.chunk.observation_space == spec.observation_space && spec.chunk.action_space == spec.action_space,
-            "HubSpec: chunks are validated against spaces {:?} / {:?}, actors register with {:?} / {:?}",
-            spec.chunk.observation_space,
-            spec.chunk.action_space,
-            spec.observation_space,
-            spec.action_space
-        );
         let (tx, rx) = mpsc::channel(spec.queue);
         let hub = Hub {
             spec,
@@ -249,16 +235,16 @@ impl LearnerService for Hub {
         if r.run_id != s.run.run_id {
             return precondition(format!("run id {:?}, this learner runs {:?}", r.run_id, s.run.run_id));
         }
-        if r.observation_space != s.observation_space {
+        if r.observation_space != s.chunk.observation_space {
             return precondition(format!(
                 "actor observation space {:?} differs from the learner's {:?}",
-                r.observation_space, s.observation_space
+                r.observation_space, s.chunk.observation_space
             ));
         }
-        if r.action_space != s.action_space {
+        if r.action_space != s.chunk.action_space {
             return precondition(format!(
                 "actor action space {:?} differs from the learner's {:?}",
-                r.action_space, s.action_space
+                r.action_space, s.chunk.action_space
             ));
         }
         if r.n_envs != s.chunk.n_envs {
@@ -349,15 +335,13 @@ impl std::fmt::Debug for Hub {
 
 #[cfg(test)]
 mod tests {
-    use flotilla_core::{DType, EpisodeStats, ObsBuf};
+    use flotilla_core::{DType, EpisodeStats, ObsBuf, Space};
 
     use super::*;
 
     fn spec(queue: usize) -> HubSpec {
         HubSpec {
             run: RunInfo { run_id: "r".into(), config_toml: String::new() },
-            observation_space: Space::box1d(vec![-1.0; 2], vec![1.0; 2]),
-            action_space: Space::discrete(2),
             chunk: ChunkSpec {
                 observation_space: Space::box1d(vec![-1.0; 2], vec![1.0; 2]),
                 action_space: Space::discrete(2),
@@ -382,8 +366,8 @@ mod tests {
         let s = hub.spec();
         hub.register(Registration {
             run_id: "r".into(),
-            observation_space: s.observation_space.clone(),
-            action_space: s.action_space.clone(),
+            observation_space: s.chunk.observation_space.clone(),
+            action_space: s.chunk.action_space.clone(),
             n_envs: 1,
             actor_index: None,
             host: "h".into(),
@@ -408,7 +392,7 @@ mod tests {
             values: vec![0.0; 2],
             final_index: vec![],
             final_obs: ObsBuf::F32(vec![]),
-            episodes: vec![EpisodeStats { episode_return: 1.0, length: 1 }],
+            episodes: vec![EpisodeStats { episode_return: 1.0, length: 1, env_index: 0, truncated: false }],
         }
     }
 
@@ -506,7 +490,7 @@ mod tests {
         let err = hub.register(r.clone()).unwrap_err();
         assert_eq!(err.code, Code::FailedPrecondition);
         assert!(err.message.contains("shape: [3]") && err.message.contains("shape: [2]"), "{}", err.message);
-        r.observation_space = hub.spec().observation_space.clone();
+        r.observation_space = hub.spec().chunk.observation_space.clone();
         r.n_envs = 3;
         assert!(hub.register(r.clone()).unwrap_err().message.contains("steps 3 envs, this run needs 1"));
         r.n_envs = 1;
@@ -547,14 +531,6 @@ mod tests {
             assert!(err.message.contains(&format!("chunk from actor {id}: {expected}")), "{err:?}");
         }
         assert_eq!(hub.counters.refused.load(Ordering::Relaxed), 2);
-    }
-
-    #[test]
-    #[should_panic(expected = "chunks are validated against spaces")]
-    fn a_chunk_spec_with_other_spaces_than_the_run_is_a_bug() {
-        let mut s = spec(4);
-        s.chunk.action_space = Space::discrete(3);
-        let _ = Hub::new(s, vec![0.0; 3]);
     }
 
     #[test]

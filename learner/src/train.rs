@@ -14,14 +14,14 @@
 use std::path::Path;
 use std::time::Instant;
 
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
-use flotilla_envs::{VecEnv, VecEnvSnapshot};
 use crate::Result;
 use crate::actions::EnvActions;
 use crate::config::ExperimentConfig;
 use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
+use flotilla_envs::{VecEnv, VecEnvSnapshot};
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
 /// holds all of it.
@@ -113,7 +113,7 @@ impl Trainer {
             step.true_next_obs(&mut next_obs);
             let c = &mut self.counters;
             for ep in step.episodes {
-                c.count_episode(ep.return_, ep.length as u64);
+                c.count_episode(ep.episode_return, ep.length);
             }
             let transition = Transition {
                 obs: &self.obs,

@@ -86,11 +86,27 @@ fn flags(b: &[u8], field: &str) -> Result<Vec<bool>, RpcError> {
 }
 
 fn episodes_to_proto(episodes: &[EpisodeStats]) -> Vec<proto::EpisodeStats> {
-    episodes.iter().map(|e| proto::EpisodeStats { episode_return: e.episode_return, length: e.length }).collect()
+    episodes
+        .iter()
+        .map(|e| proto::EpisodeStats {
+            episode_return: e.episode_return,
+            length: e.length,
+            env_index: e.env_index as u32,
+            truncated: e.truncated,
+        })
+        .collect()
 }
 
 fn episodes_from_proto(episodes: &[proto::EpisodeStats]) -> Vec<EpisodeStats> {
-    episodes.iter().map(|e| EpisodeStats { episode_return: e.episode_return, length: e.length }).collect()
+    episodes
+        .iter()
+        .map(|e| EpisodeStats {
+            episode_return: e.episode_return,
+            length: e.length,
+            env_index: e.env_index as usize,
+            truncated: e.truncated,
+        })
+        .collect()
 }
 
 /// Encode a chunk (observation rows of `obs_dim` values).
@@ -295,7 +311,7 @@ mod tests {
             values: vec![],
             final_index: vec![0],
             final_obs,
-            episodes: vec![EpisodeStats { episode_return: 3.5, length: 4 }],
+            episodes: vec![EpisodeStats { episode_return: 3.5, length: 4, env_index: 0, truncated: false }],
         }
     }
 

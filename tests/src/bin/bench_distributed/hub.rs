@@ -39,8 +39,8 @@ pub(crate) fn cartpole_hub(n_actors: usize, params: Vec<f32>) -> BenchResult<(Ar
     let spec = HubSpec {
         run: RunInfo { run_id: RUN_ID.into(), config_toml: String::new() },
         chunk: ChunkSpec {
-            observation_space: observation_space.clone(),
-            action_space: action_space.clone(),
+            observation_space,
+            action_space,
             obs_dim: OBS_DIM,
             obs_dtype: DType::F32,
             act_dim: 1,
@@ -48,8 +48,6 @@ pub(crate) fn cartpole_hub(n_actors: usize, params: Vec<f32>) -> BenchResult<(Ar
             n_steps: STEPS,
             needs_behaviour: true,
         },
-        observation_space,
-        action_space,
         family: Family::OnPolicy,
         n_actors,
         seed: 0,

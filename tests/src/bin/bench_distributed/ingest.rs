@@ -46,7 +46,10 @@ fn cartpole_chunk() -> Chunk {
         values: (0..n).map(|i| 10.0 + wave(i, 5.0)).collect(),
         final_index: ends.iter().map(|&i| i as u32).collect(),
         final_obs: ObsBuf::F32((0..ends.len() * OBS_DIM).map(|i| wave(i + 7, 0.25)).collect()),
-        episodes: ends.iter().map(|_| EpisodeStats { episode_return: 40.0, length: 40 }).collect(),
+        episodes: ends
+            .iter()
+            .map(|_| EpisodeStats { episode_return: 40.0, length: 40, env_index: 0, truncated: false })
+            .collect(),
     }
 }
 
