@@ -157,3 +157,124 @@ impl AlgorithmConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use flotilla_core::{Chunk, EpisodeStats, ObsBuf};
+
+    use super::*;
+    use crate::policy::{ActMode, ActOutput};
+
+    fn flat(agent: &dyn Algorithm) -> Vec<f32> {
+        Vec::<f32>::try_from(agent.policy_params().flat().detach().view([-1])).unwrap()
+    }
+
+    fn observations(rows: usize, dim: usize) -> Vec<f32> {
+        (0..rows * dim).map(|i| (i as f32 * 0.37).sin() * 0.5).collect()
+    }
+
+    /// Every kind: the acting policy an actor builds, given the learner's broadcast, picks the learner's greedy
+    /// / mean actions — and it was built without an optimiser, a replay buffer or a rollout to fill.
+    #[test]
+    fn acting_policies_act_as_their_learner_after_a_broadcast() {
+        let cartpole = (Space::box1d(vec![-4.8, -9.0, -0.42, -9.0], vec![4.8, 9.0, 0.42, 9.0]), Space::discrete(2));
+        let pendulum = (Space::box1d(vec![-1.0, -1.0, -8.0], vec![1.0, 1.0, 8.0]), Space::box1d(vec![-2.0], vec![2.0]));
+        let small = |hidden: Vec<i64>| hidden;
+        let configs = [
+            (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: small(vec![16]), ..Default::default() }), &cartpole),
+            (AlgorithmConfig::Ppo(PpoConfig::default()), &pendulum),
+            (AlgorithmConfig::A2c(A2cConfig::default()), &cartpole),
+            (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), &cartpole),
+            (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: small(vec![32, 32]), ..Default::default() }), &pendulum),
+            (AlgorithmConfig::Td3(Td3Config { hidden_sizes: small(vec![32, 32]), ..Default::default() }), &pendulum),
+        ];
+        for (config, (obs_space, act_space)) in configs {
+            let name = config.name();
+            // Different seeds: the actor's own initial weights differ until the broadcast arrives.
+            let mut learner = config.build_learner(obs_space, act_space, 8, Device::Cpu, 1).unwrap();
+            let setup = ActingSetup {
+                observation_space: obs_space,
+                action_space: act_space,
+                n_envs: 8,
+                seed: 2,
+                epsilon_floor: 0.0,
+            };
+            let Acting::Chunks(mut policy) = config.build_acting(&setup).unwrap() else {
+                panic!("{name}: an acting policy, not a gradient worker")
+            };
+            let params = flat(learner.as_ref());
+            assert_eq!(policy.n_params(), params.len(), "{name}");
+            let obs = observations(8, policy.obs_dim());
+            let (mut want, mut got) = (ActOutput::default(), ActOutput::default());
+            learner.act(&obs, ActMode::Deterministic, &mut want).unwrap();
+            policy.load_params(&params).unwrap();
+            policy.act(&obs, ActMode::Deterministic, &mut got).unwrap();
+            assert_eq!(got.actions, want.actions, "{name}");
+            // Values (actor-critics) and Q-values (DQN) too: real numbers, not just argmaxes that might agree.
+            assert_eq!((&got.values, &got.q_values), (&want.values, &want.q_values), "{name}");
+            assert!(
+                !(got.values.is_empty() && got.q_values.is_empty() && got.actions.iter().all(|a| a.fract() == 0.0))
+            );
+            assert!(policy.load_params(&params[1..]).is_err(), "{name}: a short broadcast is refused");
+        }
+    }
+
+    /// A3C: the worker's gradient on a chunk is the learner's A2C gradient on the same data and parameters.
+    #[test]
+    fn the_a3c_worker_computes_the_a2c_gradient_of_its_chunk() {
+        let (obs_space, act_space) = (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2));
+        let config = AlgorithmConfig::A3c(A2cConfig::default());
+        let AlgorithmConfig::A3c(a2c_config) = &config else { unreachable!() };
+        let (e, t) = (2, a2c_config.n_steps);
+        let mut learner = config.build_learner(&obs_space, &act_space, e, Device::Cpu, 1).unwrap();
+        let setup = ActingSetup {
+            observation_space: &obs_space,
+            action_space: &act_space,
+            n_envs: e,
+            seed: 2,
+            epsilon_floor: 0.0,
+        };
+        let Acting::Gradients(mut worker) = config.build_acting(&setup).unwrap() else { panic!("a gradient worker") };
+        worker.policy().load_params(&flat(learner.as_ref())).unwrap();
+        // A chunk the worker collected: env 1 is truncated at step 1 (its final observation kept).
+        let obs = observations(t * e, 4);
+        let mut out = ActOutput::default();
+        worker.policy().act(&obs, ActMode::Explore, &mut out).unwrap();
+        let mut truncated = vec![false; t * e];
+        truncated[e + 1] = true;
+        let chunk = Chunk {
+            actor_id: 1,
+            policy_version: 0,
+            n_steps: t,
+            n_envs: e,
+            obs: ObsBuf::F32(obs),
+            bootstrap_obs: ObsBuf::F32(observations(e, 4)),
+            actions: out.actions.clone(),
+            rewards: (0..t * e).map(|i| (i % 3) as f32).collect(),
+            terminated: vec![false; t * e],
+            truncated,
+            log_probs: out.log_probs.clone(),
+            values: out.values.clone(),
+            final_index: vec![(e + 1) as u32],
+            final_obs: ObsBuf::F32(vec![0.1, -0.2, 0.3, -0.4]),
+            episodes: vec![EpisodeStats { episode_return: 2.0, length: 2, env_index: 1, truncated: true }],
+        };
+        let (grad, _) = worker.gradient(&chunk).unwrap();
+        // The learner's side: the same chunk through its own rollout, then its gradient.
+        let params_before = flat(learner.as_ref());
+        let m = learner.apply_gradient(&grad, &crate::algorithm::Progress { env_steps: 1, total_env_steps: 2 });
+        assert!(m.is_ok(), "the parameter server takes the worker's gradient");
+        assert_ne!(flat(learner.as_ref()), params_before, "and steps with it");
+        let mut a2c = crate::a2c::A2c::new(&obs_space, &act_space, e, a2c_config.clone(), Device::Cpu, 1).unwrap();
+        let mut collector = crate::rollout::RolloutCollector::new(e, t, 4, 1);
+        collector.push_chunks(std::slice::from_ref(&chunk), |o| a2c.values(o)).unwrap();
+        let (gamma, lambda) = (a2c_config.gamma as f32, a2c_config.gae_lambda as f32);
+        let rollout = collector.finish(|o| a2c.values(o), gamma, lambda).unwrap().unwrap();
+        let (want, _) = a2c.compute_gradients(&rollout).unwrap();
+        let want = Vec::<f32>::try_from(want.view([-1])).unwrap();
+        assert_eq!(grad.len(), want.len());
+        for (i, (g, w)) in grad.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "gradient[{i}]: {g} vs {w}");
+        }
+    }
+}
