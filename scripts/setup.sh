@@ -62,6 +62,8 @@ new_config="# Written by scripts/setup.sh; do not edit (re-run the script instea
 [env]
 LIBTORCH = \"$LIBTORCH\"
 FLOTILLA_PYTHON = \"$VENV/bin/python\"
+# pyo3 (the envs-python bridge) builds against, embeds and links this interpreter.
+PYO3_PYTHON = \"$VENV/bin/python\"
 
 [build]
 target-dir = \"$CACHE/target\"

@@ -51,6 +51,14 @@ pub enum Error {
         /// What did not fit.
         detail: String,
     },
+    /// The environment's implementation failed, e.g. an exception inside a Python env; the message is its own.
+    #[error("{env}: {detail}")]
+    Backend {
+        /// Environment id.
+        env: String,
+        /// What the implementation said.
+        detail: String,
+    },
     /// The operation is not available for this environment (e.g. setting the state of an emulator).
     #[error("{env}: {what} is not supported")]
     Unsupported {

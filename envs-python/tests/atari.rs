@@ -1,0 +1,130 @@
+//! `AtariVecEnv` against ale-py driven from Python with Gymnasium's default next-step auto-reset, on the same
+//! seed and actions: frame for frame, raw rewards, flags and lives, across life losses and game ends (the
+//! dummy reset step of next-step auto-reset skipped), with the true final frames kept and whole-game scores.
+use flotilla_core::Error;
+use flotilla_envs_python::{AtariConfig, AtariVecEnv};
+use pyo3::prelude::*;
+use pyo3::types::PyModule;
+
+/// One step of the Python reference: frames, raw reward, terminated, truncated, lives.
+type Record = (Vec<u8>, f32, bool, bool, i64);
+
+const REFERENCE: &std::ffi::CStr = cr#"
+import numpy as np
+from ale_py.vector_env import AtariVectorEnv
+
+def reference(game, seed, actions):
+    env = AtariVectorEnv(game, 1, num_threads=1, autoreset_mode="NextStep", episodic_life=False,
+                         reward_clipping=False, repeat_action_probability=0.25)
+    obs, info = env.reset(seed=seed)
+    out = [(obs[0].tobytes(), 0.0, False, False, int(info["lives"][0]))]
+    for a in actions:
+        o, r, te, tr, info = env.step(np.array([a], dtype=np.int64))
+        out.append((o[0].tobytes(), float(r[0]), bool(te[0]), bool(tr[0]), int(info["lives"][0])))
+    return out
+"#;
+
+fn reference(game: &str, seed: u64, actions: &[i64]) -> Vec<Record> {
+    Python::attach(|py| {
+        // The crate made the venv importable when the env under test was built.
+        let module = PyModule::from_code(py, REFERENCE, c"reference.py", c"reference").unwrap();
+        module.getattr("reference").unwrap().call1((game, seed, actions.to_vec())).unwrap().extract().unwrap()
+    })
+}
+
+/// A fixed, varied action sequence (an LCG), the same for every run.
+fn actions(n: usize, n_actions: i64) -> Vec<i64> {
+    let mut x = 12345u64;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 33) % n_actions as u64) as i64
+        })
+        .collect()
+}
+
+#[test]
+fn breakout_matches_ale_py_frame_for_frame_across_life_losses_and_game_ends() {
+    let config = AtariConfig { clip_rewards: true, ..AtariConfig::training("breakout") };
+    let mut env = AtariVecEnv::new(config, 1).unwrap();
+    let seed = 7;
+    let first = env.reset(Some(seed)).unwrap().to_vec();
+    assert_eq!(first.len(), 4 * 84 * 84);
+    let ours = actions(900, 4);
+    // Our run, recorded.
+    let mut steps = Vec::new();
+    for &a in &ours {
+        env.step(&[a]).unwrap();
+        let ended = env.episodes().first().copied();
+        steps.push((
+            env.obs().to_vec(),
+            env.final_obs(0).map(<[u8]>::to_vec),
+            env.raw_rewards()[0],
+            env.rewards()[0],
+            env.terminated()[0],
+            env.truncated()[0],
+            env.lives()[0],
+            ended,
+        ));
+    }
+    // The reference takes one extra (ignored) action after each game end: next-step auto-reset.
+    let mut ref_actions = Vec::new();
+    for (a, s) in ours.iter().zip(&steps) {
+        ref_actions.push(*a);
+        if s.7.is_some() {
+            ref_actions.push(0);
+        }
+    }
+    let r = reference("breakout", seed, &ref_actions);
+    assert_eq!(first, r[0].0, "reset frames");
+    let (mut j, mut games, mut life_losses, mut score) = (1, 0, 0, 0.0f64);
+    let mut prev_lives = r[0].4;
+    for (t, (obs, final_obs, raw, clipped, terminated, truncated, lives, ended)) in steps.into_iter().enumerate() {
+        let (ref_obs, ref_reward, ref_te, ref_tr, ref_lives) = &r[j];
+        assert_eq!(raw, *ref_reward, "step {t}: raw reward");
+        assert_eq!(clipped, raw.signum() * f32::from(raw != 0.0), "step {t}: clipped reward");
+        score += f64::from(raw);
+        let game_over = *ref_te || *ref_tr;
+        let life_lost = !game_over && *ref_lives < prev_lives;
+        assert_eq!(terminated, *ref_te || life_lost, "step {t}: terminated (life lost {life_lost})");
+        assert_eq!(truncated, *ref_tr, "step {t}: truncated");
+        if game_over {
+            // Next-step auto-reset shows the final frames now and the new game's first frames one call later.
+            assert_eq!(final_obs.as_deref(), Some(&ref_obs[..]), "step {t}: final frames of the game");
+            assert_eq!(obs, r[j + 1].0, "step {t}: first frames of the next game");
+            assert_eq!(lives, r[j + 1].4, "step {t}: the next game's lives");
+            let ended = ended.expect("a whole game ended");
+            assert_eq!(ended.episode_return, score, "step {t}: game score");
+            games += 1;
+            score = 0.0;
+            prev_lives = r[j + 1].4;
+            j += 2;
+        } else {
+            assert_eq!(&obs, ref_obs, "step {t}: frames");
+            assert_eq!(lives, *ref_lives, "step {t}: lives");
+            assert!(ended.is_none());
+            if life_lost {
+                life_losses += 1;
+                assert_eq!(final_obs.as_deref(), Some(&obs[..]), "step {t}: the game goes on after a lost life");
+            } else {
+                assert!(final_obs.is_none(), "step {t}: no episode ended");
+            }
+            prev_lives = *ref_lives;
+            j += 1;
+        }
+    }
+    assert!(games >= 1 && life_losses >= 4, "the run covered {games} games and {life_losses} life losses");
+}
+
+#[test]
+fn bad_input_is_named() {
+    let e = AtariVecEnv::new(AtariConfig::training("pongg"), 1).unwrap_err();
+    assert!(matches!(&e, Error::UnknownEnv { known, .. } if known.contains("pong")), "{e}");
+    let mut env = AtariVecEnv::new(AtariConfig::evaluation("pong"), 2).unwrap();
+    assert!(matches!(env.step(&[0, 0]), Err(Error::ResetNeeded { .. })));
+    env.reset(Some(1)).unwrap();
+    let e = env.step(&[0, 6]).unwrap_err().to_string();
+    assert!(e.contains("action 6 outside Discrete(6)"), "{e}");
+    assert!(env.step(&[0]).unwrap_err().to_string().contains("1 actions for 2 envs"));
+    env.step(&[1, 2]).unwrap();
+}
