@@ -103,7 +103,8 @@ fn renamed(mut err: Error) -> Error {
         | Error::BadArgument { env, .. }
         | Error::InvalidState { env, .. }
         | Error::InvalidSnapshot { env, .. }
-        | Error::Unsupported { env, .. } => *env = ID.to_string(),
+        | Error::Unsupported { env, .. }
+        | Error::Backend { env, .. } => *env = ID.to_string(),
         Error::UnknownEnv { .. } => {}
     }
     err
