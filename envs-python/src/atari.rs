@@ -14,7 +14,7 @@
 //! ale-py's own `episodic_life` is not used: with auto-reset it restarts the whole game on every life lost
 //! (measured: Breakout always shows 5 lives after such a reset), which changes the game's state distribution.
 use flotilla_core::{DType, EpisodeStats, Error, Result, Space};
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -113,6 +113,14 @@ fn copy_into<'py, T: numpy::Element + Copy>(
     dtype: &str,
     out: &mut [T],
 ) -> PyResult<()> {
+    // Fast path: ale-py hands back contiguous arrays of the wanted dtype; read their buffer as it is.
+    if let Ok(direct) = array.extract::<PyReadonlyArrayDyn<'py, T>>()
+        && let Ok(src) = direct.as_slice()
+        && src.len() == out.len()
+    {
+        out.copy_from_slice(src);
+        return Ok(());
+    }
     let flat = np.call_method1("ascontiguousarray", (array, dtype))?.call_method0("ravel")?;
     let flat = flat.extract::<PyReadonlyArray1<T>>()?;
     let src = flat.as_slice()?;
@@ -291,7 +299,8 @@ impl AtariVecEnv {
             copy_into(np, &out.get_item(3)?, "bool", &mut trunc)?;
             let info = out.get_item(4)?;
             copy_into(np, &info.get_item("lives")?, "int64", &mut lives)?;
-            if let Ok(f) = info.get_item("final_obs") {
+            if info.contains("final_obs")? {
+                let f = info.get_item("final_obs")?;
                 copy_into(np, &f, "uint8", final_obs)?;
                 has_game_final = true;
             }
