@@ -110,6 +110,8 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
+    // Configs may name Python Gymnasium envs: `[env] id = "gymnasium:Acrobot-v1"`.
+    flotilla_envs_python::register();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -144,3 +144,41 @@ fn bad_values_fail_fast_and_write_nothing() {
     assert!(!out.status.success() && text(&out).contains("--reconnect-secs"), "{}", text(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `[env] id = "gymnasium:…"`: a Python Gymnasium env trains, stops, resumes (new episodes: Python envs have
+/// no snapshot) and evaluates through the same commands as a native one.
+#[test]
+fn python_gymnasium_envs_train_resume_and_evaluate() {
+    let dir = common::scratch("cli", "gymnasium");
+    let run = dir.join("run");
+    let out = flotilla(&[
+        "train",
+        CONFIG,
+        "--set",
+        "env.id=gymnasium:CartPole-v1",
+        "--set",
+        "run.total_env_steps=4096",
+        "--set",
+        "eval.interval_steps=2048",
+        "--set",
+        "eval.episodes=2",
+        "--out",
+        run.to_str().unwrap(),
+        "--stop-at",
+        "2048",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at 2048"), "{}", text(&out));
+    let out = flotilla(&["train", "--resume", run.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("no saved state"), "the resume says the envs start new episodes: {}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("for 4096 env steps"), "{}", text(&out));
+    let out = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "2"]);
+    assert!(out.status.success() && text(&out).contains("gymnasium:CartPole-v1: mean return"), "{}", text(&out));
+    // A Gymnasium id that does not exist fails before any run directory is written, naming it.
+    let bad = dir.join("bad");
+    let out = flotilla(&["train", CONFIG, "--set", "env.id=gymnasium:NoSuchEnv-v0", "--out", bad.to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("NoSuchEnv-v0"), "{}", text(&out));
+    assert!(!bad.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -164,3 +164,27 @@ impl Env for GymEnv {
         })
     }
 }
+
+/// Make `"gymnasium:<id>"` ids buildable by [`flotilla_envs::make`] (and so usable in configs:
+/// `[env] id = "gymnasium:Acrobot-v1"`, `[env] kwargs` passed to `gymnasium.make`). Call once at start-up;
+/// the `flotilla` binary does.
+pub fn register() {
+    flotilla_envs::register_backend("gymnasium", make_backend);
+}
+
+fn make_backend(id: &str, kwargs: &flotilla_envs::Kwargs) -> Result<Box<dyn Env>> {
+    let literals: Vec<(String, String)> = kwargs.iter().map(|(k, v)| (k.to_string(), python_literal(v))).collect();
+    let pairs: Vec<(&str, &str)> = literals.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Ok(Box::new(GymEnv::make(id, &pairs)?))
+}
+
+/// A config value as the Python literal `ast.literal_eval` reads back.
+fn python_literal(v: &flotilla_envs::KwargValue) -> String {
+    use flotilla_envs::KwargValue;
+    match v {
+        KwargValue::Float(x) => format!("{x:?}"),
+        KwargValue::Int(i) => i.to_string(),
+        KwargValue::Bool(b) => if *b { "True" } else { "False" }.to_string(),
+        KwargValue::Str(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! * [`GymEnv`]: any Gymnasium env by id (`gymnasium.make(id, **kwargs)`) as a [`flotilla_core::Env`] with
 //!   `Box` (f32 or u8) and `Discrete` spaces; observations and actions cross as NumPy arrays, read and
-//!   written through their buffers, never element by element.
+//!   written through their buffers, never element by element. [`register`] makes `"gymnasium:<id>"` a
+//!   backend of [`flotilla_envs::make`], so configs can name them (`[env] id = "gymnasium:Acrobot-v1"`).
 //! * [`AtariVecEnv`]: ale-py's C++ `AtariVectorEnv` (Gymnasium's `AtariPreprocessing` +
 //!   `FrameStackObservation(4)` done in C++), batched u8 frames, with Flotilla's same-step auto-reset
 //!   contract: the true final observation of each ended episode is kept, life losses end a *training*
@@ -22,5 +23,5 @@ mod gym;
 mod interpreter;
 
 pub use atari::{AtariConfig, AtariVecEnv};
-pub use gym::GymEnv;
+pub use gym::{GymEnv, register};
 pub use interpreter::python_error;

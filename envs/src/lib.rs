@@ -75,6 +75,6 @@ pub use latency::{Latency, LatencyConfig};
 pub use mountain_car::{MountainCar, MountainCarConfig, MountainCarState};
 pub use mountain_car_continuous::{MountainCarContinuous, MountainCarContinuousConfig};
 pub use pendulum::{Pendulum, PendulumConfig, PendulumState, angle_normalize};
-pub use registry::{EnvSpec, make, make_buffered, registered, spec};
+pub use registry::{BackendMaker, EnvSpec, make, make_buffered, register_backend, registered, spec};
 pub use time_limit::TimeLimit;
 pub use vec_env::{EpisodeStats, VecActions, VecEnv, VecEnvSnapshot, VecStep};

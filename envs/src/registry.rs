@@ -71,7 +71,45 @@ pub fn spec(id: &str) -> Result<&'static EnvSpec> {
     })
 }
 
-/// `gym.make(id, **kwargs)`: the native env, inside its time limit.
+/// Builds the envs of one backend (`"gymnasium:LunarLander-v3"` → the backend registered as `"gymnasium"`,
+/// given `"LunarLander-v3"`). Registered by the crate that knows the backend ([`register_backend`]), so this
+/// crate stays free of Python.
+pub type BackendMaker = fn(id: &str, kwargs: &Kwargs) -> Result<Box<dyn Env>>;
+
+static BACKENDS: std::sync::RwLock<Vec<(&'static str, BackendMaker)>> = std::sync::RwLock::new(Vec::new());
+
+/// Let [`make`] build ids of the form `"<prefix>:<id>"` with `maker` (registering a prefix again replaces
+/// its maker). The `flotilla` binary registers `"gymnasium"` (any Python Gymnasium env, through
+/// flotilla-envs-python).
+pub fn register_backend(prefix: &'static str, maker: BackendMaker) {
+    let mut backends = BACKENDS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    backends.retain(|(p, _)| *p != prefix);
+    backends.push((prefix, maker));
+}
+
+/// The backend env for an id with a `prefix:` if it has one (`None`: a native id).
+fn make_backend(id: &str, kwargs: &Kwargs) -> Option<Result<Box<dyn Env>>> {
+    let (prefix, rest) = id.split_once(':')?;
+    let backends = BACKENDS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    Some(match backends.iter().find(|(p, _)| *p == prefix) {
+        Some((_, maker)) => maker(rest, kwargs),
+        None => Err(Error::UnknownEnv {
+            id: id.to_string(),
+            known: format!(
+                "{}; backends: {} (the `flotilla` binary registers \"gymnasium:\")",
+                REGISTRY.iter().map(|s| s.id).collect::<Vec<_>>().join(", "),
+                if backends.is_empty() {
+                    "none registered".to_string()
+                } else {
+                    backends.iter().map(|(p, _)| format!("{p}:")).collect::<Vec<_>>().join(", ")
+                }
+            ),
+        }),
+    })
+}
+
+/// `gym.make(id, **kwargs)`: the native env, inside its time limit; or, for `"<backend>:<id>"`, the env a
+/// registered backend builds ([`register_backend`]).
 ///
 /// ```
 /// use flotilla_envs::{make, Kwargs};
@@ -82,6 +120,9 @@ pub fn spec(id: &str) -> Result<&'static EnvSpec> {
 /// # Ok::<(), flotilla_core::Error>(())
 /// ```
 pub fn make(id: &str, kwargs: &Kwargs) -> Result<Box<dyn Env>> {
+    if let Some(env) = make_backend(id, kwargs) {
+        return env;
+    }
     Ok(match build(id, kwargs)? {
         (Native::CartPole(e), limit) => boxed_env(e, limit),
         (Native::Acrobot(e), limit) => boxed_env(e, limit),
@@ -94,6 +135,9 @@ pub fn make(id: &str, kwargs: &Kwargs) -> Result<Box<dyn Env>> {
 
 /// [`make`], as a [`BufferedEnv`] for the allocation-free path of [`VecEnv`](crate::VecEnv).
 pub fn make_buffered(id: &str, kwargs: &Kwargs) -> Result<Box<dyn BufferedEnv>> {
+    if let Some(env) = make_backend(id, kwargs) {
+        return Ok(Box::new(crate::buffered::BoxedEnv::new(env?)));
+    }
     Ok(match build(id, kwargs)? {
         (Native::CartPole(e), limit) => boxed_buffered(e, limit),
         (Native::Acrobot(e), limit) => boxed_buffered(e, limit),

@@ -136,3 +136,22 @@ fn sutton_barto_reward_flag() {
     assert!(step.terminated);
     assert_eq!(step.reward, -1.0);
 }
+
+/// A backend registered under a prefix builds `"<prefix>:<id>"` ids (for `make`, `make_buffered` and so
+/// `VecEnv`); an unregistered prefix is an unknown id that lists the backends there are.
+#[test]
+fn backends_build_prefixed_ids() {
+    fn fake(id: &str, kwargs: &flotilla_envs::Kwargs) -> flotilla_core::Result<Box<dyn flotilla_core::Env>> {
+        // A stand-in for a Python bridge: the native env of the same id.
+        flotilla_envs::make(id, kwargs)
+    }
+    let e = flotilla_envs::make("nowhere:CartPole-v1", &Kwargs::new()).err().expect("an unknown backend").to_string();
+    assert!(e.contains("nowhere:CartPole-v1") && e.contains("backends"), "{e}");
+    flotilla_envs::register_backend("fake", fake);
+    let env = flotilla_envs::make("fake:CartPole-v1", &Kwargs::new()).unwrap();
+    assert_eq!(env.id(), "CartPole-v1");
+    let mut envs = flotilla_envs::VecEnv::make("fake:Pendulum-v1", &Kwargs::new().with("g", 9.81), 2).unwrap();
+    assert_eq!(envs.reset(Some(0)).unwrap().len(), 6);
+    let e = flotilla_envs::make("nowhere:CartPole-v1", &Kwargs::new()).err().expect("an unknown backend").to_string();
+    assert!(e.contains("fake:"), "{e}");
+}

@@ -22,6 +22,7 @@ pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
 use flotilla_envs::{VecEnv, VecEnvSnapshot};
+use tracing::warn;
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
 /// holds all of it.
@@ -48,15 +49,27 @@ impl Trainer {
         Ok(Trainer { config: config.clone(), envs, agent, obs, counters, last_metrics: Metrics::default() })
     }
 
-    /// Rebuild a trainer from `config` and a checkpoint written by [`Trainer::save_checkpoint`].
+    /// Rebuild a trainer from `config` and a checkpoint written by [`Trainer::save_checkpoint`]. Bit-identical
+    /// to a run that never stopped when the envs could be snapshotted (every native env); otherwise the agent
+    /// continues exactly and the envs start new episodes.
     pub fn resume(config: &ExperimentConfig, path: &Path) -> Result<Self> {
         let mut t = Self::new(config)?;
         let mut c = Checkpoint::load(path)?;
         t.agent.restore(&mut c)?;
         t.counters = c.meta("trainer.counters")?;
-        let envs: VecEnvSnapshot = c.meta("trainer.envs")?;
-        t.envs.restore(&envs)?;
-        t.obs = c.take_f32("trainer.obs")?;
+        match c.meta::<Option<VecEnvSnapshot>>("trainer.envs")? {
+            Some(envs) => {
+                t.envs.restore(&envs)?;
+                t.obs = c.take_f32("trainer.obs")?;
+            }
+            None => {
+                // Envs that cannot be snapshotted (Python ones) start new episodes, from a seed of their own:
+                // the agent continues exactly, the envs do not.
+                let seed = config.run.seed.wrapping_add(t.counters.env_steps);
+                warn!("{}: the envs had no saved state; resuming with new episodes (seed {seed})", config.env.id);
+                t.obs = t.envs.reset(Some(seed))?.to_vec();
+            }
+        }
         Ok(t)
     }
 
@@ -64,7 +77,13 @@ impl Trainer {
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
         let mut c = self.agent.checkpoint()?;
         c.put_meta("trainer.counters", &self.counters)?;
-        c.put_meta("trainer.envs", &self.envs.snapshot()?)?;
+        // Envs that cannot be snapshotted (a Python env) are saved as absent: a resume starts new episodes.
+        let envs = match self.envs.snapshot() {
+            Ok(envs) => Some(envs),
+            Err(flotilla_core::Error::Unsupported { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        c.put_meta("trainer.envs", &envs)?;
         c.put_f32("trainer.obs", &self.obs);
         c.save(path)?;
         Ok(())
