@@ -397,6 +397,8 @@ impl RolloutCollector {
                 expected: 0,
             });
         }
+        // Columns a failed earlier push may have left behind (it never marks the steps as filled).
+        r.clear();
         let e = chunks.first().map_or(0, |c| c.n_envs);
         let (n, d, a) = (r.n_envs * r.n_steps, r.obs_dim, r.act_dim);
         check_len("rows of the stacked chunks", chunks.len() * e, r.n_envs)?;
@@ -442,7 +444,6 @@ impl RolloutCollector {
         for c in chunks {
             c.bootstrap_obs.extend_f32(0..e * d, &mut r.bootstrap_obs);
         }
-        r.steps = r.n_steps;
         debug_assert_eq!(r.rewards.len(), n);
         // Bootstrap truncated episodes from their true final observations, in one batched call.
         if !r.final_obs_steps.is_empty() {
@@ -452,6 +453,8 @@ impl RolloutCollector {
                 r.next_values[i] = v;
             }
         }
+        // Only a complete push fills the rollout: after an error the next push starts afresh.
+        r.steps = r.n_steps;
         Ok(())
     }
 
@@ -658,8 +661,15 @@ mod tests {
         assert_eq!(a.next_values, b.next_values);
         assert_eq!(a.advantages, b.advantages);
         assert_eq!(a.returns, b.returns);
-        // A rollout already holding steps refuses a chunk batch; so does a batch of the wrong width.
-        let mut partial = RolloutCollector::new(4, 3, 1, 1);
-        assert!(partial.push_chunks(&chunks[..1], value).is_err());
+        // A batch of the wrong width is refused; so is a push into a rollout already filled.
+        let mut collector = RolloutCollector::new(4, 3, 1, 1);
+        assert!(collector.push_chunks(&chunks[..1], value).is_err());
+        // A push that fails half-way (here: the value function) leaves nothing behind: the next one works.
+        let failing = |_: &[f32]| Err(Error::NonFinite("value function failed".into()));
+        assert!(collector.push_chunks(&chunks, failing).is_err());
+        collector.push_chunks(&chunks, value).unwrap();
+        assert!(collector.push_chunks(&chunks, value).is_err(), "already full");
+        let again = collector.finish(value, 0.9, 0.8).unwrap().expect("full");
+        assert_eq!((again.obs, again.advantages), (a.obs, a.advantages));
     }
 }
