@@ -266,6 +266,19 @@ impl Optimizer {
     }
 }
 
+/// The actor-critic network `config` describes (`name` for errors); `seed` fixes its initialisation.
+fn network(
+    name: &'static str,
+    observation_space: &Space,
+    action_space: &Space,
+    config: &A2cConfig,
+    device: Device,
+    seed: u64,
+) -> Result<ActorCritic> {
+    let (hidden, activation) = (&config.hidden_sizes, config.activation);
+    ActorCritic::new(name, observation_space, action_space, hidden, activation, config.log_std_init, device, seed)
+}
+
 /// The clipped A2C loss gradient of `net` on a finished rollout (see [`A2c::compute_gradients`]).
 fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
     let n = rollout.len();
@@ -342,17 +355,7 @@ impl A2c {
         seed: u64,
     ) -> Result<Self> {
         config.validate(n_envs)?;
-        let (hidden, activation) = (&config.hidden_sizes, config.activation);
-        let net = ActorCritic::new(
-            "a2c",
-            observation_space,
-            action_space,
-            hidden,
-            activation,
-            config.log_std_init,
-            device,
-            seed,
-        )?;
+        let net = network("a2c", observation_space, action_space, &config, device, seed)?;
         let (lr, eps) = (config.learning_rate, config.optimizer_eps);
         let opt = match config.optimizer {
             OptimizerKind::RmsProp => Optimizer::RmsProp(RmsProp::new(&net.params, lr, config.rmsprop_alpha, eps)),
@@ -517,15 +520,8 @@ impl A3cWorker {
         seed: u64,
     ) -> Result<Self> {
         config.validate(n_envs)?;
-        let policy = ActorCriticPolicy::new(
-            "a3c",
-            observation_space,
-            action_space,
-            &config.hidden_sizes,
-            config.activation,
-            config.log_std_init,
-            seed,
-        )?;
+        let net = network("a3c", observation_space, action_space, &config, Device::Cpu, seed)?;
+        let policy = ActorCriticPolicy::new(net, seed);
         let collector = RolloutCollector::new(n_envs, config.n_steps, policy.net.obs_dim(), policy.net.act_dim());
         Ok(A3cWorker { config, policy, collector })
     }

@@ -21,10 +21,16 @@ use crate::{Error, Metrics, Result};
 
 /// The acting half of an algorithm, as an actor holds it.
 pub trait ActingPolicy: Policy {
+    /// The parameters a broadcast overwrites (laid out as the learner's `Algorithm::policy_params`).
+    fn params(&self) -> &FlatParams;
     /// Number of parameters a broadcast carries.
-    fn n_params(&self) -> usize;
-    /// Overwrite the parameters with a broadcast (the learner's `Algorithm::policy_params` layout).
-    fn load_params(&mut self, values: &[f32]) -> Result<()>;
+    fn n_params(&self) -> usize {
+        self.params().numel() as usize
+    }
+    /// Overwrite the parameters with a broadcast, in place (a wrong length is an error and changes nothing).
+    fn load_params(&mut self, values: &[f32]) -> Result<()> {
+        load_flat(self.params(), values)
+    }
     /// Let acting schedules (DQN's ε, the random warm-up of DQN/DDPG/TD3) follow the learner's progress.
     /// Policies without such schedules ignore it.
     fn set_progress(&mut self, progress: &Progress) {
@@ -77,7 +83,7 @@ pub struct ActingSetup<'a> {
 }
 
 /// Copy a broadcast into `params` in place (the views share its storage), checking its length.
-pub fn load_flat(params: &FlatParams, values: &[f32]) -> Result<()> {
+fn load_flat(params: &FlatParams, values: &[f32]) -> Result<()> {
     if values.len() as i64 != params.numel() {
         return Err(Error::BadLength {
             what: "broadcast parameters".into(),

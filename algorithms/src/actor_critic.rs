@@ -9,7 +9,7 @@ use flotilla_core::Space;
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
-use crate::acting::{ActingPolicy, load_flat};
+use crate::acting::ActingPolicy;
 use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::host_mlp::HostScratch;
 use crate::nets::{Activation, TwinMlp, mlp_input_dim, with_torch_seed};
@@ -275,28 +275,9 @@ pub struct ActorCriticPolicy {
 }
 
 impl ActorCriticPolicy {
-    /// The policy for these spaces and network shape (see [`ActorCritic::new`]); `seed` fixes sampling.
-    pub fn new(
-        algorithm: &'static str,
-        observation_space: &Space,
-        action_space: &Space,
-        hidden: &[i64],
-        activation: Activation,
-        log_std_init: f64,
-        seed: u64,
-    ) -> Result<Self> {
-        let net = ActorCritic::new(
-            algorithm,
-            observation_space,
-            action_space,
-            hidden,
-            activation,
-            log_std_init,
-            Device::Cpu,
-            seed,
-        )?;
-        let rng = <rand_pcg::Pcg64 as rand::SeedableRng>::seed_from_u64(seed ^ 0xac70_0001);
-        Ok(Self::with_rng(net, rng))
+    /// The acting policy of `net` (build it on the CPU: actors act there); `seed` fixes action sampling.
+    pub fn new(net: ActorCritic, seed: u64) -> Self {
+        Self::with_rng(net, <rand_pcg::Pcg64 as rand::SeedableRng>::seed_from_u64(seed ^ 0xac70_0001))
     }
 
     /// The policy of a network a learner built (PPO and A2C hold their acting half as one of these).
@@ -321,11 +302,7 @@ impl Policy for ActorCriticPolicy {
 }
 
 impl ActingPolicy for ActorCriticPolicy {
-    fn n_params(&self) -> usize {
-        self.net.params.numel() as usize
-    }
-
-    fn load_params(&mut self, values: &[f32]) -> Result<()> {
-        load_flat(&self.net.params, values)
+    fn params(&self) -> &FlatParams {
+        &self.net.params
     }
 }

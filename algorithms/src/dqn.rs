@@ -27,7 +27,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::acting::{ActingPolicy, load_flat};
+use crate::acting::ActingPolicy;
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -368,12 +368,8 @@ impl Policy for DqnPolicy {
 }
 
 impl ActingPolicy for DqnPolicy {
-    fn n_params(&self) -> usize {
-        self.params.numel() as usize
-    }
-
-    fn load_params(&mut self, values: &[f32]) -> Result<()> {
-        load_flat(&self.params, values)
+    fn params(&self) -> &FlatParams {
+        &self.params
     }
 
     fn set_progress(&mut self, progress: &Progress) {

@@ -16,7 +16,7 @@ use tch::Device;
 
 use crate::a2c::{A2c, A2cConfig, A3cWorker};
 use crate::acting::{Acting, ActingSetup};
-use crate::actor_critic::ActorCriticPolicy;
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy};
 use crate::algorithm::Algorithm;
 use crate::dqn::{Dqn, DqnConfig, DqnPolicy};
 use crate::ppo::{Ppo, PpoConfig};
@@ -139,7 +139,8 @@ impl AlgorithmConfig {
     pub fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
         let ActingSetup { observation_space: o, action_space: a, n_envs, seed, epsilon_floor } = *setup;
         let actor_critic = |name, hidden: &[i64], activation, log_std_init| {
-            ActorCriticPolicy::new(name, o, a, hidden, activation, log_std_init, seed)
+            let net = ActorCritic::new(name, o, a, hidden, activation, log_std_init, Device::Cpu, seed)?;
+            Ok::<_, Error>(ActorCriticPolicy::new(net, seed))
         };
         Ok(match self {
             AlgorithmConfig::Ppo(c) => {
@@ -179,14 +180,13 @@ mod tests {
     fn acting_policies_act_as_their_learner_after_a_broadcast() {
         let cartpole = (Space::box1d(vec![-4.8, -9.0, -0.42, -9.0], vec![4.8, 9.0, 0.42, 9.0]), Space::discrete(2));
         let pendulum = (Space::box1d(vec![-1.0, -1.0, -8.0], vec![1.0, 1.0, 8.0]), Space::box1d(vec![-2.0], vec![2.0]));
-        let small = |hidden: Vec<i64>| hidden;
         let configs = [
-            (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: small(vec![16]), ..Default::default() }), &cartpole),
+            (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: vec![16], ..Default::default() }), &cartpole),
             (AlgorithmConfig::Ppo(PpoConfig::default()), &pendulum),
             (AlgorithmConfig::A2c(A2cConfig::default()), &cartpole),
             (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), &cartpole),
-            (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: small(vec![32, 32]), ..Default::default() }), &pendulum),
-            (AlgorithmConfig::Td3(Td3Config { hidden_sizes: small(vec![32, 32]), ..Default::default() }), &pendulum),
+            (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: vec![32, 32], ..Default::default() }), &pendulum),
+            (AlgorithmConfig::Td3(Td3Config { hidden_sizes: vec![32, 32], ..Default::default() }), &pendulum),
         ];
         for (config, (obs_space, act_space)) in configs {
             let name = config.name();

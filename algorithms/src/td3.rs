@@ -38,7 +38,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::acting::{ActingPolicy, load_flat};
+use crate::acting::ActingPolicy;
 use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
@@ -799,12 +799,8 @@ impl Policy for Td3Policy {
 }
 
 impl ActingPolicy for Td3Policy {
-    fn n_params(&self) -> usize {
-        self.params.numel() as usize
-    }
-
-    fn load_params(&mut self, values: &[f32]) -> Result<()> {
-        load_flat(&self.params, values)
+    fn params(&self) -> &FlatParams {
+        &self.params
     }
 
     fn set_progress(&mut self, progress: &Progress) {

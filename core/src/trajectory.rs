@@ -186,17 +186,6 @@ impl Chunk {
                 return Err(format!("{what}[{i}] is {}, must be finite", v[i]));
             }
         }
-        for (what, buf) in [
-            ("observations", &self.obs),
-            ("bootstrap observations", &self.bootstrap_obs),
-            ("final observations", &self.final_obs),
-        ] {
-            if let ObsBuf::F32(v) = buf
-                && let Some(i) = v.iter().position(|x| !x.is_finite())
-            {
-                return Err(format!("{what}[{i}] is {}, must be finite", v[i]));
-            }
-        }
         // No allocation on this path: every chunk a learner ingests passes here.
         let ended = || (0..n).filter(|&i| self.terminated[i] || self.truncated[i]).map(|i| i as u32);
         if !ended().eq(self.final_index.iter().copied()) {
@@ -225,19 +214,27 @@ impl Chunk {
                 ));
             }
         }
-        if let Space::Box { low, high, .. } = &spec.observation_space {
-            for (what, buf) in [
-                ("observations", &self.obs),
-                ("bootstrap observations", &self.bootstrap_obs),
-                ("final observations", &self.final_obs),
-            ] {
-                if let Some((i, x)) = outside_bounds(buf, low, high) {
-                    let k = i % low.len();
-                    return Err(format!(
-                        "{what}[{i}] is {x}, outside the observation space's bounds [{}, {}] for element {k}",
-                        low[k], high[k]
-                    ));
-                }
+        // One pass over every observation: finite, and inside the space's bounds.
+        let bounds = match &spec.observation_space {
+            Space::Box { low, high, .. } => Some((low.as_slice(), high.as_slice())),
+            Space::Discrete { .. } => None,
+        };
+        for (what, buf) in [
+            ("observations", &self.obs),
+            ("bootstrap observations", &self.bootstrap_obs),
+            ("final observations", &self.final_obs),
+        ] {
+            if let Some((i, x)) = bad_observation(buf, bounds) {
+                return Err(match bounds {
+                    Some((low, high)) if x.is_finite() => {
+                        let k = i % low.len();
+                        format!(
+                            "{what}[{i}] is {x}, outside the observation space's bounds [{}, {}] for element {k}",
+                            low[k], high[k]
+                        )
+                    }
+                    _ => format!("{what}[{i}] is {x}, must be finite"),
+                });
             }
         }
         for (i, ep) in self.episodes.iter().enumerate() {
@@ -283,12 +280,27 @@ fn discrete_name(n: usize, start: i64) -> String {
 
 /// The first element of `buf`, rows of `low.len()` values, outside `[low, high]` (NaN included): its index and
 /// value.
-fn outside_bounds(buf: &ObsBuf, low: &[f32], high: &[f32]) -> Option<(usize, f32)> {
-    let bounds = low.iter().zip(high).cycle();
-    let outside = |(i, (x, (l, h))): (usize, (f32, (&f32, &f32)))| (!(x >= *l && x <= *h)).then_some((i, x));
-    match buf {
-        ObsBuf::F32(v) => v.iter().copied().zip(bounds).enumerate().find_map(outside),
-        ObsBuf::U8(v) => v.iter().map(|&b| f32::from(b)).zip(bounds).enumerate().find_map(outside),
+/// The first observation value (index, value) that is not finite or lies outside `bounds` (per element,
+/// cycling over the rows). u8 frames are finite by construction and are only read when the bounds do not
+/// already cover every byte (Atari's [0, 255] do).
+fn bad_observation(buf: &ObsBuf, bounds: Option<(&[f32], &[f32])>) -> Option<(usize, f32)> {
+    match (buf, bounds) {
+        (ObsBuf::F32(v), None) => v.iter().position(|x| !x.is_finite()).map(|i| (i, v[i])),
+        (ObsBuf::F32(v), Some((low, high))) => v
+            .iter()
+            .zip(low.iter().zip(high).cycle())
+            .position(|(x, (l, h))| !(x.is_finite() && x >= l && x <= h))
+            .map(|i| (i, v[i])),
+        (ObsBuf::U8(_), None) => None,
+        (ObsBuf::U8(v), Some((low, high))) => {
+            if low.iter().all(|&l| l <= 0.0) && high.iter().all(|&h| h >= 255.0) {
+                return None;
+            }
+            v.iter()
+                .zip(low.iter().zip(high).cycle())
+                .position(|(&b, (l, h))| !(f32::from(b) >= *l && f32::from(b) <= *h))
+                .map(|i| (i, f32::from(v[i])))
+        }
     }
 }
 

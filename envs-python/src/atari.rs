@@ -94,6 +94,9 @@ pub struct AtariVecEnv {
     terminated: Vec<bool>,
     truncated: Vec<bool>,
     lives: Vec<i64>,
+    /// The lives ale-py reports after a step, before they replace `lives`.
+    new_lives: Vec<i64>,
+    n_actions: usize,
     scores: Vec<f64>,
     lengths: Vec<u64>,
     episodes: Vec<EpisodeStats>,
@@ -203,6 +206,8 @@ impl AtariVecEnv {
             terminated: vec![false; n],
             truncated: vec![false; n],
             lives: vec![0; n],
+            new_lives: vec![0; n],
+            n_actions,
             scores: vec![0.0; n],
             lengths: vec![0; n],
             episodes: Vec::with_capacity(n),
@@ -233,6 +238,11 @@ impl AtariVecEnv {
     /// The game's (minimal) action set.
     pub fn action_space(&self) -> &Space {
         &self.action_space
+    }
+
+    /// Actions in that set (`Discrete(n)`).
+    pub fn n_actions(&self) -> usize {
+        self.n_actions
     }
 
     /// Bytes of one observation.
@@ -277,17 +287,13 @@ impl AtariVecEnv {
         if actions.len() != self.n {
             return bad(format!("{} actions for {} envs", actions.len(), self.n));
         }
-        let n_actions = self.action_space.flat_dim() as i64;
-        let n_actions = match self.action_space {
-            Space::Discrete { n, .. } => n as i64,
-            _ => n_actions,
-        };
+        let n_actions = self.n_actions as i64;
         if let Some(a) = actions.iter().find(|a| !(0..n_actions).contains(*a)) {
             return bad(format!("action {a} outside Discrete({n_actions})"));
         }
-        let mut lives = vec![0i64; self.n];
-        let (mut term, mut trunc) = (vec![false; self.n], vec![false; self.n]);
+        // ale-py's game-over flags land in `terminated` / `truncated`, refined per env below.
         let (obs, final_obs, raw) = (&mut self.obs, &mut self.final_obs, &mut self.raw_rewards);
+        let (term, trunc, lives) = (&mut self.terminated, &mut self.truncated, &mut self.new_lives);
         let mut has_game_final = false;
         with_python(&self.id, "step", |py| {
             let np = self.numpy.bind(py);
@@ -295,10 +301,10 @@ impl AtariVecEnv {
             let out = out.cast::<PyTuple>()?;
             copy_into(np, &out.get_item(0)?, "uint8", obs)?;
             copy_into(np, &out.get_item(1)?, "float32", raw)?;
-            copy_into(np, &out.get_item(2)?, "bool", &mut term)?;
-            copy_into(np, &out.get_item(3)?, "bool", &mut trunc)?;
+            copy_into(np, &out.get_item(2)?, "bool", term)?;
+            copy_into(np, &out.get_item(3)?, "bool", trunc)?;
             let info = out.get_item(4)?;
-            copy_into(np, &info.get_item("lives")?, "int64", &mut lives)?;
+            copy_into(np, &info.get_item("lives")?, "int64", lives)?;
             if info.contains("final_obs")? {
                 let f = info.get_item("final_obs")?;
                 copy_into(np, &f, "uint8", final_obs)?;
@@ -313,10 +319,10 @@ impl AtariVecEnv {
             self.rewards[i] = if self.config.clip_rewards { r.signum() * f32::from(r != 0.0) } else { r };
             self.scores[i] += f64::from(r);
             self.lengths[i] += 1;
-            let game_over = term[i] || trunc[i];
-            let life_lost = self.config.terminal_on_life_loss && lives[i] < self.lives[i];
-            self.terminated[i] = term[i] || (life_lost && !game_over);
-            self.truncated[i] = trunc[i];
+            let (game_terminated, truncated) = (self.terminated[i], self.truncated[i]);
+            let game_over = game_terminated || truncated;
+            let life_lost = self.config.terminal_on_life_loss && self.new_lives[i] < self.lives[i];
+            self.terminated[i] = game_terminated || (life_lost && !game_over);
             self.has_final[i] = game_over || life_lost;
             if game_over {
                 if !has_game_final {
@@ -329,7 +335,7 @@ impl AtariVecEnv {
                     episode_return: self.scores[i],
                     length: self.lengths[i],
                     env_index: i,
-                    truncated: trunc[i] && !term[i],
+                    truncated: truncated && !game_terminated,
                 });
                 self.scores[i] = 0.0;
                 self.lengths[i] = 0;
@@ -339,7 +345,7 @@ impl AtariVecEnv {
                 f.copy_from_slice(o);
             }
         }
-        self.lives = lives;
+        std::mem::swap(&mut self.lives, &mut self.new_lives);
         Ok(())
     }
 

@@ -21,11 +21,7 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 fn flotilla_sps(game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f64> {
     let mut env = AtariVecEnv::new(AtariConfig::training(game), n)?;
     env.reset(Some(seed))?;
-    let n_actions = env.action_space().flat_dim().max(1);
-    let n_actions = match env.action_space() {
-        flotilla_core::Space::Discrete { n, .. } => *n,
-        _ => n_actions,
-    } as u64;
+    let n_actions = env.n_actions() as u64;
     let mut x = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let actions: Vec<i64> = (0..steps * n)
         .map(|_| {
