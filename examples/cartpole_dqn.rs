@@ -1,7 +1,7 @@
 //! DQN on CartPole-v1 using the crates directly: `cargo run --release -p flotilla-examples --bin cartpole_dqn`
 use flotilla_algorithms::dqn::{Dqn, DqnConfig};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Policy, Progress, Transition};
-use flotilla_core::Action;
+use flotilla_core::{Action, DType, ObsBuf};
 use flotilla_envs::{Kwargs, VecActions, VecEnv, make};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -10,15 +10,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (obs_space, act_space) = (envs.observation_space().clone(), envs.action_space().clone());
     // Seed 2 holds 500 at the end; seed 1 ends near 200 (DQN on CartPole is unstable: see BENCHMARKS.md).
     let mut agent = Dqn::new(&obs_space, &act_space, 1, DqnConfig::default(), tch::Device::Cpu, 2)?;
-    let (mut obs, mut out, mut next_obs) = (envs.reset(Some(2))?.to_vec(), ActOutput::default(), Vec::new());
+    let (mut obs, mut out) = (envs.reset(Some(2))?.to_buf(), ActOutput::default());
+    let mut next_obs = ObsBuf::empty(DType::F32);
     for env_steps in 1..=total_env_steps {
-        agent.act(&obs, ActMode::Explore, &mut out)?; // ε-greedy
+        agent.act(obs.as_ref(), ActMode::Explore, &mut out)?; // ε-greedy
         let actions: Vec<i64> = out.actions.iter().map(|&a| a as i64).collect();
         let step = envs.step(&VecActions::Discrete(&actions))?;
         step.true_next_obs(&mut next_obs); // the final observation where an episode ended, not the reset one
         let (rewards, terminated, truncated) = (step.rewards, step.terminated, step.truncated);
-        agent.observe(&Transition { obs: &obs, act: &out, rewards, terminated, truncated, next_obs: &next_obs })?;
-        obs = step.obs.to_vec();
+        agent.observe(&Transition {
+            obs: obs.as_ref(),
+            act: &out,
+            rewards,
+            terminated,
+            truncated,
+            next_obs: next_obs.as_ref(),
+        })?;
+        obs = step.obs.to_buf();
         if let Some(m) = agent.update(&Progress { env_steps, total_env_steps })?
             && env_steps % 10 == 9
         {
@@ -28,7 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut env, mut episode_return) = (make("CartPole-v1", &Kwargs::new())?, 0.0);
     let (mut o, _) = env.reset(Some(1_000))?;
     loop {
-        agent.act(o.as_f32().expect("f32 observations"), ActMode::Deterministic, &mut out)?; // greedy
+        agent.act(o.as_ref(), ActMode::Deterministic, &mut out)?; // greedy
         let step = env.step(Action::Discrete(out.actions[0] as i64))?;
         episode_return += step.reward;
         if step.terminated || step.truncated {

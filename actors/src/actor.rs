@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_algorithms::{ActMode, ActOutput, Acting, Progress};
 use flotilla_core::{Chunk, Gradient, ObsBuf, Params};
-use flotilla_envs::VecEnv;
+use flotilla_envs::VectorEnv;
 use flotilla_envs::env_actions::EnvActions;
 use flotilla_transport::grpc::backoff;
 use flotilla_transport::{Code, LearnerClient, Registered, Registration, RpcError, RunInfo};
@@ -22,10 +22,10 @@ pub type Connector = Box<dyn FnMut() -> std::result::Result<Box<dyn LearnerClien
 /// format; this crate does not).
 pub trait ActorFactory {
     /// The envs to step (their spaces are checked at registration).
-    fn envs(&mut self, run: &RunInfo) -> Result<VecEnv>;
+    fn envs(&mut self, run: &RunInfo) -> Result<Box<dyn VectorEnv>>;
     /// The acting policy (or A3C gradient worker) for the slot the learner gave (`registered.actor_index` sets
     /// Ape-X exploration); no optimiser, replay or rollout buffers.
-    fn acting(&mut self, run: &RunInfo, registered: &Registered, envs: &VecEnv) -> Result<Acting>;
+    fn acting(&mut self, run: &RunInfo, registered: &Registered, envs: &dyn VectorEnv) -> Result<Acting>;
 }
 
 /// How an actor joins and how long it keeps trying.
@@ -99,7 +99,7 @@ pub fn run_actor(
     let mut registration = registration;
     registration.actor_index = Some(registered.actor_index);
     info!(actor_id = registered.actor_id, "registered in slot {} of {}", registered.actor_index, registered.n_actors);
-    let mut agent = factory.acting(&run, &registered, &envs)?;
+    let mut agent = factory.acting(&run, &registered, envs.as_ref())?;
     let mut version = 0;
     if let Some(p) = client.params(registered.actor_id, None)? {
         agent.policy().load_params(&p.value)?;
@@ -131,7 +131,7 @@ pub fn run_actor(
     };
     let mut report = ActorReport { params_loaded: 1, ..Default::default() };
     let result = act_loop(
-        &mut envs,
+        envs.as_mut(),
         &mut agent,
         registered.seed,
         registered.chunk_steps,
@@ -177,7 +177,7 @@ fn join(connect: &mut Connector, window: Duration) -> Result<(Box<dyn LearnerCli
 
 #[allow(clippy::too_many_arguments)]
 fn act_loop(
-    envs: &mut VecEnv,
+    envs: &mut dyn VectorEnv,
     agent: &mut Acting,
     seed: u64,
     chunk_steps: usize,
@@ -189,7 +189,8 @@ fn act_loop(
 ) -> Result<()> {
     let (e, d) = (envs.num_envs(), envs.obs_dim());
     let action_space = envs.action_space().clone();
-    let mut obs = envs.reset(Some(seed))?.to_vec();
+    let mut obs = envs.reset(Some(seed))?.to_buf();
+    let dtype = obs.dtype();
     let mut out = ActOutput::default();
     let mut env_actions = EnvActions::default();
     let mut run = 0;
@@ -214,8 +215,8 @@ fn act_loop(
             policy_version: version,
             n_steps: chunk_steps,
             n_envs: e,
-            obs: ObsBuf::F32(Vec::with_capacity(n * d)),
-            bootstrap_obs: ObsBuf::F32(Vec::new()),
+            obs: ObsBuf::with_capacity(dtype, n * d),
+            bootstrap_obs: ObsBuf::empty(dtype),
             actions: Vec::with_capacity(n * agent.policy().act_dim()),
             rewards: Vec::with_capacity(n),
             terminated: Vec::with_capacity(n),
@@ -223,15 +224,14 @@ fn act_loop(
             log_probs: Vec::with_capacity(n),
             values: Vec::with_capacity(n),
             final_index: Vec::new(),
-            final_obs: ObsBuf::F32(Vec::new()),
+            final_obs: ObsBuf::empty(dtype),
             episodes: Vec::new(),
         };
-        let (ObsBuf::F32(obs_rows), ObsBuf::F32(final_rows)) = (&mut c.obs, &mut c.final_obs) else {
-            unreachable!("built as f32 above")
-        };
+        // One dtype per batch: the env's, which every buffer here was made with.
+        let mut same = true;
         for t in 0..chunk_steps {
-            obs_rows.extend_from_slice(&obs);
-            agent.policy().act(&obs, ActMode::Explore, &mut out)?;
+            same &= c.obs.extend(obs.as_ref());
+            agent.policy().act(obs.as_ref(), ActMode::Explore, &mut out)?;
             let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
             // Where an episode ended, the observation that truly followed is kept beside the reset one.
             for i in 0..e {
@@ -240,7 +240,7 @@ fn act_loop(
                         Error::Setup(format!("env {i} ended an episode without reporting its final observation"))
                     })?;
                     c.final_index.push((t * e + i) as u32);
-                    final_rows.extend_from_slice(last);
+                    same &= c.final_obs.extend(last);
                 }
             }
             c.episodes.extend_from_slice(step.episodes);
@@ -250,9 +250,10 @@ fn act_loop(
             c.rewards.extend_from_slice(step.rewards);
             c.terminated.extend_from_slice(step.terminated);
             c.truncated.extend_from_slice(step.truncated);
-            obs.copy_from_slice(step.obs);
+            same &= obs.write_at(0, step.obs);
         }
-        c.bootstrap_obs = ObsBuf::F32(obs.clone());
+        debug_assert!(same, "one dtype per batch");
+        c.bootstrap_obs = obs.clone();
         report.env_steps += n as u64;
         let message = match agent {
             Acting::Chunks(_) => Outgoing::Chunk(c),

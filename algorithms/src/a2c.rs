@@ -28,7 +28,7 @@
 //! `π/μ > ρ̄`) and `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)).
 use std::path::Path;
 
-use flotilla_core::Space;
+use flotilla_core::{ObsRef, Space};
 use rand::SeedableRng;
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
@@ -299,7 +299,7 @@ fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Resu
     let (advantages, returns, values) = targets.advantages_returns_values();
     let explained_var = explained_variance(values, returns);
     let d = net.device;
-    let obs = net.obs_tensor(&rollout.obs)?;
+    let obs = net.obs_tensor(rollout.obs.as_ref())?;
     let actions = net.actions_tensor(&rollout.actions);
     let advantages = Tensor::from_slice(advantages).to_device(d);
     let returns = Tensor::from_slice(returns).to_device(d);
@@ -377,7 +377,7 @@ impl A2c {
     }
 
     /// `V(obs)` for a batch of observations.
-    pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
+    pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
         self.pi.net.values(obs)
     }
 
@@ -432,7 +432,7 @@ impl Policy for A2c {
     }
 
     /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
-    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.pi.act(obs, mode, out)
     }
 }
@@ -623,8 +623,8 @@ mod tests {
         let mut out = ActOutput::default();
         for _ in 0..n_steps {
             let obs: Vec<f32> = (0..32).map(|_| rng.random_range(-1.0..1.0)).collect();
-            agent.act(&obs, ActMode::Explore, &mut out).unwrap();
-            rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
+            agent.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
             rollout.push_outcome(&out.actions.clone(), &[true; 8], &[false; 8]).unwrap();
         }
         rollout.finish(&[0.0; 8], agent.config.gamma as f32, agent.config.gae_lambda as f32).unwrap();
@@ -641,7 +641,7 @@ mod tests {
         let mut a2c = A2c::new(&obs_space, &act_space, 8, A2cConfig::default(), Device::Cpu, 0).unwrap();
         let probe = [0.1f32, 0.2, 0.3, 0.4];
         let prob_of_1 = |a2c: &A2c| {
-            let x = a2c.pi.net.obs_tensor(&probe).unwrap();
+            let x = a2c.pi.net.obs_tensor(ObsRef::F32(&probe)).unwrap();
             let (logits, _) = tch::no_grad(|| a2c.pi.net.forward(&x));
             f64::try_from(logits.softmax(-1, Kind::Float).get(0).get(1)).unwrap()
         };
@@ -658,7 +658,7 @@ mod tests {
         let after = prob_of_1(&a2c);
         assert!(after > 0.8, "P(action 1): {before} -> {after}");
         let mut o = ActOutput::default();
-        a2c.act(&probe, ActMode::Deterministic, &mut o).unwrap();
+        a2c.act(ObsRef::F32(&probe), ActMode::Deterministic, &mut o).unwrap();
         assert_eq!(o.actions, vec![1.0], "the greedy action is the paying one");
     }
 
@@ -699,18 +699,18 @@ mod tests {
         for k in start..start + steps {
             let obs: Vec<f32> = (0..8).map(|i| ((k * 8 + i) as f32 * 0.37).sin()).collect();
             let next_obs: Vec<f32> = (0..8).map(|i| ((k * 8 + i) as f32 * 0.53).cos()).collect();
-            agent.act(&obs, ActMode::Explore, &mut out).unwrap();
+            agent.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
             actions.extend_from_slice(&out.actions);
             let rewards: Vec<f32> = out.actions.iter().map(|a| 1.0 - a).collect();
             let terminated = [k % 7 == 6, false];
             let truncated = [false, k % 5 == 4];
             let step = Transition {
-                obs: &obs,
+                obs: ObsRef::F32(&obs),
                 act: &out,
                 rewards: &rewards,
                 terminated: &terminated,
                 truncated: &truncated,
-                next_obs: &next_obs,
+                next_obs: ObsRef::F32(&next_obs),
             };
             agent.observe(&step).unwrap();
             agent.update(&Progress { env_steps: (k + 1) * 2, total_env_steps: total }).unwrap();
@@ -760,8 +760,8 @@ mod tests {
         let mut rollout = Rollout::new(4, 5, 3, 1);
         for _ in 0..5 {
             let obs = vec![0.5f32; 12];
-            a2c.act(&obs, ActMode::Explore, &mut out).unwrap();
-            rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
+            a2c.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
             let rewards: Vec<f32> = out.actions.iter().map(|a| -(a - 1.0).powi(2)).collect();
             rollout.push_outcome(&rewards, &[true; 4], &[false; 4]).unwrap();
         }

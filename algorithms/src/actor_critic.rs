@@ -1,18 +1,20 @@
-//! The actor-critic network PPO and A2C share: separate policy and value MLPs (run as one [`TwinMlp`]), a
-//! categorical head for discrete actions or a diagonal Gaussian with a state-independent log-std for boxes,
-//! all in one [`FlatParams`] buffer. Initialisation follows SB3: orthogonal, gain √2 on hidden layers, 0.01
-//! on the policy head, 1 on the value head.
+//! The actor-critic network PPO and A2C share, a categorical head for discrete actions or a diagonal Gaussian
+//! with a state-independent log-std for boxes, all in one [`FlatParams`] buffer. Its body follows the
+//! observations: separate policy and value MLPs (run as one [`TwinMlp`]) for 1-D boxes; for image
+//! observations (a u8 box `[C, H, W]`) CleanRL's `ppo_atari` network, one shared [`NatureCnn`] torso with the
+//! policy logits and the value side by side in its output layer. Initialisation follows SB3 and CleanRL:
+//! orthogonal, gain √2 on hidden layers, 0.01 on the policy head, 1 on the value head.
 //!
 //! It also re-evaluates a rollout that older parameters collected, for the V-trace correction both algorithms
 //! can apply ([`ActorCritic::vtrace_targets`]).
-use flotilla_core::Space;
+use flotilla_core::{DType, ObsRef, Space};
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
 use crate::acting::ActingPolicy;
 use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::host_mlp::HostScratch;
-use crate::nets::{Activation, TwinMlp, mlp_input_dim, with_torch_seed};
+use crate::nets::{Activation, NatureCnn, TwinMlp, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::Rollout;
@@ -53,12 +55,26 @@ pub(crate) enum ActionKind {
     Continuous(usize),
 }
 
+/// What turns observations into the policy head and the value.
+#[derive(Debug, Clone)]
+enum Body {
+    /// Separate policy and value MLPs, for 1-D observations.
+    Mlp(TwinMlp),
+    /// One Nature-CNN torso whose output layer is `[policy head | value]`, for image observations.
+    Cnn(NatureCnn),
+}
+
+/// Whether observations of this space are images for a convolutional body: a u8 box of shape `[C, H, W]`.
+pub fn is_image(space: &Space) -> bool {
+    matches!(space, Space::Box { shape, dtype: DType::U8, .. } if shape.len() == 3)
+}
+
 /// Policy and value networks over one parameter buffer.
 #[derive(Debug)]
 pub struct ActorCritic {
-    /// Every parameter: the twin MLP, then the log-std for Gaussian policies.
+    /// Every parameter: the body, then the log-std for Gaussian policies.
     pub params: FlatParams,
-    twin: TwinMlp,
+    body: Body,
     log_std: Option<usize>,
     action: ActionKind,
     obs_dim: usize,
@@ -67,8 +83,9 @@ pub struct ActorCritic {
 }
 
 impl ActorCritic {
-    /// Build for these spaces (1-D box observations; discrete or 1-D box actions). `algorithm` names the
-    /// caller in errors; `seed` fixes the initialisation.
+    /// Build for these spaces (1-D box observations get MLPs of `hidden` widths and `activation`, u8 image
+    /// observations the Nature CNN; discrete or 1-D box actions). `algorithm` names the caller in errors;
+    /// `seed` fixes the initialisation.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         algorithm: &'static str,
@@ -80,7 +97,6 @@ impl ActorCritic {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        let obs_dim = mlp_input_dim(algorithm, observation_space)?;
         let action = match action_space {
             Space::Discrete { n, .. } => ActionKind::Discrete(*n),
             Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),
@@ -89,9 +105,22 @@ impl ActorCritic {
         let outputs = match action {
             ActionKind::Discrete(n) | ActionKind::Continuous(n) => n as i64,
         };
-        let (twin, mut named) = with_torch_seed(seed, || {
-            TwinMlp::init("pi_vf", obs_dim as i64, hidden, [outputs, 1], activation, [0.01, 1.0], 0)
-        });
+        let (obs_dim, body, mut named) = if is_image(observation_space) {
+            let shape = observation_space.shape();
+            let built = with_torch_seed(seed, || NatureCnn::init("cnn", shape, &[(outputs, 0.01), (1, 1.0)], 0));
+            let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
+                which: "observation",
+                algorithm,
+                detail: format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
+            })?;
+            (observation_space.flat_dim(), Body::Cnn(cnn), named)
+        } else {
+            let obs_dim = mlp_input_dim(algorithm, observation_space)?;
+            let (twin, named) = with_torch_seed(seed, || {
+                TwinMlp::init("pi_vf", obs_dim as i64, hidden, [outputs, 1], activation, [0.01, 1.0], 0)
+            });
+            (obs_dim, Body::Mlp(twin), named)
+        };
         let log_std = match action {
             ActionKind::Discrete(_) => None,
             ActionKind::Continuous(d) => {
@@ -100,7 +129,7 @@ impl ActorCritic {
             }
         };
         let params = FlatParams::new(named, device);
-        Ok(ActorCritic { params, twin, log_std, action, obs_dim, device })
+        Ok(ActorCritic { params, body, log_std, action, obs_dim, device })
     }
 
     /// Flattened observation size.
@@ -116,12 +145,23 @@ impl ActorCritic {
         }
     }
 
-    /// Observations `rows × obs_dim` as a tensor on the device.
-    pub fn obs_tensor(&self, obs: &[f32]) -> Result<Tensor> {
+    /// Observations `rows × obs_dim` as a tensor on the device, in their own dtype (frames are copied to the
+    /// device as bytes; the network scales them there): `[B, obs_dim]`, or `[B, C, H, W]` for the CNN.
+    pub fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
         if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
             return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
         }
-        Ok(Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device))
+        let t = match obs {
+            ObsRef::F32(v) => Tensor::from_slice(v),
+            ObsRef::U8(v) => Tensor::from_slice(v),
+        };
+        Ok(match &self.body {
+            Body::Mlp(_) => t.view([-1, self.obs_dim as i64]).to_device(self.device).to_kind(Kind::Float),
+            Body::Cnn(cnn) => {
+                let [c, h, w] = cnn.shape();
+                t.view([-1, c, h, w]).to_device(self.device)
+            }
+        })
     }
 
     /// Stored actions as the distribution takes them: i64 indices `[B]` or floats `[B, D]`.
@@ -135,8 +175,17 @@ impl ActorCritic {
 
     /// Policy head output (logits or means) and values `[B]`.
     pub fn forward(&self, obs: &Tensor) -> (Tensor, Tensor) {
-        let (head, value) = self.twin.forward(&self.params, obs);
-        (head, value.squeeze_dim(1))
+        match &self.body {
+            Body::Mlp(twin) => {
+                let (head, value) = twin.forward(&self.params, obs);
+                (head, value.squeeze_dim(1))
+            }
+            Body::Cnn(cnn) => {
+                let out = cnn.forward(&self.params, obs);
+                let n = out.size()[1] - 1;
+                (out.narrow(1, 0, n), out.narrow(1, n, 1).squeeze_dim(1))
+            }
+        }
     }
 
     /// The action distribution for a policy head output.
@@ -148,11 +197,11 @@ impl ActorCritic {
     }
 
     /// Sample (or, with `deterministic`, take the mode of) the policy for a batch; fills actions, their
-    /// log-probs and the values. `scratch` is reused between calls. On the CPU the networks run without
-    /// libtorch ([`crate::host_mlp`]).
+    /// log-probs and the values. `scratch` is reused between calls. On the CPU, MLPs on f32 observations run
+    /// without libtorch ([`crate::host_mlp`]).
     pub fn act(
         &self,
-        obs: &[f32],
+        obs: ObsRef<'_>,
         deterministic: bool,
         rng: &mut impl Rng,
         scratch: &mut ActScratch,
@@ -164,7 +213,13 @@ impl ActorCritic {
         let rows = obs.len() / self.obs_dim;
         out.q_values.clear();
         let ActScratch { samples, host, head } = scratch;
-        if !self.twin.forward_host(&self.params, obs, rows, host, [&mut *head, &mut out.values]) {
+        let on_host = match (&self.body, obs) {
+            (Body::Mlp(twin), ObsRef::F32(x)) => {
+                twin.forward_host(&self.params, x, rows, host, [&mut *head, &mut out.values])
+            }
+            _ => false,
+        };
+        if !on_host {
             let x = self.obs_tensor(obs)?;
             let (h, values) = tch::no_grad(|| self.forward(&x));
             out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
@@ -196,14 +251,14 @@ impl ActorCritic {
     }
 
     /// `V(obs)` for a batch of observations.
-    pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
+    pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
         let x = self.obs_tensor(obs)?;
         let (_, v) = tch::no_grad(|| self.forward(&x));
         Ok(Vec::<f32>::try_from(v.to_device(Device::Cpu))?)
     }
     /// Log-probabilities of the stored `actions` and values of `obs` under the current parameters, without
     /// gradient.
-    pub fn evaluate(&self, obs: &[f32], actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+    pub fn evaluate(&self, obs: ObsRef<'_>, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
         let x = self.obs_tensor(obs)?;
         let rows = obs.len() / self.obs_dim;
         if actions.len() != rows * self.act_dim() {
@@ -243,7 +298,7 @@ impl ActorCritic {
                 return Err(Error::BadLength { what: what.into(), got, expected });
             }
         }
-        let (target_log_probs, values) = self.evaluate(&rollout.obs, &rollout.actions)?;
+        let (target_log_probs, values) = self.evaluate(rollout.obs.as_ref(), &rollout.actions)?;
         let next_values = rollout.next_values_under(&values, |rows| self.values(rows))?;
         let (mut vs, mut pg_advantages) = (vec![0.0; n], vec![0.0; n]);
         vtrace(
@@ -296,7 +351,7 @@ impl Policy for ActorCriticPolicy {
     }
 
     /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
-    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
     }
 }

@@ -13,7 +13,7 @@
 //! ```
 use std::path::Path;
 
-use flotilla_core::Chunk;
+use flotilla_core::{Chunk, ObsBuf, ObsRef};
 
 use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
@@ -24,7 +24,7 @@ use crate::{Metrics, Result};
 #[derive(Debug, Clone, Copy)]
 pub struct Transition<'a> {
     /// Observations the policy acted on.
-    pub obs: &'a [f32],
+    pub obs: ObsRef<'a>,
     /// What `Policy::act` returned for them (actions, and log-probs/values where the algorithm makes them).
     pub act: &'a ActOutput,
     /// Rewards.
@@ -35,7 +35,7 @@ pub struct Transition<'a> {
     pub truncated: &'a [bool],
     /// The observation that truly followed each row: the final observation where an episode ended (not the
     /// auto-reset one), else the next step's observation.
-    pub next_obs: &'a [f32],
+    pub next_obs: ObsRef<'a>,
 }
 
 /// Where training stands, for schedules (learning-rate annealing, ε decay, β annealing).
@@ -93,8 +93,8 @@ pub trait Algorithm: Policy {
 }
 
 /// Call `f` with each of `chunk`'s `T` steps as a [`Transition`] of its `E` envs, in time order, with the true
-/// next observations restored ([`Chunk::next_obs_into`]) and u8 frames converted to f32. Only the actions are
-/// carried in the transition's [`ActOutput`].
+/// next observations restored ([`Chunk::next_obs`]), in the chunk's dtype. Only the actions are carried in
+/// the transition's [`ActOutput`].
 pub fn for_each_transition(chunk: &Chunk, mut f: impl FnMut(&Transition<'_>) -> Result<()>) -> Result<()> {
     let (t_max, e) = (chunk.n_steps, chunk.n_envs);
     let n = chunk.transitions();
@@ -103,26 +103,26 @@ pub fn for_each_transition(chunk: &Chunk, mut f: impl FnMut(&Transition<'_>) -> 
     }
     let d = chunk.obs.len() / n;
     let act_dim = chunk.actions.len() / n;
-    let (mut obs, mut next_obs) = (Vec::with_capacity(e * d), Vec::with_capacity(e * d));
+    let dtype = chunk.obs.dtype();
+    let mut next_obs = ObsBuf::with_capacity(dtype, e * d);
     let mut act = ActOutput::default();
     let mut cursor = 0;
     for t in 0..t_max {
         let rows = t * e..(t + 1) * e;
-        obs.clear();
-        chunk.obs.extend_f32(rows.start * d..rows.end * d, &mut obs);
         next_obs.clear();
         for env in 0..e {
-            chunk.next_obs_into(t, env, d, &mut cursor, &mut next_obs);
+            let same = next_obs.extend(chunk.next_obs(t, env, d, &mut cursor));
+            debug_assert!(same, "one dtype per chunk");
         }
         act.actions.clear();
         act.actions.extend_from_slice(&chunk.actions[rows.start * act_dim..rows.end * act_dim]);
         f(&Transition {
-            obs: &obs,
+            obs: chunk.obs.slice(rows.start * d..rows.end * d),
             act: &act,
             rewards: &chunk.rewards[rows.clone()],
             terminated: &chunk.terminated[rows.clone()],
             truncated: &chunk.truncated[rows],
-            next_obs: &next_obs,
+            next_obs: next_obs.as_ref(),
         })?;
     }
     Ok(())

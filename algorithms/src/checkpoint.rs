@@ -6,6 +6,7 @@
 //! Names are `section.field` (`q.params`, `adam.exp_avg`, `replay.obs`, ...).
 use std::path::Path;
 
+use flotilla_core::ObsBuf;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tch::{Device, Kind, Tensor};
@@ -39,6 +40,24 @@ impl Checkpoint {
     /// Add a slice of f32 as a 1-D tensor.
     pub fn put_f32(&mut self, name: impl Into<String>, v: &[f32]) {
         self.tensors.push((name.into(), Tensor::from_slice(v)));
+    }
+
+    /// Add observations in their own dtype (frames stay u8).
+    pub fn put_obs(&mut self, name: impl Into<String>, obs: &ObsBuf) {
+        let t = match obs {
+            ObsBuf::F32(v) => Tensor::from_slice(v),
+            ObsBuf::U8(v) => Tensor::from_slice(v),
+        };
+        self.tensors.push((name.into(), t));
+    }
+
+    /// Take observations [`Checkpoint::put_obs`] saved, in the dtype they were saved in.
+    pub fn take_obs(&mut self, name: &str) -> Result<ObsBuf> {
+        let t = self.take_tensor(name)?.flatten(0, -1);
+        Ok(match t.kind() {
+            Kind::Uint8 => ObsBuf::U8(Vec::<u8>::try_from(t)?),
+            _ => ObsBuf::F32(Vec::<f32>::try_from(t.to_kind(Kind::Float))?),
+        })
     }
 
     /// Add a serialisable value to the JSON metadata.

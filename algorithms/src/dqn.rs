@@ -21,7 +21,7 @@
 //! `charts/per_beta`.
 use std::path::Path;
 
-use flotilla_core::Space;
+use flotilla_core::{ObsRef, Space};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
@@ -35,7 +35,7 @@ use crate::host_mlp::HostScratch;
 use crate::n_step::NStep;
 use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
-use crate::policy::{ActMode, ActOutput, Policy};
+use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::replay::{Element, PrioritizedReplay, ReplayBuffer, ReplaySample};
 use crate::{Error, Metrics, Result};
 
@@ -359,8 +359,8 @@ impl Policy for DqnPolicy {
         1
     }
 
-    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.q.q_values(&self.params, obs, &mut self.host, &mut out.q_values)?;
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.q.q_values(&self.params, f32_obs("dqn", obs)?, &mut self.host, &mut out.q_values)?;
         let eps = if self.learner_env_steps < self.config.learning_starts { 1.0 } else { self.floor.max(self.epsilon) };
         epsilon_greedy(self.q.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
         Ok(())
@@ -516,8 +516,8 @@ impl Policy for Dqn {
     }
 
     /// Greedy in `Q`; with `Explore`, ε-greedy (uniformly random before `learning_starts`). Fills `q_values`.
-    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.q.q_values(&self.online, obs, &mut self.host, &mut out.q_values)?;
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.q.q_values(&self.online, f32_obs("dqn", obs)?, &mut self.host, &mut out.q_values)?;
         let c = &self.counters;
         let eps = if c.env_steps < self.config.learning_starts { 1.0 } else { c.epsilon };
         epsilon_greedy(self.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
@@ -533,12 +533,12 @@ impl Algorithm for Dqn {
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
         let replay = &mut self.replay;
         self.n_step.push(
-            step.obs,
+            f32_obs("dqn", step.obs)?,
             &step.act.actions,
             step.rewards,
             step.terminated,
             step.truncated,
-            step.next_obs,
+            f32_obs("dqn", step.next_obs)?,
             |e| match replay {
                 Replay::Uniform(r) => r.push(e),
                 Replay::Prioritized(r) => r.push(e),
@@ -648,7 +648,7 @@ mod apex_tests {
         let config = DqnConfig { exploration_final_eps: 0.0, ..Default::default() };
         let mut dqn = DqnPolicy::new(&space, &Space::discrete(3), config, 0.0, 0).unwrap();
         let mut random = ActOutput::default();
-        dqn.act(&[0.3f32, -0.2].repeat(64), ActMode::Explore, &mut random).unwrap();
+        dqn.act(ObsRef::F32(&[0.3f32, -0.2].repeat(64)), ActMode::Explore, &mut random).unwrap();
         let distinct = random.actions.iter().map(|a| *a as usize).collect::<std::collections::HashSet<_>>();
         assert_eq!(distinct.len(), 3, "uniformly random while the learner is warming up");
         // Past the schedule's decay, with a floor of 0: greedy.
@@ -656,9 +656,9 @@ mod apex_tests {
         let mut out = ActOutput::default();
         let obs = [0.3f32, -0.2];
         let mut greedy = ActOutput::default();
-        dqn.act(&obs, ActMode::Deterministic, &mut greedy).unwrap();
+        dqn.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut greedy).unwrap();
         for _ in 0..20 {
-            dqn.act(&obs, ActMode::Explore, &mut out).unwrap();
+            dqn.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
             assert_eq!(out.actions, greedy.actions, "ε = max(0, 0) acts greedily");
         }
     }
@@ -704,7 +704,7 @@ mod tests {
             let want = dqn.q_values(&dqn.online, &Tensor::from_slice(&rows).view([2, 3]));
             let want = Vec::<f32>::try_from(want.flatten(0, -1)).unwrap();
             let mut out = ActOutput::default();
-            dqn.act(&rows, ActMode::Deterministic, &mut out).unwrap();
+            dqn.act(ObsRef::F32(&rows), ActMode::Deterministic, &mut out).unwrap();
             assert_eq!(out.q_values.len(), want.len());
             assert!(
                 out.q_values.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5),
@@ -740,26 +740,26 @@ mod tests {
         let mut early_actions = Vec::new();
         for t in 1..=total {
             let obs: Vec<f32> = (0..3).map(|_| rng.random_range(-1.0..1.0)).collect();
-            dqn.act(&obs, ActMode::Explore, &mut out).unwrap();
+            dqn.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
             if t <= 64 {
                 early_actions.push(out.actions[0]);
             }
             // Action 1 pays 1, action 0 pays 0; every step ends the episode.
             let reward = [out.actions[0]];
             let step = Transition {
-                obs: &obs,
+                obs: ObsRef::F32(&obs),
                 act: &out,
                 rewards: &reward,
                 terminated: &[true],
                 truncated: &[false],
-                next_obs: &obs,
+                next_obs: ObsRef::F32(&obs),
             };
             dqn.observe(&step).unwrap();
             dqn.update(&Progress { env_steps: t, total_env_steps: total }).unwrap();
         }
         assert!(early_actions.contains(&0.0) && early_actions.contains(&1.0), "uniform actions before learning");
         for probe in [[0.5f32, 0.5, 0.5], [-0.9, 0.1, 0.3]] {
-            dqn.act(&probe, ActMode::Deterministic, &mut out).unwrap();
+            dqn.act(ObsRef::F32(&probe), ActMode::Deterministic, &mut out).unwrap();
             assert_eq!(out.actions, vec![1.0], "greedy action pays; Q = {:?}", out.q_values);
             assert!((out.q_values[1] - 1.0).abs() < 0.2 && out.q_values[0].abs() < 0.2, "Q = {:?}", out.q_values);
         }

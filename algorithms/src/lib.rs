@@ -46,6 +46,6 @@ pub use algorithm::{Algorithm, Progress, Transition, for_each_transition};
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use metrics::Metrics;
-pub use policy::{ActMode, ActOutput, Policy};
+pub use policy::{ActMode, ActOutput, Policy, f32_obs};
 pub use registry::{AlgorithmConfig, Family};
 pub use tch;

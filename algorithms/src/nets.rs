@@ -3,7 +3,7 @@
 //! Initialisation follows Stable-Baselines3 / CleanRL: orthogonal weights with gain √2 on hidden layers (a
 //! caller-chosen gain on the output layer, e.g. 0.01 for policy logits, 1 for values) and zero biases.
 use tch::Tensor;
-use tch::nn::{self, Init, LinearConfig, Module};
+use tch::nn::{self, Init, LinearConfig};
 
 pub use crate::activation::Activation;
 use crate::host_mlp::{self, HostScratch};
@@ -252,42 +252,87 @@ impl TwinMlp {
 }
 
 /// The convolutional torso of Mnih et al. (2015), "Human-level control through deep reinforcement learning":
-/// 32×8×8 stride 4, 64×4×4 stride 2, 64×3×3 stride 1, then a 512-unit linear layer, all ReLU.
-/// Takes u8 (or float 0–255) frames `[B, C, 84, 84]` and scales them to `[0, 1]`; outputs `[B, 512]`.
-#[derive(Debug)]
+/// 32×8×8 stride 4, 64×4×4 stride 2, 64×3×3 stride 1, then a 512-unit linear layer, all ReLU; then an output
+/// layer of `outputs` units (e.g. `n_actions` logits and one value for an actor-critic, or `n_actions`
+/// Q-values), all over one [`FlatParams`](crate::params::FlatParams) buffer.
+///
+/// It takes u8 frames `[B, C, H, W]` (or floats 0–255) and divides by 255 on the parameters' device, so frames
+/// travel as bytes up to there. Initialisation is CleanRL's `layer_init`: orthogonal, gain √2, zero biases;
+/// the output layer's column groups get their own gains (0.01 for policy logits, 1 for the value).
+#[derive(Debug, Clone)]
 pub struct NatureCnn {
-    convs: [nn::Conv2D; 3],
-    fc: nn::Linear,
+    /// Index in the parameter buffer of each conv weight (its bias follows), then the fc and output weights.
+    layers: [usize; 5],
+    /// Observation shape `[C, H, W]`.
+    shape: [i64; 3],
 }
 
 impl NatureCnn {
-    /// Number of features the torso outputs.
+    /// Features the torso outputs.
     pub const FEATURES: i64 = 512;
+    const CONVS: [(i64, i64, i64); 3] = [(32, 8, 4), (64, 4, 2), (64, 3, 1)];
 
-    /// Build the torso for `channels` stacked 84×84 frames.
-    pub fn new(p: &nn::Path, channels: i64) -> Self {
-        let gain = 2f64.sqrt();
-        let conv = |name: &str, i, o, k, stride| {
-            let cfg = nn::ConvConfig { stride, bs_init: Init::Const(0.0), ..Default::default() };
-            let conv = nn::conv2d(p / name, i, o, k, cfg);
-            // tch's `Init::Orthogonal` returns a 2-D matrix for 4-D shapes: draw it flat and reshape here.
-            let flat = nn::init(Init::Orthogonal { gain }, &[o, i * k * k], p.device());
-            tch::no_grad(|| conv.ws.shallow_clone().copy_(&flat.view([o, i, k, k])));
-            conv
-        };
-        let convs = [conv("conv1", channels, 32, 8, 4), conv("conv2", 32, 64, 4, 2), conv("conv3", 64, 64, 3, 1)];
-        let fc = orthogonal_linear(p / "fc", 64 * 7 * 7, Self::FEATURES, gain);
-        NatureCnn { convs, fc }
+    /// Spatial size after the convolutions for an `h × w` input, if it is large enough (84 → 7).
+    fn conv_out(h: i64, w: i64) -> Option<(i64, i64)> {
+        Self::CONVS
+            .iter()
+            .try_fold((h, w), |(h, w), &(_, k, s)| (h >= k && w >= k).then(|| ((h - k) / s + 1, (w - k) / s + 1)))
     }
-}
 
-impl Module for NatureCnn {
-    fn forward(&self, frames: &Tensor) -> Tensor {
-        let mut h = frames.to_kind(tch::Kind::Float) / 255.0;
-        for conv in &self.convs {
-            h = conv.forward(&h).relu();
+    /// Initial parameters for observations of `shape` (`[C, H, W]`, at least 36×36), named `{prefix}.conv1.weight`,
+    /// …, `{prefix}.fc.*`, `{prefix}.out.*`, to place in a buffer at index `first_index` onwards. The output
+    /// layer is the column groups `out_groups` (`(units, gain)` each) side by side.
+    pub fn init(
+        prefix: &str,
+        shape: &[usize],
+        out_groups: &[(i64, f64)],
+        first_index: usize,
+    ) -> Option<(Self, Vec<(String, Tensor)>)> {
+        let [c, h, w] = <[usize; 3]>::try_from(shape).ok()?.map(|x| x as i64);
+        let (oh, ow) = Self::conv_out(h, w)?;
+        let cpu = tch::Device::Cpu;
+        let zeros = |n: i64| Tensor::zeros([n], (tch::Kind::Float, cpu));
+        let orthogonal = |rows: i64, cols: i64, gain: f64| nn::init(Init::Orthogonal { gain }, &[rows, cols], cpu);
+        let gain = 2f64.sqrt();
+        let mut named = Vec::new();
+        let mut inputs = c;
+        for (k, &(o, size, _)) in Self::CONVS.iter().enumerate() {
+            // tch's `Init::Orthogonal` takes a matrix: draw it flat and reshape to the kernel bank.
+            let weight = orthogonal(o, inputs * size * size, gain).view([o, inputs, size, size]);
+            named.push((format!("{prefix}.conv{}.weight", k + 1), weight));
+            named.push((format!("{prefix}.conv{}.bias", k + 1), zeros(o)));
+            inputs = o;
         }
-        self.fc.forward(&h.flatten(1, -1)).relu()
+        // Linear weights are stored `[in, out]`, the layout `addmm` takes.
+        let flat = 64 * oh * ow;
+        named
+            .push((format!("{prefix}.fc.weight"), orthogonal(Self::FEATURES, flat, gain).transpose(0, 1).contiguous()));
+        named.push((format!("{prefix}.fc.bias"), zeros(Self::FEATURES)));
+        let groups: Vec<Tensor> =
+            out_groups.iter().map(|&(units, gain)| orthogonal(units, Self::FEATURES, gain).transpose(0, 1)).collect();
+        let outputs: i64 = out_groups.iter().map(|g| g.0).sum();
+        named.push((format!("{prefix}.out.weight"), Tensor::cat(&groups, 1).contiguous()));
+        named.push((format!("{prefix}.out.bias"), zeros(outputs)));
+        let layers = [0, 2, 4, 6, 8].map(|i| first_index + i);
+        Some((NatureCnn { layers, shape: [c, h, w] }, named))
+    }
+
+    /// Observation shape `[C, H, W]`.
+    pub fn shape(&self) -> [i64; 3] {
+        self.shape
+    }
+
+    /// The output layer on frames `[B, C, H, W]` (u8 or float 0–255): `[B, outputs]`.
+    pub fn forward(&self, params: &crate::params::FlatParams, frames: &Tensor) -> Tensor {
+        let mut h = frames.to_kind(tch::Kind::Float) / 255.0;
+        for (k, &(_, _, stride)) in Self::CONVS.iter().enumerate() {
+            let i = self.layers[k];
+            h = h.conv2d(params.view(i), Some(params.view(i + 1)), [stride, stride], [0, 0], [1, 1], 1).relu();
+        }
+        let fc = self.layers[3];
+        let h = params.view(fc + 1).addmm(&h.flatten(1, -1), params.view(fc)).relu();
+        let out = self.layers[4];
+        params.view(out + 1).addmm(&h, params.view(out))
     }
 }
 
@@ -377,17 +422,26 @@ mod tests {
     }
 
     #[test]
-    fn nature_cnn_shape_and_size() {
-        let vs = nn::VarStore::new(Device::Cpu);
-        let cnn = NatureCnn::new(&vs.root(), 4);
+    fn nature_cnn_shape_size_and_init() {
+        let (cnn, named) = NatureCnn::init("cnn", &[4, 84, 84], &[(6, 0.01), (1, 1.0)], 0).unwrap();
+        let params = crate::params::FlatParams::new(named, Device::Cpu);
         let frames = Tensor::zeros([2, 4, 84, 84], (Kind::Uint8, Device::Cpu));
-        assert_eq!(cnn.forward(&frames).size(), vec![2, 512]);
-        let params: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
-        assert_eq!(params, 8_224 + 32_832 + 36_928 + 1_606_144);
+        assert_eq!(cnn.forward(&params, &frames).size(), vec![2, 7]);
+        assert_eq!(params.numel(), 8_224 + 32_832 + 36_928 + 1_606_144 + 512 * 7 + 7);
         // Orthogonal rows for each conv kernel bank: W Wᵀ = 2 I with W the kernels flattened.
-        let w = vs.variables()["conv1.weight"].view([32, -1]);
+        let w = params.view(0).view([32, -1]);
         let gram = w.matmul(&w.transpose(0, 1));
         let eye = Tensor::eye(32, (Kind::Float, Device::Cpu)) * 2.0;
         assert!(f64::try_from((gram - eye).abs().max()).unwrap() < 1e-4);
+        // The output groups keep their own gains: logits columns of norm 0.01, the value column of norm 1.
+        let out = params.view(8);
+        let norms = Vec::<f32>::try_from(out.square().sum_dim_intlist(0, false, Kind::Float).sqrt()).unwrap();
+        assert!(norms[..6].iter().all(|n| (n - 0.01).abs() < 1e-4) && (norms[6] - 1.0).abs() < 1e-4, "{norms:?}");
+        // u8 frames and the same frames as floats give the same output; too small an image is refused.
+        let x = Tensor::randint(256, [3, 4, 84, 84], (Kind::Int64, Device::Cpu));
+        let a = cnn.forward(&params, &x.to_kind(Kind::Uint8));
+        let b = cnn.forward(&params, &x.to_kind(Kind::Float));
+        assert!(f64::try_from((a - b).abs().max()).unwrap() < 1e-5);
+        assert!(NatureCnn::init("cnn", &[4, 30, 30], &[(1, 1.0)], 0).is_none());
     }
 }

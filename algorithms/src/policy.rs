@@ -7,6 +7,8 @@
 //!     envs.step(&to_env_actions(&out.actions))?;
 //! }
 //! ```
+use flotilla_core::ObsRef;
+
 use crate::Result;
 
 /// How to pick actions.
@@ -39,6 +41,16 @@ pub trait Policy {
     fn obs_dim(&self) -> usize;
     /// f32 values per action: 1 for discrete actions, `D` for boxes.
     fn act_dim(&self) -> usize;
-    /// Act on `obs` (`rows × obs_dim`, row-major), filling `out`.
-    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()>;
+    /// Act on `obs` (`rows × obs_dim`, row-major, in the observation space's dtype), filling `out`.
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()>;
+}
+
+/// The floats of `obs`, for networks that take f32 observations (MLPs): frames are refused with an error naming
+/// `algorithm`, never converted silently.
+pub fn f32_obs<'a>(algorithm: &'static str, obs: ObsRef<'a>) -> Result<&'a [f32]> {
+    obs.as_f32().ok_or_else(|| crate::Error::UnsupportedSpace {
+        which: "observation",
+        algorithm,
+        detail: format!("{:?} observations; this network takes f32 vectors", obs.dtype()),
+    })
 }

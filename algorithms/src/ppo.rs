@@ -25,7 +25,7 @@
 //! `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)), all before the update.
 use std::path::Path;
 
-use flotilla_core::Space;
+use flotilla_core::{ObsRef, Space};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_pcg::Pcg64;
@@ -292,7 +292,7 @@ impl Ppo {
     }
 
     /// `V(obs)` for a batch of observations.
-    pub fn values(&self, obs: &[f32]) -> Result<Vec<f32>> {
+    pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
         self.pi.net.values(obs)
     }
 
@@ -328,7 +328,7 @@ impl Ppo {
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
         let d = self.pi.net.device;
-        let obs = self.pi.net.obs_tensor(&rollout.obs)?;
+        let obs = self.pi.net.obs_tensor(rollout.obs.as_ref())?;
         let actions = self.pi.net.actions_tensor(&rollout.actions);
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
         let mut advantages = Tensor::from_slice(advantages).to_device(d);
@@ -417,7 +417,7 @@ impl Policy for Ppo {
     }
 
     /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
-    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.pi.act(obs, mode, out)
     }
 }
@@ -587,7 +587,7 @@ mod tests {
         let mut out = ActOutput::default();
         let prob_of_1 = |ppo: &mut Ppo| {
             let mut o = ActOutput::default();
-            ppo.act(&[0.1, 0.2, 0.3, 0.4], ActMode::Explore, &mut o).unwrap();
+            ppo.act(ObsRef::F32(&[0.1, 0.2, 0.3, 0.4]), ActMode::Explore, &mut o).unwrap();
             (o.log_probs[0] as f64).exp() * if o.actions[0] == 1.0 { 1.0 } else { -1.0 }
         };
         let before = prob_of_1(&mut ppo).abs();
@@ -596,8 +596,8 @@ mod tests {
             let mut rollout = Rollout::new(8, 32, 4, 1);
             for _ in 0..32 {
                 let obs: Vec<f32> = (0..32).map(|_| rng.random_range(-1.0..1.0)).collect();
-                ppo.act(&obs, ActMode::Explore, &mut out).unwrap();
-                rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
+                ppo.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+                rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
                 let rewards: Vec<f32> = out.actions.clone();
                 rollout.push_outcome(&rewards, &[true; 8], &[false; 8]).unwrap();
             }
@@ -606,7 +606,7 @@ mod tests {
             assert!((m.get("charts/learning_rate").unwrap() - 1e-3 * (1.0 - update as f64 / 5.0)).abs() < 1e-12);
         }
         let mut o = ActOutput::default();
-        ppo.act(&[0.1, 0.2, 0.3, 0.4], ActMode::Deterministic, &mut o).unwrap();
+        ppo.act(ObsRef::F32(&[0.1, 0.2, 0.3, 0.4]), ActMode::Deterministic, &mut o).unwrap();
         assert_eq!(o.actions, vec![1.0], "the greedy action is the paying one");
         let p1 = if o.actions[0] == 1.0 { (o.log_probs[0] as f64).exp() } else { 0.0 };
         assert!(p1 > 0.7, "P(action 1) = {p1}");
@@ -618,17 +618,17 @@ mod tests {
         let a = Ppo::new(&obs_space, &act_space, 8, PpoConfig::default(), Device::Cpu, 5).unwrap();
         let mut b = Ppo::new(&obs_space, &act_space, 8, PpoConfig::default(), Device::Cpu, 5).unwrap();
         let obs = [0.3f32, -0.2, 0.1, 0.0];
-        assert_eq!(a.values(&obs).unwrap(), b.values(&obs).unwrap());
+        assert_eq!(a.values(ObsRef::F32(&obs)).unwrap(), b.values(ObsRef::F32(&obs)).unwrap());
         let path = std::env::temp_dir().join(format!("flotilla-ppo-{}.safetensors", std::process::id()));
         a.save_weights(&path).unwrap();
         let mut c = Ppo::new(&obs_space, &act_space, 8, PpoConfig::default(), Device::Cpu, 6).unwrap();
-        assert_ne!(a.values(&obs).unwrap(), c.values(&obs).unwrap());
+        assert_ne!(a.values(ObsRef::F32(&obs)).unwrap(), c.values(ObsRef::F32(&obs)).unwrap());
         c.load_weights(&path).unwrap();
-        assert_eq!(a.values(&obs).unwrap(), c.values(&obs).unwrap());
+        assert_eq!(a.values(ObsRef::F32(&obs)).unwrap(), c.values(ObsRef::F32(&obs)).unwrap());
         std::fs::remove_file(&path).unwrap();
-        assert!(b.values(&[1.0, 2.0, 3.0]).is_err(), "wrong observation length is an error");
+        assert!(b.values(ObsRef::F32(&[1.0, 2.0, 3.0])).is_err(), "wrong observation length is an error");
         let mut out = ActOutput::default();
-        assert!(b.act(&[], ActMode::Explore, &mut out).is_err());
+        assert!(b.act(ObsRef::F32(&[]), ActMode::Explore, &mut out).is_err());
     }
 
     #[test]
@@ -642,8 +642,8 @@ mod tests {
         let mut rollout = Rollout::new(4, 16, 3, 1);
         for _ in 0..16 {
             let obs = vec![0.5f32; 12];
-            ppo.act(&obs, ActMode::Explore, &mut out).unwrap();
-            rollout.push_policy(&obs, &out.actions, &out.log_probs, &out.values).unwrap();
+            ppo.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
             let rewards: Vec<f32> = out.actions.iter().map(|a| -(a - 1.0).powi(2)).collect();
             rollout.push_outcome(&rewards, &[true; 4], &[false; 4]).unwrap();
         }
@@ -682,7 +682,7 @@ mod tests {
         let mut out = ActOutput::default();
         for k in 0..n_steps {
             let obs = obs_at(k);
-            ppo.act(&obs, ActMode::Explore, &mut out).unwrap();
+            ppo.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
             let rewards: Vec<f32> = (0..2).map(|e| out.actions[e] - obs[4 * e]).collect();
             let terminated = [k % 7 == 6, false];
             let truncated = [false, k % 5 == 4 || k + 1 == n_steps];
@@ -694,12 +694,12 @@ mod tests {
                 }
             }
             let step = Transition {
-                obs: &obs,
+                obs: ObsRef::F32(&obs),
                 act: &out,
                 rewards: &rewards,
                 terminated: &terminated,
                 truncated: &truncated,
-                next_obs: &next_obs,
+                next_obs: ObsRef::F32(&next_obs),
             };
             collector.observe(&step, |o| ppo.values(o)).unwrap();
         }

@@ -161,7 +161,7 @@ impl AlgorithmConfig {
 
 #[cfg(test)]
 mod tests {
-    use flotilla_core::{Chunk, EpisodeStats, ObsBuf};
+    use flotilla_core::{Chunk, EpisodeStats, ObsBuf, ObsRef};
 
     use super::*;
     use crate::policy::{ActMode, ActOutput};
@@ -206,9 +206,9 @@ mod tests {
             assert_eq!(policy.n_params(), params.len(), "{name}");
             let obs = observations(8, policy.obs_dim());
             let (mut want, mut got) = (ActOutput::default(), ActOutput::default());
-            learner.act(&obs, ActMode::Deterministic, &mut want).unwrap();
+            learner.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut want).unwrap();
             policy.load_params(&params).unwrap();
-            policy.act(&obs, ActMode::Deterministic, &mut got).unwrap();
+            policy.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut got).unwrap();
             assert_eq!(got.actions, want.actions, "{name}");
             // Values (actor-critics) and Q-values (DQN) too: real numbers, not just argmaxes that might agree.
             assert_eq!((&got.values, &got.q_values), (&want.values, &want.q_values), "{name}");
@@ -239,7 +239,7 @@ mod tests {
         // A chunk the worker collected: env 1 is truncated at step 1 (its final observation kept).
         let obs = observations(t * e, 4);
         let mut out = ActOutput::default();
-        worker.policy().act(&obs, ActMode::Explore, &mut out).unwrap();
+        worker.policy().act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
         let mut truncated = vec![false; t * e];
         truncated[e + 1] = true;
         let chunk = Chunk {

@@ -16,7 +16,7 @@
 //! The final and bootstrap observations are kept so that a learner whose parameters moved on since the
 //! rollout was collected can recompute every `V(x_{t+1})` with its own ([`Rollout::next_values_under`]), as
 //! the V-trace correction does ([`crate::vtrace`]).
-use flotilla_core::Chunk;
+use flotilla_core::{Chunk, DType, ObsBuf, ObsRef};
 
 use crate::algorithm::Transition;
 use crate::checkpoint::Checkpoint;
@@ -34,8 +34,8 @@ pub struct Rollout {
     pub obs_dim: usize,
     /// Action size: 1 for discrete actions (stored as f32 indices), `D` for continuous ones.
     pub act_dim: usize,
-    /// Observations the policy acted on.
-    pub obs: Vec<f32>,
+    /// Observations the policy acted on, in the dtype they came in (frames stay u8).
+    pub obs: ObsBuf,
     /// Actions as sampled (continuous actions before clipping to the bounds).
     pub actions: Vec<f32>,
     /// Behaviour log-probabilities of `actions`.
@@ -56,11 +56,11 @@ pub struct Rollout {
     pub returns: Vec<f32>,
     /// True final observations of the steps cut by a time limit (`truncated` and not `terminated`), `obs_dim`
     /// values each, row `k` belonging to transition `final_obs_steps[k]`.
-    pub final_obs: Vec<f32>,
+    pub final_obs: ObsBuf,
     /// The transition index (`t · n_envs + env`) of each row of `final_obs`.
     pub final_obs_steps: Vec<usize>,
     /// The observations after the rollout's last step, `n_envs × obs_dim` (empty until set).
-    pub bootstrap_obs: Vec<f32>,
+    pub bootstrap_obs: ObsBuf,
     steps: usize,
 }
 
@@ -73,7 +73,7 @@ impl Rollout {
             n_steps,
             obs_dim,
             act_dim,
-            obs: Vec::with_capacity(n * obs_dim),
+            obs: ObsBuf::with_capacity(DType::F32, n * obs_dim),
             actions: Vec::with_capacity(n * act_dim),
             log_probs: Vec::with_capacity(n),
             values: Vec::with_capacity(n),
@@ -83,24 +83,19 @@ impl Rollout {
             next_values: vec![0.0; n],
             advantages: vec![0.0; n],
             returns: vec![0.0; n],
-            final_obs: Vec::new(),
+            final_obs: ObsBuf::empty(DType::F32),
             final_obs_steps: Vec::new(),
-            bootstrap_obs: Vec::with_capacity(n_envs * obs_dim),
+            bootstrap_obs: ObsBuf::with_capacity(DType::F32, n_envs * obs_dim),
             steps: 0,
         }
     }
 
     /// Forget the stored transitions, keeping the allocations.
     pub fn clear(&mut self) {
-        for v in [
-            &mut self.obs,
-            &mut self.actions,
-            &mut self.log_probs,
-            &mut self.values,
-            &mut self.rewards,
-            &mut self.final_obs,
-            &mut self.bootstrap_obs,
-        ] {
+        for v in [&mut self.actions, &mut self.log_probs, &mut self.values, &mut self.rewards] {
+            v.clear();
+        }
+        for v in [&mut self.obs, &mut self.final_obs, &mut self.bootstrap_obs] {
             v.clear();
         }
         self.final_obs_steps.clear();
@@ -125,7 +120,7 @@ impl Rollout {
     }
 
     /// Record what the policy saw and did at the current step.
-    pub fn push_policy(&mut self, obs: &[f32], actions: &[f32], log_probs: &[f32], values: &[f32]) -> Result<()> {
+    pub fn push_policy(&mut self, obs: ObsRef<'_>, actions: &[f32], log_probs: &[f32], values: &[f32]) -> Result<()> {
         check_len("rollout observations", obs.len(), self.n_envs * self.obs_dim)?;
         check_len("rollout actions", actions.len(), self.n_envs * self.act_dim)?;
         check_len("rollout log-probs", log_probs.len(), self.n_envs)?;
@@ -137,7 +132,7 @@ impl Rollout {
                 expected: self.n_steps,
             });
         }
-        self.obs.extend_from_slice(obs);
+        append("rollout observations", &mut self.obs, obs)?;
         self.actions.extend_from_slice(actions);
         self.log_probs.extend_from_slice(log_probs);
         self.values.extend_from_slice(values);
@@ -165,7 +160,7 @@ impl Rollout {
 
     /// Keep the true final observation of env `env`, truncated at the step just pushed (the observation
     /// [`Rollout::set_final_value`] gave the value of), so that its value can be recomputed later.
-    pub fn set_final_obs(&mut self, env: usize, obs: &[f32]) -> Result<()> {
+    pub fn set_final_obs(&mut self, env: usize, obs: ObsRef<'_>) -> Result<()> {
         check_len("rollout final observation", obs.len(), self.obs_dim)?;
         if self.steps == 0 || env >= self.n_envs {
             return Err(Error::BadLength {
@@ -176,21 +171,24 @@ impl Rollout {
         }
         let i = (self.steps - 1) * self.n_envs + env;
         match self.final_obs_steps.iter().position(|&j| j == i) {
-            Some(k) => self.final_obs[k * self.obs_dim..(k + 1) * self.obs_dim].copy_from_slice(obs),
+            Some(k) => {
+                if !self.final_obs.write_at(k * self.obs_dim, obs) {
+                    return Err(dtype_mismatch("rollout final observation", &self.final_obs, obs));
+                }
+            }
             None => {
+                append("rollout final observation", &mut self.final_obs, obs)?;
                 self.final_obs_steps.push(i);
-                self.final_obs.extend_from_slice(obs);
             }
         }
         Ok(())
     }
 
     /// Keep the observations after the last step (the ones `finish`'s `last_values` are the values of).
-    pub fn set_bootstrap_obs(&mut self, obs: &[f32]) -> Result<()> {
+    pub fn set_bootstrap_obs(&mut self, obs: ObsRef<'_>) -> Result<()> {
         check_len("rollout bootstrap observations", obs.len(), self.n_envs * self.obs_dim)?;
         self.bootstrap_obs.clear();
-        self.bootstrap_obs.extend_from_slice(obs);
-        Ok(())
+        append("rollout bootstrap observations", &mut self.bootstrap_obs, obs)
     }
 
     /// `dones[i] = terminated[i] || truncated[i]`.
@@ -247,7 +245,7 @@ impl Rollout {
     pub fn next_values_under(
         &self,
         values: &[f32],
-        value_fn: impl FnOnce(&[f32]) -> Result<Vec<f32>>,
+        value_fn: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
     ) -> Result<Vec<f32>> {
         let n = self.len();
         check_len("rollout values to recompute next values from", values.len(), n)?;
@@ -284,9 +282,9 @@ impl Rollout {
         let mut next_values = vec![0.0; n];
         let mut rows = self.final_obs.clone();
         if need_bootstrap {
-            rows.extend_from_slice(&self.bootstrap_obs);
+            append("rollout bootstrap observations", &mut rows, self.bootstrap_obs.as_ref())?;
         }
-        let extra = if rows.is_empty() { Vec::new() } else { value_fn(&rows)? };
+        let extra = if rows.is_empty() { Vec::new() } else { value_fn(rows.as_ref())? };
         check_len("values of the final and bootstrap observations", extra.len(), rows.len() / self.obs_dim)?;
         let (final_values, last_values) = extra.split_at(needed);
         for (&i, &v) in self.final_obs_steps.iter().zip(final_values) {
@@ -302,16 +300,16 @@ impl Rollout {
     /// Save the stored transitions under `prefix` (shape and step count included).
     pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         for (name, v) in [
-            ("obs", &self.obs),
             ("actions", &self.actions),
             ("log_probs", &self.log_probs),
             ("values", &self.values),
             ("rewards", &self.rewards),
             ("next_values", &self.next_values),
-            ("final_obs", &self.final_obs),
-            ("bootstrap_obs", &self.bootstrap_obs),
         ] {
             c.put_f32(format!("{prefix}.{name}"), v);
+        }
+        for (name, v) in [("obs", &self.obs), ("final_obs", &self.final_obs), ("bootstrap_obs", &self.bootstrap_obs)] {
+            c.put_obs(format!("{prefix}.{name}"), v);
         }
         c.put_meta(format!("{prefix}.final_obs_steps"), &self.final_obs_steps)?;
         c.put_meta(format!("{prefix}.terminated"), &self.terminated)?;
@@ -330,14 +328,14 @@ impl Rollout {
             )));
         }
         self.steps = shape[4];
-        self.obs = c.take_f32(&format!("{prefix}.obs"))?;
+        self.obs = c.take_obs(&format!("{prefix}.obs"))?;
         self.actions = c.take_f32(&format!("{prefix}.actions"))?;
         self.log_probs = c.take_f32(&format!("{prefix}.log_probs"))?;
         self.values = c.take_f32(&format!("{prefix}.values"))?;
         self.rewards = c.take_f32(&format!("{prefix}.rewards"))?;
         self.next_values = c.take_f32(&format!("{prefix}.next_values"))?;
-        self.final_obs = c.take_f32(&format!("{prefix}.final_obs"))?;
-        self.bootstrap_obs = c.take_f32(&format!("{prefix}.bootstrap_obs"))?;
+        self.final_obs = c.take_obs(&format!("{prefix}.final_obs"))?;
+        self.bootstrap_obs = c.take_obs(&format!("{prefix}.bootstrap_obs"))?;
         self.final_obs_steps = c.meta(&format!("{prefix}.final_obs_steps"))?;
         self.terminated = c.meta(&format!("{prefix}.terminated"))?;
         self.truncated = c.meta(&format!("{prefix}.truncated"))?;
@@ -360,7 +358,11 @@ impl RolloutCollector {
     }
 
     /// Store one vectorised step; `values` computes `V` for a batch of observations.
-    pub fn observe(&mut self, step: &Transition<'_>, values: impl FnOnce(&[f32]) -> Result<Vec<f32>>) -> Result<()> {
+    pub fn observe(
+        &mut self,
+        step: &Transition<'_>,
+        values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
+    ) -> Result<()> {
         let r = &mut self.rollout;
         r.push_policy(step.obs, &step.act.actions, &step.act.log_probs, &step.act.values)?;
         r.push_outcome(step.rewards, step.terminated, step.truncated)?;
@@ -368,12 +370,15 @@ impl RolloutCollector {
         let d = r.obs_dim;
         let cut: Vec<usize> = (0..r.n_envs).filter(|&i| step.truncated[i] && !step.terminated[i]).collect();
         if !cut.is_empty() {
-            let rows: Vec<f32> = cut.iter().flat_map(|&i| step.next_obs[i * d..(i + 1) * d].iter().copied()).collect();
-            for (&i, v) in cut.iter().zip(values(&rows)?) {
+            let mut rows = ObsBuf::with_capacity(step.next_obs.dtype(), cut.len() * d);
+            for &i in &cut {
+                append("final observations", &mut rows, step.next_obs.slice(i * d..(i + 1) * d))?;
+            }
+            for (&i, v) in cut.iter().zip(values(rows.as_ref())?) {
                 r.set_final_value(i, v);
             }
             for (k, &i) in cut.iter().enumerate() {
-                r.set_final_obs(i, &rows[k * d..(k + 1) * d])?;
+                r.set_final_obs(i, rows.slice(k * d..(k + 1) * d))?;
             }
         }
         if r.is_full() {
@@ -387,8 +392,8 @@ impl RolloutCollector {
     /// written once, straight from the chunks; the true final observations of truncated episodes are kept
     /// and `V` of all of them is computed in one batched call (`values`). The rollout must be empty; then
     /// [`RolloutCollector::finish`] computes the targets. Chunks carry behaviour log-probs and values (a
-    /// learner validates them on arrival); u8 frames are converted to f32.
-    pub fn push_chunks(&mut self, chunks: &[Chunk], values: impl FnOnce(&[f32]) -> Result<Vec<f32>>) -> Result<()> {
+    /// learner validates them on arrival); observations keep their dtype (frames stay u8).
+    pub fn push_chunks(&mut self, chunks: &[Chunk], values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>) -> Result<()> {
         let r = &mut self.rollout;
         if r.steps != 0 {
             return Err(Error::BadLength {
@@ -420,7 +425,7 @@ impl RolloutCollector {
         for t in 0..r.n_steps {
             for (k, (c, cursor)) in chunks.iter().zip(&mut cursors).enumerate() {
                 let rows = t * e..(t + 1) * e;
-                c.obs.extend_f32(rows.start * d..rows.end * d, &mut r.obs);
+                append("chunk observations", &mut r.obs, c.obs.slice(rows.start * d..rows.end * d))?;
                 r.actions.extend_from_slice(&c.actions[rows.start * a..rows.end * a]);
                 r.log_probs.extend_from_slice(&c.log_probs[rows.clone()]);
                 r.values.extend_from_slice(&c.values[rows.clone()]);
@@ -435,19 +440,20 @@ impl RolloutCollector {
                     }
                     if c.truncated[i] && !c.terminated[i] {
                         r.final_obs_steps.push(t * r.n_envs + k * e + (i - rows.start));
-                        c.final_obs.extend_f32(*cursor * d..(*cursor + 1) * d, &mut r.final_obs);
+                        let row = c.final_obs.slice(*cursor * d..(*cursor + 1) * d);
+                        append("chunk final observations", &mut r.final_obs, row)?;
                     }
                     *cursor += 1;
                 }
             }
         }
         for c in chunks {
-            c.bootstrap_obs.extend_f32(0..e * d, &mut r.bootstrap_obs);
+            append("chunk bootstrap observations", &mut r.bootstrap_obs, c.bootstrap_obs.as_ref())?;
         }
         debug_assert_eq!(r.rewards.len(), n);
         // Bootstrap truncated episodes from their true final observations, in one batched call.
         if !r.final_obs_steps.is_empty() {
-            let final_values = values(&r.final_obs)?;
+            let final_values = values(r.final_obs.as_ref())?;
             check_len("values of the final observations", final_values.len(), r.final_obs_steps.len())?;
             for (&i, v) in r.final_obs_steps.iter().zip(final_values) {
                 r.next_values[i] = v;
@@ -462,14 +468,14 @@ impl RolloutCollector {
     /// [`RolloutCollector::recycle`] to reuse its buffers). `None` while it is still filling.
     pub fn finish(
         &mut self,
-        values: impl FnOnce(&[f32]) -> Result<Vec<f32>>,
+        values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
         gamma: f32,
         lambda: f32,
     ) -> Result<Option<Rollout>> {
         if !self.rollout.is_full() {
             return Ok(None);
         }
-        let last_values = values(&self.rollout.bootstrap_obs)?;
+        let last_values = values(self.rollout.bootstrap_obs.as_ref())?;
         let empty = Rollout::new(self.rollout.n_envs, self.rollout.n_steps, self.rollout.obs_dim, self.rollout.act_dim);
         let mut rollout = std::mem::replace(&mut self.rollout, empty);
         rollout.finish(&last_values, gamma, lambda)?;
@@ -493,6 +499,23 @@ impl RolloutCollector {
     }
 }
 
+/// Append `obs` to `buf`; an empty buffer takes the dtype of what it is given (a rollout holds whatever its
+/// env produces), a non-empty one refuses another dtype.
+fn append(what: &str, buf: &mut ObsBuf, obs: ObsRef<'_>) -> Result<()> {
+    if buf.is_empty() && buf.dtype() != obs.dtype() {
+        *buf = ObsBuf::with_capacity(obs.dtype(), obs.len());
+    }
+    if buf.extend(obs) { Ok(()) } else { Err(dtype_mismatch(what, buf, obs)) }
+}
+
+fn dtype_mismatch(what: &str, buf: &ObsBuf, obs: ObsRef<'_>) -> Error {
+    Error::BadLength {
+        what: format!("{what}: {:?} values into a rollout holding {:?}", obs.dtype(), buf.dtype()),
+        got: obs.len(),
+        expected: 0,
+    }
+}
+
 fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
     if got == expected { Ok(()) } else { Err(Error::BadLength { what: what.to_string(), got, expected }) }
 }
@@ -505,10 +528,10 @@ mod tests {
     fn next_values_follow_time_and_truncation() {
         // 2 envs × 2 steps; env 1 is truncated at step 0 with V(final obs) = 7.
         let mut r = Rollout::new(2, 2, 1, 1);
-        r.push_policy(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[1.0, 2.0]).unwrap();
+        r.push_policy(ObsRef::F32(&[0.0, 0.0]), &[0.0, 1.0], &[0.0, 0.0], &[1.0, 2.0]).unwrap();
         r.push_outcome(&[1.0, 1.0], &[false, false], &[false, true]).unwrap();
         r.set_final_value(1, 7.0);
-        r.push_policy(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).unwrap();
+        r.push_policy(ObsRef::F32(&[0.0, 0.0]), &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).unwrap();
         r.push_outcome(&[1.0, 1.0], &[true, false], &[false, false]).unwrap();
         assert!(r.is_full());
         r.finish(&[5.0, 6.0], 1.0, 1.0).unwrap();
@@ -519,7 +542,10 @@ mod tests {
         // env 0: step 1 terminated => Â = 1 - 3 = -2; step 0 => δ = 1 + 3 - 1 = 3, Â = 3 + (-2) = 1.
         assert_eq!(r.advantages[2], -2.0);
         assert_eq!(r.advantages[0], 1.0);
-        assert!(r.push_policy(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).is_err(), "full buffer refuses");
+        assert!(
+            r.push_policy(ObsRef::F32(&[0.0, 0.0]), &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).is_err(),
+            "full buffer refuses"
+        );
         assert!(matches!(r.finish(&[1.0], 1.0, 1.0), Err(Error::BadLength { .. })));
     }
 
@@ -527,13 +553,13 @@ mod tests {
     /// step 1, bootstrap observations (5, 6).
     fn cut_rollout() -> Rollout {
         let mut r = Rollout::new(2, 2, 1, 1);
-        r.push_policy(&[1.0, 2.0], &[0.0, 1.0], &[-0.1, -0.2], &[1.0, 2.0]).unwrap();
+        r.push_policy(ObsRef::F32(&[1.0, 2.0]), &[0.0, 1.0], &[-0.1, -0.2], &[1.0, 2.0]).unwrap();
         r.push_outcome(&[1.0, 1.0], &[false, false], &[false, true]).unwrap();
         r.set_final_value(1, 7.0);
-        r.set_final_obs(1, &[9.0]).unwrap();
-        r.push_policy(&[3.0, 4.0], &[0.0, 1.0], &[-0.3, -0.4], &[3.0, 4.0]).unwrap();
+        r.set_final_obs(1, ObsRef::F32(&[9.0])).unwrap();
+        r.push_policy(ObsRef::F32(&[3.0, 4.0]), &[0.0, 1.0], &[-0.3, -0.4], &[3.0, 4.0]).unwrap();
         r.push_outcome(&[1.0, 1.0], &[true, false], &[false, false]).unwrap();
-        r.set_bootstrap_obs(&[5.0, 6.0]).unwrap();
+        r.set_bootstrap_obs(ObsRef::F32(&[5.0, 6.0])).unwrap();
         r
     }
 
@@ -545,8 +571,8 @@ mod tests {
         let next = r
             .next_values_under(&[10.0, 20.0, 30.0, 40.0], |rows| {
                 calls += 1;
-                assert_eq!(rows, [9.0, 5.0, 6.0], "final observations, then the bootstrap ones");
-                Ok(rows.iter().map(|x| 100.0 * x).collect())
+                assert_eq!(rows, ObsRef::F32(&[9.0, 5.0, 6.0]), "final observations, then the bootstrap ones");
+                Ok(rows.as_f32().unwrap().iter().map(|x| 100.0 * x).collect())
             })
             .unwrap();
         assert_eq!(calls, 1);
@@ -556,13 +582,13 @@ mod tests {
         let mut bare = r.clone();
         bare.final_obs.clear();
         bare.final_obs_steps.clear();
-        let e = bare.next_values_under(&[0.0; 4], |rows| Ok(rows.to_vec())).unwrap_err().to_string();
+        let e = bare.next_values_under(&[0.0; 4], |rows| Ok(vec![0.0; rows.len()])).unwrap_err().to_string();
         assert!(e.contains("set_final_obs"), "{e}");
         let mut bare = r.clone();
         bare.bootstrap_obs.clear();
-        let e = bare.next_values_under(&[0.0; 4], |rows| Ok(rows.to_vec())).unwrap_err().to_string();
+        let e = bare.next_values_under(&[0.0; 4], |rows| Ok(vec![0.0; rows.len()])).unwrap_err().to_string();
         assert!(e.contains("set_bootstrap_obs"), "{e}");
-        assert!(r.clone().set_final_obs(2, &[0.0]).is_err(), "no env 2");
+        assert!(r.clone().set_final_obs(2, ObsRef::F32(&[0.0])).is_err(), "no env 2");
     }
 
     #[test]
@@ -573,8 +599,8 @@ mod tests {
         let mut back = Rollout::new(2, 2, 1, 1);
         back.read_from(&mut c, "rollout").unwrap();
         assert!(back.is_full());
-        assert_eq!((back.final_obs.clone(), back.final_obs_steps.clone()), (vec![9.0], vec![1]));
-        assert_eq!(back.bootstrap_obs, vec![5.0, 6.0]);
+        assert_eq!((back.final_obs.clone(), back.final_obs_steps.clone()), (ObsBuf::F32(vec![9.0]), vec![1]));
+        assert_eq!(back.bootstrap_obs, ObsBuf::F32(vec![5.0, 6.0]));
         assert_eq!((back.obs.clone(), back.log_probs.clone()), (r.obs.clone(), r.log_probs.clone()));
         back.clear();
         assert!(back.final_obs.is_empty() && back.final_obs_steps.is_empty() && back.bootstrap_obs.is_empty());
@@ -612,7 +638,7 @@ mod tests {
     #[test]
     fn chunks_fill_the_rollout_as_the_same_steps_observed_one_by_one() {
         let chunks = two_chunks();
-        let value = |rows: &[f32]| Ok(rows.iter().map(|x| 10.0 * x).collect::<Vec<f32>>());
+        let value = |rows: ObsRef<'_>| Ok(rows.as_f32().unwrap().iter().map(|x| 10.0 * x).collect::<Vec<f32>>());
         let mut from_chunks = RolloutCollector::new(4, 3, 1, 1);
         let mut calls = 0;
         from_chunks
@@ -632,7 +658,7 @@ mod tests {
                 let r = t * 2..t * 2 + 2;
                 c.obs.extend_f32(r.clone(), &mut obs);
                 for e in 0..2 {
-                    c.next_obs_into(t, e, 1, cursor, &mut next_obs);
+                    next_obs.extend_from_slice(c.next_obs(t, e, 1, cursor).as_f32().unwrap());
                 }
                 act.actions.extend_from_slice(&c.actions[r.clone()]);
                 act.log_probs.extend_from_slice(&c.log_probs[r.clone()]);
@@ -642,12 +668,12 @@ mod tests {
                 truncated.extend_from_slice(&c.truncated[r]);
             }
             let step = Transition {
-                obs: &obs,
+                obs: ObsRef::F32(&obs),
                 act: &act,
                 rewards: &rewards,
                 terminated: &terminated,
                 truncated: &truncated,
-                next_obs: &next_obs,
+                next_obs: ObsRef::F32(&next_obs),
             };
             by_step.observe(&step, value).unwrap();
         }
@@ -656,7 +682,7 @@ mod tests {
         assert_eq!(a.obs, b.obs);
         assert_eq!((a.actions.clone(), a.log_probs.clone(), a.values.clone()), (b.actions, b.log_probs, b.values));
         assert_eq!((a.terminated.clone(), a.truncated.clone()), (b.terminated, b.truncated));
-        assert_eq!((a.final_obs.clone(), a.final_obs_steps.clone()), (vec![90.0, 92.0], vec![1, 11]));
+        assert_eq!((a.final_obs.clone(), a.final_obs_steps.clone()), (ObsBuf::F32(vec![90.0, 92.0]), vec![1, 11]));
         assert_eq!((a.final_obs.clone(), a.final_obs_steps.clone()), (b.final_obs, b.final_obs_steps));
         assert_eq!(a.next_values, b.next_values);
         assert_eq!(a.advantages, b.advantages);
@@ -665,7 +691,7 @@ mod tests {
         let mut collector = RolloutCollector::new(4, 3, 1, 1);
         assert!(collector.push_chunks(&chunks[..1], value).is_err());
         // A push that fails half-way (here: the value function) leaves nothing behind: the next one works.
-        let failing = |_: &[f32]| Err(Error::NonFinite("value function failed".into()));
+        let failing = |_: ObsRef<'_>| Err(Error::NonFinite("value function failed".into()));
         assert!(collector.push_chunks(&chunks, failing).is_err());
         collector.push_chunks(&chunks, value).unwrap();
         assert!(collector.push_chunks(&chunks, value).is_err(), "already full");

@@ -32,7 +32,7 @@
 //! `charts/gradient_steps` (critic updates in this call).
 use std::path::Path;
 
-use flotilla_core::Space;
+use flotilla_core::{ObsRef, Space};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
@@ -46,7 +46,7 @@ use crate::checkpoint::Checkpoint;
 use crate::host_mlp::HostScratch;
 use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
-use crate::policy::{ActMode, ActOutput, Policy};
+use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::replay::{Experience, ReplayBuffer, ReplaySample};
 use crate::{Error, Metrics, Result};
 
@@ -518,11 +518,11 @@ impl Policy for Td3 {
     }
 
     /// `π(obs)` scaled to the bounds; with `Explore`, plus noise (uniformly random before `learning_starts`).
-    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         let explore = mode == ActMode::Explore;
         let random = explore && self.counters.env_steps < self.config.learning_starts;
         let noise = explore.then_some(&mut self.noise);
-        self.pi.act(&self.actor, obs, random, noise, &mut self.rng, &mut self.host, out)
+        self.pi.act(&self.actor, f32_obs("td3", obs)?, random, noise, &mut self.rng, &mut self.host, out)
     }
 }
 
@@ -546,16 +546,17 @@ impl Algorithm for Td3 {
             }
         }
         let gamma = self.config.gamma as f32;
+        let (obs, next_obs) = (f32_obs("td3", step.obs)?, f32_obs("td3", step.next_obs)?);
         for i in 0..n {
             let action = &step.act.actions[i * ad..(i + 1) * ad];
             for (((s, a), l), h) in self.scaled.iter_mut().zip(action).zip(&self.pi.low).zip(&self.pi.high) {
                 *s = scale_action(*a, *l, *h).clamp(-1.0, 1.0);
             }
             self.replay.push(&Experience {
-                obs: &step.obs[i * od..(i + 1) * od],
+                obs: &obs[i * od..(i + 1) * od],
                 action: &self.scaled,
                 reward: step.rewards[i],
-                next_obs: &step.next_obs[i * od..(i + 1) * od],
+                next_obs: &next_obs[i * od..(i + 1) * od],
                 terminated: step.terminated[i],
                 discount: gamma,
             })?;
@@ -790,11 +791,11 @@ impl Policy for Td3Policy {
         self.pi.act_dim
     }
 
-    fn act(&mut self, obs: &[f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         let explore = mode == ActMode::Explore;
         let random = explore && self.learner_env_steps < self.learning_starts;
         let noise = explore.then_some(&mut self.noise);
-        self.pi.act(&self.params, obs, random, noise, &mut self.rng, &mut self.host, out)
+        self.pi.act(&self.params, f32_obs("td3", obs)?, random, noise, &mut self.rng, &mut self.host, out)
     }
 }
 
@@ -847,7 +848,7 @@ mod tests {
             let mut out = ActOutput::default();
             let mut metrics = Vec::new();
             for _ in 0..steps {
-                agent.act(&self.obs, ActMode::Explore, &mut out).unwrap();
+                agent.act(ObsRef::F32(&self.obs), ActMode::Explore, &mut out).unwrap();
                 let rewards: Vec<f32> = out.actions.iter().map(|a| -(a.clamp(-1.0, 2.0) - OPTIMUM).powi(2)).collect();
                 self.t += 1;
                 let end = self.t.is_multiple_of(self.episode);
@@ -855,12 +856,12 @@ mod tests {
                 let truncated = vec![end && !self.terminal; self.n_envs];
                 let next_obs = self.draw();
                 let step = Transition {
-                    obs: &self.obs,
+                    obs: ObsRef::F32(&self.obs),
                     act: &out,
                     rewards: &rewards,
                     terminated: &terminated,
                     truncated: &truncated,
-                    next_obs: &next_obs,
+                    next_obs: ObsRef::F32(&next_obs),
                 };
                 agent.observe(&step).unwrap();
                 let progress = Progress { env_steps: agent.counters.env_steps, total_env_steps: total };
@@ -919,19 +920,19 @@ mod tests {
         let config = Td3Config { learning_starts: 0, noise_type: NoiseType::None, ..tiny_td3() };
         let mut agent = Td3::td3(&obs_space, &act_space, 1, config, Device::Cpu, 0).unwrap();
         let mut out = ActOutput::default();
-        agent.act(&[0.7], ActMode::Deterministic, &mut out).unwrap();
+        agent.act(ObsRef::F32(&[0.7]), ActMode::Deterministic, &mut out).unwrap();
         let raw = tch::no_grad(|| agent.policy(&agent.actor, &Tensor::from_slice(&[0.7f32]).view([1, 1])));
         let raw = Vec::<f32>::try_from(raw.flatten(0, -1)).unwrap();
         assert!((out.actions[0] - 2.0 * raw[0]).abs() < 1e-6, "{:?} vs {raw:?}", out.actions);
         assert!((out.actions[1] - 5.0 * (raw[1] + 1.0)).abs() < 1e-5, "{:?} vs {raw:?}", out.actions);
-        agent.act(&[0.7], ActMode::Explore, &mut out).unwrap();
+        agent.act(ObsRef::F32(&[0.7]), ActMode::Explore, &mut out).unwrap();
         let step = Transition {
-            obs: &[0.7],
+            obs: ObsRef::F32(&[0.7]),
             act: &out,
             rewards: &[0.0],
             terminated: &[false],
             truncated: &[false],
-            next_obs: &[0.1],
+            next_obs: ObsRef::F32(&[0.1]),
         };
         agent.observe(&step).unwrap();
         let stored = agent.replay.get(0).unwrap().action;
@@ -947,7 +948,7 @@ mod tests {
         let mut out = ActOutput::default();
         let mut warm_up = Vec::new();
         for _ in 0..32 {
-            agent.act(&env.obs, ActMode::Explore, &mut out).unwrap();
+            agent.act(ObsRef::F32(&env.obs), ActMode::Explore, &mut out).unwrap();
             warm_up.extend_from_slice(&out.actions);
             env.drive(&mut agent, 1, 1_000);
         }
@@ -956,12 +957,12 @@ mod tests {
         assert!((mean - 0.5).abs() < 0.25, "uniform over [−1, 2]: mean {mean}");
         env.drive(&mut agent, 64, 1_000);
         for _ in 0..50 {
-            agent.act(&env.obs, ActMode::Explore, &mut out).unwrap();
+            agent.act(ObsRef::F32(&env.obs), ActMode::Explore, &mut out).unwrap();
             assert!(out.actions.iter().all(|a| (-1.0..=2.0).contains(a)), "{:?}", out.actions);
         }
         let mut det = ActOutput::default();
-        agent.act(&env.obs, ActMode::Deterministic, &mut det).unwrap();
-        agent.act(&env.obs, ActMode::Explore, &mut out).unwrap();
+        agent.act(ObsRef::F32(&env.obs), ActMode::Deterministic, &mut det).unwrap();
+        agent.act(ObsRef::F32(&env.obs), ActMode::Explore, &mut out).unwrap();
         assert_ne!(det.actions, out.actions, "exploration adds noise");
     }
 
@@ -972,7 +973,7 @@ mod tests {
         let mut agent = Td3::td3(&obs_space, &act_space, 2, config, Device::Cpu, 1).unwrap();
         let obs: Vec<f32> = (0..2 * agent.obs_dim).map(|i| 0.3 * i as f32 - 0.5).collect();
         let mut out = ActOutput::default();
-        agent.act(&obs, ActMode::Deterministic, &mut out).unwrap();
+        agent.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut out).unwrap();
         let x = Tensor::from_slice(&obs).view([2, agent.obs_dim as i64]);
         let want = Vec::<f32>::try_from(agent.policy(&agent.actor, &x).flatten(0, -1)).unwrap();
         assert_eq!(out.actions.len(), want.len());
@@ -1057,7 +1058,7 @@ mod tests {
             env.drive(&mut agent, 1_500, 1_500);
             let obs = env.draw();
             let mut out = ActOutput::default();
-            agent.act(&obs, ActMode::Deterministic, &mut out).unwrap();
+            agent.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut out).unwrap();
             assert!((out.actions[0] - OPTIMUM).abs() < 0.1, "{}: action {:?}", agent.name(), out.actions);
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use flotilla_actors::{ActorFactory, ActorOptions, ActorReport, Connector, run_actor};
 use flotilla_algorithms::dqn::apex_epsilon;
 use flotilla_algorithms::{Acting, ActingSetup};
-use flotilla_envs::VecEnv;
+use flotilla_envs::{EnvRole, VectorEnv, make_vector};
 use flotilla_learner::config::{ExperimentConfig, MAX_RECONNECT_SECS};
 use flotilla_transport::grpc::{GrpcClient, Limits};
 use flotilla_transport::{LearnerClient, Registered, RunInfo};
@@ -34,15 +34,20 @@ fn setup<E: std::fmt::Display>(e: E) -> flotilla_actors::Error {
 }
 
 impl ActorFactory for ConfigFactory {
-    fn envs(&mut self, run: &RunInfo) -> flotilla_actors::Result<VecEnv> {
+    fn envs(&mut self, run: &RunInfo) -> flotilla_actors::Result<Box<dyn VectorEnv>> {
         tch::set_num_threads(1);
         let config = self.config(run)?;
         let plan = config.plan(config.actors.count).map_err(setup)?;
         let kwargs = config.env.registry_kwargs().map_err(setup)?;
-        Ok(VecEnv::make(&config.env.id, &kwargs, plan.envs_per_actor)?)
+        Ok(make_vector(&config.env.id, &kwargs, plan.envs_per_actor, EnvRole::Training)?)
     }
 
-    fn acting(&mut self, run: &RunInfo, registered: &Registered, envs: &VecEnv) -> flotilla_actors::Result<Acting> {
+    fn acting(
+        &mut self,
+        run: &RunInfo,
+        registered: &Registered,
+        envs: &dyn VectorEnv,
+    ) -> flotilla_actors::Result<Acting> {
         let config = self.config(run)?;
         let a = &config.actors;
         // Ape-X: slot i of N explores with at least ε_i (ε-greedy policies; the others ignore it).

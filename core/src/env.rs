@@ -22,6 +22,14 @@ pub enum Obs {
 }
 
 impl Obs {
+    /// The elements, borrowed, in their own dtype.
+    pub fn as_ref(&self) -> crate::ObsRef<'_> {
+        match self {
+            Obs::F32(v) => crate::ObsRef::F32(v),
+            Obs::U8(v) => crate::ObsRef::U8(v),
+        }
+    }
+
     /// The f32 elements, if this is an f32 observation.
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self {

@@ -8,12 +8,14 @@
 
 mod env;
 mod error;
+mod obs;
 mod snapshot;
 mod space;
 mod trajectory;
 
 pub use env::{Action, Env, Info, Obs, Step};
 pub use error::{Error, Result};
+pub use obs::{ObsBuf, ObsRef};
 pub use snapshot::EnvSnapshot;
 pub use space::{DType, Space};
-pub use trajectory::{Chunk, ChunkSpec, EpisodeStats, Gradient, ObsBuf, Params, Versioned};
+pub use trajectory::{Chunk, ChunkSpec, EpisodeStats, Gradient, Params, Versioned};

@@ -12,47 +12,8 @@
 //! names the field, the index and what was wrong.
 use std::sync::Arc;
 
+use crate::obs::{ObsBuf, ObsRef};
 use crate::space::{DType, Space};
-
-/// Observation storage: image frames stay `u8` end to end; everything else is `f32`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ObsBuf {
-    /// 32-bit floats.
-    F32(Vec<f32>),
-    /// Bytes (image frames).
-    U8(Vec<u8>),
-}
-
-impl ObsBuf {
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            ObsBuf::F32(_) => DType::F32,
-            ObsBuf::U8(_) => DType::U8,
-        }
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            ObsBuf::F32(v) => v.len(),
-            ObsBuf::U8(v) => v.len(),
-        }
-    }
-
-    /// Whether there are no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The values as f32 (u8 frames converted), appended to `out`.
-    pub fn extend_f32(&self, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
-        match self {
-            ObsBuf::F32(v) => out.extend_from_slice(&v[range]),
-            ObsBuf::U8(v) => out.extend(v[range].iter().map(|&b| f32::from(b))),
-        }
-    }
-}
 
 /// One finished episode, reported by the vectorised step that ended it (`VecEnv`) and carried in the chunk
 /// that holds that step.
@@ -251,20 +212,20 @@ impl Chunk {
         Ok(())
     }
 
-    /// The observation that truly followed step `t` of env `e`, appended as f32 to `out`: the final
-    /// observation where an episode ended there, else the next step's (or the bootstrap) observation.
-    /// `final_cursor` walks `final_index` and must start at 0 for a pass in increasing `t · E + e` order.
-    pub fn next_obs_into(&self, t: usize, e: usize, obs_dim: usize, final_cursor: &mut usize, out: &mut Vec<f32>) {
+    /// The observation that truly followed step `t` of env `e`, in the chunk's dtype: the final observation
+    /// where an episode ended there, else the next step's (or the bootstrap) observation. `final_cursor` walks
+    /// `final_index` and must start at 0 for a pass in increasing `t · E + e` order.
+    pub fn next_obs(&self, t: usize, e: usize, obs_dim: usize, final_cursor: &mut usize) -> ObsRef<'_> {
         let i = t * self.n_envs + e;
         if self.final_index.get(*final_cursor) == Some(&(i as u32)) {
             let k = *final_cursor;
             *final_cursor += 1;
-            self.final_obs.extend_f32(k * obs_dim..(k + 1) * obs_dim, out);
+            self.final_obs.slice(k * obs_dim..(k + 1) * obs_dim)
         } else if t + 1 < self.n_steps {
             let j = i + self.n_envs;
-            self.obs.extend_f32(j * obs_dim..(j + 1) * obs_dim, out);
+            self.obs.slice(j * obs_dim..(j + 1) * obs_dim)
         } else {
-            self.bootstrap_obs.extend_f32(e * obs_dim..(e + 1) * obs_dim, out);
+            self.bootstrap_obs.slice(e * obs_dim..(e + 1) * obs_dim)
         }
     }
 }
@@ -391,7 +352,7 @@ mod tests {
         let mut cursor = 0;
         for t in 0..2 {
             for e in 0..2 {
-                c.next_obs_into(t, e, 1, &mut cursor, &mut out);
+                c.next_obs(t, e, 1, &mut cursor).to_f32(&mut out);
             }
         }
         assert_eq!(out, vec![1.0, 11.0, 2.0, 21.0]);

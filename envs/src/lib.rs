@@ -77,4 +77,7 @@ pub use mountain_car_continuous::{MountainCarContinuous, MountainCarContinuousCo
 pub use pendulum::{Pendulum, PendulumConfig, PendulumState, angle_normalize};
 pub use registry::{BackendMaker, EnvSpec, make, make_buffered, register_backend, registered, spec};
 pub use time_limit::TimeLimit;
-pub use vec_env::{EpisodeStats, VecActions, VecEnv, VecEnvSnapshot, VecStep};
+pub use vec_env::{
+    EnvRole, EpisodeStats, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv, VectorMaker, make_vector,
+    register_vector_backend,
+};

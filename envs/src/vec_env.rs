@@ -21,17 +21,23 @@
 //! Auto-resets call `reset(None)`, continuing each env's own stream, so `reset(Some(seed))` (env `i`
 //! gets `seed + i`) fixes every later episode too. The step path allocates nothing: buffers are owned
 //! by the `VecEnv` and reused, and envs write into them through [`BufferedEnv`].
-//! Only f32 observations are batched for now; envs with u8 (image) observation spaces are rejected
-//! with [`Error::Unsupported`] at construction.
+//! Observations are batched in the observation space's dtype ([`ObsBuf`]): f32 rows for classic control, u8
+//! rows for image envs (those step through [`Env::step`] and are copied once into the batch).
+//!
+//! [`VectorEnv`] is the contract itself, so that a batch stepped elsewhere (ale-py's C++ `AtariVectorEnv`,
+//! in flotilla-envs-python) is used by trainers and actors exactly as a [`VecEnv`] is; [`make_vector`]
+//! builds either from an id.
 //!
 //! [`VecEnv::snapshot`] and [`VecEnv::restore`] save and put back the whole batch — each env's
 //! [`EnvSnapshot`], the current observations and the running episodes' returns and lengths — so that a
 //! resumed run steps on bit for bit, episode statistics included.
 
-use flotilla_core::{Action, DType, Env, EnvSnapshot, Error, Result, Space};
+use flotilla_core::{Action, DType, Env, EnvSnapshot, Error, Obs, ObsBuf, ObsRef, Result, Space};
 use serde::{Deserialize, Serialize};
 
-use crate::buffered::{BoxedEnv, BufferedEnv};
+use std::ops::Range;
+
+use crate::buffered::{BoxedEnv, BufferedEnv, StepOutcome};
 use crate::kwargs::Kwargs;
 use crate::registry;
 use crate::snapshot::invalid;
@@ -67,11 +73,11 @@ pub struct VecEnvSnapshot {
     pub lengths: Vec<u64>,
 }
 
-/// A borrowed view of what the last [`VecEnv::step`] wrote.
+/// A borrowed view of what the last [`VectorEnv::step`] wrote.
 #[derive(Debug, Clone, Copy)]
 pub struct VecStep<'a> {
     /// `num_envs * obs_dim` observations; for envs that just finished, the first of the next episode.
-    pub obs: &'a [f32],
+    pub obs: ObsRef<'a>,
     /// One reward per env, rounded to f32 for the learner (episode returns are summed in f64).
     pub rewards: &'a [f32],
     /// Per env: the episode reached a terminal state (do not bootstrap).
@@ -80,33 +86,106 @@ pub struct VecStep<'a> {
     pub truncated: &'a [bool],
     /// Episodes that ended in this step.
     pub episodes: &'a [EpisodeStats],
-    final_obs: &'a [f32],
+    final_obs: ObsRef<'a>,
     has_final: &'a [bool],
     obs_dim: usize,
 }
 
 impl<'a> VecStep<'a> {
+    /// The view a [`VectorEnv`] returns from `step`. `final_obs` is `num_envs × obs_dim` like `obs`; only the
+    /// rows whose `has_final` is set are read (the true last observation of an episode that ended in this
+    /// step). Every per-env slice must have `obs.len() / obs_dim` entries.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        obs: ObsRef<'a>,
+        rewards: &'a [f32],
+        terminated: &'a [bool],
+        truncated: &'a [bool],
+        episodes: &'a [EpisodeStats],
+        final_obs: ObsRef<'a>,
+        has_final: &'a [bool],
+        obs_dim: usize,
+    ) -> Self {
+        debug_assert_eq!(obs.len(), rewards.len() * obs_dim);
+        debug_assert_eq!(final_obs.len(), obs.len());
+        VecStep { obs, rewards, terminated, truncated, episodes, final_obs, has_final, obs_dim }
+    }
+
     /// The true last observation of env `i`'s episode if it ended in this step.
-    pub fn final_obs(&self, i: usize) -> Option<&'a [f32]> {
+    pub fn final_obs(&self, i: usize) -> Option<ObsRef<'a>> {
         final_row(self.final_obs, self.has_final, self.obs_dim, i)
     }
 
     /// The observation that truly followed each env's action, into `out` (`num_envs × obs_dim`, replacing
     /// its contents): the final observation where an episode ended in this step (not the first of the next
     /// episode, which `obs` holds), else `obs`. This is the `next_obs` a learner bootstraps from.
-    pub fn true_next_obs(&self, out: &mut Vec<f32>) {
+    pub fn true_next_obs(&self, out: &mut ObsBuf) {
+        if out.dtype() != self.obs.dtype() {
+            *out = ObsBuf::with_capacity(self.obs.dtype(), self.obs.len());
+        }
         out.clear();
-        out.extend_from_slice(self.obs);
+        let same = out.extend(self.obs);
         for i in 0..self.terminated.len() {
             if let Some(last) = self.final_obs(i) {
-                out[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(last);
+                let same_row = out.write_at(i * self.obs_dim, last);
+                debug_assert!(same && same_row, "one dtype per batch");
             }
         }
     }
 }
 
-fn final_row<'a>(final_obs: &'a [f32], has_final: &[bool], dim: usize, i: usize) -> Option<&'a [f32]> {
-    if *has_final.get(i)? { final_obs.get(i * dim..(i + 1) * dim) } else { None }
+fn final_row<'a>(final_obs: ObsRef<'a>, has_final: &[bool], dim: usize, i: usize) -> Option<ObsRef<'a>> {
+    if *has_final.get(i)? && (i + 1) * dim <= final_obs.len() {
+        Some(final_obs.slice(i * dim..(i + 1) * dim))
+    } else {
+        None
+    }
+}
+
+/// Which side of a run an env batch serves. Most envs are the same for both; Atari's differ as CleanRL's and
+/// SB3's do: training ends an episode on each lost life and clips rewards to {−1, 0, 1}, evaluation plays
+/// whole games and scores them unclipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvRole {
+    /// Collecting experience to learn from.
+    Training,
+    /// Measuring the policy.
+    Evaluation,
+}
+
+/// N environments stepped in lock-step with same-step auto-reset (the contract in the module docs): what
+/// trainers, actors and evaluation step. [`VecEnv`] implements it over single envs; a backend with a
+/// batched engine of its own (ale-py's `AtariVectorEnv`) implements it directly.
+pub trait VectorEnv: Send {
+    /// Id of the envs.
+    fn id(&self) -> &str;
+    /// Number of envs.
+    fn num_envs(&self) -> usize;
+    /// Space of one env's observation (its dtype is the batch's).
+    fn observation_space(&self) -> &Space;
+    /// Space of one env's action.
+    fn action_space(&self) -> &Space;
+    /// Reset every env (env `i` with `seed + i`, or continuing its stream on `None`); returns the first
+    /// observations, `num_envs × obs_dim`.
+    fn reset(&mut self, seed: Option<u64>) -> Result<ObsRef<'_>>;
+    /// Step every env, auto-resetting those that finish. An invalid batch of actions is an error with no
+    /// effect.
+    fn step(&mut self, actions: &VecActions<'_>) -> Result<VecStep<'_>>;
+    /// The current observations.
+    fn obs(&self) -> ObsRef<'_>;
+    /// The batch's whole state for exact resume; [`Error::Unsupported`] where the envs cannot be saved.
+    fn snapshot(&self) -> Result<VecEnvSnapshot>;
+    /// Put back a [`VectorEnv::snapshot`].
+    fn restore(&mut self, snapshot: &VecEnvSnapshot) -> Result<()>;
+    /// The settings the envs run with, defaults filled in (e.g. Atari's sticky-action probability), for the
+    /// resolved config a run writes. Empty where the id and the given arguments say everything.
+    fn resolved_kwargs(&self) -> Kwargs {
+        Kwargs::new()
+    }
+    /// Elements of one observation.
+    fn obs_dim(&self) -> usize {
+        self.observation_space().flat_dim()
+    }
 }
 
 /// N environments with identical spaces, stepped in lock-step with same-step auto-reset (see the module
@@ -137,11 +216,11 @@ pub struct VecEnv {
     action_space: Space,
     obs_dim: usize,
     action_dim: usize,
-    obs: Vec<f32>,
+    obs: ObsBuf,
     rewards: Vec<f32>,
     terminated: Vec<bool>,
     truncated: Vec<bool>,
-    final_obs: Vec<f32>,
+    final_obs: ObsBuf,
     has_final: Vec<bool>,
     returns: Vec<f64>,
     lengths: Vec<usize>,
@@ -161,8 +240,8 @@ impl VecEnv {
         VecEnv::from_buffered(envs.into_iter().map(|e| Box::new(BoxedEnv::new(e)) as Box<dyn BufferedEnv>).collect())
     }
 
-    /// Envs that write into the batch directly. They must share observation and action spaces; f32
-    /// observations only.
+    /// Envs that write into the batch directly. They must share observation and action spaces. Envs with u8
+    /// observations step through [`Env::step`] and are copied into the batch.
     pub fn from_buffered(envs: Vec<Box<dyn BufferedEnv>>) -> Result<Self> {
         let Some(first) = envs.first() else {
             return Err(Error::BadArgument {
@@ -174,9 +253,10 @@ impl VecEnv {
         let id = first.id().to_string();
         let observation_space = first.observation_space().clone();
         let action_space = first.action_space().clone();
-        if let Space::Box { dtype: DType::U8, .. } = observation_space {
-            return Err(Error::Unsupported { env: id, what: "batching u8 observations in VecEnv".into() });
-        }
+        let dtype = match &observation_space {
+            Space::Box { dtype, .. } => *dtype,
+            Space::Discrete { .. } => DType::F32,
+        };
         for (i, env) in envs.iter().enumerate().skip(1) {
             if env.observation_space() != &observation_space || env.action_space() != &action_space {
                 return Err(Error::BadArgument {
@@ -196,11 +276,11 @@ impl VecEnv {
             action_space,
             obs_dim,
             action_dim,
-            obs: vec![0.0; n * obs_dim],
+            obs: ObsBuf::zeros(dtype, n * obs_dim),
             rewards: vec![0.0; n],
             terminated: vec![false; n],
             truncated: vec![false; n],
-            final_obs: vec![0.0; n * obs_dim],
+            final_obs: ObsBuf::zeros(dtype, n * obs_dim),
             has_final: vec![false; n],
             returns: vec![0.0; n],
             lengths: vec![0; n],
@@ -246,11 +326,11 @@ impl VecEnv {
 
     /// Resets every env (env `i` with `seed + i`, or continuing its stream on `None`) and returns the
     /// `num_envs * obs_dim` first observations.
-    pub fn reset(&mut self, seed: Option<u64>) -> Result<&[f32]> {
+    pub fn reset(&mut self, seed: Option<u64>) -> Result<ObsRef<'_>> {
         self.ready = false;
         let d = self.obs_dim;
-        for (i, (env, obs)) in self.envs.iter_mut().zip(self.obs.chunks_exact_mut(d)).enumerate() {
-            env.reset_into(seed.map(|s| s.wrapping_add(i as u64)), obs)?;
+        for (i, env) in self.envs.iter_mut().enumerate() {
+            reset_row(env.as_mut(), seed.map(|s| s.wrapping_add(i as u64)), &mut self.obs, i * d..(i + 1) * d)?;
         }
         self.rewards.fill(0.0);
         self.terminated.fill(false);
@@ -260,7 +340,7 @@ impl VecEnv {
         self.lengths.fill(0);
         self.episodes.clear();
         self.ready = true;
-        Ok(&self.obs)
+        Ok(self.obs.as_ref())
     }
 
     /// Steps every env with its action, auto-resetting the ones that finish (see the module docs).
@@ -277,13 +357,13 @@ impl VecEnv {
         self.episodes.clear();
         let d = self.obs_dim;
         let k = self.action_dim.max(1);
-        let rows = self.envs.iter_mut().zip(self.obs.chunks_exact_mut(d)).zip(self.final_obs.chunks_exact_mut(d));
-        for (i, ((env, obs), final_obs)) in rows.enumerate() {
+        for (i, env) in self.envs.iter_mut().enumerate() {
             let action = match *actions {
                 VecActions::Discrete(a) => Action::Discrete(a[i]),
                 VecActions::Continuous(a) => Action::Continuous(&a[i * k..(i + 1) * k]),
             };
-            let out = env.step_into(action, obs)?;
+            let row = i * d..(i + 1) * d;
+            let out = step_row(env.as_mut(), action, &mut self.obs, row.clone())?;
             self.rewards[i] = out.reward as f32;
             self.terminated[i] = out.terminated;
             self.truncated[i] = out.truncated;
@@ -292,7 +372,7 @@ impl VecEnv {
             let done = out.terminated || out.truncated;
             self.has_final[i] = done;
             if done {
-                final_obs.copy_from_slice(obs);
+                copy_row(&self.obs, &mut self.final_obs, row.clone());
                 self.episodes.push(EpisodeStats {
                     env_index: i,
                     episode_return: self.returns[i],
@@ -301,7 +381,7 @@ impl VecEnv {
                 });
                 self.returns[i] = 0.0;
                 self.lengths[i] = 0;
-                env.reset_into(None, obs)?;
+                reset_row(env.as_mut(), None, &mut self.obs, row)?;
             }
         }
         self.ready = true;
@@ -347,12 +427,12 @@ impl VecEnv {
 
     fn view(&self) -> VecStep<'_> {
         VecStep {
-            obs: &self.obs,
+            obs: self.obs.as_ref(),
             rewards: &self.rewards,
             terminated: &self.terminated,
             truncated: &self.truncated,
             episodes: &self.episodes,
-            final_obs: &self.final_obs,
+            final_obs: self.final_obs.as_ref(),
             has_final: &self.has_final,
             obs_dim: self.obs_dim,
         }
@@ -360,15 +440,19 @@ impl VecEnv {
 
     /// Everything that decides the batch's future: each env's snapshot, the current observations and the
     /// running episodes' returns and lengths. [`Error::ResetNeeded`] before the first reset or after an env
-    /// failed mid-batch (the batch is then not consistent); [`Error::Unsupported`] if an env cannot take one.
+    /// failed mid-batch (the batch is then not consistent); [`Error::Unsupported`] if an env cannot take one
+    /// (or its observations are frames).
     pub fn snapshot(&self) -> Result<VecEnvSnapshot> {
         if !self.ready {
             return Err(Error::ResetNeeded { env: self.id.clone() });
         }
+        let ObsBuf::F32(obs) = &self.obs else {
+            return Err(Error::Unsupported { env: self.id.clone(), what: "snapshots of u8 observations".into() });
+        };
         Ok(VecEnvSnapshot {
             id: self.id.clone(),
             envs: self.envs.iter().map(|env| env.snapshot()).collect::<Result<_>>()?,
-            obs: self.obs.clone(),
+            obs: obs.clone(),
             returns: self.returns.clone(),
             lengths: self.lengths.iter().map(|&n| n as u64).collect(),
         })
@@ -398,6 +482,9 @@ impl VecEnv {
         if let Some((what, got, want)) = sizes.into_iter().find(|(_, got, want)| got != want) {
             return Err(invalid(id, format!("{got} {what}, expected {want} for {n} envs")));
         }
+        if self.obs.dtype() != DType::F32 {
+            return Err(invalid(id, "it holds f32 observations, this VecEnv's are u8 frames"));
+        }
         let lengths = snapshot
             .lengths
             .iter()
@@ -420,7 +507,8 @@ impl VecEnv {
                 });
             }
         }
-        self.obs.copy_from_slice(&snapshot.obs);
+        let restored = self.obs.write_at(0, ObsRef::F32(&snapshot.obs));
+        debug_assert!(restored, "dtype checked above");
         self.returns.copy_from_slice(&snapshot.returns);
         self.lengths = lengths;
         self.rewards.fill(0.0);
@@ -433,8 +521,8 @@ impl VecEnv {
     }
 
     /// Current observations, `num_envs * obs_dim`, env-major.
-    pub fn obs(&self) -> &[f32] {
-        &self.obs
+    pub fn obs(&self) -> ObsRef<'_> {
+        self.obs.as_ref()
     }
 
     /// Rewards of the last step.
@@ -453,12 +541,124 @@ impl VecEnv {
     }
 
     /// The true last observation of env `i`'s episode, if it ended in the last step.
-    pub fn final_obs(&self, i: usize) -> Option<&[f32]> {
-        final_row(&self.final_obs, &self.has_final, self.obs_dim, i)
+    pub fn final_obs(&self, i: usize) -> Option<ObsRef<'_>> {
+        final_row(self.final_obs.as_ref(), &self.has_final, self.obs_dim, i)
     }
 
     /// Episodes that ended in the last step.
     pub fn episodes(&self) -> &[EpisodeStats] {
         &self.episodes
     }
+}
+
+impl VectorEnv for VecEnv {
+    fn id(&self) -> &str {
+        VecEnv::id(self)
+    }
+    fn num_envs(&self) -> usize {
+        VecEnv::num_envs(self)
+    }
+    fn observation_space(&self) -> &Space {
+        VecEnv::observation_space(self)
+    }
+    fn action_space(&self) -> &Space {
+        VecEnv::action_space(self)
+    }
+    fn reset(&mut self, seed: Option<u64>) -> Result<ObsRef<'_>> {
+        VecEnv::reset(self, seed)
+    }
+    fn step(&mut self, actions: &VecActions<'_>) -> Result<VecStep<'_>> {
+        VecEnv::step(self, actions)
+    }
+    fn obs(&self) -> ObsRef<'_> {
+        VecEnv::obs(self)
+    }
+    fn snapshot(&self) -> Result<VecEnvSnapshot> {
+        VecEnv::snapshot(self)
+    }
+    fn restore(&mut self, snapshot: &VecEnvSnapshot) -> Result<()> {
+        VecEnv::restore(self, snapshot)
+    }
+}
+
+/// Reset `env` into `row` of the batch: the buffered path for floats, a copy of the returned frame for u8.
+fn reset_row(env: &mut dyn BufferedEnv, seed: Option<u64>, batch: &mut ObsBuf, row: Range<usize>) -> Result<()> {
+    match batch {
+        ObsBuf::F32(v) => env.reset_into(seed, &mut v[row]),
+        ObsBuf::U8(v) => {
+            let (obs, _) = env.reset(seed)?;
+            copy_frame(env.id(), obs, &mut v[row])
+        }
+    }
+}
+
+/// Step `env` into `row` of the batch, as [`reset_row`].
+fn step_row(
+    env: &mut dyn BufferedEnv,
+    action: Action<'_>,
+    batch: &mut ObsBuf,
+    row: Range<usize>,
+) -> Result<StepOutcome> {
+    match batch {
+        ObsBuf::F32(v) => env.step_into(action, &mut v[row]),
+        ObsBuf::U8(v) => {
+            let step = env.step(action)?;
+            copy_frame(env.id(), step.obs, &mut v[row])?;
+            Ok(StepOutcome { reward: step.reward, terminated: step.terminated, truncated: step.truncated })
+        }
+    }
+}
+
+fn copy_frame(id: &str, obs: Obs, out: &mut [u8]) -> Result<()> {
+    match obs {
+        Obs::U8(v) if v.len() == out.len() => {
+            out.copy_from_slice(&v);
+            Ok(())
+        }
+        other => Err(Error::Backend {
+            env: id.to_string(),
+            detail: format!(
+                "returned {} {} values for a u8 observation space of {} elements",
+                other.len(),
+                if other.as_f32().is_some() { "f32" } else { "u8" },
+                out.len()
+            ),
+        }),
+    }
+}
+
+fn copy_row(from: &ObsBuf, to: &mut ObsBuf, row: Range<usize>) {
+    match (from, to) {
+        (ObsBuf::F32(a), ObsBuf::F32(b)) => b[row.clone()].copy_from_slice(&a[row]),
+        (ObsBuf::U8(a), ObsBuf::U8(b)) => b[row.clone()].copy_from_slice(&a[row]),
+        _ => unreachable!("a VecEnv's buffers share one dtype"),
+    }
+}
+
+/// Builds the whole batch for ids of one backend that steps envs in a batched engine of its own
+/// ([`register_vector_backend`]): `(id without prefix, kwargs, num_envs, role)`.
+pub type VectorMaker = fn(id: &str, kwargs: &Kwargs, n: usize, role: EnvRole) -> Result<Box<dyn VectorEnv>>;
+
+static VECTOR_BACKENDS: std::sync::RwLock<Vec<(&'static str, VectorMaker)>> = std::sync::RwLock::new(Vec::new());
+
+/// Let [`make_vector`] build ids `"<prefix>:<id>"` with `maker` (flotilla-envs-python registers `"atari"`).
+pub fn register_vector_backend(prefix: &'static str, maker: VectorMaker) {
+    let mut backends = VECTOR_BACKENDS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    backends.retain(|(p, _)| *p != prefix);
+    backends.push((prefix, maker));
+}
+
+/// `n` envs of `id` as a batch for `role`: a registered vector backend's own batch for its prefix, else a
+/// [`VecEnv`] of [`registry::make_buffered`] envs (native ids, `"gymnasium:"` ids), the same for both roles.
+pub fn make_vector(id: &str, kwargs: &Kwargs, n: usize, role: EnvRole) -> Result<Box<dyn VectorEnv>> {
+    if let Some((prefix, rest)) = id.split_once(':') {
+        let maker = {
+            let backends = VECTOR_BACKENDS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            backends.iter().find(|(p, _)| *p == prefix).map(|(_, m)| *m)
+        };
+        if let Some(maker) = maker {
+            return maker(rest, kwargs, n, role);
+        }
+    }
+    Ok(Box::new(VecEnv::make(id, kwargs, n)?))
 }

@@ -263,11 +263,11 @@ fn run_vec(venv: &mut VecEnv, actions: &[Batch]) -> Vec<VecEvent> {
             })
             .unwrap();
         events.push(VecEvent {
-            obs: to_bits(step.obs),
+            obs: to_bits(step.obs.as_f32().unwrap()),
             rewards: to_bits(step.rewards),
             terminated: step.terminated.to_vec(),
             truncated: step.truncated.to_vec(),
-            final_obs: (0..n).map(|i| step.final_obs(i).map(to_bits)).collect(),
+            final_obs: (0..n).map(|i| step.final_obs(i).map(|o| to_bits(o.as_f32().unwrap()))).collect(),
             episodes: (step.episodes.iter())
                 .map(|e: &EpisodeStats| (e.env_index, e.episode_return.to_bits(), e.length as usize, e.truncated))
                 .collect(),
@@ -296,7 +296,8 @@ fn a_vec_env_resumes_bit_for_bit_with_its_episode_statistics() {
         assert!(expected.iter().any(|e| !e.episodes.is_empty()), "{}: episodes end after the snapshot", spec.id);
         assert_eq!(got, expected, "{}", spec.id);
         assert_eq!(resumed.snapshot().unwrap(), venv.snapshot().unwrap(), "{}", spec.id);
-        let reset = |v: &mut VecEnv| v.reset(None).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let reset =
+            |v: &mut VecEnv| v.reset(None).unwrap().as_f32().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(reset(&mut resumed), reset(&mut venv), "{}: later resets", spec.id);
     }
 }

@@ -1,7 +1,7 @@
 //! `VecEnv`: same-step auto-reset checked against single envs stepped alongside, episode statistics,
 //! seeding, and rejection of bad batches and unbatchable envs.
 
-use flotilla_core::{Action, DType, Env, Error, Info, Obs, Result, Space, Step};
+use flotilla_core::{Action, DType, Env, Error, Info, Obs, ObsBuf, ObsRef, Result, Space, Step};
 use flotilla_envs::{Kwargs, VecActions, VecEnv, make};
 
 /// Deterministic action pattern for env `i` at step `t`.
@@ -20,7 +20,7 @@ fn check_against_single_envs(id: &str, kwargs: &Kwargs, n: usize, steps: usize) 
     let mut venv = VecEnv::make(id, kwargs, n).unwrap();
     let mut singles: Vec<Box<dyn Env>> = (0..n).map(|_| make(id, kwargs).unwrap()).collect();
     let d = venv.obs_dim();
-    let first = venv.reset(Some(seed)).unwrap().to_vec();
+    let first = venv.reset(Some(seed)).unwrap().as_f32().unwrap().to_vec();
     for (i, env) in singles.iter_mut().enumerate() {
         let (obs, _) = env.reset(Some(seed + i as u64)).unwrap();
         assert_eq!(obs.as_f32().unwrap(), &first[i * d..(i + 1) * d]);
@@ -55,21 +55,25 @@ fn check_against_single_envs(id: &str, kwargs: &Kwargs, n: usize, steps: usize) 
             lengths[i] += 1;
             if step.terminated || step.truncated {
                 // The true last observation is kept; the batch row already holds the next episode's first.
-                assert_eq!(out.final_obs(i), Some(obs), "{id} t={t} env {i}");
+                assert_eq!(out.final_obs(i), Some(ObsRef::F32(obs)), "{id} t={t} env {i}");
                 let (next, _) = env.reset(None).unwrap();
-                assert_eq!(&out.obs[i * d..(i + 1) * d], next.as_f32().unwrap(), "{id} t={t} env {i}");
+                assert_eq!(
+                    out.obs.slice(i * d..(i + 1) * d),
+                    ObsRef::F32(next.as_f32().unwrap()),
+                    "{id} t={t} env {i}"
+                );
                 expected_episodes.push((i, returns[i], lengths[i], step.truncated && !step.terminated));
                 returns[i] = 0.0;
                 lengths[i] = 0;
             } else {
                 assert_eq!(out.final_obs(i), None);
-                assert_eq!(&out.obs[i * d..(i + 1) * d], obs, "{id} t={t} env {i}");
+                assert_eq!(out.obs.slice(i * d..(i + 1) * d), ObsRef::F32(obs), "{id} t={t} env {i}");
             }
         }
         let got: Vec<_> =
             out.episodes.iter().map(|e| (e.env_index, e.episode_return, e.length as usize, e.truncated)).collect();
         assert_eq!(got, expected_episodes, "{id} t={t}");
-        let finals: Vec<_> = (0..n).map(|i| out.final_obs(i).map(<[f32]>::to_vec)).collect();
+        let finals: Vec<_> = (0..n).map(|i| out.final_obs(i).map(|o| o.to_buf())).collect();
         // The accessors on VecEnv agree with the view the step returned.
         assert_eq!((0..n).map(|i| venv_final(&venv, i)).collect::<Vec<_>>(), finals);
         assert_eq!(venv.episodes().len(), got.len());
@@ -78,8 +82,8 @@ fn check_against_single_envs(id: &str, kwargs: &Kwargs, n: usize, steps: usize) 
     finished
 }
 
-fn venv_final(venv: &VecEnv, i: usize) -> Option<Vec<f32>> {
-    venv.final_obs(i).map(<[f32]>::to_vec)
+fn venv_final(venv: &VecEnv, i: usize) -> Option<ObsBuf> {
+    venv.final_obs(i).map(|o| o.to_buf())
 }
 
 #[test]
@@ -132,7 +136,7 @@ fn run(venv: &mut VecEnv, seed: u64, steps: usize) -> Vec<(Vec<f32>, Vec<f32>, V
         .map(|t| {
             let actions: Vec<i64> = (0..venv.num_envs()).map(|i| discrete_action(i, t, 3)).collect();
             let out = venv.step(&VecActions::Discrete(&actions)).unwrap();
-            (out.obs.to_vec(), out.rewards.to_vec(), out.terminated.to_vec())
+            (out.obs.as_f32().unwrap().to_vec(), out.rewards.to_vec(), out.terminated.to_vec())
         })
         .collect()
 }
@@ -146,7 +150,7 @@ fn same_seed_same_trajectories() {
     assert_eq!(first, run(&mut b, 9, 300));
     assert_ne!(first, run(&mut b, 10, 300));
     // Envs of one batch get different seeds, so different starts.
-    let obs = a.reset(Some(9)).unwrap();
+    let obs = a.reset(Some(9)).unwrap().as_f32().unwrap();
     assert_ne!(obs[0], obs[2]);
 }
 
@@ -165,7 +169,7 @@ fn invalid_batches_are_rejected_without_effect() {
     assert!(matches!(venv.step(&VecActions::Discrete(&[0, 0, 0])), Err(Error::ResetNeeded { .. })));
     venv.reset(Some(1)).unwrap();
     twin.reset(Some(1)).unwrap();
-    let before = venv.obs().to_vec();
+    let before = venv.obs().to_buf();
     for bad in [
         VecActions::Discrete(&[0, 1]),
         VecActions::Discrete(&[0, 1, 2]),
@@ -173,10 +177,10 @@ fn invalid_batches_are_rejected_without_effect() {
         VecActions::Continuous(&[0.0, 0.0, 0.0]),
     ] {
         assert!(matches!(venv.step(&bad), Err(Error::InvalidAction { .. })), "{bad:?}");
-        assert_eq!(venv.obs(), before.as_slice());
+        assert_eq!(venv.obs(), before.as_ref());
     }
-    let a = venv.step(&VecActions::Discrete(&[1, 0, 1])).unwrap().obs.to_vec();
-    let b = twin.step(&VecActions::Discrete(&[1, 0, 1])).unwrap().obs.to_vec();
+    let a = venv.step(&VecActions::Discrete(&[1, 0, 1])).unwrap().obs.to_buf();
+    let b = twin.step(&VecActions::Discrete(&[1, 0, 1])).unwrap().obs.to_buf();
     assert_eq!(a, b, "rejected batches moved an env");
 
     let mut cont = VecEnv::make("Pendulum-v1", &Kwargs::new(), 2).unwrap();
@@ -193,10 +197,27 @@ fn invalid_batches_are_rejected_without_effect() {
     assert!(cont.step(&VecActions::Continuous(&[5.0, -5.0])).is_ok());
 }
 
-/// An env with u8 image observations, which `VecEnv` does not batch yet.
+/// An env with u8 image observations: frame `t` of an episode is 4 bytes of `10 · episode + t`; episodes end
+/// (terminated) after 3 steps.
 struct Frames {
     obs: Space,
     act: Space,
+    episode: u8,
+    t: u8,
+}
+
+impl Frames {
+    fn new() -> Self {
+        Frames {
+            obs: Space::Box { low: vec![0.0; 4], high: vec![255.0; 4], shape: vec![2, 2], dtype: DType::U8 },
+            act: Space::discrete(2),
+            episode: 0,
+            t: 0,
+        }
+    }
+    fn frame(&self) -> Obs {
+        Obs::U8(vec![10 * self.episode + self.t; 4])
+    }
 }
 
 impl Env for Frames {
@@ -209,22 +230,44 @@ impl Env for Frames {
     fn action_space(&self) -> &Space {
         &self.act
     }
-    fn reset(&mut self, _seed: Option<u64>) -> Result<(Obs, Info)> {
-        Ok((Obs::U8(vec![0; 4]), Info::new()))
+    fn reset(&mut self, seed: Option<u64>) -> Result<(Obs, Info)> {
+        self.episode = if seed.is_some() { 0 } else { self.episode + 1 };
+        self.t = 0;
+        Ok((self.frame(), Info::new()))
     }
     fn step(&mut self, _action: Action<'_>) -> Result<Step> {
-        Ok(Step { obs: Obs::U8(vec![0; 4]), reward: 0.0, terminated: false, truncated: false, info: Info::new() })
+        self.t += 1;
+        Ok(Step { obs: self.frame(), reward: 1.0, terminated: self.t == 3, truncated: false, info: Info::new() })
     }
 }
 
 #[test]
+fn u8_frames_are_batched_with_their_final_observations() {
+    let mut venv = VecEnv::new(vec![Box::new(Frames::new()), Box::new(Frames::new())]).unwrap();
+    assert_eq!(venv.reset(Some(0)).unwrap(), ObsRef::U8(&[0; 8]));
+    let mut next = ObsBuf::empty(DType::F32);
+    for t in 1..=3u8 {
+        let step = venv.step(&VecActions::Discrete(&[0, 1])).unwrap();
+        step.true_next_obs(&mut next);
+        if t < 3 {
+            assert_eq!(step.obs, ObsRef::U8(&[t; 8]));
+            assert_eq!(step.final_obs(0), None);
+        } else {
+            // Same-step reset: the batch holds the next episode's first frame, the final one is kept.
+            assert_eq!(step.obs, ObsRef::U8(&[10; 8]));
+            assert_eq!(step.final_obs(1), Some(ObsRef::U8(&[3; 4])));
+            assert_eq!(step.episodes.len(), 2);
+        }
+        assert_eq!(next, ObsBuf::U8(vec![t; 8]), "the observation that truly followed, as u8");
+    }
+    assert!(matches!(venv.snapshot(), Err(Error::Unsupported { .. })));
+}
+
+#[test]
 fn unbatchable_envs_are_rejected() {
-    let frames = Frames {
-        obs: Space::Box { low: vec![0.0; 4], high: vec![255.0; 4], shape: vec![2, 2], dtype: DType::U8 },
-        act: Space::discrete(2),
-    };
-    assert!(matches!(VecEnv::new(vec![Box::new(frames)]), Err(Error::Unsupported { .. })));
     let mixed = vec![make("CartPole-v1", &Kwargs::new()).unwrap(), make("Acrobot-v1", &Kwargs::new()).unwrap()];
+    assert!(matches!(VecEnv::new(mixed), Err(Error::BadArgument { .. })));
+    let mixed: Vec<Box<dyn Env>> = vec![Box::new(Frames::new()), make("CartPole-v1", &Kwargs::new()).unwrap()];
     assert!(matches!(VecEnv::new(mixed), Err(Error::BadArgument { .. })));
     assert!(matches!(VecEnv::make("CartPole-v1", &Kwargs::new(), 0), Err(Error::BadArgument { .. })));
     assert!(matches!(VecEnv::make("Nope-v0", &Kwargs::new(), 2), Err(Error::UnknownEnv { .. })));

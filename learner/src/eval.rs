@@ -1,10 +1,10 @@
 //! Deterministic evaluation: run the greedy policy for whole episodes and report the returns.
 use flotilla_algorithms::{ActMode, ActOutput, Policy};
-use flotilla_core::Env;
+use flotilla_envs::env_actions::EnvActions;
+use flotilla_envs::{EnvRole, make_vector};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
-use crate::actions::env_action;
 use crate::config::EnvConfig;
 
 /// Returns and lengths of evaluation episodes.
@@ -29,44 +29,33 @@ impl EvalResult {
     }
 }
 
-/// Run `episodes` episodes, one per env copy (copy `i` reset with `seed + i`), acting deterministically in
-/// one batch per step, and return their returns. Episodes end on termination or the env's time limit.
+/// Run `episodes` episodes, one per env of a batch built for evaluation (env `i` reset with `seed + i`; for
+/// Atari that means whole games, unclipped scores), acting deterministically in one batch per step, and return
+/// each env's first episode. Episodes end on termination or the env's time limit; an env that has finished
+/// keeps stepping with the batch, but its later episodes are not counted.
 pub fn evaluate(agent: &mut dyn Policy, env: &EnvConfig, episodes: usize, seed: u64) -> Result<EvalResult> {
     let kwargs = env.registry_kwargs()?;
-    let mut envs: Vec<Box<dyn Env>> =
-        (0..episodes).map(|_| flotilla_envs::make(&env.id, &kwargs)).collect::<std::result::Result<_, _>>()?;
-    let action_space = envs[0].action_space().clone();
-    let obs_dim = envs[0].observation_space().flat_dim();
-    let mut obs = Vec::with_capacity(episodes * obs_dim);
-    for (i, e) in envs.iter_mut().enumerate() {
-        let (o, _) = e.reset(Some(seed + i as u64))?;
-        obs.push(o.as_f32().map(<[f32]>::to_vec).unwrap_or_default());
-    }
-    let mut active: Vec<usize> = (0..episodes).collect();
+    let mut envs = make_vector(&env.id, &kwargs, episodes, EnvRole::Evaluation)?;
+    let action_space = envs.action_space().clone();
+    let mut obs = envs.reset(Some(seed))?.to_buf();
+    let mut done = vec![false; episodes];
     let (mut returns, mut lengths) = (vec![0.0; episodes], vec![0usize; episodes]);
-    let mut batch = Vec::with_capacity(episodes * obs_dim);
     let mut out = ActOutput::default();
-    let mut clipped = Vec::new();
-    let act_dim = agent.act_dim();
-    while !active.is_empty() {
-        batch.clear();
-        for &i in &active {
-            batch.extend_from_slice(&obs[i]);
-        }
-        agent.act(&batch, ActMode::Deterministic, &mut out)?;
-        let mut still = Vec::with_capacity(active.len());
-        for (row, &i) in active.iter().enumerate() {
-            let a = &out.actions[row * act_dim..(row + 1) * act_dim];
-            let step = envs[i].step(env_action(&action_space, a, &mut clipped))?;
-            returns[i] += step.reward;
-            lengths[i] += 1;
-            if step.terminated || step.truncated {
-                continue;
+    let mut env_actions = EnvActions::default();
+    let mut left = episodes;
+    while left > 0 {
+        agent.act(obs.as_ref(), ActMode::Deterministic, &mut out)?;
+        let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
+        for ep in step.episodes {
+            if !std::mem::replace(&mut done[ep.env_index], true) {
+                returns[ep.env_index] = ep.episode_return;
+                lengths[ep.env_index] = ep.length as usize;
+                left -= 1;
             }
-            obs[i] = step.obs.as_f32().map(<[f32]>::to_vec).unwrap_or_default();
-            still.push(i);
         }
-        active = still;
+        obs.clear();
+        let same = obs.extend(step.obs);
+        debug_assert!(same, "one dtype per batch");
     }
     Ok(EvalResult { returns, lengths })
 }

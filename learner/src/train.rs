@@ -21,16 +21,17 @@ use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
-use flotilla_envs::{VecEnv, VecEnvSnapshot};
+use flotilla_core::ObsBuf;
+use flotilla_envs::{EnvRole, VecEnvSnapshot, VectorEnv, make_vector};
 use tracing::warn;
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
 /// holds all of it.
 pub struct Trainer {
     config: ExperimentConfig,
-    envs: VecEnv,
+    envs: Box<dyn VectorEnv>,
     agent: Box<dyn Algorithm>,
-    obs: Vec<f32>,
+    obs: ObsBuf,
     counters: RunCounters,
     last_metrics: Metrics,
 }
@@ -42,9 +43,9 @@ impl Trainer {
         tch::set_num_threads(config.run.torch_threads.max(1) as i32);
         let device = config.run.device.resolve()?;
         let kwargs = config.env.registry_kwargs()?;
-        let mut envs = VecEnv::make(&config.env.id, &kwargs, config.env.num_envs)?;
+        let mut envs = make_vector(&config.env.id, &kwargs, config.env.num_envs, EnvRole::Training)?;
         let agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
-        let obs = envs.reset(Some(config.run.seed))?.to_vec();
+        let obs = envs.reset(Some(config.run.seed))?.to_buf();
         let counters = RunCounters::new(config);
         Ok(Trainer { config: config.clone(), envs, agent, obs, counters, last_metrics: Metrics::default() })
     }
@@ -60,14 +61,14 @@ impl Trainer {
         match c.meta::<Option<VecEnvSnapshot>>("trainer.envs")? {
             Some(envs) => {
                 t.envs.restore(&envs)?;
-                t.obs = c.take_f32("trainer.obs")?;
+                t.obs = c.take_obs("trainer.obs")?;
             }
             None => {
                 // Envs that cannot be snapshotted (Python ones) start new episodes, from a seed of their own:
                 // the agent continues exactly, the envs do not.
                 let seed = config.run.seed.wrapping_add(t.counters.env_steps);
                 warn!("{}: the envs had no saved state; resuming with new episodes (seed {seed})", config.env.id);
-                t.obs = t.envs.reset(Some(seed))?.to_vec();
+                t.obs = t.envs.reset(Some(seed))?.to_buf();
             }
         }
         Ok(t)
@@ -84,7 +85,7 @@ impl Trainer {
             Err(e) => return Err(e.into()),
         };
         c.put_meta("trainer.envs", &envs)?;
-        c.put_f32("trainer.obs", &self.obs);
+        c.put_obs("trainer.obs", &self.obs);
         c.save(path)?;
         Ok(())
     }
@@ -123,10 +124,10 @@ impl Trainer {
         let action_space = self.envs.action_space().clone();
         let mut out = ActOutput::default();
         let mut env_actions = EnvActions::default();
-        let mut next_obs = Vec::with_capacity(self.obs.len());
+        let mut next_obs = ObsBuf::with_capacity(self.obs.dtype(), self.obs.len());
         while self.counters.env_steps < total.min(stop_at) {
             let started = Instant::now();
-            self.agent.act(&self.obs, ActMode::Explore, &mut out)?;
+            self.agent.act(self.obs.as_ref(), ActMode::Explore, &mut out)?;
             let step = self.envs.step(&env_actions.convert(&action_space, &out.actions))?;
             // The observation that truly followed: the final one where an episode ended, not the reset one.
             step.true_next_obs(&mut next_obs);
@@ -135,15 +136,16 @@ impl Trainer {
                 c.count_episode(ep.episode_return, ep.length);
             }
             let transition = Transition {
-                obs: &self.obs,
+                obs: self.obs.as_ref(),
                 act: &out,
                 rewards: step.rewards,
                 terminated: step.terminated,
                 truncated: step.truncated,
-                next_obs: &next_obs,
+                next_obs: next_obs.as_ref(),
             };
             self.agent.observe(&transition)?;
-            self.obs.copy_from_slice(step.obs);
+            let same = self.obs.write_at(0, step.obs);
+            debug_assert!(same, "one dtype per batch");
             c.env_steps += n_envs as u64;
             let progress = Progress { env_steps: c.env_steps, total_env_steps: total };
             let update_started = Instant::now();

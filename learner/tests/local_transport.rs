@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use flotilla_actors::{ActorFactory, ActorOptions, Connector, run_actor};
 use flotilla_algorithms::{Acting, ActingSetup};
-use flotilla_envs::VecEnv;
+use flotilla_envs::{EnvRole, VectorEnv, make_vector};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::distributed::DistributedLearner;
 use flotilla_transport::local::LocalClient;
@@ -19,11 +19,11 @@ struct PpoActors {
 }
 
 impl ActorFactory for PpoActors {
-    fn envs(&mut self, _run: &RunInfo) -> flotilla_actors::Result<VecEnv> {
-        Ok(VecEnv::make("CartPole-v1", &Default::default(), self.envs_per_actor)?)
+    fn envs(&mut self, _run: &RunInfo) -> flotilla_actors::Result<Box<dyn VectorEnv>> {
+        Ok(make_vector("CartPole-v1", &Default::default(), self.envs_per_actor, EnvRole::Training)?)
     }
 
-    fn acting(&mut self, _run: &RunInfo, r: &Registered, envs: &VecEnv) -> flotilla_actors::Result<Acting> {
+    fn acting(&mut self, _run: &RunInfo, r: &Registered, envs: &dyn VectorEnv) -> flotilla_actors::Result<Acting> {
         let setup = ActingSetup {
             observation_space: envs.observation_space(),
             action_space: envs.action_space(),

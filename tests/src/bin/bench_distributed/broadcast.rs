@@ -9,7 +9,6 @@ use std::time::Instant;
 use flotilla_algorithms::nets::NatureCnn;
 use flotilla_transport::LearnerClient;
 use flotilla_transport::grpc::Limits;
-use tch::nn;
 
 use crate::hub::{cartpole_hub, grpc_connector, io_runtime, register, serve_grpc};
 use crate::{Args, BenchResult, BoxError};
@@ -22,11 +21,8 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Parameters of a Nature-CNN torso for 4 stacked 84×84 frames with an 18-action linear head.
 fn nature_cnn_params() -> usize {
-    let vs = nn::VarStore::new(tch::Device::Cpu);
-    let root = vs.root();
-    let _torso = NatureCnn::new(&(&root / "torso"), 4);
-    let _head = nn::linear(&root / "head", NatureCnn::FEATURES, 18, Default::default());
-    vs.trainable_variables().iter().map(|t| t.numel()).sum()
+    let (_, named) = NatureCnn::init("cnn", &[4, 84, 84], &[(18, 1.0)], 0).expect("84×84 frames fit the CNN");
+    named.iter().map(|(_, t)| t.numel()).sum()
 }
 
 /// Seconds from `publish` until all `clients` hold the new version, for `rounds` rounds after a warm-up.
