@@ -218,8 +218,8 @@ fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()
     anyhow::ensure!(model.is_file(), "{} has no trained policy ({} is missing)", run_dir.display(), model.display());
     let device = config.run.device.resolve()?;
     tch::set_num_threads(config.run.torch_threads.max(1) as i32);
-    let env = flotilla_envs::make(&config.env.id, &config.env.registry_kwargs()?)?;
-    let mut agent = config.build_agent(env.observation_space(), env.action_space(), device)?;
+    let (observation_space, action_space) = config.env.spaces()?;
+    let mut agent = config.build_agent(&observation_space, &action_space, device)?;
     agent.load_weights(&model)?;
     let result = evaluate(agent.as_mut(), &config.env, episodes, seed.unwrap_or(config.eval.seed))?;
     println!(

@@ -13,7 +13,8 @@
 //! ```
 //! ale-py's own `episodic_life` is not used: with auto-reset it restarts the whole game on every life lost
 //! (measured: Breakout always shows 5 lives after such a reset), which changes the game's state distribution.
-use flotilla_core::{DType, EpisodeStats, Error, Result, Space};
+use flotilla_core::{DType, EpisodeStats, Error, ObsRef, Result, Space};
+use flotilla_envs::{EnvRole, KwargValue, Kwargs, VecActions, VecEnvSnapshot, VecStep, VectorEnv};
 use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArrayDyn};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -388,5 +389,164 @@ impl AtariVecEnv {
     /// Whole games that ended in the last step: the raw game score and length in agent steps.
     pub fn episodes(&self) -> &[EpisodeStats] {
         &self.episodes
+    }
+}
+
+impl AtariConfig {
+    /// The settings `kwargs` give for `game` in `role` (defaults: [`AtariConfig::training`]). Evaluation always
+    /// plays whole games with unclipped scores, whatever the training settings say. Unknown keys, wrong types
+    /// and out-of-range values are errors naming the key.
+    pub fn from_kwargs(game: &str, kwargs: &Kwargs, role: EnvRole) -> Result<Self> {
+        let id = format!("atari:{game}");
+        let bad = |key: &str, detail: String| Error::BadArgument { env: id.clone(), key: key.into(), detail };
+        let mut c = AtariConfig::training(game);
+        for (key, value) in kwargs.iter() {
+            let count = |min: i64| match value {
+                KwargValue::Int(n) if *n >= min => Ok(*n as usize),
+                other => Err(bad(key, format!("expected an integer ≥ {min}, got {other}"))),
+            };
+            let flag = || match value {
+                KwargValue::Bool(b) => Ok(*b),
+                other => Err(bad(key, format!("expected true or false, got {other}"))),
+            };
+            match key {
+                "repeat_action_probability" => {
+                    let p = match value {
+                        KwargValue::Float(p) => *p,
+                        KwargValue::Int(p) => *p as f64,
+                        other => return Err(bad(key, format!("expected a probability, got {other}"))),
+                    };
+                    if !(0.0..=1.0).contains(&p) {
+                        return Err(bad(key, format!("{p} is not a probability in [0, 1]")));
+                    }
+                    c.repeat_action_probability = p as f32;
+                }
+                "frameskip" => c.frameskip = count(1)?,
+                "noop_max" => c.noop_max = count(0)?,
+                "stack_num" => c.stack_num = count(1)?,
+                "img_size" => c.img_size = count(36)?,
+                "max_num_frames_per_episode" => c.max_num_frames_per_episode = count(1)?,
+                "num_threads" => c.num_threads = count(0)?,
+                "use_fire_reset" => c.use_fire_reset = flag()?,
+                "full_action_space" => c.full_action_space = flag()?,
+                "terminal_on_life_loss" => c.terminal_on_life_loss = flag()?,
+                "clip_rewards" => c.clip_rewards = flag()?,
+                other => {
+                    return Err(bad(
+                        other,
+                        format!("unknown argument; Atari envs take {}", AtariConfig::KWARGS.join(", ")),
+                    ));
+                }
+            }
+        }
+        if role == EnvRole::Evaluation {
+            c.terminal_on_life_loss = false;
+            c.clip_rewards = false;
+        }
+        Ok(c)
+    }
+
+    /// The keys [`AtariConfig::from_kwargs`] reads.
+    pub const KWARGS: &'static [&'static str] = &[
+        "repeat_action_probability",
+        "frameskip",
+        "noop_max",
+        "stack_num",
+        "img_size",
+        "max_num_frames_per_episode",
+        "num_threads",
+        "use_fire_reset",
+        "full_action_space",
+        "terminal_on_life_loss",
+        "clip_rewards",
+    ];
+
+    /// Every setting as kwargs (what a run's resolved config records).
+    pub fn to_kwargs(&self) -> Kwargs {
+        let int = |n: usize| KwargValue::Int(n as i64);
+        Kwargs::new()
+            .with("repeat_action_probability", KwargValue::Float(f64::from(self.repeat_action_probability)))
+            .with("frameskip", int(self.frameskip))
+            .with("noop_max", int(self.noop_max))
+            .with("stack_num", int(self.stack_num))
+            .with("img_size", int(self.img_size))
+            .with("max_num_frames_per_episode", int(self.max_num_frames_per_episode))
+            .with("num_threads", int(self.num_threads))
+            .with("use_fire_reset", self.use_fire_reset)
+            .with("full_action_space", self.full_action_space)
+            .with("terminal_on_life_loss", self.terminal_on_life_loss)
+            .with("clip_rewards", self.clip_rewards)
+    }
+}
+
+/// ale-py's ROM name for a game as configs may write it: `"pong"`, `"Pong"`, `"SpaceInvaders"` →
+/// `"space_invaders"`.
+pub fn rom_name(game: &str) -> String {
+    let mut out = String::with_capacity(game.len() + 4);
+    for (i, ch) in game.chars().enumerate() {
+        if ch.is_ascii_uppercase() {
+            if i > 0 && !out.ends_with('_') {
+                out.push('_');
+            }
+            out.push(ch.to_ascii_lowercase());
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// `"atari:<game>"` ids for [`flotilla_envs::make_vector`]: registered by [`crate::register`].
+pub(crate) fn make_vector(game: &str, kwargs: &Kwargs, n: usize, role: EnvRole) -> Result<Box<dyn VectorEnv>> {
+    let config = AtariConfig::from_kwargs(&rom_name(game), kwargs, role)?;
+    Ok(Box::new(AtariVecEnv::new(config, n)?))
+}
+
+impl VectorEnv for AtariVecEnv {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn num_envs(&self) -> usize {
+        self.n
+    }
+    fn observation_space(&self) -> &Space {
+        &self.observation_space
+    }
+    fn action_space(&self) -> &Space {
+        &self.action_space
+    }
+    fn reset(&mut self, seed: Option<u64>) -> Result<ObsRef<'_>> {
+        AtariVecEnv::reset(self, seed).map(ObsRef::U8)
+    }
+    fn step(&mut self, actions: &VecActions<'_>) -> Result<VecStep<'_>> {
+        let VecActions::Discrete(actions) = *actions else {
+            return Err(Error::InvalidAction { env: self.id.clone(), detail: "Atari actions are discrete".into() });
+        };
+        AtariVecEnv::step(self, actions)?;
+        Ok(VecStep::new(
+            ObsRef::U8(&self.obs),
+            &self.rewards,
+            &self.terminated,
+            &self.truncated,
+            &self.episodes,
+            ObsRef::U8(&self.final_obs),
+            &self.has_final,
+            self.obs_dim,
+        ))
+    }
+    fn obs(&self) -> ObsRef<'_> {
+        ObsRef::U8(&self.obs)
+    }
+    fn snapshot(&self) -> Result<VecEnvSnapshot> {
+        Err(Error::Unsupported {
+            env: self.id.clone(),
+            what: "snapshots (ale-py's vector env cannot save its games)".into(),
+        })
+    }
+    fn restore(&mut self, _snapshot: &VecEnvSnapshot) -> Result<()> {
+        Err(Error::Unsupported { env: self.id.clone(), what: "restoring snapshots".into() })
+    }
+    fn resolved_kwargs(&self) -> Kwargs {
+        self.config.to_kwargs()
     }
 }

@@ -166,10 +166,13 @@ impl Env for GymEnv {
 }
 
 /// Make `"gymnasium:<id>"` ids buildable by [`flotilla_envs::make`] (and so usable in configs:
-/// `[env] id = "gymnasium:Acrobot-v1"`, `[env] kwargs` passed to `gymnasium.make`). Call once at start-up;
-/// the `flotilla` binary does.
+/// `[env] id = "gymnasium:Acrobot-v1"`, `[env] kwargs` passed to `gymnasium.make`), and `"atari:<game>"` ids
+/// by [`flotilla_envs::make_vector`] (ale-py's vector env, `[env] kwargs` read by
+/// [`AtariConfig::from_kwargs`](crate::AtariConfig::from_kwargs)). Call once at start-up; the `flotilla`
+/// binary does.
 pub fn register() {
     flotilla_envs::register_backend("gymnasium", make_backend);
+    flotilla_envs::register_vector_backend("atari", crate::atari::make_vector);
 }
 
 fn make_backend(id: &str, kwargs: &flotilla_envs::Kwargs) -> Result<Box<dyn Env>> {

@@ -22,6 +22,6 @@ mod atari;
 mod gym;
 mod interpreter;
 
-pub use atari::{AtariConfig, AtariVecEnv};
+pub use atari::{AtariConfig, AtariVecEnv, rom_name};
 pub use gym::{GymEnv, register};
 pub use interpreter::python_error;

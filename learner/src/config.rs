@@ -18,7 +18,7 @@ use flotilla_algorithms::Algorithm;
 /// The `[algorithm]` section and the families of algorithms live in the algorithm registry.
 pub use flotilla_algorithms::registry::{AlgorithmConfig, Family};
 use flotilla_core::Space;
-use flotilla_envs::{KwargValue, Kwargs};
+use flotilla_envs::{EnvRole, KwargValue, Kwargs, make_vector};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{Error, Result};
@@ -181,6 +181,37 @@ pub struct EnvConfig {
     pub kwargs: toml::Table,
 }
 
+impl EnvConfig {
+    /// One env of this id and kwargs, built to check them (a batch of one for backends that build batches).
+    fn probe(&self) -> Result<Box<dyn flotilla_envs::VectorEnv>> {
+        make_vector(&self.id, &self.registry_kwargs()?, 1, EnvRole::Training)
+            .map_err(|e| Error::Config(format!("[env]: {e}")))
+    }
+
+    /// The observation and action spaces of one env.
+    pub fn spaces(&self) -> Result<(Space, Space)> {
+        let env = self.probe()?;
+        Ok((env.observation_space().clone(), env.action_space().clone()))
+    }
+
+    /// Write the settings the env runs with but the config left out (e.g. Atari's sticky-action probability)
+    /// into `kwargs`, so that the resolved config says everything.
+    fn resolve_kwargs(&mut self) -> Result<()> {
+        for (key, value) in self.probe()?.resolved_kwargs().iter() {
+            if !self.kwargs.contains_key(key) {
+                let v = match value {
+                    KwargValue::Float(f) => toml::Value::Float(*f),
+                    KwargValue::Int(i) => toml::Value::Integer(*i),
+                    KwargValue::Bool(b) => toml::Value::Boolean(*b),
+                    KwargValue::Str(s) => toml::Value::String(s.clone()),
+                };
+                self.kwargs.insert(key.to_string(), v);
+            }
+        }
+        Ok(())
+    }
+}
+
 fn default_num_envs() -> usize {
     8
 }
@@ -332,13 +363,14 @@ impl ExperimentConfig {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        let config: ExperimentConfig = if overrides.is_empty() {
+        let mut config: ExperimentConfig = if overrides.is_empty() {
             // Parse from the text so errors carry line and column.
             toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?
         } else {
             table.try_into().map_err(|e: toml::de::Error| Error::Config(format!("{e} (after --set overrides)")))?
         };
         config.validate()?;
+        config.env.resolve_kwargs()?;
         Ok(config)
     }
 
@@ -353,8 +385,7 @@ impl ExperimentConfig {
         if self.eval.episodes == 0 {
             return Err(Error::Config("[eval] episodes = 0: need at least one episode".into()));
         }
-        flotilla_envs::make(&self.env.id, &self.env.registry_kwargs()?)
-            .map_err(|e| Error::Config(format!("[env]: {e}")))?;
+        self.env.probe()?;
         self.algorithm.validate(self.env.num_envs).map_err(|e| Error::Config(format!("[algorithm]: {e}")))?;
         if self.run.torch_threads == 0 {
             return Err(Error::Config("[run] torch_threads = 0: need at least one thread".into()));

@@ -101,8 +101,7 @@ impl DistributedLearner {
         crate::tune_allocator();
         tch::set_num_threads(config.run.torch_threads.max(1) as i32);
         let device = config.run.device.resolve()?;
-        let env = flotilla_envs::make(&config.env.id, &config.env.registry_kwargs()?)?;
-        let (obs_space, act_space) = (env.observation_space().clone(), env.action_space().clone());
+        let (obs_space, act_space) = config.env.spaces()?;
         let obs_dtype = match &obs_space {
             flotilla_core::Space::Box { dtype, .. } => *dtype,
             flotilla_core::Space::Discrete { .. } => DType::F32,

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The Pong learning run BENCHMARKS.md reports: PPO (examples/configs/pong_ppo.toml) for 1 M agent steps = 4 M
+# frames on this machine's CPU, evaluated on 8 whole games every 250 K frames. About an hour on 2 cores.
+#   bash scripts/pong_run.sh [SEED] [EXTRA --set ARGS...]
+# Writes the run directory and the log under ~/.cache/flotilla/runs/ (outside the clone); prints the eval curve
+# (scripts/eval_curve.py) when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seed="${1:-1}"; shift || true
+bash scripts/setup.sh >/dev/null
+cargo build --release -p flotilla-cli >/dev/null
+bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/flotilla"
+runs="${HOME}/.cache/flotilla/runs"
+mkdir -p "$runs"
+out="$runs/pong_ppo_seed${seed}_$(date +%Y%m%d_%H%M%S)"
+echo "run directory: $out (log: $out.log)"
+"$bin" train examples/configs/pong_ppo.toml --set "run.seed=${seed}" "$@" --out "$out" >"$out.log" 2>&1
+python3 scripts/eval_curve.py "$out/metrics.csv" | tee -a "$out.log"
