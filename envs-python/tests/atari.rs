@@ -1,7 +1,10 @@
-//! `AtariVecEnv` against ale-py driven from Python with Gymnasium's default next-step auto-reset, on the same
-//! seed and actions: frame for frame, raw rewards, flags and lives, across life losses and game ends (the
-//! dummy reset step of next-step auto-reset skipped), with the true final frames kept and whole-game scores.
-use flotilla_core::Error;
+//! `atari:<game>` envs, built as training builds them (`make_vector`) and stepped through the `VectorEnv`
+//! contract, against ale-py driven from Python with Gymnasium's default next-step auto-reset, on the same seed
+//! and actions: frame for frame, clipped rewards, flags, across life losses and game ends (the dummy reset step
+//! of next-step auto-reset skipped), with the true final frames kept and whole-game scores; and the settings
+//! from `[env] kwargs`.
+use flotilla_core::{Error, ObsBuf, ObsRef};
+use flotilla_envs::{EnvRole, Kwargs, VecActions, make_vector};
 use flotilla_envs_python::{AtariConfig, AtariVecEnv};
 use pyo3::prelude::*;
 use pyo3::types::PyModule;
@@ -45,33 +48,34 @@ fn actions(n: usize, n_actions: i64) -> Vec<i64> {
 
 #[test]
 fn breakout_matches_ale_py_frame_for_frame_across_life_losses_and_game_ends() {
-    let config = AtariConfig { clip_rewards: true, ..AtariConfig::training("breakout") };
-    let mut env = AtariVecEnv::new(config, 1).unwrap();
+    flotilla_envs_python::register();
+    let mut env = make_vector("atari:Breakout", &Kwargs::new(), 1, EnvRole::Training).unwrap();
     let seed = 7;
-    let first = env.reset(Some(seed)).unwrap().to_vec();
+    let first = env.reset(Some(seed)).unwrap().to_buf();
+    let ObsBuf::U8(first) = first else { panic!("frames are u8") };
     assert_eq!(first.len(), 4 * 84 * 84);
     let ours = actions(900, 4);
     // Our run, recorded.
     let mut steps = Vec::new();
+    let mut next = ObsBuf::U8(Vec::new());
     for &a in &ours {
-        env.step(&[a]).unwrap();
-        let ended = env.episodes().first().copied();
-        steps.push((
-            env.obs().to_vec(),
-            env.final_obs(0).map(<[u8]>::to_vec),
-            env.raw_rewards()[0],
-            env.rewards()[0],
-            env.terminated()[0],
-            env.truncated()[0],
-            env.lives()[0],
-            ended,
-        ));
+        let step = env.step(&VecActions::Discrete(&[a])).unwrap();
+        let ended = step.episodes.first().copied();
+        let frames = |o: ObsRef<'_>| match o {
+            ObsRef::U8(v) => v.to_vec(),
+            ObsRef::F32(_) => panic!("frames are u8"),
+        };
+        step.true_next_obs(&mut next);
+        let final_obs = step.final_obs(0).map(frames);
+        // The bootstrap observation is the final one where an episode ended, else the current one.
+        assert_eq!(frames(next.as_ref()), final_obs.clone().unwrap_or_else(|| frames(step.obs)));
+        steps.push((frames(step.obs), final_obs, step.rewards[0], step.terminated[0], step.truncated[0], ended));
     }
     // The reference takes one extra (ignored) action after each game end: next-step auto-reset.
     let mut ref_actions = Vec::new();
     for (a, s) in ours.iter().zip(&steps) {
         ref_actions.push(*a);
-        if s.7.is_some() {
+        if s.5.is_some() {
             ref_actions.push(0);
         }
     }
@@ -79,11 +83,10 @@ fn breakout_matches_ale_py_frame_for_frame_across_life_losses_and_game_ends() {
     assert_eq!(first, r[0].0, "reset frames");
     let (mut j, mut games, mut life_losses, mut score) = (1, 0, 0, 0.0f64);
     let mut prev_lives = r[0].4;
-    for (t, (obs, final_obs, raw, clipped, terminated, truncated, lives, ended)) in steps.into_iter().enumerate() {
-        let (ref_obs, ref_reward, ref_te, ref_tr, ref_lives) = &r[j];
-        assert_eq!(raw, *ref_reward, "step {t}: raw reward");
-        assert_eq!(clipped, raw.signum() * f32::from(raw != 0.0), "step {t}: clipped reward");
-        score += f64::from(raw);
+    for (t, (obs, final_obs, clipped, terminated, truncated, ended)) in steps.into_iter().enumerate() {
+        let (ref_obs, raw, ref_te, ref_tr, ref_lives) = &r[j];
+        assert_eq!(clipped, raw.signum() * f32::from(*raw != 0.0), "step {t}: clipped reward");
+        score += f64::from(*raw);
         let game_over = *ref_te || *ref_tr;
         let life_lost = !game_over && *ref_lives < prev_lives;
         assert_eq!(terminated, *ref_te || life_lost, "step {t}: terminated (life lost {life_lost})");
@@ -92,7 +95,6 @@ fn breakout_matches_ale_py_frame_for_frame_across_life_losses_and_game_ends() {
             // Next-step auto-reset shows the final frames now and the new game's first frames one call later.
             assert_eq!(final_obs.as_deref(), Some(&ref_obs[..]), "step {t}: final frames of the game");
             assert_eq!(obs, r[j + 1].0, "step {t}: first frames of the next game");
-            assert_eq!(lives, r[j + 1].4, "step {t}: the next game's lives");
             let ended = ended.expect("a whole game ended");
             assert_eq!(ended.episode_return, score, "step {t}: game score");
             games += 1;
@@ -101,7 +103,6 @@ fn breakout_matches_ale_py_frame_for_frame_across_life_losses_and_game_ends() {
             j += 2;
         } else {
             assert_eq!(&obs, ref_obs, "step {t}: frames");
-            assert_eq!(lives, *ref_lives, "step {t}: lives");
             assert!(ended.is_none());
             if life_lost {
                 life_losses += 1;
@@ -127,4 +128,30 @@ fn bad_input_is_named() {
     assert!(e.contains("action 6 outside Discrete(6)"), "{e}");
     assert!(env.step(&[0]).unwrap_err().to_string().contains("1 actions for 2 envs"));
     env.step(&[1, 2]).unwrap();
+}
+
+#[test]
+fn settings_come_from_kwargs_and_evaluation_plays_whole_games() {
+    flotilla_envs_python::register();
+    let kwargs = Kwargs::new().with("repeat_action_probability", 0.0).with("noop_max", 0i64);
+    let train = make_vector("atari:pong", &kwargs, 2, EnvRole::Training).unwrap();
+    let resolved = train.resolved_kwargs();
+    assert_eq!(resolved.get("repeat_action_probability"), Some(&flotilla_envs::KwargValue::Float(0.0)));
+    assert_eq!(resolved.get("frameskip"), Some(&flotilla_envs::KwargValue::Int(4)), "defaults are written out");
+    assert_eq!(resolved.get("terminal_on_life_loss"), Some(&flotilla_envs::KwargValue::Bool(true)));
+    assert_eq!(train.observation_space().shape(), &[4, 84, 84]);
+    let eval = make_vector("atari:pong", &kwargs, 1, EnvRole::Evaluation).unwrap();
+    assert_eq!(eval.resolved_kwargs().get("terminal_on_life_loss"), Some(&flotilla_envs::KwargValue::Bool(false)));
+    assert_eq!(eval.resolved_kwargs().get("clip_rewards"), Some(&flotilla_envs::KwargValue::Bool(false)));
+    for (kwargs, what) in [
+        (Kwargs::new().with("repeat_action_probability", 1.5), "not a probability"),
+        (Kwargs::new().with("frameskip", 0i64), "expected an integer ≥ 1"),
+        (Kwargs::new().with("sticky", true), "unknown argument; Atari envs take repeat_action_probability"),
+        (Kwargs::new().with("clip_rewards", 1i64), "expected true or false"),
+    ] {
+        let e = make_vector("atari:pong", &kwargs, 1, EnvRole::Training).err().expect("refused").to_string();
+        assert!(e.contains(what), "{e}");
+    }
+    let e = make_vector("atari:Pongg", &Kwargs::new(), 1, EnvRole::Training).err().expect("unknown").to_string();
+    assert!(e.contains("pongg") && e.contains("breakout"), "an unknown game lists the known ones: {e}");
 }
