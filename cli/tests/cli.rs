@@ -182,3 +182,40 @@ fn python_gymnasium_envs_train_resume_and_evaluate() {
     assert!(!bad.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `examples/configs/pong_ppo.toml` for a few thousand steps: PPO on u8 frames with the Nature CNN trains,
+/// stops, resumes (the agent exactly, the games anew: ale-py's vector env has no snapshot), evaluates whole
+/// games, and the run directory's resolved config records every Atari setting (sticky actions included).
+#[test]
+fn atari_ppo_trains_resumes_and_evaluates() {
+    let dir = common::scratch("cli", "atari_ppo");
+    let run = dir.join("run");
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/pong_ppo.toml");
+    let set = ["run.total_env_steps=2048", "eval.interval_steps=1024", "eval.episodes=1", "env.num_envs=8"];
+    let mut args = vec!["train", config, "--out", run.to_str().unwrap(), "--stop-at", "1024"];
+    for s in &set {
+        args.extend(["--set", s]);
+    }
+    let out = flotilla(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at 1024"), "{}", text(&out));
+    let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    for line in ["repeat_action_probability = 0.25", "frameskip = 4", "terminal_on_life_loss = true"] {
+        assert!(resolved.contains(line), "resolved config lacks {line:?}:\n{resolved}");
+    }
+    let out = flotilla(&["train", "--resume", run.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("for 2048 env steps"), "{}", text(&out));
+    let out = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    // A whole game of Pong ends at 21 points for one side: the score is in [-21, 21] and not 0.
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    let score: f64 = report
+        .split("mean return ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no score in {report}"));
+    assert!((-21.0..=21.0).contains(&score) && score != 0.0, "{report}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
