@@ -1,27 +1,37 @@
-//! `flotilla-bench-atari`: actor-side Atari throughput, Flotilla against ale-py driven from Python, side by
-//! side in one run.
+//! `flotilla-bench-atari`: Atari throughput, side by side in one run.
 //!
 //! ```text
-//! cargo run --release -p flotilla-tests --bin flotilla-bench-atari [-- --steps N --games pong,breakout]
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-atari [-- --only actors|learner --steps N
+//!     --games pong,breakout --rounds R]
 //! ```
-//! Both sides step ale-py's C++ `AtariVectorEnv` (v5 sticky actions, frame skip 4, 84×84 grey, 4 stacked
-//! frames, noop and fire resets, one emulator thread) with uniformly random actions: Flotilla through
-//! `flotilla_envs_python::AtariVecEnv` (u8 frames copied into its batch, same-step auto-reset, life-loss
-//! terminals, clipped and raw rewards), Python through `tests/peers/atari_python.py`. Frames/s count the four
-//! emulator frames of each agent step. Rounds alternate the two sides; the table shows each round and the
-//! median ratio.
+//! **Actors.** Both sides step ale-py's C++ `AtariVectorEnv` (v5 sticky actions, frame skip 4, 84×84 grey, 4
+//! stacked frames, noop and fire resets, one emulator thread, 8 envs) with uniformly random actions: Flotilla
+//! through `make_vector("atari:<game>")` and the `VectorEnv` contract exactly as the trainer and actors step it
+//! (u8 frames copied into its batch, same-step auto-reset, life-loss terminals, clipped and raw rewards),
+//! Python through `tests/peers/atari_python.py`. Frames/s count the four emulator frames of each agent step.
+//! Rounds alternate the two sides; the table shows each round and the median ratio.
+//!
+//! **Learner.** One PPO update of `examples/configs/pong_ppo.toml`'s shape on a rollout of random u8 frames:
+//! 8 envs × 128 steps, 4 epochs of 4 minibatches of 256, Nature-CNN forward, backward, gradient clipping and
+//! Adam, on 1 and 2 torch threads. Samples/s count each sample once per epoch. GFLOP/s use the network's
+//! analytic multiply-adds (forward 9.35 M MACs per sample; backward counted as twice the forward, the usual
+//! estimate) and are set against this machine's measured f32 matmul peak (1024² `matmul`, same threads).
 use std::process::Command;
 use std::time::Instant;
 
-use flotilla_envs_python::{AtariConfig, AtariVecEnv};
+use flotilla_algorithms::ppo::{Ppo, PpoConfig};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Policy, Progress, Transition};
+use flotilla_core::ObsRef;
+use flotilla_envs::{EnvRole, Kwargs, VecActions, make_vector};
+use tch::{Device, Kind, Tensor};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Agent steps per second of Flotilla's Atari vector env over `steps` batched steps.
 fn flotilla_sps(game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f64> {
-    let mut env = AtariVecEnv::new(AtariConfig::training(game), n)?;
+    let mut env = make_vector(&format!("atari:{game}"), &Kwargs::new(), n, EnvRole::Training)?;
     env.reset(Some(seed))?;
-    let n_actions = env.n_actions() as u64;
+    let n_actions = env.action_space().flat_dim() as u64;
     let mut x = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let actions: Vec<i64> = (0..steps * n)
         .map(|_| {
@@ -31,7 +41,7 @@ fn flotilla_sps(game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f6
         .collect();
     let start = Instant::now();
     for batch in actions.chunks_exact(n) {
-        env.step(batch)?;
+        env.step(&VecActions::Discrete(batch))?;
     }
     Ok((steps * n) as f64 / start.elapsed().as_secs_f64())
 }
@@ -48,35 +58,139 @@ fn python_sps(game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f64>
     Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
 
-fn main() -> BenchResult<()> {
-    let mut steps = 2_000;
-    let mut games = vec!["pong".to_string(), "breakout".to_string()];
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--steps" => steps = args.next().ok_or("--steps N")?.parse()?,
-            "--games" => games = args.next().ok_or("--games a,b")?.split(',').map(str::to_string).collect(),
-            other => {
-                return Err(format!("unknown argument {other:?}; usage: [--steps N] [--games pong,breakout]").into());
-            }
+/// Multiply-adds of one Nature-CNN forward pass on 4×84×84 frames with a 7-unit output (6 logits + value).
+const FORWARD_MACS: f64 = (32 * 256 * 400 + 64 * 512 * 81 + 64 * 576 * 49 + 3136 * 512 + 512 * 7) as f64;
+
+/// This machine's f32 matmul peak in GFLOP/s on the current torch threads (best of a few 1024² products).
+fn matmul_peak() -> f64 {
+    let n = 1024i64;
+    let (a, b) = (Tensor::randn([n, n], (Kind::Float, Device::Cpu)), Tensor::randn([n, n], (Kind::Float, Device::Cpu)));
+    let _ = a.matmul(&b);
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let start = Instant::now();
+        for _ in 0..4 {
+            let _ = a.matmul(&b);
+        }
+        best = best.max(4.0 * 2.0 * (n * n * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+/// Samples/s of PPO updates of pong_ppo.toml's shape on random frames, over `rounds` updates after a warm-up.
+fn learner_samples_per_sec(rounds: usize) -> BenchResult<f64> {
+    let shape = vec![4usize, 84, 84];
+    let dim: usize = shape.iter().product();
+    let obs_space = flotilla_core::Space::Box {
+        low: vec![0.0; dim],
+        high: vec![255.0; dim],
+        shape,
+        dtype: flotilla_core::DType::U8,
+    };
+    let act_space = flotilla_core::Space::discrete(6);
+    let config = PpoConfig {
+        n_steps: 128,
+        batch_size: 256,
+        n_epochs: 4,
+        gamma: 0.99,
+        gae_lambda: 0.95,
+        learning_rate: 2.5e-4,
+        clip_range: 0.1,
+        anneal_clip_range: false,
+        clip_range_vf: Some(0.1),
+        ent_coef: 0.01,
+        ..PpoConfig::default()
+    };
+    let (n_envs, n_steps, epochs) = (8usize, config.n_steps, config.n_epochs);
+    let mut ppo = Ppo::new(&obs_space, &act_space, n_envs, config, Device::Cpu, 1)?;
+    let frames: Vec<u8> = (0..n_envs * dim).map(|i| (i * 7 % 251) as u8).collect();
+    let (rewards, flags) = (vec![0.0f32; n_envs], vec![false; n_envs]);
+    let mut out = ActOutput::default();
+    let mut times = Vec::new();
+    for round in 0..=rounds {
+        for _ in 0..n_steps {
+            ppo.act(ObsRef::U8(&frames), ActMode::Explore, &mut out)?;
+            let step = Transition {
+                obs: ObsRef::U8(&frames),
+                act: &out,
+                rewards: &rewards,
+                terminated: &flags,
+                truncated: &flags,
+                next_obs: ObsRef::U8(&frames),
+            };
+            ppo.observe(&step)?;
+        }
+        let start = Instant::now();
+        ppo.update(&Progress { env_steps: 0, total_env_steps: 1 })?.ok_or("a full rollout updates")?;
+        if round > 0 {
+            times.push(start.elapsed().as_secs_f64());
         }
     }
+    times.sort_by(f64::total_cmp);
+    Ok((epochs * n_envs * n_steps) as f64 / times[times.len() / 2])
+}
+
+fn learner_table(rounds: usize) -> BenchResult<()> {
+    println!("\n## Learner: PPO update on u8 frames (8 × 128 rollout, 4 epochs × 4 minibatches of 256), CPU\n");
+    println!("| torch threads | samples/s | GFLOP/s (≈ 3 × forward) | matmul peak GFLOP/s | share of peak |");
+    println!("|---:|---:|---:|---:|---:|");
+    for threads in [1, 2] {
+        tch::set_num_threads(threads);
+        let peak = matmul_peak();
+        let sps = learner_samples_per_sec(rounds)?;
+        let gflops = sps * 3.0 * 2.0 * FORWARD_MACS / 1e9;
+        println!("| {threads} | {sps:.0} | {gflops:.1} | {peak:.1} | {:.0} % |", 100.0 * gflops / peak);
+    }
+    Ok(())
+}
+
+fn actors_table(games: &[String], steps: usize, rounds: u64) -> BenchResult<()> {
     let n = 8;
     println!(
         "## Atari actor throughput: {n} envs, one emulator thread, random actions, {steps} batched steps per round\n"
     );
     println!("| game | round | Flotilla frames/s | Python frames/s | Flotilla / Python |");
     println!("|---|---:|---:|---:|---:|");
-    for game in &games {
+    for game in games {
         let mut ratios = Vec::new();
-        for round in 1..=3u64 {
+        for round in 1..=rounds {
             let py = python_sps(game, n, steps, round)? * 4.0;
             let ours = flotilla_sps(game, n, steps, round)? * 4.0;
             ratios.push(ours / py);
             println!("| {game} | {round} | {ours:.0} | {py:.0} | {:.2} |", ours / py);
         }
         ratios.sort_by(f64::total_cmp);
-        println!("| {game} | median | | | **{:.2}** |", ratios[1]);
+        println!("| {game} | median | | | **{:.2}** |", ratios[ratios.len() / 2]);
+    }
+    Ok(())
+}
+
+fn main() -> BenchResult<()> {
+    let mut steps = 2_000;
+    let mut rounds = 3;
+    let mut only: Option<String> = None;
+    let mut games = vec!["pong".to_string(), "breakout".to_string()];
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--steps" => steps = args.next().ok_or("--steps N")?.parse()?,
+            "--rounds" => rounds = args.next().ok_or("--rounds R")?.parse()?,
+            "--only" => only = Some(args.next().ok_or("--only actors|learner")?),
+            "--games" => games = args.next().ok_or("--games a,b")?.split(',').map(str::to_string).collect(),
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; usage: [--only actors|learner] [--steps N] [--rounds R] [--games a,b]"
+                )
+                .into());
+            }
+        }
+    }
+    flotilla_envs_python::register();
+    if only.as_deref().is_none_or(|o| o == "actors") {
+        actors_table(&games, steps, rounds as u64)?;
+    }
+    if only.as_deref().is_none_or(|o| o == "learner") {
+        learner_table(rounds)?;
     }
     Ok(())
 }
