@@ -25,6 +25,7 @@ pub mod checkpoint;
 pub mod distributions;
 pub mod dqn;
 pub mod error;
+pub mod frame_replay;
 pub mod gae;
 pub mod host_mlp;
 pub mod metrics;

@@ -114,7 +114,7 @@ impl<O: Element> ReplaySample<O> {
     }
 
     /// Size every field for `batch_size` rows (no allocation once grown).
-    fn resize(&mut self, batch_size: usize, obs_dim: usize, act_dim: usize) {
+    pub(crate) fn resize(&mut self, batch_size: usize, obs_dim: usize, act_dim: usize) {
         self.indices.resize(batch_size, 0);
         self.obs.resize(batch_size * obs_dim, O::default());
         self.actions.resize(batch_size * act_dim, 0.0);
