@@ -13,6 +13,10 @@
 //!   become `(|δ| + ε)^α`; β anneals linearly from `per_beta0` to `per_beta_final`;
 //! * global gradient-norm clipping; Adam.
 //!
+//! Image observations (u8 frame stacks `[C, H, W]`, e.g. Atari) get the Nature-DQN network ([`NatureCnn`],
+//! frames divided by 255 on the device) and a [`FrameReplay`] that stores each frame once; prioritized replay is
+//! available for vector observations only.
+//!
 //! Defaults are RL Zoo's CartPole-v1 DQN (with `[env] num_envs = 1`): 256-256 ReLU MLP, lr 2.3e-3, batch
 //! 64, buffer 100 K, learning starts 1 K, γ 0.99, train every 256 steps with 128 gradient steps, target
 //! every 10 steps, ε 1 → 0.04 over 16 % of training; no double-Q, dueling, PER or n-step (turn them on).
@@ -28,12 +32,14 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::acting::ActingPolicy;
+use crate::actor_critic::is_image;
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
+use crate::frame_replay::FrameReplay;
 use crate::host_mlp::HostScratch;
 use crate::n_step::NStep;
-use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
+use crate::nets::{Activation, FlatMlp, LayerInit, NatureCnn, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::replay::{Element, PrioritizedReplay, ReplayBuffer, ReplaySample};
@@ -171,11 +177,19 @@ pub fn linear(start: f64, end: f64, fraction: f64, progress_remaining: f64) -> f
     if fraction <= 0.0 || elapsed > fraction { end } else { start + elapsed * (end - start) / fraction }
 }
 
-/// Uniform or prioritized replay.
+/// Uniform or prioritized replay of vectors, or uniform replay of frame stacks.
 #[derive(Debug)]
 enum Replay {
     Uniform(ReplayBuffer<f32>),
     Prioritized(PrioritizedReplay<f32>),
+    Frames(FrameReplay),
+}
+
+/// The n-step accumulator, in the observations' dtype.
+#[derive(Debug)]
+enum Steps {
+    F32(NStep<f32>),
+    U8(NStep<u8>),
 }
 
 /// Counters that schedules and triggers depend on (saved in checkpoints).
@@ -203,7 +217,7 @@ pub struct Dqn {
     target: FlatParams,
     opt: Adam,
     replay: Replay,
-    n_step: NStep<f32>,
+    n_step: Steps,
     n_actions: usize,
     obs_dim: usize,
     n_envs: usize,
@@ -211,6 +225,7 @@ pub struct Dqn {
     device: Device,
     counters: Counters,
     sample: ReplaySample<f32>,
+    frames_sample: ReplaySample<u8>,
     /// Acting's host forward pass: hidden activations and the network's raw output.
     host: (HostScratch, Vec<f32>),
 }
@@ -218,23 +233,29 @@ pub struct Dqn {
 /// The Q-network's layout and forward passes, shared by the agent and its acting copy ([`DqnPolicy`]).
 #[derive(Debug, Clone)]
 struct QNet {
-    net: FlatMlp,
+    body: QBody,
     dueling: bool,
     n_actions: usize,
     obs_dim: usize,
     device: Device,
 }
 
+/// An MLP for vector observations, the Nature CNN for frame stacks.
+#[derive(Debug, Clone)]
+enum QBody {
+    Mlp(FlatMlp),
+    Cnn(NatureCnn),
+}
+
 impl QNet {
-    /// The network for these spaces (a `Discrete` action space) and its initial parameters (PyTorch's default
-    /// init, seeded).
+    /// The network for these spaces (a `Discrete` action space) and its initial parameters, seeded: PyTorch's
+    /// default init for MLPs (SB3), orthogonal with gain √2 (output layer 1) for the CNN.
     fn init(
         observation_space: &Space,
         action_space: &Space,
         config: &DqnConfig,
         seed: u64,
     ) -> Result<(QNet, Vec<(String, Tensor)>)> {
-        let obs_dim = mlp_input_dim("dqn", observation_space)?;
         let Space::Discrete { n: n_actions, .. } = *action_space else {
             return Err(Error::UnsupportedSpace {
                 which: "action",
@@ -244,15 +265,58 @@ impl QNet {
         };
         // A dueling network's last layer holds the value head next to the advantage head.
         let outputs = (n_actions + usize::from(config.dueling)) as i64;
-        let (net, named) = with_torch_seed(seed, || {
-            FlatMlp::init("q", obs_dim as i64, &config.hidden_sizes, outputs, config.activation, LayerInit::Torch, 0)
-        });
-        Ok((QNet { net, dueling: config.dueling, n_actions, obs_dim, device: Device::Cpu }, named))
+        let (obs_dim, body, named) = if is_image(observation_space) {
+            let shape = observation_space.shape();
+            let built = with_torch_seed(seed, || NatureCnn::init("q", shape, &[(outputs, 1.0)], 0));
+            let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
+                which: "observation",
+                algorithm: "dqn",
+                detail: format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
+            })?;
+            (observation_space.flat_dim(), QBody::Cnn(cnn), named)
+        } else {
+            let obs_dim = mlp_input_dim("dqn", observation_space)?;
+            let (net, named) = with_torch_seed(seed, || {
+                FlatMlp::init(
+                    "q",
+                    obs_dim as i64,
+                    &config.hidden_sizes,
+                    outputs,
+                    config.activation,
+                    LayerInit::Torch,
+                    0,
+                )
+            });
+            (obs_dim, QBody::Mlp(net), named)
+        };
+        Ok((QNet { body, dueling: config.dueling, n_actions, obs_dim, device: Device::Cpu }, named))
+    }
+
+    /// Observations as the network takes them on the device: `[B, obs_dim]` floats, or `[B, C, H, W]` frames
+    /// in their own dtype.
+    fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        let t = match obs {
+            ObsRef::F32(v) => Tensor::from_slice(v),
+            ObsRef::U8(v) => Tensor::from_slice(v),
+        };
+        Ok(match &self.body {
+            QBody::Mlp(_) => t.view([-1, self.obs_dim as i64]).to_device(self.device).to_kind(Kind::Float),
+            QBody::Cnn(cnn) => {
+                let [c, h, w] = cnn.shape();
+                t.view([-1, c, h, w]).to_device(self.device)
+            }
+        })
     }
 
     /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
     fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        let out = self.net.forward(params, obs);
+        let out = match &self.body {
+            QBody::Mlp(net) => net.forward(params, obs),
+            QBody::Cnn(cnn) => cnn.forward(params, obs),
+        };
         if self.dueling {
             let value = out.narrow(1, 0, 1);
             let advantage = out.narrow(1, 1, self.n_actions as i64);
@@ -262,11 +326,12 @@ impl QNet {
         }
     }
 
-    /// `Q(obs, ·)` for acting, row-major into `q_values`: without libtorch when the parameters are on the CPU.
+    /// `Q(obs, ·)` for acting, row-major into `q_values`: an MLP on f32 observations without libtorch when the
+    /// parameters are on the CPU.
     fn q_values(
         &self,
         params: &FlatParams,
-        obs: &[f32],
+        obs: ObsRef<'_>,
         host: &mut (HostScratch, Vec<f32>),
         q_values: &mut Vec<f32>,
     ) -> Result<()> {
@@ -275,7 +340,11 @@ impl QNet {
         }
         let rows = obs.len() / self.obs_dim;
         let (scratch, raw) = host;
-        if self.net.forward_host(params, obs, rows, scratch, raw) {
+        let on_host = match (&self.body, obs) {
+            (QBody::Mlp(net), ObsRef::F32(x)) => net.forward_host(params, x, rows, scratch, raw),
+            _ => false,
+        };
+        if on_host {
             // The network without libtorch (CPU parameters); the dueling combination as `forward` does it.
             q_values.clear();
             for row in raw.chunks_exact(raw.len() / rows) {
@@ -288,11 +357,19 @@ impl QNet {
                 }
             }
         } else {
-            let x = Tensor::from_slice(obs).view([-1, self.obs_dim as i64]).to_device(self.device);
+            let x = self.obs_tensor(obs)?;
             let q = tch::no_grad(|| self.forward(params, &x));
             *q_values = Vec::<f32>::try_from(q.flatten(0, -1).to_device(Device::Cpu))?;
         }
         Ok(())
+    }
+}
+
+fn unsupported_obs(obs: ObsRef<'_>) -> Error {
+    Error::UnsupportedSpace {
+        which: "observation",
+        algorithm: "dqn",
+        detail: format!("{:?} observations for a network built for frames", obs.dtype()),
     }
 }
 
@@ -360,7 +437,7 @@ impl Policy for DqnPolicy {
     }
 
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.q.q_values(&self.params, f32_obs("dqn", obs)?, &mut self.host, &mut out.q_values)?;
+        self.q.q_values(&self.params, obs, &mut self.host, &mut out.q_values)?;
         let eps = if self.learner_env_steps < self.config.learning_starts { 1.0 } else { self.floor.max(self.epsilon) };
         epsilon_greedy(self.q.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
         Ok(())
@@ -404,7 +481,21 @@ impl Dqn {
         let online = FlatParams::new(named, device);
         let target = online.target_copy();
         let opt = Adam::new(&online, config.learning_rate, config.adam_eps);
-        let replay = if config.prioritized_replay {
+        let frames = is_image(observation_space);
+        if frames && config.prioritized_replay {
+            return Err(Error::InvalidConfig {
+                algorithm: "dqn",
+                field: "prioritized_replay",
+                value: "true".into(),
+                detail: "prioritized replay of frame stacks is not implemented; set it to false for image \
+                         observations (they use a frame-deduplicating uniform replay)"
+                    .into(),
+            });
+        }
+        let replay = if frames {
+            let shape = observation_space.shape();
+            Replay::Frames(FrameReplay::new(config.buffer_size, shape[0], shape[1] * shape[2], 1)?)
+        } else if config.prioritized_replay {
             Replay::Prioritized(PrioritizedReplay::new(
                 config.buffer_size,
                 obs_dim,
@@ -415,7 +506,11 @@ impl Dqn {
         } else {
             Replay::Uniform(ReplayBuffer::new(config.buffer_size, obs_dim, 1)?)
         };
-        let n_step = NStep::new(config.n_step, n_envs, obs_dim, 1, config.gamma)?;
+        let n_step = if frames {
+            Steps::U8(NStep::new(config.n_step, n_envs, obs_dim, 1, config.gamma)?)
+        } else {
+            Steps::F32(NStep::new(config.n_step, n_envs, obs_dim, 1, config.gamma)?)
+        };
         let counters =
             Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
         Ok(Dqn {
@@ -433,6 +528,7 @@ impl Dqn {
             host: Default::default(),
             counters,
             sample: ReplaySample::default(),
+            frames_sample: ReplaySample::default(),
             config,
         })
     }
@@ -454,17 +550,28 @@ impl Dqn {
         match &self.replay {
             Replay::Uniform(r) => r.sample(batch, &mut self.rng, &mut self.sample)?,
             Replay::Prioritized(r) => r.sample(batch, self.counters.beta, &mut self.rng, &mut self.sample)?,
+            Replay::Frames(r) => r.sample(batch, &mut self.rng, &mut self.frames_sample)?,
         }
-        let s = &self.sample;
         let d = self.device;
-        let rows = [batch as i64, self.obs_dim as i64];
-        let obs = f32::to_tensor(&s.obs, &rows)?.to_device(d);
-        let next_obs = f32::to_tensor(&s.next_obs, &rows)?.to_device(d);
-        let actions = Tensor::from_slice(&s.actions).to_kind(Kind::Int64).to_device(d).unsqueeze(1);
-        let rewards = Tensor::from_slice(&s.rewards).to_device(d);
+        let (obs, next_obs, s_actions, s_rewards, s_discounts, s_terminated) = match &self.replay {
+            Replay::Frames(_) => {
+                let s = &self.frames_sample;
+                let obs = self.q.obs_tensor(ObsRef::U8(&s.obs))?;
+                (obs, self.q.obs_tensor(ObsRef::U8(&s.next_obs))?, &s.actions, &s.rewards, &s.discounts, &s.terminated)
+            }
+            _ => {
+                let s = &self.sample;
+                let rows = [batch as i64, self.obs_dim as i64];
+                let obs = f32::to_tensor(&s.obs, &rows)?.to_device(d);
+                let next_obs = f32::to_tensor(&s.next_obs, &rows)?.to_device(d);
+                (obs, next_obs, &s.actions, &s.rewards, &s.discounts, &s.terminated)
+            }
+        };
+        let actions = Tensor::from_slice(s_actions).to_kind(Kind::Int64).to_device(d).unsqueeze(1);
+        let rewards = Tensor::from_slice(s_rewards).to_device(d);
         // The bootstrap factor γ^m, zero for terminal transitions.
         let bootstrap: Vec<f32> =
-            s.discounts.iter().zip(&s.terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
+            s_discounts.iter().zip(s_terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
         let bootstrap = Tensor::from_slice(&bootstrap).to_device(d);
         let target = tch::no_grad(|| {
             let next_q = self.q_values(&self.target, &next_obs);
@@ -478,9 +585,9 @@ impl Dqn {
         });
         let q = self.q_values(&self.online, &obs).gather(1, &actions, false).squeeze_dim(1);
         let loss = match &self.replay {
-            Replay::Uniform(_) => q.smooth_l1_loss(&target, Reduction::Mean, 1.0),
+            Replay::Uniform(_) | Replay::Frames(_) => q.smooth_l1_loss(&target, Reduction::Mean, 1.0),
             Replay::Prioritized(_) => {
-                let weights = Tensor::from_slice(&s.weights).to_device(d);
+                let weights = Tensor::from_slice(&self.sample.weights).to_device(d);
                 (q.smooth_l1_loss(&target, Reduction::None, 1.0) * weights).mean(Kind::Float)
             }
         };
@@ -502,6 +609,7 @@ impl Dqn {
         match &self.replay {
             Replay::Uniform(r) => r.len(),
             Replay::Prioritized(r) => r.len(),
+            Replay::Frames(r) => r.len(),
         }
     }
 }
@@ -517,7 +625,7 @@ impl Policy for Dqn {
 
     /// Greedy in `Q`; with `Explore`, ε-greedy (uniformly random before `learning_starts`). Fills `q_values`.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.q.q_values(&self.online, f32_obs("dqn", obs)?, &mut self.host, &mut out.q_values)?;
+        self.q.q_values(&self.online, obs, &mut self.host, &mut out.q_values)?;
         let c = &self.counters;
         let eps = if c.env_steps < self.config.learning_starts { 1.0 } else { c.epsilon };
         epsilon_greedy(self.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
@@ -532,18 +640,24 @@ impl Algorithm for Dqn {
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
         let replay = &mut self.replay;
-        self.n_step.push(
-            f32_obs("dqn", step.obs)?,
-            &step.act.actions,
-            step.rewards,
-            step.terminated,
-            step.truncated,
-            f32_obs("dqn", step.next_obs)?,
-            |e| match replay {
-                Replay::Uniform(r) => r.push(e),
-                Replay::Prioritized(r) => r.push(e),
-            },
-        )?;
+        let (a, r, te, tr) = (&step.act.actions, step.rewards, step.terminated, step.truncated);
+        match (&mut self.n_step, replay) {
+            (Steps::U8(n_step), Replay::Frames(replay)) => {
+                let (ObsRef::U8(obs), ObsRef::U8(next)) = (step.obs, step.next_obs) else {
+                    return Err(unsupported_obs(step.obs));
+                };
+                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e))?;
+            }
+            (Steps::F32(n_step), replay) => {
+                let (obs, next) = (f32_obs("dqn", step.obs)?, f32_obs("dqn", step.next_obs)?);
+                n_step.push(obs, a, r, te, tr, next, |e| match replay {
+                    Replay::Uniform(r) => r.push(e).map(drop),
+                    Replay::Prioritized(r) => r.push(e).map(drop),
+                    Replay::Frames(_) => unreachable!("frame replay goes with u8 n-step"),
+                })?;
+            }
+            (Steps::U8(_), _) => unreachable!("u8 n-step goes with frame replay"),
+        }
         let c = &mut self.counters;
         c.env_steps += self.n_envs as u64;
         c.since_train += 1;
@@ -595,8 +709,12 @@ impl Algorithm for Dqn {
         match &self.replay {
             Replay::Uniform(r) => r.write_to(&mut c, "replay")?,
             Replay::Prioritized(r) => r.write_to(&mut c, "replay")?,
+            Replay::Frames(r) => r.write_to(&mut c, "replay")?,
         }
-        self.n_step.write_to(&mut c, "n_step")?;
+        match &self.n_step {
+            Steps::F32(n) => n.write_to(&mut c, "n_step")?,
+            Steps::U8(n) => n.write_to(&mut c, "n_step")?,
+        }
         c.put_meta("rng", &self.rng)?;
         c.put_meta("counters", &self.counters)?;
         Ok(c)
@@ -609,8 +727,12 @@ impl Algorithm for Dqn {
         match &mut self.replay {
             Replay::Uniform(r) => r.read_from(c, "replay")?,
             Replay::Prioritized(r) => r.read_from(c, "replay")?,
+            Replay::Frames(r) => r.read_from(c, "replay")?,
         }
-        self.n_step.read_from(c, "n_step")?;
+        match &mut self.n_step {
+            Steps::F32(n) => n.read_from(c, "n_step")?,
+            Steps::U8(n) => n.read_from(c, "n_step")?,
+        }
         self.rng = c.meta("rng")?;
         self.counters = c.meta("counters")?;
         Ok(())
@@ -687,7 +809,8 @@ mod tests {
         let config = DqnConfig { dueling: true, hidden_sizes: vec![8], ..Default::default() };
         let dqn = Dqn::new(&obs, &act, 1, config, Device::Cpu, 0).unwrap();
         let x = Tensor::from_slice(&[0.1f32, -0.3, 0.7, 0.2, 0.2, -0.9]).view([2, 3]);
-        let raw = dqn.q.net.forward(&dqn.online, &x);
+        let QBody::Mlp(net) = &dqn.q.body else { panic!("vector observations get an MLP") };
+        let raw = net.forward(&dqn.online, &x);
         let q = dqn.q_values(&dqn.online, &x);
         // Q = V + A − mean(A), so mean_a Q(s, a) = V(s), the first output.
         let mean_q = q.mean_dim(1, false, Kind::Float);
@@ -763,6 +886,80 @@ mod tests {
             assert_eq!(out.actions, vec![1.0], "greedy action pays; Q = {:?}", out.q_values);
             assert!((out.q_values[1] - 1.0).abs() < 0.2 && out.q_values[0].abs() < 0.2, "Q = {:?}", out.q_values);
         }
+    }
+
+    /// A frame-stack bandit: a bright frame in the stack means action 1 pays, a dark one action 0. The CNN
+    /// learns it from u8 frames in the frame replay, and a checkpoint resumes it exactly.
+    #[test]
+    fn frames_get_the_cnn_and_the_frame_replay_learn_and_resume_exactly() {
+        let dim = 4 * 36 * 36;
+        let obs_space = Space::Box {
+            low: vec![0.0; dim],
+            high: vec![255.0; dim],
+            shape: vec![4, 36, 36],
+            dtype: flotilla_core::DType::U8,
+        };
+        let act_space = Space::discrete(2);
+        let config = DqnConfig {
+            learning_starts: 32,
+            train_freq: 4,
+            gradient_steps: 4,
+            batch_size: 16,
+            buffer_size: 1_000,
+            learning_rate: 5e-4,
+            exploration_fraction: 0.3,
+            ..Default::default()
+        };
+        assert!(
+            Dqn::new(
+                &obs_space,
+                &act_space,
+                2,
+                DqnConfig { prioritized_replay: true, ..config.clone() },
+                Device::Cpu,
+                0
+            )
+            .unwrap_err()
+            .to_string()
+            .contains("prioritized_replay")
+        );
+        let mut dqn = Dqn::new(&obs_space, &act_space, 2, config.clone(), Device::Cpu, 3).unwrap();
+        let frame = |bright: bool| vec![if bright { 200u8 } else { 20 }; dim];
+        let total = 600u64;
+        let mut out = ActOutput::default();
+        let mut run = |dqn: &mut Dqn, from: u64, to: u64| {
+            for t in from..=to {
+                let brights = [t % 3 == 0, t % 2 == 0];
+                let obs: Vec<u8> = brights.iter().flat_map(|&b| frame(b)).collect();
+                dqn.act(ObsRef::U8(&obs), ActMode::Explore, &mut out).unwrap();
+                let rewards: Vec<f32> =
+                    brights.iter().zip(&out.actions).map(|(&b, &a)| f32::from((a == 1.0) == b)).collect();
+                let step = Transition {
+                    obs: ObsRef::U8(&obs),
+                    act: &out,
+                    rewards: &rewards,
+                    terminated: &[true, true],
+                    truncated: &[false, false],
+                    next_obs: ObsRef::U8(&obs),
+                };
+                dqn.observe(&step).unwrap();
+                dqn.update(&Progress { env_steps: 2 * t, total_env_steps: 2 * total }).unwrap();
+            }
+        };
+        run(&mut dqn, 1, 300);
+        let saved = dqn.checkpoint().unwrap();
+        let mut resumed = Dqn::new(&obs_space, &act_space, 2, config, Device::Cpu, 9).unwrap();
+        let mut c = saved;
+        resumed.restore(&mut c).unwrap();
+        run(&mut dqn, 301, total);
+        run(&mut resumed, 301, total);
+        assert!(dqn.online.flat().equal(resumed.online.flat()), "a resumed run continues bit for bit");
+        for bright in [true, false] {
+            let obs = frame(bright);
+            dqn.act(ObsRef::U8(&obs), ActMode::Deterministic, &mut out).unwrap();
+            assert_eq!(out.actions, vec![f32::from(bright)], "Q = {:?}", out.q_values);
+        }
+        assert!(dqn.act(ObsRef::F32(&[0.0; 4]), ActMode::Deterministic, &mut out).is_err(), "wrong length");
     }
 
     #[test]

@@ -191,7 +191,8 @@ fn atari_ppo_trains_resumes_and_evaluates() {
     let dir = common::scratch("cli", "atari_ppo");
     let run = dir.join("run");
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/pong_ppo.toml");
-    let set = ["run.total_env_steps=2048", "eval.interval_steps=1024", "eval.episodes=1", "env.num_envs=8"];
+    // One torch thread: tests run side by side, and oversubscribed libtorch threads spin.
+    let set = ["run.total_env_steps=2048", "eval.interval_steps=1024", "eval.episodes=1", "run.torch_threads=1"];
     let mut args = vec!["train", config, "--out", run.to_str().unwrap(), "--stop-at", "1024"];
     for s in &set {
         args.extend(["--set", s]);
@@ -217,5 +218,37 @@ fn atari_ppo_trains_resumes_and_evaluates() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no score in {report}"));
     assert!((-21.0..=21.0).contains(&score) && score != 0.0, "{report}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `examples/configs/pong_dqn.toml` for a few thousand steps: DQN with the Nature CNN and the frame replay
+/// trains on u8 frames past `learning_starts`, stops, resumes and evaluates whole games.
+#[test]
+fn atari_dqn_trains_resumes_and_evaluates() {
+    let dir = common::scratch("cli", "atari_dqn");
+    let run = dir.join("run");
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/pong_dqn.toml");
+    let set = [
+        "run.total_env_steps=1200",
+        "run.torch_threads=1",
+        "algorithm.learning_starts=400",
+        "algorithm.buffer_size=2000",
+        "eval.interval_steps=100000",
+        "eval.episodes=1",
+        "metrics.log_interval_steps=200",
+    ];
+    let mut args = vec!["train", config, "--out", run.to_str().unwrap(), "--stop-at", "600"];
+    for s in &set {
+        args.extend(["--set", s]);
+    }
+    let out = flotilla(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at 600"), "{}", text(&out));
+    assert!(text(&out).contains("td_loss"), "it trained past learning_starts: {}", text(&out));
+    let out = flotilla(&["train", "--resume", run.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("for 1200 env steps"), "{}", text(&out));
+    let out = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "1"]);
+    assert!(out.status.success() && text(&out).contains("atari:pong: mean return"), "{}", text(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }
