@@ -8,8 +8,9 @@
 //! stacked frames, noop and fire resets, one emulator thread, 8 envs) with uniformly random actions: Flotilla
 //! through `make_vector("atari:<game>")` and the `VectorEnv` contract exactly as the trainer and actors step it
 //! (u8 frames copied into its batch, same-step auto-reset, life-loss terminals, clipped and raw rewards),
-//! Python through `tests/peers/atari_python.py`. Frames/s count the four emulator frames of each agent step.
-//! Rounds alternate the two sides; the table shows each round and the median ratio.
+//! Python through `tests/peers/atari_python.py`; and EnvPool (`tests/peers/atari_envpool.py`, same settings,
+//! one worker thread) when `scripts/setup_peers.sh` has installed it. Frames/s count the four emulator frames
+//! of each agent step. Rounds alternate the sides; the table shows each round and the median ratio.
 //!
 //! **Learner.** One PPO update of `examples/configs/pong_ppo.toml`'s shape on a rollout of random u8 frames:
 //! 8 envs × 128 steps, 4 epochs of 4 minibatches of 256, Nature-CNN forward, backward, gradient clipping and
@@ -49,9 +50,24 @@ fn flotilla_sps(game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f6
 /// The same from Python (`tests/peers/atari_python.py`), in a process of its own.
 fn python_sps(game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f64> {
     let python = option_env!("FLOTILLA_PYTHON").ok_or("FLOTILLA_PYTHON unset at build time: run scripts/setup.sh")?;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/atari_python.py");
+    peer_sps(python, "atari_python.py", game, n, steps, seed)
+}
+
+/// EnvPool's interpreter, if `scripts/setup_peers.sh` installed it.
+fn envpool_python() -> Option<String> {
+    let cache = std::env::var("FLOTILLA_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|_| std::env::var("HOME").map(|h| std::path::Path::new(&h).join(".cache/flotilla")))
+        .ok()?;
+    let python = cache.join("peers-venv/bin/python");
+    python.is_file().then(|| python.display().to_string())
+}
+
+/// Agent steps per second a peer script (in `tests/peers/`) reports.
+fn peer_sps(python: &str, script: &str, game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f64> {
+    let script = format!("{}/peers/{script}", env!("CARGO_MANIFEST_DIR"));
     let out =
-        Command::new(python).args([script, game, &n.to_string(), &steps.to_string(), &seed.to_string()]).output()?;
+        Command::new(python).args([&script, game, &n.to_string(), &steps.to_string(), &seed.to_string()]).output()?;
     if !out.status.success() {
         return Err(format!("{script}: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
@@ -149,18 +165,35 @@ fn actors_table(games: &[String], steps: usize, rounds: u64) -> BenchResult<()> 
     println!(
         "## Atari actor throughput: {n} envs, one emulator thread, random actions, {steps} batched steps per round\n"
     );
-    println!("| game | round | Flotilla frames/s | Python frames/s | Flotilla / Python |");
-    println!("|---|---:|---:|---:|---:|");
+    let envpool = envpool_python();
+    println!(
+        "| game | round | Flotilla frames/s | ale-py from Python frames/s | EnvPool frames/s | Flotilla / Python | Flotilla / EnvPool |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for game in games {
-        let mut ratios = Vec::new();
+        let (mut ratios, mut pool_ratios) = (Vec::new(), Vec::new());
         for round in 1..=rounds {
             let py = python_sps(game, n, steps, round)? * 4.0;
+            let pool = match &envpool {
+                Some(python) => Some(peer_sps(python, "atari_envpool.py", game, n, steps, round)? * 4.0),
+                None => None,
+            };
             let ours = flotilla_sps(game, n, steps, round)? * 4.0;
             ratios.push(ours / py);
-            println!("| {game} | {round} | {ours:.0} | {py:.0} | {:.2} |", ours / py);
+            let (pool_cell, pool_ratio) = match pool {
+                Some(p) => {
+                    pool_ratios.push(ours / p);
+                    (format!("{p:.0}"), format!("{:.2}", ours / p))
+                }
+                None => ("not installed".into(), "—".into()),
+            };
+            println!("| {game} | {round} | {ours:.0} | {py:.0} | {pool_cell} | {:.2} | {pool_ratio} |", ours / py);
         }
-        ratios.sort_by(f64::total_cmp);
-        println!("| {game} | median | | | **{:.2}** |", ratios[ratios.len() / 2]);
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).map_or("—".to_string(), |m| format!("**{m:.2}**"))
+        };
+        println!("| {game} | median | | | | {} | {} |", median(&mut ratios), median(&mut pool_ratios));
     }
     Ok(())
 }
