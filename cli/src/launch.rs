@@ -141,6 +141,13 @@ pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Op
         report.env_steps,
         report.train_secs
     );
+    if actors.is_some() && report.train_secs > 0.0 {
+        println!(
+            "learner time: {:.0} % in updates, {:.0} % waiting for actors' data",
+            100.0 * report.update_secs / report.train_secs,
+            100.0 * report.wait_secs / report.train_secs
+        );
+    }
     let threshold = flotilla_envs::spec(&config.env.id).ok().and_then(|s| s.reward_threshold);
     if let Some((threshold, first)) = threshold.and_then(|t| Some((t, report.first_reaching(t)?))) {
         println!(

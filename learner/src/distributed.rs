@@ -251,7 +251,10 @@ impl DistributedLearner {
         let mut last_data = Instant::now();
         let mut waited_log = Instant::now();
         while self.counters.run.env_steps < total.min(self.stop_at) && !stop.load(Ordering::SeqCst) {
-            let Some(delivery) = next_delivery(self.runtime.handle(), &mut self.rx, Duration::from_millis(200)) else {
+            let waiting = Instant::now();
+            let next = next_delivery(self.runtime.handle(), &mut self.rx, Duration::from_millis(200));
+            self.counters.run.wait_secs += waiting.elapsed().as_secs_f64();
+            let Some(delivery) = next else {
                 if last_data.elapsed() > Duration::from_secs(10) && waited_log.elapsed() > Duration::from_secs(10) {
                     info!("waiting for actors ({} registered)", self.hub.live_actors());
                     waited_log = Instant::now();

@@ -75,6 +75,8 @@ pub struct TrainReport {
     pub train_secs: f64,
     /// Of which, seconds inside updates.
     pub update_secs: f64,
+    /// Of which, seconds a distributed learner waited for actors' data (0 for single-process training).
+    pub wait_secs: f64,
     /// Evaluations during training, in order (the last one is the final policy's).
     pub evals: Vec<EvalPoint>,
 }
@@ -102,6 +104,9 @@ pub(crate) struct RunCounters {
     pub(crate) episodes: u64,
     pub(crate) train_secs: f64,
     pub(crate) update_secs: f64,
+    /// Seconds a distributed learner spent waiting for data (absent in checkpoints of older runs: 0).
+    #[serde(default)]
+    pub(crate) wait_secs: f64,
     /// Env steps and train seconds at the last log row.
     last_log: (u64, f64),
     next_eval: u64,
@@ -202,6 +207,7 @@ impl RunCounters {
             gradient_steps: self.gradient_steps,
             train_secs: self.train_secs,
             update_secs: self.update_secs,
+            wait_secs: self.wait_secs,
             evals: self.evals.clone(),
         }
     }
