@@ -148,20 +148,11 @@ impl ActorCritic {
     /// Observations `rows × obs_dim` as a tensor on the device, in their own dtype (frames are copied to the
     /// device as bytes; the network scales them there): `[B, obs_dim]`, or `[B, C, H, W]` for the CNN.
     pub fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        let t = match obs {
-            ObsRef::F32(v) => Tensor::from_slice(v),
-            ObsRef::U8(v) => Tensor::from_slice(v),
+        let cnn = match &self.body {
+            Body::Mlp(_) => None,
+            Body::Cnn(cnn) => Some(cnn),
         };
-        Ok(match &self.body {
-            Body::Mlp(_) => t.view([-1, self.obs_dim as i64]).to_device(self.device).to_kind(Kind::Float),
-            Body::Cnn(cnn) => {
-                let [c, h, w] = cnn.shape();
-                t.view([-1, c, h, w]).to_device(self.device)
-            }
-        })
+        crate::nets::obs_tensor(obs, self.obs_dim, cnn, self.device)
     }
 
     /// Stored actions as the distribution takes them: i64 indices `[B]` or floats `[B, D]`.

@@ -295,20 +295,11 @@ impl QNet {
     /// Observations as the network takes them on the device: `[B, obs_dim]` floats, or `[B, C, H, W]` frames
     /// in their own dtype.
     fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        let t = match obs {
-            ObsRef::F32(v) => Tensor::from_slice(v),
-            ObsRef::U8(v) => Tensor::from_slice(v),
+        let cnn = match &self.body {
+            QBody::Mlp(_) => None,
+            QBody::Cnn(cnn) => Some(cnn),
         };
-        Ok(match &self.body {
-            QBody::Mlp(_) => t.view([-1, self.obs_dim as i64]).to_device(self.device).to_kind(Kind::Float),
-            QBody::Cnn(cnn) => {
-                let [c, h, w] = cnn.shape();
-                t.view([-1, c, h, w]).to_device(self.device)
-            }
-        })
+        crate::nets::obs_tensor(obs, self.obs_dim, cnn, self.device)
     }
 
     /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).

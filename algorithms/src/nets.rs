@@ -17,6 +17,31 @@ pub fn with_torch_seed<T>(seed: u64, build: impl FnOnce() -> T) -> T {
     build()
 }
 
+/// Observations (`rows × obs_dim`, row-major) as a network's input on `device`: `[B, obs_dim]` f32 for an MLP
+/// (frames converted there, on the device), `[B, C, H, W]` in their own dtype for `cnn` (it scales frames itself).
+/// A batch that is empty or not whole rows is an error.
+pub fn obs_tensor(
+    obs: flotilla_core::ObsRef<'_>,
+    obs_dim: usize,
+    cnn: Option<&NatureCnn>,
+    device: tch::Device,
+) -> crate::Result<Tensor> {
+    if obs.is_empty() || !obs.len().is_multiple_of(obs_dim) {
+        return Err(crate::Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: obs_dim });
+    }
+    let t = match obs {
+        flotilla_core::ObsRef::F32(v) => Tensor::from_slice(v),
+        flotilla_core::ObsRef::U8(v) => Tensor::from_slice(v),
+    };
+    Ok(match cnn {
+        None => t.view([-1, obs_dim as i64]).to_device(device).to_kind(tch::Kind::Float),
+        Some(cnn) => {
+            let [c, h, w] = cnn.shape();
+            t.view([-1, c, h, w]).to_device(device)
+        }
+    })
+}
+
 /// A linear layer with orthogonal weights of the given gain and zero bias.
 pub fn orthogonal_linear(p: nn::Path, inputs: i64, outputs: i64, gain: f64) -> nn::Linear {
     let cfg = LinearConfig { ws_init: Init::Orthogonal { gain }, bs_init: Some(Init::Const(0.0)), bias: true };
