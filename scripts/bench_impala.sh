@@ -11,14 +11,14 @@ cargo build --release -p flotilla-cli >/dev/null 2>&1
 bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/flotilla"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-echo "| actors | agent steps | train s | frames/s | learner in updates | learner waiting |"
-echo "|---:|---:|---:|---:|---:|---:|"
+echo "| actors | agent steps | train s | frames/s | learner in updates | of which assembling batches | learner waiting |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
 for n in 1 2 4; do
   out="$("$bin" train examples/configs/pong_impala.toml --actors "$n" --set "run.total_env_steps=$steps" \
     --set eval.interval_steps=100000000 --set eval.episodes=1 --out "$scratch/run$n" 2>/dev/null)"
   secs="$(sed -n 's/.* env steps in \([0-9.]*\) s$/\1/p' <<<"$out")"
   done_steps="$(sed -n 's/.* for \([0-9]*\) env steps in .*/\1/p' <<<"$out")"
-  busy="$(sed -n 's/learner time: \([0-9]*\) % in updates, \([0-9]*\) % waiting.*/\1 %|\2 %/p' <<<"$out")"
+  busy="$(sed -n 's/learner time: \([0-9]*\) % in updates (of which \([0-9.]*\) % assembling batches), \([0-9]*\) % waiting.*/\1 % | \2 % | \3 %/p' <<<"$out")"
   fps="$(python3 -c "print(f'{4 * $done_steps / $secs:.0f}')")"
-  echo "| $n | $done_steps | $secs | $fps | ${busy%%|*} | ${busy##*|} |"
+  echo "| $n | $done_steps | $secs | $fps | $busy |"
 done

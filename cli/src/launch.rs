@@ -142,10 +142,12 @@ pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Op
         report.train_secs
     );
     if actors.is_some() && report.train_secs > 0.0 {
+        let share = |secs: f64| 100.0 * secs / report.train_secs;
         println!(
-            "learner time: {:.0} % in updates, {:.0} % waiting for actors' data",
-            100.0 * report.update_secs / report.train_secs,
-            100.0 * report.wait_secs / report.train_secs
+            "learner time: {:.0} % in updates (of which {:.1} % assembling batches), {:.0} % waiting for actors' data",
+            share(report.update_secs),
+            share(report.assemble_secs),
+            share(report.wait_secs)
         );
     }
     let threshold = flotilla_envs::spec(&config.env.id).ok().and_then(|s| s.reward_threshold);

@@ -420,9 +420,11 @@ impl DistributedLearner {
         let started = Instant::now();
         let progress =
             Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
-        let agent = &mut self.agent;
+        let (agent, assemble_secs) = (&mut self.agent, &mut self.counters.run.assemble_secs);
         let updated = guarded(|| {
+            let assembling = Instant::now();
             agent.observe_chunks(batch)?;
+            *assemble_secs += assembling.elapsed().as_secs_f64();
             agent.update(&progress)
         });
         match updated {

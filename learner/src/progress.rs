@@ -75,7 +75,10 @@ pub struct TrainReport {
     pub train_secs: f64,
     /// Of which, seconds inside updates.
     pub update_secs: f64,
-    /// Of which, seconds a distributed learner waited for actors' data (0 for single-process training).
+    /// Of `update_secs`, seconds a distributed on-policy learner spent assembling batches (stacking chunks into
+    /// the rollout, values of their final observations) before the update proper.
+    pub assemble_secs: f64,
+    /// Of `train_secs`, seconds a distributed learner waited for actors' data (0 for single-process training).
     pub wait_secs: f64,
     /// Evaluations during training, in order (the last one is the final policy's).
     pub evals: Vec<EvalPoint>,
@@ -107,6 +110,9 @@ pub(crate) struct RunCounters {
     /// Seconds a distributed learner spent waiting for data (absent in checkpoints of older runs: 0).
     #[serde(default)]
     pub(crate) wait_secs: f64,
+    /// Seconds a distributed on-policy learner spent stacking chunks into its rollout (older runs: 0).
+    #[serde(default)]
+    pub(crate) assemble_secs: f64,
     /// Env steps and train seconds at the last log row.
     last_log: (u64, f64),
     next_eval: u64,
@@ -208,6 +214,7 @@ impl RunCounters {
             train_secs: self.train_secs,
             update_secs: self.update_secs,
             wait_secs: self.wait_secs,
+            assemble_secs: self.assemble_secs,
             evals: self.evals.clone(),
         }
     }
