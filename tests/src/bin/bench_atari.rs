@@ -17,6 +17,9 @@
 //! Adam, on 1 and 2 torch threads. Samples/s count each sample once per epoch. GFLOP/s use the network's
 //! analytic multiply-adds (forward 9.35 M MACs per sample; backward counted as twice the forward, the usual
 //! estimate) and are set against this machine's measured f32 matmul peak (1024² `matmul`, same threads).
+//! PyTorch runs the same update from Python (`tests/peers/ppo_update_torch.py`: CleanRL's network and loss) when
+//! `scripts/setup_peers.sh --torch` has installed it, as is (NCHW f32, oneDNN convolutions), in channels-last
+//! memory format and under CPU bf16 autocast; the ratio is against its fastest variant.
 use std::process::Command;
 use std::time::Instant;
 
@@ -146,16 +149,46 @@ fn learner_samples_per_sec(rounds: usize) -> BenchResult<f64> {
     Ok((epochs * n_envs * n_steps) as f64 / times[times.len() / 2])
 }
 
+/// PyTorch's samples/s for the same update (`tests/peers/ppo_update_torch.py`), if the peers venv has torch.
+fn torch_samples_per_sec(python: &str, threads: i32, rounds: usize, variant: &str) -> BenchResult<f64> {
+    let script = format!("{}/peers/ppo_update_torch.py", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python).args([&script, &threads.to_string(), &rounds.to_string(), variant]).output()?;
+    if !out.status.success() {
+        return Err(format!("{script} {variant}: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
 fn learner_table(rounds: usize) -> BenchResult<()> {
+    let torch = envpool_python()
+        .filter(|python| Command::new(python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success()));
     println!("\n## Learner: PPO update on u8 frames (8 × 128 rollout, 4 epochs × 4 minibatches of 256), CPU\n");
-    println!("| torch threads | samples/s | GFLOP/s (≈ 3 × forward) | matmul peak GFLOP/s | share of peak |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| torch threads | Flotilla samples/s | GFLOP/s (≈ 3 × forward) | matmul peak GFLOP/s | share of peak | \
+         PyTorch samples/s (NCHW / channels-last / bf16) | Flotilla / best PyTorch |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for threads in [1, 2] {
         tch::set_num_threads(threads);
         let peak = matmul_peak();
         let sps = learner_samples_per_sec(rounds)?;
         let gflops = sps * 3.0 * 2.0 * FORWARD_MACS / 1e9;
-        println!("| {threads} | {sps:.0} | {gflops:.1} | {peak:.1} | {:.0} % |", 100.0 * gflops / peak);
+        let (peers, ratio) = match &torch {
+            Some(python) => {
+                let variants = ["default", "channels_last", "bf16"]
+                    .iter()
+                    .map(|v| torch_samples_per_sec(python, threads, rounds, v))
+                    .collect::<BenchResult<Vec<f64>>>()?;
+                let best = variants.iter().copied().fold(0.0, f64::max);
+                let cells = variants.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(" / ");
+                (cells, format!("**{:.2}**", sps / best))
+            }
+            None => ("not installed".to_string(), "—".to_string()),
+        };
+        println!(
+            "| {threads} | {sps:.0} | {gflops:.1} | {peak:.1} | {:.0} % | {peers} | {ratio} |",
+            100.0 * gflops / peak
+        );
     }
     Ok(())
 }
