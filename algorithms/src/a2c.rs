@@ -35,11 +35,11 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::acting::{ActingPolicy, GradientWorker};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
-use crate::nets::Activation;
+use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::ppo::explained_variance;
@@ -97,6 +97,8 @@ pub struct A2cConfig {
     /// with its truncation thresholds), advantages and value targets are recomputed with V-trace under the
     /// current parameters before each gradient, and `gae_lambda` is unused. `None` is plain A2C.
     pub vtrace: Option<VtraceConfig>,
+    /// How the Nature CNN computes for image observations (`[algorithm.cnn]`: channels-last, bf16).
+    pub cnn: CnnOptions,
 }
 
 impl Default for A2cConfig {
@@ -118,11 +120,22 @@ impl Default for A2cConfig {
             activation: Activation::Tanh,
             log_std_init: 0.0,
             vtrace: None,
+            cnn: CnnOptions::default(),
         }
     }
 }
 
 impl A2cConfig {
+    /// The network this config describes.
+    pub fn net(&self) -> NetConfig<'_> {
+        NetConfig {
+            hidden: &self.hidden_sizes,
+            activation: self.activation,
+            log_std_init: self.log_std_init,
+            cnn: self.cnn,
+        }
+    }
+
     /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
     pub fn validate(&self, num_envs: usize) -> Result<()> {
         let bad = |field, value: String, detail: &str| {
@@ -275,8 +288,7 @@ fn network(
     device: Device,
     seed: u64,
 ) -> Result<ActorCritic> {
-    let (hidden, activation) = (&config.hidden_sizes, config.activation);
-    ActorCritic::new(name, observation_space, action_space, hidden, activation, config.log_std_init, device, seed)
+    ActorCritic::new(name, observation_space, action_space, &config.net(), device, seed)
 }
 
 /// The clipped A2C loss gradient of `net` on a finished rollout (see [`A2c::compute_gradients`]).

@@ -14,7 +14,7 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::ActingPolicy;
 use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::host_mlp::HostScratch;
-use crate::nets::{Activation, NatureCnn, TwinMlp, mlp_input_dim, with_torch_seed};
+use crate::nets::{Activation, CnnOptions, NatureCnn, TwinMlp, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::Rollout;
@@ -69,6 +69,19 @@ pub fn is_image(space: &Space) -> bool {
     matches!(space, Space::Box { shape, dtype: DType::U8, .. } if shape.len() == 3)
 }
 
+/// The network choices of an actor-critic config.
+#[derive(Debug, Clone, Copy)]
+pub struct NetConfig<'a> {
+    /// Hidden widths of the policy and value MLPs (vector observations).
+    pub hidden: &'a [i64],
+    /// Their nonlinearity.
+    pub activation: Activation,
+    /// Initial log-std of a Gaussian policy.
+    pub log_std_init: f64,
+    /// How the Nature CNN computes (image observations).
+    pub cnn: CnnOptions,
+}
+
 /// Policy and value networks over one parameter buffer.
 #[derive(Debug)]
 pub struct ActorCritic {
@@ -83,20 +96,18 @@ pub struct ActorCritic {
 }
 
 impl ActorCritic {
-    /// Build for these spaces (1-D box observations get MLPs of `hidden` widths and `activation`, u8 image
-    /// observations the Nature CNN; discrete or 1-D box actions). `algorithm` names the caller in errors;
-    /// `seed` fixes the initialisation.
-    #[allow(clippy::too_many_arguments)]
+    /// Build for these spaces (1-D box observations get MLPs of `net.hidden` widths, u8 image observations the
+    /// Nature CNN computing as `net.cnn` says; discrete or 1-D box actions). `algorithm` names the caller in
+    /// errors; `seed` fixes the initialisation.
     pub fn new(
         algorithm: &'static str,
         observation_space: &Space,
         action_space: &Space,
-        hidden: &[i64],
-        activation: Activation,
-        log_std_init: f64,
+        net: &NetConfig<'_>,
         device: Device,
         seed: u64,
     ) -> Result<Self> {
+        let NetConfig { hidden, activation, log_std_init, cnn: cnn_options } = *net;
         let action = match action_space {
             Space::Discrete { n, .. } => ActionKind::Discrete(*n),
             Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),
@@ -113,7 +124,7 @@ impl ActorCritic {
                 algorithm,
                 detail: format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
             })?;
-            (observation_space.flat_dim(), Body::Cnn(cnn), named)
+            (observation_space.flat_dim(), Body::Cnn(cnn.with_options(cnn_options)), named)
         } else {
             let obs_dim = mlp_input_dim(algorithm, observation_space)?;
             let (twin, named) = with_torch_seed(seed, || {

@@ -39,7 +39,7 @@ use crate::checkpoint::Checkpoint;
 use crate::frame_replay::FrameReplay;
 use crate::host_mlp::HostScratch;
 use crate::n_step::NStep;
-use crate::nets::{Activation, FlatMlp, LayerInit, NatureCnn, mlp_input_dim, with_torch_seed};
+use crate::nets::{Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::replay::{Element, PrioritizedReplay, ReplayBuffer, ReplaySample};
@@ -101,6 +101,8 @@ pub struct DqnConfig {
     pub per_beta_final: f64,
     /// Added to `|δ|` so no transition has priority 0.
     pub per_eps: f64,
+    /// How the Nature CNN computes for image observations (`[algorithm.cnn]`: channels-last, bf16).
+    pub cnn: CnnOptions,
 }
 
 impl Default for DqnConfig {
@@ -131,6 +133,7 @@ impl Default for DqnConfig {
             per_beta0: 0.4,
             per_beta_final: 1.0,
             per_eps: 1e-6,
+            cnn: CnnOptions::default(),
         }
     }
 }
@@ -267,7 +270,8 @@ impl QNet {
         let outputs = (n_actions + usize::from(config.dueling)) as i64;
         let (obs_dim, body, named) = if is_image(observation_space) {
             let shape = observation_space.shape();
-            let built = with_torch_seed(seed, || NatureCnn::init("q", shape, &[(outputs, 1.0)], 0));
+            let built = with_torch_seed(seed, || NatureCnn::init("q", shape, &[(outputs, 1.0)], 0))
+                .map(|(cnn, named)| (cnn.with_options(config.cnn), named));
             let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
                 which: "observation",
                 algorithm: "dqn",

@@ -2,6 +2,7 @@
 //!
 //! Initialisation follows Stable-Baselines3 / CleanRL: orthogonal weights with gain √2 on hidden layers (a
 //! caller-chosen gain on the output layer, e.g. 0.01 for policy logits, 1 for values) and zero biases.
+use serde::{Deserialize, Serialize};
 use tch::Tensor;
 use tch::nn::{self, Init, LinearConfig};
 
@@ -276,6 +277,25 @@ impl TwinMlp {
     }
 }
 
+/// How the Nature CNN computes on the CPU (`[algorithm.cnn]` in configs). Both are off by default: results are
+/// then those of plain f32 NCHW convolutions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CnnOptions {
+    /// Run the convolutions on channels-last (NHWC) strided tensors, which oneDNN's CPU kernels prefer. Same
+    /// maths (and results to f32 rounding) as NCHW.
+    pub channels_last: bool,
+    /// Mixed precision as PyTorch's CPU autocast: frames, activations and a bf16 copy of the weights through the
+    /// convolutions and linear layers, outputs back to f32; the parameters, their gradients and the optimiser
+    /// stay f32. Results differ from f32 by bf16 rounding (about 3 significant digits).
+    pub bf16: bool,
+}
+
+/// `t` (4-D) with channels-last strides: the same values, NHWC memory order.
+fn channels_last(t: &Tensor) -> Tensor {
+    t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])
+}
+
 /// The convolutional torso of Mnih et al. (2015), "Human-level control through deep reinforcement learning":
 /// 32×8×8 stride 4, 64×4×4 stride 2, 64×3×3 stride 1, then a 512-unit linear layer, all ReLU; then an output
 /// layer of `outputs` units (e.g. `n_actions` logits and one value for an actor-critic, or `n_actions`
@@ -290,6 +310,7 @@ pub struct NatureCnn {
     layers: [usize; 5],
     /// Observation shape `[C, H, W]`.
     shape: [i64; 3],
+    options: CnnOptions,
 }
 
 impl NatureCnn {
@@ -339,7 +360,12 @@ impl NatureCnn {
         named.push((format!("{prefix}.out.weight"), Tensor::cat(&groups, 1).contiguous()));
         named.push((format!("{prefix}.out.bias"), zeros(outputs)));
         let layers = [0, 2, 4, 6, 8].map(|i| first_index + i);
-        Some((NatureCnn { layers, shape: [c, h, w] }, named))
+        Some((NatureCnn { layers, shape: [c, h, w], options: CnnOptions::default() }, named))
+    }
+
+    /// The same network computing as `options` say.
+    pub fn with_options(self, options: CnnOptions) -> Self {
+        NatureCnn { options, ..self }
     }
 
     /// Observation shape `[C, H, W]`.
@@ -349,15 +375,24 @@ impl NatureCnn {
 
     /// The output layer on frames `[B, C, H, W]` (u8 or float 0–255): `[B, outputs]`.
     pub fn forward(&self, params: &crate::params::FlatParams, frames: &Tensor) -> Tensor {
-        let mut h = frames.to_kind(tch::Kind::Float) / 255.0;
+        let CnnOptions { channels_last: nhwc, bf16 } = self.options;
+        let kind = if bf16 { tch::Kind::BFloat16 } else { tch::Kind::Float };
+        let cast = |t: &Tensor| if bf16 { t.to_kind(kind) } else { t.shallow_clone() };
+        let mut h = frames.to_kind(kind) / 255.0;
+        if nhwc {
+            h = channels_last(&h);
+        }
         for (k, &(_, _, stride)) in Self::CONVS.iter().enumerate() {
             let i = self.layers[k];
-            h = h.conv2d(params.view(i), Some(params.view(i + 1)), [stride, stride], [0, 0], [1, 1], 1).relu();
+            let w = if nhwc { channels_last(&cast(params.view(i))) } else { cast(params.view(i)) };
+            h = h.conv2d(&w, Some(cast(params.view(i + 1))), [stride, stride], [0, 0], [1, 1], 1).relu();
         }
+        // `flatten` orders features as C, H, W whatever the memory format, so the fc weights fit both.
         let fc = self.layers[3];
-        let h = params.view(fc + 1).addmm(&h.flatten(1, -1), params.view(fc)).relu();
+        let h = cast(params.view(fc + 1)).addmm(&h.flatten(1, -1), &cast(params.view(fc))).relu();
         let out = self.layers[4];
-        params.view(out + 1).addmm(&h, params.view(out))
+        let y = cast(params.view(out + 1)).addmm(&h, &cast(params.view(out)));
+        if bf16 { y.to_kind(tch::Kind::Float) } else { y }
     }
 }
 
@@ -468,5 +503,32 @@ mod tests {
         let b = cnn.forward(&params, &x.to_kind(Kind::Float));
         assert!(f64::try_from((a - b).abs().max()).unwrap() < 1e-5);
         assert!(NatureCnn::init("cnn", &[4, 30, 30], &[(1, 1.0)], 0).is_none());
+    }
+
+    #[test]
+    fn channels_last_is_the_same_maths_and_bf16_stays_close() {
+        let (cnn, named) = NatureCnn::init("cnn", &[4, 84, 84], &[(6, 0.01), (1, 1.0)], 0).unwrap();
+        let params = crate::params::FlatParams::new(named, Device::Cpu);
+        let frames = Tensor::randint(256, [5, 4, 84, 84], (Kind::Int64, Device::Cpu)).to_kind(Kind::Uint8);
+        let run = |options: CnnOptions| {
+            let named = params.names().enumerate().map(|(i, n)| (n.to_string(), params.view(i).detach().copy()));
+            let mut params = crate::params::FlatParams::new(named.collect(), Device::Cpu);
+            let y = cnn.clone().with_options(options).forward(&params, &frames);
+            params.backward(&y.square().sum(Kind::Float));
+            (y.detach(), params.flat().grad().copy())
+        };
+        let (y, g) = run(CnnOptions::default());
+        let (y_nhwc, g_nhwc) = run(CnnOptions { channels_last: true, bf16: false });
+        let close = |a: &Tensor, b: &Tensor| {
+            f64::try_from((a - b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap()
+        };
+        assert!(close(&y_nhwc, &y) < 1e-5 && close(&g_nhwc, &g) < 1e-4, "channels-last changes only rounding");
+        for options in [CnnOptions { channels_last: false, bf16: true }, CnnOptions { channels_last: true, bf16: true }]
+        {
+            let (y16, g16) = run(options);
+            assert_eq!(y16.kind(), Kind::Float, "outputs come back as f32");
+            assert!(close(&y16, &y) < 5e-2, "{options:?}: outputs within bf16 rounding ({})", close(&y16, &y));
+            assert!(close(&g16, &g) < 1e-1, "{options:?}: gradients within bf16 rounding ({})", close(&g16, &g));
+        }
     }
 }

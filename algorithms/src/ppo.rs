@@ -32,11 +32,11 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
-use crate::nets::Activation;
+use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::{Rollout, RolloutCollector};
@@ -90,6 +90,8 @@ pub struct PpoConfig {
     /// with its truncation thresholds), advantages and value targets are recomputed with V-trace under the
     /// current parameters before each update, and `gae_lambda` is unused. `None` is plain PPO.
     pub vtrace: Option<VtraceConfig>,
+    /// How the Nature CNN computes for image observations (`[algorithm.cnn]`: channels-last, bf16).
+    pub cnn: CnnOptions,
 }
 
 impl Default for PpoConfig {
@@ -115,6 +117,19 @@ impl Default for PpoConfig {
             adam_eps: 1e-5,
             log_std_init: 0.0,
             vtrace: None,
+            cnn: CnnOptions::default(),
+        }
+    }
+}
+
+impl PpoConfig {
+    /// The network this config describes.
+    pub fn net(&self) -> NetConfig<'_> {
+        NetConfig {
+            hidden: &self.hidden_sizes,
+            activation: self.activation,
+            log_std_init: self.log_std_init,
+            cnn: self.cnn,
         }
     }
 }
@@ -269,17 +284,7 @@ impl Ppo {
         seed: u64,
     ) -> Result<Self> {
         config.validate(n_envs)?;
-        let (hidden, activation) = (&config.hidden_sizes, config.activation);
-        let net = ActorCritic::new(
-            "ppo",
-            observation_space,
-            action_space,
-            hidden,
-            activation,
-            config.log_std_init,
-            device,
-            seed,
-        )?;
+        let net = ActorCritic::new("ppo", observation_space, action_space, &config.net(), device, seed)?;
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);

@@ -16,7 +16,7 @@ use tch::Device;
 
 use crate::a2c::{A2c, A2cConfig, A3cWorker};
 use crate::acting::{Acting, ActingSetup};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::algorithm::Algorithm;
 use crate::dqn::{Dqn, DqnConfig, DqnPolicy};
 use crate::ppo::{Ppo, PpoConfig};
@@ -138,17 +138,13 @@ impl AlgorithmConfig {
     /// optimiser, replay or rollout buffers — or, for A3C, a gradient worker.
     pub fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
         let ActingSetup { observation_space: o, action_space: a, n_envs, seed, epsilon_floor } = *setup;
-        let actor_critic = |name, hidden: &[i64], activation, log_std_init| {
-            let net = ActorCritic::new(name, o, a, hidden, activation, log_std_init, Device::Cpu, seed)?;
+        let actor_critic = |name, net: &NetConfig<'_>| {
+            let net = ActorCritic::new(name, o, a, net, Device::Cpu, seed)?;
             Ok::<_, Error>(ActorCriticPolicy::new(net, seed))
         };
         Ok(match self {
-            AlgorithmConfig::Ppo(c) => {
-                Acting::Chunks(Box::new(actor_critic("ppo", &c.hidden_sizes, c.activation, c.log_std_init)?))
-            }
-            AlgorithmConfig::A2c(c) => {
-                Acting::Chunks(Box::new(actor_critic("a2c", &c.hidden_sizes, c.activation, c.log_std_init)?))
-            }
+            AlgorithmConfig::Ppo(c) => Acting::Chunks(Box::new(actor_critic("ppo", &c.net())?)),
+            AlgorithmConfig::A2c(c) => Acting::Chunks(Box::new(actor_critic("a2c", &c.net())?)),
             AlgorithmConfig::A3c(c) => Acting::Gradients(Box::new(A3cWorker::new(o, a, n_envs, c.clone(), seed)?)),
             AlgorithmConfig::Dqn(c) => Acting::Chunks(Box::new(DqnPolicy::new(o, a, c.clone(), epsilon_floor, seed)?)),
             AlgorithmConfig::Ddpg(c) => {
