@@ -2,10 +2,10 @@
 # Whole-system Atari throughput: `flotilla train examples/configs/pong_impala.toml --actors N` for N = 1, 2, 4
 # (STEPS agent steps each, no evaluation during training), printing a Markdown table of frames/s (4 emulator
 # frames per agent step, wall-clock training time) and where the learner's time went.
-#   bash scripts/bench_impala.sh [STEPS]      (default 30720)
+#   bash scripts/bench_impala.sh [STEPS [--set key=value ...]]      (default 30720)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps="${1:-30720}"
+steps="${1:-30720}"; shift || true
 bash scripts/setup.sh >/dev/null 2>&1
 cargo build --release -p flotilla-cli >/dev/null 2>&1
 bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/flotilla"
@@ -15,7 +15,7 @@ echo "| actors | agent steps | train s | frames/s | learner in updates | of whic
 echo "|---:|---:|---:|---:|---:|---:|---:|"
 for n in 1 2 4; do
   out="$("$bin" train examples/configs/pong_impala.toml --actors "$n" --set "run.total_env_steps=$steps" \
-    --set eval.interval_steps=100000000 --set eval.episodes=1 --out "$scratch/run$n" 2>/dev/null)"
+    --set eval.interval_steps=100000000 --set eval.episodes=1 "$@" --out "$scratch/run$n" 2>/dev/null)"
   secs="$(sed -n 's/.* env steps in \([0-9.]*\) s$/\1/p' <<<"$out")"
   done_steps="$(sed -n 's/.* for \([0-9]*\) env steps in .*/\1/p' <<<"$out")"
   busy="$(sed -n 's/learner time: \([0-9]*\) % in updates (of which \([0-9.]*\) % assembling batches), \([0-9]*\) % waiting.*/\1 % | \2 % | \3 %/p' <<<"$out")"
