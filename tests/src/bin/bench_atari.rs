@@ -81,10 +81,11 @@ fn peer_sps(python: &str, script: &str, game: &str, n: usize, steps: usize, seed
 /// Multiply-adds of one Nature-CNN forward pass on 4×84×84 frames with a 7-unit output (6 logits + value).
 const FORWARD_MACS: f64 = (32 * 256 * 400 + 64 * 512 * 81 + 64 * 576 * 49 + 3136 * 512 + 512 * 7) as f64;
 
-/// This machine's f32 matmul peak in GFLOP/s on the current torch threads (best of a few 1024² products).
-fn matmul_peak() -> f64 {
+/// This machine's matmul peak in GFLOP/s for `kind` (f32 or bf16) on the current torch threads (best of a few
+/// 1024² products).
+fn matmul_peak(kind: Kind) -> f64 {
     let n = 1024i64;
-    let (a, b) = (Tensor::randn([n, n], (Kind::Float, Device::Cpu)), Tensor::randn([n, n], (Kind::Float, Device::Cpu)));
+    let (a, b) = (Tensor::randn([n, n], (kind, Device::Cpu)), Tensor::randn([n, n], (kind, Device::Cpu)));
     let _ = a.matmul(&b);
     let mut best = 0.0f64;
     for _ in 0..5 {
@@ -171,16 +172,20 @@ fn learner_table(rounds: usize) -> BenchResult<()> {
         ("channels-last + bf16", CnnOptions { channels_last: true, bf16: true }),
     ];
     println!("\n## Learner: PPO update on u8 frames (8 × 128 rollout, 4 epochs × 4 minibatches of 256), CPU\n");
-    println!("Samples/s; GFLOP/s ≈ 3 × the forward pass's FLOPs per sample; peak = measured 1024² f32 matmul.\n");
     println!(
-        "| torch threads | variant | Flotilla samples/s | GFLOP/s | matmul peak GFLOP/s | share of peak | \
+        "Samples/s; GFLOP/s ≈ 3 × the forward pass's FLOPs per sample; peak = measured 1024² matmul in the \
+         variant's precision (f32, or bf16 for the bf16 variants).\n"
+    );
+    println!(
+        "| torch threads | variant | Flotilla samples/s | GFLOP/s | matmul peak GFLOP/s (variant's precision) | share of peak | \
          PyTorch samples/s | Flotilla / PyTorch |"
     );
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for threads in [1, 2] {
         tch::set_num_threads(threads);
-        let peak = matmul_peak();
+        let peaks = (matmul_peak(Kind::Float), matmul_peak(Kind::BFloat16));
         for (i, (name, options)) in variants.iter().enumerate() {
+            let peak = if options.bf16 { peaks.1 } else { peaks.0 };
             let sps = learner_samples_per_sec(rounds, *options)?;
             let gflops = sps * 3.0 * 2.0 * FORWARD_MACS / 1e9;
             // PyTorch's variants: as is, channels-last, bf16 autocast (channels-last + bf16 is not one of them).
