@@ -209,13 +209,12 @@ impl FrameReplay {
             self.len -= 1; // the oldest slot is the one this push reuses
         }
         let pushed_at = self.next_frame;
-        let mut ids = vec![0u64; 2 * self.stack];
-        for (k, frame) in e.obs.chunks_exact(self.frame_len).chain(e.next_obs.chunks_exact(self.frame_len)).enumerate()
-        {
-            ids[k] = self.intern(frame);
-        }
+        // The slot is past the live range (`len < capacity` here), so eviction inside `intern` never reads it.
         let slot = (self.pushed % self.capacity as u64) as usize;
-        self.ids[slot * 2 * self.stack..(slot + 1) * 2 * self.stack].copy_from_slice(&ids);
+        let frames = e.obs.chunks_exact(self.frame_len).chain(e.next_obs.chunks_exact(self.frame_len));
+        for (k, frame) in frames.enumerate() {
+            self.ids[slot * 2 * self.stack + k] = self.intern(frame);
+        }
         self.pushed_at[slot] = pushed_at;
         self.actions[slot * self.act_dim..(slot + 1) * self.act_dim].copy_from_slice(e.action);
         self.rewards[slot] = e.reward;
