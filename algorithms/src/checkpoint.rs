@@ -90,6 +90,11 @@ impl Checkpoint {
         Vec::<f32>::try_from(t.to_kind(Kind::Float).flatten(0, -1)).map_err(Error::from)
     }
 
+    /// Whether the metadata has a value named `name` (for parts older checkpoints lack).
+    pub fn has_meta(&self, name: &str) -> bool {
+        self.meta.contains_key(name)
+    }
+
     /// Read a JSON metadata value.
     pub fn meta<T: DeserializeOwned>(&self, name: &str) -> Result<T> {
         let v = self.meta.get(name).ok_or_else(|| missing("value", name))?;

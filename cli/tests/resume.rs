@@ -16,8 +16,9 @@ fn ok(out: Output) -> String {
     text
 }
 
-/// Train `cfg` with `sets` to its budget in one process and, separately, to `stop_at` then resumed.
-fn check_resume(label: &str, cfg: &str, sets: &[&str], stop_at: u64) {
+/// Train `cfg` with `sets` to its budget in one process and, separately, to `stop_at` then resumed; returns
+/// what the resumed process printed.
+fn check_resume(label: &str, cfg: &str, sets: &[&str], stop_at: u64) -> String {
     let dir = std::env::temp_dir().join(format!("flotilla-resume-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (one, two) = (dir.join("one_go"), dir.join("resumed"));
@@ -35,16 +36,32 @@ fn check_resume(label: &str, cfg: &str, sets: &[&str], stop_at: u64) {
     ok(run(with_out(&one, &[])));
     let stopped = ok(run(with_out(&two, &["--stop-at".into(), stop_at.to_string()])));
     assert!(stopped.contains(&format!("stopped at {stop_at} of")), "{label}: {stopped}");
-    ok(flotilla(&["train", "--resume", two.to_str().unwrap()]));
+    let resumed = ok(flotilla(&["train", "--resume", two.to_str().unwrap()]));
     let a = std::fs::read(one.join("model.safetensors")).unwrap();
     let b = std::fs::read(two.join("model.safetensors")).unwrap();
     assert!(a == b, "{label}: resumed weights differ from the uninterrupted run");
     std::fs::remove_dir_all(&dir).unwrap();
+    resumed
+}
+
+/// PPO on Atari Pong (ale-py's vector env, which cannot save its games): the resume replays the recorded
+/// actions from the run's seed, so the envs, and with them the weights, continue bit for bit. The stop falls
+/// mid-rollout (125 of 128 steps).
+#[test]
+fn ppo_on_pong_resumes_exactly_by_replaying_the_envs() {
+    let sets = [
+        "run.total_env_steps=2048",
+        "eval.interval_steps=100000",
+        "eval.episodes=1",
+        "metrics.log_interval_steps=512",
+    ];
+    let resumed = check_resume("ppo-pong", "pong_ppo.toml", &sets, 1000);
+    assert!(resumed.contains("replayed 1000 env steps"), "{resumed}");
 }
 
 #[test]
 fn ppo_resumes_exactly_mid_rollout() {
-    check_resume("ppo", "cartpole_ppo.toml", &["run.total_env_steps=2048", "eval.interval_steps=1024"], 1000);
+    let _ = check_resume("ppo", "cartpole_ppo.toml", &["run.total_env_steps=2048", "eval.interval_steps=1024"], 1000);
 }
 
 #[test]
@@ -58,18 +75,18 @@ fn dqn_resumes_exactly_with_prioritized_n_step_replay() {
         "algorithm.dueling=true",
         "eval.interval_steps=1000",
     ];
-    check_resume("dqn", "cartpole_dqn.toml", &sets, 1777);
+    let _ = check_resume("dqn", "cartpole_dqn.toml", &sets, 1777);
 }
 
 #[test]
 fn a2c_resumes_exactly_mid_rollout() {
-    check_resume("a2c", "cartpole_a2c.toml", &["run.total_env_steps=4000", "eval.interval_steps=2000"], 1208);
+    let _ = check_resume("a2c", "cartpole_a2c.toml", &["run.total_env_steps=4000", "eval.interval_steps=2000"], 1208);
 }
 
 #[test]
 fn td3_resumes_exactly_with_delayed_updates() {
     let sets = ["run.total_env_steps=1200", "algorithm.learning_starts=300", "eval.interval_steps=600"];
-    check_resume("td3", "pendulum_td3.toml", &sets, 777);
+    let _ = check_resume("td3", "pendulum_td3.toml", &sets, 777);
 }
 
 #[test]
@@ -80,5 +97,5 @@ fn ddpg_resumes_exactly_with_ou_noise() {
         "algorithm.noise_type=ornstein_uhlenbeck",
         "eval.interval_steps=600",
     ];
-    check_resume("ddpg", "pendulum_ddpg.toml", &sets, 701);
+    let _ = check_resume("ddpg", "pendulum_ddpg.toml", &sets, 701);
 }

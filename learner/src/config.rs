@@ -273,12 +273,22 @@ impl Default for MetricsConfig {
 }
 
 /// `[checkpoint]`: periodic snapshots of the whole training state (agent, envs, counters) for exact resume.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
     /// Write `RUN_DIR/checkpoint.safetensors` every this many env steps (0: never during training; the
     /// final state is always written when a run ends).
     pub interval_steps: u64,
+    /// Envs that cannot save their state (ale-py's Atari, Python Gymnasium envs) are resumed exactly by
+    /// replaying the run's recorded actions from its seed (8 bytes per env step in the checkpoint; a resume
+    /// replays every env step so far). `false`: a resume starts new episodes instead.
+    pub replay_envs: bool,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig { interval_steps: 0, replay_envs: true }
+    }
 }
 
 /// Where tensors live.

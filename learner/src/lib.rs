@@ -16,6 +16,7 @@
 mod allocator;
 pub mod config;
 pub mod distributed;
+mod env_replay;
 pub mod error;
 pub mod eval;
 pub mod hub;

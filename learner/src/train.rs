@@ -17,13 +17,14 @@ use std::time::Instant;
 use crate::Result;
 use crate::actions::EnvActions;
 use crate::config::ExperimentConfig;
+use crate::env_replay::EnvReplay;
 use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
 use flotilla_core::ObsBuf;
 use flotilla_envs::{EnvRole, VecEnvSnapshot, VectorEnv, make_vector};
-use tracing::warn;
+use tracing::{info, warn};
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
 /// holds all of it.
@@ -34,6 +35,8 @@ pub struct Trainer {
     obs: ObsBuf,
     counters: RunCounters,
     last_metrics: Metrics,
+    /// The actions the envs were stepped with, where they cannot save their state (exact resume by replay).
+    replay: Option<EnvReplay>,
 }
 
 impl Trainer {
@@ -47,28 +50,53 @@ impl Trainer {
         let agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
         let obs = envs.reset(Some(config.run.seed))?.to_buf();
         let counters = RunCounters::new(config);
-        Ok(Trainer { config: config.clone(), envs, agent, obs, counters, last_metrics: Metrics::default() })
+        let replay = match envs.snapshot() {
+            Err(flotilla_core::Error::Unsupported { .. }) if config.checkpoint.replay_envs => {
+                let discrete = matches!(envs.action_space(), flotilla_core::Space::Discrete { .. });
+                Some(EnvReplay::new(config.run.seed, envs.num_envs(), discrete))
+            }
+            _ => None,
+        };
+        Ok(Trainer { config: config.clone(), envs, agent, obs, counters, last_metrics: Metrics::default(), replay })
     }
 
     /// Rebuild a trainer from `config` and a checkpoint written by [`Trainer::save_checkpoint`]. Bit-identical
-    /// to a run that never stopped when the envs could be snapshotted (every native env); otherwise the agent
-    /// continues exactly and the envs start new episodes.
+    /// to a run that never stopped: native envs are restored from their snapshots, envs that cannot save
+    /// their state (Atari, Python envs) are replayed through the run's recorded actions from its seed (see
+    /// `[checkpoint] replay_envs`; without a recording the agent continues exactly and the envs start new
+    /// episodes).
     pub fn resume(config: &ExperimentConfig, path: &Path) -> Result<Self> {
         let mut t = Self::new(config)?;
         let mut c = Checkpoint::load(path)?;
         t.agent.restore(&mut c)?;
         t.counters = c.meta("trainer.counters")?;
-        match c.meta::<Option<VecEnvSnapshot>>("trainer.envs")? {
-            Some(envs) => {
+        let replay = EnvReplay::read_from(&mut c)?;
+        match (c.meta::<Option<VecEnvSnapshot>>("trainer.envs")?, replay) {
+            (Some(envs), _) => {
                 t.envs.restore(&envs)?;
                 t.obs = c.take_obs("trainer.obs")?;
             }
-            None => {
+            (None, Some(replay)) if config.checkpoint.replay_envs => {
+                let saved = c.take_obs("trainer.obs")?;
+                let started = Instant::now();
+                replay.replay(t.envs.as_mut(), &saved)?;
+                info!(
+                    "{}: replayed {} env steps to restore the envs exactly ({:.1} s)",
+                    config.env.id,
+                    t.counters.env_steps,
+                    started.elapsed().as_secs_f64()
+                );
+                t.obs = saved;
+                t.replay = Some(replay);
+            }
+            (None, _) => {
                 // Envs that cannot be snapshotted (Python ones) start new episodes, from a seed of their own:
                 // the agent continues exactly, the envs do not.
                 let seed = config.run.seed.wrapping_add(t.counters.env_steps);
                 warn!("{}: the envs had no saved state; resuming with new episodes (seed {seed})", config.env.id);
                 t.obs = t.envs.reset(Some(seed))?.to_buf();
+                // A recording from here on would not start at the run's seed: there is nothing to replay.
+                t.replay = None;
             }
         }
         Ok(t)
@@ -85,6 +113,9 @@ impl Trainer {
             Err(e) => return Err(e.into()),
         };
         c.put_meta("trainer.envs", &envs)?;
+        if let Some(replay) = &self.replay {
+            replay.write_to(&mut c)?;
+        }
         c.put_obs("trainer.obs", &self.obs);
         c.save(path)?;
         Ok(())
@@ -128,7 +159,19 @@ impl Trainer {
         while self.counters.env_steps < total.min(stop_at) {
             let started = Instant::now();
             self.agent.act(self.obs.as_ref(), ActMode::Explore, &mut out)?;
-            let step = self.envs.step(&env_actions.convert(&action_space, &out.actions))?;
+            let actions = env_actions.convert(&action_space, &out.actions);
+            if let Some(replay) = &mut self.replay {
+                replay.record(&actions);
+            }
+            let step = match self.envs.step(&actions) {
+                Ok(step) => step,
+                Err(e) => {
+                    if let Some(replay) = &mut self.replay {
+                        replay.unrecord(&actions);
+                    }
+                    return Err(e.into());
+                }
+            };
             // The observation that truly followed: the final one where an episode ended, not the reset one.
             step.true_next_obs(&mut next_obs);
             let c = &mut self.counters;
