@@ -44,7 +44,7 @@ use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::ppo::explained_variance;
 use crate::rmsprop::RmsProp;
-use crate::rollout::{Rollout, RolloutCollector};
+use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
@@ -311,7 +311,7 @@ fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Resu
     let (advantages, returns, values) = targets.advantages_returns_values();
     let explained_var = explained_variance(values, returns);
     let d = net.device;
-    let obs = net.obs_tensor(rollout.obs.as_ref())?;
+    let obs = net.rollout_obs(rollout)?;
     let actions = net.actions_tensor(&rollout.actions);
     let advantages = Tensor::from_slice(advantages).to_device(d);
     let returns = Tensor::from_slice(returns).to_device(d);
@@ -460,6 +460,14 @@ impl Algorithm for A2c {
 
     fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
+    }
+
+    fn rollout_layout(&self) -> Option<RolloutLayout> {
+        Some(self.collector.layout(self.pi.net.obs_layout()))
+    }
+
+    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
+        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
     }
 
     /// A3C's parameter server step: the gradient an [`A3cWorker`] computed, at the annealed learning rate.

@@ -159,11 +159,25 @@ impl ActorCritic {
     /// Observations `rows × obs_dim` as a tensor on the device, in their own dtype (frames are copied to the
     /// device as bytes; the network scales them there): `[B, obs_dim]`, or `[B, C, H, W]` for the CNN.
     pub fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
-        let cnn = match &self.body {
+        self.obs_layout().tensor(obs)
+    }
+
+    /// How this network takes observations (for a batch-assembly thread).
+    pub fn obs_layout(&self) -> crate::nets::ObsLayout {
+        let image = match &self.body {
             Body::Mlp(_) => None,
-            Body::Cnn(cnn) => Some(cnn),
+            Body::Cnn(cnn) => Some(cnn.shape()),
         };
-        crate::nets::obs_tensor(obs, self.obs_dim, cnn, self.device)
+        crate::nets::ObsLayout { obs_dim: self.obs_dim, image, device: self.device }
+    }
+
+    /// A rollout's observations as the network's input: the device copy an assembly thread made
+    /// ([`Rollout::put_obs_on_device`]), else copied now.
+    pub fn rollout_obs(&self, rollout: &Rollout) -> Result<Tensor> {
+        match rollout.device_obs() {
+            Some(x) => Ok(x.shallow_clone()),
+            None => self.obs_tensor(rollout.obs.as_ref()),
+        }
     }
 
     /// Stored actions as the distribution takes them: i64 indices `[B]` or floats `[B, D]`.
@@ -261,8 +275,12 @@ impl ActorCritic {
     /// Log-probabilities of the stored `actions` and values of `obs` under the current parameters, without
     /// gradient.
     pub fn evaluate(&self, obs: ObsRef<'_>, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
-        let x = self.obs_tensor(obs)?;
-        let rows = obs.len() / self.obs_dim;
+        self.evaluate_input(&self.obs_tensor(obs)?, actions)
+    }
+
+    /// [`ActorCritic::evaluate`] on observations already in the network's input layout.
+    fn evaluate_input(&self, x: &Tensor, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        let rows = x.size()[0] as usize;
         if actions.len() != rows * self.act_dim() {
             return Err(Error::BadLength {
                 what: format!("actions of {rows} observations to evaluate"),
@@ -272,7 +290,7 @@ impl ActorCritic {
         }
         let a = self.actions_tensor(actions);
         let (log_probs, values) = tch::no_grad(|| {
-            let (head, values) = self.forward(&x);
+            let (head, values) = self.forward(x);
             (self.dist(head).log_prob(&a), values)
         });
         let cpu = |t: Tensor| Vec::<f32>::try_from(t.to_device(Device::Cpu));
@@ -300,7 +318,7 @@ impl ActorCritic {
                 return Err(Error::BadLength { what: what.into(), got, expected });
             }
         }
-        let (target_log_probs, values) = self.evaluate(rollout.obs.as_ref(), &rollout.actions)?;
+        let (target_log_probs, values) = self.evaluate_input(&self.rollout_obs(rollout)?, &rollout.actions)?;
         let next_values = rollout.next_values_under(&values, |rows| self.values(rows))?;
         let (mut vs, mut pg_advantages) = (vec![0.0; n], vec![0.0; n]);
         vtrace(

@@ -18,6 +18,7 @@ use flotilla_core::{Chunk, ObsBuf, ObsRef};
 use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
 use crate::policy::{ActOutput, Policy};
+use crate::rollout::{Rollout, RolloutLayout};
 use crate::{Metrics, Result};
 
 /// One vectorised env step, as the learner saw it. All slices are row-major over `n_envs` rows.
@@ -79,6 +80,20 @@ pub trait Algorithm: Policy {
             for_each_transition(chunk, |step| self.observe(step))?;
         }
         Ok(())
+    }
+    /// An on-policy learner fed by actors' chunks: the layout of its rollouts, so that the learner's
+    /// batch-assembly thread can stack chunks ([`Rollout::stack_chunks`]) and put their observations on the
+    /// device ([`Rollout::put_obs_on_device`]) while this agent updates on the previous batch. `None` (the
+    /// default): batches go through [`Algorithm::observe_chunks`] on the update thread.
+    fn rollout_layout(&self) -> Option<RolloutLayout> {
+        None
+    }
+    /// Take a whole rollout stacked as [`Algorithm::rollout_layout`] says (the next [`Algorithm::update`]
+    /// trains on it), handing back the agent's empty buffer to stack a later batch into. Algorithms without a
+    /// layout refuse.
+    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
+        let _ = rollout;
+        Err(crate::Error::Unsupported(format!("{} takes no stacked rollouts", self.name())))
     }
     /// A3C's parameter server: one optimiser step with a flat gradient an actor computed (in
     /// [`Algorithm::policy_params`]' layout). Algorithms without that role refuse.

@@ -27,20 +27,42 @@ pub fn obs_tensor(
     cnn: Option<&NatureCnn>,
     device: tch::Device,
 ) -> crate::Result<Tensor> {
-    if obs.is_empty() || !obs.len().is_multiple_of(obs_dim) {
-        return Err(crate::Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: obs_dim });
-    }
-    let t = match obs {
-        flotilla_core::ObsRef::F32(v) => Tensor::from_slice(v),
-        flotilla_core::ObsRef::U8(v) => Tensor::from_slice(v),
-    };
-    Ok(match cnn {
-        None => t.view([-1, obs_dim as i64]).to_device(device).to_kind(tch::Kind::Float),
-        Some(cnn) => {
-            let [c, h, w] = cnn.shape();
-            t.view([-1, c, h, w]).to_device(device)
+    ObsLayout { obs_dim, image: cnn.map(NatureCnn::shape), device }.tensor(obs)
+}
+
+/// How a network takes observations: `[B, obs_dim]` f32 rows for an MLP, `[B, C, H, W]` in the frames' own
+/// dtype for the CNN, on `device`. Plain data (`Send`): the learner's batch-assembly thread uses it to put a
+/// rollout's observations on the device while the update thread trains on the previous batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObsLayout {
+    /// Elements of one observation.
+    pub obs_dim: usize,
+    /// `[C, H, W]` for a convolutional body (frames are copied as they are; the network scales them).
+    pub image: Option<[i64; 3]>,
+    /// Where the network lives.
+    pub device: tch::Device,
+}
+
+impl ObsLayout {
+    /// Observations `rows × obs_dim` as the network's input tensor.
+    pub fn tensor(&self, obs: flotilla_core::ObsRef<'_>) -> crate::Result<Tensor> {
+        let obs_dim = self.obs_dim;
+        if obs.is_empty() || !obs.len().is_multiple_of(obs_dim) {
+            return Err(crate::Error::BadLength {
+                what: "observation batch".into(),
+                got: obs.len(),
+                expected: obs_dim,
+            });
         }
-    })
+        let t = match obs {
+            flotilla_core::ObsRef::F32(v) => Tensor::from_slice(v),
+            flotilla_core::ObsRef::U8(v) => Tensor::from_slice(v),
+        };
+        Ok(match self.image {
+            None => t.view([-1, obs_dim as i64]).to_device(self.device).to_kind(tch::Kind::Float),
+            Some([c, h, w]) => t.view([-1, c, h, w]).to_device(self.device),
+        })
+    }
 }
 
 /// A linear layer with orthogonal weights of the given gain and zero bias.

@@ -39,7 +39,7 @@ use crate::checkpoint::Checkpoint;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::rollout::{Rollout, RolloutCollector};
+use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
@@ -333,7 +333,7 @@ impl Ppo {
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
         let d = self.pi.net.device;
-        let obs = self.pi.net.obs_tensor(rollout.obs.as_ref())?;
+        let obs = self.pi.net.rollout_obs(rollout)?;
         let actions = self.pi.net.actions_tensor(&rollout.actions);
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
         let mut advantages = Tensor::from_slice(advantages).to_device(d);
@@ -438,6 +438,14 @@ impl Algorithm for Ppo {
 
     fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
+    }
+
+    fn rollout_layout(&self) -> Option<RolloutLayout> {
+        Some(self.collector.layout(self.pi.net.obs_layout()))
+    }
+
+    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
+        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {

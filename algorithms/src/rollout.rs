@@ -18,10 +18,49 @@
 //! the V-trace correction does ([`crate::vtrace`]).
 use flotilla_core::{Chunk, DType, ObsBuf, ObsRef};
 
+use tch::Tensor;
+
 use crate::algorithm::Transition;
 use crate::checkpoint::Checkpoint;
 use crate::gae::gae;
+use crate::nets::ObsLayout;
 use crate::{Error, Result};
+
+/// A rollout's observations already on the learner's device, in the network's input layout
+/// ([`Rollout::put_obs_on_device`]). Cloning shares the tensor (it is never written to).
+#[derive(Debug)]
+pub struct DeviceObs(Tensor);
+
+impl Clone for DeviceObs {
+    fn clone(&self) -> Self {
+        DeviceObs(self.0.shallow_clone())
+    }
+}
+
+/// The shape of the rollouts an on-policy learner fed by actors trains on, and how its network takes their
+/// observations: what a batch-assembly thread needs to stack chunks ([`Rollout::stack_chunks`]) and put the
+/// observations on the device ([`Rollout::put_obs_on_device`]) while the learner updates on the previous
+/// batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RolloutLayout {
+    /// Rows of the rollout (all stacked chunks' envs).
+    pub n_envs: usize,
+    /// Steps per row.
+    pub n_steps: usize,
+    /// Elements of one observation.
+    pub obs_dim: usize,
+    /// f32 values per action.
+    pub act_dim: usize,
+    /// The network's input layout and device.
+    pub obs: ObsLayout,
+}
+
+impl RolloutLayout {
+    /// An empty rollout of this layout.
+    pub fn empty(&self) -> Rollout {
+        Rollout::new(self.n_envs, self.n_steps, self.obs_dim, self.act_dim)
+    }
+}
 
 /// One rollout. Index `t · n_envs + env` for per-transition values, times `obs_dim` / `act_dim` for vectors.
 #[derive(Debug, Clone)]
@@ -62,6 +101,8 @@ pub struct Rollout {
     /// The observations after the rollout's last step, `n_envs × obs_dim` (empty until set).
     pub bootstrap_obs: ObsBuf,
     steps: usize,
+    /// `obs` on the device, where an assembly thread put it there ahead of the update.
+    device_obs: Option<DeviceObs>,
 }
 
 impl Rollout {
@@ -87,6 +128,7 @@ impl Rollout {
             final_obs_steps: Vec::new(),
             bootstrap_obs: ObsBuf::with_capacity(DType::F32, n_envs * obs_dim),
             steps: 0,
+            device_obs: None,
         }
     }
 
@@ -102,6 +144,20 @@ impl Rollout {
         self.terminated.clear();
         self.truncated.clear();
         self.steps = 0;
+        self.device_obs = None;
+    }
+
+    /// Copy the observations to the device in `layout` (see [`Rollout::device_obs`]); done by the learner's
+    /// batch-assembly thread so the update does not wait for the copy.
+    pub fn put_obs_on_device(&mut self, layout: &ObsLayout) -> Result<()> {
+        self.device_obs = Some(DeviceObs(layout.tensor(self.obs.as_ref())?));
+        Ok(())
+    }
+
+    /// The observations on the device, if [`Rollout::put_obs_on_device`] put them there (any later change to
+    /// the rollout drops them).
+    pub fn device_obs(&self) -> Option<&Tensor> {
+        self.device_obs.as_ref().map(|d| &d.0)
     }
 
     /// Number of transitions stored (`steps × n_envs`).
@@ -121,6 +177,7 @@ impl Rollout {
 
     /// Record what the policy saw and did at the current step.
     pub fn push_policy(&mut self, obs: ObsRef<'_>, actions: &[f32], log_probs: &[f32], values: &[f32]) -> Result<()> {
+        self.device_obs = None;
         check_len("rollout observations", obs.len(), self.n_envs * self.obs_dim)?;
         check_len("rollout actions", actions.len(), self.n_envs * self.act_dim)?;
         check_len("rollout log-probs", log_probs.len(), self.n_envs)?;
@@ -297,6 +354,81 @@ impl Rollout {
 }
 
 impl Rollout {
+    /// Overwrite this rollout with actors' chunks stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j`
+    /// (so the chunks' envs add up to `n_envs`, and each covers `n_steps`). Columns are written once, straight
+    /// from the chunks; observations keep their dtype (frames stay u8); the true final observations of
+    /// truncated episodes are kept for [`Rollout::bootstrap_truncated`]. Chunks carry behaviour log-probs and
+    /// values (a learner validates them on arrival). Needs no network, so the learner's batch-assembly thread
+    /// runs it; only a complete stack marks the rollout full.
+    pub fn stack_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
+        // Columns an earlier use or a failed stack may have left behind.
+        self.clear();
+        let r = self;
+        let e = chunks.first().map_or(0, |c| c.n_envs);
+        let (d, a) = (r.obs_dim, r.act_dim);
+        check_len("rows of the stacked chunks", chunks.len() * e, r.n_envs)?;
+        for c in chunks {
+            let k = c.transitions();
+            check_len("chunk steps", c.n_steps, r.n_steps)?;
+            check_len("chunk envs", c.n_envs, e)?;
+            check_len("chunk observations", c.obs.len(), k * d)?;
+            check_len("chunk bootstrap observations", c.bootstrap_obs.len(), e * d)?;
+            check_len("chunk actions", c.actions.len(), k * a)?;
+            check_len("chunk behaviour log-probs", c.log_probs.len(), k)?;
+            check_len("chunk behaviour values", c.values.len(), k)?;
+            check_len("chunk rewards", c.rewards.len(), k)?;
+            check_len("chunk terminated flags", c.terminated.len(), k)?;
+            check_len("chunk truncated flags", c.truncated.len(), k)?;
+            check_len("chunk final observations", c.final_obs.len(), c.final_index.len() * d)?;
+        }
+        let mut cursors = vec![0usize; chunks.len()];
+        for t in 0..r.n_steps {
+            for (k, (c, cursor)) in chunks.iter().zip(&mut cursors).enumerate() {
+                let rows = t * e..(t + 1) * e;
+                append("chunk observations", &mut r.obs, c.obs.slice(rows.start * d..rows.end * d))?;
+                r.actions.extend_from_slice(&c.actions[rows.start * a..rows.end * a]);
+                r.log_probs.extend_from_slice(&c.log_probs[rows.clone()]);
+                r.values.extend_from_slice(&c.values[rows.clone()]);
+                r.rewards.extend_from_slice(&c.rewards[rows.clone()]);
+                r.terminated.extend_from_slice(&c.terminated[rows.clone()]);
+                r.truncated.extend_from_slice(&c.truncated[rows.clone()]);
+                // The chunk's final observations in step order: keep those of truncated episodes.
+                while let Some(&i) = c.final_index.get(*cursor) {
+                    let i = i as usize;
+                    if i >= rows.end {
+                        break;
+                    }
+                    if c.truncated[i] && !c.terminated[i] {
+                        r.final_obs_steps.push(t * r.n_envs + k * e + (i - rows.start));
+                        let row = c.final_obs.slice(*cursor * d..(*cursor + 1) * d);
+                        append("chunk final observations", &mut r.final_obs, row)?;
+                    }
+                    *cursor += 1;
+                }
+            }
+        }
+        for c in chunks {
+            append("chunk bootstrap observations", &mut r.bootstrap_obs, c.bootstrap_obs.as_ref())?;
+        }
+        debug_assert_eq!(r.rewards.len(), r.n_envs * r.n_steps);
+        r.steps = r.n_steps;
+        Ok(())
+    }
+
+    /// Bootstrap the truncated episodes of a stacked rollout from their true final observations: `values`
+    /// computes `V` of all of them in one batched call.
+    pub fn bootstrap_truncated(&mut self, values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>) -> Result<()> {
+        if self.final_obs_steps.is_empty() {
+            return Ok(());
+        }
+        let final_values = values(self.final_obs.as_ref())?;
+        check_len("values of the final observations", final_values.len(), self.final_obs_steps.len())?;
+        for (&i, v) in self.final_obs_steps.iter().zip(final_values) {
+            self.next_values[i] = v;
+        }
+        Ok(())
+    }
+
     /// Save the stored transitions under `prefix` (shape and step count included).
     pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         for (name, v) in [
@@ -387,80 +519,54 @@ impl RolloutCollector {
         Ok(())
     }
 
-    /// Fill the whole rollout from actors' chunks, stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j`
-    /// (so the chunks' envs add up to this rollout's `n_envs`, and each covers its `n_steps`). Columns are
-    /// written once, straight from the chunks; the true final observations of truncated episodes are kept
-    /// and `V` of all of them is computed in one batched call (`values`). The rollout must be empty; then
-    /// [`RolloutCollector::finish`] computes the targets. Chunks carry behaviour log-probs and values (a
-    /// learner validates them on arrival); observations keep their dtype (frames stay u8).
+    /// Fill the whole rollout from actors' chunks, stacked row-wise ([`Rollout::stack_chunks`]), and compute
+    /// `V` of the true final observations of truncated episodes in one batched call (`values`). The rollout
+    /// must be empty; then [`RolloutCollector::finish`] computes the targets. After an error the rollout is
+    /// empty again.
     pub fn push_chunks(&mut self, chunks: &[Chunk], values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>) -> Result<()> {
-        let r = &mut self.rollout;
-        if r.steps != 0 {
+        self.check_empty("push_chunks")?;
+        self.rollout.stack_chunks(chunks)?;
+        if let Err(e) = self.rollout.bootstrap_truncated(values) {
+            self.rollout.clear();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Take a whole rollout stacked elsewhere ([`Rollout::stack_chunks`] on the learner's batch-assembly
+    /// thread), compute `V` of its truncated episodes' final observations (`values`), and hand back the
+    /// collector's empty buffer for the next one. The rollout must match the collector's shape.
+    pub fn push_stacked(
+        &mut self,
+        mut rollout: Rollout,
+        values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
+    ) -> Result<Rollout> {
+        self.check_empty("push_stacked")?;
+        let (r, mine) = (&rollout, &self.rollout);
+        check_len("stacked rollout envs", r.n_envs, mine.n_envs)?;
+        check_len("stacked rollout steps", r.n_steps, mine.n_steps)?;
+        check_len("stacked rollout observation size", r.obs_dim, mine.obs_dim)?;
+        check_len("stacked rollout action size", r.act_dim, mine.act_dim)?;
+        check_len("stacked rollout filled steps", r.steps, r.n_steps)?;
+        rollout.bootstrap_truncated(values)?;
+        Ok(std::mem::replace(&mut self.rollout, rollout))
+    }
+
+    /// The layout of the rollouts this collector takes from [`RolloutCollector::push_stacked`], for a network
+    /// that takes observations as `obs` says.
+    pub fn layout(&self, obs: ObsLayout) -> RolloutLayout {
+        let r = &self.rollout;
+        RolloutLayout { n_envs: r.n_envs, n_steps: r.n_steps, obs_dim: r.obs_dim, act_dim: r.act_dim, obs }
+    }
+
+    fn check_empty(&self, what: &str) -> Result<()> {
+        if self.rollout.steps != 0 {
             return Err(Error::BadLength {
-                what: "rollout steps before push_chunks (it fills a whole rollout)".into(),
-                got: r.steps,
+                what: format!("rollout steps before {what} (it fills a whole rollout)"),
+                got: self.rollout.steps,
                 expected: 0,
             });
         }
-        // Columns a failed earlier push may have left behind (it never marks the steps as filled).
-        r.clear();
-        let e = chunks.first().map_or(0, |c| c.n_envs);
-        let (n, d, a) = (r.n_envs * r.n_steps, r.obs_dim, r.act_dim);
-        check_len("rows of the stacked chunks", chunks.len() * e, r.n_envs)?;
-        for c in chunks {
-            let k = c.transitions();
-            check_len("chunk steps", c.n_steps, r.n_steps)?;
-            check_len("chunk envs", c.n_envs, e)?;
-            check_len("chunk observations", c.obs.len(), k * d)?;
-            check_len("chunk bootstrap observations", c.bootstrap_obs.len(), e * d)?;
-            check_len("chunk actions", c.actions.len(), k * a)?;
-            check_len("chunk behaviour log-probs", c.log_probs.len(), k)?;
-            check_len("chunk behaviour values", c.values.len(), k)?;
-            check_len("chunk rewards", c.rewards.len(), k)?;
-            check_len("chunk terminated flags", c.terminated.len(), k)?;
-            check_len("chunk truncated flags", c.truncated.len(), k)?;
-            check_len("chunk final observations", c.final_obs.len(), c.final_index.len() * d)?;
-        }
-        let mut cursors = vec![0usize; chunks.len()];
-        for t in 0..r.n_steps {
-            for (k, (c, cursor)) in chunks.iter().zip(&mut cursors).enumerate() {
-                let rows = t * e..(t + 1) * e;
-                append("chunk observations", &mut r.obs, c.obs.slice(rows.start * d..rows.end * d))?;
-                r.actions.extend_from_slice(&c.actions[rows.start * a..rows.end * a]);
-                r.log_probs.extend_from_slice(&c.log_probs[rows.clone()]);
-                r.values.extend_from_slice(&c.values[rows.clone()]);
-                r.rewards.extend_from_slice(&c.rewards[rows.clone()]);
-                r.terminated.extend_from_slice(&c.terminated[rows.clone()]);
-                r.truncated.extend_from_slice(&c.truncated[rows.clone()]);
-                // The chunk's final observations in step order: keep those of truncated episodes.
-                while let Some(&i) = c.final_index.get(*cursor) {
-                    let i = i as usize;
-                    if i >= rows.end {
-                        break;
-                    }
-                    if c.truncated[i] && !c.terminated[i] {
-                        r.final_obs_steps.push(t * r.n_envs + k * e + (i - rows.start));
-                        let row = c.final_obs.slice(*cursor * d..(*cursor + 1) * d);
-                        append("chunk final observations", &mut r.final_obs, row)?;
-                    }
-                    *cursor += 1;
-                }
-            }
-        }
-        for c in chunks {
-            append("chunk bootstrap observations", &mut r.bootstrap_obs, c.bootstrap_obs.as_ref())?;
-        }
-        debug_assert_eq!(r.rewards.len(), n);
-        // Bootstrap truncated episodes from their true final observations, in one batched call.
-        if !r.final_obs_steps.is_empty() {
-            let final_values = values(r.final_obs.as_ref())?;
-            check_len("values of the final observations", final_values.len(), r.final_obs_steps.len())?;
-            for (&i, v) in r.final_obs_steps.iter().zip(final_values) {
-                r.next_values[i] = v;
-            }
-        }
-        // Only a complete push fills the rollout: after an error the next push starts afresh.
-        r.steps = r.n_steps;
         Ok(())
     }
 
@@ -697,5 +803,45 @@ mod tests {
         assert!(collector.push_chunks(&chunks, value).is_err(), "already full");
         let again = collector.finish(value, 0.9, 0.8).unwrap().expect("full");
         assert_eq!((again.obs, again.advantages), (a.obs, a.advantages));
+    }
+
+    /// What the learner's assembly thread does (stack, copy the observations to the device) and the agent
+    /// then takes gives the rollout `push_chunks` fills, with the device copy of its observations.
+    #[test]
+    fn a_rollout_stacked_elsewhere_equals_one_pushed_from_chunks() {
+        let chunks = two_chunks();
+        let value = |rows: ObsRef<'_>| Ok(rows.as_f32().unwrap().iter().map(|x| 10.0 * x).collect::<Vec<f32>>());
+        let mut pushed = RolloutCollector::new(4, 3, 1, 1);
+        pushed.push_chunks(&chunks, value).unwrap();
+        let a = pushed.finish(value, 0.9, 0.8).unwrap().expect("full");
+
+        let mut collector = RolloutCollector::new(4, 3, 1, 1);
+        let layout = collector.layout(ObsLayout { obs_dim: 1, image: None, device: tch::Device::Cpu });
+        // A buffer with leftovers of an earlier batch: stacking overwrites it.
+        let mut staged = layout.empty();
+        staged.stack_chunks(&chunks[1..]).unwrap_err();
+        staged.stack_chunks(&chunks).unwrap();
+        staged.put_obs_on_device(&layout.obs).unwrap();
+        let spare = collector.push_stacked(staged, value).unwrap();
+        assert!(spare.is_empty() && spare.device_obs().is_none());
+        let b = collector.finish(value, 0.9, 0.8).unwrap().expect("full");
+        assert_eq!(a.obs, b.obs);
+        assert_eq!(
+            (a.actions.clone(), a.log_probs.clone(), a.values.clone()),
+            (b.actions.clone(), b.log_probs.clone(), b.values.clone())
+        );
+        assert_eq!((a.final_obs.clone(), a.final_obs_steps.clone()), (b.final_obs.clone(), b.final_obs_steps.clone()));
+        assert_eq!(
+            (a.next_values.clone(), a.advantages.clone(), a.returns.clone()),
+            (b.next_values.clone(), b.advantages.clone(), b.returns.clone())
+        );
+        let on_device = Vec::<f32>::try_from(b.device_obs().expect("device copy").flatten(0, -1)).unwrap();
+        assert_eq!(ObsBuf::F32(on_device), b.obs);
+        // A rollout of another shape, or one not stacked in full, is refused.
+        let mut narrow = RolloutCollector::new(2, 3, 1, 1);
+        let mut full = layout.empty();
+        full.stack_chunks(&chunks).unwrap();
+        assert!(narrow.push_stacked(full, value).unwrap_err().to_string().contains("envs"));
+        assert!(collector.push_stacked(layout.empty(), value).unwrap_err().to_string().contains("filled steps"));
     }
 }

@@ -49,12 +49,8 @@ fn check_resume(label: &str, cfg: &str, sets: &[&str], stop_at: u64) -> String {
 /// mid-rollout (125 of 128 steps).
 #[test]
 fn ppo_on_pong_resumes_exactly_by_replaying_the_envs() {
-    let sets = [
-        "run.total_env_steps=2048",
-        "eval.interval_steps=100000",
-        "eval.episodes=1",
-        "metrics.log_interval_steps=512",
-    ];
+    let sets =
+        ["run.total_env_steps=2048", "eval.interval_steps=100000", "eval.episodes=1", "metrics.log_interval_steps=512"];
     let resumed = check_resume("ppo-pong", "pong_ppo.toml", &sets, 1000);
     assert!(resumed.contains("replayed 1000 env steps"), "{resumed}");
 }

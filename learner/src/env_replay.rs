@@ -74,11 +74,8 @@ impl EnvReplay {
     /// Add the recording to a checkpoint.
     pub(crate) fn write_to(&self, c: &mut Checkpoint) -> Result<()> {
         c.put_meta(META, &self.info)?;
-        let actions = if self.info.discrete {
-            Tensor::from_slice(&self.discrete)
-        } else {
-            Tensor::from_slice(&self.continuous)
-        };
+        let actions =
+            if self.info.discrete { Tensor::from_slice(&self.discrete) } else { Tensor::from_slice(&self.continuous) };
         c.put_tensor(ACTIONS, &actions);
         Ok(())
     }
