@@ -125,11 +125,20 @@ pub struct LearnerConfig {
     /// (`chunks_per_batch`) for on-policy algorithms, one per actor for A3C, 64 for off-policy ones. A short
     /// queue keeps on-policy data fresh: what waits in the queue ages by one version per update.
     pub queue_chunks: usize,
+    /// On-policy algorithms (PPO, A2C): stack the next batch's chunks and copy them to the device on a thread
+    /// of their own while the update runs (double-buffered). Off: the update thread does it between updates.
+    pub assemble_ahead: bool,
 }
 
 impl Default for LearnerConfig {
     fn default() -> Self {
-        LearnerConfig { listen: "127.0.0.1:0".into(), max_policy_lag: 4, synchronous: false, queue_chunks: 0 }
+        LearnerConfig {
+            listen: "127.0.0.1:0".into(),
+            max_policy_lag: 4,
+            synchronous: false,
+            queue_chunks: 0,
+            assemble_ahead: true,
+        }
     }
 }
 

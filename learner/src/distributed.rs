@@ -29,6 +29,7 @@ use flotilla_transport::grpc::{Limits, ServerHandle, serve};
 use tch::Device;
 use tracing::{error, info, warn};
 
+use crate::assembly::{Assembly, AssemblySpec, Intake, Staged};
 use crate::config::{ExperimentConfig, Family, Plan};
 use crate::eval::evaluate;
 use crate::hub::{Delivery, Hub, HubSpec, next_delivery};
@@ -76,7 +77,10 @@ pub struct DistributedLearner {
     plan: Plan,
     agent: Box<dyn Algorithm>,
     hub: Arc<Hub>,
-    rx: tokio::sync::mpsc::Receiver<Delivery>,
+    /// The hub's queue (handed to the assembly thread while an on-policy run assembles ahead).
+    rx: Option<tokio::sync::mpsc::Receiver<Delivery>>,
+    /// The on-policy batch-assembly thread, while `run` runs.
+    assembly: Option<Assembly>,
     runtime: tokio::runtime::Runtime,
     server: Option<ServerHandle>,
     counters: Counters,
@@ -158,7 +162,8 @@ impl DistributedLearner {
             plan,
             agent,
             hub,
-            rx,
+            rx: Some(rx),
+            assembly: None,
             runtime,
             server: None,
             counters,
@@ -250,35 +255,17 @@ impl DistributedLearner {
         let (train_before, eval_before) = (self.counters.run.train_secs, self.counters.eval_secs);
         let mut last_data = Instant::now();
         let mut waited_log = Instant::now();
-        while self.counters.run.env_steps < total.min(self.stop_at) && !stop.load(Ordering::SeqCst) {
-            let waiting = Instant::now();
-            let next = next_delivery(self.runtime.handle(), &mut self.rx, Duration::from_millis(200));
-            self.counters.run.wait_secs += waiting.elapsed().as_secs_f64();
-            let Some(delivery) = next else {
-                if last_data.elapsed() > Duration::from_secs(10) && waited_log.elapsed() > Duration::from_secs(10) {
-                    info!("waiting for actors ({} registered)", self.hub.live_actors());
-                    waited_log = Instant::now();
-                }
-                continue;
-            };
-            last_data = Instant::now();
-            match delivery {
-                Delivery::Chunk(chunk) => self.on_chunk(chunk)?,
-                // The actor's ack goes out as soon as its gradient is in the published parameters.
-                Delivery::Gradient(g, receipt) => {
-                    self.on_gradient(g)?;
-                    drop(receipt);
-                }
-            }
-            self.hub.set_env_steps(self.counters.run.env_steps);
-            self.counters.run.train_secs =
-                train_before + start.elapsed().as_secs_f64() - (self.counters.eval_secs - eval_before);
-            self.after_data(on_log)?;
-            self.checkpoint_if_due()?;
+        self.start_assembly()?;
+        let result = self.serve(stop, on_log, start, train_before, eval_before, &mut last_data, &mut waited_log);
+        if let Some(assembly) = self.assembly.take() {
+            self.rx = Some(assembly.stop()?);
         }
+        result?;
         // Actors waiting on a full queue get `finished` now, and every later message too.
         self.hub.finish();
-        self.rx.close();
+        if let Some(rx) = &mut self.rx {
+            rx.close();
+        }
         if !stop.load(Ordering::SeqCst)
             && self.counters.run.env_steps >= total
             && self.counters.run.evals.last().is_none_or(|e| e.env_steps < self.counters.run.env_steps)
@@ -289,6 +276,85 @@ impl DistributedLearner {
             self.save_checkpoint(&path)?;
         }
         Ok(self.report())
+    }
+
+    /// On-policy runs whose agent takes stacked rollouts assemble batches on a thread of their own
+    /// ([`crate::assembly`]), unless `[learner] assemble_ahead = false`.
+    fn start_assembly(&mut self) -> Result<()> {
+        let layout = match (self.plan.family, self.agent.rollout_layout()) {
+            (Family::OnPolicy, Some(layout)) if self.config.learner.assemble_ahead => layout,
+            _ => return Ok(()),
+        };
+        let Some(rx) = self.rx.take() else { return Ok(()) };
+        let spec = AssemblySpec {
+            layout,
+            chunks_per_batch: self.plan.chunks_per_batch,
+            max_policy_lag: self.config.learner.max_policy_lag,
+        };
+        self.assembly = Some(Assembly::start(rx, self.runtime.handle().clone(), self.hub.clone(), spec)?);
+        Ok(())
+    }
+
+    /// The update loop of [`DistributedLearner::run`]: until the budget, `stop_at` or `stop`.
+    #[allow(clippy::too_many_arguments)]
+    fn serve(
+        &mut self,
+        stop: &AtomicBool,
+        on_log: &mut dyn FnMut(&LogRow) -> Result<()>,
+        start: Instant,
+        train_before: f64,
+        eval_before: f64,
+        last_data: &mut Instant,
+        waited_log: &mut Instant,
+    ) -> Result<()> {
+        let total = self.config.run.total_env_steps;
+        while self.counters.run.env_steps < total.min(self.stop_at) && !stop.load(Ordering::SeqCst) {
+            let waiting = Instant::now();
+            let got_data = match &self.assembly {
+                Some(assembly) => {
+                    let staged = assembly.next(Duration::from_millis(200))?;
+                    self.counters.run.wait_secs += waiting.elapsed().as_secs_f64();
+                    // Stale chunks are counted as they come; a batch's chunks with the batch.
+                    let stale = assembly.take_intake();
+                    let any = stale.chunks > 0 || staged.is_some();
+                    self.absorb(stale);
+                    if let Some(staged) = staged {
+                        self.train_staged(staged)?;
+                    }
+                    any
+                }
+                None => {
+                    let rx = self.rx.as_mut().expect("the hub queue is here when no assembly thread has it");
+                    let next = next_delivery(self.runtime.handle(), rx, Duration::from_millis(200));
+                    self.counters.run.wait_secs += waiting.elapsed().as_secs_f64();
+                    let any = next.is_some();
+                    match next {
+                        Some(Delivery::Chunk(chunk)) => self.on_chunk(chunk)?,
+                        // The actor's ack goes out as soon as its gradient is in the published parameters.
+                        Some(Delivery::Gradient(g, receipt)) => {
+                            self.on_gradient(g)?;
+                            drop(receipt);
+                        }
+                        None => {}
+                    }
+                    any
+                }
+            };
+            if !got_data {
+                if last_data.elapsed() > Duration::from_secs(10) && waited_log.elapsed() > Duration::from_secs(10) {
+                    info!("waiting for actors ({} registered)", self.hub.live_actors());
+                    *waited_log = Instant::now();
+                }
+                continue;
+            }
+            *last_data = Instant::now();
+            self.hub.set_env_steps(self.counters.run.env_steps);
+            self.counters.run.train_secs =
+                train_before + start.elapsed().as_secs_f64() - (self.counters.eval_secs - eval_before);
+            self.after_data(on_log)?;
+            self.checkpoint_if_due()?;
+        }
+        Ok(())
     }
 
     /// What the run has done so far.
@@ -303,6 +369,56 @@ impl DistributedLearner {
             self.save_checkpoint(&path)?;
         }
         Ok(())
+    }
+
+    /// Count what the assembly thread took in: env steps, episodes, lag, stale chunks, assembly time.
+    fn absorb(&mut self, intake: Intake) {
+        let c = &mut self.counters;
+        c.run.env_steps += intake.env_steps;
+        c.run.assemble_secs += intake.assemble_secs;
+        for ep in &intake.episodes {
+            c.run.count_episode(ep.episode_return, ep.length);
+        }
+        let (sum, max, n) = intake.lag;
+        c.interval_lag = (c.interval_lag.0 + sum, c.interval_lag.1.max(max), c.interval_lag.2 + n);
+        let before = c.stale;
+        c.stale += intake.stale;
+        if before.checked_ilog2() != c.stale.checked_ilog2() {
+            warn!(
+                "skipped chunks with policy lag > max_policy_lag {} ({} skipped so far)",
+                self.config.learner.max_policy_lag, c.stale
+            );
+        }
+    }
+
+    /// Train on a batch the assembly thread stacked; its buffer goes back for a later batch.
+    fn train_staged(&mut self, staged: Staged) -> Result<()> {
+        let Staged { rollout, actors, intake } = staged;
+        self.absorb(intake);
+        let started = Instant::now();
+        let progress =
+            Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
+        let agent = &mut self.agent;
+        let updated = rollout.and_then(|rollout| {
+            guarded(|| {
+                let spare = agent.observe_rollout(rollout)?;
+                Ok((spare, agent.update(&progress)?))
+            })
+        });
+        match updated {
+            Ok((spare, Some(m))) => {
+                if let Some(assembly) = &self.assembly {
+                    assembly.recycle(spare);
+                }
+                self.counters.run.count_update(&m);
+                self.publish(m, started)
+            }
+            Ok((_, None)) => Err(Error::Runtime("a stacked on-policy batch did not fill a rollout".into())),
+            Err(e) => {
+                self.update_failed(&e, &actors);
+                Ok(())
+            }
+        }
     }
 
     fn count_episodes(&mut self, episodes: &[EpisodeStats]) {

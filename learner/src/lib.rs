@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 mod allocator;
+mod assembly;
 pub mod config;
 pub mod distributed;
 mod env_replay;

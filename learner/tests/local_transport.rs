@@ -10,6 +10,7 @@ use flotilla_algorithms::{Acting, ActingSetup};
 use flotilla_envs::{EnvRole, VectorEnv, make_vector};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::distributed::DistributedLearner;
+use flotilla_learner::train::TrainReport;
 use flotilla_transport::local::LocalClient;
 use flotilla_transport::{LearnerClient, Registered, RunInfo};
 
@@ -35,16 +36,17 @@ impl ActorFactory for PpoActors {
     }
 }
 
-#[test]
-#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
-fn in_process_actors_train_ppo_through_the_local_transport() {
+/// A learner for `examples/configs/cartpole_ppo.toml` with `sets`, trained by `n` in-process actor threads.
+fn train_in_process(n: usize, sets: &[&str]) -> (DistributedLearner, ExperimentConfig, TrainReport) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/cartpole_ppo.toml");
-    let config = ExperimentConfig::load(path.as_ref(), &["actors.count=2".into()]).unwrap();
-    let plan = config.plan(2).unwrap();
+    let mut overrides = vec![format!("actors.count={n}")];
+    overrides.extend(sets.iter().map(|s| s.to_string()));
+    let config = ExperimentConfig::load(path.as_ref(), &overrides).unwrap();
+    let plan = config.plan(n).unwrap();
     let mut learner = DistributedLearner::new(&config, plan).unwrap();
     let hub = learner.hub();
     let stop = Arc::new(AtomicBool::new(false));
-    let actors: Vec<_> = (0..2u32)
+    let actors: Vec<_> = (0..n as u32)
         .map(|i| {
             let hub = hub.clone();
             let mut factory = PpoActors { config: config.clone(), envs_per_actor: plan.envs_per_actor };
@@ -63,6 +65,15 @@ fn in_process_actors_train_ppo_through_the_local_transport() {
         let r = a.join().unwrap().unwrap();
         assert!(r.finished && r.sent > 0 && r.params_loaded > 1, "{r:?}");
     }
+    (learner, config, report)
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn in_process_actors_train_ppo_through_the_local_transport() {
+    let (mut learner, config, report) = train_in_process(2, &[]);
+    let plan = learner.plan();
+    let hub = learner.hub();
     let evals: Vec<f64> = report.evals.iter().map(|e| e.result.mean()).collect();
     assert!(report.final_eval().mean() >= 475.0, "evaluations {evals:?}");
 
@@ -83,4 +94,29 @@ fn in_process_actors_train_ppo_through_the_local_transport() {
     // A client with the wrong token is refused on this carrier too.
     let mut wrong = LocalClient::new(hub, "token", "nope").unwrap();
     assert_eq!(wrong.run_info().unwrap_err().code, flotilla_transport::Code::Unauthenticated);
+}
+
+/// The batch-assembly thread (stacking and the device copy ahead of the update) changes when the work is done,
+/// not what is trained: with one synchronous actor the data is the same either way, and so are the weights,
+/// bit for bit, and the counters.
+#[test]
+fn assembling_ahead_trains_exactly_as_assembling_between_updates() {
+    let sets = [
+        "run.total_env_steps=4096",
+        "run.torch_threads=1",
+        "learner.synchronous=true",
+        "eval.interval_steps=100000",
+        "eval.episodes=1",
+    ];
+    let mut ahead = sets.to_vec();
+    ahead.push("learner.assemble_ahead=true");
+    let mut inline = sets.to_vec();
+    inline.push("learner.assemble_ahead=false");
+    let (mut a, _, ra) = train_in_process(1, &ahead);
+    let (mut b, _, rb) = train_in_process(1, &inline);
+    assert_eq!((ra.env_steps, ra.updates), (rb.env_steps, rb.updates));
+    assert!(ra.updates >= 3, "{ra:?}");
+    assert!(ra.assemble_secs > 0.0 && rb.assemble_secs > 0.0, "both time their batch assembly");
+    let flat = |l: &mut DistributedLearner| l.agent().policy_params().flat().detach().copy();
+    assert!(flat(&mut a).equal(&flat(&mut b)), "weights differ between assembling ahead and in line");
 }
