@@ -205,8 +205,8 @@ impl EnvConfig {
 
     /// Write the settings the env runs with but the config left out (e.g. Atari's sticky-action probability)
     /// into `kwargs`, so that the resolved config says everything.
-    fn resolve_kwargs(&mut self) -> Result<()> {
-        for (key, value) in self.probe()?.resolved_kwargs().iter() {
+    fn resolve_kwargs(&mut self, probe: &dyn flotilla_envs::VectorEnv) -> Result<()> {
+        for (key, value) in probe.resolved_kwargs().iter() {
             if !self.kwargs.contains_key(key) {
                 let v = match value {
                     KwargValue::Float(f) => toml::Value::Float(*f),
@@ -388,13 +388,19 @@ impl ExperimentConfig {
         } else {
             table.try_into().map_err(|e: toml::de::Error| Error::Config(format!("{e} (after --set overrides)")))?
         };
-        config.validate()?;
-        config.env.resolve_kwargs()?;
+        // One probe env both checks the id and kwargs and tells the settings to write out.
+        let probe = config.checked_probe()?;
+        config.env.resolve_kwargs(probe.as_ref())?;
         Ok(config)
     }
 
     /// Range checks serde cannot express, and that the env id and kwargs are known.
     pub fn validate(&self) -> Result<()> {
+        self.checked_probe().map(drop)
+    }
+
+    /// [`ExperimentConfig::validate`], handing back the env it built to check the id and kwargs.
+    fn checked_probe(&self) -> Result<Box<dyn flotilla_envs::VectorEnv>> {
         if self.env.num_envs == 0 {
             return Err(Error::Config("[env] num_envs = 0: need at least one env".into()));
         }
@@ -404,7 +410,7 @@ impl ExperimentConfig {
         if self.eval.episodes == 0 {
             return Err(Error::Config("[eval] episodes = 0: need at least one episode".into()));
         }
-        self.env.probe()?;
+        let probe = self.env.probe()?;
         self.algorithm.validate(self.env.num_envs).map_err(|e| Error::Config(format!("[algorithm]: {e}")))?;
         if self.run.torch_threads == 0 {
             return Err(Error::Config("[run] torch_threads = 0: need at least one thread".into()));
@@ -438,7 +444,7 @@ impl ExperimentConfig {
                 self.algorithm.name()
             )));
         }
-        Ok(())
+        Ok(probe)
     }
 
     /// How a run with `n_actors` actor processes splits the work, checked against the algorithm.
