@@ -22,7 +22,6 @@
 //!   buffer holds `capacity` transitions in `capacity + reuse_window` frames plus a margin: about one frame per
 //!   transition, ~1/8 of storing both stacks ([`FrameReplay::bytes_per_transition`]).
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -59,6 +58,8 @@ pub struct FrameReplay {
     frames: Vec<u8>,
     /// Id of the frame in each slot (`u64::MAX`: empty), to drop stale hash entries.
     slot_ids: Vec<u64>,
+    /// Hash of the frame in each slot (so that evicting it needs no second hash).
+    slot_hashes: Vec<u64>,
     next_frame: u64,
     /// Hash of a frame's bytes → ids of recent frames with that hash.
     by_hash: HashMap<u64, Vec<u64>>,
@@ -75,10 +76,18 @@ pub struct FrameReplay {
     len: usize,
 }
 
+/// A fast hash of a frame's bytes (8 bytes per multiply, FxHash's mixing): it only picks candidates, whose
+/// bytes are then compared, so its quality costs speed at worst, never exactness.
 fn frame_hash(bytes: &[u8]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mix = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
+    let mut words = bytes.chunks_exact(8);
+    let mut h =
+        (&mut words).fold(bytes.len() as u64, |h, w| mix(h, u64::from_le_bytes(w.try_into().expect("8 bytes"))));
+    for &b in words.remainder() {
+        h = mix(h, u64::from(b));
+    }
+    h
 }
 
 impl FrameReplay {
@@ -105,6 +114,7 @@ impl FrameReplay {
             reuse_window,
             frames: vec![0; frame_capacity * frame_len],
             slot_ids: vec![u64::MAX; frame_capacity],
+            slot_hashes: vec![0; frame_capacity],
             next_frame: 0,
             by_hash: HashMap::new(),
             ids: vec![0; capacity * 2 * stack],
@@ -178,7 +188,7 @@ impl FrameReplay {
         let slot = (id % self.frame_capacity as u64) as usize;
         let old = self.slot_ids[slot];
         if old != u64::MAX {
-            let old_hash = frame_hash(self.frame(old));
+            let old_hash = self.slot_hashes[slot];
             if let Some(ids) = self.by_hash.get_mut(&old_hash) {
                 ids.retain(|&x| x != old);
                 if ids.is_empty() {
@@ -188,6 +198,7 @@ impl FrameReplay {
         }
         self.frames[slot * self.frame_len..(slot + 1) * self.frame_len].copy_from_slice(bytes);
         self.slot_ids[slot] = id;
+        self.slot_hashes[slot] = hash;
         self.by_hash.entry(hash).or_default().push(id);
         self.next_frame += 1;
         id
@@ -319,6 +330,7 @@ impl FrameReplay {
             let id = self.slot_ids[slot];
             if id != u64::MAX {
                 let hash = frame_hash(self.frame(id));
+                self.slot_hashes[slot] = hash;
                 self.by_hash.entry(hash).or_default().push(id);
             }
         }
