@@ -51,10 +51,11 @@ fn flotilla_sps(game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f6
     Ok((steps * n) as f64 / start.elapsed().as_secs_f64())
 }
 
-/// The same from Python (`tests/peers/atari_python.py`), in a process of its own.
-fn python_sps(game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f64> {
+/// The same from Python (`tests/peers/atari_python.py`), in a process of its own, with ale-py's auto-reset
+/// `mode` (`NextStep`: Gymnasium's default; `SameStep`: what Flotilla asks of it).
+fn python_sps(game: &str, n: usize, steps: usize, seed: u64, mode: &str) -> BenchResult<f64> {
     let python = option_env!("FLOTILLA_PYTHON").ok_or("FLOTILLA_PYTHON unset at build time: run scripts/setup.sh")?;
-    peer_sps(python, "atari_python.py", game, n, steps, seed)
+    peer_sps(python, "atari_python.py", game, n, steps, seed, &[mode])
 }
 
 /// EnvPool's interpreter, if `scripts/setup_peers.sh` installed it.
@@ -68,10 +69,20 @@ fn envpool_python() -> Option<String> {
 }
 
 /// Agent steps per second a peer script (in `tests/peers/`) reports.
-fn peer_sps(python: &str, script: &str, game: &str, n: usize, steps: usize, seed: u64) -> BenchResult<f64> {
+fn peer_sps(
+    python: &str,
+    script: &str,
+    game: &str,
+    n: usize,
+    steps: usize,
+    seed: u64,
+    extra: &[&str],
+) -> BenchResult<f64> {
     let script = format!("{}/peers/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out =
-        Command::new(python).args([&script, game, &n.to_string(), &steps.to_string(), &seed.to_string()]).output()?;
+    let out = Command::new(python)
+        .args([&script, game, &n.to_string(), &steps.to_string(), &seed.to_string()])
+        .args(extra)
+        .output()?;
     if !out.status.success() {
         return Err(format!("{script}: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
@@ -214,19 +225,22 @@ fn actors_table(games: &[String], steps: usize, rounds: u64) -> BenchResult<()> 
     );
     let envpool = envpool_python();
     println!(
-        "| game | round | Flotilla frames/s | ale-py from Python frames/s | EnvPool frames/s | Flotilla / Python | Flotilla / EnvPool |"
+        "| game | round | Flotilla frames/s | ale-py from Python frames/s (next-step / same-step) | EnvPool frames/s | \
+         Flotilla / Python (next-step) | Flotilla / Python (same-step) | Flotilla / EnvPool |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for game in games {
-        let (mut ratios, mut pool_ratios) = (Vec::new(), Vec::new());
+        let (mut ratios, mut same_ratios, mut pool_ratios) = (Vec::new(), Vec::new(), Vec::new());
         for round in 1..=rounds {
-            let py = python_sps(game, n, steps, round)? * 4.0;
+            let py = python_sps(game, n, steps, round, "NextStep")? * 4.0;
+            let same = python_sps(game, n, steps, round, "SameStep")? * 4.0;
             let pool = match &envpool {
-                Some(python) => Some(peer_sps(python, "atari_envpool.py", game, n, steps, round)? * 4.0),
+                Some(python) => Some(peer_sps(python, "atari_envpool.py", game, n, steps, round, &[])? * 4.0),
                 None => None,
             };
             let ours = flotilla_sps(game, n, steps, round)? * 4.0;
             ratios.push(ours / py);
+            same_ratios.push(ours / same);
             let (pool_cell, pool_ratio) = match pool {
                 Some(p) => {
                     pool_ratios.push(ours / p);
@@ -234,13 +248,18 @@ fn actors_table(games: &[String], steps: usize, rounds: u64) -> BenchResult<()> 
                 }
                 None => ("not installed".into(), "—".into()),
             };
-            println!("| {game} | {round} | {ours:.0} | {py:.0} | {pool_cell} | {:.2} | {pool_ratio} |", ours / py);
+            println!(
+                "| {game} | {round} | {ours:.0} | {py:.0} / {same:.0} | {pool_cell} | {:.2} | {:.2} | {pool_ratio} |",
+                ours / py,
+                ours / same
+            );
         }
         let median = |v: &mut Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v.get(v.len() / 2).map_or("—".to_string(), |m| format!("**{m:.2}**"))
         };
-        println!("| {game} | median | | | | {} | {} |", median(&mut ratios), median(&mut pool_ratios));
+        let (a, b, c) = (median(&mut ratios), median(&mut same_ratios), median(&mut pool_ratios));
+        println!("| {game} | median | | | | {a} | {b} | {c} |");
     }
     Ok(())
 }
