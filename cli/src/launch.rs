@@ -143,12 +143,24 @@ pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Op
     );
     if actors.is_some() && report.train_secs > 0.0 {
         let share = |secs: f64| 100.0 * secs / report.train_secs;
-        println!(
-            "learner time: {:.0} % in updates (of which {:.1} % assembling batches), {:.0} % waiting for actors' data",
-            share(report.update_secs),
-            share(report.assemble_secs),
-            share(report.wait_secs)
-        );
+        let on_policy = config.algorithm.family() == flotilla_algorithms::Family::OnPolicy;
+        if on_policy && config.learner.assemble_ahead {
+            println!(
+                "learner time: {:.0} % in updates, {:.0} % waiting for the next batch; batch assembly (stacking, \
+                 copy to the device) took {:.1} % on its own thread, overlapped",
+                share(report.update_secs),
+                share(report.wait_secs),
+                share(report.assemble_secs)
+            );
+        } else {
+            println!(
+                "learner time: {:.0} % in updates (of which {:.1} % assembling batches), {:.0} % waiting for \
+                 actors' data",
+                share(report.update_secs),
+                share(report.assemble_secs),
+                share(report.wait_secs)
+            );
+        }
     }
     let threshold = flotilla_envs::spec(&config.env.id).ok().and_then(|s| s.reward_threshold);
     if let Some((threshold, first)) = threshold.and_then(|t| Some((t, report.first_reaching(t)?))) {
