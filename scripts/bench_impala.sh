@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Whole-system Atari throughput: `flotilla train examples/configs/pong_impala.toml --actors N` for N = 1, 2, 4
-# (STEPS agent steps each, no evaluation during training), printing a Markdown table of frames/s (4 emulator
-# frames per agent step, wall-clock training time) and where the learner's time went.
+# (STEPS agent steps each, no evaluation during training), with the batch-assembly thread on and off
+# ([learner] assemble_ahead), printing a Markdown table of frames/s (4 emulator frames per agent step,
+# wall-clock training time) and where the learner's time went.
 #   bash scripts/bench_impala.sh [STEPS [--set key=value ...]]      (default 30720)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,14 +12,21 @@ cargo build --release -p flotilla-cli >/dev/null 2>&1
 bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/flotilla"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-echo "| actors | agent steps | train s | frames/s | learner in updates | of which assembling batches | learner waiting |"
-echo "|---:|---:|---:|---:|---:|---:|---:|"
+echo "| actors | assemble ahead | agent steps | train s | frames/s | learner in updates | assembling batches | learner waiting |"
+echo "|---:|---|---:|---:|---:|---:|---:|---:|"
 for n in 1 2 4; do
+for ahead in true false; do
   out="$("$bin" train examples/configs/pong_impala.toml --actors "$n" --set "run.total_env_steps=$steps" \
-    --set eval.interval_steps=100000000 --set eval.episodes=1 "$@" --out "$scratch/run$n" 2>/dev/null)"
+    --set eval.interval_steps=100000000 --set eval.episodes=1 --set "learner.assemble_ahead=$ahead" "$@" \
+    --out "$scratch/run${n}_$ahead" 2>/dev/null)"
   secs="$(sed -n 's/.* env steps in \([0-9.]*\) s$/\1/p' <<<"$out")"
   done_steps="$(sed -n 's/.* for \([0-9]*\) env steps in .*/\1/p' <<<"$out")"
-  busy="$(sed -n 's/learner time: \([0-9]*\) % in updates (of which \([0-9.]*\) % assembling batches), \([0-9]*\) % waiting.*/\1 % | \2 % | \3 %/p' <<<"$out")"
+  if [ "$ahead" = true ]; then
+    busy="$(sed -n 's/learner time: \([0-9]*\) % in updates, \([0-9]*\) % waiting for the next batch; batch assembly .* took \([0-9.]*\) % on its own thread.*/\1 % | \3 % (own thread) | \2 %/p' <<<"$out")"
+  else
+    busy="$(sed -n 's/learner time: \([0-9]*\) % in updates (of which \([0-9.]*\) % assembling batches), \([0-9]*\) % waiting.*/\1 % | \2 % (in updates) | \3 %/p' <<<"$out")"
+  fi
   fps="$(python3 -c "print(f'{4 * $done_steps / $secs:.0f}')")"
-  echo "| $n | $done_steps | $secs | $fps | $busy |"
+  echo "| $n | $ahead | $done_steps | $secs | $fps | $busy |"
+done
 done
