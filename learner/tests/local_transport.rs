@@ -10,7 +10,7 @@ use flotilla_algorithms::{Acting, ActingSetup};
 use flotilla_envs::{EnvRole, VectorEnv, make_vector};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::distributed::DistributedLearner;
-use flotilla_learner::train::TrainReport;
+use flotilla_learner::train::{LogRow, TrainReport};
 use flotilla_transport::local::LocalClient;
 use flotilla_transport::{LearnerClient, Registered, RunInfo};
 
@@ -38,6 +38,15 @@ impl ActorFactory for PpoActors {
 
 /// A learner for `examples/configs/cartpole_ppo.toml` with `sets`, trained by `n` in-process actor threads.
 fn train_in_process(n: usize, sets: &[&str]) -> (DistributedLearner, ExperimentConfig, TrainReport) {
+    let (learner, config, report, _) = train_in_process_logged(n, sets);
+    (learner, config, report)
+}
+
+/// [`train_in_process`], also returning the metrics rows.
+fn train_in_process_logged(
+    n: usize,
+    sets: &[&str],
+) -> (DistributedLearner, ExperimentConfig, TrainReport, Vec<LogRow>) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/cartpole_ppo.toml");
     let mut overrides = vec![format!("actors.count={n}")];
     overrides.extend(sets.iter().map(|s| s.to_string()));
@@ -60,12 +69,18 @@ fn train_in_process(n: usize, sets: &[&str]) -> (DistributedLearner, ExperimentC
             })
         })
         .collect();
-    let report = learner.run(&AtomicBool::new(false), &mut |_| Ok(())).unwrap();
+    let mut rows = Vec::new();
+    let report = learner
+        .run(&AtomicBool::new(false), &mut |row| {
+            rows.push(row.clone());
+            Ok(())
+        })
+        .unwrap();
     for a in actors {
         let r = a.join().unwrap().unwrap();
         assert!(r.finished && r.sent > 0 && r.params_loaded > 1, "{r:?}");
     }
-    (learner, config, report)
+    (learner, config, report, rows)
 }
 
 #[test]
@@ -119,4 +134,18 @@ fn assembling_ahead_trains_exactly_as_assembling_between_updates() {
     assert!(ra.assemble_secs > 0.0 && rb.assemble_secs > 0.0, "both time their batch assembly");
     let flat = |l: &mut DistributedLearner| l.agent().policy_params().flat().detach().copy();
     assert!(flat(&mut a).equal(&flat(&mut b)), "weights differ between assembling ahead and in line");
+}
+
+/// With `max_policy_lag = 0` and two actors collecting while the learner updates, the assembly thread refuses
+/// chunks from older versions: they are counted as stale (and their env steps count toward the budget, so the
+/// run ends), the batches trained on have lag 0, and there still are updates.
+#[test]
+fn the_assembly_thread_refuses_stale_chunks_and_counts_them() {
+    let sets = ["run.total_env_steps=8192", "run.torch_threads=1", "learner.max_policy_lag=0", "eval.episodes=1"];
+    let (_, _, report, rows) = train_in_process_logged(2, &sets);
+    let last = rows.last().expect("metrics rows");
+    let stale = last.update.get("charts/stale_chunks").expect("stale column");
+    assert!(stale > 0.0, "two asynchronous actors with max_policy_lag 0 left no stale chunk: {rows:?}");
+    assert!(rows.iter().all(|r| r.update.get("charts/policy_lag_max").is_none_or(|lag| lag == 0.0)));
+    assert!(report.env_steps >= 8192 && report.updates >= 1, "{report:?}");
 }
