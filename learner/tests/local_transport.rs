@@ -36,6 +36,10 @@ impl ActorFactory for PpoActors {
     }
 }
 
+/// The tests here run one at a time: the learning test's asynchronous actors should not share the cores with
+/// another test's learner.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A learner for `examples/configs/cartpole_ppo.toml` with `sets`, trained by `n` in-process actor threads.
 fn train_in_process(n: usize, sets: &[&str]) -> (DistributedLearner, ExperimentConfig, TrainReport) {
     let (learner, config, report, _) = train_in_process_logged(n, sets);
@@ -47,6 +51,7 @@ fn train_in_process_logged(
     n: usize,
     sets: &[&str],
 ) -> (DistributedLearner, ExperimentConfig, TrainReport, Vec<LogRow>) {
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/cartpole_ppo.toml");
     let mut overrides = vec![format!("actors.count={n}")];
     overrides.extend(sets.iter().map(|s| s.to_string()));
