@@ -180,19 +180,13 @@ pub fn linear(start: f64, end: f64, fraction: f64, progress_remaining: f64) -> f
     if fraction <= 0.0 || elapsed > fraction { end } else { start + elapsed * (end - start) / fraction }
 }
 
-/// Uniform or prioritized replay of vectors, or uniform replay of frame stacks.
+/// The n-step accumulator and the replay it feeds: uniform or prioritized replay of f32 vectors, or uniform
+/// replay of u8 frame stacks (one variant per valid pairing of the two).
 #[derive(Debug)]
-enum Replay {
-    Uniform(ReplayBuffer<f32>),
-    Prioritized(PrioritizedReplay<f32>),
-    Frames(FrameReplay),
-}
-
-/// The n-step accumulator, in the observations' dtype.
-#[derive(Debug)]
-enum Steps {
-    F32(NStep<f32>),
-    U8(NStep<u8>),
+enum Memory {
+    Uniform(NStep<f32>, ReplayBuffer<f32>),
+    Prioritized(NStep<f32>, PrioritizedReplay<f32>),
+    Frames(NStep<u8>, FrameReplay),
 }
 
 /// Counters that schedules and triggers depend on (saved in checkpoints).
@@ -219,8 +213,7 @@ pub struct Dqn {
     online: FlatParams,
     target: FlatParams,
     opt: Adam,
-    replay: Replay,
-    n_step: Steps,
+    memory: Memory,
     n_actions: usize,
     obs_dim: usize,
     n_envs: usize,
@@ -487,24 +480,23 @@ impl Dqn {
                     .into(),
             });
         }
-        let replay = if frames {
+        let (n, gamma) = (config.n_step, config.gamma);
+        let memory = if frames {
             let shape = observation_space.shape();
-            Replay::Frames(FrameReplay::new(config.buffer_size, shape[0], shape[1] * shape[2], 1)?)
+            Memory::Frames(
+                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
+                FrameReplay::new(config.buffer_size, shape[0], shape[1] * shape[2], 1)?,
+            )
         } else if config.prioritized_replay {
-            Replay::Prioritized(PrioritizedReplay::new(
-                config.buffer_size,
-                obs_dim,
-                1,
-                config.per_alpha,
-                config.per_eps,
-            )?)
+            Memory::Prioritized(
+                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
+                PrioritizedReplay::new(config.buffer_size, obs_dim, 1, config.per_alpha, config.per_eps)?,
+            )
         } else {
-            Replay::Uniform(ReplayBuffer::new(config.buffer_size, obs_dim, 1)?)
-        };
-        let n_step = if frames {
-            Steps::U8(NStep::new(config.n_step, n_envs, obs_dim, 1, config.gamma)?)
-        } else {
-            Steps::F32(NStep::new(config.n_step, n_envs, obs_dim, 1, config.gamma)?)
+            Memory::Uniform(
+                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
+                ReplayBuffer::new(config.buffer_size, obs_dim, 1)?,
+            )
         };
         let counters =
             Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
@@ -513,8 +505,7 @@ impl Dqn {
             online,
             target,
             opt,
-            replay,
-            n_step,
+            memory,
             n_actions,
             obs_dim,
             n_envs,
@@ -542,14 +533,14 @@ impl Dqn {
     fn gradient_step(&mut self) -> Result<(Tensor, Tensor)> {
         let c = &self.config;
         let batch = c.batch_size;
-        match &self.replay {
-            Replay::Uniform(r) => r.sample(batch, &mut self.rng, &mut self.sample)?,
-            Replay::Prioritized(r) => r.sample(batch, self.counters.beta, &mut self.rng, &mut self.sample)?,
-            Replay::Frames(r) => r.sample(batch, &mut self.rng, &mut self.frames_sample)?,
+        match &self.memory {
+            Memory::Uniform(_, r) => r.sample(batch, &mut self.rng, &mut self.sample)?,
+            Memory::Prioritized(_, r) => r.sample(batch, self.counters.beta, &mut self.rng, &mut self.sample)?,
+            Memory::Frames(_, r) => r.sample(batch, &mut self.rng, &mut self.frames_sample)?,
         }
         let d = self.device;
-        let (obs, next_obs, s_actions, s_rewards, s_discounts, s_terminated) = match &self.replay {
-            Replay::Frames(_) => {
+        let (obs, next_obs, s_actions, s_rewards, s_discounts, s_terminated) = match &self.memory {
+            Memory::Frames(..) => {
                 let s = &self.frames_sample;
                 let obs = self.q.obs_tensor(ObsRef::U8(&s.obs))?;
                 (obs, self.q.obs_tensor(ObsRef::U8(&s.next_obs))?, &s.actions, &s.rewards, &s.discounts, &s.terminated)
@@ -579,9 +570,9 @@ impl Dqn {
             rewards + bootstrap * next
         });
         let q = self.q_values(&self.online, &obs).gather(1, &actions, false).squeeze_dim(1);
-        let loss = match &self.replay {
-            Replay::Uniform(_) | Replay::Frames(_) => q.smooth_l1_loss(&target, Reduction::Mean, 1.0),
-            Replay::Prioritized(_) => {
+        let loss = match &self.memory {
+            Memory::Uniform(..) | Memory::Frames(..) => q.smooth_l1_loss(&target, Reduction::Mean, 1.0),
+            Memory::Prioritized(..) => {
                 let weights = Tensor::from_slice(&self.sample.weights).to_device(d);
                 (q.smooth_l1_loss(&target, Reduction::None, 1.0) * weights).mean(Kind::Float)
             }
@@ -592,7 +583,7 @@ impl Dqn {
             return Err(Error::NonFinite(format!("dqn: gradient norm {norm} (non-finite loss); step not taken")));
         }
         self.opt.step(&mut self.online);
-        if let Replay::Prioritized(r) = &mut self.replay {
+        if let Memory::Prioritized(_, r) = &mut self.memory {
             let td: Vec<f32> = Vec::try_from((&q - &target).detach().to_device(Device::Cpu))?;
             r.update_priorities(&self.sample.indices, &td)?;
         }
@@ -601,10 +592,10 @@ impl Dqn {
     }
 
     fn replay_len(&self) -> usize {
-        match &self.replay {
-            Replay::Uniform(r) => r.len(),
-            Replay::Prioritized(r) => r.len(),
-            Replay::Frames(r) => r.len(),
+        match &self.memory {
+            Memory::Uniform(_, r) => r.len(),
+            Memory::Prioritized(_, r) => r.len(),
+            Memory::Frames(_, r) => r.len(),
         }
     }
 }
@@ -634,24 +625,23 @@ impl Algorithm for Dqn {
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        let replay = &mut self.replay;
         let (a, r, te, tr) = (&step.act.actions, step.rewards, step.terminated, step.truncated);
-        match (&mut self.n_step, replay) {
-            (Steps::U8(n_step), Replay::Frames(replay)) => {
+        let f32_rows = || Ok::<_, Error>((f32_obs("dqn", step.obs)?, f32_obs("dqn", step.next_obs)?));
+        match &mut self.memory {
+            Memory::Frames(n_step, replay) => {
                 let (ObsRef::U8(obs), ObsRef::U8(next)) = (step.obs, step.next_obs) else {
                     return Err(unsupported_obs(step.obs));
                 };
                 n_step.push(obs, a, r, te, tr, next, |e| replay.push(e))?;
             }
-            (Steps::F32(n_step), replay) => {
-                let (obs, next) = (f32_obs("dqn", step.obs)?, f32_obs("dqn", step.next_obs)?);
-                n_step.push(obs, a, r, te, tr, next, |e| match replay {
-                    Replay::Uniform(r) => r.push(e).map(drop),
-                    Replay::Prioritized(r) => r.push(e).map(drop),
-                    Replay::Frames(_) => unreachable!("frame replay goes with u8 n-step"),
-                })?;
+            Memory::Uniform(n_step, replay) => {
+                let (obs, next) = f32_rows()?;
+                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?;
             }
-            (Steps::U8(_), _) => unreachable!("u8 n-step goes with frame replay"),
+            Memory::Prioritized(n_step, replay) => {
+                let (obs, next) = f32_rows()?;
+                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?;
+            }
         }
         let c = &mut self.counters;
         c.env_steps += self.n_envs as u64;
@@ -701,15 +691,11 @@ impl Algorithm for Dqn {
         c.put_tensor("q.online", self.online.flat());
         c.put_tensor("q.target", self.target.flat());
         self.opt.write_to(&mut c, "adam")?;
-        match &self.replay {
-            Replay::Uniform(r) => r.write_to(&mut c, "replay")?,
-            Replay::Prioritized(r) => r.write_to(&mut c, "replay")?,
-            Replay::Frames(r) => r.write_to(&mut c, "replay")?,
-        }
-        match &self.n_step {
-            Steps::F32(n) => n.write_to(&mut c, "n_step")?,
-            Steps::U8(n) => n.write_to(&mut c, "n_step")?,
-        }
+        match &self.memory {
+            Memory::Uniform(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
+            Memory::Prioritized(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
+            Memory::Frames(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
+        };
         c.put_meta("rng", &self.rng)?;
         c.put_meta("counters", &self.counters)?;
         Ok(c)
@@ -719,15 +705,11 @@ impl Algorithm for Dqn {
         c.copy_into("q.online", self.online.flat())?;
         c.copy_into("q.target", self.target.flat())?;
         self.opt.read_from(c, "adam")?;
-        match &mut self.replay {
-            Replay::Uniform(r) => r.read_from(c, "replay")?,
-            Replay::Prioritized(r) => r.read_from(c, "replay")?,
-            Replay::Frames(r) => r.read_from(c, "replay")?,
-        }
-        match &mut self.n_step {
-            Steps::F32(n) => n.read_from(c, "n_step")?,
-            Steps::U8(n) => n.read_from(c, "n_step")?,
-        }
+        match &mut self.memory {
+            Memory::Uniform(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
+            Memory::Prioritized(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
+            Memory::Frames(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
+        };
         self.rng = c.meta("rng")?;
         self.counters = c.meta("counters")?;
         Ok(())
