@@ -145,8 +145,8 @@ fn bad_values_fail_fast_and_write_nothing() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `[env] id = "gymnasium:…"`: a Python Gymnasium env trains, stops, resumes (new episodes: Python envs have
-/// no snapshot) and evaluates through the same commands as a native one.
+/// `[env] id = "gymnasium:…"`: a Python Gymnasium env trains, stops, resumes (Python envs have no snapshot:
+/// replayed from the recorded actions) and evaluates through the same commands as a native one.
 #[test]
 fn python_gymnasium_envs_train_resume_and_evaluate() {
     let dir = common::scratch("cli", "gymnasium");
@@ -171,7 +171,8 @@ fn python_gymnasium_envs_train_resume_and_evaluate() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at 2048"), "{}", text(&out));
     let out = flotilla(&["train", "--resume", run.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("no saved state"), "the resume says the envs start new episodes: {}", text(&out));
+    // Python envs have no snapshot: the resume replays the recorded actions from the run's seed.
+    assert!(text(&out).contains("replayed 2048 env steps"), "the resume replays the envs: {}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("for 4096 env steps"), "{}", text(&out));
     let out = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "2"]);
     assert!(out.status.success() && text(&out).contains("gymnasium:CartPole-v1: mean return"), "{}", text(&out));
