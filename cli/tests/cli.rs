@@ -202,7 +202,7 @@ fn atari_ppo_trains_resumes_and_evaluates() {
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at 1024"), "{}", text(&out));
     let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
-    for line in ["repeat_action_probability = 0.25", "frameskip = 4", "terminal_on_life_loss = true"] {
+    for line in ["repeat_action_probability = 0.0", "frameskip = 4", "noop_max = 30", "terminal_on_life_loss = true"] {
         assert!(resolved.contains(line), "resolved config lacks {line:?}:\n{resolved}");
     }
     let out = flotilla(&["train", "--resume", run.to_str().unwrap()]);
