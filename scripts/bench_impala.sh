@@ -15,13 +15,13 @@ trap 'rm -rf "$scratch"' EXIT
 echo "| actors | assemble ahead | agent steps | train s | frames/s | learner in updates | assembling batches | learner waiting |"
 echo "|---:|---|---:|---:|---:|---:|---:|---:|"
 for n in 1 2 4; do
-for ahead in true false; do
+for ahead in on off; do
   out="$("$bin" train examples/configs/pong_impala.toml --actors "$n" --set "run.total_env_steps=$steps" \
     --set eval.interval_steps=100000000 --set eval.episodes=1 --set "learner.assemble_ahead=$ahead" "$@" \
     --out "$scratch/run${n}_$ahead" 2>/dev/null)"
   secs="$(sed -n 's/.* env steps in \([0-9.]*\) s$/\1/p' <<<"$out")"
   done_steps="$(sed -n 's/.* for \([0-9]*\) env steps in .*/\1/p' <<<"$out")"
-  if [ "$ahead" = true ]; then
+  if [ "$ahead" = on ]; then
     busy="$(sed -n 's/learner time: \([0-9]*\) % in updates, \([0-9]*\) % waiting for the next batch; batch assembly .* took \([0-9.]*\) % on its own thread.*/\1 % | \3 % (own thread) | \2 %/p' <<<"$out")"
   else
     busy="$(sed -n 's/learner time: \([0-9]*\) % in updates (of which \([0-9.]*\) % assembling batches), \([0-9]*\) % waiting.*/\1 % | \2 % (in updates) | \3 %/p' <<<"$out")"

@@ -126,8 +126,33 @@ pub struct LearnerConfig {
     /// queue keeps on-policy data fresh: what waits in the queue ages by one version per update.
     pub queue_chunks: usize,
     /// On-policy algorithms (PPO, A2C): stack the next batch's chunks and copy them to the device on a thread
-    /// of their own while the update runs (double-buffered). Off: the update thread does it between updates.
-    pub assemble_ahead: bool,
+    /// of their own while the update runs (double-buffered), or on the update thread between updates.
+    pub assemble_ahead: AssembleAhead,
+}
+
+/// `[learner] assemble_ahead`: where an on-policy learner assembles its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AssembleAhead {
+    /// On its own thread when the learner is on a GPU (the host work then overlaps the device's); between
+    /// updates on a CPU learner, where that thread would take cores from the update (measured: 4–6 % fewer
+    /// frames/s on 2 cores, BENCHMARKS.md).
+    Auto,
+    /// Always on its own thread.
+    On,
+    /// Always between updates, on the update thread.
+    Off,
+}
+
+impl ExperimentConfig {
+    /// Whether an on-policy learner of this config assembles batches on a thread of its own.
+    pub fn assembles_ahead(&self) -> bool {
+        match self.learner.assemble_ahead {
+            AssembleAhead::On => true,
+            AssembleAhead::Off => false,
+            AssembleAhead::Auto => self.run.device.resolve().is_ok_and(|d| d.is_cuda()),
+        }
+    }
 }
 
 impl Default for LearnerConfig {
@@ -137,7 +162,7 @@ impl Default for LearnerConfig {
             max_policy_lag: 4,
             synchronous: false,
             queue_chunks: 0,
-            assemble_ahead: true,
+            assemble_ahead: AssembleAhead::Auto,
         }
     }
 }

@@ -279,10 +279,10 @@ impl DistributedLearner {
     }
 
     /// On-policy runs whose agent takes stacked rollouts assemble batches on a thread of their own
-    /// ([`crate::assembly`]), unless `[learner] assemble_ahead = false`.
+    /// ([`crate::assembly`]) as `[learner] assemble_ahead` says (by default: on a GPU).
     fn start_assembly(&mut self) -> Result<()> {
         let layout = match (self.plan.family, self.agent.rollout_layout()) {
-            (Family::OnPolicy, Some(layout)) if self.config.learner.assemble_ahead => layout,
+            (Family::OnPolicy, Some(layout)) if self.config.assembles_ahead() => layout,
             _ => return Ok(()),
         };
         let Some(rx) = self.rx.take() else { return Ok(()) };

@@ -129,9 +129,9 @@ fn assembling_ahead_trains_exactly_as_assembling_between_updates() {
         "eval.episodes=1",
     ];
     let mut ahead = sets.to_vec();
-    ahead.push("learner.assemble_ahead=true");
+    ahead.push("learner.assemble_ahead=on");
     let mut inline = sets.to_vec();
-    inline.push("learner.assemble_ahead=false");
+    inline.push("learner.assemble_ahead=off");
     let (mut a, _, ra) = train_in_process(1, &ahead);
     let (mut b, _, rb) = train_in_process(1, &inline);
     assert_eq!((ra.env_steps, ra.updates), (rb.env_steps, rb.updates));
@@ -146,7 +146,13 @@ fn assembling_ahead_trains_exactly_as_assembling_between_updates() {
 /// run ends), the batches trained on have lag 0, and there still are updates.
 #[test]
 fn the_assembly_thread_refuses_stale_chunks_and_counts_them() {
-    let sets = ["run.total_env_steps=8192", "run.torch_threads=1", "learner.max_policy_lag=0", "eval.episodes=1"];
+    let sets = [
+        "run.total_env_steps=8192",
+        "run.torch_threads=1",
+        "learner.max_policy_lag=0",
+        "learner.assemble_ahead=on",
+        "eval.episodes=1",
+    ];
     let (_, _, report, rows) = train_in_process_logged(2, &sets);
     let last = rows.last().expect("metrics rows");
     let stale = last.update.get("charts/stale_chunks").expect("stale column");
