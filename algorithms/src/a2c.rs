@@ -307,11 +307,11 @@ fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Resu
     let coefficients =
         LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: c.normalize_advantage };
     // Off-policy correction: advantages and value targets recomputed under the current parameters.
-    let targets = net.targets(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+    let obs = net.rollout_obs(rollout)?;
+    let targets = net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
     let (advantages, returns, values) = targets.advantages_returns_values();
     let explained_var = explained_variance(values, returns);
     let d = net.device;
-    let obs = net.rollout_obs(rollout)?;
     let actions = net.actions_tensor(&rollout.actions);
     let advantages = Tensor::from_slice(advantages).to_device(d);
     let returns = Tensor::from_slice(returns).to_device(d);

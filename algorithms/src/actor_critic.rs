@@ -298,9 +298,16 @@ impl ActorCritic {
     }
 
     /// What to train on: with `vtrace`, advantages, value targets and values recomputed under the current
-    /// parameters ([`ActorCritic::vtrace_targets`]); without, the rollout's own (GAE).
-    pub fn targets<'r>(&self, rollout: &'r Rollout, gamma: f32, vtrace: Option<&VtraceConfig>) -> Result<Targets<'r>> {
-        let vtrace = vtrace.map(|v| self.vtrace_targets(rollout, gamma, v)).transpose()?;
+    /// parameters ([`ActorCritic::vtrace_targets`]); without, the rollout's own (GAE). `obs` is the rollout's
+    /// observations as the network's input ([`ActorCritic::rollout_obs`]), which the update uses too.
+    pub fn targets<'r>(
+        &self,
+        rollout: &'r Rollout,
+        obs: &Tensor,
+        gamma: f32,
+        vtrace: Option<&VtraceConfig>,
+    ) -> Result<Targets<'r>> {
+        let vtrace = vtrace.map(|v| self.vtrace_targets_on(rollout, obs, gamma, v)).transpose()?;
         Ok(Targets { rollout, vtrace })
     }
 
@@ -309,6 +316,17 @@ impl ActorCritic {
     /// every `V(x_{s+1})` (from the kept final and bootstrap observations), without gradient, then
     /// [`vtrace`]. The rollout's own values and advantages are not read.
     pub fn vtrace_targets(&self, rollout: &Rollout, gamma: f32, config: &VtraceConfig) -> Result<VtraceTargets> {
+        self.vtrace_targets_on(rollout, &self.rollout_obs(rollout)?, gamma, config)
+    }
+
+    /// [`ActorCritic::vtrace_targets`] with the rollout's observations already as the network's input.
+    fn vtrace_targets_on(
+        &self,
+        rollout: &Rollout,
+        obs: &Tensor,
+        gamma: f32,
+        config: &VtraceConfig,
+    ) -> Result<VtraceTargets> {
         let n = rollout.len();
         for (what, got, expected) in [
             ("rollout observations to re-evaluate", rollout.obs.len(), n * self.obs_dim),
@@ -318,7 +336,7 @@ impl ActorCritic {
                 return Err(Error::BadLength { what: what.into(), got, expected });
             }
         }
-        let (target_log_probs, values) = self.evaluate_input(&self.rollout_obs(rollout)?, &rollout.actions)?;
+        let (target_log_probs, values) = self.evaluate_input(obs, &rollout.actions)?;
         let next_values = rollout.next_values_under(&values, |rows| self.values(rows))?;
         let (mut vs, mut pg_advantages) = (vec![0.0; n], vec![0.0; n]);
         vtrace(

@@ -292,11 +292,11 @@ impl QNet {
     /// Observations as the network takes them on the device: `[B, obs_dim]` floats, or `[B, C, H, W]` frames
     /// in their own dtype.
     fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
-        let cnn = match &self.body {
+        let image = match &self.body {
             QBody::Mlp(_) => None,
-            QBody::Cnn(cnn) => Some(cnn),
+            QBody::Cnn(cnn) => Some(cnn.shape()),
         };
-        crate::nets::obs_tensor(obs, self.obs_dim, cnn, self.device)
+        crate::nets::ObsLayout { obs_dim: self.obs_dim, image, device: self.device }.tensor(obs)
     }
 
     /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).

@@ -18,18 +18,6 @@ pub fn with_torch_seed<T>(seed: u64, build: impl FnOnce() -> T) -> T {
     build()
 }
 
-/// Observations (`rows × obs_dim`, row-major) as a network's input on `device`: `[B, obs_dim]` f32 for an MLP
-/// (frames converted there, on the device), `[B, C, H, W]` in their own dtype for `cnn` (it scales frames itself).
-/// A batch that is empty or not whole rows is an error.
-pub fn obs_tensor(
-    obs: flotilla_core::ObsRef<'_>,
-    obs_dim: usize,
-    cnn: Option<&NatureCnn>,
-    device: tch::Device,
-) -> crate::Result<Tensor> {
-    ObsLayout { obs_dim, image: cnn.map(NatureCnn::shape), device }.tensor(obs)
-}
-
 /// How a network takes observations: `[B, obs_dim]` f32 rows for an MLP, `[B, C, H, W]` in the frames' own
 /// dtype for the CNN, on `device`. Plain data (`Send`): the learner's batch-assembly thread uses it to put a
 /// rollout's observations on the device while the update thread trains on the previous batch.

@@ -329,11 +329,11 @@ impl Ppo {
             normalize_advantage: c.normalize_advantage,
         };
         // Off-policy correction: advantages, value targets and the values to clip around, all recomputed.
-        let targets = self.pi.net.targets(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+        let obs = self.pi.net.rollout_obs(rollout)?;
+        let targets = self.pi.net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
         let d = self.pi.net.device;
-        let obs = self.pi.net.rollout_obs(rollout)?;
         let actions = self.pi.net.actions_tensor(&rollout.actions);
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
         let mut advantages = Tensor::from_slice(advantages).to_device(d);

@@ -114,7 +114,10 @@ impl Rollout {
             n_steps,
             obs_dim,
             act_dim,
-            obs: ObsBuf::with_capacity(DType::F32, n * obs_dim),
+            // Observations adopt their dtype on the first push and keep their allocation across `clear`;
+            // nothing is reserved here, so the placeholder `RolloutCollector::finish` leaves costs nothing
+            // (for frames a reservation would be n × obs_dim floats, ~116 MB for a Pong rollout).
+            obs: ObsBuf::empty(DType::F32),
             actions: Vec::with_capacity(n * act_dim),
             log_probs: Vec::with_capacity(n),
             values: Vec::with_capacity(n),
@@ -126,7 +129,7 @@ impl Rollout {
             returns: vec![0.0; n],
             final_obs: ObsBuf::empty(DType::F32),
             final_obs_steps: Vec::new(),
-            bootstrap_obs: ObsBuf::with_capacity(DType::F32, n_envs * obs_dim),
+            bootstrap_obs: ObsBuf::empty(DType::F32),
             steps: 0,
             device_obs: None,
         }

@@ -54,6 +54,16 @@ impl Intake {
     }
 }
 
+/// Count one admitted delivery's policy lag into `(sum, max, count)`.
+pub(crate) fn add_lag(acc: &mut (u64, u64, u64), lag: u64) {
+    merge_lag(acc, (lag, lag, 1));
+}
+
+/// Add the `(sum, max, count)` lag statistics `more` to `acc`.
+pub(crate) fn merge_lag(acc: &mut (u64, u64, u64), more: (u64, u64, u64)) {
+    *acc = (acc.0 + more.0, acc.1.max(more.1), acc.2 + more.2);
+}
+
 /// A batch ready for an update: the stacked rollout (observations on the device), the actors it came from
 /// and the bookkeeping of its chunks. `rollout` is an error message where stacking failed.
 #[derive(Debug)]
@@ -178,7 +188,7 @@ impl Worker {
                 continue;
             }
             batch.count_chunk(&chunk);
-            batch.lag = (batch.lag.0 + lag, batch.lag.1.max(lag), batch.lag.2 + 1);
+            add_lag(&mut batch.lag, lag);
             pending.push(chunk);
             if pending.len() < self.spec.chunks_per_batch {
                 continue;

@@ -29,7 +29,7 @@ use flotilla_transport::grpc::{Limits, ServerHandle, serve};
 use tch::Device;
 use tracing::{error, info, warn};
 
-use crate::assembly::{Assembly, AssemblySpec, Intake, Staged};
+use crate::assembly::{Assembly, AssemblySpec, Intake, Staged, add_lag, merge_lag};
 use crate::config::{ExperimentConfig, Family, Plan};
 use crate::eval::evaluate;
 use crate::hub::{Delivery, Hub, HubSpec, next_delivery};
@@ -249,14 +249,8 @@ impl DistributedLearner {
     /// evaluation of the final policy (unless stopped) and tells actors the run is over.
     pub fn run(&mut self, stop: &AtomicBool, on_log: &mut dyn FnMut(&LogRow) -> Result<()>) -> Result<TrainReport> {
         let total = self.config.run.total_env_steps;
-        // Training time is wall-clock (actors run in parallel with the learner) minus evaluations, added to what
-        // a resumed run had.
-        let start = Instant::now();
-        let (train_before, eval_before) = (self.counters.run.train_secs, self.counters.eval_secs);
-        let mut last_data = Instant::now();
-        let mut waited_log = Instant::now();
         self.start_assembly()?;
-        let result = self.serve(stop, on_log, start, train_before, eval_before, &mut last_data, &mut waited_log);
+        let result = self.serve(stop, on_log);
         if let Some(assembly) = self.assembly.take() {
             self.rx = Some(assembly.stop()?);
         }
@@ -296,18 +290,13 @@ impl DistributedLearner {
     }
 
     /// The update loop of [`DistributedLearner::run`]: until the budget, `stop_at` or `stop`.
-    #[allow(clippy::too_many_arguments)]
-    fn serve(
-        &mut self,
-        stop: &AtomicBool,
-        on_log: &mut dyn FnMut(&LogRow) -> Result<()>,
-        start: Instant,
-        train_before: f64,
-        eval_before: f64,
-        last_data: &mut Instant,
-        waited_log: &mut Instant,
-    ) -> Result<()> {
+    fn serve(&mut self, stop: &AtomicBool, on_log: &mut dyn FnMut(&LogRow) -> Result<()>) -> Result<()> {
         let total = self.config.run.total_env_steps;
+        // Training time is wall-clock (actors run in parallel with the learner) minus evaluations, added to what
+        // a resumed run had.
+        let start = Instant::now();
+        let (train_before, eval_before) = (self.counters.run.train_secs, self.counters.eval_secs);
+        let (mut last_data, mut waited_log) = (Instant::now(), Instant::now());
         while self.counters.run.env_steps < total.min(self.stop_at) && !stop.load(Ordering::SeqCst) {
             let waiting = Instant::now();
             let got_data = match &self.assembly {
@@ -343,11 +332,11 @@ impl DistributedLearner {
             if !got_data {
                 if last_data.elapsed() > Duration::from_secs(10) && waited_log.elapsed() > Duration::from_secs(10) {
                     info!("waiting for actors ({} registered)", self.hub.live_actors());
-                    *waited_log = Instant::now();
+                    waited_log = Instant::now();
                 }
                 continue;
             }
-            *last_data = Instant::now();
+            last_data = Instant::now();
             self.hub.set_env_steps(self.counters.run.env_steps);
             self.counters.run.train_secs =
                 train_before + start.elapsed().as_secs_f64() - (self.counters.eval_secs - eval_before);
@@ -379,8 +368,7 @@ impl DistributedLearner {
         for ep in &intake.episodes {
             c.run.count_episode(ep.episode_return, ep.length);
         }
-        let (sum, max, n) = intake.lag;
-        c.interval_lag = (c.interval_lag.0 + sum, c.interval_lag.1.max(max), c.interval_lag.2 + n);
+        merge_lag(&mut c.interval_lag, intake.lag);
         let before = c.stale;
         c.stale += intake.stale;
         if before.checked_ilog2() != c.stale.checked_ilog2() {
@@ -405,17 +393,33 @@ impl DistributedLearner {
                 Ok((spare, agent.update(&progress)?))
             })
         });
+        let updated = updated.map(|(spare, metrics)| {
+            if let Some(assembly) = &self.assembly {
+                assembly.recycle(spare);
+            }
+            metrics
+        });
+        self.on_policy_updated(updated, started, &actors)
+    }
+
+    /// Count and publish an on-policy update begun at `started` on data from `actors`; a failed one is
+    /// logged and skipped.
+    fn on_policy_updated(
+        &mut self,
+        updated: std::result::Result<Option<Metrics>, String>,
+        started: Instant,
+        actors: &[u64],
+    ) -> Result<()> {
         match updated {
-            Ok((spare, Some(m))) => {
-                if let Some(assembly) = &self.assembly {
-                    assembly.recycle(spare);
-                }
+            Ok(Some(m)) => {
                 self.counters.run.count_update(&m);
                 self.publish(m, started)
             }
-            Ok((_, None)) => Err(Error::Runtime("a stacked on-policy batch did not fill a rollout".into())),
+            Ok(None) => {
+                Err(Error::Runtime(format!("an on-policy batch from actors {actors:?} did not fill a rollout")))
+            }
             Err(e) => {
-                self.update_failed(&e, &actors);
+                self.update_failed(&e, actors);
                 Ok(())
             }
         }
@@ -441,9 +445,7 @@ impl DistributedLearner {
             }
             return false;
         }
-        c.interval_lag.0 += lag;
-        c.interval_lag.1 = c.interval_lag.1.max(lag);
-        c.interval_lag.2 += 1;
+        add_lag(&mut c.interval_lag, lag);
         true
     }
 
@@ -543,22 +545,8 @@ impl DistributedLearner {
             *assemble_secs += assembling.elapsed().as_secs_f64();
             agent.update(&progress)
         });
-        match updated {
-            Ok(Some(m)) => {
-                self.counters.run.count_update(&m);
-                self.publish(m, started)
-            }
-            Ok(None) => Err(Error::Runtime(format!(
-                "an on-policy batch of {} chunks × {} steps did not fill a rollout",
-                batch.len(),
-                self.plan.chunk_steps
-            ))),
-            Err(e) => {
-                let actors: Vec<u64> = batch.iter().map(|c| c.actor_id).collect();
-                self.update_failed(&e, &actors);
-                Ok(())
-            }
-        }
+        let actors: Vec<u64> = batch.iter().map(|c| c.actor_id).collect();
+        self.on_policy_updated(updated, started, &actors)
     }
 
     /// Publish the parameters after updates begun at `started`; `m` is the last update's metrics.

@@ -24,10 +24,14 @@ const ACTIONS: &str = "trainer.env_replay.actions";
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct EnvReplay {
     info: ReplayInfo,
-    /// Discrete actions, `steps × n_envs` (empty for continuous action spaces).
-    discrete: Vec<i64>,
-    /// Continuous actions, `steps × n_envs × act_dim` (empty for discrete action spaces).
-    continuous: Vec<f32>,
+    actions: Recorded,
+}
+
+/// Every recorded batch, one after the other, in the action space's kind.
+#[derive(Debug, Clone, PartialEq)]
+enum Recorded {
+    Discrete(Vec<i64>),
+    Continuous(Vec<f32>),
 }
 
 /// What the checkpoint's metadata says about the recorded actions.
@@ -37,45 +41,60 @@ struct ReplayInfo {
     seed: u64,
     /// Envs in the batch.
     n_envs: usize,
-    /// Batches of actions recorded.
+    /// Batches recorded.
     steps: u64,
-    /// Whether the actions are discrete.
+    /// Whether the actions are discrete (i64 indices) or continuous (f32 values).
     discrete: bool,
+    /// Action values per batch: `n_envs`, times the action size for continuous actions.
+    per_step: usize,
 }
 
 impl EnvReplay {
-    /// Nothing recorded yet for `n_envs` envs reset with `seed`.
-    pub(crate) fn new(seed: u64, n_envs: usize, discrete: bool) -> Self {
-        EnvReplay {
-            info: ReplayInfo { seed, n_envs, steps: 0, discrete },
-            discrete: Vec::new(),
-            continuous: Vec::new(),
-        }
+    /// Nothing recorded yet for `envs`, just reset with `seed`.
+    pub(crate) fn new(seed: u64, envs: &dyn VectorEnv) -> Self {
+        let n_envs = envs.num_envs();
+        let (actions, per_step) = match envs.action_space() {
+            flotilla_core::Space::Discrete { .. } => (Recorded::Discrete(Vec::new()), n_envs),
+            space => (Recorded::Continuous(Vec::new()), n_envs * space.flat_dim()),
+        };
+        let discrete = matches!(actions, Recorded::Discrete(_));
+        EnvReplay { info: ReplayInfo { seed, n_envs, steps: 0, discrete, per_step }, actions }
     }
 
-    /// Record the batch of actions the envs are about to be stepped with.
-    pub(crate) fn record(&mut self, actions: &VecActions<'_>) {
-        match actions {
-            VecActions::Discrete(a) => self.discrete.extend_from_slice(a),
-            VecActions::Continuous(a) => self.continuous.extend_from_slice(a),
+    /// Record a batch of actions the envs took.
+    pub(crate) fn record(&mut self, actions: &VecActions<'_>) -> Result<()> {
+        match (&mut self.actions, actions) {
+            (Recorded::Discrete(v), VecActions::Discrete(a)) if a.len() == self.info.per_step => v.extend_from_slice(a),
+            (Recorded::Continuous(v), VecActions::Continuous(a)) if a.len() == self.info.per_step => {
+                v.extend_from_slice(a)
+            }
+            _ => {
+                return Err(Error::Runtime(format!(
+                    "env recording: a batch of actions unlike the action space's {} values",
+                    self.info.per_step
+                )));
+            }
         }
         self.info.steps += 1;
+        Ok(())
     }
 
-    /// Forget the last recorded batch (the envs refused it, so it had no effect).
-    pub(crate) fn unrecord(&mut self, actions: &VecActions<'_>) {
-        match actions {
-            VecActions::Discrete(a) => self.discrete.truncate(self.discrete.len() - a.len()),
-            VecActions::Continuous(a) => self.continuous.truncate(self.continuous.len() - a.len()),
+    /// Batch `s` of the recording.
+    fn batch(&self, s: usize) -> VecActions<'_> {
+        let rows = s * self.info.per_step..(s + 1) * self.info.per_step;
+        match &self.actions {
+            Recorded::Discrete(v) => VecActions::Discrete(&v[rows]),
+            Recorded::Continuous(v) => VecActions::Continuous(&v[rows]),
         }
-        self.info.steps -= 1;
     }
 
     /// Add the recording to a checkpoint.
     pub(crate) fn write_to(&self, c: &mut Checkpoint) -> Result<()> {
         c.put_meta(META, &self.info)?;
-        let actions =
-            if self.info.discrete { Tensor::from_slice(&self.discrete) } else { Tensor::from_slice(&self.continuous) };
+        let actions = match &self.actions {
+            Recorded::Discrete(v) => Tensor::from_slice(v),
+            Recorded::Continuous(v) => Tensor::from_slice(v),
+        };
         c.put_tensor(ACTIONS, &actions);
         Ok(())
     }
@@ -86,27 +105,24 @@ impl EnvReplay {
             return Ok(None);
         }
         let info: ReplayInfo = c.meta(META)?;
-        let actions = c.take_tensor(ACTIONS)?.flatten(0, -1);
-        let mut replay = EnvReplay::new(info.seed, info.n_envs, info.discrete);
-        replay.info.steps = info.steps;
+        let tensor = c.take_tensor(ACTIONS)?.flatten(0, -1);
         let convert = |e: tch::TchError| Error::Runtime(format!("checkpoint {ACTIONS:?}: {e}"));
-        if info.discrete {
-            replay.discrete = Vec::<i64>::try_from(actions).map_err(convert)?;
+        let (actions, stored) = if info.discrete {
+            let v = Vec::<i64>::try_from(tensor).map_err(convert)?;
+            let n = v.len();
+            (Recorded::Discrete(v), n)
         } else {
-            replay.continuous = Vec::<f32>::try_from(actions).map_err(convert)?;
-        }
-        let (stored, per_step) = if info.discrete {
-            (replay.discrete.len(), info.n_envs)
-        } else {
-            (replay.continuous.len(), replay.continuous.len() / info.steps.max(1) as usize)
+            let v = Vec::<f32>::try_from(tensor).map_err(convert)?;
+            let n = v.len();
+            (Recorded::Continuous(v), n)
         };
-        if info.steps > 0 && (per_step == 0 || stored != per_step * info.steps as usize) {
+        if stored as u64 != info.per_step as u64 * info.steps {
             return Err(Error::Runtime(format!(
-                "checkpoint {ACTIONS:?}: {stored} actions for {} steps of {} envs",
-                info.steps, info.n_envs
+                "checkpoint {ACTIONS:?}: {stored} action values for {} batches of {}",
+                info.steps, info.per_step
             )));
         }
-        Ok(Some(replay))
+        Ok(Some(EnvReplay { info, actions }))
     }
 
     /// Step `envs` — fresh, made like the recorded ones — from their seeded reset through every recorded
@@ -122,13 +138,7 @@ impl EnvReplay {
         envs.reset(Some(self.info.seed))?;
         let steps = self.info.steps as usize;
         for s in 0..steps {
-            let actions = if self.info.discrete {
-                VecActions::Discrete(&self.discrete[s * n..(s + 1) * n])
-            } else {
-                let k = self.continuous.len() / steps;
-                VecActions::Continuous(&self.continuous[s * k..(s + 1) * k])
-            };
-            envs.step(&actions)?;
+            envs.step(&self.batch(s))?;
         }
         if envs.obs() != expected.as_ref() {
             return Err(Error::Runtime(format!(
@@ -152,12 +162,12 @@ mod tests {
     fn recorded_run(id: &str, steps: usize) -> (EnvReplay, Box<dyn VectorEnv>) {
         let mut envs = make_vector(id, &Kwargs::new(), 3, EnvRole::Training).unwrap();
         envs.reset(Some(7)).unwrap();
-        let mut replay = EnvReplay::new(7, 3, true);
+        let mut replay = EnvReplay::new(7, envs.as_ref());
         for s in 0..steps {
             let a: Vec<i64> = (0..3).map(|i| ((s * 7 + i * 3) % 2) as i64).collect();
             let actions = VecActions::Discrete(&a);
-            replay.record(&actions);
             envs.step(&actions).unwrap();
+            replay.record(&actions).unwrap();
         }
         (replay, envs)
     }
@@ -183,12 +193,11 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_batch_is_forgotten() {
+    fn batches_unlike_the_action_space_are_refused() {
         let (mut replay, _) = recorded_run("CartPole-v1", 5);
         let before = replay.clone();
-        let a = [1i64, 0, 1];
-        replay.record(&VecActions::Discrete(&a));
-        replay.unrecord(&VecActions::Discrete(&a));
+        assert!(replay.record(&VecActions::Discrete(&[1, 0])).is_err(), "two actions for three envs");
+        assert!(replay.record(&VecActions::Continuous(&[0.5, 0.5, 0.5])).is_err(), "continuous for discrete");
         assert_eq!(replay, before);
         assert!(EnvReplay::read_from(&mut Checkpoint::new()).unwrap().is_none());
     }

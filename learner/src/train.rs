@@ -52,8 +52,7 @@ impl Trainer {
         let counters = RunCounters::new(config);
         let replay = match envs.snapshot() {
             Err(flotilla_core::Error::Unsupported { .. }) if config.checkpoint.replay_envs => {
-                let discrete = matches!(envs.action_space(), flotilla_core::Space::Discrete { .. });
-                Some(EnvReplay::new(config.run.seed, envs.num_envs(), discrete))
+                Some(EnvReplay::new(config.run.seed, envs.as_ref()))
             }
             _ => None,
         };
@@ -160,18 +159,10 @@ impl Trainer {
             let started = Instant::now();
             self.agent.act(self.obs.as_ref(), ActMode::Explore, &mut out)?;
             let actions = env_actions.convert(&action_space, &out.actions);
+            let step = self.envs.step(&actions)?;
             if let Some(replay) = &mut self.replay {
-                replay.record(&actions);
+                replay.record(&actions)?;
             }
-            let step = match self.envs.step(&actions) {
-                Ok(step) => step,
-                Err(e) => {
-                    if let Some(replay) = &mut self.replay {
-                        replay.unrecord(&actions);
-                    }
-                    return Err(e.into());
-                }
-            };
             // The observation that truly followed: the final one where an episode ended, not the reset one.
             step.true_next_obs(&mut next_obs);
             let c = &mut self.counters;
