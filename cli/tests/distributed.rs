@@ -2,10 +2,13 @@
 //! `flotilla learner` + `flotilla actor`.
 //!
 //! * PPO and A3C with 4 actor processes end with a deterministic evaluation ≥ 475 on CartPole-v1 that holds
-//!   over the last two evaluations (A3C: 2 of seeds 1–3, with under 5 % of gradients too stale to apply);
-//!   DQN with 4 actors reaches 475 within its budget (2 of seeds 1–3) but does not reliably hold it;
-//! * `kill -9` of an actor mid-run: the launcher restarts it and the run still reaches 475;
+//!   over the last two evaluations (A3C with under 5 % of gradients too stale to apply); DQN with 4 actors
+//!   reaches 475 within its budget but does not reliably hold it;
+//! * `kill -9` of an actor mid-run: the launcher restarts it and the run still ends solved;
 //! * `--stop-at` writes a checkpoint and `train --resume` continues the run (metrics appended) to a solved end;
+//!
+//! Asynchronous actors make every run different, so each of those learning claims is checked on 2 of seeds 1–3
+//! (the mechanics — restart, checkpoint, appended metrics — on every seed run).
 //! * a wrong or missing token is refused with UNAUTHENTICATED; malformed chunks (wrong shapes, NaN, unknown
 //!   actor, another protocol version) with INVALID_ARGUMENT naming the problem; well-formed chunks whose values
 //!   lie outside the registered spaces (discrete actions 7, 0.5 or NaN for CartPole's Discrete(2), an
@@ -86,22 +89,18 @@ fn solved(out: &Output, run: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-fn assert_solved(out: &Output, run: &std::path::Path) {
-    if let Err(e) = solved(out, run) {
-        panic!("{e}");
-    }
-}
-
 #[test]
 #[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
 fn ppo_with_four_actor_processes_solves_cartpole() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (out, run) = train_with_actors("cartpole_ppo.toml", 4, "ppo", &[]);
-    assert_solved(&out, &run);
-    // The learner tracked policy lag and had 4 actors registered.
-    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-    let header = csv.lines().next().unwrap();
-    assert!(header.contains("charts/policy_lag") && header.contains("charts/stale_chunks"), "{header}");
+    two_of_three(|seed| {
+        let (out, run) = train_with_actors("cartpole_ppo.toml", 4, &format!("ppo-{seed}"), &["--set", &seed_arg(seed)]);
+        // The learner tracked policy lag and had 4 actors registered (whatever the learning outcome).
+        let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap_or_else(|_| panic!("{}", text(&out)));
+        let header = csv.lines().next().unwrap();
+        assert!(header.contains("charts/policy_lag") && header.contains("charts/stale_chunks"), "{header}");
+        solved(&out, &run)
+    });
 }
 
 /// Evaluations reached 475 at some point within the budget (the run need not hold it there).
@@ -116,14 +115,28 @@ fn reached(out: &Output, run: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Asynchronous actors make every run different: as the single-process learning tests do, 2 of seeds 1–3 must
-/// pass `check` (stopping as soon as that is decided).
+/// `--set run.seed=SEED`.
+fn seed_arg(seed: u64) -> String {
+    format!("run.seed={seed}")
+}
+
+/// 2 of seeds 1–3 of `config_name` with 4 actors pass `check` (see [`two_of_three`]).
 fn two_of_three_seeds(config_name: &str, check: fn(&Output, &std::path::Path) -> Result<(), String>) {
+    two_of_three(|seed| {
+        let name = format!("{config_name}-{seed}");
+        let (out, run) = train_with_actors(config_name, 4, &name, &["--set", &seed_arg(seed)]);
+        check(&out, &run)
+    });
+}
+
+/// Asynchronous actors make every run different (which chunk arrives first depends on the scheduler), so a
+/// learning claim is checked over seeds, as the single-process learning tests do: 2 of seeds 1–3 must pass
+/// `attempt` (stopping as soon as that is decided). A CI run once had a single-seed PPO run reach 500 and then
+/// settle at ~420 as the learning rate annealed to 0; 14 local runs of the same seed all held.
+fn two_of_three(mut attempt: impl FnMut(u64) -> Result<(), String>) {
     let (mut passed, mut failures) = (0, Vec::new());
     for seed in 1..=3 {
-        let name = format!("{config_name}-{seed}");
-        let (out, run) = train_with_actors(config_name, 4, &name, &["--set", &format!("run.seed={seed}")]);
-        match check(&out, &run) {
+        match attempt(seed) {
             Ok(()) => passed += 1,
             Err(e) => failures.push(format!("seed {seed}: {e}")),
         }
@@ -167,25 +180,39 @@ fn a3c_with_four_actor_processes_solves_cartpole() {
 #[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
 fn a_distributed_run_stops_with_a_checkpoint_and_resumes_to_the_end() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (out, run) = train_with_actors("cartpole_ppo.toml", 2, "resume", &["--stop-at", "20000"]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("continue with: flotilla train --resume"), "{}", text(&out));
-    assert!(run.join("checkpoint.safetensors").is_file(), "no checkpoint after --stop-at");
-    let before = metric(&run, "env_steps");
-    let stopped_at = *before.last().unwrap();
-    assert!((20_000.0..30_000.0).contains(&stopped_at), "stopped at {stopped_at}: {before:?}");
+    // The stop, the checkpoint and the appended metrics are checked on every seed; ending solved (a learning
+    // claim with asynchronous actors) on 2 of seeds 1–3.
+    two_of_three(|seed| {
+        let (out, run) = train_with_actors(
+            "cartpole_ppo.toml",
+            2,
+            &format!("resume-{seed}"),
+            &["--stop-at", "20000", "--set", &seed_arg(seed)],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("continue with: flotilla train --resume"),
+            "{}",
+            text(&out)
+        );
+        assert!(run.join("checkpoint.safetensors").is_file(), "no checkpoint after --stop-at");
+        let before = metric(&run, "env_steps");
+        let stopped_at = *before.last().unwrap();
+        assert!((20_000.0..30_000.0).contains(&stopped_at), "stopped at {stopped_at}: {before:?}");
 
-    let resumed = output_within(
-        Command::new(env!("CARGO_BIN_EXE_flotilla")).args(["train", "--resume", run.to_str().unwrap()]),
-        Duration::from_secs(240),
-    );
-    assert!(String::from_utf8_lossy(&resumed.stderr).contains("resuming"), "{}", text(&resumed));
-    assert_solved(&resumed, &run);
-    // The metrics file goes on from where the first part stopped, to the budget.
-    let after = metric(&run, "env_steps");
-    assert_eq!(after[..before.len()], before[..]);
-    assert!(after.windows(2).all(|w| w[1] > w[0]), "env steps must keep rising: {after:?}");
-    assert!(*after.last().unwrap() >= 100_000.0, "{after:?}");
+        let resumed = output_within(
+            Command::new(env!("CARGO_BIN_EXE_flotilla")).args(["train", "--resume", run.to_str().unwrap()]),
+            Duration::from_secs(240),
+        );
+        assert!(resumed.status.success(), "{}", text(&resumed));
+        assert!(String::from_utf8_lossy(&resumed.stderr).contains("resuming"), "{}", text(&resumed));
+        // The metrics file goes on from where the first part stopped, to the budget.
+        let after = metric(&run, "env_steps");
+        assert_eq!(after[..before.len()], before[..]);
+        assert!(after.windows(2).all(|w| w[1] > w[0]), "env steps must keep rising: {after:?}");
+        assert!(*after.last().unwrap() >= 100_000.0, "{after:?}");
+        solved(&resumed, &run)
+    });
 }
 
 /// A `flotilla actor` process in slot 0 joining the learner at `addr` with the test token, and its watchdog.
@@ -221,38 +248,42 @@ fn children(parent: u32) -> Vec<u32> {
 #[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
 fn a_killed_actor_is_restarted_and_the_run_still_solves() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let run = scratch("dist", "kill").join("run");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(["train", &config("cartpole_ppo.toml"), "--actors", "4", "--out", run.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let done = watchdog(child.id(), Duration::from_secs(240));
-    // Collect stderr in the background; kill an actor once training is under way.
-    let stderr = child.stderr.take().unwrap();
-    let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
-    let started = Instant::now();
-    let victim = loop {
-        let kids = children(child.id());
-        if kids.len() == 4 && started.elapsed() > Duration::from_millis(1500) {
-            break kids[1];
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "4 actors never started");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    // SAFETY: kill(2) on a pid we just read; at worst it has exited and the call fails.
-    assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
-    let out = child.wait_with_output().unwrap();
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    let log = log.join().unwrap().join("\n");
-    let out = Output { stderr: log.into_bytes(), ..out };
-    assert!(text(&out).contains("restarted the actor in slot"), "no restart logged:\n{}", text(&out));
-    assert_solved(&out, &run);
-    // No actor outlives the run.
-    std::thread::sleep(Duration::from_millis(200));
-    // SAFETY: signal 0 only checks for existence.
-    assert_ne!(unsafe { libc::kill(victim as i32, 0) }, 0, "the killed actor is gone");
+    // The restart and the clean exit are checked on every seed; ending solved on 2 of seeds 1–3.
+    two_of_three(|seed| {
+        let run = scratch("dist", &format!("kill-{seed}")).join("run");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(["train", &config("cartpole_ppo.toml"), "--actors", "4", "--out", run.to_str().unwrap()])
+            .args(["--set", &seed_arg(seed)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let done = watchdog(child.id(), Duration::from_secs(240));
+        // Collect stderr in the background; kill an actor once training is under way.
+        let stderr = child.stderr.take().unwrap();
+        let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
+        let started = Instant::now();
+        let victim = loop {
+            let kids = children(child.id());
+            if kids.len() == 4 && started.elapsed() > Duration::from_millis(1500) {
+                break kids[1];
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "4 actors never started");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // SAFETY: kill(2) on a pid we just read; at worst it has exited and the call fails.
+        assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
+        let out = child.wait_with_output().unwrap();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let log = log.join().unwrap().join("\n");
+        let out = Output { stderr: log.into_bytes(), ..out };
+        assert!(text(&out).contains("restarted the actor in slot"), "no restart logged:\n{}", text(&out));
+        // No actor outlives the run.
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: signal 0 only checks for existence.
+        assert_ne!(unsafe { libc::kill(victim as i32, 0) }, 0, "the killed actor is gone");
+        solved(&out, &run)
+    });
 }
 
 /// A `flotilla learner` process and the address it listens on.
