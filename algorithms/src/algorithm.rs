@@ -55,6 +55,31 @@ impl Progress {
     }
 }
 
+/// Work an off-policy agent's [`ReplayFeed`] prepared ahead of its update (a replay minibatch already on the
+/// device, or a target-network sync), to be applied in the order it was made with
+/// [`Algorithm::train_prepared`]. Opaque: only the agent that made it reads it. `Send`, so a learner's
+/// batch-assembly thread can hand it to the update thread.
+#[derive(Debug)]
+pub struct Prepared(pub(crate) PreparedWork);
+
+/// What a [`Prepared`] holds.
+#[derive(Debug)]
+pub(crate) enum PreparedWork {
+    /// DQN: the target network follows the online one (before the gradient steps prepared after it).
+    DqnSyncTarget,
+    /// DQN: one gradient step's minibatch, and where it sits in its training phase.
+    DqnBatch(Box<crate::dqn::DqnBatch>, crate::dqn::PhaseStep),
+}
+
+/// An off-policy agent's data side, run on a learner's batch-assembly thread ([`Algorithm::replay_feed`]): it
+/// observes transitions into the agent's replay and prepares the minibatches each due training phase draws,
+/// while the agent trains on earlier ones. Observing a transition here and then applying its work with
+/// [`Algorithm::train_prepared`] trains exactly as [`Algorithm::observe`] + [`Algorithm::update`] do.
+pub trait ReplayFeed: Send {
+    /// Record one vectorised step at `progress` (env steps including this one); append the work it makes due.
+    fn observe(&mut self, step: &Transition<'_>, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()>;
+}
+
 /// A learning algorithm: a [`Policy`] that also learns from what it observes and can save its whole state.
 pub trait Algorithm: Policy {
     /// Short name, as in configs (`"ppo"`, `"dqn"`, ...).
@@ -94,6 +119,18 @@ pub trait Algorithm: Policy {
     fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
         let _ = rollout;
         Err(crate::Error::Unsupported(format!("{} takes no stacked rollouts", self.name())))
+    }
+    /// An off-policy agent whose replay can be fed and sampled on another thread: a [`ReplayFeed`] sharing
+    /// this agent's replay. Others (the default), and samplers that depend on the update before (prioritized
+    /// replay), refuse with the reason.
+    fn replay_feed(&mut self) -> Result<Box<dyn ReplayFeed>> {
+        Err(crate::Error::Unsupported(format!("{} has no replay feed for another thread", self.name())))
+    }
+    /// Apply work this agent's [`ReplayFeed`] prepared, in order; returns a training phase's metrics after its
+    /// last gradient step, else `None`.
+    fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>> {
+        let _ = work;
+        Err(crate::Error::Unsupported(format!("{} takes no prepared work", self.name())))
     }
     /// A3C's parameter server: one optimiser step with a flat gradient an actor computed (in
     /// [`Algorithm::policy_params`]' layout). Algorithms without that role refuse.

@@ -24,6 +24,7 @@
 //! Metrics: `losses/td_loss`, `losses/q_values`, `charts/epsilon`, `charts/learning_rate`, `charts/gradient_steps`,
 //! `charts/per_beta`.
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use flotilla_core::{ObsRef, Space};
 use rand::{Rng, SeedableRng};
@@ -34,15 +35,15 @@ use tch::{Device, Kind, Reduction, Tensor};
 use crate::acting::ActingPolicy;
 use crate::actor_critic::is_image;
 use crate::adam::Adam;
-use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::algorithm::{Algorithm, Prepared, PreparedWork, Progress, ReplayFeed, Transition};
 use crate::checkpoint::Checkpoint;
 use crate::frame_replay::FrameReplay;
 use crate::host_mlp::HostScratch;
 use crate::n_step::NStep;
-use crate::nets::{Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, mlp_input_dim, with_torch_seed};
+use crate::nets::{Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
-use crate::replay::{Element, PrioritizedReplay, ReplayBuffer, ReplaySample};
+use crate::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
 use crate::{Error, Metrics, Result};
 
 /// DQN hyperparameters. `Default` is RL Zoo's CartPole-v1 DQN.
@@ -204,7 +205,8 @@ struct Counters {
     beta: f64,
 }
 
-/// A DQN agent: online and target Q-networks, replay, n-step accumulator, optimiser, RNG.
+/// A DQN agent: online and target Q-networks, optimiser, and its [`DataSide`] (replay, n-step accumulator,
+/// RNG, schedule counters).
 #[derive(Debug)]
 pub struct Dqn {
     /// Hyperparameters.
@@ -213,17 +215,180 @@ pub struct Dqn {
     online: FlatParams,
     target: FlatParams,
     opt: Adam,
-    memory: Memory,
+    side: Arc<Mutex<DataSide>>,
     n_actions: usize,
     obs_dim: usize,
     n_envs: usize,
+    /// Loss and mean Q of the prepared batches trained on so far in the current training phase.
+    phase: Vec<(Tensor, Tensor)>,
+    /// Acting's host forward pass: hidden activations and the network's raw output.
+    host: (HostScratch, Vec<f32>),
+}
+
+/// What observing transitions and sampling replay touch: the n-step accumulator and replay, the RNG (replay
+/// sampling and ε-greedy acting draw from this one stream) and the schedule counters. The agent keeps it
+/// behind a mutex so that a learner's batch-assembly thread can observe and sample ahead through a
+/// [`DqnFeed`] while the agent trains on the previous sample; on one thread the lock is never contended.
+#[derive(Debug)]
+struct DataSide {
+    memory: Memory,
     rng: Pcg64,
-    device: Device,
     counters: Counters,
     sample: ReplaySample<f32>,
     frames_sample: ReplaySample<u8>,
-    /// Acting's host forward pass: hidden activations and the network's raw output.
-    host: (HostScratch, Vec<f32>),
+}
+
+/// One gradient step's replay sample on the device.
+#[derive(Debug)]
+pub(crate) struct DqnBatch {
+    obs: Tensor,
+    next_obs: Tensor,
+    /// `[B, 1]` int64.
+    actions: Tensor,
+    /// n-step returns.
+    rewards: Tensor,
+    /// The bootstrap factor γ^m, zero for terminal transitions.
+    bootstrap: Tensor,
+    /// Prioritized replay: importance weights and the slots to give new priorities.
+    prioritized: Option<(Tensor, Vec<usize>)>,
+}
+
+/// Where a prepared batch sits in its training phase, and the schedules when it was sampled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PhaseStep {
+    progress: Progress,
+    epsilon: f64,
+    beta: f64,
+    /// The phase's last gradient step: its metrics are reported after it.
+    last: bool,
+}
+
+impl DataSide {
+    /// Record one vectorised step; `true` when the target network is due to follow the online one.
+    fn observe(&mut self, step: &Transition<'_>, config: &DqnConfig, n_envs: usize) -> Result<bool> {
+        let (a, r, te, tr) = (&step.act.actions, step.rewards, step.terminated, step.truncated);
+        let f32_rows = || Ok::<_, Error>((f32_obs("dqn", step.obs)?, f32_obs("dqn", step.next_obs)?));
+        match &mut self.memory {
+            Memory::Frames(n_step, replay) => {
+                let (ObsRef::U8(obs), ObsRef::U8(next)) = (step.obs, step.next_obs) else {
+                    return Err(unsupported_obs(step.obs));
+                };
+                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e))?;
+            }
+            Memory::Uniform(n_step, replay) => {
+                let (obs, next) = f32_rows()?;
+                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?;
+            }
+            Memory::Prioritized(n_step, replay) => {
+                let (obs, next) = f32_rows()?;
+                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?;
+            }
+        }
+        let c = &mut self.counters;
+        c.env_steps += n_envs as u64;
+        c.since_train += 1;
+        c.calls += 1;
+        // SB3 counts the target interval in vectorised steps: every max(interval / n_envs, 1) calls.
+        let every = (config.target_update_interval / n_envs as u64).max(1);
+        Ok(c.calls.is_multiple_of(every))
+    }
+
+    /// Advance the schedules to `progress`; the number of gradient steps due now (0 if it is not time to
+    /// train), starting a new training phase if any are.
+    fn phase_due(&mut self, config: &DqnConfig, progress: &Progress) -> usize {
+        let remaining = progress.remaining();
+        let c = &mut self.counters;
+        c.epsilon = config.epsilon(remaining);
+        c.beta = config.per_beta0 + (1.0 - remaining) * (config.per_beta_final - config.per_beta0);
+        let due = c.since_train >= config.train_freq;
+        if !due || c.env_steps <= config.learning_starts || self.replay_len() == 0 {
+            return 0;
+        }
+        self.counters.since_train = 0;
+        config.gradient_steps
+    }
+
+    /// Draw one minibatch and put it on the device as `layout` says.
+    fn sample(&mut self, batch: usize, layout: &ObsLayout) -> Result<DqnBatch> {
+        let beta = self.counters.beta;
+        match &self.memory {
+            Memory::Uniform(_, r) => r.sample(batch, &mut self.rng, &mut self.sample)?,
+            Memory::Prioritized(_, r) => r.sample(batch, beta, &mut self.rng, &mut self.sample)?,
+            Memory::Frames(_, r) => r.sample(batch, &mut self.rng, &mut self.frames_sample)?,
+        }
+        let d = layout.device;
+        let (obs, next_obs, s_actions, s_rewards, s_discounts, s_terminated) = match &self.memory {
+            Memory::Frames(..) => {
+                let s = &self.frames_sample;
+                let obs = layout.tensor(ObsRef::U8(&s.obs))?;
+                (obs, layout.tensor(ObsRef::U8(&s.next_obs))?, &s.actions, &s.rewards, &s.discounts, &s.terminated)
+            }
+            _ => {
+                let s = &self.sample;
+                let obs = layout.tensor(ObsRef::F32(&s.obs))?;
+                (obs, layout.tensor(ObsRef::F32(&s.next_obs))?, &s.actions, &s.rewards, &s.discounts, &s.terminated)
+            }
+        };
+        let bootstrap: Vec<f32> =
+            s_discounts.iter().zip(s_terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
+        let prioritized = match &self.memory {
+            Memory::Prioritized(..) => {
+                Some((Tensor::from_slice(&self.sample.weights).to_device(d), self.sample.indices.clone()))
+            }
+            _ => None,
+        };
+        Ok(DqnBatch {
+            obs,
+            next_obs,
+            actions: Tensor::from_slice(s_actions).to_kind(Kind::Int64).to_device(d).unsqueeze(1),
+            rewards: Tensor::from_slice(s_rewards).to_device(d),
+            bootstrap: Tensor::from_slice(&bootstrap).to_device(d),
+            prioritized,
+        })
+    }
+
+    fn replay_len(&self) -> usize {
+        match &self.memory {
+            Memory::Uniform(_, r) => r.len(),
+            Memory::Prioritized(_, r) => r.len(),
+            Memory::Frames(_, r) => r.len(),
+        }
+    }
+}
+
+/// DQN's data side for a learner's batch-assembly thread ([`Algorithm::replay_feed`]): it observes transitions
+/// into the agent's replay and, whenever a training phase is due, samples its minibatches onto the device,
+/// handing them on as [`Prepared`] work — exactly the draws [`Algorithm::update`] would make at that point,
+/// so training on them gives the same result. Uniform and frame replay only: prioritized sampling needs the
+/// priorities of the update before it.
+#[derive(Debug)]
+pub struct DqnFeed {
+    side: Arc<Mutex<DataSide>>,
+    config: DqnConfig,
+    n_envs: usize,
+    layout: ObsLayout,
+}
+
+/// The data side, whichever thread panicked holding it (its contents stay consistent between calls).
+fn lock(side: &Mutex<DataSide>) -> MutexGuard<'_, DataSide> {
+    side.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ReplayFeed for DqnFeed {
+    fn observe(&mut self, step: &Transition<'_>, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()> {
+        let mut side = lock(&self.side);
+        if side.observe(step, &self.config, self.n_envs)? {
+            out.push(Prepared(PreparedWork::DqnSyncTarget));
+        }
+        let due = side.phase_due(&self.config, progress);
+        for i in 0..due {
+            let batch = side.sample(self.config.batch_size, &self.layout)?;
+            let c = &side.counters;
+            let at = PhaseStep { progress: *progress, epsilon: c.epsilon, beta: c.beta, last: i + 1 == due };
+            out.push(Prepared(PreparedWork::DqnBatch(Box::new(batch), at)));
+        }
+        Ok(())
+    }
 }
 
 /// The Q-network's layout and forward passes, shared by the agent and its acting copy ([`DqnPolicy`]).
@@ -292,11 +457,16 @@ impl QNet {
     /// Observations as the network takes them on the device: `[B, obs_dim]` floats, or `[B, C, H, W]` frames
     /// in their own dtype.
     fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
+        self.layout().tensor(obs)
+    }
+
+    /// How observations become the network's input.
+    fn layout(&self) -> ObsLayout {
         let image = match &self.body {
             QBody::Mlp(_) => None,
             QBody::Cnn(cnn) => Some(cnn.shape()),
         };
-        crate::nets::ObsLayout { obs_dim: self.obs_dim, image, device: self.device }.tensor(obs)
+        ObsLayout { obs_dim: self.obs_dim, image, device: self.device }
     }
 
     /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
@@ -500,21 +670,24 @@ impl Dqn {
         };
         let counters =
             Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
+        let side = DataSide {
+            memory,
+            rng: Pcg64::seed_from_u64(seed ^ 0xd9_0000),
+            counters,
+            sample: ReplaySample::default(),
+            frames_sample: ReplaySample::default(),
+        };
         Ok(Dqn {
             q,
             online,
             target,
             opt,
-            memory,
+            side: Arc::new(Mutex::new(side)),
             n_actions,
             obs_dim,
             n_envs,
-            rng: Pcg64::seed_from_u64(seed ^ 0xd9_0000),
-            device,
+            phase: Vec::new(),
             host: Default::default(),
-            counters,
-            sample: ReplaySample::default(),
-            frames_sample: ReplaySample::default(),
             config,
         })
     }
@@ -530,52 +703,22 @@ impl Dqn {
     }
 
     /// One gradient step on a replay sample; returns (loss, mean Q) as tensors.
-    fn gradient_step(&mut self) -> Result<(Tensor, Tensor)> {
+    fn gradient_step(&mut self, b: &DqnBatch) -> Result<(Tensor, Tensor)> {
         let c = &self.config;
-        let batch = c.batch_size;
-        match &self.memory {
-            Memory::Uniform(_, r) => r.sample(batch, &mut self.rng, &mut self.sample)?,
-            Memory::Prioritized(_, r) => r.sample(batch, self.counters.beta, &mut self.rng, &mut self.sample)?,
-            Memory::Frames(_, r) => r.sample(batch, &mut self.rng, &mut self.frames_sample)?,
-        }
-        let d = self.device;
-        let (obs, next_obs, s_actions, s_rewards, s_discounts, s_terminated) = match &self.memory {
-            Memory::Frames(..) => {
-                let s = &self.frames_sample;
-                let obs = self.q.obs_tensor(ObsRef::U8(&s.obs))?;
-                (obs, self.q.obs_tensor(ObsRef::U8(&s.next_obs))?, &s.actions, &s.rewards, &s.discounts, &s.terminated)
-            }
-            _ => {
-                let s = &self.sample;
-                let rows = [batch as i64, self.obs_dim as i64];
-                let obs = f32::to_tensor(&s.obs, &rows)?.to_device(d);
-                let next_obs = f32::to_tensor(&s.next_obs, &rows)?.to_device(d);
-                (obs, next_obs, &s.actions, &s.rewards, &s.discounts, &s.terminated)
-            }
-        };
-        let actions = Tensor::from_slice(s_actions).to_kind(Kind::Int64).to_device(d).unsqueeze(1);
-        let rewards = Tensor::from_slice(s_rewards).to_device(d);
-        // The bootstrap factor γ^m, zero for terminal transitions.
-        let bootstrap: Vec<f32> =
-            s_discounts.iter().zip(s_terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
-        let bootstrap = Tensor::from_slice(&bootstrap).to_device(d);
         let target = tch::no_grad(|| {
-            let next_q = self.q_values(&self.target, &next_obs);
+            let next_q = self.q_values(&self.target, &b.next_obs);
             let next = if c.double_q {
-                let best = self.q_values(&self.online, &next_obs).argmax(1, true);
+                let best = self.q_values(&self.online, &b.next_obs).argmax(1, true);
                 next_q.gather(1, &best, false).squeeze_dim(1)
             } else {
                 next_q.amax(1, false)
             };
-            rewards + bootstrap * next
+            &b.rewards + &b.bootstrap * next
         });
-        let q = self.q_values(&self.online, &obs).gather(1, &actions, false).squeeze_dim(1);
-        let loss = match &self.memory {
-            Memory::Uniform(..) | Memory::Frames(..) => q.smooth_l1_loss(&target, Reduction::Mean, 1.0),
-            Memory::Prioritized(..) => {
-                let weights = Tensor::from_slice(&self.sample.weights).to_device(d);
-                (q.smooth_l1_loss(&target, Reduction::None, 1.0) * weights).mean(Kind::Float)
-            }
+        let q = self.q_values(&self.online, &b.obs).gather(1, &b.actions, false).squeeze_dim(1);
+        let loss = match &b.prioritized {
+            None => q.smooth_l1_loss(&target, Reduction::Mean, 1.0),
+            Some((weights, _)) => (q.smooth_l1_loss(&target, Reduction::None, 1.0) * weights).mean(Kind::Float),
         };
         self.online.backward(&loss);
         let norm = self.online.clip_grad_norm(c.max_grad_norm);
@@ -583,20 +726,37 @@ impl Dqn {
             return Err(Error::NonFinite(format!("dqn: gradient norm {norm} (non-finite loss); step not taken")));
         }
         self.opt.step(&mut self.online);
-        if let Memory::Prioritized(_, r) = &mut self.memory {
+        let mut side = lock(&self.side);
+        if let (Some((_, indices)), Memory::Prioritized(_, r)) = (&b.prioritized, &mut side.memory) {
             let td: Vec<f32> = Vec::try_from((&q - &target).detach().to_device(Device::Cpu))?;
-            r.update_priorities(&self.sample.indices, &td)?;
+            r.update_priorities(indices, &td)?;
         }
-        self.counters.gradient_steps += 1;
+        side.counters.gradient_steps += 1;
         Ok((loss.detach(), q.detach().mean(Kind::Float)))
     }
 
-    fn replay_len(&self) -> usize {
-        match &self.memory {
-            Memory::Uniform(_, r) => r.len(),
-            Memory::Prioritized(_, r) => r.len(),
-            Memory::Frames(_, r) => r.len(),
+    /// The learning rate at `progress`.
+    fn set_learning_rate(&mut self, progress: &Progress) {
+        let c = &self.config;
+        self.opt.lr = if c.anneal_lr { c.learning_rate * progress.remaining() } else { c.learning_rate };
+    }
+
+    /// A training phase's metrics from its gradient steps' (loss, mean Q).
+    fn phase_metrics(&self, steps: &[(Tensor, Tensor)], epsilon: f64, beta: f64) -> Result<Metrics> {
+        let mean = |pick: fn(&(Tensor, Tensor)) -> &Tensor| -> Result<f64> {
+            let ts: Vec<&Tensor> = steps.iter().map(pick).collect();
+            Ok(f64::try_from(Tensor::stack(&ts, 0).mean(Kind::Float))?)
+        };
+        let mut m = Metrics::default();
+        m.push("losses/td_loss", mean(|s| &s.0)?);
+        m.push("losses/q_values", mean(|s| &s.1)?);
+        m.push("charts/epsilon", epsilon);
+        m.push("charts/learning_rate", self.opt.lr);
+        m.push("charts/gradient_steps", steps.len() as f64);
+        if self.config.prioritized_replay {
+            m.push("charts/per_beta", beta);
         }
+        Ok(m)
     }
 }
 
@@ -612,9 +772,10 @@ impl Policy for Dqn {
     /// Greedy in `Q`; with `Explore`, ε-greedy (uniformly random before `learning_starts`). Fills `q_values`.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.q.q_values(&self.online, obs, &mut self.host, &mut out.q_values)?;
-        let c = &self.counters;
+        let side = &mut *lock(&self.side);
+        let c = &side.counters;
         let eps = if c.env_steps < self.config.learning_starts { 1.0 } else { c.epsilon };
-        epsilon_greedy(self.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
+        epsilon_greedy(self.n_actions, (mode == ActMode::Explore).then_some(eps), &mut side.rng, out);
         Ok(())
     }
 }
@@ -625,65 +786,69 @@ impl Algorithm for Dqn {
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        let (a, r, te, tr) = (&step.act.actions, step.rewards, step.terminated, step.truncated);
-        let f32_rows = || Ok::<_, Error>((f32_obs("dqn", step.obs)?, f32_obs("dqn", step.next_obs)?));
-        match &mut self.memory {
-            Memory::Frames(n_step, replay) => {
-                let (ObsRef::U8(obs), ObsRef::U8(next)) = (step.obs, step.next_obs) else {
-                    return Err(unsupported_obs(step.obs));
-                };
-                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e))?;
-            }
-            Memory::Uniform(n_step, replay) => {
-                let (obs, next) = f32_rows()?;
-                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?;
-            }
-            Memory::Prioritized(n_step, replay) => {
-                let (obs, next) = f32_rows()?;
-                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?;
-            }
-        }
-        let c = &mut self.counters;
-        c.env_steps += self.n_envs as u64;
-        c.since_train += 1;
-        c.calls += 1;
-        // SB3 counts the target interval in vectorised steps: every max(interval / n_envs, 1) calls.
-        let every = (self.config.target_update_interval / self.n_envs as u64).max(1);
-        if c.calls.is_multiple_of(every) {
+        if lock(&self.side).observe(step, &self.config, self.n_envs)? {
             self.target.polyak_from(&self.online, self.config.tau);
         }
         Ok(())
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        let remaining = progress.remaining();
-        let c = &self.config;
-        self.counters.epsilon = c.epsilon(remaining);
-        self.counters.beta = c.per_beta0 + (1.0 - remaining) * (c.per_beta_final - c.per_beta0);
-        self.opt.lr = if c.anneal_lr { c.learning_rate * remaining } else { c.learning_rate };
-        let due = self.counters.since_train >= c.train_freq;
-        if !due || self.counters.env_steps <= c.learning_starts || self.replay_len() == 0 {
+        self.set_learning_rate(progress);
+        let (batch, layout) = (self.config.batch_size, self.q.layout());
+        let due = lock(&self.side).phase_due(&self.config, progress);
+        if due == 0 {
             return Ok(None);
         }
-        self.counters.since_train = 0;
-        let mut losses = Vec::with_capacity(c.gradient_steps);
-        let mut qs = Vec::with_capacity(c.gradient_steps);
-        for _ in 0..self.config.gradient_steps {
-            let (loss, q) = self.gradient_step()?;
-            losses.push(loss);
-            qs.push(q);
+        let mut steps = Vec::with_capacity(due);
+        for _ in 0..due {
+            let sample = lock(&self.side).sample(batch, &layout)?;
+            steps.push(self.gradient_step(&sample)?);
         }
-        let mean = |ts: &[Tensor]| -> Result<f64> { Ok(f64::try_from(Tensor::stack(ts, 0).mean(Kind::Float))?) };
-        let mut m = Metrics::default();
-        m.push("losses/td_loss", mean(&losses)?);
-        m.push("losses/q_values", mean(&qs)?);
-        m.push("charts/epsilon", self.counters.epsilon);
-        m.push("charts/learning_rate", self.opt.lr);
-        m.push("charts/gradient_steps", self.config.gradient_steps as f64);
-        if self.config.prioritized_replay {
-            m.push("charts/per_beta", self.counters.beta);
+        let (epsilon, beta) = {
+            let c = &lock(&self.side).counters;
+            (c.epsilon, c.beta)
+        };
+        Ok(Some(self.phase_metrics(&steps, epsilon, beta)?))
+    }
+
+    /// Uniform and frame replay: a [`DqnFeed`] sharing this agent's replay. Prioritized replay refuses (each
+    /// draw needs the priorities the update before it sets).
+    fn replay_feed(&mut self) -> Result<Box<dyn ReplayFeed>> {
+        if matches!(lock(&self.side).memory, Memory::Prioritized(..)) {
+            return Err(Error::Unsupported(
+                "dqn with prioritized_replay cannot sample ahead of its update: each draw needs the priorities \
+                 the update before it sets"
+                    .into(),
+            ));
         }
-        Ok(Some(m))
+        let feed = DqnFeed {
+            side: self.side.clone(),
+            config: self.config.clone(),
+            n_envs: self.n_envs,
+            layout: self.q.layout(),
+        };
+        Ok(Box::new(feed))
+    }
+
+    fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>> {
+        match work.0 {
+            PreparedWork::DqnSyncTarget => {
+                self.target.polyak_from(&self.online, self.config.tau);
+                Ok(None)
+            }
+            PreparedWork::DqnBatch(batch, at) => {
+                self.set_learning_rate(&at.progress);
+                let step = self.gradient_step(&batch);
+                // A failed step ends its phase: the next batch starts a fresh one.
+                let step = step.inspect_err(|_| self.phase.clear())?;
+                self.phase.push(step);
+                if !at.last {
+                    return Ok(None);
+                }
+                let steps = std::mem::take(&mut self.phase);
+                Ok(Some(self.phase_metrics(&steps, at.epsilon, at.beta)?))
+            }
+        }
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {
@@ -691,13 +856,14 @@ impl Algorithm for Dqn {
         c.put_tensor("q.online", self.online.flat());
         c.put_tensor("q.target", self.target.flat());
         self.opt.write_to(&mut c, "adam")?;
-        match &self.memory {
+        let side = lock(&self.side);
+        match &side.memory {
             Memory::Uniform(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
             Memory::Prioritized(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
             Memory::Frames(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
         };
-        c.put_meta("rng", &self.rng)?;
-        c.put_meta("counters", &self.counters)?;
+        c.put_meta("rng", &side.rng)?;
+        c.put_meta("counters", &side.counters)?;
         Ok(c)
     }
 
@@ -705,13 +871,15 @@ impl Algorithm for Dqn {
         c.copy_into("q.online", self.online.flat())?;
         c.copy_into("q.target", self.target.flat())?;
         self.opt.read_from(c, "adam")?;
-        match &mut self.memory {
+        let side = &mut *lock(&self.side);
+        match &mut side.memory {
             Memory::Uniform(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
             Memory::Prioritized(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
             Memory::Frames(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
         };
-        self.rng = c.meta("rng")?;
-        self.counters = c.meta("counters")?;
+        side.rng = c.meta("rng")?;
+        side.counters = c.meta("counters")?;
+        self.phase.clear();
         Ok(())
     }
 
@@ -937,6 +1105,113 @@ mod tests {
             assert_eq!(out.actions, vec![f32::from(bright)], "Q = {:?}", out.q_values);
         }
         assert!(dqn.act(ObsRef::F32(&[0.0; 4]), ActMode::Deterministic, &mut out).is_err(), "wrong length");
+    }
+
+    /// Transitions of a fixed 2-env stream (actions drawn from their own RNG, not the agent's, as in a learner
+    /// whose actors act): obs of `dim` elements, made by `obs_of(t, env)`.
+    fn fixed_stream<O: Copy>(
+        steps: u64,
+        obs_of: impl Fn(u64, usize) -> Vec<O>,
+        wrap: for<'a> fn(&'a [O]) -> ObsRef<'a>,
+        mut f: impl FnMut(&Transition<'_>, Progress),
+    ) {
+        let mut rng = Pcg64::seed_from_u64(11);
+        let mut act = ActOutput::default();
+        for t in 1..=steps {
+            let obs: Vec<O> = (0..2).flat_map(|e| obs_of(t, e)).collect();
+            let next: Vec<O> = (0..2).flat_map(|e| obs_of(t + 1, e)).collect();
+            act.actions = (0..2).map(|_| rng.random_range(0..2) as f32).collect();
+            let rewards: Vec<f32> =
+                act.actions.iter().enumerate().map(|(e, a)| a * (t % 3) as f32 - e as f32).collect();
+            let step = Transition {
+                obs: wrap(&obs),
+                act: &act,
+                rewards: &rewards,
+                terminated: &[t % 7 == 0, false],
+                truncated: &[false, t % 11 == 0],
+                next_obs: wrap(&next),
+            };
+            f(&step, Progress { env_steps: 2 * t, total_env_steps: 2 * steps });
+        }
+    }
+
+    /// The same stream trained two ways: observe + update on one thread, and a [`DqnFeed`] on another thread
+    /// handing prepared minibatches to `train_prepared`. Same weights, bit for bit, and the same metrics.
+    fn feed_ahead_matches_inline<O: Copy + Send + Sync + 'static>(
+        obs_space: Space,
+        config: DqnConfig,
+        obs_of: fn(u64, usize) -> Vec<O>,
+        wrap: for<'a> fn(&'a [O]) -> ObsRef<'a>,
+    ) {
+        let steps = 400;
+        let act_space = Space::discrete(2);
+        let mut inline = Dqn::new(&obs_space, &act_space, 2, config.clone(), Device::Cpu, 5).unwrap();
+        let mut inline_metrics = Vec::new();
+        fixed_stream(steps, obs_of, wrap, |step, progress| {
+            inline.observe(step).unwrap();
+            inline_metrics.extend(inline.update(&progress).unwrap());
+        });
+        let mut ahead = Dqn::new(&obs_space, &act_space, 2, config, Device::Cpu, 5).unwrap();
+        let mut feed = ahead.replay_feed().unwrap();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Prepared>>(1);
+        let feeder = std::thread::spawn(move || {
+            fixed_stream(steps, obs_of, wrap, |step, progress| {
+                let mut work = Vec::new();
+                feed.observe(step, &progress, &mut work).unwrap();
+                tx.send(work).unwrap();
+            })
+        });
+        let mut ahead_metrics = Vec::new();
+        for work in rx {
+            for w in work {
+                ahead_metrics.extend(ahead.train_prepared(w).unwrap());
+            }
+        }
+        feeder.join().unwrap();
+        assert!(inline_metrics.len() > 10, "{inline_metrics:?}");
+        assert_eq!(ahead_metrics, inline_metrics);
+        assert!(ahead.online.flat().equal(inline.online.flat()), "weights differ");
+        assert!(ahead.target.flat().equal(inline.target.flat()), "target weights differ");
+        let counters = |d: &Dqn| lock(&d.side).counters.clone();
+        assert_eq!(counters(&ahead), counters(&inline));
+    }
+
+    #[test]
+    fn a_feed_on_another_thread_trains_exactly_as_observe_and_update() {
+        let config = DqnConfig {
+            learning_starts: 40,
+            train_freq: 4,
+            gradient_steps: 3,
+            batch_size: 16,
+            buffer_size: 300,
+            target_update_interval: 20,
+            n_step: 3,
+            double_q: true,
+            dueling: true,
+            anneal_lr: true,
+            hidden_sizes: vec![16],
+            ..Default::default()
+        };
+        let vector = |t: u64, e: usize| (0..4).map(|i| ((t * 7 + i * 3 + e as u64) % 13) as f32 / 13.0).collect();
+        feed_ahead_matches_inline(Space::box1d(vec![0.0; 4], vec![1.0; 4]), config.clone(), vector, |o| ObsRef::F32(o));
+        let dim = 4 * 36 * 36;
+        let frames = Space::Box {
+            low: vec![0.0; dim],
+            high: vec![255.0; dim],
+            shape: vec![4, 36, 36],
+            dtype: flotilla_core::DType::U8,
+        };
+        // A frame stack whose newest frame changes each step (the older three are the previous steps').
+        let stack = |t: u64, e: usize| (0..4u64).flat_map(|k| vec![((t + k) * 37 + e as u64) as u8; 36 * 36]).collect();
+        let config = DqnConfig { gradient_steps: 1, batch_size: 8, ..config };
+        feed_ahead_matches_inline(frames, config.clone(), stack, |o| ObsRef::U8(o));
+
+        // Prioritized replay cannot be sampled ahead: the feed is refused, naming why.
+        let per = DqnConfig { prioritized_replay: true, ..config };
+        let mut dqn =
+            Dqn::new(&Space::box1d(vec![0.0; 4], vec![1.0; 4]), &Space::discrete(2), 2, per, Device::Cpu, 0).unwrap();
+        let e = dqn.replay_feed().err().expect("refused").to_string();
+        assert!(e.contains("prioritized_replay"), "{e}");
     }
 
     #[test]

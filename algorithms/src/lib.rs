@@ -43,7 +43,7 @@ pub mod td3;
 pub mod vtrace;
 
 pub use acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
-pub use algorithm::{Algorithm, Progress, Transition, for_each_transition};
+pub use algorithm::{Algorithm, Prepared, Progress, ReplayFeed, Transition, for_each_transition};
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use metrics::Metrics;
