@@ -112,6 +112,22 @@ impl AlgorithmConfig {
         }
     }
 
+    /// Whether a distributed learner can assemble this algorithm's batches on a thread of its own (stack
+    /// on-policy chunks, or feed and sample replay through [`Algorithm::replay_feed`]); the reason where not.
+    pub fn check_assemble_ahead(&self) -> std::result::Result<(), String> {
+        match self {
+            AlgorithmConfig::Ppo(_) | AlgorithmConfig::A2c(_) => Ok(()),
+            AlgorithmConfig::Dqn(c) if c.prioritized_replay => Err("dqn with prioritized_replay = true draws each \
+                 minibatch by the priorities the update before it sets, so it cannot be sampled ahead"
+                .into()),
+            AlgorithmConfig::Dqn(_) => Ok(()),
+            AlgorithmConfig::A3c(_) => Err("a3c's learner applies actors' gradients; it assembles no batches".into()),
+            AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) => {
+                Err(format!("{} samples its replay on the update thread (it has no replay feed)", self.name()))
+            }
+        }
+    }
+
     /// A fresh learning agent for these spaces fed by `n_envs` env rows per observed step, seeded with `seed`.
     /// A3C's is the parameter server: an A2C agent that applies actors' gradients.
     pub fn build_learner(

@@ -143,11 +143,10 @@ pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Op
     );
     if actors.is_some() && report.train_secs > 0.0 {
         let share = |secs: f64| 100.0 * secs / report.train_secs;
-        let on_policy = config.algorithm.family() == flotilla_algorithms::Family::OnPolicy;
-        if on_policy && config.assembles_ahead() {
+        if config.assembles_ahead() {
             println!(
-                "learner time: {:.0} % in updates, {:.0} % waiting for the next batch; batch assembly (stacking, \
-                 copy to the device) took {:.1} % on its own thread, overlapped",
+                "learner time: {:.0} % in updates, {:.0} % waiting for the next batch; batch assembly (stacking \
+                 chunks or feeding and sampling replay, copy to the device) took {:.1} % on its own thread, overlapped",
                 share(report.update_secs),
                 share(report.wait_secs),
                 share(report.assemble_secs)

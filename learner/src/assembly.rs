@@ -1,5 +1,6 @@
-//! The on-policy learner's batch assembly, on a thread of its own, double-buffered over crossbeam channels.
+//! The learner's batch assembly, on a thread of its own, double-buffered over crossbeam channels.
 //!
+//! On-policy (PPO, A2C):
 //! ```text
 //!  hub queue ─► assembly thread: admit by policy lag, stack the batch's chunks into a spare rollout
 //!               (Rollout::stack_chunks), copy its observations to the device (put_obs_on_device)
@@ -15,6 +16,17 @@
 //! shared [`Intake`]; an admitted chunk's env steps, episodes and lag travel with its batch, so the update
 //! thread counts them when it trains on them — a run ends only after training on the batch that reached its
 //! budget, and a checkpoint never counts chunks it does not hold.
+//!
+//! Off-policy (DQN with uniform or frame replay):
+//! ```text
+//!  hub queue ─► assembly thread: each step of a chunk into the agent's replay (ReplayFeed::observe), and
+//!               each due training phase's minibatches sampled and put on the device
+//!                  ─► ready (bounded, 1 chunk's work) ─► update thread: train_prepared, publish
+//! ```
+//! The feed makes the draws `update()` would make at the same point, so training is the same as in line; the
+//! thread observes no chunk past the run's budget. The replay it fills is ahead of the update thread by at
+//! most two chunks, so a checkpoint first [pauses](Assembly::pause) it between chunks and trains on all it
+//! handed out (`Ready::Paused` marks the point): the saved replay, counters and weights then agree.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -22,10 +34,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use flotilla_algorithms::rollout::{Rollout, RolloutLayout};
+use flotilla_algorithms::{Prepared, Progress, ReplayFeed, for_each_transition};
 use flotilla_core::{Chunk, EpisodeStats};
 use tokio::sync::mpsc;
 use tracing::error;
 
+use crate::distributed::guarded;
 use crate::hub::{Delivery, Hub, next_delivery};
 use crate::{Error, Result};
 
@@ -73,24 +87,50 @@ pub(crate) struct Staged {
     pub intake: Intake,
 }
 
+/// One chunk's off-policy work: its steps are in the agent's replay; `work` is what they made due (target
+/// syncs, minibatches on the device), in order.
+#[derive(Debug)]
+pub(crate) struct PreparedChunk {
+    pub work: Vec<Prepared>,
+    /// Observing the chunk failed part-way: the message (the rest of its steps were not observed).
+    pub error: Option<String>,
+    pub actor: u64,
+    pub intake: Intake,
+}
+
+/// What the assembly thread hands the update thread.
+#[derive(Debug)]
+pub(crate) enum Ready {
+    /// An on-policy batch.
+    Batch(Staged),
+    /// One off-policy chunk's work.
+    Replay(PreparedChunk),
+    /// The thread stopped between chunks as [`Assembly::pause`] asked: all it observed has been handed out.
+    Paused,
+}
+
 /// What the assembly thread needs to know.
-pub(crate) struct AssemblySpec {
-    pub layout: RolloutLayout,
-    pub chunks_per_batch: usize,
-    pub max_policy_lag: u64,
+pub(crate) enum AssemblySpec {
+    /// Stack on-policy batches.
+    OnPolicy { layout: RolloutLayout, chunks_per_batch: usize, max_policy_lag: u64 },
+    /// Feed an off-policy agent's replay. `env_steps` is the run's count so far; the thread observes no chunk
+    /// once `stop_after` env steps are in; schedules run over `total_env_steps`.
+    OffPolicy { feed: Box<dyn ReplayFeed>, env_steps: u64, stop_after: u64, total_env_steps: u64 },
 }
 
 /// The running assembly thread. [`Assembly::stop`] ends it and gives the hub queue back.
 pub(crate) struct Assembly {
-    ready: Receiver<Staged>,
+    ready: Receiver<Ready>,
     spares: Sender<Rollout>,
     intake: Arc<Mutex<Intake>>,
     stop: Arc<AtomicBool>,
+    pause: Arc<AtomicBool>,
+    resume: Sender<()>,
     thread: Option<JoinHandle<mpsc::Receiver<Delivery>>>,
 }
 
 impl Assembly {
-    /// Start stacking the on-policy batches that arrive on `rx` (the hub's queue).
+    /// Start assembling what arrives on `rx` (the hub's queue) as `spec` says.
     pub(crate) fn start(
         rx: mpsc::Receiver<Delivery>,
         runtime: tokio::runtime::Handle,
@@ -101,18 +141,42 @@ impl Assembly {
         // Buffers come back one per update; two spares cover the batch being stacked and the one ready.
         let (spares, spares_rx) = crossbeam_channel::bounded(3);
         let intake = Arc::new(Mutex::new(Intake::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let worker = Worker { rx, runtime, hub, spec, ready: ready_tx, spares: spares_rx, intake: intake.clone() };
-        let stop_flag = stop.clone();
+        let (stop, pause) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (resume, resumed) = crossbeam_channel::unbounded();
+        let worker = Worker {
+            resumed,
+            rx,
+            runtime,
+            hub,
+            ready: ready_tx,
+            spares: spares_rx,
+            intake: intake.clone(),
+            stop: stop.clone(),
+            pause: pause.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("flotilla-assembly".into())
-            .spawn(move || worker.run(&stop_flag))
+            .spawn(move || worker.run(spec))
             .map_err(|e| Error::Runtime(format!("starting the batch-assembly thread: {e}")))?;
-        Ok(Assembly { ready, spares, intake, stop, thread: Some(thread) })
+        Ok(Assembly { ready, spares, intake, stop, pause, resume, thread: Some(thread) })
     }
 
-    /// The next stacked batch, waiting up to `timeout`; `None` if none came.
-    pub(crate) fn next(&self, timeout: Duration) -> Result<Option<Staged>> {
+    /// Ask the thread to stop between chunks; it answers with [`Ready::Paused`] after all it handed out
+    /// before (off-policy; the on-policy thread keeps nothing the agent holds, so it is never paused).
+    pub(crate) fn pause(&self) {
+        self.pause.store(true, Ordering::SeqCst);
+    }
+
+    /// Let a paused thread go on (once per [`Ready::Paused`] received).
+    pub(crate) fn resume(&self) {
+        // A message, not a flag: a pause asked for right after cannot be lost in the paused thread's wait.
+        if self.resume.send(()).is_err() {
+            error!("the batch-assembly thread is gone");
+        }
+    }
+
+    /// The next batch or chunk's work, waiting up to `timeout`; `None` if none came.
+    pub(crate) fn next(&self, timeout: Duration) -> Result<Option<Ready>> {
         match self.ready.recv_timeout(timeout) {
             Ok(staged) => Ok(Some(staged)),
             Err(RecvTimeoutError::Timeout) => Ok(None),
@@ -154,34 +218,120 @@ struct Worker {
     rx: mpsc::Receiver<Delivery>,
     runtime: tokio::runtime::Handle,
     hub: Arc<Hub>,
-    spec: AssemblySpec,
-    ready: Sender<Staged>,
+    ready: Sender<Ready>,
     spares: Receiver<Rollout>,
     intake: Arc<Mutex<Intake>>,
+    stop: Arc<AtomicBool>,
+    pause: Arc<AtomicBool>,
+    resumed: Receiver<()>,
 }
 
 impl Worker {
-    fn run(mut self, stop: &AtomicBool) -> mpsc::Receiver<Delivery> {
-        let mut pending: Vec<Chunk> = Vec::with_capacity(self.spec.chunks_per_batch);
-        let mut batch = Intake::default();
-        while !stop.load(Ordering::SeqCst) {
-            let Some(delivery) = next_delivery(&self.runtime, &mut self.rx, Duration::from_millis(100)) else {
-                if self.rx.is_closed() && self.rx.is_empty() {
-                    break;
+    fn run(mut self, spec: AssemblySpec) -> mpsc::Receiver<Delivery> {
+        match spec {
+            AssemblySpec::OnPolicy { layout, chunks_per_batch, max_policy_lag } => {
+                self.stack_batches(&layout, chunks_per_batch, max_policy_lag)
+            }
+            AssemblySpec::OffPolicy { feed, env_steps, stop_after, total_env_steps } => {
+                self.feed_replay(feed, env_steps, stop_after, total_env_steps)
+            }
+        }
+        self.rx
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// The next chunk from the hub queue, waiting up to 100 ms; `Err(())` once the queue is closed and empty.
+    fn next_chunk(&mut self) -> std::result::Result<Option<Chunk>, ()> {
+        let Some(delivery) = next_delivery(&self.runtime, &mut self.rx, Duration::from_millis(100)) else {
+            return if self.rx.is_closed() && self.rx.is_empty() { Err(()) } else { Ok(None) };
+        };
+        match delivery {
+            Delivery::Chunk(chunk) => Ok(Some(chunk)),
+            Delivery::Gradient(_, receipt) => {
+                // The hub refuses gradients in a chunk run; answer the call if one got through.
+                drop(receipt);
+                error!("a gradient reached a learner that trains on chunks; ignored");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Hand `item` to the update thread, waiting while the previous one is still there (the double buffer);
+    /// `false` if the thread was stopped meanwhile.
+    fn hand_over(&self, item: Ready) -> bool {
+        let mut item = Some(item);
+        while let Some(i) = item.take() {
+            match self.ready.send_timeout(i, Duration::from_millis(100)) {
+                Ok(()) => {}
+                Err(crossbeam_channel::SendTimeoutError::Timeout(i)) if !self.stopped() => item = Some(i),
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Off-policy: each chunk's steps into the replay through `feed`, its work handed over chunk by chunk.
+    fn feed_replay(&mut self, mut feed: Box<dyn ReplayFeed>, mut env_steps: u64, stop_after: u64, total: u64) {
+        while !self.stopped() {
+            if self.pause.swap(false, Ordering::SeqCst) {
+                if !self.hand_over(Ready::Paused) {
+                    return;
+                }
+                loop {
+                    match self.resumed.recv_timeout(Duration::from_millis(100)) {
+                        Ok(()) => break,
+                        Err(RecvTimeoutError::Timeout) if !self.stopped() => {}
+                        Err(_) => return,
+                    }
                 }
                 continue;
+            }
+            if env_steps >= stop_after {
+                // The budget is in: chunks still queued are not observed (as on the update thread).
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            let chunk = match self.next_chunk() {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => continue,
+                Err(()) => return,
             };
-            let chunk = match delivery {
-                Delivery::Chunk(chunk) => chunk,
-                Delivery::Gradient(_, receipt) => {
-                    // The hub refuses gradients in an on-policy run; answer the call if one got through.
-                    drop(receipt);
-                    error!("a gradient reached an on-policy learner; ignored");
-                    continue;
-                }
+            let started = Instant::now();
+            let mut intake = Intake::default();
+            intake.count_chunk(&chunk);
+            add_lag(&mut intake.lag, self.hub.version().saturating_sub(chunk.policy_version));
+            let (mut work, before, e) = (Vec::new(), env_steps, chunk.n_envs as u64);
+            let observed = guarded(|| {
+                for_each_transition(&chunk, |step| {
+                    env_steps += e;
+                    feed.observe(step, &Progress { env_steps, total_env_steps: total }, &mut work)
+                })
+            });
+            // Every step of the chunk counts, whether or not the agent could learn from all of it.
+            env_steps = before + chunk.transitions() as u64;
+            intake.assemble_secs = started.elapsed().as_secs_f64();
+            let prepared = PreparedChunk { work, error: observed.err(), actor: chunk.actor_id, intake };
+            if !self.hand_over(Ready::Replay(prepared)) {
+                return;
+            }
+        }
+    }
+
+    /// On-policy: admit chunks by lag and stack each batch's into a rollout on the device.
+    fn stack_batches(&mut self, layout: &RolloutLayout, chunks_per_batch: usize, max_policy_lag: u64) {
+        let mut pending: Vec<Chunk> = Vec::with_capacity(chunks_per_batch);
+        let mut batch = Intake::default();
+        while !self.stopped() {
+            let chunk = match self.next_chunk() {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => continue,
+                Err(()) => return,
             };
             let lag = self.hub.version().saturating_sub(chunk.policy_version);
-            if lag > self.spec.max_policy_lag {
+            if lag > max_policy_lag {
                 let mut shared = self.intake.lock().unwrap_or_else(|e| e.into_inner());
                 shared.count_chunk(&chunk);
                 shared.stale += 1;
@@ -190,32 +340,23 @@ impl Worker {
             batch.count_chunk(&chunk);
             add_lag(&mut batch.lag, lag);
             pending.push(chunk);
-            if pending.len() < self.spec.chunks_per_batch {
+            if pending.len() < chunks_per_batch {
                 continue;
             }
             let started = Instant::now();
-            let mut rollout = self.spares.try_recv().unwrap_or_else(|_| self.spec.layout.empty());
+            let mut rollout = self.spares.try_recv().unwrap_or_else(|_| layout.empty());
             let stacked = rollout
                 .stack_chunks(&pending)
-                .and_then(|()| rollout.put_obs_on_device(&self.spec.layout.obs))
+                .and_then(|()| rollout.put_obs_on_device(&layout.obs))
                 .map(|()| rollout)
                 .map_err(|e| e.to_string());
             batch.assemble_secs += started.elapsed().as_secs_f64();
             let actors = pending.iter().map(|c| c.actor_id).collect();
             pending.clear();
             let staged = Staged { rollout: stacked, actors, intake: std::mem::take(&mut batch) };
-            // Waits while the previous batch is still ready (the double buffer); gives up on stop.
-            let mut staged = Some(staged);
-            while let Some(s) = staged.take() {
-                match self.ready.send_timeout(s, Duration::from_millis(100)) {
-                    Ok(()) => {}
-                    Err(crossbeam_channel::SendTimeoutError::Timeout(s)) if !stop.load(Ordering::SeqCst) => {
-                        staged = Some(s)
-                    }
-                    Err(_) => return self.rx,
-                }
+            if !self.hand_over(Ready::Batch(staged)) {
+                return;
             }
         }
-        self.rx
     }
 }

@@ -125,12 +125,13 @@ pub struct LearnerConfig {
     /// (`chunks_per_batch`) for on-policy algorithms, one per actor for A3C, 64 for off-policy ones. A short
     /// queue keeps on-policy data fresh: what waits in the queue ages by one version per update.
     pub queue_chunks: usize,
-    /// On-policy algorithms (PPO, A2C): stack the next batch's chunks and copy them to the device on a thread
-    /// of their own while the update runs (double-buffered), or on the update thread between updates.
+    /// Assemble the next batch on a thread of its own while the update runs (double-buffered), or on the
+    /// update thread between updates: on-policy algorithms (PPO, A2C) stack chunks and copy them to the device;
+    /// DQN (uniform or frame replay) observes chunks into its replay and samples minibatches onto the device.
     pub assemble_ahead: AssembleAhead,
 }
 
-/// `[learner] assemble_ahead`: where an on-policy learner assembles its batches.
+/// `[learner] assemble_ahead`: where a distributed learner assembles its batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AssembleAhead {
@@ -138,20 +139,23 @@ pub enum AssembleAhead {
     /// updates on a CPU learner, where that thread would take cores from the update (measured: 4–6 % fewer
     /// frames/s on 2 cores, BENCHMARKS.md).
     Auto,
-    /// Always on its own thread.
+    /// Always on its own thread; refused when the config is planned for an algorithm that cannot (A3C,
+    /// DDPG/TD3, DQN with prioritized replay).
     On,
     /// Always between updates, on the update thread.
     Off,
 }
 
 impl ExperimentConfig {
-    /// Whether an on-policy learner of this config assembles batches on a thread of its own.
+    /// Whether a distributed learner of this config assembles batches on a thread of its own (where its
+    /// algorithm can: [`AlgorithmConfig::check_assemble_ahead`]).
     pub fn assembles_ahead(&self) -> bool {
-        match self.learner.assemble_ahead {
+        let wanted = match self.learner.assemble_ahead {
             AssembleAhead::On => true,
             AssembleAhead::Off => false,
             AssembleAhead::Auto => self.run.device.resolve().is_ok_and(|d| d.is_cuda()),
-        }
+        };
+        wanted && self.algorithm.check_assemble_ahead().is_ok()
     }
 }
 
@@ -518,6 +522,11 @@ impl ExperimentConfig {
             })
         };
         self.algorithm.check_distributed().map_err(|e| Error::Config(format!("[algorithm]: {e}")))?;
+        if self.learner.assemble_ahead == AssembleAhead::On {
+            self.algorithm.check_assemble_ahead().map_err(|e| {
+                Error::Config(format!("[learner] assemble_ahead = \"on\": {e}; use \"auto\" or \"off\""))
+            })?;
+        }
         match (self.algorithm.family(), self.algorithm.rollout_steps()) {
             (Family::OffPolicy, _) => off_policy(),
             (family, Some(n_steps)) => on_policy(n_steps, family),

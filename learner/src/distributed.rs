@@ -29,7 +29,7 @@ use flotilla_transport::grpc::{Limits, ServerHandle, serve};
 use tch::Device;
 use tracing::{error, info, warn};
 
-use crate::assembly::{Assembly, AssemblySpec, Intake, Staged, add_lag, merge_lag};
+use crate::assembly::{Assembly, AssemblySpec, Intake, PreparedChunk, Ready, Staged, add_lag, merge_lag};
 use crate::config::{ExperimentConfig, Family, Plan};
 use crate::eval::evaluate;
 use crate::hub::{Delivery, Hub, HubSpec, next_delivery};
@@ -44,7 +44,7 @@ fn params_vec(agent: &dyn Algorithm) -> Result<Vec<f32>> {
 
 /// Run one learning step; an error from it — a libtorch error (which tch raises as a panic), or an `Err`
 /// such as a non-finite loss — comes back as a message instead of ending the learner.
-fn guarded<T>(step: impl FnOnce() -> flotilla_algorithms::Result<T>) -> std::result::Result<T, String> {
+pub(crate) fn guarded<T>(step: impl FnOnce() -> flotilla_algorithms::Result<T>) -> std::result::Result<T, String> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(e.to_string()),
@@ -250,7 +250,8 @@ impl DistributedLearner {
     pub fn run(&mut self, stop: &AtomicBool, on_log: &mut dyn FnMut(&LogRow) -> Result<()>) -> Result<TrainReport> {
         let total = self.config.run.total_env_steps;
         self.start_assembly()?;
-        let result = self.serve(stop, on_log);
+        // An off-policy assembly thread's replay is ahead of the update: train on all it handed out first.
+        let result = self.serve(stop, on_log).and_then(|()| self.drain_assembly());
         if let Some(assembly) = self.assembly.take() {
             self.rx = Some(assembly.stop()?);
         }
@@ -272,21 +273,56 @@ impl DistributedLearner {
         Ok(self.report())
     }
 
-    /// On-policy runs whose agent takes stacked rollouts assemble batches on a thread of their own
-    /// ([`crate::assembly`]) as `[learner] assemble_ahead` says (by default: on a GPU).
+    /// Batches are assembled on a thread of their own ([`crate::assembly`]) as `[learner] assemble_ahead` says
+    /// (by default: on a GPU), where the agent supports it: on-policy agents that take stacked rollouts, and
+    /// off-policy agents with a replay feed (DQN without prioritized replay). Config validation refused "on"
+    /// for the others.
     fn start_assembly(&mut self) -> Result<()> {
-        let layout = match (self.plan.family, self.agent.rollout_layout()) {
-            (Family::OnPolicy, Some(layout)) if self.config.assembles_ahead() => layout,
-            _ => return Ok(()),
+        if !self.config.assembles_ahead() {
+            return Ok(());
+        }
+        let spec = match self.plan.family {
+            Family::OnPolicy => match self.agent.rollout_layout() {
+                Some(layout) => AssemblySpec::OnPolicy {
+                    layout,
+                    chunks_per_batch: self.plan.chunks_per_batch,
+                    max_policy_lag: self.config.learner.max_policy_lag,
+                },
+                None => return Ok(()),
+            },
+            Family::OffPolicy => match self.agent.replay_feed() {
+                Ok(feed) => AssemblySpec::OffPolicy {
+                    feed,
+                    env_steps: self.counters.run.env_steps,
+                    stop_after: self.config.run.total_env_steps.min(self.stop_at),
+                    total_env_steps: self.config.run.total_env_steps,
+                },
+                Err(e) => return Err(Error::Runtime(format!("assemble_ahead: {e}"))),
+            },
+            Family::Gradients => return Ok(()),
         };
         let Some(rx) = self.rx.take() else { return Ok(()) };
-        let spec = AssemblySpec {
-            layout,
-            chunks_per_batch: self.plan.chunks_per_batch,
-            max_policy_lag: self.config.learner.max_policy_lag,
-        };
         self.assembly = Some(Assembly::start(rx, self.runtime.handle().clone(), self.hub.clone(), spec)?);
         Ok(())
+    }
+
+    /// Pause an off-policy assembly thread between chunks and train on all it handed out, so that the agent's
+    /// replay, counters and weights agree (before a checkpoint, and at the end). The caller resumes it.
+    fn drain_assembly(&mut self) -> Result<()> {
+        if self.plan.family != Family::OffPolicy {
+            return Ok(());
+        }
+        let Some(assembly) = &self.assembly else { return Ok(()) };
+        assembly.pause();
+        loop {
+            let assembly = self.assembly.as_ref().expect("checked above");
+            match assembly.next(Duration::from_millis(200))? {
+                Some(Ready::Paused) => return Ok(()),
+                Some(Ready::Replay(prepared)) => self.train_prepared_chunk(prepared)?,
+                Some(Ready::Batch(staged)) => self.train_staged(staged)?,
+                None => {}
+            }
+        }
     }
 
     /// The update loop of [`DistributedLearner::run`]: until the budget, `stop_at` or `stop`.
@@ -301,14 +337,19 @@ impl DistributedLearner {
             let waiting = Instant::now();
             let got_data = match &self.assembly {
                 Some(assembly) => {
-                    let staged = assembly.next(Duration::from_millis(200))?;
+                    let ready = assembly.next(Duration::from_millis(200))?;
                     self.counters.run.wait_secs += waiting.elapsed().as_secs_f64();
                     // Stale chunks are counted as they come; a batch's chunks with the batch.
                     let stale = assembly.take_intake();
-                    let any = stale.chunks > 0 || staged.is_some();
+                    let any = stale.chunks > 0 || ready.is_some();
                     self.absorb(stale);
-                    if let Some(staged) = staged {
-                        self.train_staged(staged)?;
+                    match ready {
+                        Some(Ready::Batch(staged)) => self.train_staged(staged)?,
+                        Some(Ready::Replay(prepared)) => self.train_prepared_chunk(prepared)?,
+                        Some(Ready::Paused) => {
+                            return Err(Error::Runtime("the batch-assembly thread paused unasked".into()));
+                        }
+                        None => {}
                     }
                     any
                 }
@@ -351,11 +392,16 @@ impl DistributedLearner {
         self.counters.run.report()
     }
 
-    /// A checkpoint once its interval has passed, at an update boundary (no chunks waiting for a batch).
+    /// A checkpoint once its interval has passed, at an update boundary (no chunks waiting for a batch; an
+    /// off-policy assembly thread paused with all it observed trained on).
     fn checkpoint_if_due(&mut self) -> Result<()> {
         let Some(path) = self.checkpoint.clone() else { return Ok(()) };
         if self.pending.is_empty() && self.counters.run.checkpoint_due(&self.config) {
+            self.drain_assembly()?;
             self.save_checkpoint(&path)?;
+            if let Some(assembly) = &self.assembly {
+                assembly.resume();
+            }
         }
         Ok(())
     }
@@ -400,6 +446,32 @@ impl DistributedLearner {
             metrics
         });
         self.on_policy_updated(updated, started, &actors)
+    }
+
+    /// Apply one chunk's off-policy work the assembly thread prepared (as [`Self::feed_off_policy`] does in
+    /// line): count the chunk, train, publish once.
+    fn train_prepared_chunk(&mut self, prepared: PreparedChunk) -> Result<()> {
+        let PreparedChunk { work, error, actor, intake } = prepared;
+        self.absorb(intake);
+        let started = Instant::now();
+        let (agent, counters) = (&mut self.agent, &mut self.counters);
+        let mut last = None;
+        let trained = guarded(|| {
+            for w in work {
+                if let Some(m) = agent.train_prepared(w)? {
+                    counters.run.count_update(&m);
+                    last = Some(m);
+                }
+            }
+            Ok(())
+        });
+        if let Some(error) = trained.err().or(error) {
+            self.update_failed(&error, &[actor]);
+        }
+        if let Some(m) = last {
+            self.publish(m, started)?;
+        }
+        Ok(())
     }
 
     /// Count and publish an on-policy update begun at `started` on data from `actors`; a failed one is
