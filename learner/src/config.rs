@@ -135,9 +135,10 @@ pub struct LearnerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AssembleAhead {
-    /// On its own thread when the learner is on a GPU (the host work then overlaps the device's); between
-    /// updates on a CPU learner, where that thread would take cores from the update (measured: 4–6 % fewer
-    /// frames/s on 2 cores, BENCHMARKS.md).
+    /// On its own thread for DQN (its replay sampling overlaps the update: measured 0–11 % more frames/s on
+    /// Pong with 2 CPU cores) and for any learner on a GPU (the host work then overlaps the device's); for
+    /// PPO/A2C on a CPU learner between updates, where that thread would take cores from the update
+    /// (measured: 4–6 % fewer frames/s on 2 cores). BENCHMARKS.md has both.
     Auto,
     /// Always on its own thread; refused when the config is planned for an algorithm that cannot (A3C,
     /// DDPG/TD3, DQN with prioritized replay).
@@ -153,7 +154,9 @@ impl ExperimentConfig {
         let wanted = match self.learner.assemble_ahead {
             AssembleAhead::On => true,
             AssembleAhead::Off => false,
-            AssembleAhead::Auto => self.run.device.resolve().is_ok_and(|d| d.is_cuda()),
+            AssembleAhead::Auto => {
+                self.algorithm.family() == Family::OffPolicy || self.run.device.resolve().is_ok_and(|d| d.is_cuda())
+            }
         };
         wanted && self.algorithm.check_assemble_ahead().is_ok()
     }
