@@ -301,6 +301,20 @@ pub struct CnnOptions {
     pub bf16: bool,
 }
 
+/// Whether this CPU computes bf16 natively (AVX512-BF16, which AMX CPUs have too). Without it libtorch emulates
+/// bf16 and [`CnnOptions::bf16`] makes a CPU update several times slower than f32 (measured > 8× on a 2-core
+/// AMD Zen 3 for the Nature-CNN PPO update, against 1.2–1.5× faster than f32 on a Zen 4 with AVX512-BF16).
+pub fn cpu_has_native_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// `t` (4-D) with channels-last strides: the same values, NHWC memory order.
 fn channels_last(t: &Tensor) -> Tensor {
     t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])

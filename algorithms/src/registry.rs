@@ -112,6 +112,16 @@ impl AlgorithmConfig {
         }
     }
 
+    /// The Nature CNN's options (`[algorithm.cnn]`) of the algorithms that have them.
+    pub fn cnn_options(&self) -> Option<crate::nets::CnnOptions> {
+        match self {
+            AlgorithmConfig::Ppo(c) => Some(c.cnn),
+            AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => Some(c.cnn),
+            AlgorithmConfig::Dqn(c) => Some(c.cnn),
+            AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) => None,
+        }
+    }
+
     /// Whether a distributed learner can assemble this algorithm's batches on a thread of its own (stack
     /// on-policy chunks, or feed and sample replay through [`Algorithm::replay_feed`]); the reason where not.
     pub fn check_assemble_ahead(&self) -> std::result::Result<(), String> {

@@ -105,6 +105,7 @@ impl DistributedLearner {
         crate::tune_allocator();
         tch::set_num_threads(config.run.torch_threads.max(1) as i32);
         let device = config.run.device.resolve()?;
+        crate::config::warn_about_the_machine(config, device);
         let (obs_space, act_space) = config.env.spaces()?;
         let obs_dtype = match &obs_space {
             flotilla_core::Space::Box { dtype, .. } => *dtype,

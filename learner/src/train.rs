@@ -45,6 +45,7 @@ impl Trainer {
         crate::tune_allocator();
         tch::set_num_threads(config.run.torch_threads.max(1) as i32);
         let device = config.run.device.resolve()?;
+        crate::config::warn_about_the_machine(config, device);
         let kwargs = config.env.registry_kwargs()?;
         let mut envs = make_vector(&config.env.id, &kwargs, config.env.num_envs, EnvRole::Training)?;
         let agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
