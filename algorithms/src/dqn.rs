@@ -935,6 +935,17 @@ mod apex_tests {
 mod tests {
     use super::*;
 
+    /// Four stacked 36×36 u8 frames: small enough for a test, large enough for the Nature CNN's strides.
+    fn frame_stack_space() -> Space {
+        let dim = 4 * 36 * 36;
+        Space::Box {
+            low: vec![0.0; dim],
+            high: vec![255.0; dim],
+            shape: vec![4, 36, 36],
+            dtype: flotilla_core::DType::U8,
+        }
+    }
+
     fn spaces() -> (Space, Space) {
         (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::discrete(2))
     }
@@ -1037,13 +1048,7 @@ mod tests {
     /// learns it from u8 frames in the frame replay, and a checkpoint resumes it exactly.
     #[test]
     fn frames_get_the_cnn_and_the_frame_replay_learn_and_resume_exactly() {
-        let dim = 4 * 36 * 36;
-        let obs_space = Space::Box {
-            low: vec![0.0; dim],
-            high: vec![255.0; dim],
-            shape: vec![4, 36, 36],
-            dtype: flotilla_core::DType::U8,
-        };
+        let obs_space = frame_stack_space();
         let act_space = Space::discrete(2);
         let config = DqnConfig {
             learning_starts: 32,
@@ -1194,13 +1199,7 @@ mod tests {
         };
         let vector = |t: u64, e: usize| (0..4).map(|i| ((t * 7 + i * 3 + e as u64) % 13) as f32 / 13.0).collect();
         feed_ahead_matches_inline(Space::box1d(vec![0.0; 4], vec![1.0; 4]), config.clone(), vector, |o| ObsRef::F32(o));
-        let dim = 4 * 36 * 36;
-        let frames = Space::Box {
-            low: vec![0.0; dim],
-            high: vec![255.0; dim],
-            shape: vec![4, 36, 36],
-            dtype: flotilla_core::DType::U8,
-        };
+        let frames = frame_stack_space();
         // A frame stack whose newest frame changes each step (the older three are the previous steps').
         let stack = |t: u64, e: usize| (0..4u64).flat_map(|k| vec![((t + k) * 37 + e as u64) as u8; 36 * 36]).collect();
         let config = DqnConfig { gradient_steps: 1, batch_size: 8, ..config };
