@@ -1,0 +1,3 @@
+// See context.h: ProcessGroupGloo.hpp includes this header but names nothing declared in it.
+#pragma once
+#include "gloo/context.h"
