@@ -1074,7 +1074,7 @@ mod tests {
             .contains("prioritized_replay")
         );
         let mut dqn = Dqn::new(&obs_space, &act_space, 2, config.clone(), Device::Cpu, 3).unwrap();
-        let frame = |bright: bool| vec![if bright { 200u8 } else { 20 }; dim];
+        let frame = |bright: bool| vec![if bright { 200u8 } else { 20 }; 4 * 36 * 36];
         let total = 600u64;
         let mut out = ActOutput::default();
         let mut run = |dqn: &mut Dqn, from: u64, to: u64| {

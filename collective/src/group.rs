@@ -442,10 +442,10 @@ impl ProcessGroup {
     pub fn check_identical(&mut self, what: &str, values: &Tensor) -> Result<()> {
         let sum = checksum(values);
         let all = self.all_gather(&sum)?;
-        let all: Vec<f64> = Vec::<f64>::try_from(all.to_device(Device::Cpu).flatten(0, -1))
+        let sums: Vec<f64> = Vec::<f64>::try_from(all.to_device(Device::Cpu).flatten(0, -1))
             .map_err(|e| Error::Tensor(e.to_string()))?;
-        let (sums, n) = (&all, 2);
-        let differ: Vec<usize> = (1..self.world_size()).filter(|&r| sums[r * n..r * n + n] != sums[0..n]).collect();
+        let of_rank = |r: usize| &sums[2 * r..2 * r + 2];
+        let differ: Vec<usize> = (1..self.world_size()).filter(|&r| of_rank(r) != of_rank(0)).collect();
         if differ.is_empty() { Ok(()) } else { Err(Error::Diverged { what: what.to_string(), ranks: differ }) }
     }
 }
