@@ -7,7 +7,10 @@
 //!   others fail within the collective timeout with an error naming it.
 
 //!
+//! - [`codec`]: gradient compression (fp16/bf16 casts, top-k with error feedback).
+//!
 //! The C++ side is one file, `shim/c10d_shim.cpp`, compiled by build.rs against the libtorch tch uses.
+pub mod codec;
 mod ffi;
 pub mod group;
 pub mod rendezvous;

@@ -4,6 +4,7 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use flotilla_collective::codec::{Compression, GradientCodec};
 use flotilla_collective::{Error, GroupOptions, ProcessGroup, Rendezvous};
 use tch::{Device, Kind, Tensor};
 
@@ -179,4 +180,59 @@ fn a_killed_rank_makes_the_others_fail_naming_it() {
     }
     // Collective timeout 5 s, plus the heartbeat diagnosis.
     assert!(t0.elapsed() < Duration::from_secs(20), "the survivors took {:?} to fail", t0.elapsed());
+}
+
+#[test]
+fn compressed_all_reduces_average_within_their_precision_and_top_k_loses_nothing() {
+    let results = on_ranks(
+        2,
+        |_| b"c".to_vec(),
+        |rank, group| {
+            let mut group = group.unwrap();
+            let n = 10_000;
+            let grad_of = |step: i64| {
+                // Rank- and step-dependent values over several orders of magnitude.
+                let i = Tensor::arange(n, (Kind::Float, Device::Cpu));
+                ((&i * 0.37 + step as f64 + rank as f64 * 5.0).sin()) * (&i * 1e-3).exp()
+            };
+            let exact_mean = |step: i64| {
+                let i = Tensor::arange(n, (Kind::Float, Device::Cpu));
+                (((&i * 0.37 + step as f64).sin() + (&i * 0.37 + step as f64 + 5.0).sin()) * 0.5) * (&i * 1e-3).exp()
+            };
+            let mut errors = vec![];
+            for compression in [Compression::Fp16, Compression::Bf16] {
+                let mut codec = GradientCodec::new(compression);
+                let mut g = grad_of(0);
+                codec.all_reduce_mean(&mut group, &mut g).unwrap();
+                let rel = ((&g - exact_mean(0)).abs().max() / exact_mean(0).abs().max()).double_value(&[]);
+                errors.push((compression.to_string(), rel, codec.bytes_sent()));
+            }
+            // Top-k 1 % with error feedback: what every rank sent over 50 steps, plus what each still holds back,
+            // is exactly the sum of all gradients.
+            let mut codec = GradientCodec::new(Compression::TopK { fraction: 0.01 });
+            let mut delivered = Tensor::zeros([n], (Kind::Float, Device::Cpu));
+            let mut truth = Tensor::zeros([n], (Kind::Float, Device::Cpu));
+            for step in 0..50 {
+                let mut g = grad_of(step);
+                codec.all_reduce_mean(&mut group, &mut g).unwrap();
+                delivered += &g * 2.0;
+                truth += exact_mean(step) * 2.0;
+            }
+            let mut held_back = codec.residual().unwrap().copy();
+            group.all_reduce_sum(&mut held_back).unwrap();
+            let lost = ((&delivered + &held_back - &truth).abs().max() / truth.abs().max()).double_value(&[]);
+            errors.push(("topk:0.01".into(), lost, codec.bytes_sent()));
+            errors
+        },
+    );
+    for errors in results {
+        let [(_, fp16, fp16_bytes), (_, bf16, bf16_bytes), (_, topk, topk_bytes)] = errors.as_slice() else {
+            panic!("{errors:?}")
+        };
+        assert!(*fp16 < 1e-3, "fp16 relative error {fp16}");
+        assert!(*bf16 < 1e-2 && *bf16 > *fp16, "bf16 relative error {bf16} (fp16 {fp16})");
+        assert!(*topk < 1e-4, "top-k with error feedback lost {topk} of the gradient");
+        assert_eq!((*fp16_bytes, *bf16_bytes), (20_000, 20_000));
+        assert_eq!(*topk_bytes, 50 * 100 * 8);
+    }
 }
