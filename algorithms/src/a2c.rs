@@ -39,6 +39,7 @@ use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
+use crate::data_parallel::DataParallel;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
@@ -291,8 +292,14 @@ fn network(
     ActorCritic::new(name, observation_space, action_space, &config.net(), device, seed)
 }
 
-/// The clipped A2C loss gradient of `net` on a finished rollout (see [`A2c::compute_gradients`]).
-fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
+/// The clipped A2C loss gradient of `net` on a finished rollout (see [`A2c::compute_gradients`]), averaged
+/// over `parallel`'s replicas and accumulated over its micro-batches; the metrics are the last step's means.
+fn a2c_gradient(
+    net: &mut ActorCritic,
+    c: &A2cConfig,
+    rollout: &Rollout,
+    parallel: &mut DataParallel,
+) -> Result<(Tensor, Metrics)> {
     let n = rollout.len();
     if n == 0 {
         return Err(Error::BadLength { what: "A2C rollout transitions".into(), got: 0, expected: rollout.n_steps });
@@ -304,8 +311,9 @@ fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Resu
             expected: net.act_dim(),
         });
     }
-    let coefficients =
-        LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: c.normalize_advantage };
+    // Advantages are normalised here, over every replica's rollout, never inside the loss (which may see only a
+    // micro-batch).
+    let coefficients = LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: false };
     // Off-policy correction: advantages and value targets recomputed under the current parameters.
     let obs = net.rollout_obs(rollout)?;
     let targets = net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
@@ -313,29 +321,53 @@ fn a2c_gradient(net: &mut ActorCritic, c: &A2cConfig, rollout: &Rollout) -> Resu
     let explained_var = explained_variance(values, returns);
     let d = net.device;
     let actions = net.actions_tensor(&rollout.actions);
-    let advantages = Tensor::from_slice(advantages).to_device(d);
+    let mut advantages = Tensor::from_slice(advantages).to_device(d);
+    if c.normalize_advantage {
+        advantages = parallel.normalize(&advantages)?;
+    }
     let returns = Tensor::from_slice(returns).to_device(d);
 
-    let (head, values) = net.forward(&obs);
-    let dist = net.dist(head);
-    let entropy = (c.ent_coef != 0.0).then(|| dist.entropy());
-    let loss = a2c_loss(&dist.log_prob(&actions), &advantages, entropy.as_ref(), &values, &returns, coefficients);
-    net.params.backward(&loss.total);
+    let scale = parallel.micro_scale();
+    let mut parts = Vec::with_capacity(parallel.accumulate());
+    for (j, (start, len)) in parallel.micro_batches(n as i64).enumerate() {
+        let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(0, start, len) };
+        let (head, values) = net.forward(&micro(&obs));
+        let dist = net.dist(head);
+        let entropy = (c.ent_coef != 0.0).then(|| dist.entropy());
+        let loss = a2c_loss(
+            &dist.log_prob(&micro(&actions)),
+            &micro(&advantages),
+            entropy.as_ref(),
+            &values,
+            &micro(&returns),
+            coefficients,
+        );
+        if j == 0 {
+            net.params.backward(&(&loss.total * scale));
+        } else {
+            net.params.backward_add(&(&loss.total * scale));
+        }
+        let entropy = match &loss.entropy {
+            Some(e) => e.detach(),
+            None => tch::no_grad(|| dist.entropy().mean(Kind::Float)),
+        };
+        parts.push([loss.policy.detach(), loss.value.detach(), entropy]);
+    }
+    parallel.reduce(&mut net.params)?;
     let norm = net.params.clip_grad_norm(c.max_grad_norm);
     if !norm.is_finite() {
         return Err(Error::NonFinite(format!("a2c: gradient norm {norm} (non-finite loss); step not taken")));
     }
     let grad = net.params.flat().grad().detach().copy();
 
-    let entropy = match &loss.entropy {
-        Some(e) => e.shallow_clone(),
-        None => tch::no_grad(|| dist.entropy().mean(Kind::Float)),
+    let mean = |i: usize| -> Result<f64> {
+        let sum: f64 = parts.iter().map(|p| f64::try_from(&p[i])).sum::<std::result::Result<f64, _>>()?;
+        Ok(sum / parts.len() as f64)
     };
-    let scalar = |t: &Tensor| f64::try_from(t).map_err(Error::from);
     let mut m = Metrics::default();
-    m.push("losses/policy_loss", scalar(&loss.policy)?);
-    m.push("losses/value_loss", scalar(&loss.value)?);
-    m.push("losses/entropy", scalar(&entropy)?);
+    m.push("losses/policy_loss", mean(0)?);
+    m.push("losses/value_loss", mean(1)?);
+    m.push("losses/entropy", mean(2)?);
     m.push("losses/explained_variance", explained_var);
     if let Some(t) = &targets.vtrace {
         t.weights.push_metrics(&mut m);
@@ -353,6 +385,8 @@ pub struct A2c {
     opt: Optimizer,
     /// The rollout being collected by [`Algorithm::observe`].
     collector: RolloutCollector,
+    /// Replicas to average gradients with, and micro-batches per step.
+    parallel: DataParallel,
 }
 
 impl A2c {
@@ -375,7 +409,7 @@ impl A2c {
         };
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c);
-        Ok(A2c { config, pi: ActorCriticPolicy::with_rng(net, rng), opt, collector })
+        Ok(A2c { config, pi: ActorCriticPolicy::with_rng(net, rng), opt, collector, parallel: DataParallel::default() })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
@@ -400,7 +434,7 @@ impl A2c {
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under this agent's parameters (the rollout itself is left as the behaviour policy's record).
     pub fn compute_gradients(&mut self, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
-        a2c_gradient(&mut self.pi.net, &self.config, rollout)
+        a2c_gradient(&mut self.pi.net, &self.config, rollout, &mut self.parallel)
     }
 
     /// One optimiser step with a gradient from [`A2c::compute_gradients`] (of this agent or of a copy with the
@@ -452,6 +486,13 @@ impl Policy for A2c {
 impl Algorithm for A2c {
     fn name(&self) -> &'static str {
         "a2c"
+    }
+
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        let layout = self.collector.layout(self.pi.net.obs_layout());
+        parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)?;
+        self.parallel = parallel;
+        Ok(())
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
@@ -561,7 +602,7 @@ impl GradientWorker for A3cWorker {
             got: chunk.n_steps,
             expected: self.config.n_steps,
         })?;
-        let out = a2c_gradient(net, &self.config, &rollout);
+        let out = a2c_gradient(net, &self.config, &rollout, &mut DataParallel::default());
         self.collector.recycle(rollout);
         let (grad, metrics) = out?;
         Ok((Vec::<f32>::try_from(grad.to_device(Device::Cpu).view([-1]))?, metrics))

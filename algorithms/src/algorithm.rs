@@ -16,6 +16,7 @@ use std::path::Path;
 use flotilla_core::{Chunk, ObsBuf, ObsRef};
 
 use crate::checkpoint::Checkpoint;
+use crate::data_parallel::DataParallel;
 use crate::params::FlatParams;
 use crate::policy::{ActOutput, Policy};
 use crate::rollout::{Rollout, RolloutLayout};
@@ -131,6 +132,12 @@ pub trait Algorithm: Policy {
     fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>> {
         let _ = work;
         Err(crate::Error::Unsupported(format!("{} takes no prepared work", self.name())))
+    }
+    /// Spread this algorithm's updates over the replicas of a data-parallel group and/or over micro-batches
+    /// ([`DataParallel`]). Algorithms whose updates cannot be split that way refuse, naming why.
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        let _ = parallel;
+        Err(crate::Error::Unsupported(format!("{} has no data-parallel or accumulated updates", self.name())))
     }
     /// A3C's parameter server: one optimiser step with a flat gradient an actor computed (in
     /// [`Algorithm::policy_params`]' layout). Algorithms without that role refuse.

@@ -37,6 +37,7 @@ use crate::actor_critic::is_image;
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Prepared, PreparedWork, Progress, ReplayFeed, Transition};
 use crate::checkpoint::Checkpoint;
+use crate::data_parallel::DataParallel;
 use crate::frame_replay::FrameReplay;
 use crate::host_mlp::HostScratch;
 use crate::n_step::NStep;
@@ -223,6 +224,8 @@ pub struct Dqn {
     phase: Vec<(Tensor, Tensor)>,
     /// Acting's host forward pass: hidden activations and the network's raw output.
     host: (HostScratch, Vec<f32>),
+    /// Replicas to average gradients with, and micro-batches per gradient step.
+    parallel: DataParallel,
 }
 
 /// What observing transitions and sampling replay touch: the n-step accumulator and replay, the RNG (replay
@@ -688,6 +691,7 @@ impl Dqn {
             n_envs,
             phase: Vec::new(),
             host: Default::default(),
+            parallel: DataParallel::default(),
             config,
         })
     }
@@ -715,12 +719,32 @@ impl Dqn {
             };
             &b.rewards + &b.bootstrap * next
         });
-        let q = self.q_values(&self.online, &b.obs).gather(1, &b.actions, false).squeeze_dim(1);
-        let loss = match &b.prioritized {
-            None => q.smooth_l1_loss(&target, Reduction::Mean, 1.0),
-            Some((weights, _)) => (q.smooth_l1_loss(&target, Reduction::None, 1.0) * weights).mean(Kind::Float),
+        // The loss is a mean over the batch: each micro-batch's mean, scaled by 1/k, adds up to it.
+        let scale = self.parallel.micro_scale();
+        let (mut qs, mut losses) = (vec![], vec![]);
+        for (j, (start, len)) in self.parallel.micro_batches(b.actions.size()[0]).enumerate() {
+            let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(0, start, len) };
+            let q = self.q_values(&self.online, &micro(&b.obs)).gather(1, &micro(&b.actions), false).squeeze_dim(1);
+            let loss = match &b.prioritized {
+                None => q.smooth_l1_loss(&micro(&target), Reduction::Mean, 1.0),
+                Some((weights, _)) => {
+                    (q.smooth_l1_loss(&micro(&target), Reduction::None, 1.0) * micro(weights)).mean(Kind::Float)
+                }
+            };
+            if j == 0 {
+                self.online.backward(&(&loss * scale));
+            } else {
+                self.online.backward_add(&(&loss * scale));
+            }
+            qs.push(q.detach());
+            losses.push(loss.detach());
+        }
+        let (q, loss) = if qs.len() == 1 {
+            (qs.pop().expect("one"), losses.pop().expect("one"))
+        } else {
+            (Tensor::cat(&qs, 0), Tensor::stack(&losses, 0).mean(Kind::Float))
         };
-        self.online.backward(&loss);
+        self.parallel.reduce(&mut self.online)?;
         let norm = self.online.clip_grad_norm(c.max_grad_norm);
         if !norm.is_finite() {
             return Err(Error::NonFinite(format!("dqn: gradient norm {norm} (non-finite loss); step not taken")));
@@ -728,11 +752,11 @@ impl Dqn {
         self.opt.step(&mut self.online);
         let mut side = lock(&self.side);
         if let (Some((_, indices)), Memory::Prioritized(_, r)) = (&b.prioritized, &mut side.memory) {
-            let td: Vec<f32> = Vec::try_from((&q - &target).detach().to_device(Device::Cpu))?;
+            let td: Vec<f32> = Vec::try_from((&q - &target).to_device(Device::Cpu))?;
             r.update_priorities(indices, &td)?;
         }
         side.counters.gradient_steps += 1;
-        Ok((loss.detach(), q.detach().mean(Kind::Float)))
+        Ok((loss, q.mean(Kind::Float)))
     }
 
     /// The learning rate at `progress`.
@@ -783,6 +807,12 @@ impl Policy for Dqn {
 impl Algorithm for Dqn {
     fn name(&self) -> &'static str {
         "dqn"
+    }
+
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        parallel.check_batch("dqn", "batch_size", self.config.batch_size)?;
+        self.parallel = parallel;
+        Ok(())
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {

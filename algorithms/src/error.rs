@@ -55,6 +55,9 @@ pub enum Error {
     /// An update produced a non-finite loss or gradient; nothing was applied.
     #[error("{0}")]
     NonFinite(String),
+    /// Averaging over the replicas of a data-parallel group failed (a lost rank, a timeout).
+    #[error("data-parallel sync: {0}")]
+    Sync(String),
     /// A libtorch call failed.
     #[error(transparent)]
     Torch(#[from] tch::TchError),

@@ -58,15 +58,29 @@ impl FlatParams {
     /// gradient for every view and sum them — n passes over the whole buffer. Asking autograd for the views'
     /// own gradients and copying each into its slice does one pass.
     pub fn backward(&mut self, loss: &Tensor) {
+        self.backward_into(loss, false)
+    }
+
+    /// Add `∂loss/∂θ` to the gradient buffer (gradient accumulation over micro-batches).
+    pub fn backward_add(&mut self, loss: &Tensor) {
+        self.backward_into(loss, true)
+    }
+
+    fn backward_into(&mut self, loss: &Tensor, add: bool) {
         let grads = Tensor::run_backward(&[loss], &self.views, false, false);
         tch::no_grad(|| {
             for (dst, g) in self.grad_views.iter().zip(&grads) {
                 let mut dst = dst.shallow_clone();
-                // A parameter the loss does not reach (e.g. a padding column) gets zero.
-                if g.defined() {
-                    dst.copy_(g);
-                } else {
-                    let _ = dst.zero_();
+                // A parameter the loss does not reach (e.g. a padding column) gets zero (adds nothing).
+                match (g.defined(), add) {
+                    (true, false) => dst.copy_(g),
+                    (true, true) => {
+                        let _ = dst.g_add_(g);
+                    }
+                    (false, false) => {
+                        let _ = dst.zero_();
+                    }
+                    (false, true) => {}
                 }
             }
         });

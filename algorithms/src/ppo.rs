@@ -36,6 +36,7 @@ use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
+use crate::data_parallel::DataParallel;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
@@ -189,6 +190,26 @@ pub struct PpoLoss {
 }
 
 impl PpoLoss {
+    /// One minibatch's loss from its micro-batches' (equal sizes): the means of their terms, all log-ratios;
+    /// the last micro-batch's distribution stands for the minibatch's in the metrics.
+    fn merge<D>(mut parts: Vec<(PpoLoss, D)>) -> (PpoLoss, D) {
+        if parts.len() == 1 {
+            return parts.pop().expect("one part");
+        }
+        let k = parts.len() as f64;
+        let mean = |f: &dyn Fn(&PpoLoss) -> Tensor| {
+            tch::no_grad(|| parts.iter().map(|(l, _)| f(l)).fold(Tensor::from(0.0f32), |a, b| a + b) / k)
+        };
+        let total = mean(&|l| l.total.detach());
+        let policy = mean(&|l| l.policy.detach());
+        let value = mean(&|l| l.value.detach());
+        let entropy =
+            parts[0].0.entropy.is_some().then(|| mean(&|l| l.entropy.as_ref().expect("all or none").detach()));
+        let log_ratio = Tensor::cat(&parts.iter().map(|(l, _)| l.log_ratio.detach()).collect::<Vec<_>>(), 0);
+        let (_, dist) = parts.pop().expect("k > 1 parts");
+        (PpoLoss { total, policy, value, entropy, log_ratio }, dist)
+    }
+
     /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance estimate of KL(old ‖ new) (Schulman 2020), no gradient.
     pub fn approx_kl(&self) -> Tensor {
         tch::no_grad(|| (self.log_ratio.exp() - 1.0 - &self.log_ratio).mean(Kind::Float))
@@ -270,6 +291,8 @@ pub struct Ppo {
     opt: Adam,
     /// The rollout being collected by [`Algorithm::observe`].
     collector: RolloutCollector,
+    /// Replicas to average gradients with, and micro-batches per step.
+    parallel: DataParallel,
 }
 
 impl Ppo {
@@ -288,7 +311,7 @@ impl Ppo {
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);
-        Ok(Ppo { config, pi: ActorCriticPolicy::with_rng(net, rng), opt, collector })
+        Ok(Ppo { config, pi: ActorCriticPolicy::with_rng(net, rng), opt, collector, parallel: DataParallel::default() })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
@@ -338,11 +361,16 @@ impl Ppo {
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
         let mut advantages = Tensor::from_slice(advantages).to_device(d);
         let mut coefficients = coefficients;
-        if c.batch_size == n && c.normalize_advantage {
-            // One minibatch holds every sample, so its normalisation is the same in every epoch: do it once.
-            advantages = normalize(&advantages);
+        if coefficients.normalize_advantage {
+            // Normalised per minibatch here (over every replica's minibatch), never inside the loss, which
+            // may see only a micro-batch.
             coefficients.normalize_advantage = false;
+            if c.batch_size == n {
+                // One minibatch holds every sample, so its normalisation is the same in every epoch: do it once.
+                advantages = self.parallel.normalize(&advantages)?;
+            }
         }
+        let normalize_minibatch = c.normalize_advantage && c.batch_size != n;
         let returns = Tensor::from_slice(returns).to_device(d);
         let old_values = Tensor::from_slice(values).to_device(d);
 
@@ -360,20 +388,37 @@ impl Ppo {
                     None => t.shallow_clone(),
                     Some(i) => t.index_select(0, i),
                 };
-                let (head, values) = self.pi.net.forward(&pick(&obs));
-                let dist = self.pi.net.dist(head);
-                let entropy = need_entropy.then(|| dist.entropy());
-                let loss = ppo_loss(
-                    &dist.log_prob(&pick(&actions)),
-                    &pick(&old_log_prob),
-                    &pick(&advantages),
-                    entropy.as_ref(),
-                    &values,
-                    &pick(&old_values),
-                    &pick(&returns),
-                    coefficients,
-                );
-                self.pi.net.params.backward(&loss.total);
+                let mut mb_advantages = pick(&advantages);
+                if normalize_minibatch && minibatch.len() > 1 {
+                    mb_advantages = self.parallel.normalize(&mb_advantages)?;
+                }
+                let (mb_obs, mb_actions, mb_old_log_prob) = (pick(&obs), pick(&actions), pick(&old_log_prob));
+                let (mb_old_values, mb_returns) = (pick(&old_values), pick(&returns));
+                let scale = self.parallel.micro_scale();
+                let mut parts = Vec::with_capacity(self.parallel.accumulate());
+                for (j, (start, len)) in self.parallel.micro_batches(minibatch.len() as i64).enumerate() {
+                    let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(0, start, len) };
+                    let (head, values) = self.pi.net.forward(&micro(&mb_obs));
+                    let dist = self.pi.net.dist(head);
+                    let entropy = need_entropy.then(|| dist.entropy());
+                    let loss = ppo_loss(
+                        &dist.log_prob(&micro(&mb_actions)),
+                        &micro(&mb_old_log_prob),
+                        &micro(&mb_advantages),
+                        entropy.as_ref(),
+                        &values,
+                        &micro(&mb_old_values),
+                        &micro(&mb_returns),
+                        coefficients,
+                    );
+                    if j == 0 {
+                        self.pi.net.params.backward(&(&loss.total * scale));
+                    } else {
+                        self.pi.net.params.backward_add(&(&loss.total * scale));
+                    }
+                    parts.push((loss, dist));
+                }
+                self.parallel.reduce(&mut self.pi.net.params)?;
                 let norm = self.pi.net.params.clip_grad_norm(max_grad_norm);
                 if !norm.is_finite() {
                     return Err(Error::NonFinite(format!(
@@ -382,7 +427,11 @@ impl Ppo {
                 }
                 self.opt.step(&mut self.pi.net.params);
                 gradient_steps += 1;
-                let stop = target_kl.is_some_and(|t| f64::try_from(loss.approx_kl()).unwrap_or(0.0) > 1.5 * t);
+                let (loss, dist) = PpoLoss::merge(parts);
+                let stop = match target_kl {
+                    None => false,
+                    Some(t) => self.parallel.mean(f64::try_from(loss.approx_kl()).unwrap_or(0.0))? > 1.5 * t,
+                };
                 last = Some((loss, dist));
                 if stop {
                     break 'epochs;
@@ -430,6 +479,12 @@ impl Policy for Ppo {
 impl Algorithm for Ppo {
     fn name(&self) -> &'static str {
         "ppo"
+    }
+
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        parallel.check_batch("ppo", "batch_size", self.config.batch_size)?;
+        self.parallel = parallel;
+        Ok(())
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {

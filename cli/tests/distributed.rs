@@ -180,14 +180,16 @@ fn a3c_with_four_actor_processes_solves_cartpole() {
 #[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
 fn a_distributed_run_stops_with_a_checkpoint_and_resumes_to_the_end() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    // The stop, the checkpoint and the appended metrics are checked on every seed; ending solved (a learning
-    // claim with asynchronous actors) on 2 of seeds 1–3.
+    // The stop, the checkpoint and the appended metrics are checked on every seed; ending solved on 2 of seeds
+    // 1–3. Synchronous actors (no policy lag): this test is about resuming; learning with asynchronous actors
+    // is the 4-actor test's claim (a CI run on a busy machine had two seeds here fall from 500 to ~300 and 450
+    // with lagged chunks).
     two_of_three(|seed| {
         let (out, run) = train_with_actors(
             "cartpole_ppo.toml",
             2,
             &format!("resume-{seed}"),
-            &["--stop-at", "20000", "--set", &seed_arg(seed)],
+            &["--stop-at", "20000", "--set", &seed_arg(seed), "--set", "learner.synchronous=true"],
         );
         assert!(out.status.success(), "{}", text(&out));
         assert!(
