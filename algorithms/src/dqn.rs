@@ -706,6 +706,55 @@ impl Dqn {
         &self.online
     }
 
+    /// One gradient step on the given transitions rather than a replay sample (offline data, distillation,
+    /// tests): observations `obs` / `next_obs` (`B` rows of the network's observation, f32 or u8 frames),
+    /// `actions`, (n-step) `rewards` and `bootstrap` (γ^m, 0 where the episode terminated). Returns the TD
+    /// loss. Counts as a gradient step (target copies follow the usual interval only through
+    /// [`Algorithm::update`]).
+    pub fn train_on(
+        &mut self,
+        obs: ObsRef<'_>,
+        actions: &[i64],
+        rewards: &[f32],
+        bootstrap: &[f32],
+        next_obs: ObsRef<'_>,
+    ) -> Result<f64> {
+        let b = actions.len();
+        for (what, got) in [("rewards", rewards.len()), ("bootstrap", bootstrap.len())] {
+            if got != b {
+                return Err(Error::BadLength { what: format!("dqn train_on {what}"), got, expected: b });
+            }
+        }
+        for (what, o) in [("obs", &obs), ("next_obs", &next_obs)] {
+            if o.len() != b * self.obs_dim {
+                return Err(Error::BadLength {
+                    what: format!("dqn train_on {what}"),
+                    got: o.len(),
+                    expected: b * self.obs_dim,
+                });
+            }
+        }
+        if let Some(a) = actions.iter().find(|a| **a < 0 || **a as usize >= self.n_actions) {
+            return Err(Error::BadLength {
+                what: format!("dqn train_on action {a}"),
+                got: 1,
+                expected: self.n_actions,
+            });
+        }
+        let layout = self.q.layout();
+        let d = layout.device;
+        let batch = DqnBatch {
+            obs: layout.tensor(obs)?,
+            next_obs: layout.tensor(next_obs)?,
+            actions: Tensor::from_slice(actions).to_device(d).unsqueeze(1),
+            rewards: Tensor::from_slice(rewards).to_device(d),
+            bootstrap: Tensor::from_slice(bootstrap).to_device(d),
+            prioritized: None,
+        };
+        let (loss, _) = self.gradient_step(&batch)?;
+        Ok(f64::try_from(loss)?)
+    }
+
     /// One gradient step on a replay sample; returns (loss, mean Q) as tensors.
     fn gradient_step(&mut self, b: &DqnBatch) -> Result<(Tensor, Tensor)> {
         let c = &self.config;

@@ -16,6 +16,7 @@
 mod allocator;
 mod assembly;
 pub mod config;
+pub mod data_parallel;
 pub mod distributed;
 mod env_replay;
 pub mod error;
