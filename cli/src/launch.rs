@@ -55,9 +55,12 @@ pub fn distributed_train(
         None => generate_token().context("generating the run token")?,
     };
     let addr = learner.listen(&token)?;
+    // Learners other than rank 0 of a data-parallel group write nothing: rank 0 owns the run directory.
+    let writer = learner.rank() == 0;
     // Built and listening: only now is a new run directory written.
     let run_dir = match start {
         Start::Resume(run_dir) => run_dir,
+        Start::Fresh(out) if !writer => RunDir::at(&out),
         Start::Fresh(out) => {
             let run_dir = RunDir::create(&out, config)?;
             tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
@@ -65,7 +68,9 @@ pub fn distributed_train(
         }
     };
     let stop = install_stop_signals();
-    learner.checkpoint_to(run_dir.checkpoint_path());
+    if writer {
+        learner.checkpoint_to(run_dir.checkpoint_path());
+    }
     learner.stop_at(stop_at);
     tracing::info!(
         "learner listening on {addr}: {n} actors × {} envs, chunks of {} steps",
@@ -102,13 +107,21 @@ pub fn distributed_train(
             None
         }
     };
-    let mut csv = if resume { run_dir.metrics_appender()? } else { run_dir.metrics_writer()? };
-    let result = learner.run(&stop, &mut |row| csv.write_row(&row.columns()));
+    let mut csv = match (writer, resume) {
+        (false, _) => None,
+        (true, true) => Some(run_dir.metrics_appender()?),
+        (true, false) => Some(run_dir.metrics_writer()?),
+    };
+    let result = learner.run(&stop, &mut |row| csv.as_mut().map_or(Ok(()), |csv| csv.write_row(&row.columns())));
     if let Some(l) = launcher.as_mut() {
         tracing::info!("stopping actors ({} restarts during the run)", l.restarts());
         l.stop(Duration::from_secs(5));
     }
     let report = result?;
+    if !writer {
+        tracing::info!("learner {} done at {} env steps", learner.rank(), report.env_steps);
+        return Ok(());
+    }
     let model = run_dir.model_path();
     learner.agent().save_weights(&model).with_context(|| format!("saving the policy to {}", model.display()))?;
     let dir = run_dir.path().display();

@@ -313,7 +313,7 @@ fn backoff(first: Duration, restarts: u32) -> Duration {
 }
 
 /// Spawn one actor: stdin null, stdout and stderr inherited, SIGTERM on the parent's death (Linux).
-fn spawn(actor: &ActorCommand) -> io::Result<Child> {
+pub(crate) fn spawn(actor: &ActorCommand) -> io::Result<Child> {
     let mut command = Command::new(&actor.program);
     command
         .args(&actor.args)
@@ -356,7 +356,7 @@ fn take_running(slots: &mut [Slot]) -> Vec<(usize, Child)> {
 }
 
 /// SIGTERM every child, wait up to `grace` for them to exit, SIGKILL the rest, and reap them all.
-fn terminate(mut children: Vec<(usize, Child)>, grace: Duration) {
+pub(crate) fn terminate(mut children: Vec<(usize, Child)>, grace: Duration) {
     for (_, child) in &children {
         // SAFETY: kill(2) has no memory-safety preconditions. The child is not reaped yet, so its pid
         // cannot have been reused by another process.

@@ -4,11 +4,13 @@
 //! flotilla train CONFIG.toml [--set key=value ...] [--out RUN_DIR] [--stop-at N]
 //! flotilla train --resume RUN_DIR [--stop-at N]
 //! flotilla train CONFIG.toml --actors N [--set ...] [--out RUN_DIR] [--stop-at N]  # learner + N actor processes
+//! flotilla train CONFIG.toml --learners L --actors N [...]   # L data-parallel learners, N/L actors each
 //! flotilla learner CONFIG.toml [--listen ADDR] [--actors N] [--token T]   # actors join from anywhere
 //! flotilla actor --learner HOST:PORT [--token T | FLOTILLA_TOKEN=T] [--index I]
 //! flotilla eval RUN_DIR [--episodes N] [--seed S]
 //! ```
 mod actor;
+mod group;
 mod launch;
 mod launcher;
 
@@ -51,6 +53,10 @@ enum Command {
         /// Train with a learner in this process and N actor processes on loopback, restarted if they die.
         #[arg(long, value_name = "N", conflicts_with = "resume")]
         actors: Option<usize>,
+        /// Train with L data-parallel learner processes (gradients all-reduced on c10d), each serving N/L of the
+        /// actors; restarted together from the last checkpoint if one dies (`[learner] max_restarts`).
+        #[arg(long, value_name = "L", conflicts_with = "resume", requires = "actors")]
+        learners: Option<usize>,
     },
     /// Run a distributed learner that actors join with `flotilla actor` (from this or other machines).
     Learner {
@@ -120,7 +126,31 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train { config: Some(path), mut overrides, out, actors: Some(n), stop_at, .. } => {
+        Command::Train {
+            config: Some(path), mut overrides, out, actors: Some(n), learners: Some(l), stop_at, ..
+        } if l > 1 && !group::is_rank() => {
+            anyhow::ensure!(
+                n >= l && n.is_multiple_of(l),
+                "--actors {n} does not split evenly between --learners {l}: give a multiple of {l}"
+            );
+            overrides.push(format!("learner.learners={l}"));
+            let mut checked = overrides.clone();
+            checked.push(format!("actors.count={}", n / l));
+            // Everything that can be checked before a process starts is checked here.
+            let config = ExperimentConfig::load(&path, &checked)?;
+            let out = out.unwrap_or_else(|| launch::default_out(&config));
+            anyhow::ensure!(
+                !out.join("config.toml").exists(),
+                "{} already holds a run; choose another --out",
+                out.display()
+            );
+            let start = group::GroupStart::Fresh { config: path, overrides, actors: n / l, out };
+            group::group_train(&config, start, stop_at.unwrap_or(u64::MAX), &launcher::install_stop_signals())
+        }
+        Command::Train { config: Some(path), mut overrides, out, actors: Some(n), learners, stop_at, .. } => {
+            if let Some(l) = learners {
+                overrides.push(format!("learner.learners={l}"));
+            }
             overrides.push(format!("actors.count={n}"));
             learner_command(&path, &overrides, out, launch::Actors::Launch, None, stop_at.unwrap_or(u64::MAX))
         }
@@ -155,6 +185,11 @@ fn train_command(
             let (run_dir, config) = RunDir::open(dir)?;
             let checkpoint = run_dir.checkpoint_path();
             anyhow::ensure!(checkpoint.is_file(), "{} has no checkpoint to resume from", dir.display());
+            if config.learner.learners > 1 && !group::is_rank() {
+                // A data-parallel run: the whole group resumes.
+                let stop = launcher::install_stop_signals();
+                return group::group_train(&config, group::GroupStart::Resume(dir.to_path_buf()), stop_at, &stop);
+            }
             if config.actors.count > 0 {
                 // A distributed run: the learner resumes and launches its actors again.
                 let start = launch::Start::Resume(run_dir);

@@ -129,6 +129,39 @@ pub struct LearnerConfig {
     /// update thread between updates: on-policy algorithms (PPO, A2C) stack chunks and copy them to the device;
     /// DQN (uniform or frame replay) observes chunks into its replay and samples minibatches onto the device.
     pub assemble_ahead: AssembleAhead,
+    /// Data-parallel learners training one model (each serving its own actors; gradients all-reduced on
+    /// libtorch's c10d after every backward pass). `flotilla train --learners L` starts them; under torchrun,
+    /// Kubeflow or Slurm this must equal the launcher's `WORLD_SIZE`.
+    pub learners: usize,
+    /// The collective backend: `auto` (NCCL for CUDA learners when built with it, else Gloo), `gloo`, `nccl`.
+    pub backend: CollectiveBackend,
+    /// Seconds a collective (or the rendezvous) may wait for the other learners before failing with an error
+    /// naming the lost ones. Evaluations run on learner 0 alone while the others wait: keep this above an
+    /// evaluation's length.
+    pub collective_timeout_secs: f64,
+    /// Micro-batches per optimiser step (gradient accumulation): each minibatch is split into this many equal
+    /// parts whose gradients add up before the step.
+    pub accumulate: usize,
+    /// Gradient compression on the wire: `none`, `fp16`, `bf16` or `topk:<fraction>` (error feedback keeps
+    /// what top-k does not send).
+    pub compression: String,
+    /// Updates between checks that every learner holds the same parameters (a checksum all-gather); 0: never.
+    pub check_every: u64,
+    /// `flotilla train --learners L`: times the whole group is restarted from its last checkpoint after a
+    /// learner fails (as `torchrun --max-restarts`).
+    pub max_restarts: u32,
+}
+
+/// `[learner] backend`: which c10d backend carries the learners' collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveBackend {
+    /// NCCL where the learner's device is CUDA and this build has NCCL, Gloo otherwise.
+    Auto,
+    /// Gloo: CPU tensors (CUDA ones staged through the host).
+    Gloo,
+    /// NCCL: one GPU per learner.
+    Nccl,
 }
 
 /// `[learner] assemble_ahead`: where a distributed learner assembles its batches.
@@ -169,7 +202,10 @@ impl ExperimentConfig {
                 self.algorithm.family() == Family::OffPolicy || self.run.device.resolve().is_ok_and(|d| d.is_cuda())
             }
         };
-        wanted && self.algorithm.check_assemble_ahead().is_ok()
+        // Several off-policy learners count env steps per transition in step with each other; the assembly
+        // thread's own schedule is not (yet) kept in that step.
+        let replicated_replay = self.learner.learners > 1 && self.algorithm.family() == Family::OffPolicy;
+        wanted && self.algorithm.check_assemble_ahead().is_ok() && !replicated_replay
     }
 }
 
@@ -181,6 +217,13 @@ impl Default for LearnerConfig {
             synchronous: false,
             queue_chunks: 0,
             assemble_ahead: AssembleAhead::Auto,
+            learners: 1,
+            backend: CollectiveBackend::Auto,
+            collective_timeout_secs: 300.0,
+            accumulate: 1,
+            compression: "none".into(),
+            check_every: 100,
+            max_restarts: 3,
         }
     }
 }
@@ -476,6 +519,7 @@ impl ExperimentConfig {
         if !self.learner.listen.contains(':') {
             return Err(Error::Config(format!("[learner] listen = {:?}: expected HOST:PORT", self.learner.listen)));
         }
+        self.check_data_parallel()?;
         if self.transport.max_message_mib == 0 {
             return Err(Error::Config("[transport] max_message_mib = 0".into()));
         }
@@ -488,6 +532,50 @@ impl ExperimentConfig {
             )));
         }
         Ok(probe)
+    }
+
+    /// `[learner] learners`, `accumulate`, `compression`, `collective_timeout_secs`: values that make sense,
+    /// for an algorithm whose updates can be spread.
+    fn check_data_parallel(&self) -> Result<()> {
+        let l = &self.learner;
+        let bad = |msg: String| Err(Error::Config(msg));
+        if l.learners == 0 {
+            return bad("[learner] learners = 0: need at least one learner".into());
+        }
+        if l.accumulate == 0 {
+            return bad("[learner] accumulate = 0: a step needs at least one micro-batch".into());
+        }
+        if !(l.collective_timeout_secs.is_finite() && l.collective_timeout_secs > 0.0) {
+            return bad(format!("[learner] collective_timeout_secs = {}: must be > 0", l.collective_timeout_secs));
+        }
+        self.compression()?;
+        if l.learners > 1 || l.accumulate > 1 {
+            let what = if l.learners > 1 {
+                format!("learners = {}", l.learners)
+            } else {
+                format!("accumulate = {}", l.accumulate)
+            };
+            match &self.algorithm {
+                AlgorithmConfig::Ppo(_) | AlgorithmConfig::A2c(_) | AlgorithmConfig::Dqn(_) => {}
+                other => {
+                    return bad(format!(
+                        "[learner] {what}: {} updates cannot be spread over learners or micro-batches yet (PPO, A2C \
+                         and DQN can)",
+                        other.name()
+                    ));
+                }
+            }
+        }
+        if l.backend == CollectiveBackend::Nccl && !self.run.device.resolve().is_ok_and(|d| d.is_cuda()) {
+            return bad("[learner] backend = \"nccl\" needs CUDA learners ([run] device = \"cuda\"); use gloo".into());
+        }
+        Ok(())
+    }
+
+    /// `[learner] compression`, parsed.
+    pub fn compression(&self) -> Result<flotilla_collective::codec::Compression> {
+        flotilla_collective::codec::Compression::parse(&self.learner.compression)
+            .map_err(|e| Error::Config(format!("[learner] {e}")))
     }
 
     /// How a run with `n_actors` actor processes splits the work, checked against the algorithm.

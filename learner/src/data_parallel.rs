@@ -1,11 +1,16 @@
 //! The learner's side of data-parallel training: [`CollectiveSync`] implements the algorithms'
 //! [`GradientSync`] on a c10d process group (flotilla-collective), with the configured gradient compression.
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use flotilla_algorithms::{Error as AlgorithmError, GradientSync};
-use flotilla_collective::ProcessGroup;
+use flotilla_algorithms::{Algorithm, DataParallel, Error as AlgorithmError, GradientSync, Metrics};
 use flotilla_collective::codec::{Compression, GradientCodec};
+use flotilla_collective::{Backend, GroupOptions, ProcessGroup, Rendezvous};
 use tch::{Device, Kind, Tensor};
+use tracing::info;
+
+use crate::config::{CollectiveBackend, ExperimentConfig};
+use crate::{Error, Result};
 
 /// A process group shared by the algorithm's gradient sync and the learner's own collectives (parameter
 /// broadcast, agreement checks, metric aggregation). All use it from the update thread, one at a time.
@@ -46,5 +51,127 @@ impl GradientSync for CollectiveSync {
 
     fn replicas(&self) -> usize {
         self.world
+    }
+}
+
+/// This learner's membership of a data-parallel group (several learners training one model), as the
+/// distributed learner uses it around updates.
+pub(crate) struct Replicas {
+    group: SharedGroup,
+    /// This learner's rank: 0 writes metrics, evaluations and checkpoints.
+    pub(crate) rank: usize,
+    /// Learners in the group.
+    pub(crate) world: usize,
+    /// On-policy env steps taken in since the last update; summed over the group at the next update, so that
+    /// every learner's schedules (learning rate, clip range) and stopping point see the same global count.
+    pub(crate) unsynced: u64,
+    updates: u64,
+    check_every: u64,
+}
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replicas").field("rank", &self.rank).field("world", &self.world).finish()
+    }
+}
+
+/// A stable fingerprint of the resolved config: learners started with different configs are refused at
+/// rendezvous.
+fn fingerprint(config: &ExperimentConfig) -> Vec<u8> {
+    // FNV-1a: stable across processes and builds (std's hasher is not promised to be).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in config.to_toml().bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h.to_le_bytes().to_vec()
+}
+
+/// Join the data-parallel group the environment names (torchrun's variables; `flotilla train --learners L`
+/// sets them), if `[learner] learners > 1`: connect, make `agent`'s updates average gradients over the group,
+/// and start every learner from rank 0's parameters. `accumulate > 1` applies with or without a group.
+pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device: Device) -> Result<Option<Replicas>> {
+    let l = &config.learner;
+    let rendezvous = Rendezvous::from_env().map_err(|e| Error::Config(e.to_string()))?;
+    let world = rendezvous.as_ref().map_or(1, |r| r.world_size);
+    if world != l.learners {
+        return Err(Error::Config(match &rendezvous {
+            None => format!(
+                "[learner] learners = {}: each learner needs its place in the group (MASTER_ADDR, MASTER_PORT, RANK, \
+                 WORLD_SIZE, as torchrun sets them); `flotilla train --learners {}` starts them so",
+                l.learners, l.learners
+            ),
+            Some(r) => {
+                format!("[learner] learners = {} but the launcher says WORLD_SIZE = {}", l.learners, r.world_size)
+            }
+        }));
+    }
+    let compression = config.compression()?;
+    let Some(rendezvous) = rendezvous.filter(|_| world > 1) else {
+        if l.accumulate > 1 {
+            agent.set_data_parallel(DataParallel::new(None, l.accumulate)?)?;
+        }
+        return Ok(None);
+    };
+    let backend = match l.backend {
+        CollectiveBackend::Auto => Backend::auto(device),
+        CollectiveBackend::Gloo => Backend::Gloo,
+        CollectiveBackend::Nccl => Backend::Nccl,
+    };
+    let timeout = Duration::from_secs_f64(l.collective_timeout_secs);
+    let options = GroupOptions { backend, timeout, rendezvous_timeout: timeout, ..GroupOptions::default() };
+    let group = ProcessGroup::connect(&rendezvous, &options, &fingerprint(config))
+        .map_err(|e| Error::Runtime(format!("joining the learner group: {e}")))?;
+    let group: SharedGroup = Arc::new(Mutex::new(group));
+    let sync = CollectiveSync::new(group.clone(), compression);
+    agent.set_data_parallel(DataParallel::new(Some(Box::new(sync)), l.accumulate)?)?;
+    let mut replicas =
+        Replicas { group, rank: rendezvous.rank, world, unsynced: 0, updates: 0, check_every: l.check_every };
+    // Every learner starts from rank 0's parameters (the same seed builds the same ones; this makes sure).
+    {
+        let mut g = lock(&replicas.group);
+        let mut flat = agent.policy_params().flat().detach();
+        g.broadcast(&mut flat, 0).map_err(|e| Error::Runtime(format!("broadcasting rank 0's parameters: {e}")))?;
+    }
+    replicas.check(agent)?;
+    info!(
+        "learner {} of {world} joined ({} over {}:{}, gradients {compression})",
+        rendezvous.rank,
+        backend.name(),
+        rendezvous.master_addr,
+        rendezvous.master_port
+    );
+    Ok(Some(replicas))
+}
+
+impl Replicas {
+    /// `local` summed over the group.
+    pub(crate) fn sum(&mut self, local: u64) -> Result<u64> {
+        let mut t = Tensor::from_slice(&[local as i64]);
+        lock(&self.group).all_reduce_sum(&mut t).map_err(|e| Error::Runtime(e.to_string()))?;
+        Ok(t.int64_value(&[0]) as u64)
+    }
+
+    /// After an update (every learner makes the same ones): average its metrics over the group, and every
+    /// `check_every` updates check that the learners' parameters are still identical.
+    pub(crate) fn after_update(&mut self, agent: &dyn Algorithm, metrics: &mut Metrics) -> Result<()> {
+        let values: Vec<f64> = metrics.iter().map(|(_, v)| *v).collect();
+        let mut t = Tensor::from_slice(&values);
+        lock(&self.group).all_reduce_mean(&mut t).map_err(|e| Error::Runtime(e.to_string()))?;
+        let means = Vec::<f64>::try_from(&t).map_err(|e| Error::Runtime(e.to_string()))?;
+        for ((_, v), m) in metrics.0.iter_mut().zip(means) {
+            *v = m;
+        }
+        self.updates += 1;
+        if self.check_every > 0 && self.updates.is_multiple_of(self.check_every) {
+            self.check(agent)?;
+        }
+        Ok(())
+    }
+
+    /// Error unless every learner holds the same policy parameters.
+    fn check(&mut self, agent: &dyn Algorithm) -> Result<()> {
+        lock(&self.group)
+            .check_identical("the learners' parameters", agent.policy_params().flat())
+            .map_err(|e| Error::Runtime(e.to_string()))
     }
 }

@@ -31,6 +31,7 @@ use tracing::{error, info, warn};
 
 use crate::assembly::{Assembly, AssemblySpec, Intake, PreparedChunk, Ready, Staged, add_lag, merge_lag};
 use crate::config::{ExperimentConfig, Family, Plan};
+use crate::data_parallel::Replicas;
 use crate::eval::evaluate;
 use crate::hub::{Delivery, Hub, HubSpec, next_delivery};
 use crate::progress::{EvalPoint, LogRow, RunCounters, TrainReport, log_progress};
@@ -90,6 +91,8 @@ pub struct DistributedLearner {
     checkpoint: Option<std::path::PathBuf>,
     /// Stop (with a checkpoint) once this many env steps are in, before the budget.
     stop_at: u64,
+    /// The other learners training this model, if any (`[learner] learners > 1`).
+    replicas: Option<Replicas>,
 }
 
 /// A unique run id: time and process id.
@@ -118,7 +121,8 @@ impl DistributedLearner {
             Family::OnPolicy => plan.envs_per_actor * plan.chunks_per_batch,
             Family::OffPolicy | Family::Gradients => plan.envs_per_actor,
         };
-        let agent = config.algorithm.build_learner(&obs_space, &act_space, rows, device, seed)?;
+        let mut agent = config.algorithm.build_learner(&obs_space, &act_space, rows, device, seed)?;
+        let replicas = crate::data_parallel::join(config, agent.as_mut(), device)?;
         let initial = params_vec(agent.as_ref())?;
         let (obs_dim, act_dim) = (agent.obs_dim(), agent.act_dim());
         let spec = HubSpec {
@@ -172,6 +176,7 @@ impl DistributedLearner {
             last_metrics: Metrics::default(),
             checkpoint: None,
             stop_at: u64::MAX,
+            replicas,
         })
     }
 
@@ -236,6 +241,12 @@ impl DistributedLearner {
         self.hub.clone()
     }
 
+    /// This learner's rank in its data-parallel group (0 when alone). Only rank 0 evaluates, logs metrics rows
+    /// and writes checkpoints.
+    pub fn rank(&self) -> usize {
+        self.replicas.as_ref().map_or(0, |r| r.rank)
+    }
+
     /// The plan this learner runs.
     pub fn plan(&self) -> Plan {
         self.plan
@@ -262,13 +273,14 @@ impl DistributedLearner {
         if let Some(rx) = &mut self.rx {
             rx.close();
         }
-        if !stop.load(Ordering::SeqCst)
+        if self.rank() == 0
+            && !stop.load(Ordering::SeqCst)
             && self.counters.run.env_steps >= total
             && self.counters.run.evals.last().is_none_or(|e| e.env_steps < self.counters.run.env_steps)
         {
             self.evaluate_now()?;
         }
-        if let Some(path) = self.checkpoint.clone() {
+        if let Some(path) = self.checkpoint.clone().filter(|_| self.rank() == 0) {
             self.save_checkpoint(&path)?;
         }
         Ok(self.report())
@@ -396,7 +408,7 @@ impl DistributedLearner {
     /// A checkpoint once its interval has passed, at an update boundary (no chunks waiting for a batch; an
     /// off-policy assembly thread paused with all it observed trained on).
     fn checkpoint_if_due(&mut self) -> Result<()> {
-        let Some(path) = self.checkpoint.clone() else { return Ok(()) };
+        let Some(path) = self.checkpoint.clone().filter(|_| self.rank() == 0) else { return Ok(()) };
         if self.pending.is_empty() && self.counters.run.checkpoint_due(&self.config) {
             self.drain_assembly()?;
             self.save_checkpoint(&path)?;
@@ -409,8 +421,8 @@ impl DistributedLearner {
 
     /// Count what the assembly thread took in: env steps, episodes, lag, stale chunks, assembly time.
     fn absorb(&mut self, intake: Intake) {
+        self.count_on_policy_steps(intake.env_steps);
         let c = &mut self.counters;
-        c.run.env_steps += intake.env_steps;
         c.run.assemble_secs += intake.assemble_secs;
         for ep in &intake.episodes {
             c.run.count_episode(ep.episode_return, ep.length);
@@ -430,6 +442,7 @@ impl DistributedLearner {
     fn train_staged(&mut self, staged: Staged) -> Result<()> {
         let Staged { rollout, actors, intake } = staged;
         self.absorb(intake);
+        self.sync_env_steps()?;
         let started = Instant::now();
         let progress =
             Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
@@ -498,6 +511,26 @@ impl DistributedLearner {
         }
     }
 
+    /// Count on-policy env steps: alone, at once; with other learners, at the next update, summed over the
+    /// group ([`Self::sync_env_steps`]).
+    fn count_on_policy_steps(&mut self, n: u64) {
+        match &mut self.replicas {
+            Some(r) => r.unsynced += n,
+            None => self.counters.run.env_steps += n,
+        }
+    }
+
+    /// Before an on-policy update with other learners: add every learner's env steps since the last one, so
+    /// that all schedule and stop on the same global count.
+    fn sync_env_steps(&mut self) -> Result<()> {
+        if let Some(r) = &mut self.replicas {
+            let local = std::mem::take(&mut r.unsynced);
+            self.counters.run.env_steps += r.sum(local)?;
+            self.hub.set_env_steps(self.counters.run.env_steps);
+        }
+        Ok(())
+    }
+
     fn count_episodes(&mut self, episodes: &[EpisodeStats]) {
         for ep in episodes {
             self.counters.run.count_episode(ep.episode_return, ep.length);
@@ -530,7 +563,7 @@ impl DistributedLearner {
                 self.feed_off_policy(&chunk)?;
             }
             Family::OnPolicy => {
-                self.counters.run.env_steps += chunk.transitions() as u64;
+                self.count_on_policy_steps(chunk.transitions() as u64);
                 if fresh {
                     self.pending.push(chunk);
                 }
@@ -577,7 +610,9 @@ impl DistributedLearner {
     /// single-process trainer does.
     fn feed_off_policy(&mut self, chunk: &Chunk) -> Result<()> {
         let total = self.config.run.total_env_steps;
-        let e = chunk.n_envs as u64;
+        // With L learners, each transition stands for L: every learner takes in the same number per chunk.
+        let world = self.replicas.as_ref().map_or(1, |r| r.world as u64);
+        let e = chunk.n_envs as u64 * world;
         let started = Instant::now();
         let before = self.counters.run.env_steps;
         let mut last = None;
@@ -595,7 +630,7 @@ impl DistributedLearner {
             })
         });
         // Every step of the chunk counts, whether or not the agent could learn from all of it.
-        self.counters.run.env_steps = before + chunk.transitions() as u64;
+        self.counters.run.env_steps = before + chunk.transitions() as u64 * world;
         if let Err(error) = fed {
             self.update_failed(&error, &[chunk.actor_id]);
         }
@@ -608,6 +643,7 @@ impl DistributedLearner {
 
     /// Push `batch`'s chunks into the agent's rollout (chunk k's env j is row k·E + j) and update.
     fn train_on_policy(&mut self, batch: &[Chunk]) -> Result<()> {
+        self.sync_env_steps()?;
         let started = Instant::now();
         let progress =
             Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
@@ -623,7 +659,10 @@ impl DistributedLearner {
     }
 
     /// Publish the parameters after updates begun at `started`; `m` is the last update's metrics.
-    fn publish(&mut self, m: Metrics, started: Instant) -> Result<()> {
+    fn publish(&mut self, mut m: Metrics, started: Instant) -> Result<()> {
+        if let Some(replicas) = &mut self.replicas {
+            replicas.after_update(self.agent.as_ref(), &mut m)?;
+        }
         let params = params_vec(self.agent.as_ref())?;
         self.hub.publish(params);
         self.counters.run.update_secs += started.elapsed().as_secs_f64();
@@ -641,6 +680,9 @@ impl DistributedLearner {
     }
 
     fn after_data(&mut self, on_log: &mut dyn FnMut(&LogRow) -> Result<()>) -> Result<()> {
+        if self.rank() != 0 {
+            return Ok(());
+        }
         let mut eval = None;
         if self.counters.run.eval_due(&self.config) {
             self.evaluate_now()?;

@@ -46,6 +46,11 @@ impl RunDir {
         Ok(RunDir { path: path.to_path_buf() })
     }
 
+    /// The run directory at `path`, as another process of the run sees it (neither created nor read here).
+    pub fn at(path: &Path) -> Self {
+        RunDir { path: path.to_path_buf() }
+    }
+
     /// Open an existing run directory and read its resolved config.
     pub fn open(path: &Path) -> Result<(Self, ExperimentConfig)> {
         if !path.is_dir() {
