@@ -146,7 +146,11 @@ pub fn distributed_train(
 /// What a finished run prints: the budget and time, when it first reached the env's registered reward
 /// threshold (where Gymnasium sets one), the final evaluation, and where the policy went.
 pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Option<usize>, model: &Path, dir: &Path) {
-    let with = actors.map(|n| format!(" and {n} actors")).unwrap_or_default();
+    let with = match (actors, config.learner.learners) {
+        (Some(n), l) if l > 1 => format!(", {l} learners and {} actors ({n} each)", n * l),
+        (Some(n), _) => format!(" and {n} actors"),
+        (None, _) => String::new(),
+    };
     println!(
         "trained {} with {}{with} for {} env steps in {:.1} s",
         config.env.id,

@@ -107,7 +107,10 @@ impl Rendezvous {
         let ifname = var("GLOO_SOCKET_IFNAME").filter(|s| !s.trim().is_empty());
         let rendezvous =
             Rendezvous { master_addr, master_port, rank, world_size, local_rank, agent_store, restart_count, ifname };
-        rendezvous.check().map_err(|e| Error::Rendezvous(format!("{e} (from {rank_var}/{world_var})")))?;
+        rendezvous.check().map_err(|e| match e {
+            Error::Rendezvous(msg) => Error::Rendezvous(format!("{msg} (from {rank_var}/{world_var})")),
+            other => other,
+        })?;
         Ok(Some(rendezvous))
     }
 

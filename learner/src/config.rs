@@ -146,7 +146,14 @@ pub struct LearnerConfig {
     /// what top-k does not send).
     pub compression: String,
     /// Updates between checks that every learner holds the same parameters (a checksum all-gather); 0: never.
+    /// With `average_every`, counted in averages (the parameters agree right after each).
     pub check_every: u64,
+    /// Periodic parameter averaging (local SGD) instead of a gradient all-reduce at every optimiser step: each
+    /// learner trains alone (its own advantage normalisation, KL stop and Adam state) and every this many
+    /// updates the parameters are averaged over the group (f32, uncompressed). An update is one PPO iteration
+    /// (`n_epochs` × minibatches optimiser steps), one A2C step, or one chunk's DQN gradient steps. 0: off
+    /// (synchronous gradient all-reduce).
+    pub average_every: u64,
     /// `flotilla train --learners L`: times the whole group is restarted from its last checkpoint after a
     /// learner fails (as `torchrun --max-restarts`).
     pub max_restarts: u32,
@@ -223,6 +230,7 @@ impl Default for LearnerConfig {
             accumulate: 1,
             compression: "none".into(),
             check_every: 100,
+            average_every: 0,
             max_restarts: 3,
         }
     }
@@ -548,7 +556,20 @@ impl ExperimentConfig {
         if !(l.collective_timeout_secs.is_finite() && l.collective_timeout_secs > 0.0) {
             return bad(format!("[learner] collective_timeout_secs = {}: must be > 0", l.collective_timeout_secs));
         }
-        self.compression()?;
+        let compression = self.compression()?;
+        if l.average_every > 0 && l.learners < 2 {
+            return bad(format!(
+                "[learner] average_every = {}: averaging parameters needs learners > 1 (learners = {})",
+                l.average_every, l.learners
+            ));
+        }
+        if l.average_every > 0 && compression != flotilla_collective::codec::Compression::None {
+            return bad(format!(
+                "[learner] compression = {:?} compresses gradients, which average_every = {} does not send (it \
+                 averages parameters in f32): set one of them",
+                l.compression, l.average_every
+            ));
+        }
         if l.learners > 1 || l.accumulate > 1 {
             let what = if l.learners > 1 {
                 format!("learners = {}", l.learners)

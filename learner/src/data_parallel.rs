@@ -66,7 +66,11 @@ pub(crate) struct Replicas {
     /// every learner's schedules (learning rate, clip range) and stopping point see the same global count.
     pub(crate) unsynced: u64,
     updates: u64,
+    /// Agreement points (updates, or averages with `average_every`) since the last check.
+    checks_due: u64,
     check_every: u64,
+    /// Updates between parameter averages (local SGD); 0: gradients are all-reduced at every step.
+    average_every: u64,
 }
 
 impl std::fmt::Debug for Replicas {
@@ -107,9 +111,7 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
     }
     let compression = config.compression()?;
     let Some(rendezvous) = rendezvous.filter(|_| world > 1) else {
-        if l.accumulate > 1 {
-            agent.set_data_parallel(DataParallel::new(None, l.accumulate)?)?;
-        }
+        accumulate_alone(config, agent)?;
         return Ok(None);
     };
     let backend = match l.backend {
@@ -122,10 +124,23 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
     let group = ProcessGroup::connect(&rendezvous, &options, &fingerprint(config))
         .map_err(|e| Error::Runtime(format!("joining the learner group: {e}")))?;
     let group: SharedGroup = Arc::new(Mutex::new(group));
-    let sync = CollectiveSync::new(group.clone(), compression);
-    agent.set_data_parallel(DataParallel::new(Some(Box::new(sync)), l.accumulate)?)?;
-    let mut replicas =
-        Replicas { group, rank: rendezvous.rank, world, unsynced: 0, updates: 0, check_every: l.check_every };
+    if l.average_every == 0 {
+        let sync = CollectiveSync::new(group.clone(), compression);
+        agent.set_data_parallel(DataParallel::new(Some(Box::new(sync)), l.accumulate)?)?;
+    } else {
+        // Local SGD: each learner's updates are its own until the next average.
+        accumulate_alone(config, agent)?;
+    }
+    let mut replicas = Replicas {
+        group,
+        rank: rendezvous.rank,
+        world,
+        unsynced: 0,
+        updates: 0,
+        checks_due: 0,
+        check_every: l.check_every,
+        average_every: l.average_every,
+    };
     // Every learner starts from rank 0's parameters (the same seed builds the same ones; this makes sure).
     {
         let mut g = lock(&replicas.group);
@@ -134,13 +149,23 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
     }
     replicas.check(agent)?;
     info!(
-        "learner {} of {world} joined ({} over {}:{}, gradients {compression})",
+        "learner {} of {world} joined (pid {}; {} over {}:{}, gradients {compression})",
         rendezvous.rank,
+        std::process::id(),
         backend.name(),
         rendezvous.master_addr,
         rendezvous.master_port
     );
     Ok(Some(replicas))
+}
+
+/// A learner alone: `[learner] accumulate = k` splits each minibatch into k micro-batches (the single-process
+/// trainer's and a lone distributed learner's setting).
+pub(crate) fn accumulate_alone(config: &ExperimentConfig, agent: &mut dyn Algorithm) -> Result<()> {
+    if config.learner.accumulate > 1 {
+        agent.set_data_parallel(DataParallel::new(None, config.learner.accumulate)?)?;
+    }
+    Ok(())
 }
 
 impl Replicas {
@@ -151,8 +176,9 @@ impl Replicas {
         Ok(t.int64_value(&[0]) as u64)
     }
 
-    /// After an update (every learner makes the same ones): average its metrics over the group, and every
-    /// `check_every` updates check that the learners' parameters are still identical.
+    /// After an update (every learner makes the same number): average its metrics over the group; with
+    /// `average_every`, average the parameters when due; and at every `check_every`-th point where the
+    /// learners' parameters should agree (each update, or each average), check that they are identical.
     pub(crate) fn after_update(&mut self, agent: &dyn Algorithm, metrics: &mut Metrics) -> Result<()> {
         let values: Vec<f64> = metrics.iter().map(|(_, v)| *v).collect();
         let mut t = Tensor::from_slice(&values);
@@ -162,10 +188,30 @@ impl Replicas {
             *v = m;
         }
         self.updates += 1;
-        if self.check_every > 0 && self.updates.is_multiple_of(self.check_every) {
-            self.check(agent)?;
+        let agreed = match self.average_every {
+            0 => true,
+            h if self.updates.is_multiple_of(h) => {
+                self.average_parameters(agent)?;
+                true
+            }
+            _ => false,
+        };
+        if agreed {
+            self.checks_due += 1;
+            if self.check_every > 0 && self.checks_due >= self.check_every {
+                self.checks_due = 0;
+                self.check(agent)?;
+            }
         }
         Ok(())
+    }
+
+    /// Local SGD's synchronisation: every learner's policy parameters replaced by their mean over the group
+    /// (one f32 all-reduce of the flat buffer, in place; optimiser state stays each learner's own).
+    fn average_parameters(&mut self, agent: &dyn Algorithm) -> Result<()> {
+        let mut flat = agent.policy_params().flat().shallow_clone();
+        tch::no_grad(|| lock(&self.group).all_reduce_mean(&mut flat))
+            .map_err(|e| Error::Runtime(format!("averaging the learners' parameters: {e}")))
     }
 
     /// Error unless every learner holds the same policy parameters.
@@ -173,5 +219,65 @@ impl Replicas {
         lock(&self.group)
             .check_identical("the learners' parameters", agent.policy_params().flat())
             .map_err(|e| Error::Runtime(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use flotilla_algorithms::AlgorithmConfig;
+    use flotilla_algorithms::ppo::PpoConfig;
+    use flotilla_core::Space;
+
+    use super::*;
+
+    /// Two ranks (threads) whose PPO agents start from different parameters, with `average_every = 2` and a
+    /// check at every agreement point: the first update neither averages nor checks (the parameters differ, so
+    /// a check would fail), the second averages them to their exact mean on both ranks and the check passes.
+    #[test]
+    fn local_sgd_averages_the_parameters_every_h_updates_and_checks_only_then() {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let config =
+            AlgorithmConfig::Ppo(PpoConfig { n_steps: 8, batch_size: 16, hidden_sizes: vec![8], ..Default::default() });
+        let (obs, act) = (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::discrete(2));
+        let build = move |seed| config.build_learner(&obs, &act, 2, Device::Cpu, seed).unwrap();
+        let (a, b) = (build(10).policy_params().flat().copy(), build(11).policy_params().flat().copy());
+        assert!(!a.equal(&b), "different seeds start apart");
+        let mean = (&a + &b) / 2.0;
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let build = build.clone();
+                std::thread::spawn(move || {
+                    let agent = build(10 + rank as u64);
+                    let options = GroupOptions { timeout: Duration::from_secs(30), ..GroupOptions::default() };
+                    let group = ProcessGroup::connect(&Rendezvous::local(rank, 2, port), &options, b"t").unwrap();
+                    let mut replicas = Replicas {
+                        group: Arc::new(Mutex::new(group)),
+                        rank,
+                        world: 2,
+                        unsynced: 0,
+                        updates: 0,
+                        checks_due: 0,
+                        check_every: 1,
+                        average_every: 2,
+                    };
+                    let mut metrics = Metrics::default();
+                    metrics.push("losses/x", rank as f64);
+                    replicas.after_update(agent.as_ref(), &mut metrics).unwrap();
+                    let after_one = agent.policy_params().flat().copy();
+                    replicas.after_update(agent.as_ref(), &mut metrics).unwrap();
+                    (after_one, agent.policy_params().flat().copy(), metrics)
+                })
+            })
+            .collect();
+        let results: Vec<_> = ranks.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(results[0].0.equal(&a) && results[1].0.equal(&b), "no average after one update");
+        for (_, after_two, metrics) in &results {
+            let diff = (after_two - &mean).abs().max().double_value(&[]);
+            assert!(diff < 1e-7, "averaged to the mean (off by {diff})");
+            assert_eq!(metrics.iter().next().unwrap().1, 0.5, "metrics averaged over the ranks: (0 + 1) / 2");
+        }
+        assert!(results[0].1.equal(&results[1].1), "both ranks hold the same bits");
     }
 }

@@ -123,6 +123,10 @@ impl DistributedLearner {
         };
         let mut agent = config.algorithm.build_learner(&obs_space, &act_space, rows, device, seed)?;
         let replicas = crate::data_parallel::join(config, agent.as_mut(), device)?;
+        // Each learner of a group seeds its own actors' envs: rank r's actors draw from seed + r·2³², far from
+        // the seed + 1000·(k + 1) its k-th actor registration adds, so no two learners step the same episodes.
+        let rank = replicas.as_ref().map_or(0, |r| r.rank as u64);
+        let actor_seed = seed.wrapping_add(rank << 32);
         let initial = params_vec(agent.as_ref())?;
         let (obs_dim, act_dim) = (agent.obs_dim(), agent.act_dim());
         let spec = HubSpec {
@@ -139,7 +143,7 @@ impl DistributedLearner {
             },
             family: plan.family,
             n_actors: plan.n_actors,
-            seed,
+            seed: actor_seed,
             n_params: initial.len(),
             total_env_steps: config.run.total_env_steps,
             synchronous: match plan.family {

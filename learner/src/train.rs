@@ -14,13 +14,13 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::Result;
 use crate::actions::EnvActions;
 use crate::config::ExperimentConfig;
 use crate::env_replay::EnvReplay;
 use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
+use crate::{Error, Result};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
 use flotilla_core::ObsBuf;
 use flotilla_envs::{EnvRole, VecEnvSnapshot, VectorEnv, make_vector};
@@ -42,13 +42,21 @@ pub struct Trainer {
 impl Trainer {
     /// Build envs and agent from `config` and reset the envs with the run's seed.
     pub fn new(config: &ExperimentConfig) -> Result<Self> {
+        if config.learner.learners > 1 {
+            return Err(Error::Config(format!(
+                "[learner] learners = {}: data-parallel learners each serve actor processes; train with \
+                 `--learners {} --actors N` (or launch `flotilla learner` ranks with torchrun)",
+                config.learner.learners, config.learner.learners
+            )));
+        }
         crate::tune_allocator();
         tch::set_num_threads(config.run.torch_threads.max(1) as i32);
         let device = config.run.device.resolve()?;
         crate::config::warn_about_the_machine(config, device);
         let kwargs = config.env.registry_kwargs()?;
         let mut envs = make_vector(&config.env.id, &kwargs, config.env.num_envs, EnvRole::Training)?;
-        let agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
+        let mut agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
+        crate::data_parallel::accumulate_alone(config, agent.as_mut())?;
         let obs = envs.reset(Some(config.run.seed))?.to_buf();
         let counters = RunCounters::new(config);
         let replay = match envs.snapshot() {

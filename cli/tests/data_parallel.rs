@@ -1,0 +1,200 @@
+//! `flotilla train CONFIG --learners L --actors N`: L data-parallel learner processes (gradients all-reduced on
+//! libtorch's c10d over Gloo), each serving N/L actor processes, as real processes on loopback.
+//!
+//! * 2 learners × 2 actors solve CartPole with PPO: the final evaluation ≥ 475 and it holds over the last two
+//!   evaluations (2 of seeds 1–3: asynchronous actors make every run different); only rank 0 writes the run
+//!   directory, and its metrics count both learners' env steps;
+//! * `kill -9` of learner 1 mid-run: learner 0 fails naming the lost rank (not a hang), the launcher restarts
+//!   the group from the last checkpoint, and the run still ends solved;
+//! * bad data-parallel settings fail before anything starts, each with a message naming the setting: actors
+//!   that do not split evenly, `accumulate = 0`, an unknown compression, NCCL without CUDA, an algorithm that
+//!   cannot be spread, `learners` that disagree with the launcher's `WORLD_SIZE` or no launcher at all.
+//!
+//! Learning runs are skipped in unoptimised builds (CI runs `cargo test --release`).
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{config, flotilla, metric, scratch, text};
+
+static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Kill `pid` (and with it, through PR_SET_PDEATHSIG, its learners and actors) unless `done` is set in time.
+fn watchdog(pid: u32, limit: Duration) -> std::sync::Arc<AtomicBool> {
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if flag.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("watchdog: pid {pid} still running after {limit:?}; killing it");
+        // SAFETY: kill(2) with a pid we started; at worst it has exited already.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    done
+}
+
+/// The final evaluation's mean return (`evaluation return: X ± Y`).
+fn final_return(o: &Output) -> Option<f64> {
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("evaluation return:"))?;
+    line["evaluation return:".len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// Ended with a final evaluation ≥ 475 and the last two periodic evaluations ≥ 475 too.
+fn solved(out: &Output, run: &Path) -> Result<(), String> {
+    if !out.status.success() {
+        return Err(format!("the run failed:\n{}", text(out)));
+    }
+    let e = metric(run, "eval/mean_return");
+    if final_return(out).is_none_or(|r| r < 475.0) || e.len() < 2 || e[e.len() - 2..].iter().any(|r| *r < 475.0) {
+        return Err(format!("did not end at ≥ 475 and hold it: evaluations {e:?}\n{}", text(out)));
+    }
+    Ok(())
+}
+
+/// Pass on 2 of seeds 1–3, or panic with every failure.
+fn two_of_three(mut attempt: impl FnMut(u64) -> Result<(), String>) {
+    let mut failures = Vec::new();
+    for seed in 1..=3 {
+        match attempt(seed) {
+            Ok(()) => {
+                if seed - failures.len() as u64 >= 2 {
+                    return;
+                }
+            }
+            Err(e) => failures.push(format!("seed {seed}: {e}")),
+        }
+        assert!(failures.len() < 2, "{}", failures.join("\n\n"));
+    }
+}
+
+/// `flotilla train CONFIG --learners 2 --actors 4 --out RUN ARGS…`, started with stdout and stderr piped.
+fn start_group(run: &Path, seed: u64, extra: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["train", &config("cartpole_ppo.toml"), "--learners", "2", "--actors", "4"])
+        .args(["--out", run.to_str().unwrap(), "--set", &format!("run.seed={seed}")])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait for `child` (within `limit`) with its stderr read line by line into `lines` meanwhile.
+fn finish(child: std::process::Child, log: std::thread::JoinHandle<Vec<String>>, done: &AtomicBool) -> Output {
+    let out = child.wait_with_output().unwrap();
+    done.store(true, Ordering::SeqCst);
+    Output { stderr: log.join().unwrap().join("\n").into_bytes(), ..out }
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn two_learners_with_two_actors_each_solve_cartpole() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    two_of_three(|seed| {
+        let run = scratch("dp", &format!("solve-{seed}")).join("run");
+        let mut child = start_group(&run, seed, &[]);
+        let done = watchdog(child.id(), Duration::from_secs(300));
+        let stderr = child.stderr.take().unwrap();
+        let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect());
+        let out = finish(child, log, &done);
+        let all = text(&out);
+        for rank in 0..2 {
+            assert!(all.contains(&format!("learner {rank} of 2 joined")), "learner {rank} never joined:\n{all}");
+        }
+        assert!(all.contains("2 learners and 4 actors"), "{all}");
+        // Rank 0 alone wrote the run directory; its env-step count is both learners' (≥ the budget).
+        let steps = metric(&run, "global_step");
+        assert!(steps.last().is_some_and(|s| *s >= 100_000.0), "global_step {steps:?}");
+        solved(&out, &run)
+    });
+}
+
+/// The pid of the process among `parent`'s children whose environment has `RANK=rank`.
+fn rank_pid(parent: u32, rank: usize) -> Option<u32> {
+    let want = format!("RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let ppid = stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?.parse::<u32>().ok()?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        (ppid == parent && environ.split(|b| *b == 0).any(|v| v == want.as_bytes())).then_some(pid)
+    })
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn a_killed_learner_restarts_the_group_from_its_checkpoint_and_the_run_still_solves() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // The failure, the restart and the resumed metrics are checked on every seed; ending solved on 2 of 1–3.
+    two_of_three(|seed| {
+        let run = scratch("dp", &format!("kill-{seed}")).join("run");
+        let sets = ["--set", "checkpoint.interval_steps=20000", "--set", "learner.collective_timeout_secs=30"];
+        let mut child = start_group(&run, seed, &sets);
+        let done = watchdog(child.id(), Duration::from_secs(300));
+        let stderr = child.stderr.take().unwrap();
+        let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect());
+        // Once the first checkpoint is on disk, kill learner 1.
+        let started = Instant::now();
+        let checkpoint: PathBuf = run.join("checkpoint.safetensors");
+        while !checkpoint.is_file() {
+            assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint within 120 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let victim = rank_pid(child.id(), 1).expect("learner 1 is running");
+        // SAFETY: kill(2) on a pid we just read from /proc.
+        assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
+        let killed_at = Instant::now();
+        let out = finish(child, log, &done);
+        let all = text(&out);
+        assert!(all.contains("learner 1 (pid") && all.contains("killed by signal 9"), "the loss is not named:\n{all}");
+        assert!(all.contains("restarting the group from"), "no restart:\n{all}");
+        assert!(all.contains("lost rank 1") || all.contains("learner 0 (pid"), "learner 0 did not fail:\n{all}");
+        assert!(killed_at.elapsed() < Duration::from_secs(200), "{:?} after the kill", killed_at.elapsed());
+        // The resumed run appended to rank 0's metrics: env steps never go backwards past the checkpoint's.
+        let steps = metric(&run, "global_step");
+        assert!(steps.windows(2).filter(|w| w[1] < w[0]).count() <= 1, "global_step {steps:?}");
+        solved(&out, &run)
+    });
+}
+
+#[test]
+fn bad_data_parallel_settings_fail_before_anything_starts() {
+    let dir = scratch("dp", "bad");
+    let cfg = config("cartpole_ppo.toml");
+    let out_dir = dir.join("run");
+    let out = out_dir.to_str().unwrap();
+    let fails = |args: &[&str], env: &[(&str, &str)], needle: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_flotilla")).args(args).envs(env.iter().copied()).output().unwrap();
+        assert!(!o.status.success(), "{args:?} succeeded:\n{}", text(&o));
+        assert!(text(&o).contains(needle), "{args:?}: no {needle:?} in:\n{}", text(&o));
+        assert!(!out_dir.exists(), "{args:?} wrote {out}");
+    };
+    let group = ["train", &cfg, "--learners", "2", "--out", out];
+    fails(&[&group[..], &["--actors", "3"]].concat(), &[], "does not split evenly");
+    fails(&[&group[..], &["--actors", "4", "--set", "learner.accumulate=0"]].concat(), &[], "accumulate = 0");
+    fails(&[&group[..], &["--actors", "4", "--set", "learner.compression=\"zip\""]].concat(), &[], "zip");
+    fails(&[&group[..], &["--actors", "4", "--set", "learner.backend=\"nccl\""]].concat(), &[], "needs CUDA");
+    let ddpg = config("pendulum_ddpg.toml");
+    fails(&["train", &ddpg, "--learners", "2", "--actors", "2", "--out", out], &[], "ddpg");
+    // A learner started by hand (or by torchrun) must agree with its launcher.
+    let one = ["train", &cfg, "--actors", "2", "--out", out, "--set", "learner.learners=2"];
+    fails(&one, &[], "MASTER_ADDR");
+    let env = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511"), ("RANK", "0"), ("WORLD_SIZE", "3")];
+    fails(&one, &env, "WORLD_SIZE = 3");
+    let env = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511"), ("RANK", "5"), ("WORLD_SIZE", "2")];
+    fails(&one, &env, "RANK");
+    // Sanity: the same command line without the bad part is accepted as far as its config goes.
+    let o = flotilla(&["train", &cfg, "--set", "learner.accumulate=2", "--stop-at", "1", "--out", out]);
+    assert!(o.status.success(), "{}", text(&o));
+}
