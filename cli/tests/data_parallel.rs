@@ -4,6 +4,8 @@
 //! * 2 learners × 2 actors solve CartPole with PPO: the final evaluation ≥ 475 and it holds over the last two
 //!   evaluations (2 of seeds 1–3: asynchronous actors make every run different); only rank 0 writes the run
 //!   directory, and its metrics count both learners' env steps;
+//! * the same with local SGD (`average_every = 1`: the learners average parameters after each PPO update
+//!   instead of all-reducing every gradient), on a 200 K-step schedule;
 //! * `kill -9` of learner 1 mid-run: learner 0 fails naming the lost rank (not a hang), the launcher restarts
 //!   the group from the last checkpoint, and the run still ends solved;
 //! * bad data-parallel settings fail before anything starts, each with a message naming the setting: actors
@@ -97,27 +99,42 @@ fn finish(child: std::process::Child, log: std::thread::JoinHandle<Vec<String>>,
     Output { stderr: log.join().unwrap().join("\n").into_bytes(), ..out }
 }
 
+/// A whole group run of CartPole PPO (2 learners × 2 actors, seed `seed`, `extra` settings), checked: both
+/// learners joined, rank 0's metrics count both learners' env steps, and it ends solved.
+fn group_solves(name: &str, seed: u64, extra: &[&str]) -> Result<(), String> {
+    let run = scratch("dp", &format!("{name}-{seed}")).join("run");
+    let mut child = start_group(&run, seed, extra);
+    let done = watchdog(child.id(), Duration::from_secs(300));
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect());
+    let out = finish(child, log, &done);
+    let all = text(&out);
+    for rank in 0..2 {
+        assert!(all.contains(&format!("learner {rank} of 2 joined")), "learner {rank} never joined:\n{all}");
+    }
+    assert!(all.contains("2 learners and 4 actors"), "{all}");
+    // Rank 0 alone wrote the run directory; its env-step count is both learners' (≥ the budget).
+    let steps = metric(&run, "env_steps");
+    assert!(steps.last().is_some_and(|s| *s >= 100_000.0), "env_steps {steps:?}");
+    solved(&out, &run)
+}
+
 #[test]
 #[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
 fn two_learners_with_two_actors_each_solve_cartpole() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    two_of_three(|seed| {
-        let run = scratch("dp", &format!("solve-{seed}")).join("run");
-        let mut child = start_group(&run, seed, &[]);
-        let done = watchdog(child.id(), Duration::from_secs(300));
-        let stderr = child.stderr.take().unwrap();
-        let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect());
-        let out = finish(child, log, &done);
-        let all = text(&out);
-        for rank in 0..2 {
-            assert!(all.contains(&format!("learner {rank} of 2 joined")), "learner {rank} never joined:\n{all}");
-        }
-        assert!(all.contains("2 learners and 4 actors"), "{all}");
-        // Rank 0 alone wrote the run directory; its env-step count is both learners' (≥ the budget).
-        let steps = metric(&run, "global_step");
-        assert!(steps.last().is_some_and(|s| *s >= 100_000.0), "global_step {steps:?}");
-        solved(&out, &run)
-    });
+    two_of_three(|seed| group_solves("solve", seed, &[]));
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn two_learners_averaging_parameters_every_update_solve_cartpole() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Local SGD: each learner takes its own 20 epochs of optimiser steps per PPO update, then the two average.
+    // Looser than a per-step all-reduce, it needs a longer schedule (seeds 1–3 reach 475 at 30–100 K env steps
+    // of 200 K, against 30–60 K of 100 K synchronously).
+    let sets = ["--set", "learner.average_every=1", "--set", "run.total_env_steps=200000"];
+    two_of_three(|seed| group_solves("local-sgd", seed, &sets));
 }
 
 /// The pid of the process among `parent`'s children whose environment has `RANK=rank`.
@@ -162,8 +179,8 @@ fn a_killed_learner_restarts_the_group_from_its_checkpoint_and_the_run_still_sol
         assert!(all.contains("lost rank 1") || all.contains("learner 0 (pid"), "learner 0 did not fail:\n{all}");
         assert!(killed_at.elapsed() < Duration::from_secs(200), "{:?} after the kill", killed_at.elapsed());
         // The resumed run appended to rank 0's metrics: env steps never go backwards past the checkpoint's.
-        let steps = metric(&run, "global_step");
-        assert!(steps.windows(2).filter(|w| w[1] < w[0]).count() <= 1, "global_step {steps:?}");
+        let steps = metric(&run, "env_steps");
+        assert!(steps.windows(2).filter(|w| w[1] < w[0]).count() <= 1, "env_steps {steps:?}");
         solved(&out, &run)
     });
 }
@@ -185,11 +202,15 @@ fn bad_data_parallel_settings_fail_before_anything_starts() {
     fails(&[&group[..], &["--actors", "4", "--set", "learner.accumulate=0"]].concat(), &[], "accumulate = 0");
     fails(&[&group[..], &["--actors", "4", "--set", "learner.compression=\"zip\""]].concat(), &[], "zip");
     fails(&[&group[..], &["--actors", "4", "--set", "learner.backend=\"nccl\""]].concat(), &[], "needs CUDA");
+    let both = ["--actors", "4", "--set", "learner.average_every=2", "--set", "learner.compression=\"bf16\""];
+    fails(&[&group[..], &both].concat(), &[], "set one of them");
     let ddpg = config("pendulum_ddpg.toml");
     fails(&["train", &ddpg, "--learners", "2", "--actors", "2", "--out", out], &[], "ddpg");
     // A learner started by hand (or by torchrun) must agree with its launcher.
     let one = ["train", &cfg, "--actors", "2", "--out", out, "--set", "learner.learners=2"];
     fails(&one, &[], "MASTER_ADDR");
+    let alone = ["train", &cfg, "--out", out, "--set", "learner.average_every=2"];
+    fails(&alone, &[], "averaging parameters needs learners > 1");
     let env = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511"), ("RANK", "0"), ("WORLD_SIZE", "3")];
     fails(&one, &env, "WORLD_SIZE = 3");
     let env = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511"), ("RANK", "5"), ("WORLD_SIZE", "2")];

@@ -484,7 +484,7 @@ impl DistributedLearner {
             Ok(())
         });
         if let Some(error) = trained.err().or(error) {
-            self.update_failed(&error, &[actor]);
+            self.update_failed(&error, &[actor])?;
         }
         if let Some(m) = last {
             self.publish(m, started)?;
@@ -508,10 +508,7 @@ impl DistributedLearner {
             Ok(None) => {
                 Err(Error::Runtime(format!("an on-policy batch from actors {actors:?} did not fill a rollout")))
             }
-            Err(e) => {
-                self.update_failed(&e, actors);
-                Ok(())
-            }
+            Err(e) => self.update_failed(&e, actors),
         }
     }
 
@@ -596,18 +593,22 @@ impl DistributedLearner {
                 self.counters.run.count_update(&m);
                 self.publish(m, started)
             }
-            Err(e) => {
-                self.update_failed(&e, &[g.actor_id]);
-                Ok(())
-            }
+            Err(e) => self.update_failed(&e, &[g.actor_id]),
         }
     }
 
     /// An update failed: its data is skipped, the error logged with the actors it came from; the learner keeps
     /// serving with the parameters it last published.
-    fn update_failed(&mut self, error: &str, actors: &[u64]) {
+    /// An update that failed: alone, skipped (counted and logged; the run goes on). In a data-parallel group
+    /// it ends this learner's run: the others took part in collectives this one may not have (or lost a
+    /// rank), so going on would pair mismatched all-reduces.
+    fn update_failed(&mut self, error: &str, actors: &[u64]) -> Result<()> {
+        if self.replicas.is_some() {
+            return Err(Error::Runtime(format!("update on data from actors {actors:?} failed: {error}")));
+        }
         self.counters.failed_updates += 1;
         error!("update failed on data from actors {actors:?}; skipped: {error}");
+        Ok(())
     }
 
     /// Observe each step of a chunk into the off-policy agent, asking it to update after each, as the
@@ -636,7 +637,7 @@ impl DistributedLearner {
         // Every step of the chunk counts, whether or not the agent could learn from all of it.
         self.counters.run.env_steps = before + chunk.transitions() as u64 * world;
         if let Err(error) = fed {
-            self.update_failed(&error, &[chunk.actor_id]);
+            self.update_failed(&error, &[chunk.actor_id])?;
         }
         // One publication per chunk, however many updates it triggered.
         if let Some(m) = last {
