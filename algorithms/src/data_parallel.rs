@@ -18,8 +18,10 @@ use crate::{Error, Result};
 
 /// Averages gradients and sums statistics over the replicas of a data-parallel group.
 pub trait GradientSync: Send {
-    /// Replace `grad` (the flat f32 gradient buffer) with its mean over all replicas.
-    fn mean_gradient(&mut self, grad: &mut Tensor) -> Result<()>;
+    /// Replace `grad` (a flat f32 gradient buffer) with its mean over all replicas. `slot` names the parameter
+    /// set it belongs to (0 for an algorithm with one optimiser; TD3 uses 0 for its critic, 1 for its actor),
+    /// so that state a compression keeps between steps (top-k's residual) stays with its own parameters.
+    fn mean_gradient(&mut self, slot: usize, grad: &mut Tensor) -> Result<()>;
     /// Sum `values` element-wise over all replicas, in place.
     fn sum(&mut self, values: &mut [f64]) -> Result<()>;
     /// How many replicas take part.
@@ -93,9 +95,15 @@ impl DataParallel {
 
     /// Average the accumulated gradient over the replicas (nothing to do alone).
     pub(crate) fn reduce(&mut self, params: &mut FlatParams) -> Result<()> {
+        self.reduce_slot(0, params)
+    }
+
+    /// [`Self::reduce`] for the parameter set `slot` of an algorithm with several (see
+    /// [`GradientSync::mean_gradient`]).
+    pub(crate) fn reduce_slot(&mut self, slot: usize, params: &mut FlatParams) -> Result<()> {
         if let Some(sync) = &mut self.sync {
             let mut grad = params.flat().grad();
-            sync.mean_gradient(&mut grad)?;
+            sync.mean_gradient(slot, &mut grad)?;
         }
         Ok(())
     }
@@ -144,11 +152,12 @@ mod tests {
     use crate::policy::{ActMode, ActOutput};
     use crate::ppo::PpoConfig;
     use crate::registry::AlgorithmConfig;
+    use crate::td3::{DdpgConfig, Td3Config};
 
     /// Two agents of `config` (same seed), the second with `accumulate = k`, trained on the same stream: the
     /// first agent acts, both observe and update. Their parameters must agree to float rounding.
-    fn accumulation_matches_one_batch(config: AlgorithmConfig, k: usize, steps: u64) {
-        let (obs_space, act_space) = (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2));
+    fn accumulation_matches_one_batch(config: AlgorithmConfig, act_space: Space, k: usize, steps: u64) {
+        let obs_space = Space::box1d(vec![-1.0; 4], vec![1.0; 4]);
         let n_envs = 4;
         let build = || config.build_learner(&obs_space, &act_space, n_envs, Device::Cpu, 7).unwrap();
         let (mut one, mut split) = (build(), build());
@@ -195,9 +204,9 @@ mod tests {
     #[test]
     fn accumulated_micro_batches_step_as_one_batch() {
         let ppo = PpoConfig { n_steps: 16, batch_size: 32, n_epochs: 3, hidden_sizes: vec![16], ..Default::default() };
-        accumulation_matches_one_batch(AlgorithmConfig::Ppo(ppo), 4, 64);
+        accumulation_matches_one_batch(AlgorithmConfig::Ppo(ppo), Space::discrete(2), 4, 64);
         let a2c = A2cConfig { n_steps: 8, hidden_sizes: vec![16], normalize_advantage: true, ..Default::default() };
-        accumulation_matches_one_batch(AlgorithmConfig::A2c(a2c), 2, 40);
+        accumulation_matches_one_batch(AlgorithmConfig::A2c(a2c), Space::discrete(2), 2, 40);
         let dqn = DqnConfig {
             learning_starts: 32,
             train_freq: 4,
@@ -208,7 +217,28 @@ mod tests {
             hidden_sizes: vec![16],
             ..Default::default()
         };
-        accumulation_matches_one_batch(AlgorithmConfig::Dqn(dqn), 4, 120);
+        accumulation_matches_one_batch(AlgorithmConfig::Dqn(dqn), Space::discrete(2), 4, 120);
+        // TD3 with its delayed actor (critic and actor both accumulate); target-action noise off, since the
+        // split agent's acting draws from the same generator in a different order.
+        let td3 = Td3Config {
+            learning_starts: 32,
+            batch_size: 32,
+            buffer_size: 500,
+            policy_delay: 2,
+            target_policy_noise: 0.0,
+            hidden_sizes: vec![16],
+            ..Default::default()
+        };
+        let pendulum_like = Space::box1d(vec![-2.0], vec![2.0]);
+        accumulation_matches_one_batch(AlgorithmConfig::Td3(td3), pendulum_like.clone(), 4, 60);
+        let ddpg = DdpgConfig {
+            learning_starts: 32,
+            batch_size: 32,
+            buffer_size: 500,
+            hidden_sizes: vec![16],
+            ..Default::default()
+        };
+        accumulation_matches_one_batch(AlgorithmConfig::Ddpg(ddpg), pendulum_like, 2, 60);
     }
 
     #[test]

@@ -304,7 +304,8 @@ impl DataSide {
         c.epsilon = config.epsilon(remaining);
         c.beta = config.per_beta0 + (1.0 - remaining) * (config.per_beta_final - config.per_beta0);
         let due = c.since_train >= config.train_freq;
-        if !due || c.env_steps <= config.learning_starts || self.replay_len() == 0 {
+        // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
+        if !due || progress.env_steps <= config.learning_starts || self.replay_len() == 0 {
             return 0;
         }
         self.counters.since_train = 0;

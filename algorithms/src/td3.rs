@@ -43,6 +43,7 @@ use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
+use crate::data_parallel::DataParallel;
 use crate::host_mlp::HostScratch;
 use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
@@ -358,6 +359,8 @@ pub struct Td3 {
     scaled: Vec<f32>,
     /// Acting's host forward pass: hidden activations and the actor network's raw output.
     host: (HostScratch, Vec<f32>),
+    /// Data-parallel replicas (critic and actor gradients averaged) and micro-batches per step.
+    parallel: DataParallel,
 }
 
 impl Td3 {
@@ -432,11 +435,18 @@ impl Td3 {
             sample: ReplaySample::default(),
             batch: Vec::new(),
             scaled: vec![0.0; act_dim],
+            parallel: DataParallel::default(),
             config,
         })
     }
 
     /// The resolved configuration (a DDPG agent's is TD3's with one critic, no delay and no smoothing).
+    /// The online critics' parameters (the policy's are [`Algorithm::policy_params`]).
+    pub fn critic_params(&self) -> &FlatParams {
+        &self.critic
+    }
+
+    /// The resolved config.
     pub fn config(&self) -> &Td3Config {
         &self.config
     }
@@ -472,7 +482,62 @@ impl Td3 {
     /// critic loss, the mean Q and the actor loss, as tensors (no device sync).
     fn gradient_step(&mut self, update_actor: bool) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let width = self.fill_batch()?;
-        let (od, ad, b) = (self.obs_dim as i64, self.act_dim as i64, self.config.batch_size as i64);
+        self.step_on_batch(width, self.config.batch_size, update_actor)
+    }
+
+    /// One gradient step on explicit transitions rather than a replay sample (offline data, tests):
+    /// `obs` / `next_obs` (`B` rows of `obs_dim`), `actions` already in `[−1, 1]` (`B` rows of `act_dim`),
+    /// `rewards`, and `bootstrap` (γ, 0 where the episode terminated). The critic steps; with `update_actor`
+    /// so do the actor and the Polyak targets (TD3's delay is [`Algorithm::update`]'s business). Target-action
+    /// noise, where configured, is drawn as for a replay sample. Returns the critic loss and the actor loss.
+    pub fn train_on(
+        &mut self,
+        obs: &[f32],
+        actions: &[f32],
+        rewards: &[f32],
+        bootstrap: &[f32],
+        next_obs: &[f32],
+        update_actor: bool,
+    ) -> Result<(f64, Option<f64>)> {
+        let (od, ad, b) = (self.obs_dim, self.act_dim, rewards.len());
+        for (what, got, expected) in [
+            ("obs", obs.len(), b * od),
+            ("next_obs", next_obs.len(), b * od),
+            ("actions", actions.len(), b * ad),
+            ("bootstrap", bootstrap.len(), b),
+        ] {
+            if got != expected {
+                return Err(Error::BadLength { what: format!("{} train_on {what}", self.name), got, expected });
+            }
+        }
+        self.parallel.check_batch(self.name, "train_on batch", b)?;
+        let c = &self.config;
+        let smoothing = c.smoothing();
+        let width = 2 * od + ad + 2 + if smoothing { ad } else { 0 };
+        self.batch.clear();
+        for row in 0..b {
+            self.batch.extend_from_slice(&obs[row * od..(row + 1) * od]);
+            self.batch.extend_from_slice(&actions[row * ad..(row + 1) * ad]);
+            self.batch.extend_from_slice(&next_obs[row * od..(row + 1) * od]);
+            self.batch.push(rewards[row]);
+            self.batch.push(bootstrap[row]);
+            if smoothing {
+                let (batch, sigma, clip) = (&mut self.batch, c.target_policy_noise, c.target_noise_clip);
+                fill_standard_normal(&mut self.rng, ad, |_, e| batch.push((sigma * e).clamp(-clip, clip) as f32));
+            }
+        }
+        let (critic, _, actor) = self.step_on_batch(width, b, update_actor)?;
+        Ok((f64::try_from(critic)?, actor.map(|a| f64::try_from(a)).transpose()?))
+    }
+
+    /// The gradient step on the `batch` rows laid out in `self.batch` (`width` floats each).
+    fn step_on_batch(
+        &mut self,
+        width: usize,
+        batch: usize,
+        update_actor: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let (od, ad, b) = (self.obs_dim as i64, self.act_dim as i64, batch as i64);
         let x = Tensor::f_from_slice(&self.batch)?.f_view([b, width as i64])?.to_device(self.device);
         let obs = x.narrow(1, 0, od);
         let next_obs = x.narrow(1, od + ad, od);
@@ -485,27 +550,62 @@ impl Td3 {
             // r + γ (1 − terminated) min_j Q̄_j(s', a'), `[B, 1]`.
             x.narrow(1, 2 * od + ad, 1).addcmul(&x.narrow(1, 2 * od + ad + 1, 1), &next_q.amin(1, true))
         });
-        let q = self.critic_net.forward(&self.critic, &x.narrow(1, 0, od + ad));
-        // Σ_j MSE(Q_j, y): the squared errors of all critics summed, over the batch size.
-        let critic_loss = q.mse_loss(&target.expand_as(&q), Reduction::Sum) / b as f64;
-        self.critic.backward(&critic_loss);
+        // Σ_j MSE(Q_j, y): the squared errors of all critics summed, over the batch size. With micro-batches
+        // (accumulate = k), each one's sum over the batch size adds up to that loss.
+        let micro =
+            |t: &Tensor, (start, len): (i64, i64)| if len == b { t.shallow_clone() } else { t.narrow(0, start, len) };
+        let (mut critic_losses, mut qs) = (Vec::new(), Vec::new());
+        for (j, part) in self.parallel.micro_batches(b).enumerate() {
+            let q = self.critic_net.forward(&self.critic, &micro(&x, part).narrow(1, 0, od + ad));
+            let loss = q.mse_loss(&micro(&target, part).expand_as(&q), Reduction::Sum) / b as f64;
+            if j == 0 {
+                self.critic.backward(&loss);
+            } else {
+                self.critic.backward_add(&loss);
+            }
+            critic_losses.push(loss.detach());
+            qs.push(q.detach());
+        }
+        self.parallel.reduce_slot(0, &mut self.critic)?;
         self.critic_opt.step(&mut self.critic);
         self.counters.critic_updates += 1;
         let actor_loss = if update_actor {
-            let action = self.policy(&self.actor, &obs);
-            let q1 = self.critic_net.forward_first(&self.critic_first, &Tensor::cat(&[&obs, &action], 1));
-            let loss = -q1.mean(Kind::Float);
-            self.actor.backward(&loss);
+            // −mean Q₁(s, π(s)): each micro-batch's mean, scaled by 1/k, adds up to it.
+            let scale = self.parallel.micro_scale();
+            let mut losses = Vec::new();
+            for (j, part) in self.parallel.micro_batches(b).enumerate() {
+                let obs = micro(&obs, part);
+                let action = self.policy(&self.actor, &obs);
+                let q1 = self.critic_net.forward_first(&self.critic_first, &Tensor::cat(&[&obs, &action], 1));
+                let mut loss = -q1.mean(Kind::Float);
+                if scale != 1.0 {
+                    loss = loss * scale;
+                }
+                if j == 0 {
+                    self.actor.backward(&loss);
+                } else {
+                    self.actor.backward_add(&loss);
+                }
+                losses.push(loss.detach());
+            }
+            self.parallel.reduce_slot(1, &mut self.actor)?;
             self.actor_opt.step(&mut self.actor);
+            let loss = sum_of(losses);
             self.critic_target.polyak_from(&self.critic, self.config.tau);
             self.actor_target.polyak_from(&self.actor, self.config.tau);
             self.counters.actor_updates += 1;
-            Some(loss.detach())
+            Some(loss)
         } else {
             None
         };
-        Ok((critic_loss.detach(), q.detach().mean(Kind::Float), actor_loss))
+        let q = if qs.len() == 1 { qs.pop().expect("one") } else { Tensor::cat(&qs, 0) };
+        Ok((sum_of(critic_losses), q.mean(Kind::Float), actor_loss))
     }
+}
+
+/// The sum of scalar tensors (the one itself when there is one).
+fn sum_of(mut parts: Vec<Tensor>) -> Tensor {
+    if parts.len() == 1 { parts.pop().expect("one") } else { Tensor::stack(&parts, 0).sum(Kind::Float) }
 }
 
 impl Policy for Td3 {
@@ -529,6 +629,12 @@ impl Policy for Td3 {
 impl Algorithm for Td3 {
     fn name(&self) -> &'static str {
         self.name
+    }
+
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        parallel.check_batch(self.name, "batch_size", self.config.batch_size)?;
+        self.parallel = parallel;
+        Ok(())
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
@@ -569,10 +675,11 @@ impl Algorithm for Td3 {
         Ok(())
     }
 
-    fn update(&mut self, _progress: &Progress) -> Result<Option<Metrics>> {
+    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
         let c = &self.config;
         let due = self.counters.calls.is_multiple_of(c.train_freq);
-        if !due || self.counters.env_steps <= c.learning_starts || self.replay.is_empty() {
+        // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
+        if !due || progress.env_steps <= c.learning_starts || self.replay.is_empty() {
             return Ok(None);
         }
         let steps = c.gradient_steps;

@@ -204,8 +204,9 @@ fn bad_data_parallel_settings_fail_before_anything_starts() {
     fails(&[&group[..], &["--actors", "4", "--set", "learner.backend=\"nccl\""]].concat(), &[], "needs CUDA");
     let both = ["--actors", "4", "--set", "learner.average_every=2", "--set", "learner.compression=\"bf16\""];
     fails(&[&group[..], &both].concat(), &[], "set one of them");
-    let ddpg = config("pendulum_ddpg.toml");
-    fails(&["train", &ddpg, "--learners", "2", "--actors", "2", "--out", out], &[], "ddpg");
+    // A3C's learner applies actors' gradients as a parameter server: nothing to spread.
+    let a3c = config("cartpole_a3c.toml");
+    fails(&["train", &a3c, "--learners", "2", "--actors", "2", "--out", out], &[], "a3c");
     // A learner started by hand (or by torchrun) must agree with its launcher.
     let one = ["train", &cfg, "--actors", "2", "--out", out, "--set", "learner.learners=2"];
     fails(&one, &[], "MASTER_ADDR");

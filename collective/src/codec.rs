@@ -120,6 +120,14 @@ impl GradientCodec {
             Compression::TopK { fraction } => {
                 let k = top_k(grad.numel() as i64, fraction);
                 let residual = self.residual.get_or_insert_with(|| grad.zeros_like());
+                if residual.size() != grad.size() {
+                    return Err(Error::Tensor(format!(
+                        "gradient codec: top-k residual holds {} entries, this gradient {}: one codec per \
+                         parameter set",
+                        residual.numel(),
+                        grad.numel()
+                    )));
+                }
                 let acc = &*grad + &*residual;
                 let (_, index) = acc.abs().topk(k, 0, true, false);
                 let values = acc.index_select(0, &index);

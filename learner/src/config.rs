@@ -577,11 +577,15 @@ impl ExperimentConfig {
                 format!("accumulate = {}", l.accumulate)
             };
             match &self.algorithm {
-                AlgorithmConfig::Ppo(_) | AlgorithmConfig::A2c(_) | AlgorithmConfig::Dqn(_) => {}
+                AlgorithmConfig::Ppo(_)
+                | AlgorithmConfig::A2c(_)
+                | AlgorithmConfig::Dqn(_)
+                | AlgorithmConfig::Ddpg(_)
+                | AlgorithmConfig::Td3(_) => {}
                 other => {
                     return bad(format!(
-                        "[learner] {what}: {} updates cannot be spread over learners or micro-batches yet (PPO, A2C \
-                         and DQN can)",
+                        "[learner] {what}: {} updates cannot be spread over learners or micro-batches (PPO, A2C, \
+                         DQN, DDPG and TD3 can)",
                         other.name()
                     ));
                 }

@@ -24,7 +24,9 @@ fn lock(group: &SharedGroup) -> std::sync::MutexGuard<'_, ProcessGroup> {
 #[derive(Debug)]
 pub struct CollectiveSync {
     group: SharedGroup,
-    codec: GradientCodec,
+    compression: Compression,
+    /// One codec per parameter set (slot), each with its own top-k residual.
+    codecs: Vec<GradientCodec>,
     world: usize,
 }
 
@@ -32,14 +34,22 @@ impl CollectiveSync {
     /// A sync over `group`, compressing gradients with `compression`.
     pub fn new(group: SharedGroup, compression: Compression) -> Self {
         let world = lock(&group).world_size();
-        CollectiveSync { group, codec: GradientCodec::new(compression), world }
+        CollectiveSync { group, compression, codecs: Vec::new(), world }
+    }
+
+    /// Payload bytes this learner has put on the wire for gradients so far (all slots).
+    pub fn bytes_sent(&self) -> u64 {
+        self.codecs.iter().map(GradientCodec::bytes_sent).sum()
     }
 }
 
 impl GradientSync for CollectiveSync {
-    fn mean_gradient(&mut self, grad: &mut Tensor) -> flotilla_algorithms::Result<()> {
+    fn mean_gradient(&mut self, slot: usize, grad: &mut Tensor) -> flotilla_algorithms::Result<()> {
+        while self.codecs.len() <= slot {
+            self.codecs.push(GradientCodec::new(self.compression));
+        }
         let mut group = lock(&self.group);
-        self.codec.all_reduce_mean(&mut group, grad).map_err(|e| AlgorithmError::Sync(e.to_string()))
+        self.codecs[slot].all_reduce_mean(&mut group, grad).map_err(|e| AlgorithmError::Sync(e.to_string()))
     }
 
     fn sum(&mut self, values: &mut [f64]) -> flotilla_algorithms::Result<()> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use flotilla_algorithms::a2c::A2cConfig;
 use flotilla_algorithms::dqn::{Dqn, DqnConfig};
 use flotilla_algorithms::ppo::PpoConfig;
+use flotilla_algorithms::td3::{DdpgConfig, Td3, Td3Config};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, DataParallel, Progress, Transition};
 use flotilla_collective::codec::Compression;
 use flotilla_collective::{GroupOptions, ProcessGroup, Rendezvous};
@@ -212,4 +213,67 @@ fn dqn_on_two_learners_steps_as_one_learner_on_both_batches() {
         assert_close(&format!("dqn rank {rank}"), params, one.params().flat());
     }
     assert!(ranks[0].equal(&ranks[1]), "ranks hold bit-identical parameters");
+}
+
+/// DDPG or TD3 (`build` makes one with the given batch size) on two ranks of batch `b`, each critic and
+/// (delayed) actor gradient all-reduced, against one learner on both ranks' transitions: same critic and
+/// actor parameters. Target-action noise is off: each rank would draw its own.
+fn continuous_ranks_and_one(name: &'static str, build: fn(usize) -> Td3) {
+    let (b, world, steps) = (16usize, 2usize, 24u64);
+    let batch = move |rank: usize, t: u64| {
+        let obs: Vec<f32> = (0..b).flat_map(|i| obs_of(rank * b + i, t)).collect();
+        let next: Vec<f32> = (0..b).flat_map(|i| obs_of(rank * b + i, t + 1)).collect();
+        let actions: Vec<f32> = (0..2 * b).map(|i| ((i * 5 + rank * 3 + t as usize) % 11) as f32 / 5.0 - 1.0).collect();
+        let rewards: Vec<f32> = (0..b).map(|i| ((i * 7 + rank) % 5) as f32 * 0.3 - 0.5).collect();
+        let bootstrap: Vec<f32> = (0..b).map(|i| if (i + t as usize) % 9 == 0 { 0.0 } else { 0.99 }).collect();
+        (obs, actions, rewards, bootstrap, next)
+    };
+    // The actor learns every other step (TD3's delay, for DDPG too: both paths are reduced).
+    let ranks = on_ranks(world, move |rank, sync| {
+        let mut agent = build(b);
+        agent.set_data_parallel(DataParallel::new(Some(sync), 1).unwrap()).unwrap();
+        for t in 0..steps {
+            let (o, a, r, g, n) = batch(rank, t);
+            agent.train_on(&o, &a, &r, &g, &n, t % 2 == 1).unwrap();
+        }
+        (agent.policy_params().flat().copy(), agent.critic_params().flat().copy())
+    });
+    let mut one = build(2 * b);
+    for t in 0..steps {
+        let ((mut o, mut a, mut r, mut g, mut n), (o1, a1, r1, g1, n1)) = (batch(0, t), batch(1, t));
+        o.extend(o1);
+        a.extend(a1);
+        r.extend(r1);
+        g.extend(g1);
+        n.extend(n1);
+        one.train_on(&o, &a, &r, &g, &n, t % 2 == 1).unwrap();
+    }
+    for (rank, (actor, critic)) in ranks.iter().enumerate() {
+        assert_close(&format!("{name} rank {rank} actor"), actor, one.policy_params().flat());
+        assert_close(&format!("{name} rank {rank} critic"), critic, one.critic_params().flat());
+    }
+    assert!(ranks[0].0.equal(&ranks[1].0) && ranks[0].1.equal(&ranks[1].1), "ranks hold bit-identical parameters");
+}
+
+/// Observation and action spaces of the continuous tests (a 2-D action with unequal bounds).
+fn continuous_spaces() -> (Space, Space) {
+    (Space::box1d(vec![-1.0; OBS], vec![1.0; OBS]), Space::box1d(vec![-2.0, -1.0], vec![2.0, 1.0]))
+}
+
+#[test]
+fn td3_on_two_learners_steps_as_one_learner_on_both_batches() {
+    continuous_ranks_and_one("td3", |batch_size| {
+        let config = Td3Config { batch_size, target_policy_noise: 0.0, hidden_sizes: vec![32], ..Default::default() };
+        let (obs, act) = continuous_spaces();
+        Td3::td3(&obs, &act, 1, config, Device::Cpu, 5).unwrap()
+    });
+}
+
+#[test]
+fn ddpg_on_two_learners_steps_as_one_learner_on_both_batches() {
+    continuous_ranks_and_one("ddpg", |batch_size| {
+        let config = DdpgConfig { batch_size, hidden_sizes: vec![32], ..Default::default() };
+        let (obs, act) = continuous_spaces();
+        Td3::ddpg(&obs, &act, 1, config, Device::Cpu, 5).unwrap()
+    });
 }
