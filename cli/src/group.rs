@@ -179,3 +179,13 @@ fn free_port() -> Result<u16> {
 pub fn is_rank() -> bool {
     std::env::var_os("WORLD_SIZE").is_some() || std::env::var_os("RANK").is_some()
 }
+
+/// torchrun's restart count of this group (`TORCHELASTIC_RESTART_COUNT`; 0 on the first start or unset).
+pub fn restart_count() -> u64 {
+    std::env::var("TORCHELASTIC_RESTART_COUNT").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Whether this process is a rank that torchrun started again after a failure of its group.
+pub fn elastic_restart() -> bool {
+    is_rank() && restart_count() > 0
+}

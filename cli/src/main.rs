@@ -148,6 +148,14 @@ fn run(cli: Cli) -> Result<()> {
             group::group_train(&config, start, stop_at.unwrap_or(u64::MAX), &launcher::install_stop_signals())
         }
         Command::Train { config: Some(path), mut overrides, out, actors: Some(n), learners, stop_at, .. } => {
+            // torchrun --max-restarts starts a failed group again with the same command line: continue from the
+            // run's checkpoint, as `flotilla train --learners` does with `--resume`.
+            if let Some(dir) =
+                out.as_deref().filter(|dir| group::elastic_restart() && dir.join("checkpoint.safetensors").is_file())
+            {
+                tracing::info!("restart {} of the group: resuming {}", group::restart_count(), dir.display());
+                return train_command(None, &[], None, Some(dir), stop_at.unwrap_or(u64::MAX));
+            }
             if let Some(l) = learners {
                 overrides.push(format!("learner.learners={l}"));
             }
