@@ -75,6 +75,8 @@ pub(crate) struct Replicas {
     /// On-policy env steps taken in since the last update; summed over the group at the next update, so that
     /// every learner's schedules (learning rate, clip range) and stopping point see the same global count.
     pub(crate) unsynced: u64,
+    /// Episodes this learner's actors finished since the last update; summed over the group at the next one.
+    pub(crate) episodes: EpisodeSums,
     updates: u64,
     /// Agreement points (updates, or averages with `average_every`) since the last check.
     checks_due: u64,
@@ -86,6 +88,22 @@ pub(crate) struct Replicas {
 impl std::fmt::Debug for Replicas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Replicas").field("rank", &self.rank).field("world", &self.world).finish()
+    }
+}
+
+/// Finished episodes, summed: returns, lengths, count.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct EpisodeSums {
+    pub(crate) returns: f64,
+    pub(crate) lengths: f64,
+    pub(crate) count: u64,
+}
+
+impl EpisodeSums {
+    pub(crate) fn add(&mut self, episode_return: f64, length: u64) {
+        self.returns += episode_return;
+        self.lengths += length as f64;
+        self.count += 1;
     }
 }
 
@@ -146,6 +164,7 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
         rank: rendezvous.rank,
         world,
         unsynced: 0,
+        episodes: EpisodeSums::default(),
         updates: 0,
         checks_due: 0,
         check_every: l.check_every,
@@ -189,14 +208,21 @@ impl Replicas {
     /// After an update (every learner makes the same number): average its metrics over the group; with
     /// `average_every`, average the parameters when due; and at every `check_every`-th point where the
     /// learners' parameters should agree (each update, or each average), check that they are identical.
-    pub(crate) fn after_update(&mut self, agent: &dyn Algorithm, metrics: &mut Metrics) -> Result<()> {
-        let values: Vec<f64> = metrics.iter().map(|(_, v)| *v).collect();
+    /// Returns the episodes every learner's actors finished since the last update, summed.
+    pub(crate) fn after_update(&mut self, agent: &dyn Algorithm, metrics: &mut Metrics) -> Result<EpisodeSums> {
+        // One all-reduce (sum) of the metrics and this learner's episode sums.
+        let e = std::mem::take(&mut self.episodes);
+        let mut values: Vec<f64> = metrics.iter().map(|(_, v)| *v).collect();
+        values.extend([e.returns, e.lengths, e.count as f64]);
         let mut t = Tensor::from_slice(&values);
-        lock(&self.group).all_reduce_mean(&mut t).map_err(|e| Error::Runtime(e.to_string()))?;
-        let means = Vec::<f64>::try_from(&t).map_err(|e| Error::Runtime(e.to_string()))?;
-        for ((_, v), m) in metrics.0.iter_mut().zip(means) {
-            *v = m;
+        lock(&self.group).all_reduce_sum(&mut t).map_err(|e| Error::Runtime(e.to_string()))?;
+        let sums = Vec::<f64>::try_from(&t).map_err(|e| Error::Runtime(e.to_string()))?;
+        let (metric_sums, episode_sums) = sums.split_at(sums.len() - 3);
+        for ((_, v), sum) in metrics.0.iter_mut().zip(metric_sums) {
+            *v = sum / self.world as f64;
         }
+        let episodes =
+            EpisodeSums { returns: episode_sums[0], lengths: episode_sums[1], count: episode_sums[2].round() as u64 };
         self.updates += 1;
         let agreed = match self.average_every {
             0 => true,
@@ -213,7 +239,7 @@ impl Replicas {
                 self.check(agent)?;
             }
         }
-        Ok(())
+        Ok(episodes)
     }
 
     /// Local SGD's synchronisation: every learner's policy parameters replaced by their mean over the group
@@ -267,6 +293,7 @@ mod tests {
                         rank,
                         world: 2,
                         unsynced: 0,
+                        episodes: EpisodeSums { returns: 10.0 * (rank + 1) as f64, lengths: 5.0, count: 1 },
                         updates: 0,
                         checks_due: 0,
                         check_every: 1,
@@ -274,9 +301,12 @@ mod tests {
                     };
                     let mut metrics = Metrics::default();
                     metrics.push("losses/x", rank as f64);
-                    replicas.after_update(agent.as_ref(), &mut metrics).unwrap();
+                    let first = replicas.after_update(agent.as_ref(), &mut metrics).unwrap();
+                    // Both learners' episodes, summed, on every learner; then none until more finish.
+                    assert_eq!(first, EpisodeSums { returns: 30.0, lengths: 10.0, count: 2 });
                     let after_one = agent.policy_params().flat().copy();
-                    replicas.after_update(agent.as_ref(), &mut metrics).unwrap();
+                    let second = replicas.after_update(agent.as_ref(), &mut metrics).unwrap();
+                    assert_eq!(second, EpisodeSums::default());
                     (after_one, agent.policy_params().flat().copy(), metrics)
                 })
             })

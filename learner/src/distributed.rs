@@ -426,11 +426,9 @@ impl DistributedLearner {
     /// Count what the assembly thread took in: env steps, episodes, lag, stale chunks, assembly time.
     fn absorb(&mut self, intake: Intake) {
         self.count_on_policy_steps(intake.env_steps);
+        self.count_episodes(&intake.episodes);
         let c = &mut self.counters;
         c.run.assemble_secs += intake.assemble_secs;
-        for ep in &intake.episodes {
-            c.run.count_episode(ep.episode_return, ep.length);
-        }
         merge_lag(&mut c.interval_lag, intake.lag);
         let before = c.stale;
         c.stale += intake.stale;
@@ -532,9 +530,14 @@ impl DistributedLearner {
         Ok(())
     }
 
+    /// Count finished episodes: alone, at once; with other learners, at the next update, summed over the
+    /// group, so that every learner's counters (and rank 0's metrics rows) hold every learner's episodes.
     fn count_episodes(&mut self, episodes: &[EpisodeStats]) {
         for ep in episodes {
-            self.counters.run.count_episode(ep.episode_return, ep.length);
+            match &mut self.replicas {
+                Some(r) => r.episodes.add(ep.episode_return, ep.length),
+                None => self.counters.run.count_episode(ep.episode_return, ep.length),
+            }
         }
     }
 
@@ -666,7 +669,8 @@ impl DistributedLearner {
     /// Publish the parameters after updates begun at `started`; `m` is the last update's metrics.
     fn publish(&mut self, mut m: Metrics, started: Instant) -> Result<()> {
         if let Some(replicas) = &mut self.replicas {
-            replicas.after_update(self.agent.as_ref(), &mut m)?;
+            let episodes = replicas.after_update(self.agent.as_ref(), &mut m)?;
+            self.counters.run.count_episodes(episodes.returns, episodes.lengths, episodes.count);
         }
         let params = params_vec(self.agent.as_ref())?;
         self.hub.publish(params);

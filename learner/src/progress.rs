@@ -151,6 +151,14 @@ impl RunCounters {
         self.episodes += 1;
     }
 
+    /// Count `count` finished episodes by their summed returns and lengths (other learners' too).
+    pub(crate) fn count_episodes(&mut self, returns: f64, lengths: f64, count: u64) {
+        self.interval_episodes.0 += returns;
+        self.interval_episodes.1 += lengths;
+        self.interval_episodes.2 += count;
+        self.episodes += count;
+    }
+
     /// Count an update that produced `m`.
     pub(crate) fn count_update(&mut self, m: &Metrics) {
         self.updates += 1;
