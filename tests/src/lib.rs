@@ -1,4 +1,6 @@
 //! Shared helpers for Flotilla's integration tests and benchmarks.
+pub mod cnn_bench;
+
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::train::{TrainReport, train};
 

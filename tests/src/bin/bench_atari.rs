@@ -24,11 +24,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use flotilla_algorithms::nets::CnnOptions;
-use flotilla_algorithms::ppo::{Ppo, PpoConfig};
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Policy, Progress, Transition};
-use flotilla_core::ObsRef;
 use flotilla_envs::{EnvRole, Kwargs, VecActions, make_vector};
-use tch::{Device, Kind, Tensor};
+use flotilla_tests::cnn_bench::{PongPpoUpdate, matmul_peak, nature_cnn_gflops};
+use tch::Kind;
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -89,80 +87,6 @@ fn peer_sps(
     Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
 
-/// Multiply-adds of one Nature-CNN forward pass on 4×84×84 frames with a 7-unit output (6 logits + value).
-const FORWARD_MACS: f64 = (32 * 256 * 400 + 64 * 512 * 81 + 64 * 576 * 49 + 3136 * 512 + 512 * 7) as f64;
-
-/// This machine's matmul peak in GFLOP/s for `kind` (f32 or bf16) on the current torch threads (best of a few
-/// 1024² products).
-fn matmul_peak(kind: Kind) -> f64 {
-    let n = 1024i64;
-    let (a, b) = (Tensor::randn([n, n], (kind, Device::Cpu)), Tensor::randn([n, n], (kind, Device::Cpu)));
-    let _ = a.matmul(&b);
-    let mut best = 0.0f64;
-    for _ in 0..5 {
-        let start = Instant::now();
-        for _ in 0..4 {
-            let _ = a.matmul(&b);
-        }
-        best = best.max(4.0 * 2.0 * (n * n * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
-    }
-    best
-}
-
-/// Samples/s of PPO updates of pong_ppo.toml's shape on random frames, over `rounds` updates after a warm-up.
-fn learner_samples_per_sec(rounds: usize, cnn: CnnOptions) -> BenchResult<f64> {
-    let shape = vec![4usize, 84, 84];
-    let dim: usize = shape.iter().product();
-    let obs_space = flotilla_core::Space::Box {
-        low: vec![0.0; dim],
-        high: vec![255.0; dim],
-        shape,
-        dtype: flotilla_core::DType::U8,
-    };
-    let act_space = flotilla_core::Space::discrete(6);
-    let config = PpoConfig {
-        n_steps: 128,
-        batch_size: 256,
-        n_epochs: 4,
-        gamma: 0.99,
-        gae_lambda: 0.95,
-        learning_rate: 2.5e-4,
-        clip_range: 0.1,
-        anneal_clip_range: false,
-        clip_range_vf: Some(0.1),
-        ent_coef: 0.01,
-        cnn,
-        ..PpoConfig::default()
-    };
-    let (n_envs, n_steps, epochs) = (8usize, config.n_steps, config.n_epochs);
-    let mut ppo = Ppo::new(&obs_space, &act_space, n_envs, config, Device::Cpu, 1)?;
-    let frames: Vec<u8> = (0..n_envs * dim).map(|i| (i * 7 % 251) as u8).collect();
-    let (rewards, flags) = (vec![0.0f32; n_envs], vec![false; n_envs]);
-    let mut out = ActOutput::default();
-    let mut times = Vec::new();
-    for round in 0..=rounds {
-        for _ in 0..n_steps {
-            ppo.act(ObsRef::U8(&frames), ActMode::Explore, &mut out)?;
-            let step = Transition {
-                obs: ObsRef::U8(&frames),
-                act: &out,
-                rewards: &rewards,
-                terminated: &flags,
-                truncated: &flags,
-                next_obs: ObsRef::U8(&frames),
-            };
-            ppo.observe(&step)?;
-        }
-        let start = Instant::now();
-        ppo.update(&Progress { env_steps: 0, total_env_steps: 1 })?.ok_or("a full rollout updates")?;
-        if round > 0 {
-            times.push(start.elapsed().as_secs_f64());
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    Ok((epochs * n_envs * n_steps) as f64 / times[times.len() / 2])
-}
-
 /// PyTorch's samples/s for the same update (`tests/peers/ppo_update_torch.py`), if the peers venv has torch.
 fn torch_samples_per_sec(python: &str, threads: i32, rounds: usize, variant: &str) -> BenchResult<f64> {
     let script = format!("{}/peers/ppo_update_torch.py", env!("CARGO_MANIFEST_DIR"));
@@ -197,8 +121,8 @@ fn learner_table(rounds: usize) -> BenchResult<()> {
         let peaks = (matmul_peak(Kind::Float), matmul_peak(Kind::BFloat16));
         for (i, (name, options)) in variants.iter().enumerate() {
             let peak = if options.bf16 { peaks.1 } else { peaks.0 };
-            let sps = learner_samples_per_sec(rounds, *options)?;
-            let gflops = sps * 3.0 * 2.0 * FORWARD_MACS / 1e9;
+            let sps = PongPpoUpdate::new(*options, None)?.samples_per_sec(rounds)?;
+            let gflops = nature_cnn_gflops(sps);
             // PyTorch's variants: as is, channels-last, bf16 autocast (channels-last + bf16 is not one of them).
             let peer = ["default", "channels_last", "bf16"].get(i).copied();
             let (peer_cell, ratio) = match (&torch, peer) {
