@@ -452,6 +452,8 @@ impl A2c {
         // FlatParams allocates its gradient buffer up front, so a parameter server that never ran a backward
         // pass can still be handed gradients.
         tch::no_grad(|| flat.grad().copy_(flat_grad));
+        // A frozen layer stays put whatever gradient an actor computed for it.
+        self.pi.net.params.zero_frozen_grads();
         let lr = self.config.learning_rate_at(progress_remaining);
         self.opt.step(&mut self.pi.net.params, lr);
         Ok(lr)
@@ -550,6 +552,10 @@ impl Algorithm for A2c {
 
     fn policy_params(&self) -> &FlatParams {
         &self.pi.net.params
+    }
+
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.pi.net.params
     }
 
     fn save_weights(&self, path: &Path) -> Result<()> {

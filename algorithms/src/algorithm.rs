@@ -97,6 +97,28 @@ pub trait Algorithm: Policy {
     fn restore(&mut self, checkpoint: &mut Checkpoint) -> Result<()>;
     /// The parameters acting needs (what a parameter broadcast sends and `save_weights` writes).
     fn policy_params(&self) -> &FlatParams;
+    /// The same, to change from outside (transfer: [`Algorithm::transfer`]).
+    fn policy_params_mut(&mut self) -> &mut FlatParams;
+    /// After the policy parameters were changed from outside: bring what follows them (target networks) in
+    /// line. The default has nothing to follow.
+    fn policy_params_changed(&mut self) {}
+    /// Transfer: start from another run's policy weights (`source`, named as [`Algorithm::save_weights`] writes
+    /// them; `what` names it in errors) except the `reinit` layers, which keep their fresh initialisation, and
+    /// keep the `freeze` layers fixed from now on (zero gradient: no optimiser moves them). Layers are named
+    /// as [`FlatParams::layers`] lists them (`pi_vf.0`, `q.1`, …) or by a prefix of them. An empty `source`
+    /// initialises nothing (freeze alone). Returns the parameters copied and the scalars frozen.
+    fn transfer(
+        &mut self,
+        what: &str,
+        source: &[(String, tch::Tensor)],
+        reinit: &[String],
+        freeze: &[String],
+    ) -> Result<(usize, i64)> {
+        let copied = if source.is_empty() { 0 } else { self.policy_params_mut().init_from(what, source, reinit)? };
+        let frozen = self.policy_params_mut().freeze(what, freeze)?;
+        self.policy_params_changed();
+        Ok((copied, frozen))
+    }
     /// Observe whole trajectory chunks of the envs of several actors, stacked row-wise (chunk `k`'s env `j` is
     /// row `k · E + j` of the update), for on-policy learners fed by actors. The default observes each chunk's
     /// steps in order (true next observations restored), which suits algorithms whose `n_envs` is one

@@ -967,6 +967,14 @@ impl Algorithm for Dqn {
         &self.online
     }
 
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.online
+    }
+
+    fn policy_params_changed(&mut self) {
+        self.target.polyak_from(&self.online, 1.0);
+    }
+
     fn save_weights(&self, path: &Path) -> Result<()> {
         self.online.save(path)
     }

@@ -46,6 +46,10 @@ pub enum Error {
         /// What libtorch said.
         source: tch::TchError,
     },
+    /// Starting from another run's weights, freezing or reinitialising layers failed (a missing layer, a shape
+    /// that differs): the message names the layer and both shapes.
+    #[error("{0}")]
+    Init(String),
     /// A checkpoint that cannot be written, read, or does not match the agent.
     #[error("{0}")]
     Checkpoint(String),

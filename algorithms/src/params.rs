@@ -30,6 +30,8 @@ pub struct FlatParams {
     views: Vec<Tensor>,
     /// Slices of `flat.grad()`, one per view (empty for buffers that take no gradient).
     grad_views: Vec<Tensor>,
+    /// Per view: frozen (its gradient is always zero, so no optimiser ever moves it).
+    frozen: Vec<bool>,
 }
 
 impl FlatParams {
@@ -49,7 +51,8 @@ impl FlatParams {
         (&flat * 0.0).sum(Kind::Float).backward();
         let grad = flat.grad();
         let grad_views = entries.iter().map(|e| grad.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
-        FlatParams { flat, entries, views, grad_views }
+        let frozen = vec![false; entries.len()];
+        FlatParams { flat, entries, views, grad_views, frozen }
     }
 
     /// Set the gradient buffer to `∂loss/∂θ`, overwriting it (no `zero_grad` needed).
@@ -69,10 +72,11 @@ impl FlatParams {
     fn backward_into(&mut self, loss: &Tensor, add: bool) {
         let grads = Tensor::run_backward(&[loss], &self.views, false, false);
         tch::no_grad(|| {
-            for (dst, g) in self.grad_views.iter().zip(&grads) {
+            for ((dst, g), frozen) in self.grad_views.iter().zip(&grads).zip(&self.frozen) {
                 let mut dst = dst.shallow_clone();
-                // A parameter the loss does not reach (e.g. a padding column) gets zero (adds nothing).
-                match (g.defined(), add) {
+                // A parameter the loss does not reach (e.g. a padding column) gets zero (adds nothing); a
+                // frozen one always holds zero.
+                match (g.defined() && !frozen, add) {
                     (true, false) => dst.copy_(g),
                     (true, true) => {
                         let _ = dst.g_add_(g);
@@ -128,6 +132,100 @@ impl FlatParams {
         self.entries.iter().map(|e| e.name.as_str())
     }
 
+    /// The layers: parameter names without their last component (`pi_vf.0.weight` → `pi_vf.0`), in order.
+    pub fn layers(&self) -> Vec<&str> {
+        let mut layers: Vec<&str> = Vec::new();
+        for e in &self.entries {
+            let layer = e.name.rsplit_once('.').map_or(e.name.as_str(), |(layer, _)| layer);
+            if !layers.contains(&layer) {
+                layers.push(layer);
+            }
+        }
+        layers
+    }
+
+    /// The parameters `layer` names: its own name, or every parameter under `layer.` (a layer or a prefix of
+    /// layers). Error (listing the layers) when it names none.
+    fn select(&self, what: &str, layer: &str) -> Result<Vec<usize>> {
+        let picked: Vec<usize> = (0..self.entries.len())
+            .filter(|&i| {
+                let name = &self.entries[i].name;
+                name == layer || name.strip_prefix(layer).is_some_and(|rest| rest.starts_with('.'))
+            })
+            .collect();
+        if picked.is_empty() {
+            return Err(Error::Init(format!(
+                "{what}: no layer {layer:?} in this network; its layers are {:?}",
+                self.layers()
+            )));
+        }
+        Ok(picked)
+    }
+
+    /// Start from `source` (named tensors, e.g. a run's `model.safetensors`): every parameter is copied from
+    /// the source tensor of the same name, except those under a `reinit` layer, which keep their fresh
+    /// initialisation. A parameter the source lacks, or whose shape differs, is an error naming it and both
+    /// shapes (unless reinitialised). `what` names the source in errors. Returns how many were copied.
+    pub fn init_from(&mut self, what: &str, source: &[(String, Tensor)], reinit: &[String]) -> Result<usize> {
+        let mut fresh = vec![false; self.entries.len()];
+        for layer in reinit {
+            for i in self.select(what, layer)? {
+                fresh[i] = true;
+            }
+        }
+        let mut copied = 0;
+        for (i, e) in self.entries.iter().enumerate() {
+            if fresh[i] {
+                continue;
+            }
+            let bad = |detail: String| Error::Init(format!("{what}: {detail}"));
+            let Some((_, t)) = source.iter().find(|(name, _)| *name == e.name) else {
+                let names: Vec<&str> = source.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(bad(format!(
+                    "has no {} (shape {:?}); it holds {names:?}: reinitialise that layer (reinit) or start from a \
+                     run of the same network",
+                    e.name, e.shape
+                )));
+            };
+            if t.size() != e.shape {
+                return Err(bad(format!(
+                    "{} has shape {:?} there and {:?} here: list its layer in reinit to start it afresh",
+                    e.name,
+                    t.size(),
+                    e.shape
+                )));
+            }
+            let value = t.to_kind(Kind::Float).to_device(self.flat.device());
+            tch::no_grad(|| self.views[i].shallow_clone().copy_(&value));
+            copied += 1;
+        }
+        Ok(copied)
+    }
+
+    /// Keep the parameters under `layers` fixed: their gradient is zero from now on (after every backward
+    /// pass and [`FlatParams::zero_frozen_grads`]), so clipping ignores them, data-parallel learners all-reduce
+    /// zeros for them and the optimiser's moments for them stay zero — Adam and RMSprop never move them.
+    /// Returns how many scalars are frozen.
+    pub fn freeze(&mut self, what: &str, layers: &[String]) -> Result<i64> {
+        for layer in layers {
+            for i in self.select(what, layer)? {
+                self.frozen[i] = true;
+            }
+        }
+        self.zero_frozen_grads();
+        Ok(self.entries.iter().zip(&self.frozen).filter(|(_, f)| **f).map(|(e, _)| e.numel).sum())
+    }
+
+    /// Zero the frozen parameters' gradients (for a gradient written into the buffer from elsewhere, e.g. an
+    /// A3C actor's).
+    pub fn zero_frozen_grads(&mut self) {
+        tch::no_grad(|| {
+            for (g, _) in self.grad_views.iter().zip(&self.frozen).filter(|(_, f)| **f) {
+                let _ = g.shallow_clone().zero_();
+            }
+        });
+    }
+
     /// Reset the accumulated gradient to zero (one op).
     pub fn zero_grad(&mut self) {
         let mut g = self.flat.grad();
@@ -171,6 +269,7 @@ impl FlatParams {
         t.flat = t.flat.detach();
         t.views = t.entries.iter().map(|e| t.flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
         t.grad_views.clear();
+        t.frozen = vec![false; t.entries.len()];
         t
     }
 
@@ -231,6 +330,65 @@ impl FlatParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A two-layer network's parameters: `l.0.weight` [2, 3], `l.0.bias` [2], `l.1.weight` [1, 2], `l.1.bias` [1],
+    /// every value `fill`.
+    fn two_layers(fill: f32, out: i64) -> FlatParams {
+        let t = |shape: &[i64]| Tensor::full(shape, fill as f64, (Kind::Float, Device::Cpu));
+        let named = vec![
+            ("l.0.weight".into(), t(&[2, 3])),
+            ("l.0.bias".into(), t(&[2])),
+            ("l.1.weight".into(), t(&[out, 2])),
+            ("l.1.bias".into(), t(&[out])),
+        ];
+        FlatParams::new(named, Device::Cpu)
+    }
+
+    fn named(p: &FlatParams) -> Vec<(String, Tensor)> {
+        p.names().map(String::from).zip((0..4).map(|i| p.view(i).detach().copy())).collect()
+    }
+
+    #[test]
+    fn init_from_copies_all_but_reinit_layers_and_names_what_does_not_fit() {
+        let source = named(&two_layers(7.0, 1));
+        let mut p = two_layers(0.5, 1);
+        assert_eq!(p.layers(), ["l.0", "l.1"]);
+        assert_eq!(p.init_from("run A", &source, &["l.1".into()]).unwrap(), 2);
+        assert!(p.view(0).equal(&source[0].1) && p.view(1).equal(&source[1].1), "l.0 copied");
+        assert_eq!(p.view(2).double_value(&[0, 0]), 0.5, "l.1 kept its own initialisation");
+        // Another action count: the output layer's shapes differ.
+        let mut wider = two_layers(0.5, 3);
+        let e = wider.init_from("run A", &source, &[]).unwrap_err().to_string();
+        assert!(e.contains("run A") && e.contains("l.1.weight") && e.contains("[1, 2]") && e.contains("[3, 2]"), "{e}");
+        assert_eq!(wider.init_from("run A", &source, &["l.1".into()]).unwrap(), 2, "reinit makes it fit");
+        let e = p.init_from("run A", &source, &["l.7".into()]).unwrap_err().to_string();
+        assert!(e.contains("no layer \"l.7\"") && e.contains("[\"l.0\", \"l.1\"]"), "{e}");
+        let e = p.init_from("run B", &source[..2], &[]).unwrap_err().to_string();
+        assert!(e.contains("has no l.1.weight"), "{e}");
+    }
+
+    #[test]
+    fn frozen_layers_get_no_gradient_so_adam_never_moves_them() {
+        let mut p = two_layers(0.5, 1);
+        assert_eq!(p.freeze("test", &["l.0".into()]).unwrap(), 8);
+        let before = p.flat().copy();
+        let mut adam = crate::adam::Adam::new(&p, 0.1, 1e-8);
+        for _ in 0..3 {
+            let x = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
+            let h = x.matmul(&p.view(0).tr()) + p.view(1);
+            let loss = (h.tanh().matmul(&p.view(2).tr()) + p.view(3)).square().sum(Kind::Float);
+            p.backward(&loss);
+            assert_eq!(p.flat().grad().narrow(0, 0, 8).abs().sum(Kind::Float).double_value(&[]), 0.0);
+            adam.step(&mut p);
+        }
+        let moved = (p.flat() - &before).abs();
+        assert_eq!(moved.narrow(0, 0, 8).sum(Kind::Float).double_value(&[]), 0.0, "l.0 stays where it was");
+        assert!(moved.narrow(0, 8, 3).sum(Kind::Float).double_value(&[]) > 0.0, "l.1 trains");
+        // A gradient written from elsewhere (an A3C actor's) is masked too.
+        let _ = tch::no_grad(|| p.flat().grad().fill_(1.0));
+        p.zero_frozen_grads();
+        assert_eq!(p.flat().grad().sum(Kind::Float).double_value(&[]), 3.0);
+    }
 
     #[test]
     fn views_share_the_buffer_and_gradients_accumulate_flat() {

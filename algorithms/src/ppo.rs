@@ -534,6 +534,10 @@ impl Algorithm for Ppo {
         &self.pi.net.params
     }
 
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.pi.net.params
+    }
+
     fn save_weights(&self, path: &Path) -> Result<()> {
         self.pi.net.params.save(path)
     }

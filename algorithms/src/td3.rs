@@ -747,6 +747,14 @@ impl Algorithm for Td3 {
         &self.actor
     }
 
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.actor
+    }
+
+    fn policy_params_changed(&mut self) {
+        self.actor_target.polyak_from(&self.actor, 1.0);
+    }
+
     fn save_weights(&self, path: &Path) -> Result<()> {
         self.actor.save(path)
     }

@@ -22,63 +22,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{config, flotilla, metric, scratch, text};
+use common::{children, config, flotilla, metric, scratch, solved, text, two_of_three, watchdog};
 
 static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-/// Kill `pid` (and with it, through PR_SET_PDEATHSIG, its learners and actors) unless `done` is set in time.
-fn watchdog(pid: u32, limit: Duration) -> std::sync::Arc<AtomicBool> {
-    let done = std::sync::Arc::new(AtomicBool::new(false));
-    let flag = done.clone();
-    std::thread::spawn(move || {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if flag.load(Ordering::SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        eprintln!("watchdog: pid {pid} still running after {limit:?}; killing it");
-        // SAFETY: kill(2) with a pid we started; at worst it has exited already.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    });
-    done
-}
-
-/// The final evaluation's mean return (`evaluation return: X ± Y`).
-fn final_return(o: &Output) -> Option<f64> {
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let line = stdout.lines().find(|l| l.starts_with("evaluation return:"))?;
-    line["evaluation return:".len()..].split_whitespace().next()?.parse().ok()
-}
-
-/// Ended with a final evaluation ≥ 475 and the last two periodic evaluations ≥ 475 too.
-fn solved(out: &Output, run: &Path) -> Result<(), String> {
-    if !out.status.success() {
-        return Err(format!("the run failed:\n{}", text(out)));
-    }
-    let e = metric(run, "eval/mean_return");
-    if final_return(out).is_none_or(|r| r < 475.0) || e.len() < 2 || e[e.len() - 2..].iter().any(|r| *r < 475.0) {
-        return Err(format!("did not end at ≥ 475 and hold it: evaluations {e:?}\n{}", text(out)));
-    }
-    Ok(())
-}
-
-/// Pass on 2 of seeds 1–3, or panic with every failure.
-fn two_of_three(mut attempt: impl FnMut(u64) -> Result<(), String>) {
-    let mut failures = Vec::new();
-    for seed in 1..=3 {
-        match attempt(seed) {
-            Ok(()) => {
-                if seed - failures.len() as u64 >= 2 {
-                    return;
-                }
-            }
-            Err(e) => failures.push(format!("seed {seed}: {e}")),
-        }
-        assert!(failures.len() < 2, "{}", failures.join("\n\n"));
-    }
-}
 
 /// `flotilla train CONFIG --learners 2 --actors 4 --out RUN ARGS…`, started with stdout and stderr piped.
 fn start_group(run: &Path, seed: u64, extra: &[&str]) -> std::process::Child {
@@ -140,12 +86,9 @@ fn two_learners_averaging_parameters_every_update_solve_cartpole() {
 /// The pid of the process among `parent`'s children whose environment has `RANK=rank`.
 fn rank_pid(parent: u32, rank: usize) -> Option<u32> {
     let want = format!("RANK={rank}");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let ppid = stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?.parse::<u32>().ok()?;
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        (ppid == parent && environ.split(|b| *b == 0).any(|v| v == want.as_bytes())).then_some(pid)
+    children(parent).into_iter().find(|pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        environ.split(|b| *b == 0).any(|v| v == want.as_bytes())
     })
 }
 

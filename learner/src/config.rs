@@ -55,6 +55,25 @@ pub struct ExperimentConfig {
     /// Message limits of the wire (distributed runs).
     #[serde(default)]
     pub transport: TransportConfig,
+    /// Transfer: start from another run's weights, freeze or reinitialise layers.
+    #[serde(default)]
+    pub init: InitConfig,
+}
+
+/// `[init]`: transfer from a trained run. A fresh run copies the policy weights of `from` (its
+/// `model.safetensors`) except the `reinit` layers; `freeze` layers then stay fixed for the whole run
+/// (resumed runs too). Layers are named as the network's parameters are, without `.weight` / `.bias`
+/// (`pi_vf.0` is the first layer of PPO/A2C's policy and value MLPs, `q.0` DQN's, `actor.0` TD3's); a prefix
+/// names every layer under it. An unknown layer is an error listing the network's layers.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InitConfig {
+    /// A run directory written by `flotilla train` (relative to the working directory), or none.
+    pub from: Option<String>,
+    /// Layers kept fixed: their gradient is zero, so no optimiser moves them.
+    pub freeze: Vec<String>,
+    /// Layers initialised afresh instead of copied (e.g. the output layer when the action count differs).
+    pub reinit: Vec<String>,
 }
 
 /// A distributed run's shape, from [`ExperimentConfig::plan`].
@@ -528,6 +547,12 @@ impl ExperimentConfig {
             return Err(Error::Config(format!("[learner] listen = {:?}: expected HOST:PORT", self.learner.listen)));
         }
         self.check_data_parallel()?;
+        if self.init.from.is_none() && !self.init.reinit.is_empty() {
+            return Err(Error::Config(format!(
+                "[init] reinit = {:?} without [init] from: there is nothing to start from",
+                self.init.reinit
+            )));
+        }
         if self.transport.max_message_mib == 0 {
             return Err(Error::Config("[transport] max_message_mib = 0".into()));
         }
@@ -664,6 +689,44 @@ impl ExperimentConfig {
     /// The resolved config as TOML (every default written out).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("an experiment config always serialises")
+    }
+
+    /// Apply `[init]` to a freshly built `agent`: with `fresh`, copy the `from` run's policy weights (all but
+    /// the `reinit` layers); always freeze the `freeze` layers (a resumed run restores its weights from its
+    /// checkpoint, but its frozen layers must stay frozen).
+    pub fn init_agent(&self, agent: &mut dyn Algorithm, fresh: bool) -> Result<()> {
+        let init = &self.init;
+        let source = match (&init.from, fresh) {
+            (Some(dir), true) => {
+                let path = Path::new(dir).join("model.safetensors");
+                if !path.is_file() {
+                    return Err(Error::Config(format!(
+                        "[init] from = {dir:?}: no {} (a run directory written by `flotilla train` holds one)",
+                        path.display()
+                    )));
+                }
+                tch::Tensor::read_safetensors(&path)
+                    .map_err(|e| Error::Config(format!("[init] from = {dir:?}: reading {}: {e}", path.display())))?
+            }
+            _ => Vec::new(),
+        };
+        if source.is_empty() && init.freeze.is_empty() {
+            return Ok(());
+        }
+        let what = format!("[init] from = {:?}", init.from.as_deref().unwrap_or(""));
+        let (copied, frozen) =
+            agent.transfer(&what, &source, &init.reinit, &init.freeze).map_err(|e| Error::Config(e.to_string()))?;
+        if fresh && let Some(dir) = &init.from {
+            tracing::info!(
+                "started from {dir}: {copied} parameter tensors copied, {:?} reinitialised; {frozen} of {} \
+                 parameters frozen",
+                init.reinit,
+                agent.policy_params().numel()
+            );
+        } else if frozen > 0 {
+            tracing::info!("{frozen} of {} parameters frozen ({:?})", agent.policy_params().numel(), init.freeze);
+        }
+        Ok(())
     }
 
     /// Short algorithm name (`"ppo"`).

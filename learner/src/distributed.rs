@@ -105,6 +105,12 @@ impl DistributedLearner {
     /// Build the agent and the hub for `config` with `plan.n_actors` actors. Call [`DistributedLearner::listen`]
     /// to serve gRPC; [`DistributedLearner::hub`] serves in-process clients.
     pub fn new(config: &ExperimentConfig, plan: Plan) -> Result<Self> {
+        Self::build(config, plan, true)
+    }
+
+    /// [`DistributedLearner::new`]; `fresh`: a new run (`[init] from` applies; a resumed run's weights come
+    /// from its checkpoint).
+    fn build(config: &ExperimentConfig, plan: Plan, fresh: bool) -> Result<Self> {
         crate::tune_allocator();
         tch::set_num_threads(config.run.torch_threads.max(1) as i32);
         let device = config.run.device.resolve()?;
@@ -122,6 +128,7 @@ impl DistributedLearner {
             Family::OffPolicy | Family::Gradients => plan.envs_per_actor,
         };
         let mut agent = config.algorithm.build_learner(&obs_space, &act_space, rows, device, seed)?;
+        config.init_agent(agent.as_mut(), fresh)?;
         let replicas = crate::data_parallel::join(config, agent.as_mut(), device)?;
         // Each learner of a group seeds its own actors' envs: rank r's actors draw from seed + r·2³², far from
         // the seed + 1000·(k + 1) its k-th actor registration adds, so no two learners step the same episodes.
@@ -189,7 +196,7 @@ impl DistributedLearner {
     /// evaluations. The restored parameters are published as version 1 of a new run id, so actors (new ones,
     /// or old ones that re-register) start from them; their envs start new episodes.
     pub fn resume(config: &ExperimentConfig, plan: Plan, path: &std::path::Path) -> Result<Self> {
-        let mut learner = Self::new(config, plan)?;
+        let mut learner = Self::build(config, plan, false)?;
         let mut c = flotilla_algorithms::Checkpoint::load(path)?;
         learner.agent.restore(&mut c)?;
         learner.counters = c.meta("distributed.counters")?;

@@ -40,8 +40,15 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Build envs and agent from `config` and reset the envs with the run's seed.
+    /// Build envs and agent from `config` (starting from `[init] from`'s weights, if set) and reset the envs
+    /// with the run's seed.
     pub fn new(config: &ExperimentConfig) -> Result<Self> {
+        Self::build(config, true)
+    }
+
+    /// [`Trainer::new`]; `fresh`: a new run (a resumed one takes its weights from its checkpoint instead of
+    /// `[init] from`).
+    fn build(config: &ExperimentConfig, fresh: bool) -> Result<Self> {
         if config.learner.learners > 1 {
             return Err(Error::Config(format!(
                 "[learner] learners = {}: data-parallel learners each serve actor processes; train with \
@@ -57,6 +64,7 @@ impl Trainer {
         let mut envs = make_vector(&config.env.id, &kwargs, config.env.num_envs, EnvRole::Training)?;
         let mut agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
         crate::data_parallel::accumulate_alone(config, agent.as_mut())?;
+        config.init_agent(agent.as_mut(), fresh)?;
         let obs = envs.reset(Some(config.run.seed))?.to_buf();
         let counters = RunCounters::new(config);
         let replay = match envs.snapshot() {
@@ -74,7 +82,7 @@ impl Trainer {
     /// `[checkpoint] replay_envs`; without a recording the agent continues exactly and the envs start new
     /// episodes).
     pub fn resume(config: &ExperimentConfig, path: &Path) -> Result<Self> {
-        let mut t = Self::new(config)?;
+        let mut t = Self::build(config, false)?;
         let mut c = Checkpoint::load(path)?;
         t.agent.restore(&mut c)?;
         t.counters = c.meta("trainer.counters")?;

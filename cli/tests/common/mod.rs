@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Run the `flotilla` binary with `args` to completion.
 pub fn flotilla(args: &[&str]) -> Output {
@@ -33,4 +36,79 @@ pub fn metric(run: &Path, column: &str) -> Vec<f64> {
     let mut lines = csv.lines();
     let col = lines.next().unwrap().split(',').position(|h| h == column).unwrap_or_else(|| panic!("no {column}"));
     lines.filter_map(|l| l.split(',').nth(col).and_then(|v| v.parse().ok())).collect()
+}
+
+/// Kill `pid` with SIGKILL unless the returned flag is set within `limit` (the launcher's children follow it
+/// through PR_SET_PDEATHSIG): no test can hang CI on a stuck process.
+pub fn watchdog(pid: u32, limit: Duration) -> Arc<AtomicBool> {
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if flag.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("watchdog: pid {pid} still running after {limit:?}; killing it");
+        // SAFETY: kill(2) with a pid we started; at worst it has exited already.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    done
+}
+
+/// Asynchronous actors make every run different (which chunk arrives first depends on the scheduler), so a
+/// learning claim is checked over seeds, as the single-process learning tests do: 2 of seeds 1–3 must pass
+/// `attempt` (stopping as soon as that is decided). A CI run once had a single-seed PPO run reach 500 and then
+/// settle at ~420 as the learning rate annealed to 0; 14 local runs of the same seed all held.
+pub fn two_of_three(mut attempt: impl FnMut(u64) -> Result<(), String>) {
+    let (mut passed, mut failures) = (0, Vec::new());
+    for seed in 1..=3 {
+        match attempt(seed) {
+            Ok(()) => passed += 1,
+            Err(e) => failures.push(format!("seed {seed}: {e}")),
+        }
+        if passed == 2 {
+            return;
+        }
+        assert!(failures.len() < 2, "2 of 3 seeds must pass:\n{}", failures.join("\n"));
+    }
+}
+
+/// The final evaluation's mean return from the `evaluation return: X ± Y` line (stdout, else stderr).
+pub fn final_return(o: &Output) -> Option<f64> {
+    let all = text(o);
+    let line = all.lines().find(|l| l.starts_with("evaluation return:"))?;
+    line["evaluation return:".len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// A solved run: it succeeded, its final evaluation is ≥ 475 and so are the last two periodic evaluations (it
+/// holds, not a touch).
+pub fn solved(out: &Output, run: &Path) -> Result<(), String> {
+    if !out.status.success() {
+        return Err(format!("the run failed:\n{}", text(out)));
+    }
+    let e = metric(run, "eval/mean_return");
+    if final_return(out).is_none_or(|r| r < 475.0) || e.len() < 2 || e[e.len() - 2..].iter().any(|r| *r < 475.0) {
+        return Err(format!("did not end at ≥ 475 and hold it: evaluations {e:?}"));
+    }
+    Ok(())
+}
+
+/// The parent of process `pid` (from /proc), if it is still there.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name: state, ppid, ...
+    stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Every live process whose parent is `parent`.
+pub fn children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| parent_pid(*pid) == Some(parent))
+        .collect()
 }

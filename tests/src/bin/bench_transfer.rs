@@ -1,0 +1,93 @@
+//! `flotilla-bench-transfer`: does starting from a trained run help on a changed task? Side by side in one run.
+//!
+//! ```text
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-transfer [-- --seeds N --target KWARGS]
+//! ```
+//! A source PPO policy is trained on CartPole-v1 (`examples/configs/cartpole_ppo.toml`, seed 1000) and saved as
+//! a run's `model.safetensors`. Then, on each target task (CartPole with changed physics, as `[env.kwargs]`),
+//! for seeds 1..=N: PPO from scratch, fine-tuned from the source (`[init] from`), and fine-tuned with the first
+//! layer frozen (`freeze = ["pi_vf.0"]`), each with the quick-start config and budget. Reported per method:
+//! env steps to the first evaluation ≥ 475 (mean and 95 % t-interval over the seeds that got there; seeds that
+//! never did are counted and shown at the budget), how many seeds end ≥ 475 (held), and the source policy's
+//! zero-shot score on the target. The control target swaps the actions (`force_mag = -10`: pushing "left"
+//! pushes right), where the source's knowledge is wrong and transfer should hurt.
+use flotilla_learner::eval::evaluate;
+use flotilla_learner::train::train;
+use flotilla_tests::{SeedResult, example_config, train_seeds};
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// 97.5 % quantile of Student's t with `df` degrees of freedom (df ≤ 30; above that, the normal 1.96).
+fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+    ];
+    if df == 0 { f64::NAN } else { T.get(df - 1).copied().unwrap_or(1.96) }
+}
+
+/// Mean and half-width of the 95 % t-interval of `xs`.
+fn mean_ci(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, t975(xs.len().saturating_sub(1)) * (var / n).sqrt())
+}
+
+/// One table row: a method's steps to 475 (seeds that never reached it counted at the budget, and said).
+fn row(target: &str, method: &str, results: &[SeedResult], budget: f64) {
+    let steps: Vec<f64> = results.iter().map(|r| r.first_reaching.map_or(budget, |s| s as f64)).collect();
+    let never = results.iter().filter(|r| r.first_reaching.is_none()).count();
+    let held = results.iter().filter(|r| r.final_return >= 475.0).count();
+    let (mean, ci) = mean_ci(&steps);
+    let secs: f64 = results.iter().map(|r| r.report.train_secs).sum::<f64>() / results.len() as f64;
+    println!("| {target} | {method} | {mean:.0} ± {ci:.0} | {never} | {held} / {} | {secs:.1} |", results.len());
+}
+
+fn main() -> BenchResult<()> {
+    let mut args = std::env::args().skip(1);
+    let mut n_seeds = 10u64;
+    let mut targets: Vec<String> = vec!["length=2.0,masspole=0.5".into(), "force_mag=-10.0".into()];
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seeds" => n_seeds = args.next().ok_or("--seeds N")?.parse()?,
+            "--target" => targets = vec![args.next().ok_or("--target key=value,...")?],
+            other => return Err(format!("unknown argument {other:?}; usage: [--seeds N] [--target k=v,...]").into()),
+        }
+    }
+    tch::set_num_threads(1);
+    let seeds: Vec<u64> = (1..=n_seeds).collect();
+    // The source run, as `flotilla train` would leave it.
+    let dir = std::env::temp_dir().join(format!("flotilla-bench-transfer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (mut agent, report) = train(&example_config("cartpole_ppo.toml", &["run.seed=1000"]), &mut |_| Ok(()))?;
+    println!("# flotilla-bench-transfer\n");
+    println!(
+        "Source: PPO on CartPole-v1 (seed 1000), final evaluation {:.1}, {:.1} s.\n",
+        report.final_eval().mean(),
+        report.train_secs
+    );
+    agent.save_weights(&dir.join("model.safetensors"))?;
+    let from = format!("init.from={:?}", dir.display().to_string());
+    println!(
+        "| target `[env.kwargs]` | method | env steps to ≥ 475 (mean ± 95 % CI) | never reached | held at the end | training s per run |"
+    );
+    println!("|---|---|---:|---:|---:|---:|");
+    for target in &targets {
+        let kwargs: Vec<String> = target.split(',').map(|kv| format!("env.kwargs.{kv}")).collect();
+        let kw: Vec<&str> = kwargs.iter().map(String::as_str).collect();
+        let config = example_config("cartpole_ppo.toml", &kw);
+        let zero_shot = evaluate(agent.as_mut(), &config.env, 20, 12345)?.mean();
+        let budget = config.run.total_env_steps as f64;
+        println!("| {target} | zero-shot (source policy, 20 episodes) | score {zero_shot:.1} | | | |");
+        let scratch = train_seeds("cartpole_ppo.toml", &kw, &seeds, 475.0);
+        row(target, "from scratch", &scratch, budget);
+        let mut tuned = kw.clone();
+        tuned.push(&from);
+        row(target, "fine-tune", &train_seeds("cartpole_ppo.toml", &tuned, &seeds, 475.0), budget);
+        tuned.push("init.freeze=[\"pi_vf.0\"]");
+        row(target, "fine-tune, first layer frozen", &train_seeds("cartpole_ppo.toml", &tuned, &seeds, 475.0), budget);
+    }
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
