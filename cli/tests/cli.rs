@@ -4,7 +4,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{flotilla, text};
+use common::{config, flotilla, scratch, text};
 
 const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/cartpole_ppo.toml");
 
@@ -252,4 +252,41 @@ fn atari_dqn_trains_resumes_and_evaluates() {
     let out = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "1"]);
     assert!(out.status.success() && text(&out).contains("atari:pong: mean return"), "{}", text(&out));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_fine_tune_starts_from_a_trained_run_in_process_and_with_actors() {
+    let dir = scratch("cli", "finetune");
+    let source = dir.join("source");
+    let src = source.to_str().unwrap();
+    let o = flotilla(&["train", &config("cartpole_ppo.toml"), "--out", src, "--stop-at", "2048"]);
+    assert!(o.status.success() && source.join("model.safetensors").is_file(), "{}", text(&o));
+    let from = format!("init.from={src:?}");
+    let finetune = config("cartpole_finetune.toml");
+    for (name, extra) in [("tuned", &[][..]), ("tuned-actors", &["--actors", "2"][..])] {
+        let out = dir.join(name);
+        let mut args = vec!["train", &finetune, "--set", &from, "--out", out.to_str().unwrap(), "--stop-at", "1024"];
+        args.extend_from_slice(extra);
+        let o = flotilla(&args);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        assert!(text(&o).contains(&format!("started from {src}: 6 parameter tensors copied")), "{name}: {}", text(&o));
+    }
+    // A layer the network does not have: refused before anything is written, listing the layers.
+    let out = dir.join("bad");
+    let o = flotilla(&[
+        "train",
+        &finetune,
+        "--set",
+        &from,
+        "--set",
+        "init.freeze=[\"torso\"]",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("no layer \"torso\"") && text(&o).contains("pi_vf.0"),
+        "{}",
+        text(&o)
+    );
+    assert!(!out.exists(), "nothing written");
 }
