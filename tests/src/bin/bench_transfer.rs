@@ -5,8 +5,9 @@
 //! ```
 //! A source PPO policy is trained on CartPole-v1 (`examples/configs/cartpole_ppo.toml`, seed 1000) and saved as
 //! a run's `model.safetensors`. Then, on each target task (CartPole with changed physics, as `[env.kwargs]`),
-//! for seeds 1..=N: PPO from scratch, fine-tuned from the source (`[init] from`), and fine-tuned with the first
-//! layer frozen (`freeze = ["pi_vf.0"]`), each with the quick-start config and budget. Reported per method:
+//! for seeds 1..=N: PPO from scratch, fine-tuned from the source (`[init] from`), fine-tuned with the first
+//! layer frozen (`freeze = ["pi_vf.0"]`), and with the hidden layers only (`reinit = ["pi_vf.2"]`: policy and
+//! value outputs afresh), each with the quick-start config and budget. Reported per method:
 //! env steps to the first evaluation ≥ 475 (mean and 95 % t-interval over the seeds that got there; seeds that
 //! never did are counted and shown at the budget), how many seeds end ≥ 475 (held), and the source policy's
 //! zero-shot score on the target. The control target swaps the actions (`force_mag = -10`: pushing "left"
@@ -18,7 +19,7 @@ use flotilla_tests::{SeedResult, example_config, train_seeds};
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The changed physics transfer is measured on (`[env.kwargs]` of CartPole-v1).
-const DEFAULT_TARGET: &str = "length=2.0,masspole=0.5";
+const DEFAULT_TARGETS: [&str; 2] = ["masscart=10.0,force_mag=5.0", "length=1.5,masspole=0.3"];
 
 /// 97.5 % quantile of Student's t with `df` degrees of freedom (df ≤ 30; above that, the normal 1.96).
 fn t975(df: usize) -> f64 {
@@ -59,7 +60,8 @@ fn main() -> BenchResult<()> {
         }
     }
     if targets.is_empty() {
-        targets = vec![DEFAULT_TARGET.into(), "force_mag=-10.0".into()];
+        targets = DEFAULT_TARGETS.iter().map(|t| t.to_string()).collect();
+        targets.push("force_mag=-10.0".into());
     }
     tch::set_num_threads(1);
     let seeds: Vec<u64> = (1..=n_seeds).collect();
@@ -94,8 +96,16 @@ fn main() -> BenchResult<()> {
         let mut tuned = kw.clone();
         tuned.push(&from);
         row(target, "fine-tune", &train_seeds("cartpole_ppo.toml", &tuned, &seeds, 475.0), budget);
-        tuned.push("init.freeze=[\"pi_vf.0\"]");
-        row(target, "fine-tune, first layer frozen", &train_seeds("cartpole_ppo.toml", &tuned, &seeds, 475.0), budget);
+        let mut frozen = tuned.clone();
+        frozen.push("init.freeze=[\"pi_vf.0\"]");
+        row(target, "fine-tune, first layer frozen", &train_seeds("cartpole_ppo.toml", &frozen, &seeds, 475.0), budget);
+        tuned.push("init.reinit=[\"pi_vf.2\"]");
+        row(
+            target,
+            "hidden layers only (output afresh)",
+            &train_seeds("cartpole_ppo.toml", &tuned, &seeds, 475.0),
+            budget,
+        );
     }
     std::fs::remove_dir_all(&dir)?;
     Ok(())
