@@ -490,6 +490,10 @@ impl Algorithm for A2c {
         "a2c"
     }
 
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+        self.pi.net.teach(obs)
+    }
+
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
         let layout = self.collector.layout(self.pi.net.obs_layout());
         parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)?;

@@ -266,6 +266,16 @@ impl ActorCritic {
         Ok(())
     }
 
+    /// The policy as a distillation teacher: its logits, or its Gaussian's means and log-std.
+    pub fn teach(&self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+        let x = self.obs_tensor(obs)?;
+        let (head, _) = tch::no_grad(|| self.forward(&x));
+        Ok(match self.log_std {
+            None => crate::distill::Teaching::Logits(head),
+            Some(i) => crate::distill::Teaching::Gaussian { mean: head, log_std: self.params.view(i).detach() },
+        })
+    }
+
     /// `V(obs)` for a batch of observations.
     pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
         let x = self.obs_tensor(obs)?;

@@ -17,6 +17,7 @@ use flotilla_core::{Chunk, ObsBuf, ObsRef};
 
 use crate::checkpoint::Checkpoint;
 use crate::data_parallel::DataParallel;
+use crate::distill::Teaching;
 use crate::params::FlatParams;
 use crate::policy::{ActOutput, Policy};
 use crate::rollout::{Rollout, RolloutLayout};
@@ -166,6 +167,19 @@ pub trait Algorithm: Policy {
     fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
         let _ = (gradient, progress);
         Err(crate::Error::Unsupported(format!("{} does not apply actors' gradients", self.name())))
+    }
+    /// Distillation: what this agent's policy says about `obs` (no gradient), the target a student learns —
+    /// logits, Q-values, a Gaussian or deterministic actions ([`Teaching`]). Algorithms without a policy to
+    /// teach refuse.
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
+        let _ = obs;
+        Err(crate::Error::Unsupported(format!("{} cannot teach", self.name())))
+    }
+    /// Distillation: hand the student its teachers (trained agents, loaded by the learner from their run
+    /// directories). Algorithms that learn from no teacher refuse.
+    fn set_teachers(&mut self, teachers: Vec<Box<dyn Algorithm>>) -> Result<()> {
+        let _ = teachers;
+        Err(crate::Error::Unsupported(format!("{} learns from no teachers", self.name())))
     }
     /// Save the policy weights alone (what `flotilla eval` loads), atomically.
     fn save_weights(&self, path: &Path) -> Result<()>;

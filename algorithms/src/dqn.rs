@@ -859,6 +859,12 @@ impl Algorithm for Dqn {
         "dqn"
     }
 
+    /// The online network's Q-values.
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+        let x = self.q.obs_tensor(obs)?;
+        Ok(crate::distill::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))
+    }
+
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
         parallel.check_batch("dqn", "batch_size", self.config.batch_size)?;
         self.parallel = parallel;

@@ -5,7 +5,7 @@
 //! knows every algorithm kind and builds both from a config.
 //!
 //! Algorithms, one file each: [`ppo`], [`dqn`] (double-Q, dueling, PER, n-step), [`a2c`] (and A3C's actor-side
-//! [`a2c::A3cWorker`]), [`td3`] (TD3, and DDPG as its special case). Building blocks: [`nets`], [`host_mlp`],
+//! [`a2c::A3cWorker`]), [`td3`] (TD3, and DDPG as its special case), [`distill`] (policy distillation into a small student). Building blocks: [`nets`], [`host_mlp`],
 //! [`activation`], [`params`], [`actor_critic`], [`distributions`], [`action_noise`], [`gae`], [`vtrace`],
 //! [`n_step`], [`rollout`] (on-policy storage, filled per step or straight from actors' chunks), [`replay`],
 //! [`sum_tree`], [`adam`], [`rmsprop`], [`checkpoint`].
@@ -23,6 +23,7 @@ pub mod algorithm;
 pub mod atomic_write;
 pub mod checkpoint;
 pub mod data_parallel;
+pub mod distill;
 pub mod distributions;
 pub mod dqn;
 pub mod error;

@@ -481,6 +481,10 @@ impl Algorithm for Ppo {
         "ppo"
     }
 
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+        self.pi.net.teach(obs)
+    }
+
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
         parallel.check_batch("ppo", "batch_size", self.config.batch_size)?;
         self.parallel = parallel;

@@ -18,6 +18,7 @@ use crate::a2c::{A2c, A2cConfig, A3cWorker};
 use crate::acting::{Acting, ActingSetup};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::algorithm::Algorithm;
+use crate::distill::{Distill, DistillConfig, DistillPolicy};
 use crate::dqn::{Dqn, DqnConfig, DqnPolicy};
 use crate::ppo::{Ppo, PpoConfig};
 use crate::td3::{DdpgConfig, Td3, Td3Config, Td3Policy};
@@ -40,6 +41,8 @@ pub enum AlgorithmConfig {
     Ddpg(DdpgConfig),
     /// Twin Delayed DDPG.
     Td3(Td3Config),
+    /// Policy distillation: a student learns a trained teacher's outputs on the states it visits.
+    Distill(DistillConfig),
 }
 
 /// How a learner uses what actors send.
@@ -64,6 +67,7 @@ impl AlgorithmConfig {
             AlgorithmConfig::A3c(_) => "a3c",
             AlgorithmConfig::Ddpg(_) => "ddpg",
             AlgorithmConfig::Td3(_) => "td3",
+            AlgorithmConfig::Distill(_) => "distill",
         }
     }
 
@@ -72,7 +76,10 @@ impl AlgorithmConfig {
         match self {
             AlgorithmConfig::Ppo(_) | AlgorithmConfig::A2c(_) => Family::OnPolicy,
             AlgorithmConfig::A3c(_) => Family::Gradients,
-            AlgorithmConfig::Dqn(_) | AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) => Family::OffPolicy,
+            AlgorithmConfig::Dqn(_)
+            | AlgorithmConfig::Ddpg(_)
+            | AlgorithmConfig::Td3(_)
+            | AlgorithmConfig::Distill(_) => Family::OffPolicy,
         }
     }
 
@@ -84,6 +91,7 @@ impl AlgorithmConfig {
             AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => c.validate(num_envs),
             AlgorithmConfig::Ddpg(c) => c.validate(),
             AlgorithmConfig::Td3(c) => c.validate(),
+            AlgorithmConfig::Distill(c) => c.validate(),
         }
     }
 
@@ -93,7 +101,10 @@ impl AlgorithmConfig {
         match self {
             AlgorithmConfig::Ppo(c) => Some(c.n_steps),
             AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => Some(c.n_steps),
-            AlgorithmConfig::Dqn(_) | AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) => None,
+            AlgorithmConfig::Dqn(_)
+            | AlgorithmConfig::Ddpg(_)
+            | AlgorithmConfig::Td3(_)
+            | AlgorithmConfig::Distill(_) => None,
         }
     }
 
@@ -108,6 +119,7 @@ impl AlgorithmConfig {
                          yet; use n_step = 1 with actors"
                     .into(),
             }),
+            AlgorithmConfig::Distill(c) => c.check_distributed(),
             _ => Ok(()),
         }
     }
@@ -118,7 +130,7 @@ impl AlgorithmConfig {
             AlgorithmConfig::Ppo(c) => Some(c.cnn),
             AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => Some(c.cnn),
             AlgorithmConfig::Dqn(c) => Some(c.cnn),
-            AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) => None,
+            AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) | AlgorithmConfig::Distill(_) => None,
         }
     }
 
@@ -134,6 +146,9 @@ impl AlgorithmConfig {
             AlgorithmConfig::A3c(_) => Err("a3c's learner applies actors' gradients; it assembles no batches".into()),
             AlgorithmConfig::Ddpg(_) | AlgorithmConfig::Td3(_) => {
                 Err(format!("{} samples its replay on the update thread (it has no replay feed)", self.name()))
+            }
+            AlgorithmConfig::Distill(_) => {
+                Err("distill labels states with its teacher and samples them on the update thread".into())
             }
         }
     }
@@ -157,6 +172,7 @@ impl AlgorithmConfig {
             }
             AlgorithmConfig::Ddpg(c) => Box::new(Td3::ddpg(o, a, n_envs, c.clone(), device, seed)?),
             AlgorithmConfig::Td3(c) => Box::new(Td3::td3(o, a, n_envs, c.clone(), device, seed)?),
+            AlgorithmConfig::Distill(c) => Box::new(Distill::new(o, a, c.clone(), device, seed)?),
         })
     }
 
@@ -177,7 +193,17 @@ impl AlgorithmConfig {
                 Acting::Chunks(Box::new(Td3Policy::new("ddpg", o, a, n_envs, &c.clone().into(), seed)?))
             }
             AlgorithmConfig::Td3(c) => Acting::Chunks(Box::new(Td3Policy::new("td3", o, a, n_envs, c, seed)?)),
+            AlgorithmConfig::Distill(c) => Acting::Chunks(Box::new(DistillPolicy::new(o, a, c, seed)?)),
         })
+    }
+
+    /// The run directories of a distillation's teachers (empty for every other kind): the learner loads them
+    /// and hands them over with [`Algorithm::set_teachers`].
+    pub fn teachers(&self) -> &[String] {
+        match self {
+            AlgorithmConfig::Distill(c) => &c.teachers,
+            _ => &[],
+        }
     }
 }
 

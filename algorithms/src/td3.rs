@@ -747,6 +747,15 @@ impl Algorithm for Td3 {
         &self.actor
     }
 
+    /// The actor's deterministic actions, in env units.
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+        let mut out = ActOutput::default();
+        let x = f32_obs(self.name, obs)?;
+        self.pi.act(&self.actor, x, false, None, &mut self.rng, &mut self.host, &mut out)?;
+        let rows = (x.len() / self.obs_dim) as i64;
+        Ok(crate::distill::Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
+    }
+
     fn policy_params_mut(&mut self) -> &mut FlatParams {
         &mut self.actor
     }

@@ -694,7 +694,16 @@ impl ExperimentConfig {
     /// Apply `[init]` to a freshly built `agent`: with `fresh`, copy the `from` run's policy weights (all but
     /// the `reinit` layers); always freeze the `freeze` layers (a resumed run restores its weights from its
     /// checkpoint, but its frozen layers must stay frozen).
+    /// A distillation's teachers are loaded from their run directories and handed over, fresh or resumed.
     pub fn init_agent(&self, agent: &mut dyn Algorithm, fresh: bool) -> Result<()> {
+        let teachers = self.algorithm.teachers();
+        if !teachers.is_empty() {
+            let device = agent.policy_params().flat().device();
+            let loaded = teachers.iter().map(|dir| load_teacher(dir, device)).collect::<Result<Vec<_>>>()?;
+            agent
+                .set_teachers(loaded)
+                .map_err(|e| Error::Config(format!("[algorithm] with teachers {teachers:?}: {e}")))?;
+        }
         let init = &self.init;
         let source = match (&init.from, fresh) {
             (Some(dir), true) => {
@@ -744,6 +753,26 @@ impl ExperimentConfig {
     ) -> Result<Box<dyn Algorithm>> {
         Ok(self.algorithm.build_learner(observation_space, action_space, self.env.num_envs, device, self.run.seed)?)
     }
+}
+
+/// A trained agent from the run directory `dir` (its `config.toml` and `model.safetensors`), on `device`.
+fn load_teacher(dir: &str, device: tch::Device) -> Result<Box<dyn Algorithm>> {
+    let what = |e: &dyn std::fmt::Display| Error::Config(format!("[algorithm] teachers: {dir:?}: {e}"));
+    let (run, config) = crate::run_dir::RunDir::open(Path::new(dir)).map_err(|e| what(&e))?;
+    let model = run.model_path();
+    if !model.is_file() {
+        return Err(what(&format!("no {} (the run has not saved a model yet)", model.display())));
+    }
+    let (obs, act) = config.env.spaces().map_err(|e| what(&e))?;
+    let mut teacher = config.build_agent(&obs, &act, device).map_err(|e| what(&e))?;
+    teacher.load_weights(&model).map_err(|e| what(&e))?;
+    tracing::info!(
+        "teacher {dir}: {} on {}, {} parameters",
+        config.algorithm_name(),
+        config.env.id,
+        teacher.policy_params().numel()
+    );
+    Ok(teacher)
 }
 
 /// Apply one `a.b.c=value` override; `value` is read as a TOML value, or as a string if it is not one.

@@ -1,0 +1,838 @@
+//! Policy distillation (Rusu et al. 2016, "Policy Distillation"): a student network learns to output what a
+//! trained teacher outputs on the same states.
+//!
+//! ```text
+//! [algorithm] kind = "distill", teachers = ["runs/cartpole-ppo"], hidden_sizes = [8], loss = "kl"
+//!
+//! act (student samples, DAgger; or the teacher acts)  ─► states ─► teacher.teach(states) ─► labelled replay
+//! every train_freq steps: minibatch of (state, label) ─► loss(student(state), label) ─► Adam
+//! ```
+//!
+//! What a teacher says ([`Teaching`]) depends on its kind: action logits (PPO/A2C on discrete actions),
+//! Q-values (DQN), a diagonal Gaussian (PPO/A2C on boxes) or a deterministic action (DDPG/TD3). The student is
+//! a plain MLP policy: logits for discrete actions, a Gaussian (mean and a state-independent log-std) for
+//! boxes. The losses ([`DistillLoss`]), as Rusu compares them:
+//! - `kl`: `KL(softmax(t/τ) ‖ softmax(s))` on logits or Q-values `t` (τ = 0.01 for Q-values, 1 for logits by
+//!   default), `KL(N_teacher ‖ N_student)` for Gaussian teachers;
+//! - `nll`: `−log π_student(teacher's greedy / mean action)`;
+//! - `mse`: `‖s − t‖²` on the raw outputs (Q-values, logits, means, actions), averaged over outputs.
+//!
+//! Teachers are loaded by the learner (from run directories) and handed over with
+//! [`Algorithm::set_teachers`]; they are not part of a checkpoint (a resumed run reloads them).
+use std::path::Path;
+
+use flotilla_core::{ObsRef, Space};
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::acting::ActingPolicy;
+use crate::adam::Adam;
+use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::checkpoint::Checkpoint;
+use crate::distributions::{sample_categorical, sample_diag_gaussian};
+use crate::host_mlp::HostScratch;
+use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
+use crate::params::FlatParams;
+use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
+use crate::{Error, Metrics, Result};
+
+/// What a trained policy says about a batch of `B` states, the target a student learns (no gradient).
+#[derive(Debug)]
+pub enum Teaching {
+    /// Action logits of a categorical policy, `[B, n]`.
+    Logits(Tensor),
+    /// Q-values, `[B, n]`.
+    QValues(Tensor),
+    /// A diagonal Gaussian policy: means `[B, D]`, log standard deviations `[B, D]` or `[D]`.
+    Gaussian {
+        /// Means.
+        mean: Tensor,
+        /// Log standard deviations.
+        log_std: Tensor,
+    },
+    /// A deterministic policy's actions in env units, `[B, D]`.
+    Actions(Tensor),
+}
+
+/// Which of the [`Teaching`] variants a teacher gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TeachingKind {
+    /// [`Teaching::Logits`].
+    Logits,
+    /// [`Teaching::QValues`].
+    QValues,
+    /// [`Teaching::Gaussian`].
+    Gaussian,
+    /// [`Teaching::Actions`].
+    Actions,
+}
+
+impl Teaching {
+    /// Which kind this is.
+    pub fn kind(&self) -> TeachingKind {
+        match self {
+            Teaching::Logits(_) => TeachingKind::Logits,
+            Teaching::QValues(_) => TeachingKind::QValues,
+            Teaching::Gaussian { .. } => TeachingKind::Gaussian,
+            Teaching::Actions(_) => TeachingKind::Actions,
+        }
+    }
+
+    /// The label rows stored in replay, `[B, L]` on the CPU: the outputs (`n` or `D` floats), or for a
+    /// Gaussian its means then its log-stds (`2D`).
+    pub fn labels(&self) -> Tensor {
+        let t = match self {
+            Teaching::Logits(t) | Teaching::QValues(t) | Teaching::Actions(t) => t.shallow_clone(),
+            Teaching::Gaussian { mean, log_std } => Tensor::cat(&[mean.shallow_clone(), log_std.expand_as(mean)], 1),
+        };
+        t.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous()
+    }
+}
+
+/// The distillation loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DistillLoss {
+    /// `KL(teacher ‖ student)`, the teacher's logits or Q-values sharpened by the temperature τ.
+    #[default]
+    Kl,
+    /// Negative log-likelihood of the teacher's greedy (discrete) or mean (continuous) action.
+    Nll,
+    /// Mean squared error between the student's and the teacher's raw outputs.
+    Mse,
+}
+
+impl DistillLoss {
+    fn name(self) -> &'static str {
+        match self {
+            DistillLoss::Kl => "kl",
+            DistillLoss::Nll => "nll",
+            DistillLoss::Mse => "mse",
+        }
+    }
+}
+
+/// Who picks the actions that generate the states to label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActWith {
+    /// The student samples its own policy (DAgger: the teacher labels the states the student visits).
+    #[default]
+    Student,
+    /// The teacher acts greedily (Rusu's setting: the teacher's own state distribution). In-process only.
+    Teacher,
+}
+
+/// `[algorithm] kind = "distill"`: the student network, its loss and its labelled replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistillConfig {
+    /// Run directories written by `flotilla train` whose `model.safetensors` and `config.toml` give the
+    /// teacher (one; several teachers need one task each, not built yet).
+    pub teachers: Vec<String>,
+    /// Hidden layer widths of the student MLP (typically far smaller than the teacher's).
+    pub hidden_sizes: Vec<i64>,
+    /// Hidden nonlinearity.
+    pub activation: Activation,
+    /// The loss.
+    pub loss: DistillLoss,
+    /// τ of the `kl` loss on discrete teachers: `softmax(t/τ)`. Default 0.01 for Q-value teachers (Rusu), 1 for
+    /// policy logits. Only the `kl` loss on a discrete teacher uses it; elsewhere setting it is an error.
+    pub temperature: Option<f64>,
+    /// Who acts to generate the states.
+    pub act_with: ActWith,
+    /// Labelled states kept (a ring: the oldest go first).
+    pub buffer_size: usize,
+    /// States per gradient step.
+    pub batch_size: usize,
+    /// Adam learning rate.
+    pub learning_rate: f64,
+    /// Adam ε.
+    pub adam_eps: f64,
+    /// Labelled states before the first gradient step.
+    pub learning_starts: usize,
+    /// Vectorised env steps between training phases.
+    pub train_freq: usize,
+    /// Gradient steps per training phase.
+    pub gradient_steps: usize,
+    /// Global gradient-norm limit.
+    pub max_grad_norm: f64,
+    /// Initial log standard deviation of a Gaussian student.
+    pub log_std_init: f64,
+}
+
+impl Default for DistillConfig {
+    fn default() -> Self {
+        DistillConfig {
+            teachers: Vec::new(),
+            hidden_sizes: vec![16],
+            activation: Activation::Tanh,
+            loss: DistillLoss::Kl,
+            temperature: None,
+            act_with: ActWith::Student,
+            buffer_size: 50_000,
+            batch_size: 64,
+            learning_rate: 3e-3,
+            adam_eps: 1e-8,
+            learning_starts: 256,
+            train_freq: 1,
+            gradient_steps: 1,
+            max_grad_norm: 10.0,
+            log_std_init: 0.0,
+        }
+    }
+}
+
+impl DistillConfig {
+    /// Range checks serde cannot express.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field, value: String, detail: &str| {
+            Err(Error::InvalidConfig { algorithm: "distill", field, value, detail: detail.to_string() })
+        };
+        match self.teachers.len() {
+            0 => return bad("teachers", "[]".into(), "name the run directory of a trained teacher"),
+            1 => {}
+            n => {
+                return bad(
+                    "teachers",
+                    format!("{:?}", self.teachers),
+                    &format!(
+                        "{n} teachers: several teachers are distilled into one multi-head student, one task each, \
+                         which needs multi-task runs ([[tasks]]); not built yet — distil one teacher per run"
+                    ),
+                );
+            }
+        }
+        if self.hidden_sizes.iter().any(|&h| h <= 0) {
+            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+        }
+        if let Some(t) = self.temperature
+            && !(t > 0.0 && t.is_finite())
+        {
+            return bad("temperature", t.to_string(), "must be > 0");
+        }
+        if self.buffer_size == 0 {
+            return bad("buffer_size", "0".into(), "must be at least 1");
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size", "0".into(), "must be at least 1");
+        }
+        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
+            return bad("learning_rate", self.learning_rate.to_string(), "must be > 0");
+        }
+        if self.train_freq == 0 {
+            return bad("train_freq", "0".into(), "must be at least 1");
+        }
+        if !(self.max_grad_norm > 0.0) {
+            return bad("max_grad_norm", self.max_grad_norm.to_string(), "must be > 0");
+        }
+        Ok(())
+    }
+
+    /// Whether actor processes can generate the data: they act with the student (broadcast like any policy).
+    pub fn check_distributed(&self) -> Result<()> {
+        if self.act_with == ActWith::Teacher {
+            return Err(Error::InvalidConfig {
+                algorithm: "distill",
+                field: "act_with",
+                value: "\"teacher\"".into(),
+                detail: "actor processes act with the student (its parameters are what the learner broadcasts); \
+                         use act_with = \"student\" with actors, or train in one process"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Discrete (`n` logits) or continuous (`D` Gaussian means) actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    Discrete(usize),
+    Gaussian(usize),
+}
+
+/// The student: an MLP `obs → logits` or `obs → means` (named `student.{k}`), plus `log_std` for boxes.
+#[derive(Debug)]
+pub struct StudentNet {
+    /// Every parameter (what a broadcast carries and `save_weights` writes).
+    pub params: FlatParams,
+    mlp: FlatMlp,
+    log_std: Option<usize>,
+    head: Head,
+    obs_dim: usize,
+}
+
+impl StudentNet {
+    /// A student for these spaces (1-D box observations; discrete or 1-D box actions), seeded with `seed`.
+    pub fn new(obs: &Space, act: &Space, config: &DistillConfig, device: Device, seed: u64) -> Result<Self> {
+        let head = match act {
+            Space::Discrete { n, .. } => Head::Discrete(*n),
+            Space::Box { shape, .. } if shape.len() == 1 => Head::Gaussian(shape[0]),
+            other => {
+                return Err(Error::UnsupportedSpace {
+                    which: "action",
+                    algorithm: "distill",
+                    detail: format!("{other:?}"),
+                });
+            }
+        };
+        let obs_dim = mlp_input_dim("distill", obs)?;
+        let outputs = match head {
+            Head::Discrete(n) | Head::Gaussian(n) => n as i64,
+        };
+        let (mlp, mut named) = with_torch_seed(seed, || {
+            let init = LayerInit::Orthogonal { out_gain: 0.01 };
+            FlatMlp::init("student", obs_dim as i64, &config.hidden_sizes, outputs, config.activation, init, 0)
+        });
+        let log_std = match head {
+            Head::Discrete(_) => None,
+            Head::Gaussian(d) => {
+                named.push((
+                    "log_std".into(),
+                    Tensor::full([d as i64], config.log_std_init, (Kind::Float, Device::Cpu)),
+                ));
+                Some(named.len() - 1)
+            }
+        };
+        Ok(StudentNet { params: FlatParams::new(named, device), mlp, log_std, head, obs_dim })
+    }
+
+    /// Logits or means, `[B, outputs]`, on `x` `[B, obs_dim]`.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.mlp.forward(&self.params, x)
+    }
+
+    /// The log-std parameter of a Gaussian student.
+    fn log_std(&self) -> Option<&Tensor> {
+        self.log_std.map(|i| self.params.view(i))
+    }
+
+    /// Observations as the network's input `[B, obs_dim]` on the parameters' device.
+    fn obs_tensor(&self, obs: &[f32]) -> Result<Tensor> {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        Ok(Tensor::f_from_slice(obs)?.f_view([-1, self.obs_dim as i64])?.to_device(self.params.flat().device()))
+    }
+
+    /// The teaching kinds a student with this head can learn from.
+    fn learns_from(&self, kind: TeachingKind) -> bool {
+        match self.head {
+            Head::Discrete(_) => matches!(kind, TeachingKind::Logits | TeachingKind::QValues),
+            Head::Gaussian(_) => matches!(kind, TeachingKind::Gaussian | TeachingKind::Actions),
+        }
+    }
+
+    /// The student as a teacher (a distilled policy can teach in turn).
+    fn teach(&self, obs: &[f32]) -> Result<Teaching> {
+        let x = self.obs_tensor(obs)?;
+        let out = tch::no_grad(|| self.forward(&x));
+        Ok(match self.log_std() {
+            None => Teaching::Logits(out),
+            Some(log_std) => Teaching::Gaussian { mean: out, log_std: log_std.detach() },
+        })
+    }
+}
+
+/// The student's acting policy (an actor holds one; the learner acts with one): the network and a sampling RNG.
+#[derive(Debug)]
+pub struct DistillPolicy {
+    net: StudentNet,
+    rng: Pcg64,
+    host: HostScratch,
+    head: Vec<f32>,
+    samples: Vec<(i64, f32)>,
+}
+
+impl DistillPolicy {
+    /// The acting policy of a fresh student on the CPU; `seed` fixes action sampling.
+    pub fn new(obs: &Space, act: &Space, config: &DistillConfig, seed: u64) -> Result<Self> {
+        Ok(Self::of(StudentNet::new(obs, act, config, Device::Cpu, seed)?, seed))
+    }
+
+    fn of(net: StudentNet, seed: u64) -> Self {
+        let rng = Pcg64::seed_from_u64(seed ^ 0xd157_0001);
+        DistillPolicy { net, rng, host: HostScratch::default(), head: Vec::new(), samples: Vec::new() }
+    }
+}
+
+impl Policy for DistillPolicy {
+    fn obs_dim(&self) -> usize {
+        self.net.obs_dim
+    }
+
+    fn act_dim(&self) -> usize {
+        match self.net.head {
+            Head::Discrete(_) => 1,
+            Head::Gaussian(d) => d,
+        }
+    }
+
+    /// Samples the student's policy (or takes its mode); fills actions and their log-probs.
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        let x = f32_obs("distill", obs)?;
+        if x.is_empty() || !x.len().is_multiple_of(self.net.obs_dim) {
+            return Err(Error::BadLength {
+                what: "observation batch".into(),
+                got: x.len(),
+                expected: self.net.obs_dim,
+            });
+        }
+        let rows = x.len() / self.net.obs_dim;
+        let deterministic = mode == ActMode::Deterministic;
+        if !self.net.mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head) {
+            let input = self.net.obs_tensor(x)?;
+            let h = tch::no_grad(|| self.net.forward(&input));
+            self.head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
+        }
+        out.values.clear();
+        out.q_values.clear();
+        match self.net.head {
+            Head::Discrete(n) => {
+                sample_categorical(&self.head, n, deterministic, &mut self.rng, &mut self.samples);
+                out.actions.clear();
+                out.log_probs.clear();
+                for &(a, lp) in &self.samples {
+                    out.actions.push(a as f32);
+                    out.log_probs.push(lp);
+                }
+            }
+            Head::Gaussian(_) => {
+                let log_std = self.net.log_std().expect("a Gaussian student has a log-std");
+                let log_std = Vec::<f32>::try_from(log_std.detach().to_device(Device::Cpu))?;
+                sample_diag_gaussian(
+                    &self.head,
+                    &log_std,
+                    deterministic,
+                    &mut self.rng,
+                    &mut out.actions,
+                    &mut out.log_probs,
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ActingPolicy for DistillPolicy {
+    fn params(&self) -> &FlatParams {
+        &self.net.params
+    }
+}
+
+/// The distillation loss of a student's outputs `student` `[B, n | D]` (and its log-std `[D]` for a Gaussian
+/// student) against teacher labels `labels` `[B, L]` of `kind` (as [`Teaching::labels`] lays them out),
+/// averaged over the batch. `temperature` is τ of the `kl` loss on discrete teachers. Pairings that have no
+/// meaning (a Gaussian student of a discrete teacher, `kl` to a deterministic teacher) are errors.
+pub fn distill_loss(
+    loss: DistillLoss,
+    kind: TeachingKind,
+    labels: &Tensor,
+    student: &Tensor,
+    student_log_std: Option<&Tensor>,
+    temperature: f64,
+) -> Result<Tensor> {
+    let mismatch = |detail: &str| {
+        Err(Error::InvalidConfig {
+            algorithm: "distill",
+            field: "loss",
+            value: format!("\"{}\"", loss.name()),
+            detail: format!("{detail} (teacher gives {kind:?})"),
+        })
+    };
+    let rows = |t: Tensor| t.sum_dim_intlist(-1, false, Kind::Float).mean(Kind::Float);
+    Ok(match (kind, student_log_std) {
+        (TeachingKind::Logits | TeachingKind::QValues, None) => match loss {
+            DistillLoss::Kl => {
+                let log_p = (labels / temperature).log_softmax(-1, Kind::Float);
+                let log_q = student.log_softmax(-1, Kind::Float);
+                rows(log_p.exp() * (log_p - log_q))
+            }
+            DistillLoss::Nll => {
+                let greedy = labels.argmax(-1, true);
+                -student.log_softmax(-1, Kind::Float).gather(1, &greedy, false).mean(Kind::Float)
+            }
+            DistillLoss::Mse => (student - labels).square().mean(Kind::Float),
+        },
+        (TeachingKind::Gaussian | TeachingKind::Actions, Some(log_std_s)) => {
+            let d = student.size()[1];
+            let mean_t = labels.narrow(1, 0, d);
+            match loss {
+                DistillLoss::Kl if kind == TeachingKind::Actions => {
+                    return mismatch("a deterministic teacher has no distribution to match: use nll or mse");
+                }
+                DistillLoss::Kl => {
+                    // KL(N(μt, σt) ‖ N(μs, σs)) = log σs − log σt + (σt² + (μt − μs)²) / (2 σs²) − ½, per dim.
+                    let log_std_t = labels.narrow(1, d, d);
+                    let var_s = (log_std_s * 2.0).exp();
+                    let num = (&log_std_t * 2.0).exp() + (&mean_t - student).square();
+                    rows(log_std_s - &log_std_t + num / (var_s * 2.0) - 0.5)
+                }
+                DistillLoss::Nll => {
+                    let z = (&mean_t - student) * (-log_std_s).exp();
+                    rows(z.square() * 0.5 + log_std_s + 0.918_938_533_204_672_7)
+                }
+                DistillLoss::Mse => (student - mean_t).square().mean(Kind::Float),
+            }
+        }
+        (_, None) => return mismatch("a discrete student cannot learn a continuous teacher"),
+        (_, Some(_)) => return mismatch("a continuous student cannot learn a discrete teacher"),
+    })
+}
+
+/// Labelled states in a ring: observation rows and the teacher's label rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelledReplay {
+    obs: Vec<f32>,
+    labels: Vec<f32>,
+    obs_dim: usize,
+    label_dim: usize,
+    capacity: usize,
+    len: usize,
+    next: usize,
+}
+
+impl LabelledReplay {
+    /// An empty ring of `capacity` states (`label_dim` is set by the first push).
+    pub fn new(capacity: usize, obs_dim: usize) -> Self {
+        LabelledReplay { obs: Vec::new(), labels: Vec::new(), obs_dim, label_dim: 0, capacity, len: 0, next: 0 }
+    }
+
+    /// States held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether none are held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Add `rows` states and their labels (`labels.len() / rows` floats each), overwriting the oldest when full.
+    pub fn push(&mut self, obs: &[f32], labels: &[f32]) -> Result<()> {
+        let rows = obs.len() / self.obs_dim;
+        if rows == 0 || obs.len() != rows * self.obs_dim || !labels.len().is_multiple_of(rows) {
+            return Err(Error::BadLength { what: "labelled states".into(), got: labels.len(), expected: rows });
+        }
+        let l = labels.len() / rows;
+        if self.label_dim == 0 {
+            self.label_dim = l;
+            self.obs = vec![0.0; self.capacity * self.obs_dim];
+            self.labels = vec![0.0; self.capacity * l];
+        } else if l != self.label_dim {
+            return Err(Error::BadLength { what: "teacher labels per state".into(), got: l, expected: self.label_dim });
+        }
+        for (o, y) in obs.chunks_exact(self.obs_dim).zip(labels.chunks_exact(l)) {
+            let i = self.next;
+            self.obs[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(o);
+            self.labels[i * l..(i + 1) * l].copy_from_slice(y);
+            self.next = (i + 1) % self.capacity;
+            self.len = (self.len + 1).min(self.capacity);
+        }
+        Ok(())
+    }
+
+    /// `batch` states drawn uniformly with replacement: observations `[B, obs_dim]` and labels `[B, L]`.
+    pub fn sample(&self, batch: usize, rng: &mut impl Rng) -> (Tensor, Tensor) {
+        let (d, l) = (self.obs_dim, self.label_dim);
+        let mut obs = Vec::with_capacity(batch * d);
+        let mut labels = Vec::with_capacity(batch * l);
+        for _ in 0..batch {
+            let i = rng.random_range(0..self.len);
+            obs.extend_from_slice(&self.obs[i * d..(i + 1) * d]);
+            labels.extend_from_slice(&self.labels[i * l..(i + 1) * l]);
+        }
+        let obs = Tensor::from_slice(&obs).view([batch as i64, d as i64]);
+        (obs, Tensor::from_slice(&labels).view([batch as i64, l as i64]))
+    }
+
+    fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        c.put_f32(format!("{prefix}.obs"), &self.obs[..self.len * self.obs_dim]);
+        c.put_f32(format!("{prefix}.labels"), &self.labels[..self.len * self.label_dim]);
+        c.put_meta(format!("{prefix}.state"), &(self.len, self.next, self.label_dim))
+    }
+
+    fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        let (len, next, label_dim): (usize, usize, usize) = c.meta(&format!("{prefix}.state"))?;
+        let (obs, labels) = (c.take_f32(&format!("{prefix}.obs"))?, c.take_f32(&format!("{prefix}.labels"))?);
+        if len > self.capacity || next >= self.capacity.max(1) || obs.len() != len * self.obs_dim {
+            return Err(Error::Checkpoint(format!(
+                "distill replay: {len} states of {} floats (next {next}) do not fit a buffer of {} states of {}",
+                obs.len() / len.max(1),
+                self.capacity,
+                self.obs_dim
+            )));
+        }
+        if labels.len() != len * label_dim {
+            return Err(Error::Checkpoint(format!(
+                "distill replay: {} label floats for {len} states of {label_dim}",
+                labels.len()
+            )));
+        }
+        *self = LabelledReplay::new(self.capacity, self.obs_dim);
+        if len > 0 {
+            self.label_dim = label_dim;
+            self.obs = vec![0.0; self.capacity * self.obs_dim];
+            self.labels = vec![0.0; self.capacity * label_dim];
+            self.obs[..obs.len()].copy_from_slice(&obs);
+            self.labels[..labels.len()].copy_from_slice(&labels);
+        }
+        self.len = len;
+        self.next = next;
+        Ok(())
+    }
+}
+
+/// The distillation learner: the student (acting policy and optimiser), the teacher, the labelled replay.
+pub struct Distill {
+    /// Hyperparameters.
+    pub config: DistillConfig,
+    pi: DistillPolicy,
+    opt: Adam,
+    replay: LabelledReplay,
+    teacher: Option<(Box<dyn Algorithm>, TeachingKind)>,
+    /// Replay sampling.
+    rng: Pcg64,
+    /// Vectorised steps observed, training phases run, states labelled.
+    steps: u64,
+    phases: u64,
+    labelled: u64,
+}
+
+impl std::fmt::Debug for Distill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Distill").field("config", &self.config).field("steps", &self.steps).finish_non_exhaustive()
+    }
+}
+
+impl Distill {
+    /// A fresh student for these spaces (it cannot learn until [`Algorithm::set_teachers`] gives it a teacher).
+    pub fn new(obs: &Space, act: &Space, config: DistillConfig, device: Device, seed: u64) -> Result<Self> {
+        config.validate()?;
+        let net = StudentNet::new(obs, act, &config, device, seed)?;
+        let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
+        let replay = LabelledReplay::new(config.buffer_size, net.obs_dim);
+        Ok(Distill {
+            pi: DistillPolicy::of(net, seed),
+            opt,
+            replay,
+            teacher: None,
+            rng: Pcg64::seed_from_u64(seed ^ 0xd157_0002),
+            steps: 0,
+            phases: 0,
+            labelled: 0,
+            config,
+        })
+    }
+
+    /// τ for teachers of `kind` under the configured loss (an error where the config sets one that is unused).
+    fn temperature(&self, kind: TeachingKind) -> Result<f64> {
+        let discrete = matches!(kind, TeachingKind::Logits | TeachingKind::QValues);
+        match self.config.temperature {
+            Some(t) if self.config.loss == DistillLoss::Kl && discrete => Ok(t),
+            Some(t) => Err(Error::InvalidConfig {
+                algorithm: "distill",
+                field: "temperature",
+                value: t.to_string(),
+                detail: format!(
+                    "only the kl loss on a discrete teacher uses a temperature (loss = \"{}\", teacher gives {kind:?})",
+                    self.config.loss.name()
+                ),
+            }),
+            None if kind == TeachingKind::QValues => Ok(0.01),
+            None => Ok(1.0),
+        }
+    }
+
+    /// One gradient step on a replay minibatch: the loss, and for discrete students the fraction of states
+    /// whose greedy action agrees with the teacher's.
+    fn gradient_step(&mut self, kind: TeachingKind, temperature: f64) -> Result<(f64, f64)> {
+        let (obs, labels) = self.replay.sample(self.config.batch_size, &mut self.rng);
+        let device = self.pi.net.params.flat().device();
+        let (obs, labels) = (obs.to_device(device), labels.to_device(device));
+        let out = self.pi.net.forward(&obs);
+        let loss = distill_loss(self.config.loss, kind, &labels, &out, self.pi.net.log_std(), temperature)?;
+        let value = f64::try_from(&loss)?;
+        if !value.is_finite() {
+            return Err(Error::NonFinite(format!("distill: loss {value}; nothing applied")));
+        }
+        self.pi.net.params.backward(&loss);
+        self.pi.net.params.clip_grad_norm(self.config.max_grad_norm);
+        self.opt.step(&mut self.pi.net.params);
+        let agreement = match self.pi.net.head {
+            Head::Discrete(_) => f64::try_from(
+                out.argmax(-1, false).eq_tensor(&labels.argmax(-1, false)).to_kind(Kind::Float).mean(Kind::Float),
+            )?,
+            Head::Gaussian(d) => {
+                -f64::try_from((out.detach() - labels.narrow(1, 0, d as i64)).abs().mean(Kind::Float))?
+            }
+        };
+        Ok((value, agreement))
+    }
+}
+
+impl Policy for Distill {
+    fn obs_dim(&self) -> usize {
+        self.pi.obs_dim()
+    }
+
+    fn act_dim(&self) -> usize {
+        self.pi.act_dim()
+    }
+
+    /// The student acts; with `act_with = "teacher"` and `Explore`, the teacher acts greedily instead.
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        match (&mut self.teacher, self.config.act_with, mode) {
+            (Some((teacher, _)), ActWith::Teacher, ActMode::Explore) => {
+                teacher.act(obs, ActMode::Deterministic, out)?;
+                out.values.clear();
+                out.q_values.clear();
+                out.log_probs.clear();
+                Ok(())
+            }
+            _ => self.pi.act(obs, mode, out),
+        }
+    }
+}
+
+impl Algorithm for Distill {
+    fn name(&self) -> &'static str {
+        "distill"
+    }
+
+    /// Label the observed states with the teacher and keep them.
+    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
+        let obs = f32_obs("distill", step.obs)?;
+        let Some((teacher, kind)) = &mut self.teacher else {
+            return Err(Error::Unsupported("distill: no teacher loaded (set_teachers was not called)".into()));
+        };
+        let teaching = teacher.teach(ObsRef::F32(obs))?;
+        if teaching.kind() != *kind {
+            return Err(Error::Unsupported(format!(
+                "distill: the teacher changed from {kind:?} to {:?}",
+                teaching.kind()
+            )));
+        }
+        let labels = Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?;
+        self.replay.push(obs, &labels)?;
+        self.steps += 1;
+        self.labelled += (obs.len() / self.pi.net.obs_dim) as u64;
+        Ok(())
+    }
+
+    /// Every `train_freq` observed steps once `learning_starts` states are labelled: `gradient_steps` steps.
+    fn update(&mut self, _progress: &Progress) -> Result<Option<Metrics>> {
+        let Some((_, kind)) = &self.teacher else { return Ok(None) };
+        let kind = *kind;
+        if self.replay.len() < self.config.learning_starts.max(1) {
+            self.phases = self.steps / self.config.train_freq as u64;
+            return Ok(None);
+        }
+        let due = self.steps / self.config.train_freq as u64;
+        if due <= self.phases {
+            return Ok(None);
+        }
+        let temperature = self.temperature(kind)?;
+        let (mut loss, mut agreement, mut n) = (0.0, 0.0, 0.0f64);
+        while self.phases < due {
+            for _ in 0..self.config.gradient_steps {
+                let (l, a) = self.gradient_step(kind, temperature)?;
+                loss += l;
+                agreement += a;
+                n += 1.0;
+            }
+            self.phases += 1;
+        }
+        let mut m = Metrics::default();
+        m.push("losses/distill_loss", loss / n.max(1.0));
+        match self.pi.net.head {
+            Head::Discrete(_) => m.push("distill/agreement", agreement / n.max(1.0)),
+            Head::Gaussian(_) => m.push("distill/mean_abs_error", -agreement / n.max(1.0)),
+        }
+        m.push("distill/labelled_states", self.labelled as f64);
+        m.push("charts/learning_rate", self.config.learning_rate);
+        Ok(Some(m))
+    }
+
+    fn set_teachers(&mut self, mut teachers: Vec<Box<dyn Algorithm>>) -> Result<()> {
+        if teachers.len() != 1 {
+            return Err(Error::Unsupported(format!("distill takes one teacher, got {}", teachers.len())));
+        }
+        let mut teacher = teachers.remove(0);
+        if teacher.obs_dim() != self.pi.obs_dim() || teacher.act_dim() != self.pi.act_dim() {
+            return Err(Error::Unsupported(format!(
+                "distill: the teacher ({}) takes {} observation floats and gives {} action floats; the student's \
+                 env has {} and {}",
+                teacher.name(),
+                teacher.obs_dim(),
+                teacher.act_dim(),
+                self.pi.obs_dim(),
+                self.pi.act_dim()
+            )));
+        }
+        let probe = vec![0.0f32; self.pi.obs_dim()];
+        let teaching = teacher.teach(ObsRef::F32(&probe))?;
+        let kind = teaching.kind();
+        let width = teaching.labels().size()[1];
+        let outputs = self.pi.net.forward(&self.pi.net.obs_tensor(&probe)?).size()[1];
+        if !self.pi.net.learns_from(kind) || (kind != TeachingKind::Gaussian && width != outputs) {
+            return Err(Error::Unsupported(format!(
+                "distill: a {} teacher gives {kind:?} of {width} values per state; this student has {outputs} \
+                 outputs ({:?})",
+                teacher.name(),
+                self.pi.net.head
+            )));
+        }
+        self.temperature(kind)?;
+        // Loss and teacher must pair up (e.g. kl has nothing to match in a deterministic teacher).
+        let labels = teaching.labels().to_device(self.pi.net.params.flat().device());
+        let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(&probe).expect("checked above")));
+        let _ = distill_loss(self.config.loss, kind, &labels, &out, self.pi.net.log_std(), 1.0)?;
+        self.teacher = Some((teacher, kind));
+        Ok(())
+    }
+
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
+        self.pi.net.teach(f32_obs("distill", obs)?)
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("params", self.pi.net.params.flat());
+        self.opt.write_to(&mut c, "adam")?;
+        self.replay.write_to(&mut c, "replay")?;
+        c.put_meta("rng", &self.rng)?;
+        c.put_meta("acting_rng", &self.pi.rng)?;
+        c.put_meta("counters", &(self.steps, self.phases, self.labelled))?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        c.copy_into("params", self.pi.net.params.flat())?;
+        self.opt.read_from(c, "adam")?;
+        self.replay.read_from(c, "replay")?;
+        self.rng = c.meta("rng")?;
+        self.pi.rng = c.meta("acting_rng")?;
+        (self.steps, self.phases, self.labelled) = c.meta("counters")?;
+        Ok(())
+    }
+
+    fn policy_params(&self) -> &FlatParams {
+        &self.pi.net.params
+    }
+
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.pi.net.params
+    }
+
+    fn save_weights(&self, path: &Path) -> Result<()> {
+        self.pi.net.params.save(path)
+    }
+
+    fn load_weights(&mut self, path: &Path) -> Result<()> {
+        self.pi.net.params.load(path)
+    }
+}
