@@ -836,3 +836,255 @@ impl Algorithm for Distill {
         self.pi.net.params.load(path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dqn::{Dqn, DqnConfig};
+    use crate::ppo::{Ppo, PpoConfig};
+
+    fn rows(v: &[f32], width: usize) -> Tensor {
+        Tensor::from_slice(v).view([(v.len() / width) as i64, width as i64])
+    }
+
+    fn loss_of(loss: DistillLoss, kind: TeachingKind, labels: &Tensor, s: &Tensor, ls: Option<&Tensor>, t: f64) -> f64 {
+        f64::try_from(distill_loss(loss, kind, labels, s, ls, t).unwrap()).unwrap()
+    }
+
+    fn log_softmax(v: &[f64]) -> Vec<f64> {
+        let m = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z = v.iter().map(|x| (x - m).exp()).sum::<f64>().ln() + m;
+        v.iter().map(|x| x - z).collect()
+    }
+
+    #[test]
+    fn discrete_losses_match_scalar_references() {
+        let t = [1.0f32, -0.5, 0.25, 0.0, 2.0, -1.0];
+        let s = [0.3f32, 0.1, -0.2, 1.5, -0.5, 0.7];
+        let (labels, student) = (rows(&t, 3), rows(&s, 3));
+        for tau in [1.0, 0.5] {
+            let mut kl = 0.0;
+            for r in 0..2 {
+                let tr: Vec<f64> = t[r * 3..r * 3 + 3].iter().map(|x| *x as f64 / tau).collect();
+                let sr: Vec<f64> = s[r * 3..r * 3 + 3].iter().map(|x| *x as f64).collect();
+                let (lp, lq) = (log_softmax(&tr), log_softmax(&sr));
+                kl += (0..3).map(|i| lp[i].exp() * (lp[i] - lq[i])).sum::<f64>() / 2.0;
+            }
+            let got = loss_of(DistillLoss::Kl, TeachingKind::QValues, &labels, &student, None, tau);
+            assert!((got - kl).abs() < 1e-5, "kl τ={tau}: {got} vs {kl}");
+        }
+        // nll of the teacher's greedy actions (0 in row 0, 1 in row 1).
+        let lq0 = log_softmax(&[0.3, 0.1, -0.2]);
+        let lq1 = log_softmax(&[1.5, -0.5, 0.7]);
+        let nll = -(lq0[0] + lq1[1]) / 2.0;
+        let got = loss_of(DistillLoss::Nll, TeachingKind::Logits, &labels, &student, None, 1.0);
+        assert!((got - nll).abs() < 1e-5, "nll: {got} vs {nll}");
+        let mse = t.iter().zip(&s).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / 6.0;
+        let got = loss_of(DistillLoss::Mse, TeachingKind::QValues, &labels, &student, None, 1.0);
+        assert!((got - mse).abs() < 1e-6, "mse: {got} vs {mse}");
+        // Identical distributions have zero KL.
+        let same = loss_of(DistillLoss::Kl, TeachingKind::Logits, &student, &student, None, 1.0);
+        assert!(same.abs() < 1e-6, "KL(p‖p) = {same}");
+    }
+
+    #[test]
+    fn gaussian_losses_match_scalar_references() {
+        // Two states, two action dims; labels are means then log-stds.
+        let mu_t = [0.5f32, -1.0, 0.0, 2.0];
+        let ls_t = [-0.5f32, 0.2, -0.5, 0.2];
+        let mu_s = [0.1f32, -0.8, 0.4, 1.0];
+        let ls_s = [0.3f32, -0.1];
+        let labels = Tensor::cat(&[rows(&mu_t, 2), rows(&ls_t, 2)], 1);
+        let (student, log_std) = (rows(&mu_s, 2), Tensor::from_slice(&ls_s));
+        let (mut kl, mut nll) = (0.0, 0.0);
+        for r in 0..2 {
+            for d in 0..2 {
+                let (mt, lt, ms, lss) =
+                    (mu_t[r * 2 + d] as f64, ls_t[r * 2 + d] as f64, mu_s[r * 2 + d] as f64, ls_s[d] as f64);
+                let (vt, vs) = ((2.0 * lt).exp(), (2.0 * lss).exp());
+                kl += (lss - lt + (vt + (mt - ms).powi(2)) / (2.0 * vs) - 0.5) / 2.0;
+                nll += (0.5 * (mt - ms).powi(2) / vs + lss + 0.5 * (2.0 * std::f64::consts::PI).ln()) / 2.0;
+            }
+        }
+        let g = TeachingKind::Gaussian;
+        let got = loss_of(DistillLoss::Kl, g, &labels, &student, Some(&log_std), 1.0);
+        assert!((got - kl).abs() < 1e-5, "gaussian kl: {got} vs {kl}");
+        let got = loss_of(DistillLoss::Nll, g, &labels, &student, Some(&log_std), 1.0);
+        assert!((got - nll).abs() < 1e-5, "gaussian nll: {got} vs {nll}");
+        let mse = mu_t.iter().zip(&mu_s).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / 4.0;
+        let got = loss_of(DistillLoss::Mse, g, &labels, &student, Some(&log_std), 1.0);
+        assert!((got - mse).abs() < 1e-6, "gaussian mse: {got} vs {mse}");
+        // A deterministic teacher has means only: nll/mse work, kl is refused with the reason.
+        let actions = rows(&mu_t, 2);
+        let got = loss_of(DistillLoss::Mse, TeachingKind::Actions, &actions, &student, Some(&log_std), 1.0);
+        assert!((got - mse).abs() < 1e-6);
+        let err = distill_loss(DistillLoss::Kl, TeachingKind::Actions, &actions, &student, Some(&log_std), 1.0);
+        assert!(err.unwrap_err().to_string().contains("deterministic teacher"));
+        let err = distill_loss(DistillLoss::Kl, TeachingKind::Logits, &actions, &student, Some(&log_std), 1.0);
+        assert!(err.unwrap_err().to_string().contains("continuous student cannot learn a discrete teacher"));
+        let err = distill_loss(DistillLoss::Nll, g, &labels, &student, None, 1.0);
+        assert!(err.unwrap_err().to_string().contains("discrete student cannot learn a continuous teacher"));
+    }
+
+    #[test]
+    fn labelled_replay_is_a_ring_and_survives_a_checkpoint() {
+        let mut r = LabelledReplay::new(3, 2);
+        r.push(&[1.0, 1.0, 2.0, 2.0], &[10.0, 20.0]).unwrap();
+        r.push(&[3.0, 3.0, 4.0, 4.0], &[30.0, 40.0]).unwrap();
+        assert_eq!(r.len(), 3);
+        // State 1 was overwritten by state 4: every sample pairs an observation with its own label.
+        let (obs, labels) = r.sample(200, &mut Pcg64::seed_from_u64(0));
+        let (obs, labels) =
+            (Vec::<f32>::try_from(obs.flatten(0, -1)).unwrap(), Vec::<f32>::try_from(labels.flatten(0, -1)).unwrap());
+        let mut seen = std::collections::BTreeSet::new();
+        for (o, l) in obs.chunks(2).zip(&labels) {
+            assert_eq!(o[0] * 10.0, *l);
+            seen.insert(*l as i64);
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), [20, 30, 40]);
+        // Labels of another width, or observations that do not split into rows, are refused.
+        assert!(r.push(&[5.0, 5.0], &[1.0, 2.0]).unwrap_err().to_string().contains("teacher labels per state"));
+        assert!(r.push(&[5.0, 5.0, 5.0], &[1.0]).is_err());
+        let mut c = Checkpoint::new();
+        r.write_to(&mut c, "replay").unwrap();
+        let mut back = LabelledReplay::new(3, 2);
+        back.read_from(&mut c, "replay").unwrap();
+        assert_eq!(back, r);
+        // A checkpoint from a larger buffer does not fit a smaller one.
+        let mut c = Checkpoint::new();
+        r.write_to(&mut c, "replay").unwrap();
+        let err = LabelledReplay::new(2, 2).read_from(&mut c, "replay").unwrap_err();
+        assert!(err.to_string().contains("do not fit a buffer of 2 states"), "{err}");
+    }
+
+    fn obs_space(d: usize) -> Space {
+        Space::box1d(vec![-1.0; d], vec![1.0; d])
+    }
+
+    /// Observe one batch of states (8 rows of 4 floats; nothing else in the transition matters to a student).
+    fn observe(student: &mut Distill, obs: &[f32]) -> Result<()> {
+        let (act, zeros, flags) = (ActOutput::default(), [0.0f32; 8], [false; 8]);
+        student.observe(&Transition {
+            obs: ObsRef::F32(obs),
+            act: &act,
+            rewards: &zeros,
+            terminated: &flags,
+            truncated: &flags,
+            next_obs: ObsRef::F32(obs),
+        })
+    }
+
+    /// Feed `steps` batches of 8 random states (uniform in [-1, 1]⁴) to `student`, updating after each.
+    fn distil_on_random_states(student: &mut Distill, steps: usize, seed: u64) {
+        let mut rng = Pcg64::seed_from_u64(seed);
+        for i in 0..steps {
+            let obs: Vec<f32> = (0..8 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
+            observe(student, &obs).unwrap();
+            let progress = Progress { env_steps: 8 * (i as u64 + 1), total_env_steps: 8 * steps as u64 };
+            student.update(&progress).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_student_learns_a_q_value_teachers_greedy_actions() {
+        let (obs, act) = (obs_space(4), Space::discrete(3));
+        let teacher =
+            Dqn::new(&obs, &act, 8, DqnConfig { hidden_sizes: vec![32], ..Default::default() }, Device::Cpu, 7)
+                .unwrap();
+        let config = DistillConfig { teachers: vec!["t".into()], hidden_sizes: vec![32], ..Default::default() };
+        let mut student = Distill::new(&obs, &act, config, Device::Cpu, 1).unwrap();
+        student.set_teachers(vec![Box::new(teacher)]).unwrap();
+        // Held-out states: how often does the student's greedy action equal the teacher's?
+        let mut rng = Pcg64::seed_from_u64(99);
+        let probe: Vec<f32> = (0..512 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let agreement = |s: &mut Distill| {
+            let t = s.teacher.as_mut().unwrap().0.teach(ObsRef::F32(&probe)).unwrap().labels().argmax(-1, false);
+            let Teaching::Logits(l) = s.teach(ObsRef::F32(&probe)).unwrap() else { panic!("a discrete student") };
+            f64::try_from(l.argmax(-1, false).eq_tensor(&t).to_kind(Kind::Float).mean(Kind::Float)).unwrap()
+        };
+        let before = agreement(&mut student);
+        distil_on_random_states(&mut student, 600, 3);
+        let after = agreement(&mut student);
+        assert!(after > 0.9 && after > before + 0.2, "agreement {before:.3} → {after:.3}");
+    }
+
+    #[test]
+    fn a_gaussian_student_matches_a_gaussian_teacher_and_resumes_exactly() {
+        let (obs, act) = (obs_space(4), Space::box1d(vec![-2.0; 2], vec![2.0; 2]));
+        let teacher = || {
+            let mut t = Ppo::new(&obs, &act, 8, PpoConfig::default(), Device::Cpu, 5).unwrap();
+            // Spread the teacher's means (its log-std is 0; the student's starts at −1).
+            let mut flat = t.policy_params_mut().flat().shallow_clone();
+            let _ = tch::no_grad(|| flat.g_mul_scalar_(3.0));
+            Box::new(t) as Box<dyn Algorithm>
+        };
+        let config = DistillConfig {
+            teachers: vec!["t".into()],
+            hidden_sizes: vec![32],
+            learning_starts: 64,
+            log_std_init: -1.0,
+            ..Default::default()
+        };
+        let mut a = Distill::new(&obs, &act, config.clone(), Device::Cpu, 1).unwrap();
+        a.set_teachers(vec![teacher()]).unwrap();
+        let mut rng = Pcg64::seed_from_u64(4);
+        let probe: Vec<f32> = (0..256 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let error = |s: &mut Distill| {
+            let Teaching::Gaussian { mean: t, log_std: tl } =
+                s.teacher.as_mut().unwrap().0.teach(ObsRef::F32(&probe)).unwrap()
+            else {
+                panic!("a PPO teacher on boxes is Gaussian")
+            };
+            let Teaching::Gaussian { mean, log_std } = s.teach(ObsRef::F32(&probe)).unwrap() else { panic!() };
+            let mean_err = f64::try_from((&mean - &t).abs().mean(Kind::Float)).unwrap();
+            let std_err = f64::try_from((log_std.expand_as(&t) - tl.expand_as(&t)).abs().mean(Kind::Float)).unwrap();
+            (mean_err, std_err)
+        };
+        let before = error(&mut a);
+        distil_on_random_states(&mut a, 300, 3);
+        // Checkpoint mid-run, restore into a fresh student, and continue both on the same data.
+        let mut c = a.checkpoint().unwrap();
+        let mut b = Distill::new(&obs, &act, config, Device::Cpu, 2).unwrap();
+        b.set_teachers(vec![teacher()]).unwrap();
+        b.restore(&mut c).unwrap();
+        distil_on_random_states(&mut a, 300, 8);
+        distil_on_random_states(&mut b, 300, 8);
+        assert!(a.policy_params().flat().equal(b.policy_params().flat()), "a restored student diverged");
+        let after = error(&mut a);
+        assert!(after.0 < 0.3 * before.0 && after.1 < 0.3 * before.1, "|Δmean|, |Δlog σ|: {before:?} → {after:?}");
+    }
+
+    #[test]
+    fn teachers_that_do_not_fit_are_refused() {
+        let (obs, act) = (obs_space(4), Space::discrete(3));
+        let one =
+            |loss, temperature| DistillConfig { teachers: vec!["t".into()], loss, temperature, ..Default::default() };
+        let dqn = |o: &Space, a: &Space| Box::new(Dqn::new(o, a, 8, DqnConfig::default(), Device::Cpu, 0).unwrap());
+        // Another observation size or action count.
+        let mut s = Distill::new(&obs, &act, one(DistillLoss::Kl, None), Device::Cpu, 0).unwrap();
+        let err = s.set_teachers(vec![dqn(&obs_space(5), &act)]).unwrap_err().to_string();
+        assert!(err.contains("takes 5 observation floats"), "{err}");
+        let err = s.set_teachers(vec![dqn(&obs, &Space::discrete(4))]).unwrap_err().to_string();
+        assert!(err.contains("4 values per state") && err.contains("3 outputs"), "{err}");
+        // A continuous teacher for a discrete student.
+        let boxed = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
+        let ppo = Ppo::new(&obs, &boxed, 8, PpoConfig::default(), Device::Cpu, 0).unwrap();
+        let mut g = Distill::new(&obs, &boxed, one(DistillLoss::Kl, None), Device::Cpu, 0).unwrap();
+        g.set_teachers(vec![Box::new(ppo)]).unwrap();
+        let ppo = Ppo::new(&obs, &boxed, 8, PpoConfig::default(), Device::Cpu, 0).unwrap();
+        assert!(s.set_teachers(vec![Box::new(ppo)]).is_err());
+        // A temperature the loss does not use.
+        let mut s = Distill::new(&obs, &act, one(DistillLoss::Mse, Some(0.5)), Device::Cpu, 0).unwrap();
+        let err = s.set_teachers(vec![dqn(&obs, &act)]).unwrap_err().to_string();
+        assert!(err.contains("temperature") && err.contains("mse"), "{err}");
+        // None or several teachers in the config.
+        let none = DistillConfig::default().validate().unwrap_err().to_string();
+        assert!(none.contains("teachers"), "{none}");
+        let two = DistillConfig { teachers: vec!["a".into(), "b".into()], ..Default::default() };
+        assert!(two.validate().unwrap_err().to_string().contains("2 teachers"));
+        // Without a teacher the student cannot label anything, and says so.
+        let mut s = Distill::new(&obs, &act, one(DistillLoss::Kl, None), Device::Cpu, 0).unwrap();
+        let err = observe(&mut s, &[0.0; 32]).unwrap_err().to_string();
+        assert!(err.contains("no teacher loaded"), "{err}");
+    }
+}

@@ -290,3 +290,56 @@ fn a_fine_tune_starts_from_a_trained_run_in_process_and_with_actors() {
     );
     assert!(!out.exists(), "nothing written");
 }
+
+/// `examples/configs/cartpole_distill.toml` end to end: a trained PPO teacher (9,220 parameters) distilled into
+/// a 114-parameter student that solves CartPole, in one process and with actor processes; teachers that do
+/// not exist or do not fit, and settings that cannot work, are refused before anything is written.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn a_small_student_distilled_from_a_trained_teacher_solves_cartpole() {
+    let dir = scratch("cli", "distill");
+    let teacher = dir.join("teacher");
+    let t = teacher.to_str().unwrap();
+    let o = flotilla(&["train", &config("cartpole_ppo.toml"), "--out", t]);
+    assert!(o.status.success() && common::final_return(&o).is_some_and(|r| r >= 475.0), "teacher: {}", text(&o));
+    let teachers = format!("algorithm.teachers=[{t:?}]");
+    let distill = config("cartpole_distill.toml");
+    for (name, extra) in [("student", &[][..]), ("student-actors", &["--actors", "2"][..])] {
+        let out = dir.join(name);
+        let mut args = vec!["train", &distill, "--set", &teachers, "--out", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = flotilla(&args);
+        assert!(text(&o).contains(&format!("teacher {t}: ppo on CartPole-v1, 9220 parameters")), "{}", text(&o));
+        common::solved(&o, &out).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The student's metrics: it agrees with the teacher's greedy action on nearly every state it trains on.
+        let agreement = common::metric(&out, "distill/agreement");
+        assert!(agreement.last().is_some_and(|a| *a > 0.9), "{name}: agreement {agreement:?}");
+        let student = std::fs::metadata(out.join("model.safetensors")).unwrap().len();
+        let big = std::fs::metadata(teacher.join("model.safetensors")).unwrap().len();
+        assert!(student * 10 < big, "{name}: student {student} bytes, teacher {big}");
+    }
+    // Refused before anything is written, naming what is wrong.
+    let bad = dir.join("bad");
+    let refused = |sets: &[&str], extra: &[&str], needle: &str| {
+        let mut args = vec!["train", &distill, "--out", bad.to_str().unwrap()];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        args.extend_from_slice(extra);
+        let o = flotilla(&args);
+        assert!(!o.status.success() && text(&o).contains(needle), "{sets:?}: no {needle:?} in {}", text(&o));
+        assert!(!bad.exists(), "{sets:?} wrote {}", bad.display());
+    };
+    let missing = dir.join("nowhere");
+    let missing_set = format!("algorithm.teachers=[{:?}]", missing.to_str().unwrap());
+    refused(&[&missing_set], &[], missing.to_str().unwrap());
+    // A Pendulum teacher (3 observation floats, Gaussian actions) cannot teach a CartPole student.
+    let pendulum = dir.join("pendulum");
+    let p = pendulum.to_str().unwrap();
+    let o = flotilla(&["train", &config("pendulum_ppo.toml"), "--out", p, "--stop-at", "512"]);
+    assert!(o.status.success(), "{}", text(&o));
+    refused(&[&format!("algorithm.teachers=[{p:?}]")], &[], "takes 3 observation floats");
+    refused(&[&teachers, "algorithm.act_with=\"teacher\""], &["--actors", "2"], "act_with");
+    refused(&[&teachers, "algorithm.loss=\"mse\"", "algorithm.temperature=0.5"], &[], "temperature");
+    refused(&[&teachers, &format!("algorithm.teachers=[{t:?}, {t:?}]")], &[], "2 teachers");
+}

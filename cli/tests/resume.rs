@@ -95,3 +95,18 @@ fn ddpg_resumes_exactly_with_ou_noise() {
     ];
     let _ = check_resume("ddpg", "pendulum_ddpg.toml", &sets, 701);
 }
+
+/// Distillation: the student's parameters, Adam moments, labelled replay and both RNGs are checkpointed; the
+/// teacher is not (the resumed process reloads it from the run directory named in the config).
+#[test]
+fn distill_resumes_exactly_with_its_labelled_replay() {
+    let dir = common::scratch("resume", "teacher");
+    let teacher = dir.join("teacher");
+    let o = flotilla(&["train", &config("cartpole_ppo.toml"), "--out", teacher.to_str().unwrap(), "--stop-at", "2048"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let teachers = format!("algorithm.teachers=[{:?}]", teacher.to_str().unwrap());
+    let sets = [teachers.as_str(), "run.total_env_steps=3000", "eval.interval_steps=1000"];
+    let resumed = check_resume("distill", "cartpole_distill.toml", &sets, 1232);
+    assert!(resumed.contains(&format!("teacher {}: ppo on CartPole-v1", teacher.display())), "{resumed}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
