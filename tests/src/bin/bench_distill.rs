@@ -1,0 +1,233 @@
+//! `flotilla-bench-distill`: how small a student keeps a trained teacher's score, and how many labelled states
+//! and seconds it takes. Side by side in one run, every teacher trained here first.
+//!
+//! ```text
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-distill [-- --seeds N]
+//! ```
+//! Each teacher is trained with an example config (seed 1000) and saved as a run directory; then for seeds
+//! 1..=N a student (`examples/configs/cartpole_distill.toml` with the teacher's env and the student's width)
+//! learns it on the states it visits itself (DAgger), 20 K env steps, evaluated every 2 K. Scores are
+//! normalised as `(student − random) / (teacher − random)`, where "random" is a uniform random policy's score
+//! (20 episodes), so 1 is the teacher's score and 0 is chance.
+//! Reported per teacher: both networks' acting parameters (the teacher's critic is not counted: it never
+//! acts), labelled states (= env steps) to the first evaluation at ≥ 95 % normalised (mean ± 95 % CI over the
+//! seeds that reached it), how many seeds' last three evaluations are all ≥ 95 % (held), the final normalised
+//! score (median and worst) and training seconds per student.
+use flotilla_algorithms::policy::{ActMode, ActOutput, Policy};
+use flotilla_core::{ObsRef, Space};
+use flotilla_learner::config::ExperimentConfig;
+use flotilla_learner::eval::evaluate;
+use flotilla_learner::run_dir::RunDir;
+use flotilla_learner::train::train;
+use flotilla_tests::{example_config, train_seeds};
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64;
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// One teacher and its student.
+struct Case {
+    /// Row label.
+    label: &'static str,
+    /// The teacher's example config and overrides.
+    config: &'static str,
+    overrides: &'static [&'static str],
+    /// The student's hidden widths, activation (the teacher's: a ReLU teacher's greedy action switches along
+    /// piecewise-linear boundaries a ReLU student can follow) and loss.
+    student_hidden: &'static [i64],
+    activation: &'static str,
+    loss: &'static str,
+}
+
+const CASES: [Case; 5] = [
+    Case {
+        label: "CartPole-v1, PPO (logits)",
+        config: "cartpole_ppo.toml",
+        overrides: &[],
+        student_hidden: &[16],
+        activation: "tanh",
+        loss: "kl",
+    },
+    Case {
+        label: "CartPole-v1, DQN (Q-values, τ = 0.01)",
+        config: "cartpole_dqn.toml",
+        overrides: &[],
+        student_hidden: &[16],
+        activation: "relu",
+        loss: "kl",
+    },
+    Case {
+        label: "Acrobot-v1, PPO (logits)",
+        config: "cartpole_ppo.toml",
+        overrides: &["env.id=\"Acrobot-v1\"", "run.total_env_steps=200000", "algorithm.gamma=0.99"],
+        student_hidden: &[16],
+        activation: "tanh",
+        loss: "kl",
+    },
+    Case {
+        label: "Pendulum-v1, PPO (Gaussian)",
+        config: "pendulum_ppo.toml",
+        overrides: &[],
+        student_hidden: &[32],
+        activation: "tanh",
+        loss: "kl",
+    },
+    Case {
+        label: "Pendulum-v1, TD3 (deterministic actions)",
+        config: "pendulum_td3.toml",
+        overrides: &[],
+        student_hidden: &[32],
+        activation: "relu",
+        loss: "mse",
+    },
+];
+
+/// Uniformly random actions from the action space (the normalisation's floor).
+struct RandomPolicy {
+    space: Space,
+    obs_dim: usize,
+    rng: Pcg64,
+}
+
+impl Policy for RandomPolicy {
+    fn obs_dim(&self) -> usize {
+        self.obs_dim
+    }
+
+    fn act_dim(&self) -> usize {
+        match &self.space {
+            Space::Discrete { .. } => 1,
+            Space::Box { low, .. } => low.len(),
+        }
+    }
+
+    fn act(&mut self, obs: ObsRef<'_>, _mode: ActMode, out: &mut ActOutput) -> flotilla_algorithms::Result<()> {
+        let rows = obs.as_f32().map_or(0, |x| x.len() / self.obs_dim);
+        *out = ActOutput::default();
+        for _ in 0..rows {
+            match &self.space {
+                Space::Discrete { n, .. } => out.actions.push(self.rng.random_range(0..*n) as f32),
+                Space::Box { low, high, .. } => {
+                    out.actions.extend(low.iter().zip(high).map(|(l, h)| self.rng.random_range(*l..=*h)))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parameters of an MLP `inputs → hidden… → outputs` (weights and biases).
+fn mlp_params(inputs: i64, hidden: &[i64], outputs: i64) -> i64 {
+    let mut widths = vec![inputs];
+    widths.extend_from_slice(hidden);
+    widths.push(outputs);
+    widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum()
+}
+
+/// The acting network's parameters: the policy MLP (plus a state-independent log-std for Gaussian policies);
+/// a critic or target network does not act and is not counted.
+fn acting_params(config: &ExperimentConfig, hidden: &[i64]) -> BenchResult<i64> {
+    let (obs, act) = config.env.spaces()?;
+    let inputs = obs.flat_dim() as i64;
+    Ok(match act {
+        flotilla_core::Space::Discrete { n, .. } => mlp_params(inputs, hidden, n as i64),
+        flotilla_core::Space::Box { shape, .. } => {
+            let d = shape.iter().product::<usize>() as i64;
+            let log_std = if config.algorithm_name() == "ppo" || config.algorithm_name() == "distill" { d } else { 0 };
+            mlp_params(inputs, hidden, d) + log_std
+        }
+    })
+}
+
+/// Hidden widths from the resolved config (`[algorithm] hidden_sizes`).
+fn hidden_sizes(config: &ExperimentConfig) -> BenchResult<Vec<i64>> {
+    let table: toml::Table = config.to_toml().parse()?;
+    let sizes = table["algorithm"].get("hidden_sizes").and_then(|v| v.as_array()).ok_or("no hidden_sizes")?;
+    Ok(sizes.iter().filter_map(|v| v.as_integer()).collect())
+}
+
+/// 97.5 % quantile of Student's t with `df` degrees of freedom (df ≤ 30; above that, the normal 1.96).
+fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+    ];
+    if df == 0 { f64::NAN } else { T.get(df - 1).copied().unwrap_or(1.96) }
+}
+
+fn main() -> BenchResult<()> {
+    let mut args = std::env::args().skip(1);
+    let mut n_seeds = 10u64;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seeds" => n_seeds = args.next().ok_or("--seeds N")?.parse()?,
+            other => return Err(format!("unknown argument {other:?}; usage: [--seeds N]").into()),
+        }
+    }
+    tch::set_num_threads(1);
+    let seeds: Vec<u64> = (1..=n_seeds).collect();
+    let root = std::env::temp_dir().join(format!("flotilla-bench-distill-{}", std::process::id()));
+    std::fs::create_dir_all(&root)?;
+    println!("# flotilla-bench-distill\n");
+    println!(
+        "| teacher | teacher score | random policy | acting params: teacher → student | labelled states to ≥ 95 % (mean ± 95 % CI) | never | held ≥ 95 % at the end | final normalised (median, worst) | s per student |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, case) in CASES.iter().enumerate() {
+        // The teacher, as `flotilla train` leaves it: a run directory with config.toml and model.safetensors.
+        let mut overrides = vec!["run.seed=1000"];
+        overrides.extend_from_slice(case.overrides);
+        let teacher_config = example_config(case.config, &overrides);
+        let (mut teacher, _) = train(&teacher_config, &mut |_| Ok(()))?;
+        let teacher_score = evaluate(teacher.as_mut(), &teacher_config.env, 20, 4242)?.mean();
+        let dir = root.join(format!("teacher-{i}"));
+        let run = RunDir::create(&dir, &teacher_config)?;
+        teacher.save_weights(&run.model_path())?;
+
+        let env_id = format!("env.id={:?}", teacher_config.env.id);
+        let teachers = format!("algorithm.teachers=[{:?}]", dir.display().to_string());
+        let hidden = format!("algorithm.hidden_sizes={:?}", case.student_hidden);
+        let loss = format!("algorithm.loss={:?}", case.loss);
+        let activation = format!("algorithm.activation={:?}", case.activation);
+        let student_sets = [env_id.as_str(), &teachers, &hidden, &loss, &activation];
+        let student_config = example_config("cartpole_distill.toml", &student_sets);
+        let (obs, act) = student_config.env.spaces()?;
+        let mut random = RandomPolicy { space: act, obs_dim: obs.flat_dim(), rng: Pcg64::seed_from_u64(7) };
+        let random_score = evaluate(&mut random, &student_config.env, 20, 4242)?.mean();
+        let teacher_params = acting_params(&teacher_config, &hidden_sizes(&teacher_config)?)?;
+        let student_params = acting_params(&student_config, case.student_hidden)?;
+        let normalised = |score: f64| (score - random_score) / (teacher_score - random_score);
+        let threshold = random_score + 0.95 * (teacher_score - random_score);
+        let results = train_seeds("cartpole_distill.toml", &student_sets, &seeds, threshold);
+
+        let budget = student_config.run.total_env_steps as f64;
+        let reached: Vec<f64> = results.iter().filter_map(|r| r.first_reaching.map(|s| s as f64)).collect();
+        let never = results.len() - reached.len();
+        let (mean, ci) = if reached.is_empty() {
+            (budget, f64::NAN)
+        } else {
+            let n = reached.len() as f64;
+            let mean = reached.iter().sum::<f64>() / n;
+            let var = reached.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+            (mean, t975(reached.len().saturating_sub(1)) * (var / n).sqrt())
+        };
+        let mut finals: Vec<f64> = results.iter().map(|r| normalised(r.final_return)).collect();
+        finals.sort_by(f64::total_cmp);
+        // Held: the last three evaluations (the final policy's and the two before it) all at ≥ 95 %.
+        let held = results
+            .iter()
+            .filter(|r| r.report.evals.iter().rev().take(3).all(|e| normalised(e.result.mean()) >= 0.95))
+            .count();
+        let median = finals.get(finals.len() / 2).copied().unwrap_or(f64::NAN);
+        let worst = finals.first().copied().unwrap_or(f64::NAN);
+        let secs = results.iter().map(|r| r.report.train_secs).sum::<f64>() / results.len().max(1) as f64;
+        println!(
+            "| {} | {teacher_score:.1} | {random_score:.1} | {teacher_params} → {student_params} ({:.1} %) | {mean:.0} ± {ci:.0} | {never} | {held} / {} | {median:.3}, {worst:.3} | {secs:.1} |",
+            format!("{} → student {:?} {}, {}", case.label, case.student_hidden, case.activation, case.loss),
+            100.0 * student_params as f64 / teacher_params as f64,
+            results.len()
+        );
+    }
+    std::fs::remove_dir_all(&root)?;
+    Ok(())
+}
