@@ -26,7 +26,6 @@
 //! `charts/learning_rate`, `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean
 //! `min(ρ̄, π/μ)`), `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with
 //! `π/μ > ρ̄`) and `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)).
-use std::path::Path;
 
 use flotilla_core::{ObsRef, Space};
 use rand::SeedableRng;
@@ -560,14 +559,6 @@ impl Algorithm for A2c {
 
     fn policy_params_mut(&mut self) -> &mut FlatParams {
         &mut self.pi.net.params
-    }
-
-    fn save_weights(&self, path: &Path) -> Result<()> {
-        self.pi.net.params.save(path)
-    }
-
-    fn load_weights(&mut self, path: &Path) -> Result<()> {
-        self.pi.net.params.load(path)
     }
 }
 

@@ -181,10 +181,16 @@ pub trait Algorithm: Policy {
         let _ = teachers;
         Err(crate::Error::Unsupported(format!("{} learns from no teachers", self.name())))
     }
-    /// Save the policy weights alone (what `flotilla eval` loads), atomically.
-    fn save_weights(&self, path: &Path) -> Result<()>;
-    /// Load weights saved by [`Algorithm::save_weights`].
-    fn load_weights(&mut self, path: &Path) -> Result<()>;
+    /// Save the policy weights alone ([`Algorithm::policy_params`]: what `flotilla eval` loads), atomically.
+    fn save_weights(&self, path: &Path) -> Result<()> {
+        self.policy_params().save(path)
+    }
+    /// Load weights saved by [`Algorithm::save_weights`] (target copies follow: `policy_params_changed`).
+    fn load_weights(&mut self, path: &Path) -> Result<()> {
+        self.policy_params_mut().load(path)?;
+        self.policy_params_changed();
+        Ok(())
+    }
 }
 
 /// Call `f` with each of `chunk`'s `T` steps as a [`Transition`] of its `E` envs, in time order, with the true

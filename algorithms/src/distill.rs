@@ -19,7 +19,6 @@
 //!
 //! Teachers are loaded by the learner (from run directories) and handed over with
 //! [`Algorithm::set_teachers`]; they are not part of a checkpoint (a resumed run reloads them).
-use std::path::Path;
 
 use flotilla_core::{ObsRef, Space};
 use rand::{Rng, SeedableRng};
@@ -149,6 +148,9 @@ pub struct DistillConfig {
     pub batch_size: usize,
     /// Adam learning rate.
     pub learning_rate: f64,
+    /// Anneal the learning rate linearly to 0 over the run (SB3's `progress_remaining`): late in a run the
+    /// student's own states crowd the replay and a constant step size keeps chasing the teacher's label noise.
+    pub anneal_lr: bool,
     /// Adam ε.
     pub adam_eps: f64,
     /// Labelled states before the first gradient step.
@@ -175,6 +177,7 @@ impl Default for DistillConfig {
             buffer_size: 50_000,
             batch_size: 64,
             learning_rate: 3e-3,
+            anneal_lr: false,
             adam_eps: 1e-8,
             learning_starts: 256,
             train_freq: 1,
@@ -724,7 +727,7 @@ impl Algorithm for Distill {
     }
 
     /// Every `train_freq` observed steps once `learning_starts` states are labelled: `gradient_steps` steps.
-    fn update(&mut self, _progress: &Progress) -> Result<Option<Metrics>> {
+    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
         let Some((_, kind)) = &self.teacher else { return Ok(None) };
         let kind = *kind;
         if self.replay.len() < self.config.learning_starts.max(1) {
@@ -736,6 +739,8 @@ impl Algorithm for Distill {
             return Ok(None);
         }
         let temperature = self.temperature(kind)?;
+        let remaining = if self.config.anneal_lr { progress.remaining() } else { 1.0 };
+        self.opt.lr = self.config.learning_rate * remaining;
         let (mut loss, mut agreement, mut n) = (0.0, 0.0, 0.0f64);
         while self.phases < due {
             for _ in 0..self.config.gradient_steps {
@@ -753,7 +758,7 @@ impl Algorithm for Distill {
             Head::Gaussian(_) => m.push("distill/mean_abs_error", -agreement / n.max(1.0)),
         }
         m.push("distill/labelled_states", self.labelled as f64);
-        m.push("charts/learning_rate", self.config.learning_rate);
+        m.push("charts/learning_rate", self.opt.lr);
         Ok(Some(m))
     }
 
@@ -826,14 +831,6 @@ impl Algorithm for Distill {
 
     fn policy_params_mut(&mut self) -> &mut FlatParams {
         &mut self.pi.net.params
-    }
-
-    fn save_weights(&self, path: &Path) -> Result<()> {
-        self.pi.net.params.save(path)
-    }
-
-    fn load_weights(&mut self, path: &Path) -> Result<()> {
-        self.pi.net.params.load(path)
     }
 }
 
@@ -1006,6 +1003,14 @@ mod tests {
         distil_on_random_states(&mut student, 600, 3);
         let after = agreement(&mut student);
         assert!(after > 0.9 && after > before + 0.2, "agreement {before:.3} → {after:.3}");
+        assert_eq!(student.opt.lr, 3e-3, "a constant learning rate by default");
+        // With anneal_lr the step size falls linearly with the run's progress, to 0 at the last update.
+        let teacher = Dqn::new(&obs, &act, 8, DqnConfig::default(), Device::Cpu, 7).unwrap();
+        let config = DistillConfig { teachers: vec!["t".into()], anneal_lr: true, ..Default::default() };
+        let mut annealed = Distill::new(&obs, &act, config, Device::Cpu, 1).unwrap();
+        annealed.set_teachers(vec![Box::new(teacher)]).unwrap();
+        distil_on_random_states(&mut annealed, 600, 3);
+        assert!(annealed.opt.lr == 0.0, "learning rate at the end: {}", annealed.opt.lr);
     }
 
     #[test]

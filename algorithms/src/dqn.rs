@@ -23,7 +23,6 @@
 //!
 //! Metrics: `losses/td_loss`, `losses/q_values`, `charts/epsilon`, `charts/learning_rate`, `charts/gradient_steps`,
 //! `charts/per_beta`.
-use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use flotilla_core::{ObsRef, Space};
@@ -979,14 +978,6 @@ impl Algorithm for Dqn {
 
     fn policy_params_changed(&mut self) {
         self.target.polyak_from(&self.online, 1.0);
-    }
-
-    fn save_weights(&self, path: &Path) -> Result<()> {
-        self.online.save(path)
-    }
-
-    fn load_weights(&mut self, path: &Path) -> Result<()> {
-        self.online.load(path)
     }
 }
 

@@ -30,7 +30,6 @@
 //! when the delay skipped them all, so every row has the same columns; NaN before the first),
 //! `losses/q_values` (mean `Q_j(s, a)` over critics and batch), `charts/learning_rate`,
 //! `charts/gradient_steps` (critic updates in this call).
-use std::path::Path;
 
 use flotilla_core::{ObsRef, Space};
 use rand::{Rng, SeedableRng};
@@ -762,14 +761,6 @@ impl Algorithm for Td3 {
 
     fn policy_params_changed(&mut self) {
         self.actor_target.polyak_from(&self.actor, 1.0);
-    }
-
-    fn save_weights(&self, path: &Path) -> Result<()> {
-        self.actor.save(path)
-    }
-
-    fn load_weights(&mut self, path: &Path) -> Result<()> {
-        self.actor.load(path)
     }
 }
 
