@@ -18,7 +18,10 @@
 //! - `mse`: `‖s − t‖²` on the raw outputs (Q-values, logits, means, actions), averaged over outputs.
 //!
 //! Teachers are loaded by the learner (from run directories) and handed over with
-//! [`Algorithm::set_teachers`]; they are not part of a checkpoint (a resumed run reloads them).
+//! [`Algorithm::set_teachers`]; they are not part of a checkpoint (a resumed run reloads them). Several
+//! teachers (Rusu's multi-task distillation) come one per task of a `[[tasks]]` run, whose observations end
+//! with the task's one-hot: each row is labelled by its task's teacher (one-hot stripped) and the student
+//! shares its hidden layers between the tasks, with one output head per task.
 
 use flotilla_core::{ObsRef, Space};
 use rand::{Rng, SeedableRng};
@@ -129,7 +132,8 @@ pub enum ActWith {
 #[serde(deny_unknown_fields, default)]
 pub struct DistillConfig {
     /// Run directories written by `flotilla train` whose `model.safetensors` and `config.toml` give the
-    /// teacher (one; several teachers need one task each, not built yet).
+    /// teachers: one, or one per task of a multi-task run (`[[tasks]]`, in order), distilled into one student
+    /// with a head per task.
     pub teachers: Vec<String>,
     /// Hidden layer widths of the student MLP (typically far smaller than the teacher's).
     pub hidden_sizes: Vec<i64>,
@@ -194,19 +198,8 @@ impl DistillConfig {
         let bad = |field, value: String, detail: &str| {
             Err(Error::InvalidConfig { algorithm: "distill", field, value, detail: detail.to_string() })
         };
-        match self.teachers.len() {
-            0 => return bad("teachers", "[]".into(), "name the run directory of a trained teacher"),
-            1 => {}
-            n => {
-                return bad(
-                    "teachers",
-                    format!("{:?}", self.teachers),
-                    &format!(
-                        "{n} teachers: several teachers are distilled into one multi-head student, one task each, \
-                         which needs multi-task runs ([[tasks]]); not built yet — distil one teacher per run"
-                    ),
-                );
-            }
+        if self.teachers.is_empty() {
+            return bad("teachers", "[]".into(), "name the run directory of a trained teacher");
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
@@ -257,7 +250,10 @@ enum Head {
     Gaussian(usize),
 }
 
-/// The student: an MLP `obs → logits` or `obs → means` (named `student.{k}`), plus `log_std` for boxes.
+/// The student: an MLP `obs → logits` or `obs → means` (named `student.{k}`), plus `log_std` for boxes. With
+/// `H > 1` teachers (one per task) the observation ends with the task's one-hot (`H` floats,
+/// `flotilla_envs::TaskVecEnv`): the hidden layers are shared by every task (they see the one-hot too) and the
+/// output layer holds one head per task, of which each row reads its own task's.
 #[derive(Debug)]
 pub struct StudentNet {
     /// Every parameter (what a broadcast carries and `save_weights` writes).
@@ -266,6 +262,8 @@ pub struct StudentNet {
     log_std: Option<usize>,
     head: Head,
     obs_dim: usize,
+    /// Heads (tasks); 1 for a single teacher.
+    heads: usize,
 }
 
 impl StudentNet {
@@ -283,12 +281,23 @@ impl StudentNet {
             }
         };
         let obs_dim = mlp_input_dim("distill", obs)?;
+        let heads = config.teachers.len().max(1);
+        if heads > 1 && obs_dim <= heads {
+            return Err(Error::UnsupportedSpace {
+                which: "observation",
+                algorithm: "distill",
+                detail: format!(
+                    "{heads} teachers need observations ending with a {heads}-task one-hot; got {obs_dim} floats"
+                ),
+            });
+        }
         let outputs = match head {
             Head::Discrete(n) | Head::Gaussian(n) => n as i64,
         };
         let (mlp, mut named) = with_torch_seed(seed, || {
             let init = LayerInit::Orthogonal { out_gain: 0.01 };
-            FlatMlp::init("student", obs_dim as i64, &config.hidden_sizes, outputs, config.activation, init, 0)
+            let (inputs, hidden, act) = (obs_dim as i64, &config.hidden_sizes, config.activation);
+            FlatMlp::init("student", inputs, hidden, outputs * heads as i64, act, init, 0)
         });
         let log_std = match head {
             Head::Discrete(_) => None,
@@ -300,12 +309,55 @@ impl StudentNet {
                 Some(named.len() - 1)
             }
         };
-        Ok(StudentNet { params: FlatParams::new(named, device), mlp, log_std, head, obs_dim })
+        Ok(StudentNet { params: FlatParams::new(named, device), mlp, log_std, head, obs_dim, heads })
     }
 
-    /// Logits or means, `[B, outputs]`, on `x` `[B, obs_dim]`.
+    fn outputs(&self) -> usize {
+        match self.head {
+            Head::Discrete(n) | Head::Gaussian(n) => n,
+        }
+    }
+
+    /// Logits or means, `[B, outputs]`, on `x` `[B, obs_dim]` (each row's own task's head).
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        self.mlp.forward(&self.params, x)
+        let all = self.mlp.forward(&self.params, x);
+        if self.heads == 1 {
+            return all;
+        }
+        let (b, h, n) = (x.size()[0], self.heads as i64, self.outputs() as i64);
+        let task = x.narrow(1, self.obs_dim as i64 - h, h).argmax(1, false);
+        all.view([b, h, n]).gather(1, &task.view([b, 1, 1]).expand([b, 1, n], false), false).squeeze_dim(1)
+    }
+
+    /// The task of each row of `x` (`rows × obs_dim`): where its one-hot is hot (0 for a single teacher).
+    fn tasks_of(&self, x: &[f32]) -> Vec<usize> {
+        let h = self.heads;
+        x.chunks_exact(self.obs_dim)
+            .map(|row| {
+                let hot = &row[self.obs_dim - h..];
+                if h == 1 {
+                    0
+                } else {
+                    hot.iter().enumerate().fold(0, |best, (i, v)| if *v > hot[best] { i } else { best })
+                }
+            })
+            .collect()
+    }
+
+    /// Keep each row's own head of a host forward pass (`rows × heads·n` → `rows × n`), in place.
+    fn select_heads(&self, x: &[f32], out: &mut Vec<f32>) {
+        if self.heads == 1 {
+            return;
+        }
+        let n = self.outputs();
+        let tasks = self.tasks_of(x);
+        let mut w = 0;
+        for (r, t) in tasks.iter().enumerate() {
+            let from = r * self.heads * n + t * n;
+            out.copy_within(from..from + n, w);
+            w += n;
+        }
+        out.truncate(w);
     }
 
     /// The log-std parameter of a Gaussian student.
@@ -386,7 +438,9 @@ impl Policy for DistillPolicy {
         }
         let rows = x.len() / self.net.obs_dim;
         let deterministic = mode == ActMode::Deterministic;
-        if !self.net.mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head) {
+        if self.net.mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head) {
+            self.net.select_heads(x, &mut self.head);
+        } else {
             let input = self.net.obs_tensor(x)?;
             let h = tch::no_grad(|| self.net.forward(&input));
             self.head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
@@ -596,7 +650,9 @@ pub struct Distill {
     pi: DistillPolicy,
     opt: Adam,
     replay: LabelledReplay,
-    teacher: Option<(Box<dyn Algorithm>, TeachingKind)>,
+    /// The teachers (one per task) and the kind of teaching they all give; empty before `set_teachers`.
+    teachers: Vec<Box<dyn Algorithm>>,
+    kind: Option<TeachingKind>,
     /// Replay sampling.
     rng: Pcg64,
     /// Vectorised steps observed, training phases run, states labelled.
@@ -622,7 +678,8 @@ impl Distill {
             pi: DistillPolicy::of(net, seed),
             opt,
             replay,
-            teacher: None,
+            teachers: Vec::new(),
+            kind: None,
             rng: Pcg64::seed_from_u64(seed ^ 0xd157_0002),
             steps: 0,
             phases: 0,
@@ -677,6 +734,42 @@ impl Distill {
     }
 }
 
+/// A teacher's teaching must keep the kind it had when it was handed over.
+fn check_kind(kind: TeachingKind, teaching: &Teaching) -> Result<()> {
+    if teaching.kind() != kind {
+        return Err(Error::Unsupported(format!("distill: the teacher changed from {kind:?} to {:?}", teaching.kind())));
+    }
+    Ok(())
+}
+
+impl Distill {
+    /// Labels for `obs` (rows with a task one-hot at the end): each task's rows, one-hot stripped, taught by
+    /// that task's teacher, written back in row order.
+    fn label_by_task(&mut self, obs: &[f32], kind: TeachingKind) -> Result<Vec<f32>> {
+        let (dim, heads) = (self.pi.obs_dim(), self.pi.net.heads);
+        let tasks = self.pi.net.tasks_of(obs);
+        let mut labels: Vec<f32> = Vec::new();
+        let mut width = 0;
+        for (k, teacher) in self.teachers.iter_mut().enumerate() {
+            let rows: Vec<usize> = (0..tasks.len()).filter(|r| tasks[*r] == k).collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let x: Vec<f32> = rows.iter().flat_map(|r| obs[r * dim..(r + 1) * dim - heads].iter().copied()).collect();
+            let teaching = teacher.teach(ObsRef::F32(&x))?;
+            check_kind(kind, &teaching)?;
+            let y = Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?;
+            width = y.len() / rows.len();
+            labels.resize(tasks.len() * width, 0.0);
+            for (i, r) in rows.iter().enumerate() {
+                labels[r * width..(r + 1) * width].copy_from_slice(&y[i * width..(i + 1) * width]);
+            }
+        }
+        debug_assert_eq!(labels.len(), tasks.len() * width);
+        Ok(labels)
+    }
+}
+
 impl Policy for Distill {
     fn obs_dim(&self) -> usize {
         self.pi.obs_dim()
@@ -688,8 +781,8 @@ impl Policy for Distill {
 
     /// The student acts; with `act_with = "teacher"` and `Explore`, the teacher acts greedily instead.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        match (&mut self.teacher, self.config.act_with, mode) {
-            (Some((teacher, _)), ActWith::Teacher, ActMode::Explore) => {
+        match (self.teachers.first_mut(), self.config.act_with, mode) {
+            (Some(teacher), ActWith::Teacher, ActMode::Explore) => {
                 teacher.act(obs, ActMode::Deterministic, out)?;
                 out.values.clear();
                 out.q_values.clear();
@@ -706,20 +799,19 @@ impl Algorithm for Distill {
         "distill"
     }
 
-    /// Label the observed states with the teacher and keep them.
+    /// Label the observed states, each by its task's teacher, and keep them.
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
         let obs = f32_obs("distill", step.obs)?;
-        let Some((teacher, kind)) = &mut self.teacher else {
+        let Some(kind) = self.kind else {
             return Err(Error::Unsupported("distill: no teacher loaded (set_teachers was not called)".into()));
         };
-        let teaching = teacher.teach(ObsRef::F32(obs))?;
-        if teaching.kind() != *kind {
-            return Err(Error::Unsupported(format!(
-                "distill: the teacher changed from {kind:?} to {:?}",
-                teaching.kind()
-            )));
-        }
-        let labels = Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?;
+        let labels = if self.teachers.len() == 1 {
+            let teaching = self.teachers[0].teach(ObsRef::F32(obs))?;
+            check_kind(kind, &teaching)?;
+            Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?
+        } else {
+            self.label_by_task(obs, kind)?
+        };
         self.replay.push(obs, &labels)?;
         self.steps += 1;
         self.labelled += (obs.len() / self.pi.net.obs_dim) as u64;
@@ -728,8 +820,7 @@ impl Algorithm for Distill {
 
     /// Every `train_freq` observed steps once `learning_starts` states are labelled: `gradient_steps` steps.
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        let Some((_, kind)) = &self.teacher else { return Ok(None) };
-        let kind = *kind;
+        let Some(kind) = self.kind else { return Ok(None) };
         if self.replay.len() < self.config.learning_starts.max(1) {
             self.phases = self.steps / self.config.train_freq as u64;
             return Ok(None);
@@ -762,41 +853,60 @@ impl Algorithm for Distill {
         Ok(Some(m))
     }
 
+    /// One teacher per head (task), in task order; each must take the task's observations (the student's
+    /// without the one-hot) and give the kind of teaching the student's head and loss can learn.
     fn set_teachers(&mut self, mut teachers: Vec<Box<dyn Algorithm>>) -> Result<()> {
-        if teachers.len() != 1 {
-            return Err(Error::Unsupported(format!("distill takes one teacher, got {}", teachers.len())));
-        }
-        let mut teacher = teachers.remove(0);
-        if teacher.obs_dim() != self.pi.obs_dim() || teacher.act_dim() != self.pi.act_dim() {
+        let heads = self.pi.net.heads;
+        if teachers.len() != heads {
             return Err(Error::Unsupported(format!(
-                "distill: the teacher ({}) takes {} observation floats and gives {} action floats; the student's \
-                 env has {} and {}",
-                teacher.name(),
-                teacher.obs_dim(),
-                teacher.act_dim(),
-                self.pi.obs_dim(),
-                self.pi.act_dim()
+                "distill: {} teachers for a student with {heads} heads (one per task)",
+                teachers.len()
             )));
         }
-        let probe = vec![0.0f32; self.pi.obs_dim()];
-        let teaching = teacher.teach(ObsRef::F32(&probe))?;
-        let kind = teaching.kind();
-        let width = teaching.labels().size()[1];
-        let outputs = self.pi.net.forward(&self.pi.net.obs_tensor(&probe)?).size()[1];
-        if !self.pi.net.learns_from(kind) || (kind != TeachingKind::Gaussian && width != outputs) {
-            return Err(Error::Unsupported(format!(
-                "distill: a {} teacher gives {kind:?} of {width} values per state; this student has {outputs} \
-                 outputs ({:?})",
-                teacher.name(),
-                self.pi.net.head
-            )));
+        let task_dim = self.pi.obs_dim() - if heads > 1 { heads } else { 0 };
+        let mut kind = None;
+        for (k, teacher) in teachers.iter_mut().enumerate() {
+            let which = if heads > 1 {
+                format!("teacher {k} ({})", teacher.name())
+            } else {
+                format!("the teacher ({})", teacher.name())
+            };
+            if teacher.obs_dim() != task_dim || teacher.act_dim() != self.pi.act_dim() {
+                return Err(Error::Unsupported(format!(
+                    "distill: {which} takes {} observation floats and gives {} action floats; the student's \
+                     env has {task_dim} and {}",
+                    teacher.obs_dim(),
+                    teacher.act_dim(),
+                    self.pi.act_dim()
+                )));
+            }
+            let teaching = teacher.teach(ObsRef::F32(&vec![0.0f32; task_dim]))?;
+            let width = teaching.labels().size()[1];
+            let outputs = self.pi.net.outputs() as i64;
+            let k_kind = teaching.kind();
+            if !self.pi.net.learns_from(k_kind) || (k_kind != TeachingKind::Gaussian && width != outputs) {
+                return Err(Error::Unsupported(format!(
+                    "distill: {which} gives {k_kind:?} of {width} values per state; this student has {outputs} \
+                     outputs ({:?})",
+                    self.pi.net.head
+                )));
+            }
+            if kind.is_some_and(|first| first != k_kind) {
+                return Err(Error::Unsupported(format!(
+                    "distill: {which} gives {k_kind:?}, teacher 0 {:?}: one loss needs one kind of teaching",
+                    kind.expect("checked")
+                )));
+            }
+            self.temperature(k_kind)?;
+            // Loss and teacher must pair up (e.g. kl has nothing to match in a deterministic teacher).
+            let labels = teaching.labels().to_device(self.pi.net.params.flat().device());
+            let probe = vec![0.0f32; self.pi.obs_dim()];
+            let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(&probe).expect("one row")));
+            let _ = distill_loss(self.config.loss, k_kind, &labels, &out, self.pi.net.log_std(), 1.0)?;
+            kind = Some(k_kind);
         }
-        self.temperature(kind)?;
-        // Loss and teacher must pair up (e.g. kl has nothing to match in a deterministic teacher).
-        let labels = teaching.labels().to_device(self.pi.net.params.flat().device());
-        let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(&probe).expect("checked above")));
-        let _ = distill_loss(self.config.loss, kind, &labels, &out, self.pi.net.log_std(), 1.0)?;
-        self.teacher = Some((teacher, kind));
+        self.teachers = teachers;
+        self.kind = kind;
         Ok(())
     }
 
@@ -995,7 +1105,7 @@ mod tests {
         let mut rng = Pcg64::seed_from_u64(99);
         let probe: Vec<f32> = (0..512 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
         let agreement = |s: &mut Distill| {
-            let t = s.teacher.as_mut().unwrap().0.teach(ObsRef::F32(&probe)).unwrap().labels().argmax(-1, false);
+            let t = s.teachers[0].teach(ObsRef::F32(&probe)).unwrap().labels().argmax(-1, false);
             let Teaching::Logits(l) = s.teach(ObsRef::F32(&probe)).unwrap() else { panic!("a discrete student") };
             f64::try_from(l.argmax(-1, false).eq_tensor(&t).to_kind(Kind::Float).mean(Kind::Float)).unwrap()
         };
@@ -1011,6 +1121,63 @@ mod tests {
         annealed.set_teachers(vec![Box::new(teacher)]).unwrap();
         distil_on_random_states(&mut annealed, 600, 3);
         assert!(annealed.opt.lr == 0.0, "learning rate at the end: {}", annealed.opt.lr);
+    }
+
+    /// `rows` random states of `d` floats in [-1, 1], each followed by a random `tasks`-wide one-hot.
+    fn tasked_states(rows: usize, d: usize, tasks: usize, rng: &mut Pcg64) -> Vec<f32> {
+        let mut x = Vec::with_capacity(rows * (d + tasks));
+        for _ in 0..rows {
+            x.extend((0..d).map(|_| rng.random_range(-1.0f32..1.0)));
+            let hot = rng.random_range(0..tasks);
+            x.extend((0..tasks).map(|k| if k == hot { 1.0 } else { 0.0 }));
+        }
+        x
+    }
+
+    #[test]
+    fn a_two_headed_student_learns_each_tasks_teacher() {
+        let (task_obs, act) = (obs_space(4), Space::discrete(3));
+        let teacher = |seed| {
+            let config = DqnConfig { hidden_sizes: vec![32], ..Default::default() };
+            Box::new(Dqn::new(&task_obs, &act, 8, config, Device::Cpu, seed).unwrap()) as Box<dyn Algorithm>
+        };
+        let config = DistillConfig {
+            teachers: vec!["a".into(), "b".into()],
+            hidden_sizes: vec![32],
+            activation: Activation::Relu,
+            ..Default::default()
+        };
+        let mut student = Distill::new(&obs_space(6), &act, config, Device::Cpu, 1).unwrap();
+        student.set_teachers(vec![teacher(7), teacher(8)]).unwrap();
+        let mut rng = Pcg64::seed_from_u64(5);
+        for i in 0..800 {
+            observe(&mut student, &tasked_states(8, 4, 2, &mut rng)).unwrap();
+            student.update(&Progress { env_steps: 8 * (i + 1), total_env_steps: 6400 }).unwrap();
+        }
+        // Per task: the student's greedy action (host forward, through act) against that task's teacher.
+        let probe = tasked_states(1000, 4, 2, &mut rng);
+        let mut out = ActOutput::default();
+        student.act(ObsRef::F32(&probe), ActMode::Deterministic, &mut out).unwrap();
+        let Teaching::Logits(logits) = student.teach(ObsRef::F32(&probe)).unwrap() else { panic!() };
+        let greedy = Vec::<i64>::try_from(logits.argmax(-1, false)).unwrap();
+        let acted: Vec<i64> = out.actions.iter().map(|a| *a as i64).collect();
+        assert_eq!(acted, greedy, "the host path and libtorch pick the same head");
+        let tasks = student.pi.net.tasks_of(&probe);
+        for k in 0..2 {
+            let rows: Vec<usize> = (0..1000).filter(|r| tasks[*r] == k).collect();
+            let x: Vec<f32> = rows.iter().flat_map(|r| probe[r * 6..r * 6 + 4].iter().copied()).collect();
+            let t = student.teachers[k].teach(ObsRef::F32(&x)).unwrap().labels().argmax(-1, false);
+            let t = Vec::<i64>::try_from(t).unwrap();
+            let agree = rows.iter().zip(&t).filter(|(r, a)| greedy[**r] == **a).count() as f64 / rows.len() as f64;
+            // The other teacher's actions agree far less often: the heads really are per task.
+            let other = student.teachers[1 - k].teach(ObsRef::F32(&x)).unwrap().labels().argmax(-1, false);
+            let other = Vec::<i64>::try_from(other).unwrap();
+            let cross = rows.iter().zip(&other).filter(|(r, a)| greedy[**r] == **a).count() as f64 / rows.len() as f64;
+            assert!(
+                agree > 0.85 && agree > cross + 0.2,
+                "task {k}: agreement {agree:.3}, with the other teacher {cross:.3}"
+            );
+        }
     }
 
     #[test]
@@ -1035,9 +1202,7 @@ mod tests {
         let mut rng = Pcg64::seed_from_u64(4);
         let probe: Vec<f32> = (0..256 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
         let error = |s: &mut Distill| {
-            let Teaching::Gaussian { mean: t, log_std: tl } =
-                s.teacher.as_mut().unwrap().0.teach(ObsRef::F32(&probe)).unwrap()
-            else {
+            let Teaching::Gaussian { mean: t, log_std: tl } = s.teachers[0].teach(ObsRef::F32(&probe)).unwrap() else {
                 panic!("a PPO teacher on boxes is Gaussian")
             };
             let Teaching::Gaussian { mean, log_std } = s.teach(ObsRef::F32(&probe)).unwrap() else { panic!() };
@@ -1085,8 +1250,11 @@ mod tests {
         // None or several teachers in the config.
         let none = DistillConfig::default().validate().unwrap_err().to_string();
         assert!(none.contains("teachers"), "{none}");
+        // Two teachers make a two-headed student, which takes exactly two.
         let two = DistillConfig { teachers: vec!["a".into(), "b".into()], ..Default::default() };
-        assert!(two.validate().unwrap_err().to_string().contains("2 teachers"));
+        let mut s = Distill::new(&obs_space(6), &act, two, Device::Cpu, 0).unwrap();
+        let err = s.set_teachers(vec![dqn(&obs, &act)]).unwrap_err().to_string();
+        assert!(err.contains("1 teachers for a student with 2 heads"), "{err}");
         // Without a teacher the student cannot label anything, and says so.
         let mut s = Distill::new(&obs, &act, one(DistillLoss::Kl, None), Device::Cpu, 0).unwrap();
         let err = observe(&mut s, &[0.0; 32]).unwrap_err().to_string();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use flotilla_actors::{ActorFactory, ActorOptions, ActorReport, Connector, run_actor};
 use flotilla_algorithms::dqn::apex_epsilon;
 use flotilla_algorithms::{Acting, ActingSetup};
-use flotilla_envs::{EnvRole, VectorEnv, make_vector};
+use flotilla_envs::{EnvRole, VectorEnv};
 use flotilla_learner::config::{ExperimentConfig, MAX_RECONNECT_SECS};
 use flotilla_transport::grpc::{GrpcClient, Limits};
 use flotilla_transport::{LearnerClient, Registered, RunInfo};
@@ -38,8 +38,7 @@ impl ActorFactory for ConfigFactory {
         tch::set_num_threads(1);
         let config = self.config(run)?;
         let plan = config.plan(config.actors.count).map_err(setup)?;
-        let kwargs = config.env.registry_kwargs().map_err(setup)?;
-        Ok(make_vector(&config.env.id, &kwargs, plan.envs_per_actor, EnvRole::Training)?)
+        config.env.make_vector(plan.envs_per_actor, EnvRole::Training).map_err(setup)
     }
 
     fn acting(

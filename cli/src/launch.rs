@@ -187,6 +187,9 @@ pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Op
     }
     let e = report.final_eval();
     println!("evaluation return: {:.1} ± {:.1} over {} episodes (deterministic)", e.mean(), e.std(), e.returns.len());
+    for (task, mean) in e.task_means() {
+        println!("task {task}: evaluation return {mean:.1}");
+    }
     println!("saved policy: {}", model.display());
     let dir = dir.display();
     println!("run directory: {dir}  (evaluate again with: flotilla eval {dir})");

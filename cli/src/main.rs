@@ -273,5 +273,8 @@ fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()
         episodes,
         model.display()
     );
+    for (task, mean) in result.task_means() {
+        println!("task {task}: mean return {mean:.2}");
+    }
     Ok(())
 }

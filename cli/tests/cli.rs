@@ -343,3 +343,65 @@ fn a_small_student_distilled_from_a_trained_teacher_solves_cartpole() {
     refused(&[&teachers, "algorithm.loss=\"mse\"", "algorithm.temperature=0.5"], &[], "temperature");
     refused(&[&teachers, &format!("algorithm.teachers=[{t:?}, {t:?}]")], &[], "2 teachers");
 }
+
+/// `examples/configs/cartpole_multiteacher.toml`: three PPO teachers, each trained on its own CartPole physics
+/// (one with the actions reversed), distilled into one student with a head per task; every task's final
+/// evaluation keeps ≥ 90 % of its teacher's, in one process and with actor processes; per-task metrics columns;
+/// teachers that do not match the tasks are refused before anything is written.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn three_teachers_distilled_into_one_student_keep_each_tasks_score() {
+    let dir = scratch("cli", "multiteacher");
+    let tasks = [("normal", vec![]), ("long", vec!["env.kwargs.length=1.5", "env.kwargs.masspole=0.3"])];
+    let tasks = [&tasks[..], &[("reversed", vec!["env.kwargs.force_mag=-10.0"])]].concat();
+    let mut teachers = Vec::new();
+    let mut scores = Vec::new();
+    for (name, sets) in &tasks {
+        let run = dir.join(name);
+        let mut args = vec!["train", &config("cartpole_ppo.toml")].into_iter().map(String::from).collect::<Vec<_>>();
+        for s in sets {
+            args.extend(["--set".to_string(), s.to_string()]);
+        }
+        args.extend(["--out".into(), run.display().to_string()]);
+        let o = flotilla(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let score = common::final_return(&o).unwrap_or_else(|| panic!("teacher {name}: {}", text(&o)));
+        teachers.push(format!("{:?}", run.display().to_string()));
+        scores.push(score);
+    }
+    let teachers = format!("algorithm.teachers=[{}]", teachers.join(", "));
+    let cfg = config("cartpole_multiteacher.toml");
+    for (label, extra) in [("student", &[][..]), ("student-actors", &["--actors", "2"][..])] {
+        let out = dir.join(label);
+        let mut args = vec!["train", &cfg, "--set", &teachers, "--out", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = flotilla(&args);
+        assert!(o.status.success(), "{label}: {}", text(&o));
+        for ((name, _), teacher) in tasks.iter().zip(&scores) {
+            let line =
+                text(&o).lines().find(|l| l.starts_with(&format!("task {name}: evaluation return"))).map(String::from);
+            let score: f64 = line
+                .as_deref()
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("{label}: no final evaluation of task {name}: {}", text(&o)));
+            assert!(score >= 0.9 * teacher, "{label}: task {name} {score} against its teacher's {teacher}");
+            let evals = common::metric(&out, &format!("eval/{name}/mean_return"));
+            assert!(evals.len() >= 10, "{label}: eval/{name}/mean_return {evals:?}");
+            let returns = common::metric(&out, &format!("charts/{name}/episodic_return"));
+            assert!(!returns.is_empty(), "{label}: no charts/{name}/episodic_return");
+        }
+    }
+    // Teachers must match the tasks, one each, and fit the student.
+    let bad = dir.join("bad");
+    let refused = |sets: &[&str], needle: &str| {
+        let mut args = vec!["train", &cfg, "--out", bad.to_str().unwrap()];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let o = flotilla(&args);
+        assert!(!o.status.success() && text(&o).contains(needle), "{sets:?}: no {needle:?} in {}", text(&o));
+        assert!(!bad.exists(), "{sets:?} wrote {}", bad.display());
+    };
+    let two = format!("algorithm.teachers=[{:?}, {:?}]", dir.join("normal"), dir.join("long"));
+    refused(&[&two], "2 teachers need 2 [[tasks]]");
+    refused(&[&teachers, "env.num_envs=8"], "num_envs = 8 does not split evenly between 3 [[tasks]]");
+}

@@ -58,6 +58,27 @@ pub struct ExperimentConfig {
     /// Transfer: start from another run's weights, freeze or reinitialise layers.
     #[serde(default)]
     pub init: InitConfig,
+    /// Several tasks in one run (`[[tasks]]`): `[env] num_envs` is split evenly between them and each
+    /// observation carries its task as a one-hot (see [`TaskConfig`]). Empty: the one env of `[env]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskConfig>,
+}
+
+/// `[[tasks]]`: one task of a multi-task run. Its env is `id` (default `[env] id`) with `kwargs`; when it
+/// keeps `[env]`'s id, `[env] kwargs` apply under its own. Tasks must share the observation size and action
+/// space (an error names the two that differ); the run's observations get a one-hot of the task appended
+/// (`flotilla_envs::TaskVecEnv`), evaluations and metrics are per task (`eval/<name>/mean_return`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskConfig {
+    /// Name in metrics columns and logs (letters, digits, `_`, `-`).
+    pub name: String,
+    /// Registered env id; default `[env] id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Constructor arguments, as `[env] kwargs`.
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub kwargs: toml::Table,
 }
 
 /// `[init]`: transfer from a trained run. A fresh run copies the policy weights of `from` (its
@@ -301,13 +322,62 @@ pub struct EnvConfig {
     /// Constructor arguments as Gymnasium names them (e.g. Pendulum's `g`), plus `max_episode_steps`.
     #[serde(default)]
     pub kwargs: toml::Table,
+    /// The run's `[[tasks]]` (copied here when the config is parsed, so that everything that builds envs from
+    /// `[env]` builds the tasks' batch).
+    #[serde(skip)]
+    pub tasks: Vec<TaskConfig>,
 }
 
 impl EnvConfig {
-    /// One env of this id and kwargs, built to check them (a batch of one for backends that build batches).
+    /// One env of this id and kwargs (one per task), built to check them (a batch of one for backends that
+    /// build batches).
     fn probe(&self) -> Result<Box<dyn flotilla_envs::VectorEnv>> {
-        make_vector(&self.id, &self.registry_kwargs()?, 1, EnvRole::Training)
-            .map_err(|e| Error::Config(format!("[env]: {e}")))
+        let envs = if self.tasks.is_empty() { 1 } else { self.tasks.len() };
+        self.make_vector(envs, EnvRole::Training)
+    }
+
+    /// `n` envs as `[env]` (or `[[tasks]]`, `n / tasks` each) says: what trainers, actors and evaluation step.
+    pub fn make_vector(&self, n: usize, role: EnvRole) -> Result<Box<dyn flotilla_envs::VectorEnv>> {
+        if self.tasks.is_empty() {
+            return make_vector(&self.id, &self.registry_kwargs()?, n, role)
+                .map_err(|e| Error::Config(format!("[env]: {e}")));
+        }
+        let t = self.tasks.len();
+        if n == 0 || !n.is_multiple_of(t) {
+            return Err(Error::Config(format!(
+                "{n} envs do not split evenly between {t} [[tasks]]: use a multiple of {t} ([env] num_envs, \
+                 envs per actor)"
+            )));
+        }
+        let envs = (0..t).map(|k| Ok((k, self.task_vector(k, n / t, role)?))).collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(flotilla_envs::TaskVecEnv::new(envs, t).map_err(|e| Error::Config(format!("[[tasks]]: {e}")))?))
+    }
+
+    /// Task `k`'s own `n` envs, without the one-hot.
+    fn task_vector(&self, k: usize, n: usize, role: EnvRole) -> Result<Box<dyn flotilla_envs::VectorEnv>> {
+        let task = &self.tasks[k];
+        let mut table =
+            if task.id.as_ref().is_none_or(|id| *id == self.id) { self.kwargs.clone() } else { toml::Table::new() };
+        table.extend(task.kwargs.clone());
+        let kwargs = table_kwargs(&table, &format!("[[tasks]] {}: kwargs", task.name))?;
+        let id = task.id.as_deref().unwrap_or(&self.id);
+        make_vector(id, &kwargs, n, role).map_err(|e| Error::Config(format!("[[tasks]] {}: {e}", task.name)))
+    }
+
+    /// The task of env `env_index` of a batch of `batch_envs` built by [`EnvConfig::make_vector`] (tasks hold
+    /// equal, consecutive shares); `None` without tasks.
+    pub fn task_of(&self, env_index: usize, batch_envs: usize) -> Option<usize> {
+        let t = self.tasks.len();
+        (t > 0 && batch_envs >= t).then(|| (env_index / (batch_envs / t)).min(t - 1))
+    }
+
+    /// Task `k` alone, with the run's one-hot (`n` envs): what a per-task evaluation steps.
+    pub fn make_task_vector(&self, k: usize, n: usize, role: EnvRole) -> Result<Box<dyn flotilla_envs::VectorEnv>> {
+        let env = self.task_vector(k, n, role)?;
+        Ok(Box::new(
+            flotilla_envs::TaskVecEnv::new(vec![(k, env)], self.tasks.len())
+                .map_err(|e| Error::Config(format!("[[tasks]]: {e}")))?,
+        ))
     }
 
     /// The observation and action spaces of one env.
@@ -341,24 +411,29 @@ fn default_num_envs() -> usize {
 impl EnvConfig {
     /// The kwargs as the env registry takes them. Arrays and tables are refused, naming the key.
     pub fn registry_kwargs(&self) -> Result<Kwargs> {
-        let mut kwargs = Kwargs::new();
-        for (key, value) in &self.kwargs {
-            let v = match value {
-                toml::Value::Float(f) => KwargValue::Float(*f),
-                toml::Value::Integer(i) => KwargValue::Int(*i),
-                toml::Value::Boolean(b) => KwargValue::Bool(*b),
-                toml::Value::String(s) => KwargValue::Str(s.clone()),
-                other => {
-                    return Err(Error::Config(format!(
-                        "[env] kwargs.{key}: expected a number, boolean or string, got {}",
-                        other.type_str()
-                    )));
-                }
-            };
-            kwargs.insert(key.clone(), v);
-        }
-        Ok(kwargs)
+        table_kwargs(&self.kwargs, "[env] kwargs")
     }
+}
+
+/// A TOML table of env arguments as the registry takes them (`what` names the table in errors).
+fn table_kwargs(table: &toml::Table, what: &str) -> Result<Kwargs> {
+    let mut kwargs = Kwargs::new();
+    for (key, value) in table {
+        let v = match value {
+            toml::Value::Float(f) => KwargValue::Float(*f),
+            toml::Value::Integer(i) => KwargValue::Int(*i),
+            toml::Value::Boolean(b) => KwargValue::Bool(*b),
+            toml::Value::String(s) => KwargValue::Str(s.clone()),
+            other => {
+                return Err(Error::Config(format!(
+                    "{what}.{key}: expected a number, boolean or string, got {}",
+                    other.type_str()
+                )));
+            }
+        };
+        kwargs.insert(key.clone(), v);
+    }
+    Ok(kwargs)
 }
 
 /// `[eval]`: deterministic evaluation of the current policy during and after training.
@@ -501,6 +576,7 @@ impl ExperimentConfig {
         } else {
             table.try_into().map_err(|e: toml::de::Error| Error::Config(format!("{e} (after --set overrides)")))?
         };
+        config.env.tasks = config.tasks.clone();
         // One probe env both checks the id and kwargs and tells the settings to write out.
         let probe = config.checked_probe()?;
         config.env.resolve_kwargs(probe.as_ref())?;
@@ -510,6 +586,40 @@ impl ExperimentConfig {
     /// Range checks serde cannot express, and that the env id and kwargs are known.
     pub fn validate(&self) -> Result<()> {
         self.checked_probe().map(drop)
+    }
+
+    /// `[[tasks]]`: at least two, named uniquely and plainly, splitting `[env] num_envs` evenly.
+    fn check_tasks(&self) -> Result<()> {
+        let t = self.tasks.len();
+        if t == 0 {
+            return Ok(());
+        }
+        if t == 1 {
+            return Err(Error::Config(format!(
+                "[[tasks]]: one task ({}); a single task is [env] itself — name two or more, or none",
+                self.tasks[0].name
+            )));
+        }
+        for (i, task) in self.tasks.iter().enumerate() {
+            let plain =
+                !task.name.is_empty() && task.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !plain {
+                return Err(Error::Config(format!(
+                    "[[tasks]] name = {:?}: use letters, digits, '_' and '-' (it names metrics columns)",
+                    task.name
+                )));
+            }
+            if self.tasks[..i].iter().any(|other| other.name == task.name) {
+                return Err(Error::Config(format!("[[tasks]] name = {:?} appears twice", task.name)));
+            }
+        }
+        if !self.env.num_envs.is_multiple_of(t) {
+            return Err(Error::Config(format!(
+                "[env] num_envs = {} does not split evenly between {t} [[tasks]]",
+                self.env.num_envs
+            )));
+        }
+        Ok(())
     }
 
     /// [`ExperimentConfig::validate`], handing back the env it built to check the id and kwargs.
@@ -522,6 +632,21 @@ impl ExperimentConfig {
         }
         if self.eval.episodes == 0 {
             return Err(Error::Config("[eval] episodes = 0: need at least one episode".into()));
+        }
+        self.check_tasks()?;
+        let teachers = self.algorithm.teachers().len();
+        if teachers > 1 && teachers != self.tasks.len() {
+            return Err(Error::Config(format!(
+                "[algorithm] teachers: {teachers} teachers need {teachers} [[tasks]] (one each, in order), the \
+                 config has {}",
+                self.tasks.len()
+            )));
+        }
+        if teachers == 1 && !self.tasks.is_empty() {
+            return Err(Error::Config(format!(
+                "[algorithm] teachers: one teacher for {} [[tasks]]: name one teacher per task, in order",
+                self.tasks.len()
+            )));
         }
         let probe = self.env.probe()?;
         self.algorithm.validate(self.env.num_envs).map_err(|e| Error::Config(format!("[algorithm]: {e}")))?;
@@ -679,11 +804,21 @@ impl ExperimentConfig {
                 Error::Config(format!("[learner] assemble_ahead = \"on\": {e}; use \"auto\" or \"off\""))
             })?;
         }
-        match (self.algorithm.family(), self.algorithm.rollout_steps()) {
+        let plan = match (self.algorithm.family(), self.algorithm.rollout_steps()) {
             (Family::OffPolicy, _) => off_policy(),
             (family, Some(n_steps)) => on_policy(n_steps, family),
             (family, None) => bad(format!("{family:?} algorithm {} has no rollout length", self.algorithm.name())),
+        }?;
+        // Every actor steps every task: its envs split evenly between them.
+        let t = self.tasks.len();
+        if t > 0 && !plan.envs_per_actor.is_multiple_of(t) {
+            return bad(format!(
+                "{} envs per actor do not split evenly between {t} [[tasks]] (every actor steps every task): set \
+                 [actors] envs_per_actor to a multiple of {t}",
+                plan.envs_per_actor
+            ));
         }
+        Ok(plan)
     }
 
     /// The resolved config as TOML (every default written out).

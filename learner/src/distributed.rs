@@ -543,7 +543,12 @@ impl DistributedLearner {
         for ep in episodes {
             match &mut self.replicas {
                 Some(r) => r.episodes.add(ep.episode_return, ep.length),
-                None => self.counters.run.count_episode(ep.episode_return, ep.length),
+                None => {
+                    self.counters.run.count_episode(ep.episode_return, ep.length);
+                    if let Some(task) = self.config.env.task_of(ep.env_index, self.plan.envs_per_actor) {
+                        self.counters.run.count_task_return(task, ep.episode_return);
+                    }
+                }
             }
         }
     }
@@ -719,7 +724,7 @@ impl DistributedLearner {
         update.push("charts/refused_messages", self.hub.counters.refused.load(Ordering::Relaxed) as f64);
         update.push("charts/policy_version", self.hub.version() as f64);
         update.push("charts/actors", self.hub.live_actors() as f64);
-        let row = c.run.log_row(update, eval);
+        let row = c.run.log_row(update, eval, &self.config.tasks);
         log_progress(&row);
         on_log(&row)?;
         c.interval_lag = (0, 0, 0);

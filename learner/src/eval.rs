@@ -1,7 +1,7 @@
 //! Deterministic evaluation: run the greedy policy for whole episodes and report the returns.
 use flotilla_algorithms::{ActMode, ActOutput, Policy};
 use flotilla_envs::env_actions::EnvActions;
-use flotilla_envs::{EnvRole, make_vector};
+use flotilla_envs::{EnvRole, VectorEnv};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
@@ -14,9 +14,25 @@ pub struct EvalResult {
     pub returns: Vec<f64>,
     /// Length of each episode.
     pub lengths: Vec<usize>,
+    /// A multi-task run's tasks: each one's name and how many of the episodes (in order) were its.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<(String, usize)>,
 }
 
 impl EvalResult {
+    /// Each task's name and mean return (empty for a single-task run).
+    pub fn task_means(&self) -> Vec<(String, f64)> {
+        let mut at = 0;
+        self.tasks
+            .iter()
+            .map(|(name, n)| {
+                let mean = self.returns[at..at + n].iter().sum::<f64>() / (*n).max(1) as f64;
+                at += n;
+                (name.clone(), mean)
+            })
+            .collect()
+    }
+
     /// Mean return.
     pub fn mean(&self) -> f64 {
         self.returns.iter().sum::<f64>() / self.returns.len() as f64
@@ -33,9 +49,25 @@ impl EvalResult {
 /// Atari that means whole games, unclipped scores), acting deterministically in one batch per step, and return
 /// each env's first episode. Episodes end on termination or the env's time limit; an env that has finished
 /// keeps stepping with the batch, but its later episodes are not counted.
+/// A multi-task run evaluates every task this way in turn, `episodes` each (same seeds), and reports all of
+/// them, with each task's share in [`EvalResult::tasks`].
 pub fn evaluate(agent: &mut dyn Policy, env: &EnvConfig, episodes: usize, seed: u64) -> Result<EvalResult> {
-    let kwargs = env.registry_kwargs()?;
-    let mut envs = make_vector(&env.id, &kwargs, episodes, EnvRole::Evaluation)?;
+    if env.tasks.is_empty() {
+        return evaluate_on(agent, env.make_vector(episodes, EnvRole::Evaluation)?.as_mut(), episodes, seed);
+    }
+    let mut all = EvalResult { returns: Vec::new(), lengths: Vec::new(), tasks: Vec::new() };
+    for (k, task) in env.tasks.iter().enumerate() {
+        let mut envs = env.make_task_vector(k, episodes, EnvRole::Evaluation)?;
+        let one = evaluate_on(agent, envs.as_mut(), episodes, seed)?;
+        all.returns.extend(one.returns);
+        all.lengths.extend(one.lengths);
+        all.tasks.push((task.name.clone(), episodes));
+    }
+    Ok(all)
+}
+
+/// [`evaluate`] on a built batch of `episodes` envs.
+fn evaluate_on(agent: &mut dyn Policy, envs: &mut dyn VectorEnv, episodes: usize, seed: u64) -> Result<EvalResult> {
     let action_space = envs.action_space().clone();
     let mut obs = envs.reset(Some(seed))?.to_buf();
     let mut done = vec![false; episodes];
@@ -57,5 +89,5 @@ pub fn evaluate(agent: &mut dyn Policy, env: &EnvConfig, episodes: usize, seed: 
         let same = obs.extend(step.obs);
         debug_assert!(same, "one dtype per batch");
     }
-    Ok(EvalResult { returns, lengths })
+    Ok(EvalResult { returns, lengths, tasks: Vec::new() })
 }

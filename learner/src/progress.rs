@@ -6,7 +6,7 @@ use flotilla_algorithms::Metrics;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use crate::config::ExperimentConfig;
+use crate::config::{ExperimentConfig, TaskConfig};
 use crate::eval::EvalResult;
 
 /// One metrics row, written at each log interval.
@@ -26,6 +26,8 @@ pub struct LogRow {
     pub episodic_length: Option<f64>,
     /// Episodes finished so far.
     pub episodes: u64,
+    /// A multi-task run: each task's name and the mean return of its episodes finished in the last interval.
+    pub task_returns: Vec<(String, Option<f64>)>,
     /// The last update's metrics.
     pub update: Metrics,
     /// Evaluation run at this point, if any.
@@ -33,9 +35,10 @@ pub struct LogRow {
 }
 
 impl LogRow {
-    /// `(column, value)` pairs with CleanRL-style names, for the metrics CSV.
-    pub fn columns(&self) -> Vec<(&'static str, Option<f64>)> {
-        let mut cols = vec![
+    /// `(column, value)` pairs with CleanRL-style names, for the metrics CSV. A multi-task run's evaluations
+    /// add `eval/<task>/mean_return` per task.
+    pub fn columns(&self) -> Vec<(std::borrow::Cow<'static, str>, Option<f64>)> {
+        let mut cols: Vec<(std::borrow::Cow<'static, str>, Option<f64>)> = [
             ("env_steps", Some(self.env_steps as f64)),
             ("updates", Some(self.updates as f64)),
             ("train_secs", Some(self.train_secs)),
@@ -43,10 +46,19 @@ impl LogRow {
             ("charts/episodic_return", self.episodic_return),
             ("charts/episodic_length", self.episodic_length),
             ("charts/episodes", Some(self.episodes as f64)),
-        ];
-        cols.extend(self.update.iter().map(|(n, v)| (*n, Some(*v))));
-        cols.push(("eval/mean_return", self.eval.as_ref().map(EvalResult::mean)));
-        cols.push(("eval/std_return", self.eval.as_ref().map(EvalResult::std)));
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.into(), v))
+        .collect();
+        for (task, mean) in &self.task_returns {
+            cols.push((format!("charts/{task}/episodic_return").into(), *mean));
+        }
+        cols.extend(self.update.iter().map(|(n, v)| ((*n).into(), Some(*v))));
+        cols.push(("eval/mean_return".into(), self.eval.as_ref().map(EvalResult::mean)));
+        cols.push(("eval/std_return".into(), self.eval.as_ref().map(EvalResult::std)));
+        for (task, mean) in self.eval.iter().flat_map(EvalResult::task_means) {
+            cols.push((format!("eval/{task}/mean_return").into(), Some(mean)));
+        }
         cols
     }
 }
@@ -119,6 +131,9 @@ pub(crate) struct RunCounters {
     next_checkpoint: u64,
     /// Sums over episodes finished since the last log row: return, length, count.
     interval_episodes: (f64, f64, u64),
+    /// The same per task of a multi-task run: return, count (older runs: none).
+    #[serde(default)]
+    interval_tasks: Vec<(f64, u64)>,
     pub(crate) evals: Vec<EvalPoint>,
 }
 
@@ -149,6 +164,15 @@ impl RunCounters {
         self.interval_episodes.1 += length as f64;
         self.interval_episodes.2 += 1;
         self.episodes += 1;
+    }
+
+    /// Count a finished episode's return for its task too (multi-task runs).
+    pub(crate) fn count_task_return(&mut self, task: usize, episode_return: f64) {
+        if self.interval_tasks.len() <= task {
+            self.interval_tasks.resize(task + 1, (0.0, 0));
+        }
+        self.interval_tasks[task].0 += episode_return;
+        self.interval_tasks[task].1 += 1;
     }
 
     /// Count `count` finished episodes by their summed returns and lengths (other learners' too).
@@ -194,10 +218,19 @@ impl RunCounters {
 
     /// The metrics row for now, with the last update's metrics and the evaluation just run; starts the next
     /// interval.
-    pub(crate) fn log_row(&mut self, update: Metrics, eval: Option<EvalResult>) -> LogRow {
+    pub(crate) fn log_row(&mut self, update: Metrics, eval: Option<EvalResult>, tasks: &[TaskConfig]) -> LogRow {
         let sps = (self.env_steps - self.last_log.0) as f64 / (self.train_secs - self.last_log.1).max(1e-9);
         let (ret, len, count) = self.interval_episodes;
         let mean = |sum: f64| (count > 0).then(|| sum / count as f64);
+        let task_returns = tasks
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                let (sum, n) = self.interval_tasks.get(k).copied().unwrap_or((0.0, 0));
+                (t.name.clone(), (n > 0).then(|| sum / n as f64))
+            })
+            .collect();
+        self.interval_tasks.clear();
         let row = LogRow {
             env_steps: self.env_steps,
             updates: self.updates,
@@ -206,6 +239,7 @@ impl RunCounters {
             episodic_return: mean(ret),
             episodic_length: mean(len),
             episodes: self.episodes,
+            task_returns,
             update,
             eval,
         };

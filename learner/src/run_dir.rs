@@ -131,9 +131,10 @@ impl CsvWriter {
     /// Append one row of `(column, value)` pairs (`None` writes an empty cell) and flush it. Columns the
     /// header lacks (an algorithm's losses first appear once learning starts) are added to the header, the
     /// file rewritten atomically with empty cells for the earlier rows; columns a row lacks stay empty.
-    pub fn write_row(&mut self, row: &[(&str, Option<f64>)]) -> Result<()> {
+    pub fn write_row<S: AsRef<str>>(&mut self, row: &[(S, Option<f64>)]) -> Result<()> {
         let columns = self.columns.get_or_insert_with(Vec::new);
-        let new: Vec<String> = row.iter().map(|(n, _)| n.to_string()).filter(|n| !columns.contains(n)).collect();
+        let new: Vec<String> =
+            row.iter().map(|(n, _)| n.as_ref().to_string()).filter(|n| !columns.contains(n)).collect();
         if !new.is_empty() {
             let (old_width, had_header) = (columns.len(), !columns.is_empty());
             columns.extend(new);
@@ -142,7 +143,13 @@ impl CsvWriter {
         let columns = self.columns.as_ref().expect("set above");
         let cells: Vec<String> = columns
             .iter()
-            .map(|c| row.iter().find(|(n, _)| n == c).and_then(|(_, v)| *v).map(|x| x.to_string()).unwrap_or_default())
+            .map(|c| {
+                row.iter()
+                    .find(|(n, _)| n.as_ref() == c)
+                    .and_then(|(_, v)| *v)
+                    .map(|x| x.to_string())
+                    .unwrap_or_default()
+            })
             .collect();
         writeln!(self.out, "{}", cells.join(","))
             .and_then(|_| self.out.flush())

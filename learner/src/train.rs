@@ -23,7 +23,7 @@ use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
 use flotilla_core::ObsBuf;
-use flotilla_envs::{EnvRole, VecEnvSnapshot, VectorEnv, make_vector};
+use flotilla_envs::{EnvRole, VecEnvSnapshot, VectorEnv};
 use tracing::{info, warn};
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
@@ -60,8 +60,7 @@ impl Trainer {
         tch::set_num_threads(config.run.torch_threads.max(1) as i32);
         let device = config.run.device.resolve()?;
         crate::config::warn_about_the_machine(config, device);
-        let kwargs = config.env.registry_kwargs()?;
-        let mut envs = make_vector(&config.env.id, &kwargs, config.env.num_envs, EnvRole::Training)?;
+        let mut envs = config.env.make_vector(config.env.num_envs, EnvRole::Training)?;
         let mut agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
         crate::data_parallel::accumulate_alone(config, agent.as_mut())?;
         config.init_agent(agent.as_mut(), fresh)?;
@@ -185,6 +184,9 @@ impl Trainer {
             let c = &mut self.counters;
             for ep in step.episodes {
                 c.count_episode(ep.episode_return, ep.length);
+                if let Some(task) = self.config.env.task_of(ep.env_index, n_envs) {
+                    c.count_task_return(task, ep.episode_return);
+                }
             }
             let transition = Transition {
                 obs: self.obs.as_ref(),
@@ -226,7 +228,7 @@ impl Trainer {
             None
         };
         if c.log_due(config, eval.is_some()) {
-            let row = c.log_row(self.last_metrics.clone(), eval);
+            let row = c.log_row(self.last_metrics.clone(), eval, &config.tasks);
             log_progress(&row);
             on_log(&row)?;
         }

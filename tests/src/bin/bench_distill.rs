@@ -251,6 +251,89 @@ fn main() -> BenchResult<()> {
             n = results.len()
         );
     }
+    multi_teacher(&root, &seeds)?;
     std::fs::remove_dir_all(&root)?;
+    Ok(())
+}
+
+/// The tasks of `examples/configs/cartpole_multiteacher.toml`: name and the teacher's `[env]` overrides.
+const TASKS: [(&str, &[&str]); 3] = [
+    ("normal", &[]),
+    ("long", &["env.kwargs.length=1.5", "env.kwargs.masspole=0.3"]),
+    ("reversed", &["env.kwargs.force_mag=-10.0"]),
+];
+
+/// Multi-teacher distillation: three PPO teachers (one per CartPole physics, one with the actions reversed)
+/// into one student with a head per task (`cartpole_multiteacher.toml`, 60 K env steps, 20 K per task). Per task:
+/// the teacher's and a random policy's score, and over the seeds the student's final normalised score (median,
+/// worst) and how many seeds end ≥ 90 %; then env steps until every task is ≥ 90 % at once.
+fn multi_teacher(root: &std::path::Path, seeds: &[u64]) -> BenchResult<()> {
+    let mut teachers = Vec::new();
+    let mut floor_and_top = Vec::new();
+    for (name, sets) in TASKS {
+        let mut overrides = vec!["run.seed=1000"];
+        overrides.extend_from_slice(sets);
+        let config = example_config("cartpole_ppo.toml", &overrides);
+        let (mut teacher, _) = train(&config, &mut |_| Ok(()))?;
+        let top = evaluate(teacher.as_mut(), &config.env, EPISODES, 4242)?.mean();
+        let (obs, act) = config.env.spaces()?;
+        let mut random = RandomPolicy { space: act, obs_dim: obs.flat_dim(), rng: Pcg64::seed_from_u64(7) };
+        let floor = evaluate(&mut random, &config.env, EPISODES, 4242)?.mean();
+        let dir = root.join(format!("task-{name}"));
+        let run = RunDir::create(&dir, &config)?;
+        teacher.save_weights(&run.model_path())?;
+        teachers.push(format!("{:?}", dir.display().to_string()));
+        floor_and_top.push((floor, top));
+    }
+    let teachers = format!("algorithm.teachers=[{}]", teachers.join(", "));
+    let episodes = format!("eval.episodes={EPISODES}");
+    let sets = [teachers.as_str(), &episodes];
+    let results = train_seeds("cartpole_multiteacher.toml", &sets, seeds, f64::INFINITY);
+    let student = example_config("cartpole_multiteacher.toml", &sets);
+    let (obs, act) = student.env.spaces()?;
+    let n = match act {
+        Space::Discrete { n, .. } => n as i64,
+        Space::Box { .. } => return Err("CartPole has discrete actions".into()),
+    };
+    let student_params = mlp_params(obs.flat_dim() as i64, &[32], n * TASKS.len() as i64);
+    let teacher_params = TASKS.len() as i64 * mlp_params(4, &[64, 64], n);
+    println!("\n## Multi-teacher: three CartPole physics into one student\n");
+    println!(
+        "Student: `cartpole_multiteacher.toml`, [32] tanh, a head per task, {student_params} parameters against \
+         the teachers' {teacher_params} acting parameters together; {} seeds; {EPISODES} episodes per task per \
+         evaluation.\n",
+        seeds.len()
+    );
+    println!("| task | teacher | random | final normalised (median, worst) | seeds ≥ 90 % at the end |");
+    println!("|---|---:|---:|---:|---:|");
+    let normalised = |k: usize, score: f64| {
+        let (floor, top) = floor_and_top[k];
+        (score - floor) / (top - floor)
+    };
+    for (k, (name, _)) in TASKS.iter().enumerate() {
+        let mut finals: Vec<f64> =
+            results.iter().map(|r| normalised(k, r.report.final_eval().task_means()[k].1)).collect();
+        finals.sort_by(f64::total_cmp);
+        let ok = finals.iter().filter(|f| **f >= 0.9).count();
+        let (floor, top) = floor_and_top[k];
+        println!(
+            "| {name} | {top:.1} | {floor:.1} | {:.3}, {:.3} | {ok} / {} |",
+            finals[finals.len() / 2],
+            finals[0],
+            finals.len()
+        );
+    }
+    let all_ok = |e: &flotilla_learner::progress::EvalPoint| {
+        e.result.task_means().iter().enumerate().all(|(k, (_, m))| normalised(k, *m) >= 0.9)
+    };
+    let reached: Vec<String> = results
+        .iter()
+        .map(|r| r.report.evals.iter().find(|e| all_ok(e)).map_or("never".into(), |e| e.env_steps.to_string()))
+        .collect();
+    let secs = results.iter().map(|r| r.report.train_secs).sum::<f64>() / results.len().max(1) as f64;
+    println!(
+        "\nEnv steps (all tasks together) to every task ≥ 90 % at once, per seed: {}; {secs:.1} s per student.",
+        reached.join(", ")
+    );
     Ok(())
 }

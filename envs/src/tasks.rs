@@ -1,0 +1,375 @@
+//! Several tasks as one batch: [`TaskVecEnv`] steps one vector env per task side by side and appends each
+//! row's task as a one-hot to its observation, so that one network (a shared torso with a head per task, or a
+//! task-conditioned policy) can train on all of them.
+//!
+//! ```text
+//! task 0: CartPole(length 0.5) × 4 ─┐                                  rows 0..4:  [obs₀ | 1 0 0]
+//! task 1: CartPole(length 1.0) × 4 ─┼─► TaskVecEnv (12 envs, 4 + 3) ─► rows 4..8:  [obs₁ | 0 1 0]
+//! task 2: CartPole(length 2.0) × 4 ─┘                                  rows 8..12: [obs₂ | 0 0 1]
+//! ```
+//! Every task must have the same observation size (1-D f32 boxes) and the same action space; the batch's
+//! observation space is the task's with `T` more elements in `[0, 1]`. Env `i` of the whole batch is reset with
+//! `seed + i`; episode statistics carry batch-wide env indices ([`TaskVecEnv::task_of`] maps them back).
+use flotilla_core::{DType, EpisodeStats, Error, ObsRef, Result, Space};
+
+use crate::vec_env::{VecActions, VecEnvSnapshot, VecStep, VectorEnv};
+
+/// One vector env per task, stepped as one batch with the task one-hot appended to every observation.
+pub struct TaskVecEnv {
+    tasks: Vec<Box<dyn VectorEnv>>,
+    /// Which of the `width` tasks each entry of `tasks` is (the one-hot's hot index).
+    index: Vec<usize>,
+    /// First batch row of each entry.
+    offsets: Vec<usize>,
+    width: usize,
+    inner_dim: usize,
+    n: usize,
+    id: String,
+    observation_space: Space,
+    action_space: Space,
+    obs: Vec<f32>,
+    final_obs: Vec<f32>,
+    has_final: Vec<bool>,
+    rewards: Vec<f32>,
+    terminated: Vec<bool>,
+    truncated: Vec<bool>,
+    episodes: Vec<EpisodeStats>,
+}
+
+impl std::fmt::Debug for TaskVecEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskVecEnv").field("id", &self.id).field("index", &self.index).finish_non_exhaustive()
+    }
+}
+
+fn bad(detail: String) -> Error {
+    Error::BadArgument { env: "tasks".into(), key: "tasks".into(), detail }
+}
+
+impl TaskVecEnv {
+    /// `tasks`: (task index in `0..width`, its vector env) pairs, in batch order. Usually every task once
+    /// (`index` = 0, 1, …); evaluating one task of a `width`-task run passes just that one.
+    pub fn new(tasks: Vec<(usize, Box<dyn VectorEnv>)>, width: usize) -> Result<Self> {
+        let Some((_, first)) = tasks.first() else { return Err(bad("needs at least one task".into())) };
+        let (obs0, act0) = (first.observation_space().clone(), first.action_space().clone());
+        let Space::Box { low, high, shape, dtype: DType::F32 } = &obs0 else {
+            return Err(bad(format!("task observations must be 1-D f32 boxes; {} has {obs0:?}", first.id())));
+        };
+        if shape.len() != 1 {
+            return Err(bad(format!("task observations must be 1-D; {} has shape {shape:?}", first.id())));
+        }
+        for (k, env) in tasks.iter().map(|(k, e)| (*k, e)) {
+            if k >= width {
+                return Err(bad(format!("task index {k} of {width} tasks")));
+            }
+            if env.observation_space().flat_dim() != obs0.flat_dim() || env.action_space() != &act0 {
+                return Err(bad(format!(
+                    "every task needs the same observation size and action space: task {k} ({}) has {} \
+                     observation floats and {:?}, task {} ({}) has {} and {act0:?}",
+                    env.id(),
+                    env.observation_space().flat_dim(),
+                    env.action_space(),
+                    tasks[0].0,
+                    first.id(),
+                    obs0.flat_dim()
+                )));
+            }
+        }
+        let inner_dim = obs0.flat_dim();
+        // Each task's bounds may differ (other physics): the batch's are the widest.
+        let (mut lo, mut hi) = (low.clone(), high.clone());
+        for (_, env) in &tasks[1..] {
+            if let Space::Box { low, high, .. } = env.observation_space() {
+                lo.iter_mut().zip(low).for_each(|(a, b)| *a = a.min(*b));
+                hi.iter_mut().zip(high).for_each(|(a, b)| *a = a.max(*b));
+            }
+        }
+        lo.extend(std::iter::repeat_n(0.0, width));
+        hi.extend(std::iter::repeat_n(1.0, width));
+        let observation_space = Space::box1d(lo, hi);
+        let mut offsets = Vec::with_capacity(tasks.len());
+        let mut n = 0;
+        for (_, env) in &tasks {
+            offsets.push(n);
+            n += env.num_envs();
+        }
+        let id = format!("tasks:{}", tasks.iter().map(|(_, e)| e.id()).collect::<Vec<_>>().join("+"));
+        let dim = inner_dim + width;
+        let (index, tasks): (Vec<usize>, Vec<_>) = tasks.into_iter().unzip();
+        Ok(TaskVecEnv {
+            tasks,
+            index,
+            offsets,
+            width,
+            inner_dim,
+            n,
+            id,
+            observation_space,
+            action_space: act0,
+            obs: vec![0.0; n * dim],
+            final_obs: vec![0.0; n * dim],
+            has_final: vec![false; n],
+            rewards: vec![0.0; n],
+            terminated: vec![false; n],
+            truncated: vec![false; n],
+            episodes: Vec::new(),
+        })
+    }
+
+    /// The task (one-hot index) of batch env `env_index`.
+    pub fn task_of(&self, env_index: usize) -> usize {
+        let entry = self.offsets.partition_point(|&o| o <= env_index) - 1;
+        self.index[entry]
+    }
+
+    /// Copy entry `k`'s observations `inner` (`rows × inner_dim`) into `out`'s rows from its offset, each
+    /// followed by the entry's one-hot.
+    fn write_rows(&self, k: usize, inner: &[f32], out: &mut [f32]) {
+        let dim = self.inner_dim + self.width;
+        for (r, row) in inner.chunks_exact(self.inner_dim).enumerate() {
+            let at = (self.offsets[k] + r) * dim;
+            out[at..at + self.inner_dim].copy_from_slice(row);
+            let hot = &mut out[at + self.inner_dim..at + dim];
+            hot.fill(0.0);
+            hot[self.index[k]] = 1.0;
+        }
+    }
+}
+
+fn f32s(obs: ObsRef<'_>) -> Result<&[f32]> {
+    obs.as_f32().ok_or_else(|| bad("a task env gave u8 observations".into()))
+}
+
+impl VectorEnv for TaskVecEnv {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn num_envs(&self) -> usize {
+        self.n
+    }
+
+    fn observation_space(&self) -> &Space {
+        &self.observation_space
+    }
+
+    fn action_space(&self) -> &Space {
+        &self.action_space
+    }
+
+    fn reset(&mut self, seed: Option<u64>) -> Result<ObsRef<'_>> {
+        let mut obs = std::mem::take(&mut self.obs);
+        for k in 0..self.tasks.len() {
+            let s = seed.map(|s| s.wrapping_add(self.offsets[k] as u64));
+            let inner = f32s(self.tasks[k].reset(s)?)?.to_vec();
+            self.write_rows(k, &inner, &mut obs);
+        }
+        self.obs = obs;
+        self.has_final.fill(false);
+        Ok(ObsRef::F32(&self.obs))
+    }
+
+    fn step(&mut self, actions: &VecActions<'_>) -> Result<VecStep<'_>> {
+        let total = match actions {
+            VecActions::Discrete(a) => a.len(),
+            VecActions::Continuous(a) => a.len(),
+        };
+        let per_env = total / self.n.max(1);
+        if total != self.n * per_env || per_env == 0 {
+            return Err(bad(format!("{total} action values for {} envs", self.n)));
+        }
+        let (mut obs, mut final_obs) = (std::mem::take(&mut self.obs), std::mem::take(&mut self.final_obs));
+        self.episodes.clear();
+        for k in 0..self.tasks.len() {
+            let (from, rows) = (self.offsets[k], self.tasks[k].num_envs());
+            let slice = match actions {
+                VecActions::Discrete(a) => VecActions::Discrete(&a[from * per_env..(from + rows) * per_env]),
+                VecActions::Continuous(a) => VecActions::Continuous(&a[from * per_env..(from + rows) * per_env]),
+            };
+            let step = self.tasks[k].step(&slice)?;
+            let inner = f32s(step.obs)?.to_vec();
+            self.rewards[from..from + rows].copy_from_slice(step.rewards);
+            self.terminated[from..from + rows].copy_from_slice(step.terminated);
+            self.truncated[from..from + rows].copy_from_slice(step.truncated);
+            let mut finals = vec![0.0f32; rows * self.inner_dim];
+            for r in 0..rows {
+                let last = step.final_obs(r);
+                self.has_final[from + r] = last.is_some();
+                if let Some(last) = last.and_then(|o| o.as_f32()) {
+                    finals[r * self.inner_dim..(r + 1) * self.inner_dim].copy_from_slice(last);
+                }
+            }
+            let episodes: Vec<EpisodeStats> =
+                step.episodes.iter().map(|e| EpisodeStats { env_index: e.env_index + from, ..e.clone() }).collect();
+            self.episodes.extend(episodes);
+            self.write_rows(k, &inner, &mut obs);
+            self.write_rows(k, &finals, &mut final_obs);
+        }
+        (self.obs, self.final_obs) = (obs, final_obs);
+        let dim = self.inner_dim + self.width;
+        Ok(VecStep::new(
+            ObsRef::F32(&self.obs),
+            &self.rewards,
+            &self.terminated,
+            &self.truncated,
+            &self.episodes,
+            ObsRef::F32(&self.final_obs),
+            &self.has_final,
+            dim,
+        ))
+    }
+
+    fn obs(&self) -> ObsRef<'_> {
+        ObsRef::F32(&self.obs)
+    }
+
+    /// The tasks' snapshots in batch order (each env's), with the batch's observations.
+    fn snapshot(&self) -> Result<VecEnvSnapshot> {
+        let mut all =
+            VecEnvSnapshot { id: self.id.clone(), envs: vec![], obs: vec![], returns: vec![], lengths: vec![] };
+        for task in &self.tasks {
+            let s = task.snapshot()?;
+            all.envs.extend(s.envs);
+            all.returns.extend(s.returns);
+            all.lengths.extend(s.lengths);
+        }
+        all.obs = self.obs.clone();
+        Ok(all)
+    }
+
+    fn restore(&mut self, snapshot: &VecEnvSnapshot) -> Result<()> {
+        let dim = self.inner_dim + self.width;
+        if snapshot.id != self.id
+            || snapshot.envs.len() != self.n
+            || snapshot.obs.len() != self.n * dim
+            || snapshot.returns.len() != self.n
+            || snapshot.lengths.len() != self.n
+        {
+            return Err(Error::InvalidSnapshot {
+                env: self.id.clone(),
+                detail: format!(
+                    "a snapshot of {} ({} envs) does not fit {} envs",
+                    snapshot.id,
+                    snapshot.envs.len(),
+                    self.n
+                ),
+            });
+        }
+        for k in 0..self.tasks.len() {
+            let (from, rows) = (self.offsets[k], self.tasks[k].num_envs());
+            let obs = snapshot.obs[from * dim..(from + rows) * dim]
+                .chunks_exact(dim)
+                .flat_map(|row| row[..self.inner_dim].iter().copied())
+                .collect();
+            let part = VecEnvSnapshot {
+                id: self.tasks[k].id().to_string(),
+                envs: snapshot.envs[from..from + rows].to_vec(),
+                obs,
+                returns: snapshot.returns[from..from + rows].to_vec(),
+                lengths: snapshot.lengths[from..from + rows].to_vec(),
+            };
+            self.tasks[k].restore(&part)?;
+        }
+        self.obs.copy_from_slice(&snapshot.obs);
+        self.has_final.fill(false);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kwargs::{KwargValue, Kwargs};
+    use crate::vec_env::{EnvRole, make_vector};
+
+    fn cartpole(force_mag: f64, n: usize) -> Box<dyn VectorEnv> {
+        let mut kwargs = Kwargs::new();
+        kwargs.insert("force_mag", KwargValue::Float(force_mag));
+        make_vector("CartPole-v1", &kwargs, n, EnvRole::Training).unwrap()
+    }
+
+    fn two_tasks() -> TaskVecEnv {
+        TaskVecEnv::new(vec![(0, cartpole(10.0, 2)), (1, cartpole(-10.0, 3))], 2).unwrap()
+    }
+
+    /// Actions for step `t` of 5 envs: a fixed pattern that ends episodes now and then.
+    fn actions(t: usize) -> Vec<i64> {
+        (0..5).map(|i| ((t / 7 + i) % 2) as i64).collect()
+    }
+
+    #[test]
+    fn tasks_step_as_their_own_envs_with_a_one_hot_appended() {
+        let mut tasks = two_tasks();
+        let (mut a, mut b) = (cartpole(10.0, 2), cartpole(-10.0, 3));
+        assert_eq!(tasks.observation_space().flat_dim(), 6);
+        assert_eq!(tasks.num_envs(), 5);
+        let first = tasks.reset(Some(9)).unwrap().as_f32().unwrap().to_vec();
+        let (ra, rb) = (a.reset(Some(9)).unwrap().to_buf(), b.reset(Some(11)).unwrap().to_buf());
+        let row = |v: &[f32], r: usize| v[r * 6..r * 6 + 6].to_vec();
+        assert_eq!(row(&first, 0), [ra.as_ref().as_f32().unwrap()[..4].to_vec(), vec![1.0, 0.0]].concat());
+        assert_eq!(row(&first, 2), [rb.as_ref().as_f32().unwrap()[..4].to_vec(), vec![0.0, 1.0]].concat());
+        let mut ended = 0;
+        for t in 0..300 {
+            let acts = actions(t);
+            let step = tasks.step(&VecActions::Discrete(&acts)).unwrap();
+            let (obs, rewards, term) =
+                (step.obs.as_f32().unwrap().to_vec(), step.rewards.to_vec(), step.terminated.to_vec());
+            let finals: Vec<Option<Vec<f32>>> =
+                (0..5).map(|i| step.final_obs(i).map(|o| o.as_f32().unwrap().to_vec())).collect();
+            let episodes: Vec<usize> = step.episodes.iter().map(|e| e.env_index).collect();
+            let sa = a.step(&VecActions::Discrete(&acts[..2])).unwrap();
+            let mut want_eps: Vec<usize> = sa.episodes.iter().map(|e| e.env_index).collect();
+            for i in 0..2 {
+                assert_eq!(obs[i * 6..i * 6 + 4], sa.obs.as_f32().unwrap()[i * 4..i * 4 + 4], "step {t} env {i}");
+                assert_eq!(
+                    finals[i].as_ref().map(|f| f[..4].to_vec()),
+                    sa.final_obs(i).map(|o| o.as_f32().unwrap().to_vec())
+                );
+                assert_eq!(rewards[i], sa.rewards[i]);
+                assert_eq!(term[i], sa.terminated[i]);
+            }
+            let sb = b.step(&VecActions::Discrete(&acts[2..])).unwrap();
+            want_eps.extend(sb.episodes.iter().map(|e| e.env_index + 2));
+            for i in 0..3 {
+                assert_eq!(obs[(i + 2) * 6..(i + 2) * 6 + 4], sb.obs.as_f32().unwrap()[i * 4..i * 4 + 4]);
+                assert_eq!(obs[(i + 2) * 6 + 4..(i + 3) * 6], [0.0, 1.0]);
+                assert_eq!(term[i + 2], sb.terminated[i]);
+            }
+            assert_eq!(episodes, want_eps, "episode env indices are the batch's");
+            ended += episodes.len();
+        }
+        assert!(ended > 10, "only {ended} episodes ended: the test saw too few resets");
+        assert_eq!((tasks.task_of(0), tasks.task_of(1), tasks.task_of(2), tasks.task_of(4)), (0, 0, 1, 1));
+    }
+
+    #[test]
+    fn a_snapshot_continues_bit_for_bit() {
+        let mut tasks = two_tasks();
+        tasks.reset(Some(3)).unwrap();
+        for t in 0..40 {
+            tasks.step(&VecActions::Discrete(&actions(t))).unwrap();
+        }
+        let snap = tasks.snapshot().unwrap();
+        let run = |env: &mut TaskVecEnv| -> Vec<f32> {
+            (40..140)
+                .flat_map(|t| env.step(&VecActions::Discrete(&actions(t))).unwrap().obs.as_f32().unwrap().to_vec())
+                .collect()
+        };
+        let expected = run(&mut tasks);
+        let mut fresh = two_tasks();
+        fresh.restore(&snap).unwrap();
+        assert_eq!(run(&mut fresh), expected);
+        // A snapshot of another batch is refused.
+        let mut other = TaskVecEnv::new(vec![(0, cartpole(10.0, 2))], 2).unwrap();
+        assert!(other.restore(&snap).is_err());
+    }
+
+    #[test]
+    fn tasks_must_share_spaces() {
+        let pendulum = make_vector("Pendulum-v1", &Kwargs::new(), 1, EnvRole::Training).unwrap();
+        let err = TaskVecEnv::new(vec![(0, cartpole(10.0, 1)), (1, pendulum)], 2).unwrap_err().to_string();
+        assert!(err.contains("task 1 (Pendulum-v1) has 3 observation floats"), "{err}");
+        let err = TaskVecEnv::new(vec![(2, cartpole(10.0, 1))], 2).unwrap_err().to_string();
+        assert!(err.contains("task index 2 of 2"), "{err}");
+    }
+}
