@@ -110,3 +110,33 @@ fn distill_resumes_exactly_with_its_labelled_replay() {
     assert!(resumed.contains(&format!("teacher {}: ppo on CartPole-v1", teacher.display())), "{resumed}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A `[[tasks]]` run (multi-teacher distillation over three CartPole physics): every task's envs are in the
+/// checkpoint, so the resumed run continues bit for bit.
+#[test]
+fn a_multi_task_run_resumes_exactly() {
+    let dir = common::scratch("resume", "task-teachers");
+    let mut teachers = Vec::new();
+    for (name, sets) in
+        [("a", "env.kwargs.length=0.5"), ("b", "env.kwargs.length=1.5"), ("c", "env.kwargs.force_mag=-10.0")]
+    {
+        let run = dir.join(name);
+        let o = flotilla(&[
+            "train",
+            &config("cartpole_ppo.toml"),
+            "--set",
+            sets,
+            "--out",
+            run.to_str().unwrap(),
+            "--stop-at",
+            "1024",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        teachers.push(format!("{:?}", run.to_str().unwrap()));
+    }
+    let teachers = format!("algorithm.teachers=[{}]", teachers.join(", "));
+    let sets = [teachers.as_str(), "run.total_env_steps=3000", "eval.interval_steps=1200"];
+    let resumed = check_resume("tasks", "cartpole_multiteacher.toml", &sets, 1500);
+    assert!(resumed.contains("task reversed: evaluation return"), "{resumed}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
