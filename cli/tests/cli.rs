@@ -405,3 +405,35 @@ fn three_teachers_distilled_into_one_student_keep_each_tasks_score() {
     refused(&[&two], "2 teachers need 2 [[tasks]]");
     refused(&[&teachers, "env.num_envs=8"], "num_envs = 8 does not split evenly between 3 [[tasks]]");
 }
+
+/// `examples/configs/cartpole_multitask.toml`: one PPO network on three CartPole physics (one with the actions
+/// reversed) ends with every task at ≥ 450, 90 % of the cap (seed 1, in one process; the long pole ends at
+/// 464–480 depending on the final evaluation's start states, BENCHMARKS.md "Shared torso"); the same config runs with actor processes
+/// (each stepping every task) and writes per-task columns; envs that do not split between the tasks are refused.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn one_network_learns_three_tasks_at_once() {
+    let dir = scratch("cli", "multitask");
+    let cfg = config("cartpole_multitask.toml");
+    let run = dir.join("run");
+    let o = flotilla(&["train", &cfg, "--out", run.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    for task in ["normal", "long", "reversed"] {
+        let line =
+            text(&o).lines().find(|l| l.starts_with(&format!("task {task}: evaluation return"))).map(String::from);
+        let score: Option<f64> = line.as_deref().and_then(|l| l.rsplit(' ').next()?.parse().ok());
+        assert!(score.is_some_and(|s| s >= 450.0), "task {task}: {line:?}\n{}", text(&o));
+        assert!(!common::metric(&run, &format!("charts/{task}/episodic_return")).is_empty(), "{task}");
+    }
+    let actors = dir.join("actors");
+    let o = flotilla(&["train", &cfg, "--actors", "2", "--stop-at", "60000", "--out", actors.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!common::metric(&actors, "eval/reversed/mean_return").is_empty(), "{}", text(&o));
+    assert!(!common::metric(&actors, "charts/long/episodic_return").is_empty(), "{}", text(&o));
+    let o = flotilla(&["train", &cfg, "--actors", "3", "--out", dir.join("bad").to_str().unwrap()]);
+    assert!(
+        !o.status.success() && text(&o).contains("8 envs per actor do not split evenly between 3 [[tasks]]"),
+        "{}",
+        text(&o)
+    );
+}

@@ -52,11 +52,18 @@ fn main() -> BenchResult<()> {
     let mut args = std::env::args().skip(1);
     let mut n_seeds = 10u64;
     let mut targets: Vec<String> = Vec::new();
+    let mut only_shared = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seeds" => n_seeds = args.next().ok_or("--seeds N")?.parse()?,
             "--target" => targets.push(args.next().ok_or("--target key=value,...")?),
-            other => return Err(format!("unknown argument {other:?}; usage: [--seeds N] [--target k=v,...]").into()),
+            "--shared-torso-only" => only_shared = true,
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; usage: [--seeds N] [--target k=v,...] [--shared-torso-only]"
+                )
+                .into());
+            }
         }
     }
     if targets.is_empty() {
@@ -65,6 +72,10 @@ fn main() -> BenchResult<()> {
     }
     tch::set_num_threads(1);
     let seeds: Vec<u64> = (1..=n_seeds).collect();
+    if only_shared {
+        shared_torso(&seeds);
+        return Ok(());
+    }
     // The source run, as `flotilla train` would leave it.
     let dir = std::env::temp_dir().join(format!("flotilla-bench-transfer-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -108,5 +119,85 @@ fn main() -> BenchResult<()> {
         );
     }
     std::fs::remove_dir_all(&dir)?;
+    if !seeds.is_empty() {
+        shared_torso(&seeds);
+    }
     Ok(())
+}
+
+/// `examples/configs/cartpole_multitask.toml`'s tasks: name and `[env.kwargs]` overrides for a separate run.
+const TASKS: [(&str, &[&str]); 3] = [
+    ("normal", &[]),
+    ("long", &["env.kwargs.length=1.5", "env.kwargs.masspole=0.3"]),
+    ("reversed", &["env.kwargs.force_mag=-10.0"]),
+];
+
+/// Shared torso: one multi-task PPO run (`cartpole_multitask.toml`: three CartPole physics, 8 envs each, one
+/// network conditioned on the task's one-hot) against three separate quick-start runs, over the same seeds.
+/// Per task: env steps of that task's own envs to its first evaluation ≥ 475 (a third of the run's steps in the
+/// multi-task run), and whether it ends ≥ 475; then every task ≥ 475 at once: total env steps and seconds.
+fn shared_torso(seeds: &[u64]) {
+    let multi = train_seeds("cartpole_multitask.toml", &[], seeds, f64::INFINITY);
+    let separate: Vec<Vec<SeedResult>> =
+        TASKS.iter().map(|(_, sets)| train_seeds("cartpole_ppo.toml", sets, seeds, 475.0)).collect();
+    println!("\n## Shared torso: one multi-task PPO run vs three separate runs ({} seeds)\n", seeds.len());
+    println!(
+        "| task | separate: own env steps to ≥ 475 | never | held | multi-task: own env steps to ≥ 475 | never | held |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let t = TASKS.len();
+    for (k, (name, _)) in TASKS.iter().enumerate() {
+        let sep = &separate[k];
+        let budget = 100_000.0;
+        let sep_steps: Vec<f64> = sep.iter().map(|r| r.first_reaching.map_or(budget, |s| s as f64)).collect();
+        let first = |r: &SeedResult| {
+            r.report.evals.iter().find(|e| e.result.task_means()[k].1 >= 475.0).map(|e| (e.env_steps / t as u64) as f64)
+        };
+        let multi_steps: Vec<f64> = multi.iter().map(|r| first(r).unwrap_or(budget)).collect();
+        let (sm, sc) = mean_ci(&sep_steps);
+        let (mm, mc) = mean_ci(&multi_steps);
+        let sep_never = sep.iter().filter(|r| r.first_reaching.is_none()).count();
+        let multi_never = multi.iter().filter(|r| first(r).is_none()).count();
+        let sep_held = sep.iter().filter(|r| r.final_return >= 475.0).count();
+        let multi_held = multi.iter().filter(|r| r.report.final_eval().task_means()[k].1 >= 475.0).count();
+        println!(
+            "| {name} | {sm:.0} ± {sc:.0} | {sep_never} | {sep_held} / {n} | {mm:.0} ± {mc:.0} | {multi_never} | {multi_held} / {n} |",
+            n = seeds.len()
+        );
+    }
+    // Every task ≥ 475 at once: the multi-task run's total steps and seconds; separately, the sum over the
+    // three runs of their steps and seconds to their first ≥ 475.
+    fn all(r: &SeedResult) -> Option<&flotilla_learner::progress::EvalPoint> {
+        r.report.evals.iter().find(|e| e.result.task_means().iter().all(|(_, m)| *m >= 475.0))
+    }
+    let multi_all: Vec<f64> = multi.iter().map(|r| all(r).map_or(300_000.0, |e| e.env_steps as f64)).collect();
+    let multi_secs: Vec<f64> = multi.iter().map(|r| all(r).map_or(r.report.train_secs, |e| e.train_secs)).collect();
+    let sep_all: Vec<f64> = (0..seeds.len())
+        .map(|i| separate.iter().map(|runs| runs[i].first_reaching.map_or(100_000.0, |s| s as f64)).sum())
+        .collect();
+    let sep_secs: Vec<f64> = (0..seeds.len())
+        .map(|i| {
+            separate
+                .iter()
+                .map(|runs| {
+                    let r = &runs[i];
+                    r.report
+                        .evals
+                        .iter()
+                        .find(|e| e.result.mean() >= 475.0)
+                        .map_or(r.report.train_secs, |e| e.train_secs)
+                })
+                .sum()
+        })
+        .collect();
+    let (a, ac) = mean_ci(&multi_all);
+    let (b, bc) = mean_ci(&sep_all);
+    let (c, cc) = mean_ci(&multi_secs);
+    let (d, dc) = mean_ci(&sep_secs);
+    println!(
+        "\nEvery task ≥ 475 at once: multi-task {a:.0} ± {ac:.0} env steps, {c:.1} ± {cc:.1} s; three separate runs \
+         {b:.0} ± {bc:.0} env steps, {d:.1} ± {dc:.1} s (sums; seeds that never got there counted at the budget, \
+         seconds under {}-way contention).",
+        seeds.len()
+    );
 }
