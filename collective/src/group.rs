@@ -332,9 +332,15 @@ impl ProcessGroup {
         Ok(())
     }
 
-    /// Turn a failed collective into an error that names the ranks that stopped, if any did.
+    /// Turn a failed collective into an error that names the ranks that stopped, if any did. The rank that
+    /// serves the store keeps serving it for as long again as a diagnosis takes, so that the other survivors,
+    /// whose collectives may fail a moment later, can still read the heartbeats and name the rank that was
+    /// lost, not this one (which would otherwise exit, taking the store with it, while they diagnose).
     fn failed(&mut self, op: &str, message: String) -> Error {
         let lost = self.lost_ranks();
+        if self.rendezvous.hosts_store() {
+            std::thread::sleep(self.options.heartbeat * 4);
+        }
         Error::Collective { op: op.to_string(), rank: self.rank(), lost, message }
     }
 
