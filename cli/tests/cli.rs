@@ -408,8 +408,8 @@ fn three_teachers_distilled_into_one_student_keep_each_tasks_score() {
 
 /// `examples/configs/cartpole_multitask.toml`: one PPO network on three CartPole physics (one with the actions
 /// reversed) ends with every task at ≥ 450, 90 % of the cap (seed 1, in one process; the long pole ends at
-/// 464–480 depending on the final evaluation's start states, BENCHMARKS.md "Shared torso"); the same config runs with actor processes
-/// (each stepping every task) and writes per-task columns; envs that do not split between the tasks are refused.
+/// 464–480 depending on the final evaluation's start states, BENCHMARKS.md "Shared torso"); the same config runs
+/// with actor processes (each stepping every task) and with two data-parallel learners, writing per-task columns; envs that do not split between the tasks are refused.
 #[test]
 #[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
 fn one_network_learns_three_tasks_at_once() {
@@ -430,6 +430,16 @@ fn one_network_learns_three_tasks_at_once() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(!common::metric(&actors, "eval/reversed/mean_return").is_empty(), "{}", text(&o));
     assert!(!common::metric(&actors, "charts/long/episodic_return").is_empty(), "{}", text(&o));
+    // Two data-parallel learners: every learner's episodes count in rank 0's per-task columns.
+    let group = dir.join("group");
+    let args =
+        ["train", &cfg, "--learners", "2", "--actors", "2", "--stop-at", "60000", "--out", group.to_str().unwrap()];
+    let o = flotilla(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    for task in ["normal", "long", "reversed"] {
+        let returns = common::metric(&group, &format!("charts/{task}/episodic_return"));
+        assert!(returns.iter().any(|r| *r > 0.0), "{task}: {returns:?}\n{}", text(&o));
+    }
     let o = flotilla(&["train", &cfg, "--actors", "3", "--out", dir.join("bad").to_str().unwrap()]);
     assert!(
         !o.status.success() && text(&o).contains("8 envs per actor do not split evenly between 3 [[tasks]]"),

@@ -77,6 +77,8 @@ pub(crate) struct Replicas {
     pub(crate) unsynced: u64,
     /// Episodes this learner's actors finished since the last update; summed over the group at the next one.
     pub(crate) episodes: EpisodeSums,
+    /// Tasks of a multi-task run (0 without): each update's all-reduce carries a return and count per task.
+    tasks: usize,
     updates: u64,
     /// Agreement points (updates, or averages with `average_every`) since the last check.
     checks_due: u64,
@@ -91,19 +93,27 @@ impl std::fmt::Debug for Replicas {
     }
 }
 
-/// Finished episodes, summed: returns, lengths, count.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// Finished episodes, summed: returns, lengths, count; and per task of a multi-task run, return and count.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct EpisodeSums {
     pub(crate) returns: f64,
     pub(crate) lengths: f64,
     pub(crate) count: u64,
+    pub(crate) tasks: Vec<(f64, u64)>,
 }
 
 impl EpisodeSums {
-    pub(crate) fn add(&mut self, episode_return: f64, length: u64) {
+    pub(crate) fn add(&mut self, episode_return: f64, length: u64, task: Option<usize>) {
         self.returns += episode_return;
         self.lengths += length as f64;
         self.count += 1;
+        if let Some(k) = task {
+            if self.tasks.len() <= k {
+                self.tasks.resize(k + 1, (0.0, 0));
+            }
+            self.tasks[k].0 += episode_return;
+            self.tasks[k].1 += 1;
+        }
     }
 }
 
@@ -165,6 +175,7 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
         world,
         unsynced: 0,
         episodes: EpisodeSums::default(),
+        tasks: config.tasks.len(),
         updates: 0,
         checks_due: 0,
         check_every: l.check_every,
@@ -211,18 +222,25 @@ impl Replicas {
     /// Returns the episodes every learner's actors finished since the last update, summed.
     pub(crate) fn after_update(&mut self, agent: &dyn Algorithm, metrics: &mut Metrics) -> Result<EpisodeSums> {
         // One all-reduce (sum) of the metrics and this learner's episode sums.
-        let e = std::mem::take(&mut self.episodes);
+        // Every learner sends the same number of values: each task's pair, present or not.
+        let mut e = std::mem::take(&mut self.episodes);
+        e.tasks.resize(self.tasks, (0.0, 0));
         let mut values: Vec<f64> = metrics.iter().map(|(_, v)| *v).collect();
         values.extend([e.returns, e.lengths, e.count as f64]);
+        values.extend(e.tasks.iter().flat_map(|(r, n)| [*r, *n as f64]));
         let mut t = Tensor::from_slice(&values);
         lock(&self.group).all_reduce_sum(&mut t).map_err(|e| Error::Runtime(e.to_string()))?;
         let sums = Vec::<f64>::try_from(&t).map_err(|e| Error::Runtime(e.to_string()))?;
-        let (metric_sums, episode_sums) = sums.split_at(sums.len() - 3);
+        let (metric_sums, episode_sums) = sums.split_at(sums.len() - 3 - 2 * self.tasks);
         for ((_, v), sum) in metrics.0.iter_mut().zip(metric_sums) {
             *v = sum / self.world as f64;
         }
-        let episodes =
-            EpisodeSums { returns: episode_sums[0], lengths: episode_sums[1], count: episode_sums[2].round() as u64 };
+        let episodes = EpisodeSums {
+            returns: episode_sums[0],
+            lengths: episode_sums[1],
+            count: episode_sums[2].round() as u64,
+            tasks: episode_sums[3..].chunks_exact(2).map(|p| (p[0], p[1].round() as u64)).collect(),
+        };
         self.updates += 1;
         let agreed = match self.average_every {
             0 => true,
@@ -293,7 +311,13 @@ mod tests {
                         rank,
                         world: 2,
                         unsynced: 0,
-                        episodes: EpisodeSums { returns: 10.0 * (rank + 1) as f64, lengths: 5.0, count: 1 },
+                        episodes: EpisodeSums {
+                            returns: 10.0 * (rank + 1) as f64,
+                            lengths: 5.0,
+                            count: 1,
+                            tasks: vec![(10.0 * (rank + 1) as f64, 1)],
+                        },
+                        tasks: 2,
                         updates: 0,
                         checks_due: 0,
                         check_every: 1,
@@ -303,10 +327,12 @@ mod tests {
                     metrics.push("losses/x", rank as f64);
                     let first = replicas.after_update(agent.as_ref(), &mut metrics).unwrap();
                     // Both learners' episodes, summed, on every learner; then none until more finish.
-                    assert_eq!(first, EpisodeSums { returns: 30.0, lengths: 10.0, count: 2 });
+                    // Task 0's episodes summed too; task 1's pair travels (as zeros) though no rank had one.
+                    let tasks = vec![(30.0, 2), (0.0, 0)];
+                    assert_eq!(first, EpisodeSums { returns: 30.0, lengths: 10.0, count: 2, tasks });
                     let after_one = agent.policy_params().flat().copy();
                     let second = replicas.after_update(agent.as_ref(), &mut metrics).unwrap();
-                    assert_eq!(second, EpisodeSums::default());
+                    assert_eq!(second, EpisodeSums { tasks: vec![(0.0, 0); 2], ..EpisodeSums::default() });
                     (after_one, agent.policy_params().flat().copy(), metrics)
                 })
             })

@@ -541,12 +541,13 @@ impl DistributedLearner {
     /// group, so that every learner's counters (and rank 0's metrics rows) hold every learner's episodes.
     fn count_episodes(&mut self, episodes: &[EpisodeStats]) {
         for ep in episodes {
+            let task = self.config.env.task_of(ep.env_index, self.plan.envs_per_actor);
             match &mut self.replicas {
-                Some(r) => r.episodes.add(ep.episode_return, ep.length),
+                Some(r) => r.episodes.add(ep.episode_return, ep.length, task),
                 None => {
                     self.counters.run.count_episode(ep.episode_return, ep.length);
-                    if let Some(task) = self.config.env.task_of(ep.env_index, self.plan.envs_per_actor) {
-                        self.counters.run.count_task_return(task, ep.episode_return);
+                    if let Some(task) = task {
+                        self.counters.run.count_task_return(task, ep.episode_return, 1);
                     }
                 }
             }
@@ -683,6 +684,9 @@ impl DistributedLearner {
         if let Some(replicas) = &mut self.replicas {
             let episodes = replicas.after_update(self.agent.as_ref(), &mut m)?;
             self.counters.run.count_episodes(episodes.returns, episodes.lengths, episodes.count);
+            for (task, (returns, count)) in episodes.tasks.into_iter().enumerate() {
+                self.counters.run.count_task_return(task, returns, count);
+            }
         }
         let params = params_vec(self.agent.as_ref())?;
         self.hub.publish(params);

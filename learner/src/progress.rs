@@ -166,13 +166,13 @@ impl RunCounters {
         self.episodes += 1;
     }
 
-    /// Count a finished episode's return for its task too (multi-task runs).
-    pub(crate) fn count_task_return(&mut self, task: usize, episode_return: f64) {
+    /// Count `count` finished episodes of `task` (multi-task runs) by their summed returns.
+    pub(crate) fn count_task_return(&mut self, task: usize, returns: f64, count: u64) {
         if self.interval_tasks.len() <= task {
             self.interval_tasks.resize(task + 1, (0.0, 0));
         }
-        self.interval_tasks[task].0 += episode_return;
-        self.interval_tasks[task].1 += 1;
+        self.interval_tasks[task].0 += returns;
+        self.interval_tasks[task].1 += count;
     }
 
     /// Count `count` finished episodes by their summed returns and lengths (other learners' too).

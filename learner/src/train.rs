@@ -185,7 +185,7 @@ impl Trainer {
             for ep in step.episodes {
                 c.count_episode(ep.episode_return, ep.length);
                 if let Some(task) = self.config.env.task_of(ep.env_index, n_envs) {
-                    c.count_task_return(task, ep.episode_return);
+                    c.count_task_return(task, ep.episode_return, 1);
                 }
             }
             let transition = Transition {
