@@ -201,6 +201,13 @@ impl DistillConfig {
         if self.teachers.is_empty() {
             return bad("teachers", "[]".into(), "name the run directory of a trained teacher");
         }
+        if self.act_with == ActWith::Teacher && self.teachers.len() > 1 {
+            return bad(
+                "act_with",
+                "\"teacher\"".into(),
+                "one teacher acts for one task; with a teacher per task the student acts (act_with = \"student\")",
+            );
+        }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
         }
@@ -1250,6 +1257,9 @@ mod tests {
         // None or several teachers in the config.
         let none = DistillConfig::default().validate().unwrap_err().to_string();
         assert!(none.contains("teachers"), "{none}");
+        let acting =
+            DistillConfig { teachers: vec!["a".into(), "b".into()], act_with: ActWith::Teacher, ..Default::default() };
+        assert!(acting.validate().unwrap_err().to_string().contains("one teacher acts for one task"));
         // Two teachers make a two-headed student, which takes exactly two.
         let two = DistillConfig { teachers: vec!["a".into(), "b".into()], ..Default::default() };
         let mut s = Distill::new(&obs_space(6), &act, two, Device::Cpu, 0).unwrap();

@@ -251,6 +251,7 @@ impl ProcessGroup {
         let mut store = Store::connect(rendezvous, options.rendezvous_timeout)?;
         let (rank, world) = (rendezvous.rank, rendezvous.world_size);
         store.set(&format!("fingerprint/{rank}"), fingerprint)?;
+        let mut mismatch = None;
         for other in 0..world {
             let theirs = store.get(&format!("fingerprint/{other}"), options.rendezvous_timeout).map_err(|e| {
                 Error::Rendezvous(format!(
@@ -258,14 +259,26 @@ impl ProcessGroup {
                     options.rendezvous_timeout, rendezvous.master_addr, rendezvous.master_port
                 ))
             })?;
-            if theirs != fingerprint {
-                return Err(Error::Rendezvous(format!(
-                    "rank {other} was started with a different config than rank {rank} (config hashes {} and {}): \
-                     every rank must run the same resolved config",
-                    hex(&theirs),
-                    hex(fingerprint)
-                )));
+            if theirs != fingerprint && mismatch.is_none() {
+                mismatch = Some((other, theirs));
             }
+        }
+        if let Some((other, theirs)) = mismatch {
+            // The store's host stays until every rank has read every fingerprint: leaving at once would take
+            // the store with it, and the others would report it missing instead of the configs differing.
+            store.add("fingerprints_read", 1)?;
+            if rendezvous.hosts_store() {
+                let deadline = Instant::now() + options.rendezvous_timeout;
+                while store.add("fingerprints_read", 0)? < world as i64 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            return Err(Error::Rendezvous(format!(
+                "rank {other} was started with a different config than rank {rank} (config hashes {} and {}): \
+                 every rank must run the same resolved config",
+                hex(&theirs),
+                hex(fingerprint)
+            )));
         }
         let ifname = CString::new(rendezvous.ifname.clone().unwrap_or_default())
             .map_err(|_| Error::Rendezvous("GLOO_SOCKET_IFNAME contains a NUL byte".into()))?;
@@ -332,14 +345,23 @@ impl ProcessGroup {
         Ok(())
     }
 
-    /// Turn a failed collective into an error that names the ranks that stopped, if any did. The rank that
-    /// serves the store keeps serving it for as long again as a diagnosis takes, so that the other survivors,
-    /// whose collectives may fail a moment later, can still read the heartbeats and name the rank that was
-    /// lost, not this one (which would otherwise exit, taking the store with it, while they diagnose).
+    /// Turn a failed collective into an error that names the ranks that stopped, if any did. Each survivor
+    /// counts its diagnosis in the store; the rank that serves the store keeps serving it until every survivor
+    /// has one (at most a collective timeout and a diagnosis later). Otherwise it would exit first, taking the
+    /// store with it, and a survivor whose collective fails later (when the timeout or this rank's exit ends
+    /// it) would find the store gone and name this rank instead of the one that was lost.
     fn failed(&mut self, op: &str, message: String) -> Error {
         let lost = self.lost_ranks();
+        let _ = self.store.add("diagnosed", 1);
         if self.rendezvous.hosts_store() {
-            std::thread::sleep(self.options.heartbeat * 4);
+            let survivors = match &lost {
+                Lost::Ranks(r) => self.world_size().saturating_sub(r.len()),
+                Lost::Store => self.world_size(),
+            } as i64;
+            let deadline = Instant::now() + self.options.timeout + self.options.heartbeat * 4;
+            while Instant::now() < deadline && self.store.add("diagnosed", 0).is_ok_and(|n| n < survivors) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         Error::Collective { op: op.to_string(), rank: self.rank(), lost, message }
     }
