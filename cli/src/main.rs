@@ -270,7 +270,7 @@ fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()
         config.env.id,
         result.mean(),
         result.std(),
-        episodes,
+        result.returns.len(),
         model.display()
     );
     for (task, mean) in result.task_means() {
