@@ -1,25 +1,45 @@
 //! `flotilla-bench-transfer`: does starting from a trained run help on a changed task? Side by side in one run.
 //!
 //! ```text
-//! cargo run --release -p flotilla-tests --bin flotilla-bench-transfer [-- --seeds N --target k=v,k=v ...]
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-transfer \
+//!     [-- --suite cartpole|pendulum --seeds N --target k=v,k=v ... --eval-every STEPS]
 //! ```
-//! A source PPO policy is trained on CartPole-v1 (`examples/configs/cartpole_ppo.toml`, seed 1000) and saved as
-//! a run's `model.safetensors`. Then, on each target task (CartPole with changed physics, as `[env.kwargs]`),
-//! for seeds 1..=N: PPO from scratch, fine-tuned from the source (`[init] from`), fine-tuned with the first
-//! layer frozen (`freeze = ["pi_vf.0"]`), and with the hidden layers only (`reinit = ["pi_vf.2"]`: policy and
-//! value outputs afresh), each with the quick-start config and budget. Reported per method:
-//! env steps to the first evaluation ≥ 475 (mean and 95 % t-interval over the seeds that got there; seeds that
-//! never did are counted and shown at the budget), how many seeds end ≥ 475 (held), and the source policy's
-//! zero-shot score on the target. The control target swaps the actions (`force_mag = -10`: pushing "left"
-//! pushes right), where the source's knowledge is wrong and transfer should hurt.
+//! A source PPO policy is trained on the suite's env (its example config, seed 1000) and saved as a run's
+//! `model.safetensors`. Then, on each target task (the same env with changed physics, as `[env.kwargs]`), for
+//! seeds 1..=N: PPO from scratch, fine-tuned from the source (`[init] from`), fine-tuned with the first layer
+//! frozen (`freeze = ["pi_vf.0"]`), and with the hidden layers only (`reinit = ["pi_vf.2"]`: policy and value
+//! outputs afresh), each with the example config and budget. Reported per method: env steps to the first
+//! evaluation at or above the suite's threshold (mean and 95 % t-interval, seeds that never got there counted at
+//! the budget and counted), how many seeds end at or above it (held), and the source policy's zero-shot score on
+//! the target.
+//!
+//! Suites: `cartpole` (`cartpole_ppo.toml`, threshold 475; targets a heavy cart, a long pole, and a control that
+//! swaps the actions, `force_mag = -10`, where the source's knowledge is wrong and transfer should hurt) and
+//! `pendulum` (`pendulum_ppo.toml`, the Gaussian policy, threshold −250 as in the reference table; targets other
+//! gravities, `g`).
 use flotilla_learner::eval::evaluate;
 use flotilla_learner::train::train;
 use flotilla_tests::{SeedResult, example_config, train_seeds};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// The changed physics transfer is measured on (`[env.kwargs]` of CartPole-v1).
-const DEFAULT_TARGETS: [&str; 2] = ["masscart=10.0,force_mag=5.0", "length=1.5,masspole=0.3"];
+/// One env's transfer experiment.
+struct Suite {
+    /// Example config of the source and of every target run.
+    config: &'static str,
+    /// The return a run must reach (first evaluation at or above it).
+    threshold: f64,
+    /// Targets measured when none is given (`[env.kwargs]` as `k=v,k=v`).
+    targets: &'static [&'static str],
+}
+
+const CARTPOLE: Suite = Suite {
+    config: "cartpole_ppo.toml",
+    threshold: 475.0,
+    targets: &["masscart=10.0,force_mag=5.0", "length=1.5,masspole=0.3", "force_mag=-10.0"],
+};
+
+const PENDULUM: Suite = Suite { config: "pendulum_ppo.toml", threshold: -250.0, targets: &["g=5.0", "g=13.0"] };
 
 /// 97.5 % quantile of Student's t with `df` degrees of freedom (df ≤ 30; above that, the normal 1.96).
 fn t975(df: usize) -> f64 {
@@ -38,14 +58,21 @@ fn mean_ci(xs: &[f64]) -> (f64, f64) {
     (mean, t975(xs.len().saturating_sub(1)) * (var / n).sqrt())
 }
 
-/// One table row: a method's steps to 475 (seeds that never reached it counted at the budget, and said).
-fn row(target: &str, method: &str, results: &[SeedResult], budget: f64) {
+/// One table row: a method's steps to the threshold (seeds that never reached it counted at the budget, and
+/// said), how many seeds end at or above it, the median final return and the seconds per run.
+fn row(target: &str, method: &str, results: &[SeedResult], budget: f64, threshold: f64) {
     let steps: Vec<f64> = results.iter().map(|r| r.first_reaching.map_or(budget, |s| s as f64)).collect();
     let never = results.iter().filter(|r| r.first_reaching.is_none()).count();
-    let held = results.iter().filter(|r| r.final_return >= 475.0).count();
+    let held = results.iter().filter(|r| r.final_return >= threshold).count();
     let (mean, ci) = mean_ci(&steps);
+    let mut finals: Vec<f64> = results.iter().map(|r| r.final_return).collect();
+    finals.sort_by(f64::total_cmp);
+    let median = finals[finals.len() / 2];
     let secs: f64 = results.iter().map(|r| r.report.train_secs).sum::<f64>() / results.len() as f64;
-    println!("| {target} | {method} | {mean:.0} ± {ci:.0} | {never} | {held} / {} | {secs:.1} |", results.len());
+    println!(
+        "| {target} | {method} | {mean:.0} ± {ci:.0} | {never} | {held} / {} | {median:.1} | {secs:.1} |",
+        results.len()
+    );
 }
 
 fn main() -> BenchResult<()> {
@@ -53,22 +80,28 @@ fn main() -> BenchResult<()> {
     let mut n_seeds = 10u64;
     let mut targets: Vec<String> = Vec::new();
     let mut only_shared = false;
+    let mut suite = &CARTPOLE;
+    let mut eval_every: Option<u64> = None;
+    let usage = "usage: [--suite cartpole|pendulum] [--seeds N] [--target k=v,...] [--eval-every STEPS] \
+                 [--shared-torso-only]";
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seeds" => n_seeds = args.next().ok_or("--seeds N")?.parse()?,
             "--target" => targets.push(args.next().ok_or("--target key=value,...")?),
-            "--shared-torso-only" => only_shared = true,
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?}; usage: [--seeds N] [--target k=v,...] [--shared-torso-only]"
-                )
-                .into());
+            "--eval-every" => eval_every = Some(args.next().ok_or("--eval-every STEPS")?.parse()?),
+            "--suite" => {
+                suite = match args.next().as_deref() {
+                    Some("cartpole") => &CARTPOLE,
+                    Some("pendulum") => &PENDULUM,
+                    other => return Err(format!("--suite {other:?}: expected cartpole or pendulum").into()),
+                }
             }
+            "--shared-torso-only" => only_shared = true,
+            other => return Err(format!("unknown argument {other:?}; {usage}").into()),
         }
     }
     if targets.is_empty() {
-        targets = DEFAULT_TARGETS.iter().map(|t| t.to_string()).collect();
-        targets.push("force_mag=-10.0".into());
+        targets = suite.targets.iter().map(|t| t.to_string()).collect();
     }
     tch::set_num_threads(1);
     let seeds: Vec<u64> = (1..=n_seeds).collect();
@@ -76,50 +109,54 @@ fn main() -> BenchResult<()> {
         shared_torso(&seeds);
         return Ok(());
     }
+    let eval_set = eval_every.map(|n| format!("eval.interval_steps={n}"));
+    let common: Vec<&str> = eval_set.iter().map(String::as_str).collect();
     // The source run, as `flotilla train` would leave it.
     let dir = std::env::temp_dir().join(format!("flotilla-bench-transfer-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let (mut agent, report) = train(&example_config("cartpole_ppo.toml", &["run.seed=1000"]), &mut |_| Ok(()))?;
+    let mut source_sets = vec!["run.seed=1000"];
+    source_sets.extend(&common);
+    let (mut agent, report) = train(&example_config(suite.config, &source_sets), &mut |_| Ok(()))?;
     println!("# flotilla-bench-transfer\n");
     println!(
-        "Source: PPO on CartPole-v1 (seed 1000), final evaluation {:.1}, {:.1} s.\n",
+        "Source: `{}` (seed 1000), final evaluation {:.1}, {:.1} s. Threshold {}.\n",
+        suite.config,
         report.final_eval().mean(),
-        report.train_secs
+        report.train_secs,
+        suite.threshold
     );
     agent.save_weights(&dir.join("model.safetensors"))?;
     let from = format!("init.from={:?}", dir.display().to_string());
     println!(
-        "| target `[env.kwargs]` | method | env steps to ≥ 475 (mean ± 95 % CI) | never reached | held at the end | training s per run |"
+        "| target `[env.kwargs]` | method | env steps to threshold (mean ± 95 % CI) | never reached | held at the end \
+         | median final return | training s per run |"
     );
-    println!("|---|---|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|");
     for target in &targets {
         let kwargs: Vec<String> = target.split(',').map(|kv| format!("env.kwargs.{kv}")).collect();
-        let kw: Vec<&str> = kwargs.iter().map(String::as_str).collect();
-        let config = example_config("cartpole_ppo.toml", &kw);
+        let mut kw: Vec<&str> = kwargs.iter().map(String::as_str).collect();
+        kw.extend(&common);
+        let config = example_config(suite.config, &kw);
         let zero_shot = evaluate(agent.as_mut(), &config.env, 20, 12345)?.mean();
         let budget = config.run.total_env_steps as f64;
-        println!("| {target} | zero-shot (source policy, 20 episodes) | score {zero_shot:.1} | | | |");
+        println!("| {target} | zero-shot (source policy, 20 episodes) | score {zero_shot:.1} | | | | |");
         if seeds.is_empty() {
             continue;
         }
-        let scratch = train_seeds("cartpole_ppo.toml", &kw, &seeds, 475.0);
-        row(target, "from scratch", &scratch, budget);
+        let threshold = suite.threshold;
+        let run = |sets: &[&str]| train_seeds(suite.config, sets, &seeds, threshold);
+        row(target, "from scratch", &run(&kw), budget, threshold);
         let mut tuned = kw.clone();
         tuned.push(&from);
-        row(target, "fine-tune", &train_seeds("cartpole_ppo.toml", &tuned, &seeds, 475.0), budget);
+        row(target, "fine-tune", &run(&tuned), budget, threshold);
         let mut frozen = tuned.clone();
         frozen.push("init.freeze=[\"pi_vf.0\"]");
-        row(target, "fine-tune, first layer frozen", &train_seeds("cartpole_ppo.toml", &frozen, &seeds, 475.0), budget);
+        row(target, "fine-tune, first layer frozen", &run(&frozen), budget, threshold);
         tuned.push("init.reinit=[\"pi_vf.2\"]");
-        row(
-            target,
-            "hidden layers only (output afresh)",
-            &train_seeds("cartpole_ppo.toml", &tuned, &seeds, 475.0),
-            budget,
-        );
+        row(target, "hidden layers only (output afresh)", &run(&tuned), budget, threshold);
     }
     std::fs::remove_dir_all(&dir)?;
-    if !seeds.is_empty() {
+    if !seeds.is_empty() && std::ptr::eq(suite, &CARTPOLE) {
         shared_torso(&seeds);
     }
     Ok(())
