@@ -271,10 +271,10 @@ impl Optimizer {
         }
     }
 
-    fn read_from(&mut self, c: &mut Checkpoint) -> Result<()> {
+    fn read_from(&mut self, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
         match self {
-            Optimizer::RmsProp(o) => o.read_from(c, "rmsprop"),
-            Optimizer::Adam(o) => o.read_from(c, "adam"),
+            Optimizer::RmsProp(o) => o.read_from(c, "rmsprop", params),
+            Optimizer::Adam(o) => o.read_from(c, "adam", params),
         }
     }
 }
@@ -357,7 +357,8 @@ fn a2c_gradient(
     if !norm.is_finite() {
         return Err(Error::NonFinite(format!("a2c: gradient norm {norm} (non-finite loss); step not taken")));
     }
-    let grad = net.params.flat().grad().detach().copy();
+    // Packed: the trainable parameters' gradient only (all of it while nothing is frozen).
+    let grad = net.params.trainable_grad().detach().copy();
 
     let mean = |i: usize| -> Result<f64> {
         let sum: f64 = parts.iter().map(|p| f64::try_from(&p[i])).sum::<std::result::Result<f64, _>>()?;
@@ -427,7 +428,8 @@ impl A2c {
     }
 
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
-    /// `max_grad_norm`: a detached flat tensor laid out like [`A2c::params`]. Neither the parameters nor the
+    /// `max_grad_norm`: a detached flat tensor of the trainable parameters, laid out like [`A2c::params`] with
+    /// frozen layers left out ([`FlatParams::trainable_grad`]). Neither the parameters nor the
     /// optimiser change; [`A2c::apply_gradients`] (here or on another copy of the agent) takes the step.
     ///
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
@@ -440,19 +442,14 @@ impl A2c {
     /// same layout), at the learning rate for `progress_remaining` (1 at the start of training, 0 at the end).
     /// Returns that learning rate.
     pub fn apply_gradients(&mut self, flat_grad: &Tensor, progress_remaining: f64) -> Result<f64> {
-        let flat = self.pi.net.params.flat();
-        if flat_grad.size() != flat.size() {
-            return Err(Error::BadLength {
-                what: "A2C flat gradient".into(),
-                got: flat_grad.numel(),
-                expected: flat.numel(),
-            });
-        }
         // FlatParams allocates its gradient buffer up front, so a parameter server that never ran a backward
-        // pass can still be handed gradients.
-        tch::no_grad(|| flat.grad().copy_(flat_grad));
-        // A frozen layer stays put whatever gradient an actor computed for it.
-        self.pi.net.params.zero_frozen_grads();
+        // pass can still be handed gradients; they are the trainable parameters' (frozen layers' stay zero).
+        let params = &mut self.pi.net.params;
+        let n = params.trainable_numel() as usize;
+        if flat_grad.size() != [n as i64] {
+            return Err(Error::BadLength { what: "A2C flat gradient".into(), got: flat_grad.numel(), expected: n });
+        }
+        params.set_trainable_grad(flat_grad)?;
         let lr = self.config.learning_rate_at(progress_remaining);
         self.opt.step(&mut self.pi.net.params, lr);
         Ok(lr)
@@ -547,7 +544,7 @@ impl Algorithm for A2c {
 
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
         c.copy_into("params", self.pi.net.params.flat())?;
-        self.opt.read_from(c)?;
+        self.opt.read_from(c, &self.pi.net.params)?;
         self.collector.read_from(c, "rollout")?;
         self.pi.rng = c.meta("rng")?;
         Ok(())
@@ -586,6 +583,12 @@ impl A3cWorker {
         let policy = ActorCriticPolicy::new(net, seed);
         let collector = RolloutCollector::new(n_envs, config.n_steps, policy.net.obs_dim(), policy.net.act_dim());
         Ok(A3cWorker { config, policy, collector })
+    }
+
+    /// Freeze the run's `[init] freeze` layers here too, so each gradient holds the trainable parameters
+    /// only ([`FlatParams::trainable_grad`]): frozen layers cost nothing on the wire.
+    pub fn freeze(&mut self, layers: &[String]) -> Result<()> {
+        self.policy.net.params.freeze("[init] freeze", layers).map(|_| ())
     }
 }
 

@@ -80,6 +80,9 @@ pub struct ActingSetup<'a> {
     /// Ape-X's per-actor exploration floor (Horgan et al. 2018): ε-greedy policies explore with at least this ε.
     /// Other policies ignore it.
     pub epsilon_floor: f64,
+    /// The run's frozen layers (`[init] freeze`): an A3C worker computes and sends gradients for the other
+    /// layers only. Acting policies ignore it (they load every parameter).
+    pub frozen: &'a [String],
 }
 
 /// Copy a broadcast into `params` in place (the views share its storage), checking its length.

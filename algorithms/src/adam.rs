@@ -4,9 +4,9 @@
 //! `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `θ ← θ − (lr / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε)`.
 use tch::Tensor;
 
-use crate::Result;
 use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
+use crate::{Error, Result};
 
 /// Adam state for one flat parameter buffer.
 #[derive(Debug)]
@@ -25,9 +25,10 @@ pub struct Adam {
 }
 
 impl Adam {
-    /// Fresh state for `params` with PyTorch's default betas.
+    /// Fresh state for `params` (its trainable scalars: frozen layers get no moments) with PyTorch's default
+    /// betas.
     pub fn new(params: &FlatParams, lr: f64, eps: f64) -> Self {
-        let zeros = || params.flat().zeros_like().detach();
+        let zeros = || params.trainable_grad().zeros_like().detach();
         Adam { lr, beta1: 0.9, beta2: 0.999, eps, steps: 0, exp_avg: zeros(), exp_avg_sq: zeros() }
     }
 
@@ -36,11 +37,23 @@ impl Adam {
         self.steps
     }
 
-    /// Apply one update from the gradient accumulated in `params` (a no-op when there is none).
+    /// Scalars the moments cover (the trainable ones of the buffer this state was made or last stepped for).
+    pub fn state_numel(&self) -> i64 {
+        self.exp_avg.numel() as i64
+    }
+
+    /// Apply one update from the gradient accumulated in `params` (a no-op when there is none). Only the
+    /// trainable scalars have moments and move; when that set changed since the last step (layers frozen
+    /// after this state was made), the state starts afresh for the new set.
     pub fn step(&mut self, params: &mut FlatParams) {
-        let grad = params.flat().grad();
-        if !grad.defined() {
+        if !params.flat().grad().defined() {
             return;
+        }
+        let grad = params.trainable_grad();
+        if self.exp_avg.size() != grad.size() {
+            self.exp_avg = grad.zeros_like().detach();
+            self.exp_avg_sq = grad.zeros_like().detach();
+            self.steps = 0;
         }
         self.steps += 1;
         let t = self.steps as i32;
@@ -50,8 +63,13 @@ impl Adam {
             let _ = self.exp_avg.lerp_(&grad, 1.0 - self.beta1);
             let _ = self.exp_avg_sq.g_mul_scalar_(self.beta2).addcmul_(&grad, &grad.g_mul_scalar(1.0 - self.beta2));
             let denom = (self.exp_avg_sq.sqrt() / bias2.sqrt()) + self.eps;
-            let mut theta = params.flat().shallow_clone();
-            let _ = theta.addcdiv_(&(&self.exp_avg * (-self.lr / bias1)), &denom);
+            let scaled = &self.exp_avg * (-self.lr / bias1);
+            if params.has_frozen() {
+                params.add_to_trainable(&(scaled / denom)).expect("moments sized to the trainable scalars");
+            } else {
+                let mut theta = params.flat().shallow_clone();
+                let _ = theta.addcdiv_(&scaled, &denom);
+            }
         });
     }
 
@@ -62,11 +80,29 @@ impl Adam {
         c.put_meta(format!("{prefix}.steps"), &self.steps)
     }
 
-    /// Restore what [`Adam::write_to`] saved (the learning rate is the caller's: schedules set it).
-    pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
-        c.copy_into(&format!("{prefix}.exp_avg"), &self.exp_avg)?;
-        c.copy_into(&format!("{prefix}.exp_avg_sq"), &self.exp_avg_sq)?;
+    /// Restore what [`Adam::write_to`] saved for `params` (the learning rate is the caller's: schedules set
+    /// it). Moments for another number of trainable scalars (a run with other frozen layers) are an error,
+    /// unless no step was taken yet (then they are zeros for the trainable scalars).
+    pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str, params: &FlatParams) -> Result<()> {
+        let n = params.trainable_numel();
+        let device = self.exp_avg.device();
         self.steps = c.meta(&format!("{prefix}.steps"))?;
+        for (name, dst) in [("exp_avg", &mut self.exp_avg), ("exp_avg_sq", &mut self.exp_avg_sq)] {
+            let t = c.take_tensor(&format!("{prefix}.{name}"))?;
+            if self.steps == 0 {
+                // Saved before the first step, perhaps before layers were frozen: zeros either way.
+                *dst = params.trainable_grad().zeros_like().detach();
+                continue;
+            }
+            if t.size() != [n] {
+                return Err(Error::BadLength {
+                    what: format!("checkpoint {prefix}.{name} (optimiser state of the trainable parameters)"),
+                    got: t.numel(),
+                    expected: n as usize,
+                });
+            }
+            *dst = t.to_kind(tch::Kind::Float).to_device(device);
+        }
         Ok(())
     }
 }

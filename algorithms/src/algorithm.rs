@@ -163,7 +163,8 @@ pub trait Algorithm: Policy {
         Err(crate::Error::Unsupported(format!("{} has no data-parallel or accumulated updates", self.name())))
     }
     /// A3C's parameter server: one optimiser step with a flat gradient an actor computed (in
-    /// [`Algorithm::policy_params`]' layout). Algorithms without that role refuse.
+    /// [`Algorithm::policy_params`]' layout, frozen layers left out: [`FlatParams::trainable_grad`]).
+    /// Algorithms without that role refuse.
     fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
         let _ = (gradient, progress);
         Err(crate::Error::Unsupported(format!("{} does not apply actors' gradients", self.name())))

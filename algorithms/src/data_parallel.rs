@@ -102,8 +102,10 @@ impl DataParallel {
     /// [`GradientSync::mean_gradient`]).
     pub(crate) fn reduce_slot(&mut self, slot: usize, params: &mut FlatParams) -> Result<()> {
         if let Some(sync) = &mut self.sync {
-            let mut grad = params.flat().grad();
+            // Frozen layers' gradients (always zero) stay off the wire: only the trainable scalars go.
+            let mut grad = params.trainable_grad();
             sync.mean_gradient(slot, &mut grad)?;
+            params.set_trainable_grad(&grad)?;
         }
         Ok(())
     }

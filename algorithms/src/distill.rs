@@ -934,7 +934,7 @@ impl Algorithm for Distill {
 
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
         c.copy_into("params", self.pi.net.params.flat())?;
-        self.opt.read_from(c, "adam")?;
+        self.opt.read_from(c, "adam", &self.pi.net.params)?;
         self.replay.read_from(c, "replay")?;
         self.rng = c.meta("rng")?;
         self.pi.rng = c.meta("acting_rng")?;

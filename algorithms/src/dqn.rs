@@ -955,7 +955,7 @@ impl Algorithm for Dqn {
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
         c.copy_into("q.online", self.online.flat())?;
         c.copy_into("q.target", self.target.flat())?;
-        self.opt.read_from(c, "adam")?;
+        self.opt.read_from(c, "adam", &self.online)?;
         let side = &mut *lock(&self.side);
         match &mut side.memory {
             Memory::Uniform(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),

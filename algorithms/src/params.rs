@@ -32,6 +32,9 @@ pub struct FlatParams {
     grad_views: Vec<Tensor>,
     /// Per view: frozen (its gradient is always zero, so no optimiser ever moves it).
     frozen: Vec<bool>,
+    /// The trainable scalars as `(offset, len)` runs of the buffer: every entry not frozen, neighbours merged
+    /// (one run covering the whole buffer while nothing is frozen).
+    runs: Vec<(i64, i64)>,
 }
 
 impl FlatParams {
@@ -52,7 +55,8 @@ impl FlatParams {
         let grad = flat.grad();
         let grad_views = entries.iter().map(|e| grad.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
         let frozen = vec![false; entries.len()];
-        FlatParams { flat, entries, views, grad_views, frozen }
+        let runs = vec![(0, offset)];
+        FlatParams { flat, entries, views, grad_views, frozen, runs }
     }
 
     /// Set the gradient buffer to `∂loss/∂θ`, overwriting it (no `zero_grad` needed).
@@ -213,7 +217,78 @@ impl FlatParams {
             }
         }
         self.zero_frozen_grads();
-        Ok(self.entries.iter().zip(&self.frozen).filter(|(_, f)| **f).map(|(e, _)| e.numel).sum())
+        self.runs.clear();
+        for (e, _) in self.entries.iter().zip(&self.frozen).filter(|(_, f)| !**f) {
+            match self.runs.last_mut() {
+                Some((offset, len)) if *offset + *len == e.offset => *len += e.numel,
+                _ => self.runs.push((e.offset, e.numel)),
+            }
+        }
+        Ok(self.numel() - self.trainable_numel())
+    }
+
+    /// How many scalars train (all but the frozen ones): the size of an optimiser's state and of a gradient
+    /// on the wire ([`FlatParams::trainable_grad`]).
+    pub fn trainable_numel(&self) -> i64 {
+        self.runs.iter().map(|(_, len)| len).sum()
+    }
+
+    /// Whether any layer is frozen.
+    pub fn has_frozen(&self) -> bool {
+        self.runs.len() != 1 || self.runs[0] != (0, self.numel())
+    }
+
+    /// The gradient of the trainable parameters, packed: the gradient buffer itself (aliased, no copy) while
+    /// nothing is frozen, else the trainable runs concatenated ([`FlatParams::trainable_numel`] scalars) —
+    /// what optimisers keep state for and what goes on the wire, so frozen layers cost neither.
+    pub fn trainable_grad(&self) -> Tensor {
+        self.pack(&self.flat.grad())
+    }
+
+    /// Write a packed trainable gradient (as [`FlatParams::trainable_grad`] returns) back into the gradient
+    /// buffer; frozen layers' gradients stay zero.
+    pub fn set_trainable_grad(&mut self, packed: &Tensor) -> Result<()> {
+        let grad = self.flat.grad();
+        if !self.has_frozen() && packed.size() == grad.size() && packed.data_ptr() == grad.data_ptr() {
+            return Ok(()); // the buffer itself, as `trainable_grad` handed it out
+        }
+        self.unpack(&grad, packed, "a packed gradient", |dst, src| {
+            dst.copy_(src);
+        })
+    }
+
+    /// Add a packed step (one value per trainable scalar) to the parameters: how an optimiser that keeps state
+    /// for the trainable scalars only moves them.
+    pub fn add_to_trainable(&mut self, packed: &Tensor) -> Result<()> {
+        let flat = self.flat.shallow_clone();
+        self.unpack(&flat, packed, "a packed update", |dst, src| {
+            let _ = dst.g_add_(src);
+        })
+    }
+
+    /// The trainable runs of `full` (a buffer-sized tensor), concatenated; `full` itself while nothing is frozen.
+    fn pack(&self, full: &Tensor) -> Tensor {
+        if !self.has_frozen() {
+            return full.shallow_clone();
+        }
+        let parts: Vec<Tensor> = self.runs.iter().map(|&(offset, len)| full.narrow(0, offset, len)).collect();
+        Tensor::cat(&parts, 0)
+    }
+
+    /// Apply `write(run of full, run of packed)` to every trainable run, under `no_grad`.
+    fn unpack(&self, full: &Tensor, packed: &Tensor, what: &str, write: impl Fn(&mut Tensor, &Tensor)) -> Result<()> {
+        let n = self.trainable_numel();
+        if packed.size() != [n] {
+            return Err(Error::BadLength { what: what.into(), got: packed.numel(), expected: n as usize });
+        }
+        tch::no_grad(|| {
+            let mut at = 0;
+            for &(offset, len) in &self.runs {
+                write(&mut full.narrow(0, offset, len), &packed.narrow(0, at, len));
+                at += len;
+            }
+        });
+        Ok(())
     }
 
     /// Zero the frozen parameters' gradients (for a gradient written into the buffer from elsewhere, e.g. an
@@ -270,6 +345,7 @@ impl FlatParams {
         t.views = t.entries.iter().map(|e| t.flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
         t.grad_views.clear();
         t.frozen = vec![false; t.entries.len()];
+        t.runs = vec![(0, t.numel())];
         t
     }
 
@@ -368,11 +444,15 @@ mod tests {
     }
 
     #[test]
-    fn frozen_layers_get_no_gradient_so_adam_never_moves_them() {
+    fn frozen_layers_get_no_gradient_and_no_optimiser_state_so_adam_never_moves_them() {
         let mut p = two_layers(0.5, 1);
-        assert_eq!(p.freeze("test", &["l.0".into()]).unwrap(), 8);
-        let before = p.flat().copy();
+        // Adam made before freezing (as an algorithm builds its optimiser before `[init]` applies) re-sizes
+        // its moments to the trainable scalars at its first step.
         let mut adam = crate::adam::Adam::new(&p, 0.1, 1e-8);
+        assert_eq!(adam.state_numel(), 11);
+        assert_eq!(p.freeze("test", &["l.0".into()]).unwrap(), 8);
+        assert_eq!((p.trainable_numel(), p.has_frozen()), (3, true));
+        let before = p.flat().copy();
         for _ in 0..3 {
             let x = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
             let h = x.matmul(&p.view(0).tr()) + p.view(1);
@@ -380,7 +460,10 @@ mod tests {
             p.backward(&loss);
             assert_eq!(p.flat().grad().narrow(0, 0, 8).abs().sum(Kind::Float).double_value(&[]), 0.0);
             adam.step(&mut p);
+            assert_eq!(adam.state_numel(), 3, "moments for l.1 only");
+            assert_eq!(p.trainable_grad().size(), [3], "the wire carries l.1's gradient only");
         }
+        assert_eq!(adam.steps(), 3);
         let moved = (p.flat() - &before).abs();
         assert_eq!(moved.narrow(0, 0, 8).sum(Kind::Float).double_value(&[]), 0.0, "l.0 stays where it was");
         assert!(moved.narrow(0, 8, 3).sum(Kind::Float).double_value(&[]) > 0.0, "l.1 trains");
@@ -388,6 +471,36 @@ mod tests {
         let _ = tch::no_grad(|| p.flat().grad().fill_(1.0));
         p.zero_frozen_grads();
         assert_eq!(p.flat().grad().sum(Kind::Float).double_value(&[]), 3.0);
+        // A packed gradient goes back into the trainable slots only; a wrong length is refused.
+        p.set_trainable_grad(&Tensor::from_slice(&[1.0f32, 2.0, 3.0])).unwrap();
+        assert_eq!(Vec::<f32>::try_from(p.flat().grad()).unwrap()[7..], [0.0, 1.0, 2.0, 3.0]);
+        assert!(p.set_trainable_grad(&Tensor::zeros([11], (Kind::Float, Device::Cpu))).is_err());
+        // The moments round-trip through a checkpoint; a network with other frozen layers refuses them.
+        let mut c = crate::checkpoint::Checkpoint::new();
+        adam.write_to(&mut c, "adam").unwrap();
+        let mut back = crate::adam::Adam::new(&p, 0.1, 1e-8);
+        back.read_from(&mut c, "adam", &p).unwrap();
+        assert_eq!((back.steps(), back.state_numel()), (3, 3));
+        adam.write_to(&mut c, "adam").unwrap();
+        let e = crate::adam::Adam::new(&p, 0.1, 1e-8).read_from(&mut c, "adam", &two_layers(0.5, 1)).unwrap_err();
+        assert!(e.to_string().contains("adam.exp_avg") && e.to_string().contains("expected 11"), "{e}");
+    }
+
+    #[test]
+    fn scattered_frozen_layers_pack_the_trainable_runs_in_order() {
+        // l.0 trains, l.1.weight frozen, l.1.bias trains: two runs, [0, 8) and [10, 11).
+        let mut p = two_layers(0.5, 1);
+        p.freeze("test", &["l.1.weight".into()]).unwrap();
+        assert_eq!(p.trainable_numel(), 9);
+        let _ = tch::no_grad(|| p.flat().grad().copy_(&Tensor::arange(11, (Kind::Float, Device::Cpu))));
+        let packed: Vec<f32> = Vec::try_from(p.trainable_grad()).unwrap();
+        assert_eq!(packed, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 10.0]);
+        p.add_to_trainable(&Tensor::ones([9], (Kind::Float, Device::Cpu))).unwrap();
+        let values: Vec<f32> = Vec::try_from(p.flat().detach()).unwrap();
+        assert_eq!(values, [1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 0.5, 0.5, 1.5]);
+        // Nothing frozen: the packed gradient is the buffer itself, not a copy.
+        let q = two_layers(0.5, 1);
+        assert!(!q.has_frozen() && q.trainable_grad().data_ptr() == q.flat().grad().data_ptr());
     }
 
     #[test]

@@ -527,7 +527,7 @@ impl Algorithm for Ppo {
 
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
         c.copy_into("params", self.pi.net.params.flat())?;
-        self.opt.read_from(c, "adam")?;
+        self.opt.read_from(c, "adam", &self.pi.net.params)?;
         self.collector.read_from(c, "rollout")?;
         self.pi.rng = c.meta("rng")?;
         Ok(())

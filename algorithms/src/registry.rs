@@ -179,7 +179,7 @@ impl AlgorithmConfig {
     /// What an actor process runs (on the CPU): the acting policy alone — weights and the forward pass, no
     /// optimiser, replay or rollout buffers — or, for A3C, a gradient worker.
     pub fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
-        let ActingSetup { observation_space: o, action_space: a, n_envs, seed, epsilon_floor } = *setup;
+        let ActingSetup { observation_space: o, action_space: a, n_envs, seed, epsilon_floor, frozen } = *setup;
         let actor_critic = |name, net: &NetConfig<'_>| {
             let net = ActorCritic::new(name, o, a, net, Device::Cpu, seed)?;
             Ok::<_, Error>(ActorCriticPolicy::new(net, seed))
@@ -187,7 +187,11 @@ impl AlgorithmConfig {
         Ok(match self {
             AlgorithmConfig::Ppo(c) => Acting::Chunks(Box::new(actor_critic("ppo", &c.net())?)),
             AlgorithmConfig::A2c(c) => Acting::Chunks(Box::new(actor_critic("a2c", &c.net())?)),
-            AlgorithmConfig::A3c(c) => Acting::Gradients(Box::new(A3cWorker::new(o, a, n_envs, c.clone(), seed)?)),
+            AlgorithmConfig::A3c(c) => {
+                let mut worker = A3cWorker::new(o, a, n_envs, c.clone(), seed)?;
+                worker.freeze(frozen)?;
+                Acting::Gradients(Box::new(worker))
+            }
             AlgorithmConfig::Dqn(c) => Acting::Chunks(Box::new(DqnPolicy::new(o, a, c.clone(), epsilon_floor, seed)?)),
             AlgorithmConfig::Ddpg(c) => {
                 Acting::Chunks(Box::new(Td3Policy::new("ddpg", o, a, n_envs, &c.clone().into(), seed)?))
@@ -246,6 +250,7 @@ mod tests {
                 n_envs: 8,
                 seed: 2,
                 epsilon_floor: 0.0,
+                frozen: &[],
             };
             let Acting::Chunks(mut policy) = config.build_acting(&setup).unwrap() else {
                 panic!("{name}: an acting policy, not a gradient worker")
@@ -270,17 +275,26 @@ mod tests {
     /// A3C: the worker's gradient on a chunk is the learner's A2C gradient on the same data and parameters.
     #[test]
     fn the_a3c_worker_computes_the_a2c_gradient_of_its_chunk() {
+        // Also with the first layer frozen: the gradient then holds the other layers only.
+        for frozen in [vec![], vec!["pi_vf.0".to_string()]] {
+            a3c_worker_gradient(&frozen);
+        }
+    }
+
+    fn a3c_worker_gradient(frozen: &[String]) {
         let (obs_space, act_space) = (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2));
         let config = AlgorithmConfig::A3c(A2cConfig::default());
         let AlgorithmConfig::A3c(a2c_config) = &config else { unreachable!() };
         let (e, t) = (2, a2c_config.n_steps);
         let mut learner = config.build_learner(&obs_space, &act_space, e, Device::Cpu, 1).unwrap();
+        let n_frozen = learner.transfer("test", &[], &[], frozen).unwrap().1 as usize;
         let setup = ActingSetup {
             observation_space: &obs_space,
             action_space: &act_space,
             n_envs: e,
             seed: 2,
             epsilon_floor: 0.0,
+            frozen,
         };
         let Acting::Gradients(mut worker) = config.build_acting(&setup).unwrap() else { panic!("a gradient worker") };
         worker.policy().load_params(&flat(learner.as_ref())).unwrap();
@@ -308,12 +322,21 @@ mod tests {
             episodes: vec![EpisodeStats { episode_return: 2.0, length: 2, env_index: 1, truncated: true }],
         };
         let (grad, _) = worker.gradient(&chunk).unwrap();
+        assert_eq!(grad.len() + n_frozen, learner.policy_params().numel() as usize, "trainable values only");
         // The learner's side: the same chunk through its own rollout, then its gradient.
         let params_before = flat(learner.as_ref());
         let m = learner.apply_gradient(&grad, &crate::algorithm::Progress { env_steps: 1, total_env_steps: 2 });
         assert!(m.is_ok(), "the parameter server takes the worker's gradient");
         assert_ne!(flat(learner.as_ref()), params_before, "and steps with it");
+        assert_eq!(flat(learner.as_ref())[..n_frozen], params_before[..n_frozen], "frozen layers stay");
+        assert!(
+            learner
+                .apply_gradient(&grad[1..], &crate::algorithm::Progress { env_steps: 1, total_env_steps: 2 })
+                .is_err(),
+            "short"
+        );
         let mut a2c = crate::a2c::A2c::new(&obs_space, &act_space, e, a2c_config.clone(), Device::Cpu, 1).unwrap();
+        a2c.transfer("test", &[], &[], frozen).unwrap();
         let mut collector = crate::rollout::RolloutCollector::new(e, t, 4, 1);
         collector.push_chunks(std::slice::from_ref(&chunk), |o| a2c.values(o)).unwrap();
         let (gamma, lambda) = (a2c_config.gamma as f32, a2c_config.gae_lambda as f32);

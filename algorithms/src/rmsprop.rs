@@ -6,9 +6,9 @@
 //! TensorFlow's RMSprop (SB3's `RMSpropTFLike`), and `v` starts at 0.
 use tch::Tensor;
 
-use crate::Result;
 use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
+use crate::{Error, Result};
 
 /// RMSprop state for one flat parameter buffer.
 #[derive(Debug)]
@@ -24,9 +24,9 @@ pub struct RmsProp {
 }
 
 impl RmsProp {
-    /// Fresh state (a zero running mean) for `params`.
+    /// Fresh state (a zero running mean) for `params`' trainable scalars (frozen layers get none).
     pub fn new(params: &FlatParams, lr: f64, alpha: f64, eps: f64) -> Self {
-        RmsProp { lr, alpha, eps, steps: 0, square_avg: params.flat().zeros_like().detach() }
+        RmsProp { lr, alpha, eps, steps: 0, square_avg: params.trainable_grad().zeros_like().detach() }
     }
 
     /// Steps taken so far.
@@ -34,18 +34,29 @@ impl RmsProp {
         self.steps
     }
 
-    /// Apply one update from the gradient accumulated in `params` (a no-op when there is none).
+    /// Apply one update from the gradient accumulated in `params` (a no-op when there is none). Only the
+    /// trainable scalars have state and move; when that set changed since the last step, the state starts
+    /// afresh for the new set.
     pub fn step(&mut self, params: &mut FlatParams) {
-        let grad = params.flat().grad();
-        if !grad.defined() {
+        if !params.flat().grad().defined() {
             return;
+        }
+        let grad = params.trainable_grad();
+        if self.square_avg.size() != grad.size() {
+            self.square_avg = grad.zeros_like().detach();
+            self.steps = 0;
         }
         self.steps += 1;
         tch::no_grad(|| {
             let _ = self.square_avg.g_mul_scalar_(self.alpha).addcmul_(&grad, &grad.g_mul_scalar(1.0 - self.alpha));
             let denom = self.square_avg.sqrt() + self.eps;
-            let mut theta = params.flat().shallow_clone();
-            let _ = theta.addcdiv_(&(&grad * -self.lr), &denom);
+            let scaled = &grad * -self.lr;
+            if params.has_frozen() {
+                params.add_to_trainable(&(scaled / denom)).expect("state sized to the trainable scalars");
+            } else {
+                let mut theta = params.flat().shallow_clone();
+                let _ = theta.addcdiv_(&scaled, &denom);
+            }
         });
     }
 
@@ -55,10 +66,26 @@ impl RmsProp {
         c.put_meta(format!("{prefix}.steps"), &self.steps)
     }
 
-    /// Restore what [`RmsProp::write_to`] saved (the learning rate is the caller's: schedules set it).
-    pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
-        c.copy_into(&format!("{prefix}.square_avg"), &self.square_avg)?;
+    /// Restore what [`RmsProp::write_to`] saved for `params` (the learning rate is the caller's: schedules set
+    /// it). State for another number of trainable scalars (other frozen layers) is an error, unless no step was
+    /// taken yet (then it is zeros for the trainable scalars).
+    pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str, params: &FlatParams) -> Result<()> {
+        let n = params.trainable_numel();
+        let t = c.take_tensor(&format!("{prefix}.square_avg"))?;
         self.steps = c.meta(&format!("{prefix}.steps"))?;
+        if self.steps == 0 {
+            // Saved before the first step, perhaps before layers were frozen: zeros either way.
+            self.square_avg = params.trainable_grad().zeros_like().detach();
+            return Ok(());
+        }
+        if t.size() != [n] {
+            return Err(Error::BadLength {
+                what: format!("checkpoint {prefix}.square_avg (optimiser state of the trainable parameters)"),
+                got: t.numel(),
+                expected: n as usize,
+            });
+        }
+        self.square_avg = t.to_kind(tch::Kind::Float).to_device(self.square_avg.device());
         Ok(())
     }
 }
@@ -108,7 +135,7 @@ mod tests {
         let mut b = FlatParams::new(vec![("w".into(), init.copy())], Device::Cpu);
         b.copy_from(&a.flat().detach()).unwrap();
         let mut opt_b = RmsProp::new(&b, 0.05, 0.9, 1e-5);
-        opt_b.read_from(&mut c, "rmsprop").unwrap();
+        opt_b.read_from(&mut c, "rmsprop", &b).unwrap();
         assert_eq!(opt_b.steps(), 3);
         for (p, opt) in [(&mut a, &mut opt_a), (&mut b, &mut opt_b)] {
             p.zero_grad();

@@ -732,8 +732,8 @@ impl Algorithm for Td3 {
         c.copy_into("actor.target", self.actor_target.flat())?;
         c.copy_into("critic.online", self.critic.flat())?;
         c.copy_into("critic.target", self.critic_target.flat())?;
-        self.actor_opt.read_from(c, "actor_adam")?;
-        self.critic_opt.read_from(c, "critic_adam")?;
+        self.actor_opt.read_from(c, "actor_adam", &self.actor)?;
+        self.critic_opt.read_from(c, "critic_adam", &self.critic)?;
         self.replay.read_from(c, "replay")?;
         self.noise.set_state(&noise)?;
         self.rng = rng;

@@ -58,6 +58,7 @@ impl ActorFactory for ConfigFactory {
             n_envs: envs.num_envs(),
             seed: registered.seed,
             epsilon_floor,
+            frozen: &config.init.freeze,
         };
         Ok(config.algorithm.build_acting(&setup)?)
     }

@@ -271,6 +271,36 @@ fn a_fine_tune_starts_from_a_trained_run_in_process_and_with_actors() {
         assert!(o.status.success(), "{name}: {}", text(&o));
         assert!(text(&o).contains(&format!("started from {src}: 6 parameter tensors copied")), "{name}: {}", text(&o));
     }
+    // A3C with the first layer frozen and 2 actors: the actors send gradients of the other layers only (the
+    // learner refuses gradients of any other length), the learner steps with them, the frozen layer stays.
+    let out = dir.join("a3c-frozen");
+    let limit = std::time::Duration::from_secs(60);
+    let o = common::flotilla_within(
+        &[
+            "train",
+            &config("cartpole_a3c.toml"),
+            "--set",
+            &from,
+            "--set",
+            "init.freeze=[\"pi_vf.0\"]",
+            "--actors",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+            "--stop-at",
+            "4000",
+        ],
+        limit,
+    );
+    assert!(o.status.success() && text(&o).contains("parameters frozen"), "{}", text(&o));
+    assert!(!text(&o).contains("refus"), "every gradient was taken: {}", text(&o));
+    let weights = |dir: &std::path::Path| tch::Tensor::read_safetensors(dir.join("model.safetensors")).unwrap();
+    let (before, after) = (weights(&source), weights(&out));
+    let get = |w: &[(String, tch::Tensor)], name: &str| w.iter().find(|(n, _)| n == name).unwrap().1.copy();
+    for name in ["pi_vf.0.weight", "pi_vf.0.bias"] {
+        assert!(get(&before, name).equal(&get(&after, name)), "{name} frozen");
+    }
+    assert!(!get(&before, "pi_vf.1.weight").equal(&get(&after, "pi_vf.1.weight")), "the rest trained");
     // A layer the network does not have: refused before anything is written, listing the layers.
     let out = dir.join("bad");
     let o = flotilla(&[

@@ -284,7 +284,7 @@ pub struct Gradient {
     pub actor_id: u64,
     /// Version of the parameters the gradient was computed with.
     pub policy_version: u64,
-    /// The flat gradient, in the parameters' layout.
+    /// The flat gradient of the trainable parameters, in the parameters' layout with frozen layers left out.
     pub values: Vec<f32>,
     /// Env steps the gradient's chunk covered.
     pub env_steps: u64,
@@ -293,10 +293,13 @@ pub struct Gradient {
 }
 
 impl Gradient {
-    /// Check length and finiteness against the parameter count.
+    /// Check length and finiteness against the trainable parameter count.
     pub fn validate(&self, n_params: usize) -> Result<(), String> {
         if self.values.len() != n_params {
-            return Err(format!("gradient has {} values, expected {n_params} (one per parameter)", self.values.len()));
+            return Err(format!(
+                "gradient has {} values, expected {n_params} (one per trainable parameter)",
+                self.values.len()
+            ));
         }
         if let Some(i) = self.values.iter().position(|x| !x.is_finite()) {
             return Err(format!("gradient[{i}] is {}, must be finite", self.values[i]));

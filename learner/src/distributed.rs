@@ -151,7 +151,8 @@ impl DistributedLearner {
             family: plan.family,
             n_actors: plan.n_actors,
             seed: actor_seed,
-            n_params: initial.len(),
+            // A3C gradients hold the trainable parameters only (frozen layers stay off the wire).
+            n_params: agent.policy_params().trainable_numel() as usize,
             total_env_steps: config.run.total_env_steps,
             synchronous: match plan.family {
                 Family::OnPolicy => config.learner.synchronous,

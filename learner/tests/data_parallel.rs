@@ -2,6 +2,7 @@
 //! its own batch of B with the gradient all-reduced, end with the same parameters as one learner training on
 //! the L·B samples together (relative 1e-5: only the summation order differs).
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,7 +10,9 @@ use flotilla_algorithms::a2c::A2cConfig;
 use flotilla_algorithms::dqn::{Dqn, DqnConfig};
 use flotilla_algorithms::ppo::PpoConfig;
 use flotilla_algorithms::td3::{DdpgConfig, Td3, Td3Config};
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, DataParallel, Progress, Transition};
+use flotilla_algorithms::{
+    ActMode, ActOutput, Algorithm, AlgorithmConfig, DataParallel, GradientSync, Progress, Transition,
+};
 use flotilla_collective::codec::Compression;
 use flotilla_collective::{GroupOptions, ProcessGroup, Rendezvous};
 use flotilla_core::{ObsRef, Space};
@@ -105,12 +108,54 @@ fn on_policy_ranks_and_one(
     envs: usize,
     steps: u64,
 ) {
+    on_policy_ranks_and_one_frozen(rank_config, single, world, envs, steps, &[], &[]);
+}
+
+/// A [`GradientSync`] that counts the gradient scalars it is handed (what goes on the wire) and passes them on.
+struct Counting {
+    inner: Box<CollectiveSync>,
+    scalars: Arc<AtomicUsize>,
+}
+
+impl GradientSync for Counting {
+    fn mean_gradient(&mut self, slot: usize, grad: &mut Tensor) -> flotilla_algorithms::Result<()> {
+        self.scalars.fetch_add(grad.numel(), Ordering::SeqCst);
+        self.inner.mean_gradient(slot, grad)
+    }
+
+    fn sum(&mut self, values: &mut [f64]) -> flotilla_algorithms::Result<()> {
+        self.inner.sum(values)
+    }
+
+    fn replicas(&self) -> usize {
+        self.inner.replicas()
+    }
+}
+
+/// [`on_policy_ranks_and_one`] with the `freeze` layers frozen on every rank and on the single learner; asserts
+/// that each rank put exactly the trainable scalars on the wire per gradient step (`per_step(params)` of them)
+/// and returns each rank's parameters at the start (after freezing) and at the end.
+fn on_policy_ranks_and_one_frozen(
+    rank_config: AlgorithmConfig,
+    single: AlgorithmConfig,
+    world: usize,
+    envs: usize,
+    steps: u64,
+    freeze: &'static [&'static str],
+    gradient_steps: &'static [usize],
+) -> Vec<(Tensor, Tensor)> {
     let (obs_space, act_space) = spaces();
     let config = rank_config.clone();
+    let freeze: Vec<String> = freeze.iter().map(|s| s.to_string()).collect();
+    let rank_freeze = freeze.clone();
     let results = on_ranks(world, move |rank, sync| {
         let (obs_space, act_space) = spaces();
         let mut agent = config.build_learner(&obs_space, &act_space, envs, Device::Cpu, 3).unwrap();
-        agent.set_data_parallel(DataParallel::new(Some(sync), 1).unwrap()).unwrap();
+        agent.transfer("test", &[], &[], &rank_freeze).unwrap();
+        let initial = agent.policy_params().flat().copy();
+        let scalars = Arc::new(AtomicUsize::new(0));
+        let counting = Counting { inner: sync, scalars: scalars.clone() };
+        agent.set_data_parallel(DataParallel::new(Some(Box::new(counting)), 1).unwrap()).unwrap();
         let mut recorded = Vec::new();
         let mut updates = 0;
         for t in 0..steps {
@@ -133,11 +178,17 @@ fn on_policy_ranks_and_one(
             recorded.push(step);
         }
         assert!(updates >= 2, "{updates} updates");
-        (agent.policy_params().flat().copy(), recorded)
+        let trainable = agent.policy_params().trainable_numel() as usize;
+        if let Some(&per_update) = gradient_steps.first() {
+            let sent = scalars.load(Ordering::SeqCst);
+            assert_eq!(sent, updates * per_update * trainable, "rank {rank}: only trainable scalars on the wire");
+        }
+        (agent.policy_params().flat().copy(), recorded, initial)
     });
     let mut one = single.build_learner(&obs_space, &act_space, world * envs, Device::Cpu, 3).unwrap();
+    one.transfer("test", &[], &[], &freeze).unwrap();
     for t in 0..steps as usize {
-        let parts: Vec<&Step> = results.iter().map(|(_, r)| &r[t]).collect();
+        let parts: Vec<&Step> = results.iter().map(|(_, r, _)| &r[t]).collect();
         one.observe(&Step::concat(&parts).transition()).unwrap();
         let progress = Progress {
             env_steps: (t as u64 + 1) * (world * envs) as u64,
@@ -146,10 +197,11 @@ fn on_policy_ranks_and_one(
         one.update(&progress).unwrap();
     }
     let want = one.policy_params().flat();
-    for (rank, (params, _)) in results.iter().enumerate() {
+    for (rank, (params, _, _)) in results.iter().enumerate() {
         assert_close(&format!("{} rank {rank}", rank_config.name()), params, want);
     }
     assert!(results[0].0.equal(&results[1].0), "ranks hold bit-identical parameters");
+    results.into_iter().map(|(last, _, initial)| (initial, last)).collect()
 }
 
 fn assert_close(what: &str, got: &Tensor, want: &Tensor) {
@@ -164,6 +216,26 @@ fn ppo_on_two_learners_steps_as_one_learner_on_both_batches() {
         |batch| PpoConfig { n_steps: 16, batch_size: batch, n_epochs: 4, hidden_sizes: vec![32], ..Default::default() };
     // Rank batch B = 16 steps × 4 envs = 64 (one minibatch); one learner: 2B = 128.
     on_policy_ranks_and_one(AlgorithmConfig::Ppo(ppo(64)), AlgorithmConfig::Ppo(ppo(128)), 2, 4, 48);
+}
+
+#[test]
+fn frozen_layers_stay_off_the_wire_and_ranks_still_step_as_one_learner() {
+    // PPO with its first layer frozen: 1 minibatch × 4 epochs = 4 gradient steps per update, each sending the
+    // trainable scalars only; the frozen layer ends where it started on every rank.
+    let ppo =
+        |batch| PpoConfig { n_steps: 16, batch_size: batch, n_epochs: 4, hidden_sizes: vec![32], ..Default::default() };
+    let (single, ranks) = (AlgorithmConfig::Ppo(ppo(128)), AlgorithmConfig::Ppo(ppo(64)));
+    let ranks_params = on_policy_ranks_and_one_frozen(ranks.clone(), single, 2, 4, 48, &["pi_vf.0"], &[4]);
+    let (obs_space, act_space) = spaces();
+    let mut agent = ranks.build_learner(&obs_space, &act_space, 4, Device::Cpu, 3).unwrap();
+    let frozen = agent.transfer("test", &[], &[], &["pi_vf.0".into()]).unwrap().1;
+    let params = agent.policy_params();
+    assert!(frozen > 0 && params.trainable_numel() == params.numel() - frozen);
+    assert_eq!(params.names().next(), Some("pi_vf.0.weight"), "the first layer starts the buffer");
+    for (start, end) in &ranks_params {
+        assert!(start.narrow(0, 0, frozen).equal(&end.narrow(0, 0, frozen)), "the frozen layer never moved");
+        assert!(!start.equal(end), "the rest trained");
+    }
 }
 
 #[test]

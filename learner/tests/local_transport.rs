@@ -31,6 +31,7 @@ impl ActorFactory for PpoActors {
             n_envs: envs.num_envs(),
             seed: r.seed,
             epsilon_floor: 0.0,
+            frozen: &[],
         };
         Ok(self.config.algorithm.build_acting(&setup)?)
     }

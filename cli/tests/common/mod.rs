@@ -12,6 +12,21 @@ pub fn flotilla(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flotilla")).args(args).output().expect("the flotilla binary runs")
 }
 
+/// Run the `flotilla` binary with `args` to completion, killed (with its actors) if it is still running after
+/// `limit`: for runs that would otherwise wait forever when something regresses.
+pub fn flotilla_within(args: &[&str], limit: Duration) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the flotilla binary runs");
+    let done = watchdog(child.id(), limit);
+    let out = child.wait_with_output().expect("the flotilla binary runs");
+    done.store(true, Ordering::SeqCst);
+    out
+}
+
 /// An example config's path.
 pub fn config(name: &str) -> String {
     format!("{}/../examples/configs/{name}", env!("CARGO_MANIFEST_DIR"))

@@ -59,7 +59,8 @@ fn mean_ci(xs: &[f64]) -> (f64, f64) {
 }
 
 /// One table row: a method's steps to the threshold (seeds that never reached it counted at the budget, and
-/// said), how many seeds end at or above it, the median final return and the seconds per run.
+/// said), the share of later evaluations still at or above it, how many seeds end at or above it, the median
+/// final return and the seconds per run.
 fn row(target: &str, method: &str, results: &[SeedResult], budget: f64, threshold: f64) {
     let steps: Vec<f64> = results.iter().map(|r| r.first_reaching.map_or(budget, |s| s as f64)).collect();
     let never = results.iter().filter(|r| r.first_reaching.is_none()).count();
@@ -69,8 +70,18 @@ fn row(target: &str, method: &str, results: &[SeedResult], budget: f64, threshol
     finals.sort_by(f64::total_cmp);
     let median = finals[finals.len() / 2];
     let secs: f64 = results.iter().map(|r| r.report.train_secs).sum::<f64>() / results.len() as f64;
+    // Holding: of the evaluations after each seed's first at the threshold, the share still at or above it.
+    let (mut later, mut above) = (0usize, 0usize);
+    for r in results {
+        let evals = &r.report.evals;
+        if let Some(first) = evals.iter().position(|e| e.result.mean() >= threshold) {
+            later += evals.len() - first - 1;
+            above += evals[first + 1..].iter().filter(|e| e.result.mean() >= threshold).count();
+        }
+    }
+    let share = if later == 0 { "—".to_string() } else { format!("{:.0} %", 100.0 * above as f64 / later as f64) };
     println!(
-        "| {target} | {method} | {mean:.0} ± {ci:.0} | {never} | {held} / {} | {median:.1} | {secs:.1} |",
+        "| {target} | {method} | {mean:.0} ± {ci:.0} | {never} | {share} | {held} / {} | {median:.1} | {secs:.1} |",
         results.len()
     );
 }
@@ -128,10 +139,10 @@ fn main() -> BenchResult<()> {
     agent.save_weights(&dir.join("model.safetensors"))?;
     let from = format!("init.from={:?}", dir.display().to_string());
     println!(
-        "| target `[env.kwargs]` | method | env steps to threshold (mean ± 95 % CI) | never reached | held at the end \
-         | median final return | training s per run |"
+        "| target `[env.kwargs]` | method | env steps to threshold (mean ± 95 % CI) | never reached | later evals at \
+         or above | held at the end | median final return | training s per run |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for target in &targets {
         let kwargs: Vec<String> = target.split(',').map(|kv| format!("env.kwargs.{kv}")).collect();
         let mut kw: Vec<&str> = kwargs.iter().map(String::as_str).collect();
@@ -139,7 +150,7 @@ fn main() -> BenchResult<()> {
         let config = example_config(suite.config, &kw);
         let zero_shot = evaluate(agent.as_mut(), &config.env, 20, 12345)?.mean();
         let budget = config.run.total_env_steps as f64;
-        println!("| {target} | zero-shot (source policy, 20 episodes) | score {zero_shot:.1} | | | | |");
+        println!("| {target} | zero-shot (source policy, 20 episodes) | score {zero_shot:.1} | | | | | |");
         if seeds.is_empty() {
             continue;
         }
