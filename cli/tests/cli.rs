@@ -436,6 +436,67 @@ fn three_teachers_distilled_into_one_student_keep_each_tasks_score() {
     refused(&[&teachers, "env.num_envs=8"], "num_envs = 8 does not split evenly between 3 [[tasks]]");
 }
 
+/// `[[tasks]]` whose observation sizes differ (Acrobot's 6 floats, MountainCar's 2; both 3 actions): each task
+/// gets an input layer of its own (`[env] task_inputs`, `auto` → `separate`), in one process and with actors,
+/// evaluated per task; asking for one shared input layer is refused, naming the sizes and the way out.
+#[test]
+fn tasks_of_different_observation_sizes_get_an_input_layer_each() {
+    let dir = scratch("cli", "task-inputs");
+    let cfg = dir.join("tasks.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+[run]
+seed = 1
+total_env_steps = 8192
+[env]
+id = "Acrobot-v1"
+num_envs = 8
+[[tasks]]
+name = "acrobot"
+[[tasks]]
+name = "mountaincar"
+id = "MountainCar-v0"
+[algorithm]
+kind = "ppo"
+n_steps = 128
+batch_size = 256
+hidden_sizes = [32]
+[eval]
+episodes = 2
+interval_steps = 4096
+"#,
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    for (name, extra) in [("alone", &[][..]), ("actors", &["--actors", "2"][..])] {
+        let run = dir.join(name);
+        let mut args = vec!["train", cfg, "--out", run.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = flotilla(&args);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        for task in ["acrobot", "mountaincar"] {
+            let evals = common::metric(&run, &format!("eval/{task}/mean_return"));
+            // Both envs give -1 per step: a finished evaluation is a negative return, at most 500 / 200 steps.
+            assert!(!evals.is_empty() && evals.iter().all(|r| (-500.0..0.0).contains(r)), "{name} {task}: {evals:?}");
+        }
+        // The policy's first layer takes 6 + 2 observation floats and the 2-task one-hot: 10 inputs.
+        let w = tch::Tensor::read_safetensors(run.join("model.safetensors")).unwrap();
+        let first = &w.iter().find(|(n, _)| n == "pi_vf.0.weight").unwrap().1;
+        assert_eq!(first.size()[1], 10, "{name}: {:?}", first.size());
+        let o = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "1"]);
+        assert!(o.status.success() && text(&o).contains("mountaincar"), "{name}: {}", text(&o));
+    }
+    let bad = dir.join("bad");
+    let o = flotilla(&["train", cfg, "--set", "env.task_inputs=\"shared\"", "--out", bad.to_str().unwrap()]);
+    assert!(
+        !o.status.success() && text(&o).contains("has 2 observation floats") && text(&o).contains("separate"),
+        "{}",
+        text(&o)
+    );
+    assert!(!bad.exists(), "nothing written");
+}
+
 /// `examples/configs/cartpole_multitask.toml`: one PPO network on three CartPole physics (one with the actions
 /// reversed) ends with every task at ≥ 450, 90 % of the cap (seed 1, in one process; the long pole ends at
 /// 464–480 depending on the final evaluation's start states, BENCHMARKS.md "Shared torso"); the same config runs

@@ -77,7 +77,7 @@ pub use mountain_car::{MountainCar, MountainCarConfig, MountainCarState};
 pub use mountain_car_continuous::{MountainCarContinuous, MountainCarContinuousConfig};
 pub use pendulum::{Pendulum, PendulumConfig, PendulumState, angle_normalize};
 pub use registry::{BackendMaker, EnvSpec, make, make_buffered, register_backend, registered, spec};
-pub use tasks::TaskVecEnv;
+pub use tasks::{TaskInputs, TaskVecEnv};
 pub use time_limit::TimeLimit;
 pub use vec_env::{
     EnvRole, EpisodeStats, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv, VectorMaker, make_vector,

@@ -7,12 +7,32 @@
 //! task 1: CartPole(length 1.0) × 4 ─┼─► TaskVecEnv (12 envs, 4 + 3) ─► rows 4..8:  [obs₁ | 0 1 0]
 //! task 2: CartPole(length 2.0) × 4 ─┘                                  rows 8..12: [obs₂ | 0 0 1]
 //! ```
-//! Every task must have the same observation size (1-D f32 boxes) and the same action space; the batch's
-//! observation space is the task's with `T` more elements in `[0, 1]`. Env `i` of the whole batch is reset with
-//! `seed + i`; episode statistics carry batch-wide env indices ([`TaskVecEnv::task_of`] maps them back).
+//! Observations are 1-D f32 boxes and every task has the same action space. How the tasks' observations share
+//! a row is [`TaskInputs`]: in the same columns (`Shared`: equal sizes, one input layer for all), or each task in
+//! columns of its own with zeros in the others' (`Separate`):
+//!
+//! ```text
+//! Separate, Acrobot (6 floats) + MountainCar (2):  task 0 rows: [a₀ … a₅ | 0 0 | 1 0]
+//!                                                  task 1 rows: [0 … 0   | m₀ m₁ | 0 1]
+//! ```
+//! so the first layer's weights on task k's columns see task k's observations only: an input layer per task,
+//! inside one matrix, for any network (the one-hot gives each task its own bias), and observation sizes may
+//! differ. Env `i` of the whole batch is reset with `seed + i`; episode statistics carry batch-wide env indices
+//! ([`TaskVecEnv::task_of`] maps them back).
 use flotilla_core::{DType, EpisodeStats, Error, ObsRef, Result, Space};
 
 use crate::vec_env::{VecActions, VecEnvSnapshot, VecStep, VectorEnv};
+
+/// How the tasks' observations are laid out in a row, before the one-hot.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskInputs {
+    /// Every task in the same columns (their observation sizes must be equal): one input layer for all.
+    Shared,
+    /// Task k's observation in columns of its own (the tasks' blocks side by side, in task order), zeros in the
+    /// others': an input layer per task. Holds every task's observation space (all `width` of them, also when
+    /// the batch steps one task), which gives the row its bounds.
+    Separate(Vec<Space>),
+}
 
 /// One vector env per task, stepped as one batch with the task one-hot appended to every observation.
 pub struct TaskVecEnv {
@@ -22,7 +42,12 @@ pub struct TaskVecEnv {
     /// First batch row of each entry.
     offsets: Vec<usize>,
     width: usize,
-    inner_dim: usize,
+    /// Each entry's own observation floats.
+    dims: Vec<usize>,
+    /// Per task (one-hot index): the column its observation starts at (all 0 with shared inputs).
+    blocks: Vec<usize>,
+    /// Where the one-hot starts; a row is `hot_at + width` floats.
+    hot_at: usize,
     n: usize,
     id: String,
     observation_space: Space,
@@ -47,43 +72,91 @@ fn bad(detail: String) -> Error {
 }
 
 impl TaskVecEnv {
-    /// `tasks`: (task index in `0..width`, its vector env) pairs, in batch order. Usually every task once
-    /// (`index` = 0, 1, …); evaluating one task of a `width`-task run passes just that one.
+    /// `tasks`: (task index in `0..width`, its vector env) pairs, in batch order, with [`TaskInputs::Shared`]
+    /// inputs. Usually every task once (`index` = 0, 1, …); evaluating one task of a `width`-task run passes
+    /// just that one.
     pub fn new(tasks: Vec<(usize, Box<dyn VectorEnv>)>, width: usize) -> Result<Self> {
+        Self::with_inputs(tasks, width, &TaskInputs::Shared)
+    }
+
+    /// [`TaskVecEnv::new`] with the observation layout `inputs`.
+    pub fn with_inputs(tasks: Vec<(usize, Box<dyn VectorEnv>)>, width: usize, inputs: &TaskInputs) -> Result<Self> {
         let Some((_, first)) = tasks.first() else { return Err(bad("needs at least one task".into())) };
-        let (obs0, act0) = (first.observation_space().clone(), first.action_space().clone());
-        let Space::Box { low, high, shape, dtype: DType::F32 } = &obs0 else {
-            return Err(bad(format!("task observations must be 1-D f32 boxes; {} has {obs0:?}", first.id())));
-        };
-        if shape.len() != 1 {
-            return Err(bad(format!("task observations must be 1-D; {} has shape {shape:?}", first.id())));
-        }
+        let act0 = first.action_space().clone();
         for (k, env) in tasks.iter().map(|(k, e)| (*k, e)) {
             if k >= width {
                 return Err(bad(format!("task index {k} of {width} tasks")));
             }
-            if env.observation_space().flat_dim() != obs0.flat_dim() || env.action_space() != &act0 {
+            let space = env.observation_space();
+            if !matches!(space, Space::Box { shape, dtype: DType::F32, .. } if shape.len() == 1) {
+                return Err(bad(format!("task observations must be 1-D f32 boxes; {} has {space:?}", env.id())));
+            }
+            if env.action_space() != &act0 {
                 return Err(bad(format!(
-                    "every task needs the same observation size and action space: task {k} ({}) has {} \
-                     observation floats and {:?}, task {} ({}) has {} and {act0:?}",
+                    "every task needs the same action space: task {k} ({}) has {:?}, task {} ({}) has {act0:?}",
                     env.id(),
-                    env.observation_space().flat_dim(),
                     env.action_space(),
                     tasks[0].0,
                     first.id(),
-                    obs0.flat_dim()
                 )));
             }
         }
-        let inner_dim = obs0.flat_dim();
-        // Each task's bounds may differ (other physics): the batch's are the widest.
-        let (mut lo, mut hi) = (low.clone(), high.clone());
-        for (_, env) in &tasks[1..] {
-            if let Space::Box { low, high, .. } = env.observation_space() {
-                lo.iter_mut().zip(low).for_each(|(a, b)| *a = a.min(*b));
-                hi.iter_mut().zip(high).for_each(|(a, b)| *a = a.max(*b));
+        let dims: Vec<usize> = tasks.iter().map(|(_, e)| e.observation_space().flat_dim()).collect();
+        let bounds = |space: &Space| match space {
+            Space::Box { low, high, .. } => (low.clone(), high.clone()),
+            _ => unreachable!("checked: 1-D boxes"),
+        };
+        let (blocks, hot_at, mut lo, mut hi) = match inputs {
+            TaskInputs::Shared => {
+                if let Some(i) = dims.iter().position(|d| *d != dims[0]) {
+                    return Err(bad(format!(
+                        "tasks sharing their input columns need the same observation size: task {} ({}) has {} \
+                         observation floats, task {} ({}) has {}; give each task its own input layer \
+                         ([env] task_inputs = \"separate\")",
+                        tasks[i].0,
+                        tasks[i].1.id(),
+                        dims[i],
+                        tasks[0].0,
+                        first.id(),
+                        dims[0]
+                    )));
+                }
+                // Each task's bounds may differ (other physics): the batch's are the widest.
+                let (mut lo, mut hi) = bounds(first.observation_space());
+                for (_, env) in &tasks[1..] {
+                    let (l, h) = bounds(env.observation_space());
+                    lo.iter_mut().zip(l).for_each(|(a, b)| *a = a.min(b));
+                    hi.iter_mut().zip(h).for_each(|(a, b)| *a = a.max(b));
+                }
+                (vec![0; width], dims[0], lo, hi)
             }
-        }
+            TaskInputs::Separate(spaces) => {
+                if spaces.len() != width {
+                    return Err(bad(format!("{} task observation spaces for {width} tasks", spaces.len())));
+                }
+                let (mut blocks, mut lo, mut hi) = (Vec::with_capacity(width), Vec::new(), Vec::new());
+                for space in spaces {
+                    blocks.push(lo.len());
+                    let (l, h) = bounds(space);
+                    lo.extend(l);
+                    hi.extend(h);
+                }
+                for ((k, env), d) in tasks.iter().zip(&dims) {
+                    if spaces[*k].flat_dim() != *d {
+                        return Err(bad(format!(
+                            "task {k} ({}) has {d} observation floats, its input block {}",
+                            env.id(),
+                            spaces[*k].flat_dim()
+                        )));
+                    }
+                }
+                // Zeros fill the other tasks' columns: widen their bounds to hold 0.
+                lo.iter_mut().for_each(|l| *l = l.min(0.0));
+                hi.iter_mut().for_each(|h| *h = h.max(0.0));
+                let hot_at = lo.len();
+                (blocks, hot_at, lo, hi)
+            }
+        };
         lo.extend(std::iter::repeat_n(0.0, width));
         hi.extend(std::iter::repeat_n(1.0, width));
         let observation_space = Space::box1d(lo, hi);
@@ -94,14 +167,16 @@ impl TaskVecEnv {
             n += env.num_envs();
         }
         let id = format!("tasks:{}", tasks.iter().map(|(_, e)| e.id()).collect::<Vec<_>>().join("+"));
-        let dim = inner_dim + width;
+        let dim = hot_at + width;
         let (index, tasks): (Vec<usize>, Vec<_>) = tasks.into_iter().unzip();
         Ok(TaskVecEnv {
             tasks,
             index,
             offsets,
             width,
-            inner_dim,
+            dims,
+            blocks,
+            hot_at,
             n,
             id,
             observation_space,
@@ -122,16 +197,27 @@ impl TaskVecEnv {
         self.index[entry]
     }
 
-    /// Copy entry `k`'s observations `inner` (`rows × inner_dim`) into `out`'s rows from its offset, each
-    /// followed by the entry's one-hot.
+    /// Floats per row: the observation columns and the one-hot.
+    fn row_dim(&self) -> usize {
+        self.hot_at + self.width
+    }
+
+    /// Entry `k`'s columns in a row: where its observation starts and ends.
+    fn columns(&self, k: usize) -> std::ops::Range<usize> {
+        let at = self.blocks[self.index[k]];
+        at..at + self.dims[k]
+    }
+
+    /// Copy entry `k`'s observations `inner` (`rows × its dim`) into `out`'s rows from its offset, each in the
+    /// entry's columns (zeros in the others') and followed by the entry's one-hot.
     fn write_rows(&self, k: usize, inner: &[f32], out: &mut [f32]) {
-        let dim = self.inner_dim + self.width;
-        for (r, row) in inner.chunks_exact(self.inner_dim).enumerate() {
-            let at = (self.offsets[k] + r) * dim;
-            out[at..at + self.inner_dim].copy_from_slice(row);
-            let hot = &mut out[at + self.inner_dim..at + dim];
-            hot.fill(0.0);
-            hot[self.index[k]] = 1.0;
+        let dim = self.row_dim();
+        let cols = self.columns(k);
+        for (r, row) in inner.chunks_exact(self.dims[k]).enumerate() {
+            let out = &mut out[(self.offsets[k] + r) * dim..(self.offsets[k] + r + 1) * dim];
+            out.fill(0.0);
+            out[cols.clone()].copy_from_slice(row);
+            out[self.hot_at + self.index[k]] = 1.0;
         }
     }
 }
@@ -191,12 +277,13 @@ impl VectorEnv for TaskVecEnv {
             self.rewards[from..from + rows].copy_from_slice(step.rewards);
             self.terminated[from..from + rows].copy_from_slice(step.terminated);
             self.truncated[from..from + rows].copy_from_slice(step.truncated);
-            let mut finals = vec![0.0f32; rows * self.inner_dim];
+            let d = self.dims[k];
+            let mut finals = vec![0.0f32; rows * d];
             for r in 0..rows {
                 let last = step.final_obs(r);
                 self.has_final[from + r] = last.is_some();
                 if let Some(last) = last.and_then(|o| o.as_f32()) {
-                    finals[r * self.inner_dim..(r + 1) * self.inner_dim].copy_from_slice(last);
+                    finals[r * d..(r + 1) * d].copy_from_slice(last);
                 }
             }
             let episodes: Vec<EpisodeStats> =
@@ -206,7 +293,7 @@ impl VectorEnv for TaskVecEnv {
             self.write_rows(k, &finals, &mut final_obs);
         }
         (self.obs, self.final_obs) = (obs, final_obs);
-        let dim = self.inner_dim + self.width;
+        let dim = self.row_dim();
         Ok(VecStep::new(
             ObsRef::F32(&self.obs),
             &self.rewards,
@@ -238,7 +325,7 @@ impl VectorEnv for TaskVecEnv {
     }
 
     fn restore(&mut self, snapshot: &VecEnvSnapshot) -> Result<()> {
-        let dim = self.inner_dim + self.width;
+        let dim = self.row_dim();
         if snapshot.id != self.id
             || snapshot.envs.len() != self.n
             || snapshot.obs.len() != self.n * dim
@@ -257,9 +344,10 @@ impl VectorEnv for TaskVecEnv {
         }
         for k in 0..self.tasks.len() {
             let (from, rows) = (self.offsets[k], self.tasks[k].num_envs());
+            let cols = self.columns(k);
             let obs = snapshot.obs[from * dim..(from + rows) * dim]
                 .chunks_exact(dim)
-                .flat_map(|row| row[..self.inner_dim].iter().copied())
+                .flat_map(|row| row[cols.clone()].iter().copied())
                 .collect();
             let part = VecEnvSnapshot {
                 id: self.tasks[k].id().to_string(),
@@ -364,11 +452,79 @@ mod tests {
         assert!(other.restore(&snap).is_err());
     }
 
+    fn env(id: &str, n: usize) -> Box<dyn VectorEnv> {
+        make_vector(id, &Kwargs::new(), n, EnvRole::Training).unwrap()
+    }
+
+    #[test]
+    fn separate_inputs_give_each_task_its_own_columns_and_sizes_may_differ() {
+        // Acrobot (6 floats, 3 actions) and MountainCar (2 floats, 3 actions): rows of 6 + 2 + 2 one-hot.
+        let spaces = vec![
+            env("Acrobot-v1", 1).observation_space().clone(),
+            env("MountainCar-v0", 1).observation_space().clone(),
+        ];
+        let inputs = TaskInputs::Separate(spaces);
+        let build = || {
+            TaskVecEnv::with_inputs(vec![(0, env("Acrobot-v1", 2)), (1, env("MountainCar-v0", 2))], 2, &inputs).unwrap()
+        };
+        let mut tasks = build();
+        let (mut a, mut m) = (env("Acrobot-v1", 2), env("MountainCar-v0", 2));
+        assert_eq!(tasks.observation_space().flat_dim(), 10);
+        tasks.reset(Some(5)).unwrap();
+        a.reset(Some(5)).unwrap();
+        m.reset(Some(7)).unwrap();
+        for t in 0..250 {
+            let acts: Vec<i64> = (0..4).map(|i| ((t / 5 + i) % 3) as i64).collect();
+            let step = tasks.step(&VecActions::Discrete(&acts)).unwrap();
+            let obs = step.obs.as_f32().unwrap().to_vec();
+            let finals: Vec<Option<Vec<f32>>> =
+                (0..4).map(|i| step.final_obs(i).map(|o| o.as_f32().unwrap().to_vec())).collect();
+            let sa = a.step(&VecActions::Discrete(&acts[..2])).unwrap();
+            for i in 0..2 {
+                let row = &obs[i * 10..(i + 1) * 10];
+                assert_eq!(row[..6], sa.obs.as_f32().unwrap()[i * 6..(i + 1) * 6], "step {t}: Acrobot's columns");
+                assert_eq!(row[6..], [0.0, 0.0, 1.0, 0.0], "MountainCar's columns zero, then the one-hot");
+                let want = sa.final_obs(i).map(|o| o.as_f32().unwrap().to_vec());
+                assert_eq!(finals[i].as_ref().map(|f| f[..6].to_vec()), want);
+            }
+            let sm = m.step(&VecActions::Discrete(&acts[2..])).unwrap();
+            for i in 0..2 {
+                let row = &obs[(i + 2) * 10..(i + 3) * 10];
+                assert_eq!(row[..6], [0.0; 6], "Acrobot's columns zero");
+                assert_eq!(row[6..8], sm.obs.as_f32().unwrap()[i * 2..(i + 1) * 2], "MountainCar's own columns");
+                assert_eq!(row[8..], [0.0, 1.0]);
+            }
+        }
+        // A snapshot continues bit for bit.
+        let snap = tasks.snapshot().unwrap();
+        let run = |env: &mut TaskVecEnv| -> Vec<f32> {
+            (0..60)
+                .flat_map(|t| {
+                    let acts: Vec<i64> = (0..4).map(|i| ((t + i) % 3) as i64).collect();
+                    env.step(&VecActions::Discrete(&acts)).unwrap().obs.as_f32().unwrap().to_vec()
+                })
+                .collect()
+        };
+        let expected = run(&mut tasks);
+        let mut fresh = build();
+        fresh.restore(&snap).unwrap();
+        assert_eq!(run(&mut fresh), expected);
+        // One task alone (a per-task evaluation) has the whole run's layout and observation space.
+        let alone = TaskVecEnv::with_inputs(vec![(1, env("MountainCar-v0", 1))], 2, &inputs).unwrap();
+        assert_eq!(alone.observation_space(), tasks.observation_space());
+        // A task whose size is not its block's is refused.
+        let err = TaskVecEnv::with_inputs(vec![(1, env("Acrobot-v1", 1))], 2, &inputs).unwrap_err().to_string();
+        assert!(err.contains("task 1 (Acrobot-v1) has 6 observation floats, its input block 2"), "{err}");
+    }
+
     #[test]
     fn tasks_must_share_spaces() {
         let pendulum = make_vector("Pendulum-v1", &Kwargs::new(), 1, EnvRole::Training).unwrap();
         let err = TaskVecEnv::new(vec![(0, cartpole(10.0, 1)), (1, pendulum)], 2).unwrap_err().to_string();
-        assert!(err.contains("task 1 (Pendulum-v1) has 3 observation floats"), "{err}");
+        assert!(err.contains("same action space") && err.contains("task 1 (Pendulum-v1)"), "{err}");
+        let err =
+            TaskVecEnv::new(vec![(0, env("MountainCar-v0", 1)), (1, env("Acrobot-v1", 1))], 2).unwrap_err().to_string();
+        assert!(err.contains("task 1 (Acrobot-v1) has 6 observation floats") && err.contains("separate"), "{err}");
         let err = TaskVecEnv::new(vec![(2, cartpole(10.0, 1))], 2).unwrap_err().to_string();
         assert!(err.contains("task index 2 of 2"), "{err}");
     }

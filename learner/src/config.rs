@@ -322,10 +322,33 @@ pub struct EnvConfig {
     /// Constructor arguments as Gymnasium names them (e.g. Pendulum's `g`), plus `max_episode_steps`.
     #[serde(default)]
     pub kwargs: toml::Table,
+    /// How a multi-task run's observations meet the network's first layer (`[[tasks]]` only).
+    #[serde(default, skip_serializing_if = "TaskInputsConfig::is_auto")]
+    pub task_inputs: TaskInputsConfig,
     /// The run's `[[tasks]]` (copied here when the config is parsed, so that everything that builds envs from
     /// `[env]` builds the tasks' batch).
     #[serde(skip)]
     pub tasks: Vec<TaskConfig>,
+}
+
+/// `[env] task_inputs`: how the tasks of a `[[tasks]]` run share the network's input layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskInputsConfig {
+    /// `shared` when every task has the same observation size, else `separate`.
+    #[default]
+    Auto,
+    /// Every task's observation in the same columns: one input layer for all (sizes must be equal).
+    Shared,
+    /// Each task's observation in columns of its own, zeros in the others': an input layer per task (the
+    /// first layer's weights on task k's columns see task k only); observation sizes may differ.
+    Separate,
+}
+
+impl TaskInputsConfig {
+    fn is_auto(&self) -> bool {
+        *self == TaskInputsConfig::Auto
+    }
 }
 
 impl EnvConfig {
@@ -349,8 +372,29 @@ impl EnvConfig {
                  envs per actor)"
             )));
         }
+        let inputs = self.task_inputs()?;
         let envs = (0..t).map(|k| Ok((k, self.task_vector(k, n / t, role)?))).collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(flotilla_envs::TaskVecEnv::new(envs, t).map_err(|e| Error::Config(format!("[[tasks]]: {e}")))?))
+        Ok(Box::new(
+            flotilla_envs::TaskVecEnv::with_inputs(envs, t, &inputs)
+                .map_err(|e| Error::Config(format!("[[tasks]]: {e}")))?,
+        ))
+    }
+
+    /// The observation layout `[env] task_inputs` names; `auto` decides from the tasks' observation sizes
+    /// (each task is probed with one env).
+    fn task_inputs(&self) -> Result<flotilla_envs::TaskInputs> {
+        use flotilla_envs::TaskInputs;
+        if self.task_inputs == TaskInputsConfig::Shared {
+            return Ok(TaskInputs::Shared);
+        }
+        let spaces: Vec<Space> = (0..self.tasks.len())
+            .map(|k| Ok(self.task_vector(k, 1, EnvRole::Training)?.observation_space().clone()))
+            .collect::<Result<_>>()?;
+        let equal = spaces.iter().all(|s| s.flat_dim() == spaces[0].flat_dim());
+        Ok(match self.task_inputs {
+            TaskInputsConfig::Auto if equal => TaskInputs::Shared,
+            _ => TaskInputs::Separate(spaces),
+        })
     }
 
     /// Task `k`'s own `n` envs, without the one-hot.
@@ -373,9 +417,10 @@ impl EnvConfig {
 
     /// Task `k` alone, with the run's one-hot (`n` envs): what a per-task evaluation steps.
     pub fn make_task_vector(&self, k: usize, n: usize, role: EnvRole) -> Result<Box<dyn flotilla_envs::VectorEnv>> {
+        let inputs = self.task_inputs()?;
         let env = self.task_vector(k, n, role)?;
         Ok(Box::new(
-            flotilla_envs::TaskVecEnv::new(vec![(k, env)], self.tasks.len())
+            flotilla_envs::TaskVecEnv::with_inputs(vec![(k, env)], self.tasks.len(), &inputs)
                 .map_err(|e| Error::Config(format!("[[tasks]]: {e}")))?,
         ))
     }
@@ -591,6 +636,12 @@ impl ExperimentConfig {
     /// `[[tasks]]`: at least two, named uniquely and plainly, splitting `[env] num_envs` evenly.
     fn check_tasks(&self) -> Result<()> {
         let t = self.tasks.len();
+        if t == 0 && !self.env.task_inputs.is_auto() {
+            return Err(Error::Config(format!(
+                "[env] task_inputs = \"{}\" without [[tasks]]: it lays out several tasks' observations",
+                if self.env.task_inputs == TaskInputsConfig::Shared { "shared" } else { "separate" }
+            )));
+        }
         if t == 0 {
             return Ok(());
         }
