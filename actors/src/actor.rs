@@ -21,8 +21,10 @@ pub type Connector = Box<dyn FnMut() -> std::result::Result<Box<dyn LearnerClien
 /// Builds the actor's envs and acting policy from the learner's run config (the binary knows the config
 /// format; this crate does not).
 pub trait ActorFactory {
-    /// The envs to step (their spaces are checked at registration).
-    fn envs(&mut self, run: &RunInfo) -> Result<Box<dyn VectorEnv>>;
+    /// The envs to step in actor slot `slot` (their spaces are checked at registration). The slot is the one
+    /// asked for before registering (`None` when the learner picks); where the learner then gives another, the
+    /// envs are built again for it (envs may differ by slot: an actor assigned one task of several).
+    fn envs(&mut self, run: &RunInfo, slot: Option<u32>) -> Result<Box<dyn VectorEnv>>;
     /// The acting policy (or A3C gradient worker) for the slot the learner gave (`registered.actor_index` sets
     /// Ape-X exploration); no optimiser, replay or rollout buffers.
     fn acting(&mut self, run: &RunInfo, registered: &Registered, envs: &dyn VectorEnv) -> Result<Acting>;
@@ -85,7 +87,7 @@ pub fn run_actor(
     options: &ActorOptions,
 ) -> Result<ActorReport> {
     let (mut client, run) = join(&mut connect, options.reconnect_for)?;
-    let mut envs = factory.envs(&run)?;
+    let mut envs = factory.envs(&run, options.actor_index)?;
     let registration = Registration {
         run_id: run.run_id.clone(),
         observation_space: envs.observation_space().clone(),
@@ -96,6 +98,15 @@ pub fn run_actor(
         pid: std::process::id(),
     };
     let registered = client.register(&registration)?;
+    if options.actor_index != Some(registered.actor_index) {
+        envs = factory.envs(&run, Some(registered.actor_index))?;
+        if envs.observation_space() != &registration.observation_space || envs.num_envs() != registration.n_envs {
+            return Err(Error::Setup(format!(
+                "the envs of slot {} differ from those this actor registered with",
+                registered.actor_index
+            )));
+        }
+    }
     let mut registration = registration;
     registration.actor_index = Some(registered.actor_index);
     info!(actor_id = registered.actor_id, "registered in slot {} of {}", registered.actor_index, registered.n_actors);

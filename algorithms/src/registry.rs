@@ -319,7 +319,7 @@ mod tests {
             values: out.values.clone(),
             final_index: vec![(e + 1) as u32],
             final_obs: ObsBuf::F32(vec![0.1, -0.2, 0.3, -0.4]),
-            episodes: vec![EpisodeStats { episode_return: 2.0, length: 2, env_index: 1, truncated: true }],
+            episodes: vec![EpisodeStats { episode_return: 2.0, length: 2, env_index: 1, truncated: true, task: None }],
         };
         let (grad, _) = worker.gradient(&chunk).unwrap();
         assert_eq!(grad.len() + n_frozen, learner.policy_params().numel() as usize, "trainable values only");

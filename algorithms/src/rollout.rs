@@ -719,24 +719,27 @@ mod tests {
     /// chunk 1's env 0 terminates at step 1 (final obs 91) and env 1 is truncated at step 2 (final obs 92).
     fn two_chunks() -> Vec<Chunk> {
         use flotilla_core::{EpisodeStats, ObsBuf};
-        let chunk =
-            |base: f32, terminated: Vec<bool>, truncated: Vec<bool>, final_index: Vec<u32>, finals: Vec<f32>| Chunk {
-                actor_id: 1,
-                policy_version: 0,
-                n_steps: 3,
-                n_envs: 2,
-                obs: ObsBuf::F32((0..6).map(|i| base + i as f32).collect()),
-                bootstrap_obs: ObsBuf::F32(vec![base + 6.0, base + 7.0]),
-                actions: (0..6).map(|i| (i % 2) as f32).collect(),
-                rewards: vec![1.0; 6],
-                terminated,
-                truncated,
-                log_probs: (0..6).map(|i| -0.1 * i as f32).collect(),
-                values: (0..6).map(|i| base + 0.5 * i as f32).collect(),
-                final_index,
-                final_obs: ObsBuf::F32(finals),
-                episodes: vec![EpisodeStats { episode_return: 3.0, length: 3, env_index: 0, truncated: false }],
-            };
+        let chunk = |base: f32,
+                     terminated: Vec<bool>,
+                     truncated: Vec<bool>,
+                     final_index: Vec<u32>,
+                     finals: Vec<f32>| Chunk {
+            actor_id: 1,
+            policy_version: 0,
+            n_steps: 3,
+            n_envs: 2,
+            obs: ObsBuf::F32((0..6).map(|i| base + i as f32).collect()),
+            bootstrap_obs: ObsBuf::F32(vec![base + 6.0, base + 7.0]),
+            actions: (0..6).map(|i| (i % 2) as f32).collect(),
+            rewards: vec![1.0; 6],
+            terminated,
+            truncated,
+            log_probs: (0..6).map(|i| -0.1 * i as f32).collect(),
+            values: (0..6).map(|i| base + 0.5 * i as f32).collect(),
+            final_index,
+            final_obs: ObsBuf::F32(finals),
+            episodes: vec![EpisodeStats { episode_return: 3.0, length: 3, env_index: 0, truncated: false, task: None }],
+        };
         let f = false;
         vec![
             chunk(0.0, vec![f; 6], vec![f, true, f, f, f, f], vec![1], vec![90.0]),

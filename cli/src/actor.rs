@@ -34,10 +34,17 @@ fn setup<E: std::fmt::Display>(e: E) -> flotilla_actors::Error {
 }
 
 impl ActorFactory for ConfigFactory {
-    fn envs(&mut self, run: &RunInfo) -> flotilla_actors::Result<Box<dyn VectorEnv>> {
+    fn envs(&mut self, run: &RunInfo, slot: Option<u32>) -> flotilla_actors::Result<Box<dyn VectorEnv>> {
         tch::set_num_threads(1);
         let config = self.config(run)?;
         let plan = config.plan(config.actors.count).map_err(setup)?;
+        // `[actors] task_per_actor`: the actor in slot s steps task s mod T only (task 0 until the learner has
+        // given a slot; same spaces whichever task).
+        let t = config.env.tasks.len();
+        if config.actors.task_per_actor && t > 0 {
+            let task = slot.map_or(0, |s| s as usize % t);
+            return config.env.make_task_vector(task, plan.envs_per_actor, EnvRole::Training).map_err(setup);
+        }
         config.env.make_vector(plan.envs_per_actor, EnvRole::Training).map_err(setup)
     }
 

@@ -500,7 +500,9 @@ interval_steps = 4096
 /// `examples/configs/cartpole_multitask.toml`: one PPO network on three CartPole physics (one with the actions
 /// reversed) ends with every task at ≥ 450, 90 % of the cap (seed 1, in one process; the long pole ends at
 /// 464–480 depending on the final evaluation's start states, BENCHMARKS.md "Shared torso"); the same config runs
-/// with actor processes (each stepping every task) and with two data-parallel learners, writing per-task columns; envs that do not split between the tasks are refused.
+/// with actor processes (each stepping every task, or each its own task with `[actors] task_per_actor`) and with
+/// two data-parallel learners, writing per-task columns; envs or actors that do not split between the tasks are
+/// refused.
 #[test]
 #[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
 fn one_network_learns_three_tasks_at_once() {
@@ -537,4 +539,19 @@ fn one_network_learns_three_tasks_at_once() {
         "{}",
         text(&o)
     );
+    // One task per actor: 3 actors, each stepping its own task's 8 envs (which 3 actors stepping every task
+    // cannot, above); every task's episodes arrive and are evaluated.
+    let assigned = dir.join("assigned");
+    let per_actor = "actors.task_per_actor=true";
+    let args =
+        ["train", &cfg, "--actors", "3", "--set", per_actor, "--stop-at", "30000", "--out", assigned.to_str().unwrap()];
+    let o = flotilla(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    for task in ["normal", "long", "reversed"] {
+        let returns = common::metric(&assigned, &format!("charts/{task}/episodic_return"));
+        assert!(returns.iter().any(|r| *r > 0.0), "{task}: {returns:?}\n{}", text(&o));
+        assert!(!common::metric(&assigned, &format!("eval/{task}/mean_return")).is_empty(), "{task}");
+    }
+    let o = flotilla(&["train", &cfg, "--actors", "2", "--set", per_actor, "--out", dir.join("bad").to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("2 actors per learner do not split evenly"), "{}", text(&o));
 }

@@ -304,7 +304,7 @@ fn chunk(actor_id: u64, n_envs: usize) -> Chunk {
         values: vec![0.0; n],
         final_index: vec![],
         final_obs: ObsBuf::F32(vec![]),
-        episodes: vec![EpisodeStats { episode_return: 10.0, length: 10, env_index: 0, truncated: false }],
+        episodes: vec![EpisodeStats { episode_return: 10.0, length: 10, env_index: 0, truncated: false, task: None }],
     }
 }
 

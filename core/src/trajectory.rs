@@ -27,6 +27,8 @@ pub struct EpisodeStats {
     pub env_index: usize,
     /// Whether it ended by truncation (time limit) rather than termination.
     pub truncated: bool,
+    /// The task it ran in, in a multi-task batch (`[[tasks]]`, `TaskVecEnv`); `None` otherwise.
+    pub task: Option<u32>,
 }
 
 /// `T` steps of `E` envs from one actor. Per-step arrays are time-major: element `t · E + e`.
@@ -84,6 +86,9 @@ pub struct ChunkSpec {
     pub n_steps: usize,
     /// Whether behaviour log-probs and values are required (actor-critic algorithms).
     pub needs_behaviour: bool,
+    /// Tasks of a multi-task run (`[[tasks]]`; 0 without): every finished episode names one below this, and
+    /// without tasks none names one.
+    pub n_tasks: usize,
 }
 
 impl Chunk {
@@ -207,6 +212,13 @@ impl Chunk {
             }
             if ep.env_index >= e {
                 return Err(format!("episodes[{i}].env_index is {}, the chunk has {e} envs", ep.env_index));
+            }
+            match (ep.task, spec.n_tasks) {
+                (None, 0) => {}
+                (Some(k), n) if (k as usize) < n => {}
+                (None, n) => return Err(format!("episodes[{i}] names no task; the run has {n} tasks")),
+                (Some(k), 0) => return Err(format!("episodes[{i}].task is {k}; the run has no tasks")),
+                (Some(k), n) => return Err(format!("episodes[{i}].task is {k}, the run has {n} tasks")),
             }
         }
         Ok(())
@@ -332,7 +344,13 @@ mod tests {
             values: vec![0.5; 4],
             final_index: vec![1],
             final_obs: ObsBuf::F32(vec![11.0]),
-            episodes: vec![EpisodeStats { episode_return: 12.0, length: 12, env_index: 0, truncated: false }],
+            episodes: vec![EpisodeStats {
+                episode_return: 12.0,
+                length: 12,
+                env_index: 0,
+                truncated: false,
+                task: None,
+            }],
         };
         let spec = ChunkSpec {
             observation_space: Space::box1d(vec![-30.0], vec![30.0]),
@@ -343,6 +361,7 @@ mod tests {
             n_envs: 2,
             n_steps: 2,
             needs_behaviour: true,
+            n_tasks: 0,
         };
         (c, spec)
     }
@@ -389,10 +408,19 @@ mod tests {
             // Episode statistics.
             (|c| c.episodes[0].episode_return = f64::INFINITY, "episodes[0].episode_return is inf, must be finite"),
             (
-                |c| c.episodes.push(EpisodeStats { episode_return: 1.0, length: 0, env_index: 0, truncated: false }),
+                |c| {
+                    c.episodes.push(EpisodeStats {
+                        episode_return: 1.0,
+                        length: 0,
+                        env_index: 0,
+                        truncated: false,
+                        task: None,
+                    })
+                },
                 "episodes[1].length is 0",
             ),
             (|c| c.episodes[0].env_index = 2, "episodes[0].env_index is 2, the chunk has 2 envs"),
+            (|c| c.episodes[0].task = Some(0), "episodes[0].task is 0; the run has no tasks"),
             // Final indices: out of order, out of range.
             (
                 |c| {

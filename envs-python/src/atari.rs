@@ -337,6 +337,7 @@ impl AtariVecEnv {
                     length: self.lengths[i],
                     env_index: i,
                     truncated: truncated && !game_terminated,
+                    task: None,
                 });
                 self.scores[i] = 0.0;
                 self.lengths[i] = 0;

@@ -26,8 +26,10 @@ use crate::vec_env::{VecActions, VecEnvSnapshot, VecStep, VectorEnv};
 /// How the tasks' observations are laid out in a row, before the one-hot.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskInputs {
-    /// Every task in the same columns (their observation sizes must be equal): one input layer for all.
-    Shared,
+    /// Every task in the same columns (their observation sizes must be equal): one input layer for all. The
+    /// row's bounds are the widest of these observation spaces (every task's, so that a batch of one task —
+    /// an evaluation, an actor assigned one task — has the run's space), or of the batch's own tasks when empty.
+    Shared(Vec<Space>),
     /// Task k's observation in columns of its own (the tasks' blocks side by side, in task order), zeros in the
     /// others': an input layer per task. Holds every task's observation space (all `width` of them, also when
     /// the batch steps one task), which gives the row its bounds.
@@ -76,7 +78,7 @@ impl TaskVecEnv {
     /// inputs. Usually every task once (`index` = 0, 1, …); evaluating one task of a `width`-task run passes
     /// just that one.
     pub fn new(tasks: Vec<(usize, Box<dyn VectorEnv>)>, width: usize) -> Result<Self> {
-        Self::with_inputs(tasks, width, &TaskInputs::Shared)
+        Self::with_inputs(tasks, width, &TaskInputs::Shared(Vec::new()))
     }
 
     /// [`TaskVecEnv::new`] with the observation layout `inputs`.
@@ -107,7 +109,7 @@ impl TaskVecEnv {
             _ => unreachable!("checked: 1-D boxes"),
         };
         let (blocks, hot_at, mut lo, mut hi) = match inputs {
-            TaskInputs::Shared => {
+            TaskInputs::Shared(spaces) => {
                 if let Some(i) = dims.iter().position(|d| *d != dims[0]) {
                     return Err(bad(format!(
                         "tasks sharing their input columns need the same observation size: task {} ({}) has {} \
@@ -122,9 +124,17 @@ impl TaskVecEnv {
                     )));
                 }
                 // Each task's bounds may differ (other physics): the batch's are the widest.
-                let (mut lo, mut hi) = bounds(first.observation_space());
-                for (_, env) in &tasks[1..] {
-                    let (l, h) = bounds(env.observation_space());
+                let own: Vec<Space> = tasks.iter().map(|(_, e)| e.observation_space().clone()).collect();
+                let all = if spaces.is_empty() { &own } else { spaces };
+                if all.len() != own.len() && all.len() != width || all.iter().any(|s| s.flat_dim() != dims[0]) {
+                    return Err(bad(format!(
+                        "task observation spaces {all:?} do not fit {width} tasks of {} floats",
+                        dims[0]
+                    )));
+                }
+                let (mut lo, mut hi) = bounds(&all[0]);
+                for space in &all[1..] {
+                    let (l, h) = bounds(space);
                     lo.iter_mut().zip(l).for_each(|(a, b)| *a = a.min(b));
                     hi.iter_mut().zip(h).for_each(|(a, b)| *a = a.max(b));
                 }
@@ -272,6 +282,7 @@ impl VectorEnv for TaskVecEnv {
                 VecActions::Discrete(a) => VecActions::Discrete(&a[from * per_env..(from + rows) * per_env]),
                 VecActions::Continuous(a) => VecActions::Continuous(&a[from * per_env..(from + rows) * per_env]),
             };
+            let task = self.index[k] as u32;
             let step = self.tasks[k].step(&slice)?;
             let inner = f32s(step.obs)?.to_vec();
             self.rewards[from..from + rows].copy_from_slice(step.rewards);
@@ -286,8 +297,11 @@ impl VectorEnv for TaskVecEnv {
                     finals[r * d..(r + 1) * d].copy_from_slice(last);
                 }
             }
-            let episodes: Vec<EpisodeStats> =
-                step.episodes.iter().map(|e| EpisodeStats { env_index: e.env_index + from, ..e.clone() }).collect();
+            let episodes: Vec<EpisodeStats> = step
+                .episodes
+                .iter()
+                .map(|e| EpisodeStats { env_index: e.env_index + from, task: Some(task), ..*e })
+                .collect();
             self.episodes.extend(episodes);
             self.write_rows(k, &inner, &mut obs);
             self.write_rows(k, &finals, &mut final_obs);

@@ -378,6 +378,7 @@ impl VecEnv {
                     episode_return: self.returns[i],
                     length: self.lengths[i] as u64,
                     truncated: out.truncated && !out.terminated,
+                    task: None,
                 });
                 self.returns[i] = 0.0;
                 self.lengths[i] = 0;

@@ -131,6 +131,9 @@ pub struct ActorsConfig {
     pub max_restarts: u32,
     /// Seconds an actor keeps trying to reach a learner that went away before it exits.
     pub reconnect_secs: f64,
+    /// `[[tasks]]` runs: the actor in slot `s` steps task `s mod T` only (all its envs), instead of every actor
+    /// stepping every task (its envs split between them). Each learner's actors must then be a multiple of T.
+    pub task_per_actor: bool,
 }
 
 impl Default for ActorsConfig {
@@ -143,6 +146,7 @@ impl Default for ActorsConfig {
             epsilon_alpha: 7.0,
             max_restarts: 100,
             reconnect_secs: 60.0,
+            task_per_actor: false,
         }
     }
 }
@@ -384,15 +388,13 @@ impl EnvConfig {
     /// (each task is probed with one env).
     fn task_inputs(&self) -> Result<flotilla_envs::TaskInputs> {
         use flotilla_envs::TaskInputs;
-        if self.task_inputs == TaskInputsConfig::Shared {
-            return Ok(TaskInputs::Shared);
-        }
         let spaces: Vec<Space> = (0..self.tasks.len())
             .map(|k| Ok(self.task_vector(k, 1, EnvRole::Training)?.observation_space().clone()))
             .collect::<Result<_>>()?;
         let equal = spaces.iter().all(|s| s.flat_dim() == spaces[0].flat_dim());
         Ok(match self.task_inputs {
-            TaskInputsConfig::Auto if equal => TaskInputs::Shared,
+            TaskInputsConfig::Shared => TaskInputs::Shared(spaces),
+            TaskInputsConfig::Auto if equal => TaskInputs::Shared(spaces),
             _ => TaskInputs::Separate(spaces),
         })
     }
@@ -406,13 +408,6 @@ impl EnvConfig {
         let kwargs = table_kwargs(&table, &format!("[[tasks]] {}: kwargs", task.name))?;
         let id = task.id.as_deref().unwrap_or(&self.id);
         make_vector(id, &kwargs, n, role).map_err(|e| Error::Config(format!("[[tasks]] {}: {e}", task.name)))
-    }
-
-    /// The task of env `env_index` of a batch of `batch_envs` built by [`EnvConfig::make_vector`] (tasks hold
-    /// equal, consecutive shares); `None` without tasks.
-    pub fn task_of(&self, env_index: usize, batch_envs: usize) -> Option<usize> {
-        let t = self.tasks.len();
-        (t > 0 && batch_envs >= t).then(|| (env_index / (batch_envs / t)).min(t - 1))
     }
 
     /// Task `k` alone, with the run's one-hot (`n` envs): what a per-task evaluation steps.
@@ -860,8 +855,22 @@ impl ExperimentConfig {
             (family, Some(n_steps)) => on_policy(n_steps, family),
             (family, None) => bad(format!("{family:?} algorithm {} has no rollout length", self.algorithm.name())),
         }?;
-        // Every actor steps every task: its envs split evenly between them.
         let t = self.tasks.len();
+        if self.actors.task_per_actor {
+            // Each actor steps one task: every task needs as many actors.
+            if t == 0 {
+                return bad("[actors] task_per_actor = true without [[tasks]]: there are no tasks to assign".into());
+            }
+            if !plan.n_actors.is_multiple_of(t) {
+                return bad(format!(
+                    "[actors] task_per_actor: {} actors per learner do not split evenly between {t} [[tasks]] (actor \
+                     s steps task s mod {t}): use a multiple of {t} actors per learner",
+                    plan.n_actors
+                ));
+            }
+            return Ok(plan);
+        }
+        // Every actor steps every task: its envs split evenly between them.
         if t > 0 && !plan.envs_per_actor.is_multiple_of(t) {
             return bad(format!(
                 "{} envs per actor do not split evenly between {t} [[tasks]] (every actor steps every task): set \

@@ -147,6 +147,7 @@ impl DistributedLearner {
                 n_envs: plan.envs_per_actor,
                 n_steps: plan.chunk_steps,
                 needs_behaviour: plan.family == Family::OnPolicy,
+                n_tasks: config.env.tasks.len(),
             },
             family: plan.family,
             n_actors: plan.n_actors,
@@ -542,7 +543,12 @@ impl DistributedLearner {
     /// group, so that every learner's counters (and rank 0's metrics rows) hold every learner's episodes.
     fn count_episodes(&mut self, episodes: &[EpisodeStats]) {
         for ep in episodes {
-            let task = self.config.env.task_of(ep.env_index, self.plan.envs_per_actor);
+            // Chunks' episodes were checked against the run's tasks by the hub; an A3C gradient's may name
+            // any: one outside the run's tasks counts in the totals only, and says so.
+            let task = ep.task.map(|k| k as usize).filter(|k| *k < self.config.env.tasks.len());
+            if ep.task.is_some() && task.is_none() {
+                warn!("an episode from an actor names task {:?}; the run has {}", ep.task, self.config.env.tasks.len());
+            }
             match &mut self.replicas {
                 Some(r) => r.episodes.add(ep.episode_return, ep.length, task),
                 None => {

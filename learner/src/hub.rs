@@ -351,6 +351,7 @@ mod tests {
                 n_envs: 1,
                 n_steps: 2,
                 needs_behaviour: true,
+                n_tasks: 0,
             },
             family: Family::OnPolicy,
             n_actors: 2,
@@ -392,7 +393,7 @@ mod tests {
             values: vec![0.0; 2],
             final_index: vec![],
             final_obs: ObsBuf::F32(vec![]),
-            episodes: vec![EpisodeStats { episode_return: 1.0, length: 1, env_index: 0, truncated: false }],
+            episodes: vec![EpisodeStats { episode_return: 1.0, length: 1, env_index: 0, truncated: false, task: None }],
         }
     }
 

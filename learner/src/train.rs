@@ -184,8 +184,8 @@ impl Trainer {
             let c = &mut self.counters;
             for ep in step.episodes {
                 c.count_episode(ep.episode_return, ep.length);
-                if let Some(task) = self.config.env.task_of(ep.env_index, n_envs) {
-                    c.count_task_return(task, ep.episode_return, 1);
+                if let Some(task) = ep.task {
+                    c.count_task_return(task as usize, ep.episode_return, 1);
                 }
             }
             let transition = Transition {

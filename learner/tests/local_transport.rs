@@ -20,7 +20,7 @@ struct PpoActors {
 }
 
 impl ActorFactory for PpoActors {
-    fn envs(&mut self, _run: &RunInfo) -> flotilla_actors::Result<Box<dyn VectorEnv>> {
+    fn envs(&mut self, _run: &RunInfo, _slot: Option<u32>) -> flotilla_actors::Result<Box<dyn VectorEnv>> {
         Ok(make_vector("CartPole-v1", &Default::default(), self.envs_per_actor, EnvRole::Training)?)
     }
 

@@ -87,6 +87,7 @@ fn u8_frames_survive_vec_env_chunk_grpc_and_replay_unchanged() {
             n_envs,
             n_steps,
             needs_behaviour: false,
+            n_tasks: 0,
         },
         family: Family::OffPolicy,
         n_actors: 1,

@@ -93,6 +93,7 @@ fn episodes_to_proto(episodes: &[EpisodeStats]) -> Vec<proto::EpisodeStats> {
             length: e.length,
             env_index: e.env_index as u32,
             truncated: e.truncated,
+            task: e.task,
         })
         .collect()
 }
@@ -105,6 +106,7 @@ fn episodes_from_proto(episodes: &[proto::EpisodeStats]) -> Vec<EpisodeStats> {
             length: e.length,
             env_index: e.env_index as usize,
             truncated: e.truncated,
+            task: e.task,
         })
         .collect()
 }
@@ -311,7 +313,7 @@ mod tests {
             values: vec![],
             final_index: vec![0],
             final_obs,
-            episodes: vec![EpisodeStats { episode_return: 3.5, length: 4, env_index: 0, truncated: false }],
+            episodes: vec![EpisodeStats { episode_return: 3.5, length: 4, env_index: 0, truncated: false, task: None }],
         }
     }
 
@@ -328,6 +330,10 @@ mod tests {
             }
             assert_eq!(chunk_from_proto(&p).unwrap(), c);
         }
+        // An episode's task (multi-task runs) crosses the wire too.
+        let mut c = chunk(ObsBuf::F32(vec![0.0; 4]), ObsBuf::F32(vec![0.0; 2]), ObsBuf::F32(vec![0.0; 2]));
+        c.episodes[0].task = Some(2);
+        assert_eq!(chunk_from_proto(&chunk_to_proto(&c, 1)).unwrap().episodes[0].task, Some(2));
     }
 
     #[test]

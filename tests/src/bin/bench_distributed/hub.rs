@@ -47,6 +47,7 @@ pub(crate) fn cartpole_hub(n_actors: usize, params: Vec<f32>) -> BenchResult<(Ar
             n_envs: ENVS,
             n_steps: STEPS,
             needs_behaviour: true,
+            n_tasks: 0,
         },
         family: Family::OnPolicy,
         n_actors,

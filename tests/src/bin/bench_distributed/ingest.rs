@@ -48,7 +48,7 @@ fn cartpole_chunk() -> Chunk {
         final_obs: ObsBuf::F32((0..ends.len() * OBS_DIM).map(|i| wave(i + 7, 0.25)).collect()),
         episodes: ends
             .iter()
-            .map(|_| EpisodeStats { episode_return: 40.0, length: 40, env_index: 0, truncated: false })
+            .map(|_| EpisodeStats { episode_return: 40.0, length: 40, env_index: 0, truncated: false, task: None })
             .collect(),
     }
 }
