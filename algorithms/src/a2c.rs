@@ -99,6 +99,12 @@ pub struct A2cConfig {
     pub vtrace: Option<VtraceConfig>,
     /// How the Nature CNN computes for image observations (`[algorithm.cnn]`: channels-last, bf16).
     pub cnn: CnnOptions,
+    /// `[[tasks]]` runs: one policy head and one value per task on the shared MLP torso, each observation
+    /// reading its task's (else one head for all tasks, told apart by the one-hot input alone).
+    pub task_heads: bool,
+    /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
+    #[serde(skip)]
+    pub tasks: usize,
 }
 
 impl Default for A2cConfig {
@@ -121,6 +127,8 @@ impl Default for A2cConfig {
             log_std_init: 0.0,
             vtrace: None,
             cnn: CnnOptions::default(),
+            task_heads: false,
+            tasks: 0,
         }
     }
 }
@@ -133,6 +141,7 @@ impl A2cConfig {
             activation: self.activation,
             log_std_init: self.log_std_init,
             cnn: self.cnn,
+            heads: if self.task_heads { self.tasks.max(1) } else { 1 },
         }
     }
 
@@ -141,6 +150,9 @@ impl A2cConfig {
         let bad = |field, value: String, detail: &str| {
             Err(Error::InvalidConfig { algorithm: "a2c", field, value, detail: detail.to_string() })
         };
+        if self.task_heads && self.tasks < 2 {
+            return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
+        }
         let positive = |x: f64| x.is_finite() && x > 0.0;
         let non_negative = |x: f64| x.is_finite() && x >= 0.0;
         if self.n_steps == 0 {

@@ -80,6 +80,10 @@ pub struct NetConfig<'a> {
     pub log_std_init: f64,
     /// How the Nature CNN computes (image observations).
     pub cnn: CnnOptions,
+    /// Output heads, one per task of a multi-task run (1: one head). With `T > 1` heads the observations end in
+    /// the task's one-hot (`[[tasks]]`), the MLP's output layer holds `T` policy heads and `T` values, and each
+    /// row reads its task's: a shared torso with a head per task.
+    pub heads: usize,
 }
 
 /// Policy and value networks over one parameter buffer.
@@ -91,8 +95,33 @@ pub struct ActorCritic {
     log_std: Option<usize>,
     action: ActionKind,
     obs_dim: usize,
+    /// Output heads (one per task; 1 without task heads).
+    heads: usize,
     /// Where the parameters live.
     pub device: Device,
+}
+
+/// Rows of `t` heads each (`head`: `rows × t·A`, `values`: `rows × t`) down to each row's own task's, the task
+/// being the one-hot that ends its observation (`x`: `rows × obs_dim`): as the tensor path's one-hot-weighted
+/// sum, so both give the same numbers.
+fn select_task_heads(x: &[f32], obs_dim: usize, t: usize, head: &mut Vec<f32>, values: &mut Vec<f32>) {
+    let rows = x.len() / obs_dim;
+    let a = head.len() / (rows * t);
+    let mut row = vec![0.0f32; a];
+    for r in 0..rows {
+        let hot = &x[(r + 1) * obs_dim - t..(r + 1) * obs_dim];
+        row.fill(0.0);
+        let mut value = 0.0;
+        for (k, w) in hot.iter().enumerate() {
+            let at = (r * t + k) * a;
+            row.iter_mut().zip(&head[at..at + a]).for_each(|(o, h)| *o += w * h);
+            value += w * values[r * t + k];
+        }
+        head[r * a..(r + 1) * a].copy_from_slice(&row);
+        values[r] = value;
+    }
+    head.truncate(rows * a);
+    values.truncate(rows);
 }
 
 impl ActorCritic {
@@ -107,7 +136,8 @@ impl ActorCritic {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        let NetConfig { hidden, activation, log_std_init, cnn: cnn_options } = *net;
+        let NetConfig { hidden, activation, log_std_init, cnn: cnn_options, heads } = *net;
+        let heads = heads.max(1);
         let action = match action_space {
             Space::Discrete { n, .. } => ActionKind::Discrete(*n),
             Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),
@@ -116,6 +146,16 @@ impl ActorCritic {
         let outputs = match action {
             ActionKind::Discrete(n) | ActionKind::Continuous(n) => n as i64,
         };
+        if heads > 1 && (is_image(observation_space) || observation_space.flat_dim() <= heads) {
+            return Err(Error::UnsupportedSpace {
+                which: "observation",
+                algorithm,
+                detail: format!(
+                    "{observation_space:?}: {heads} task heads need vector observations ending in the task's \
+                     one-hot ([[tasks]])"
+                ),
+            });
+        }
         let (obs_dim, body, mut named) = if is_image(observation_space) {
             let shape = observation_space.shape();
             let built = with_torch_seed(seed, || NatureCnn::init("cnn", shape, &[(outputs, 0.01), (1, 1.0)], 0));
@@ -128,7 +168,8 @@ impl ActorCritic {
         } else {
             let obs_dim = mlp_input_dim(algorithm, observation_space)?;
             let (twin, named) = with_torch_seed(seed, || {
-                TwinMlp::init("pi_vf", obs_dim as i64, hidden, [outputs, 1], activation, [0.01, 1.0], 0)
+                let h = heads as i64;
+                TwinMlp::init("pi_vf", obs_dim as i64, hidden, [outputs * h, h], activation, [0.01, 1.0], 0)
             });
             (obs_dim, Body::Mlp(twin), named)
         };
@@ -140,7 +181,7 @@ impl ActorCritic {
             }
         };
         let params = FlatParams::new(named, device);
-        Ok(ActorCritic { params, body, log_std, action, obs_dim, device })
+        Ok(ActorCritic { params, body, log_std, action, obs_dim, heads, device })
     }
 
     /// Flattened observation size.
@@ -194,7 +235,14 @@ impl ActorCritic {
         match &self.body {
             Body::Mlp(twin) => {
                 let (head, value) = twin.forward(&self.params, obs);
-                (head, value.squeeze_dim(1))
+                if self.heads == 1 {
+                    return (head, value.squeeze_dim(1));
+                }
+                // Each row's own task's head: weights 1 on its task, 0 on the others (the one-hot).
+                let (t, rows) = (self.heads as i64, head.size()[0]);
+                let hot = obs.narrow(1, self.obs_dim as i64 - t, t);
+                let head = (head.view([rows, t, -1]) * hot.unsqueeze(2)).sum_dim_intlist(1, false, Kind::Float);
+                (head, (value * hot).sum_dim_intlist(1, false, Kind::Float))
             }
             Body::Cnn(cnn) => {
                 let out = cnn.forward(&self.params, obs);
@@ -231,7 +279,11 @@ impl ActorCritic {
         let ActScratch { samples, host, head } = scratch;
         let on_host = match (&self.body, obs) {
             (Body::Mlp(twin), ObsRef::F32(x)) => {
-                twin.forward_host(&self.params, x, rows, host, [&mut *head, &mut out.values])
+                let done = twin.forward_host(&self.params, x, rows, host, [&mut *head, &mut out.values]);
+                if done && self.heads > 1 {
+                    select_task_heads(x, self.obs_dim, self.heads, head, &mut out.values);
+                }
+                done
             }
             _ => false,
         };
@@ -407,5 +459,89 @@ impl Policy for ActorCriticPolicy {
 impl ActingPolicy for ActorCriticPolicy {
     fn params(&self) -> &FlatParams {
         &self.net.params
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_pcg::Pcg64;
+
+    /// An actor-critic on 4 floats + a 3-task one-hot, 2 actions, with `heads` heads.
+    fn net(heads: usize) -> ActorCritic {
+        let obs = Space::box1d(vec![-5.0; 7], vec![5.0; 7]);
+        let cnn = CnnOptions::default();
+        let net = NetConfig { hidden: &[8], activation: Activation::Tanh, log_std_init: 0.0, cnn, heads };
+        ActorCritic::new("ppo", &obs, &Space::discrete(2), &net, Device::Cpu, 1).unwrap()
+    }
+
+    /// 6 rows; row r is of task r mod 3.
+    fn rows() -> Vec<f32> {
+        (0..6)
+            .flat_map(|r| {
+                let mut row: Vec<f32> = (0..4).map(|i| ((r * 4 + i) as f32 * 0.37).sin()).collect();
+                row.extend((0..3).map(|k| if k == r % 3 { 1.0 } else { 0.0 }));
+                row
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_row_reads_its_own_tasks_head_when_training_and_when_acting() {
+        let ac = net(3);
+        let x = rows();
+        let xt = Tensor::from_slice(&x).view([6, 7]);
+        let (head, values) = ac.forward(&xt);
+        assert_eq!((head.size(), values.size()), (vec![6, 2], vec![6]));
+        // Row r's head is columns 2k..2k+2 of the policy output (k its task), its value column k.
+        let Body::Mlp(twin) = &ac.body else { unreachable!("an MLP") };
+        let (raw_h, raw_v) = twin.forward(&ac.params, &xt);
+        assert_eq!((raw_h.size(), raw_v.size()), (vec![6, 6], vec![6, 3]));
+        for r in 0..6 {
+            let k = (r % 3) as i64;
+            assert!(head.get(r).equal(&raw_h.get(r).narrow(0, 2 * k, 2)), "row {r}");
+            assert_eq!(values.double_value(&[r]), raw_v.double_value(&[r, k]));
+        }
+        // Acting on the host (no libtorch) reads the same heads: same values, same greedy actions.
+        let (mut out, mut scratch, mut rng) = (ActOutput::default(), ActScratch::default(), Pcg64::seed_from_u64(0));
+        ac.act(ObsRef::F32(&x), true, &mut rng, &mut scratch, &mut out).unwrap();
+        let want: Vec<f32> = Vec::try_from(&values).unwrap();
+        assert!(out.values.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-5), "{:?} vs {want:?}", out.values);
+        let greedy: Vec<f32> = Vec::try_from(head.argmax(1, false).to_kind(Kind::Float)).unwrap();
+        assert_eq!(out.actions, greedy);
+        // A loss on task 0's rows trains head 0 only: the other heads' output columns get no gradient.
+        let mut ac = ac;
+        let task0 = Tensor::from_slice(&[0i64, 3]);
+        let loss = head.index_select(0, &task0).sum(Kind::Float) + values.index_select(0, &task0).sum(Kind::Float);
+        ac.params.backward(&loss);
+        let i = ac.params.names().position(|n| n == "pi_vf.1.weight").unwrap();
+        let g = ac.params.flat().grad().narrow(0, ac.params.offset(i) as i64, 2 * 8 * 6).view([2, 8, 6]);
+        let sum = |t: Tensor| t.abs().sum(Kind::Float).double_value(&[]);
+        assert!(sum(g.get(0).narrow(1, 0, 2)) > 0.0 && sum(g.get(1).narrow(1, 0, 1)) > 0.0, "head 0 trains");
+        assert_eq!(sum(g.get(0).narrow(1, 2, 4)) + sum(g.get(1).narrow(1, 1, 2)), 0.0, "heads 1 and 2 do not");
+    }
+
+    #[test]
+    fn task_heads_need_vector_observations_with_room_for_the_one_hot() {
+        let net = NetConfig {
+            hidden: &[8],
+            activation: Activation::Tanh,
+            log_std_init: 0.0,
+            cnn: CnnOptions::default(),
+            heads: 3,
+        };
+        let obs = Space::box1d(vec![0.0; 3], vec![1.0; 3]);
+        let e = ActorCritic::new("ppo", &obs, &Space::discrete(2), &net, Device::Cpu, 1).unwrap_err().to_string();
+        assert!(e.contains("3 task heads need vector observations"), "{e}");
+        assert_eq!(net_one_head_outputs(), 2);
+    }
+
+    /// Without task heads the output layer is the plain policy (2 logits) and value.
+    fn net_one_head_outputs() -> i64 {
+        let ac = net(1);
+        let (head, values) = ac.forward(&Tensor::from_slice(&rows()).view([6, 7]));
+        assert_eq!(values.size(), [6]);
+        head.size()[1]
     }
 }

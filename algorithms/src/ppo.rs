@@ -92,6 +92,12 @@ pub struct PpoConfig {
     pub vtrace: Option<VtraceConfig>,
     /// How the Nature CNN computes for image observations (`[algorithm.cnn]`: channels-last, bf16).
     pub cnn: CnnOptions,
+    /// `[[tasks]]` runs: one policy head and one value per task on the shared MLP torso, each observation
+    /// reading its task's (else one head for all tasks, told apart by the one-hot input alone).
+    pub task_heads: bool,
+    /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
+    #[serde(skip)]
+    pub tasks: usize,
 }
 
 impl Default for PpoConfig {
@@ -118,6 +124,8 @@ impl Default for PpoConfig {
             log_std_init: 0.0,
             vtrace: None,
             cnn: CnnOptions::default(),
+            task_heads: false,
+            tasks: 0,
         }
     }
 }
@@ -130,6 +138,7 @@ impl PpoConfig {
             activation: self.activation,
             log_std_init: self.log_std_init,
             cnn: self.cnn,
+            heads: if self.task_heads { self.tasks.max(1) } else { 1 },
         }
     }
 }
@@ -140,6 +149,9 @@ impl PpoConfig {
         let bad = |field, value: String, detail: &str| {
             Err(Error::InvalidConfig { algorithm: "ppo", field, value, detail: detail.to_string() })
         };
+        if self.task_heads && self.tasks < 2 {
+            return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
+        }
         let rollout = self.n_steps * num_envs;
         if self.n_steps == 0 {
             return bad("n_steps", "0".into(), "must be at least 1");

@@ -498,7 +498,7 @@ interval_steps = 4096
 }
 
 /// `examples/configs/cartpole_multitask.toml`: one PPO network on three CartPole physics (one with the actions
-/// reversed) ends with every task at ≥ 450, 90 % of the cap (seed 1, in one process; the long pole ends at
+/// reversed) ends with every task at ≥ 450, 90 % of the cap, with one head for all tasks and with a head per task (seed 1, in one process; the long pole ends at
 /// 464–480 depending on the final evaluation's start states, BENCHMARKS.md "Shared torso"); the same config runs
 /// with actor processes (each stepping every task, or each its own task with `[actors] task_per_actor`) and with
 /// two data-parallel learners, writing per-task columns; envs or actors that do not split between the tasks are
@@ -518,6 +518,42 @@ fn one_network_learns_three_tasks_at_once() {
         assert!(score.is_some_and(|s| s >= 450.0), "task {task}: {line:?}\n{}", text(&o));
         assert!(!common::metric(&run, &format!("charts/{task}/episodic_return")).is_empty(), "{task}");
     }
+    // A head per task on the shared torso (`task_heads`): every task ≥ 450 too, and the actors act with the
+    // heads; the output layer holds 3 × 2 logits. Without [[tasks]] it is refused.
+    let heads = dir.join("heads");
+    let o = flotilla(&["train", &cfg, "--set", "algorithm.task_heads=true", "--out", heads.to_str().unwrap()]);
+    for task in ["normal", "long", "reversed"] {
+        let line =
+            text(&o).lines().find(|l| l.starts_with(&format!("task {task}: evaluation return"))).map(String::from);
+        let score: Option<f64> = line.as_deref().and_then(|l| l.rsplit(' ').next()?.parse().ok());
+        assert!(score.is_some_and(|s| s >= 450.0), "task heads, task {task}: {line:?}\n{}", text(&o));
+    }
+    let w = tch::Tensor::read_safetensors(heads.join("model.safetensors")).unwrap();
+    let out_layer = &w.iter().find(|(n, _)| n == "pi_vf.2.weight").unwrap().1;
+    assert_eq!(out_layer.size(), [2, 64, 6], "3 heads of 2 logits (values: 3 of the 6 columns)");
+    let heads_actors = dir.join("heads-actors");
+    let o = flotilla(&[
+        "train",
+        &cfg,
+        "--set",
+        "algorithm.task_heads=true",
+        "--actors",
+        "2",
+        "--stop-at",
+        "30000",
+        "--out",
+        heads_actors.to_str().unwrap(),
+    ]);
+    assert!(o.status.success() && !common::metric(&heads_actors, "eval/long/mean_return").is_empty(), "{}", text(&o));
+    let o = flotilla(&[
+        "train",
+        &config("cartpole_ppo.toml"),
+        "--set",
+        "algorithm.task_heads=true",
+        "--out",
+        dir.join("bad").to_str().unwrap(),
+    ]);
+    assert!(!o.status.success() && text(&o).contains("a head per task needs [[tasks]]"), "{}", text(&o));
     let actors = dir.join("actors");
     let o = flotilla(&["train", &cfg, "--actors", "2", "--stop-at", "60000", "--out", actors.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));

@@ -617,6 +617,7 @@ impl ExperimentConfig {
             table.try_into().map_err(|e: toml::de::Error| Error::Config(format!("{e} (after --set overrides)")))?
         };
         config.env.tasks = config.tasks.clone();
+        config.algorithm.set_tasks(config.tasks.len());
         // One probe env both checks the id and kwargs and tells the settings to write out.
         let probe = config.checked_probe()?;
         config.env.resolve_kwargs(probe.as_ref())?;
