@@ -91,10 +91,11 @@ fn main() -> BenchResult<()> {
     let mut n_seeds = 10u64;
     let mut targets: Vec<String> = Vec::new();
     let mut only_shared = false;
+    let mut heads = false;
     let mut suite = &CARTPOLE;
     let mut eval_every: Option<u64> = None;
     let usage = "usage: [--suite cartpole|pendulum] [--seeds N] [--target k=v,...] [--eval-every STEPS] \
-                 [--shared-torso-only]";
+                 [--shared-torso-only [--task-heads]]";
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seeds" => n_seeds = args.next().ok_or("--seeds N")?.parse()?,
@@ -108,6 +109,7 @@ fn main() -> BenchResult<()> {
                 }
             }
             "--shared-torso-only" => only_shared = true,
+            "--task-heads" => heads = true,
             other => return Err(format!("unknown argument {other:?}; {usage}").into()),
         }
     }
@@ -117,7 +119,7 @@ fn main() -> BenchResult<()> {
     tch::set_num_threads(1);
     let seeds: Vec<u64> = (1..=n_seeds).collect();
     if only_shared {
-        shared_torso(&seeds);
+        shared_torso(&seeds, heads);
         return Ok(());
     }
     let eval_set = eval_every.map(|n| format!("eval.interval_steps={n}"));
@@ -168,7 +170,7 @@ fn main() -> BenchResult<()> {
     }
     std::fs::remove_dir_all(&dir)?;
     if !seeds.is_empty() && std::ptr::eq(suite, &CARTPOLE) {
-        shared_torso(&seeds);
+        shared_torso(&seeds, false);
     }
     Ok(())
 }
@@ -182,10 +184,12 @@ const TASKS: [(&str, &[&str]); 3] = [
 
 /// Shared torso: one multi-task PPO run (`cartpole_multitask.toml`: three CartPole physics, 8 envs each, one
 /// network conditioned on the task's one-hot) against three separate quick-start runs, over the same seeds.
+/// With `heads`, the multi-task network has a head per task (`task_heads`) instead of one head for all.
 /// Per task: env steps of that task's own envs to its first evaluation ≥ 475 (a third of the run's steps in the
 /// multi-task run), and whether it ends ≥ 475; then every task ≥ 475 at once: total env steps and seconds.
-fn shared_torso(seeds: &[u64]) {
-    let multi = train_seeds("cartpole_multitask.toml", &[], seeds, f64::INFINITY);
+fn shared_torso(seeds: &[u64], heads: bool) {
+    let sets: &[&str] = if heads { &["algorithm.task_heads=true"] } else { &[] };
+    let multi = train_seeds("cartpole_multitask.toml", sets, seeds, f64::INFINITY);
     let separate: Vec<Vec<SeedResult>> =
         TASKS.iter().map(|(_, sets)| train_seeds("cartpole_ppo.toml", sets, seeds, 475.0)).collect();
     println!("\n## Shared torso: one multi-task PPO run vs three separate runs ({} seeds)\n", seeds.len());
