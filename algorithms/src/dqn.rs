@@ -104,6 +104,12 @@ pub struct DqnConfig {
     pub per_eps: f64,
     /// How the Nature CNN computes for image observations (`[algorithm.cnn]`: channels-last, bf16).
     pub cnn: CnnOptions,
+    /// `[[tasks]]` runs: one Q head per task on the shared MLP torso (as multi-task DQN), each observation
+    /// reading its task's (else one head for all tasks, told apart by the one-hot input alone).
+    pub task_heads: bool,
+    /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
+    #[serde(skip)]
+    pub tasks: usize,
 }
 
 impl Default for DqnConfig {
@@ -135,6 +141,8 @@ impl Default for DqnConfig {
             per_beta_final: 1.0,
             per_eps: 1e-6,
             cnn: CnnOptions::default(),
+            task_heads: false,
+            tasks: 0,
         }
     }
 }
@@ -145,6 +153,9 @@ impl DqnConfig {
         let bad = |field, value: String, detail: &str| {
             Err(Error::InvalidConfig { algorithm: "dqn", field, value, detail: detail.to_string() })
         };
+        if self.task_heads && self.tasks < 2 {
+            return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
+        }
         if self.batch_size == 0 {
             return bad("batch_size", "0".into(), "must be at least 1");
         }
@@ -401,6 +412,8 @@ struct QNet {
     dueling: bool,
     n_actions: usize,
     obs_dim: usize,
+    /// Q heads, one per task (1 without task heads); a row reads its task's, by the one-hot ending its input.
+    heads: usize,
     device: Device,
 }
 
@@ -427,8 +440,20 @@ impl QNet {
                 detail: format!("{action_space:?}: DQN needs discrete actions"),
             });
         };
-        // A dueling network's last layer holds the value head next to the advantage head.
-        let outputs = (n_actions + usize::from(config.dueling)) as i64;
+        // A dueling network's last layer holds the value head next to the advantage head; with task heads,
+        // one such head per task.
+        let heads = if config.task_heads { config.tasks.max(1) } else { 1 };
+        if heads > 1 && (is_image(observation_space) || observation_space.flat_dim() <= heads) {
+            return Err(Error::UnsupportedSpace {
+                which: "observation",
+                algorithm: "dqn",
+                detail: format!(
+                    "{observation_space:?}: {heads} task heads need vector observations ending in the task's \
+                     one-hot ([[tasks]])"
+                ),
+            });
+        }
+        let outputs = ((n_actions + usize::from(config.dueling)) * heads) as i64;
         let (obs_dim, body, named) = if is_image(observation_space) {
             let shape = observation_space.shape();
             let built = with_torch_seed(seed, || NatureCnn::init("q", shape, &[(outputs, 1.0)], 0))
@@ -454,7 +479,7 @@ impl QNet {
             });
             (obs_dim, QBody::Mlp(net), named)
         };
-        Ok((QNet { body, dueling: config.dueling, n_actions, obs_dim, device: Device::Cpu }, named))
+        Ok((QNet { body, dueling: config.dueling, n_actions, obs_dim, heads, device: Device::Cpu }, named))
     }
 
     /// Observations as the network takes them on the device: `[B, obs_dim]` floats, or `[B, C, H, W]` frames
@@ -474,10 +499,16 @@ impl QNet {
 
     /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
     fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        let out = match &self.body {
+        let mut out = match &self.body {
             QBody::Mlp(net) => net.forward(params, obs),
             QBody::Cnn(cnn) => cnn.forward(params, obs),
         };
+        if self.heads > 1 {
+            // Each row's own task's head: weights 1 on its task, 0 on the others (the one-hot).
+            let (t, rows) = (self.heads as i64, out.size()[0]);
+            let hot = obs.narrow(1, self.obs_dim as i64 - t, t);
+            out = (out.view([rows, t, -1]) * hot.unsqueeze(2)).sum_dim_intlist(1, false, Kind::Float);
+        }
         if self.dueling {
             let value = out.narrow(1, 0, 1);
             let advantage = out.narrow(1, 1, self.n_actions as i64);
@@ -508,6 +539,10 @@ impl QNet {
         if on_host {
             // The network without libtorch (CPU parameters); the dueling combination as `forward` does it.
             q_values.clear();
+            if self.heads > 1 {
+                let ObsRef::F32(x) = obs else { unreachable!("the host path takes f32 rows") };
+                select_task_heads(x, self.obs_dim, self.heads, raw);
+            }
             for row in raw.chunks_exact(raw.len() / rows) {
                 if self.dueling {
                     let (value, advantage) = (row[0], &row[1..]);
@@ -524,6 +559,25 @@ impl QNet {
         }
         Ok(())
     }
+}
+
+/// Rows of `t` heads each (`out`: `rows × t·H`) down to each row's own task's head (`rows × H`), the task
+/// being the one-hot that ends its observation (`x`: `rows × obs_dim`): as the tensor path's one-hot-weighted
+/// sum, so both give the same numbers.
+fn select_task_heads(x: &[f32], obs_dim: usize, t: usize, out: &mut Vec<f32>) {
+    let rows = x.len() / obs_dim;
+    let h = out.len() / (rows * t);
+    let mut row = vec![0.0f32; h];
+    for r in 0..rows {
+        let hot = &x[(r + 1) * obs_dim - t..(r + 1) * obs_dim];
+        row.fill(0.0);
+        for (k, w) in hot.iter().enumerate() {
+            let at = (r * t + k) * h;
+            row.iter_mut().zip(&out[at..at + h]).for_each(|(o, v)| *o += w * v);
+        }
+        out[r * h..(r + 1) * h].copy_from_slice(&row);
+    }
+    out.truncate(rows * h);
 }
 
 fn unsupported_obs(obs: ObsRef<'_>) -> Error {
@@ -1056,6 +1110,46 @@ mod tests {
         // Q = V + A − mean(A), so mean_a Q(s, a) = V(s), the first output.
         let mean_q = q.mean_dim(1, false, Kind::Float);
         assert!(mean_q.allclose(&raw.narrow(1, 0, 1).squeeze_dim(1), 1e-6, 1e-6, false));
+    }
+
+    #[test]
+    fn task_heads_give_each_row_its_own_tasks_q_values_on_both_paths() {
+        // 2 floats + a 3-task one-hot; 2 actions; row r is of task r mod 3.
+        let obs = Space::box1d(vec![-5.0; 5], vec![5.0; 5]);
+        let act = Space::discrete(2);
+        let x: Vec<f32> = (0..6)
+            .flat_map(|r| {
+                let mut row = vec![(r as f32 * 0.7).sin(), (r as f32 * 0.3).cos()];
+                row.extend((0..3).map(|k| if k == r % 3 { 1.0 } else { 0.0 }));
+                row
+            })
+            .collect();
+        let xt = Tensor::from_slice(&x).view([6, 5]);
+        for dueling in [false, true] {
+            let config = DqnConfig { dueling, task_heads: true, tasks: 3, hidden_sizes: vec![8], ..Default::default() };
+            let mut dqn = Dqn::new(&obs, &act, 1, config, Device::Cpu, 0).unwrap();
+            let QBody::Mlp(net) = &dqn.q.body else { panic!("vector observations get an MLP") };
+            let raw = net.forward(&dqn.online, &xt);
+            let per = 2 + i64::from(dueling);
+            assert_eq!(raw.size(), [6, 3 * per], "dueling {dueling}");
+            let q = dqn.q_values(&dqn.online, &xt);
+            for r in 0..6 {
+                let own = raw.get(r).narrow(0, (r % 3) * per, per);
+                let want = if dueling {
+                    let (v, a) = (own.narrow(0, 0, 1), own.narrow(0, 1, 2));
+                    v + &a - a.mean(Kind::Float)
+                } else {
+                    own
+                };
+                assert!(q.get(r).allclose(&want, 1e-6, 1e-6, false), "row {r}, dueling {dueling}");
+            }
+            let want = Vec::<f32>::try_from(q.flatten(0, -1)).unwrap();
+            let mut out = ActOutput::default();
+            dqn.act(ObsRef::F32(&x), ActMode::Deterministic, &mut out).unwrap();
+            assert!(out.q_values.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5), "{:?}", out.q_values);
+        }
+        let lone = DqnConfig { task_heads: true, ..Default::default() };
+        assert!(lone.validate().unwrap_err().to_string().contains("a head per task needs [[tasks]]"));
     }
 
     #[test]

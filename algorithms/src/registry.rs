@@ -58,12 +58,13 @@ pub enum Family {
 }
 
 impl AlgorithmConfig {
-    /// Tell the config how many tasks the run has (`[[tasks]]`; 0 without): actor-critics with `task_heads`
-    /// build one head per task.
+    /// Tell the config how many tasks the run has (`[[tasks]]`; 0 without): actor-critics and DQN with
+    /// `task_heads` build one head per task.
     pub fn set_tasks(&mut self, tasks: usize) {
         match self {
             AlgorithmConfig::Ppo(c) => c.tasks = tasks,
             AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => c.tasks = tasks,
+            AlgorithmConfig::Dqn(c) => c.tasks = tasks,
             _ => {}
         }
     }
