@@ -65,9 +65,10 @@ pub struct ExperimentConfig {
 }
 
 /// `[[tasks]]`: one task of a multi-task run. Its env is `id` (default `[env] id`) with `kwargs`; when it
-/// keeps `[env]`'s id, `[env] kwargs` apply under its own. Tasks must share the observation size and action
-/// space (an error names the two that differ); the run's observations get a one-hot of the task appended
-/// (`flotilla_envs::TaskVecEnv`), evaluations and metrics are per task (`eval/<name>/mean_return`).
+/// keeps `[env]`'s id, `[env] kwargs` apply under its own. Tasks must share the action space (an error names
+/// the two that differ); their observations meet the network as `[env] task_inputs` says (shared columns, or
+/// columns of their own: an input layer per task, sizes may differ), with a one-hot of the task appended
+/// (`flotilla_envs::TaskVecEnv`); evaluations and metrics are per task (`eval/<name>/mean_return`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskConfig {
