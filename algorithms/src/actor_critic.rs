@@ -14,7 +14,10 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::ActingPolicy;
 use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::host_mlp::HostScratch;
-use crate::nets::{Activation, CnnOptions, NatureCnn, TwinMlp, mlp_input_dim, with_torch_seed};
+use crate::nets::{
+    Activation, CnnOptions, NatureCnn, TwinMlp, mlp_input_dim, select_task_heads, select_task_heads_tensor,
+    with_torch_seed,
+};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::Rollout;
@@ -99,29 +102,6 @@ pub struct ActorCritic {
     heads: usize,
     /// Where the parameters live.
     pub device: Device,
-}
-
-/// Rows of `t` heads each (`head`: `rows × t·A`, `values`: `rows × t`) down to each row's own task's, the task
-/// being the one-hot that ends its observation (`x`: `rows × obs_dim`): as the tensor path's one-hot-weighted
-/// sum, so both give the same numbers.
-fn select_task_heads(x: &[f32], obs_dim: usize, t: usize, head: &mut Vec<f32>, values: &mut Vec<f32>) {
-    let rows = x.len() / obs_dim;
-    let a = head.len() / (rows * t);
-    let mut row = vec![0.0f32; a];
-    for r in 0..rows {
-        let hot = &x[(r + 1) * obs_dim - t..(r + 1) * obs_dim];
-        row.fill(0.0);
-        let mut value = 0.0;
-        for (k, w) in hot.iter().enumerate() {
-            let at = (r * t + k) * a;
-            row.iter_mut().zip(&head[at..at + a]).for_each(|(o, h)| *o += w * h);
-            value += w * values[r * t + k];
-        }
-        head[r * a..(r + 1) * a].copy_from_slice(&row);
-        values[r] = value;
-    }
-    head.truncate(rows * a);
-    values.truncate(rows);
 }
 
 impl ActorCritic {
@@ -239,10 +219,10 @@ impl ActorCritic {
                     return (head, value.squeeze_dim(1));
                 }
                 // Each row's own task's head: weights 1 on its task, 0 on the others (the one-hot).
-                let (t, rows) = (self.heads as i64, head.size()[0]);
-                let hot = obs.narrow(1, self.obs_dim as i64 - t, t);
-                let head = (head.view([rows, t, -1]) * hot.unsqueeze(2)).sum_dim_intlist(1, false, Kind::Float);
-                (head, (value * hot).sum_dim_intlist(1, false, Kind::Float))
+                (
+                    select_task_heads_tensor(obs, self.heads, &head),
+                    select_task_heads_tensor(obs, self.heads, &value).squeeze_dim(1),
+                )
             }
             Body::Cnn(cnn) => {
                 let out = cnn.forward(&self.params, obs);
@@ -281,7 +261,8 @@ impl ActorCritic {
             (Body::Mlp(twin), ObsRef::F32(x)) => {
                 let done = twin.forward_host(&self.params, x, rows, host, [&mut *head, &mut out.values]);
                 if done && self.heads > 1 {
-                    select_task_heads(x, self.obs_dim, self.heads, head, &mut out.values);
+                    select_task_heads(x, self.obs_dim, self.heads, head);
+                    select_task_heads(x, self.obs_dim, self.heads, &mut out.values);
                 }
                 done
             }

@@ -505,9 +505,7 @@ impl QNet {
         };
         if self.heads > 1 {
             // Each row's own task's head: weights 1 on its task, 0 on the others (the one-hot).
-            let (t, rows) = (self.heads as i64, out.size()[0]);
-            let hot = obs.narrow(1, self.obs_dim as i64 - t, t);
-            out = (out.view([rows, t, -1]) * hot.unsqueeze(2)).sum_dim_intlist(1, false, Kind::Float);
+            out = crate::nets::select_task_heads_tensor(obs, self.heads, &out);
         }
         if self.dueling {
             let value = out.narrow(1, 0, 1);
@@ -541,7 +539,7 @@ impl QNet {
             q_values.clear();
             if self.heads > 1 {
                 let ObsRef::F32(x) = obs else { unreachable!("the host path takes f32 rows") };
-                select_task_heads(x, self.obs_dim, self.heads, raw);
+                crate::nets::select_task_heads(x, self.obs_dim, self.heads, raw);
             }
             for row in raw.chunks_exact(raw.len() / rows) {
                 if self.dueling {
@@ -559,25 +557,6 @@ impl QNet {
         }
         Ok(())
     }
-}
-
-/// Rows of `t` heads each (`out`: `rows × t·H`) down to each row's own task's head (`rows × H`), the task
-/// being the one-hot that ends its observation (`x`: `rows × obs_dim`): as the tensor path's one-hot-weighted
-/// sum, so both give the same numbers.
-fn select_task_heads(x: &[f32], obs_dim: usize, t: usize, out: &mut Vec<f32>) {
-    let rows = x.len() / obs_dim;
-    let h = out.len() / (rows * t);
-    let mut row = vec![0.0f32; h];
-    for r in 0..rows {
-        let hot = &x[(r + 1) * obs_dim - t..(r + 1) * obs_dim];
-        row.fill(0.0);
-        for (k, w) in hot.iter().enumerate() {
-            let at = (r * t + k) * h;
-            row.iter_mut().zip(&out[at..at + h]).for_each(|(o, v)| *o += w * v);
-        }
-        out[r * h..(r + 1) * h].copy_from_slice(&row);
-    }
-    out.truncate(rows * h);
 }
 
 fn unsupported_obs(obs: ObsRef<'_>) -> Error {

@@ -420,6 +420,34 @@ impl NatureCnn {
     }
 }
 
+/// Multi-task heads on the host: `out` holds `rows × t·H` values (`t` heads of `H` per row); keep each row's own
+/// task's head (`rows × H`), the task being the one-hot that ends its observation (`x`: `rows × obs_dim`). As
+/// the tensor path's one-hot-weighted sum over heads, so both paths give the same numbers.
+pub(crate) fn select_task_heads(x: &[f32], obs_dim: usize, t: usize, out: &mut Vec<f32>) {
+    let rows = x.len() / obs_dim;
+    let h = out.len() / (rows * t);
+    let mut row = vec![0.0f32; h];
+    for r in 0..rows {
+        let hot = &x[(r + 1) * obs_dim - t..(r + 1) * obs_dim];
+        row.fill(0.0);
+        for (k, w) in hot.iter().enumerate() {
+            let at = (r * t + k) * h;
+            row.iter_mut().zip(&out[at..at + h]).for_each(|(o, v)| *o += w * v);
+        }
+        // Row r's heads start at r·t·H ≥ r·H: writing row r never overwrites a later row's heads.
+        out[r * h..(r + 1) * h].copy_from_slice(&row);
+    }
+    out.truncate(rows * h);
+}
+
+/// The tensor side of [`select_task_heads`]: `out` `[B, t·H]` → `[B, H]`, each row its task's head, the task
+/// being the one-hot in the last `t` columns of `obs` (`[B, obs_dim]`).
+pub(crate) fn select_task_heads_tensor(obs: &Tensor, t: usize, out: &Tensor) -> Tensor {
+    let (t, rows, cols) = (t as i64, out.size()[0], obs.size()[1]);
+    let hot = obs.narrow(1, cols - t, t);
+    (out.view([rows, t, -1]) * hot.unsqueeze(2)).sum_dim_intlist(1, false, tch::Kind::Float)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
