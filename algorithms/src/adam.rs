@@ -4,9 +4,9 @@
 //! `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `θ ← θ − (lr / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε)`.
 use tch::Tensor;
 
+use crate::Result;
 use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
-use crate::{Error, Result};
 
 /// Adam state for one flat parameter buffer.
 #[derive(Debug)]
@@ -84,25 +84,9 @@ impl Adam {
     /// it). Moments for another number of trainable scalars (a run with other frozen layers) are an error,
     /// unless no step was taken yet (then they are zeros for the trainable scalars).
     pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str, params: &FlatParams) -> Result<()> {
-        let n = params.trainable_numel();
-        let device = self.exp_avg.device();
         self.steps = c.meta(&format!("{prefix}.steps"))?;
-        for (name, dst) in [("exp_avg", &mut self.exp_avg), ("exp_avg_sq", &mut self.exp_avg_sq)] {
-            let t = c.take_tensor(&format!("{prefix}.{name}"))?;
-            if self.steps == 0 {
-                // Saved before the first step, perhaps before layers were frozen: zeros either way.
-                *dst = params.trainable_grad().zeros_like().detach();
-                continue;
-            }
-            if t.size() != [n] {
-                return Err(Error::BadLength {
-                    what: format!("checkpoint {prefix}.{name} (optimiser state of the trainable parameters)"),
-                    got: t.numel(),
-                    expected: n as usize,
-                });
-            }
-            *dst = t.to_kind(tch::Kind::Float).to_device(device);
-        }
+        self.exp_avg = params.take_optimiser_state(c, &format!("{prefix}.exp_avg"), self.steps)?;
+        self.exp_avg_sq = params.take_optimiser_state(c, &format!("{prefix}.exp_avg_sq"), self.steps)?;
         Ok(())
     }
 }

@@ -233,6 +233,30 @@ impl FlatParams {
         self.runs.iter().map(|(_, len)| len).sum()
     }
 
+    /// Optimiser state `name` from checkpoint `c` for these parameters' trainable scalars, as an optimiser
+    /// that has taken `steps` steps saved it: zeros when it took none (it may have been saved before layers
+    /// were frozen), else the saved tensor, which must hold one value per trainable scalar.
+    pub(crate) fn take_optimiser_state(
+        &self,
+        c: &mut crate::checkpoint::Checkpoint,
+        name: &str,
+        steps: u64,
+    ) -> Result<Tensor> {
+        let saved = c.take_tensor(name)?;
+        if steps == 0 {
+            return Ok(self.trainable_grad().zeros_like().detach());
+        }
+        let n = self.trainable_numel();
+        if saved.size() != [n] {
+            return Err(Error::BadLength {
+                what: format!("checkpoint {name} (optimiser state of the trainable parameters)"),
+                got: saved.numel(),
+                expected: n as usize,
+            });
+        }
+        Ok(saved.to_kind(Kind::Float).to_device(self.flat.device()))
+    }
+
     /// Whether any layer is frozen.
     pub fn has_frozen(&self) -> bool {
         self.runs.len() != 1 || self.runs[0] != (0, self.numel())

@@ -6,9 +6,9 @@
 //! TensorFlow's RMSprop (SB3's `RMSpropTFLike`), and `v` starts at 0.
 use tch::Tensor;
 
+use crate::Result;
 use crate::checkpoint::Checkpoint;
 use crate::params::FlatParams;
-use crate::{Error, Result};
 
 /// RMSprop state for one flat parameter buffer.
 #[derive(Debug)]
@@ -70,22 +70,8 @@ impl RmsProp {
     /// it). State for another number of trainable scalars (other frozen layers) is an error, unless no step was
     /// taken yet (then it is zeros for the trainable scalars).
     pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str, params: &FlatParams) -> Result<()> {
-        let n = params.trainable_numel();
-        let t = c.take_tensor(&format!("{prefix}.square_avg"))?;
         self.steps = c.meta(&format!("{prefix}.steps"))?;
-        if self.steps == 0 {
-            // Saved before the first step, perhaps before layers were frozen: zeros either way.
-            self.square_avg = params.trainable_grad().zeros_like().detach();
-            return Ok(());
-        }
-        if t.size() != [n] {
-            return Err(Error::BadLength {
-                what: format!("checkpoint {prefix}.square_avg (optimiser state of the trainable parameters)"),
-                got: t.numel(),
-                expected: n as usize,
-            });
-        }
-        self.square_avg = t.to_kind(tch::Kind::Float).to_device(self.square_avg.device());
+        self.square_avg = params.take_optimiser_state(c, &format!("{prefix}.square_avg"), self.steps)?;
         Ok(())
     }
 }

@@ -334,6 +334,20 @@ pub struct EnvConfig {
     /// `[env]` builds the tasks' batch).
     #[serde(skip)]
     pub tasks: Vec<TaskConfig>,
+    /// Every task's observation space, probed once (one env each) the first time a tasks' batch is built.
+    #[serde(skip)]
+    task_spaces: SpacesCache,
+}
+
+/// A cache of what the config's envs are (not part of the config: two configs compare equal whatever they
+/// cached).
+#[derive(Debug, Clone, Default)]
+struct SpacesCache(std::sync::OnceLock<Vec<Space>>);
+
+impl PartialEq for SpacesCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// `[env] task_inputs`: how the tasks of a `[[tasks]]` run share the network's input layer.
@@ -386,12 +400,18 @@ impl EnvConfig {
     }
 
     /// The observation layout `[env] task_inputs` names; `auto` decides from the tasks' observation sizes
-    /// (each task is probed with one env).
+    /// (each task is probed with one env, once per config).
     fn task_inputs(&self) -> Result<flotilla_envs::TaskInputs> {
         use flotilla_envs::TaskInputs;
-        let spaces: Vec<Space> = (0..self.tasks.len())
-            .map(|k| Ok(self.task_vector(k, 1, EnvRole::Training)?.observation_space().clone()))
-            .collect::<Result<_>>()?;
+        let spaces = match self.task_spaces.0.get() {
+            Some(spaces) => spaces.clone(),
+            None => {
+                let probed: Vec<Space> = (0..self.tasks.len())
+                    .map(|k| Ok(self.task_vector(k, 1, EnvRole::Training)?.observation_space().clone()))
+                    .collect::<Result<_>>()?;
+                self.task_spaces.0.get_or_init(|| probed).clone()
+            }
+        };
         let equal = spaces.iter().all(|s| s.flat_dim() == spaces[0].flat_dim());
         Ok(match self.task_inputs {
             TaskInputsConfig::Shared => TaskInputs::Shared(spaces),

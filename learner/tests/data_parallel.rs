@@ -108,7 +108,7 @@ fn on_policy_ranks_and_one(
     envs: usize,
     steps: u64,
 ) {
-    on_policy_ranks_and_one_frozen(rank_config, single, world, envs, steps, &[], &[]);
+    on_policy_ranks_and_one_frozen(rank_config, single, world, envs, steps, &[], None);
 }
 
 /// A [`GradientSync`] that counts the gradient scalars it is handed (what goes on the wire) and passes them on.
@@ -133,7 +133,7 @@ impl GradientSync for Counting {
 }
 
 /// [`on_policy_ranks_and_one`] with the `freeze` layers frozen on every rank and on the single learner; asserts
-/// that each rank put exactly the trainable scalars on the wire per gradient step (`per_step(params)` of them)
+/// that each rank put exactly the trainable scalars on the wire at each of its `gradient_steps` per update
 /// and returns each rank's parameters at the start (after freezing) and at the end.
 fn on_policy_ranks_and_one_frozen(
     rank_config: AlgorithmConfig,
@@ -142,7 +142,7 @@ fn on_policy_ranks_and_one_frozen(
     envs: usize,
     steps: u64,
     freeze: &'static [&'static str],
-    gradient_steps: &'static [usize],
+    gradient_steps: Option<usize>,
 ) -> Vec<(Tensor, Tensor)> {
     let (obs_space, act_space) = spaces();
     let config = rank_config.clone();
@@ -179,7 +179,7 @@ fn on_policy_ranks_and_one_frozen(
         }
         assert!(updates >= 2, "{updates} updates");
         let trainable = agent.policy_params().trainable_numel() as usize;
-        if let Some(&per_update) = gradient_steps.first() {
+        if let Some(per_update) = gradient_steps {
             let sent = scalars.load(Ordering::SeqCst);
             assert_eq!(sent, updates * per_update * trainable, "rank {rank}: only trainable scalars on the wire");
         }
@@ -225,7 +225,7 @@ fn frozen_layers_stay_off_the_wire_and_ranks_still_step_as_one_learner() {
     let ppo =
         |batch| PpoConfig { n_steps: 16, batch_size: batch, n_epochs: 4, hidden_sizes: vec![32], ..Default::default() };
     let (single, ranks) = (AlgorithmConfig::Ppo(ppo(128)), AlgorithmConfig::Ppo(ppo(64)));
-    let ranks_params = on_policy_ranks_and_one_frozen(ranks.clone(), single, 2, 4, 48, &["pi_vf.0"], &[4]);
+    let ranks_params = on_policy_ranks_and_one_frozen(ranks.clone(), single, 2, 4, 48, &["pi_vf.0"], Some(4));
     let (obs_space, act_space) = spaces();
     let mut agent = ranks.build_learner(&obs_space, &act_space, 4, Device::Cpu, 3).unwrap();
     let frozen = agent.transfer("test", &[], &[], &["pi_vf.0".into()]).unwrap().1;
