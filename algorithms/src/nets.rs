@@ -443,8 +443,14 @@ pub(crate) fn select_task_heads(x: &[f32], obs_dim: usize, t: usize, out: &mut V
 /// The tensor side of [`select_task_heads`]: `out` `[B, t·H]` → `[B, H]`, each row its task's head, the task
 /// being the one-hot in the last `t` columns of `obs` (`[B, obs_dim]`).
 pub(crate) fn select_task_heads_tensor(obs: &Tensor, t: usize, out: &Tensor) -> Tensor {
-    let (t, rows, cols) = (t as i64, out.size()[0], obs.size()[1]);
-    let hot = obs.narrow(1, cols - t, t);
+    select_task_heads_ending_at(obs, obs.size()[1], t, out)
+}
+
+/// [`select_task_heads_tensor`] where the one-hot ends at column `end` of `x` rather than at its last column
+/// (a critic's input `[obs | action]`: the task is the end of the observation part).
+pub(crate) fn select_task_heads_ending_at(x: &Tensor, end: i64, t: usize, out: &Tensor) -> Tensor {
+    let (t, rows) = (t as i64, out.size()[0]);
+    let hot = x.narrow(1, end - t, t);
     (out.view([rows, t, -1]) * hot.unsqueeze(2)).sum_dim_intlist(1, false, tch::Kind::Float)
 }
 

@@ -58,14 +58,16 @@ pub enum Family {
 }
 
 impl AlgorithmConfig {
-    /// Tell the config how many tasks the run has (`[[tasks]]`; 0 without): actor-critics and DQN with
-    /// `task_heads` build one head per task.
+    /// Tell the config how many tasks the run has (`[[tasks]]`; 0 without): every algorithm with
+    /// `task_heads` builds one head per task (a distillation student has a head per teacher instead).
     pub fn set_tasks(&mut self, tasks: usize) {
         match self {
             AlgorithmConfig::Ppo(c) => c.tasks = tasks,
             AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => c.tasks = tasks,
             AlgorithmConfig::Dqn(c) => c.tasks = tasks,
-            _ => {}
+            AlgorithmConfig::Ddpg(c) => c.tasks = tasks,
+            AlgorithmConfig::Td3(c) => c.tasks = tasks,
+            AlgorithmConfig::Distill(_) => {}
         }
     }
 

@@ -88,6 +88,13 @@ pub struct Td3Config {
     pub target_policy_noise: f64,
     /// The target-action noise is clipped to `[−c, c]`.
     pub target_noise_clip: f64,
+    /// `[[tasks]]` runs: an action head on the actor and a Q head on each critic per task (the shared
+    /// torsos as in multi-task DQN), each observation reading its task's by the one-hot ending it (else one
+    /// head for all tasks, told apart by the one-hot input alone).
+    pub task_heads: bool,
+    /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
+    #[serde(skip)]
+    pub tasks: usize,
 }
 
 impl Default for Td3Config {
@@ -127,6 +134,13 @@ pub struct DdpgConfig {
     pub hidden_sizes: Vec<i64>,
     /// Hidden nonlinearity.
     pub activation: Activation,
+    /// `[[tasks]]` runs: an action head on the actor and a Q head on each critic per task (the shared
+    /// torsos as in multi-task DQN), each observation reading its task's by the one-hot ending it (else one
+    /// head for all tasks, told apart by the one-hot input alone).
+    pub task_heads: bool,
+    /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
+    #[serde(skip)]
+    pub tasks: usize,
 }
 
 impl Default for DdpgConfig {
@@ -145,6 +159,8 @@ impl Default for DdpgConfig {
             noise_std: 0.1,
             hidden_sizes: vec![400, 300],
             activation: Activation::Relu,
+            task_heads: false,
+            tasks: 0,
         }
     }
 }
@@ -166,6 +182,8 @@ impl From<DdpgConfig> for Td3Config {
             noise_std: c.noise_std,
             hidden_sizes: c.hidden_sizes,
             activation: c.activation,
+            task_heads: c.task_heads,
+            tasks: c.tasks,
             n_critics: 1,
             policy_delay: 1,
             target_policy_noise: 0.0,
@@ -192,6 +210,9 @@ impl Td3Config {
             Err(Error::InvalidConfig { algorithm, field, value, detail: detail.to_string() })
         };
         let non_negative = |x: f64| x.is_finite() && x >= 0.0;
+        if self.task_heads && self.tasks < 2 {
+            return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
+        }
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
             return bad("learning_rate", self.learning_rate.to_string(), "must be finite and > 0");
         }
@@ -231,6 +252,11 @@ impl Td3Config {
         Ok(())
     }
 
+    /// Heads per network: the task count with `task_heads`, else 1.
+    fn heads(&self) -> usize {
+        if self.task_heads { self.tasks.max(1) } else { 1 }
+    }
+
     /// Whether target actions get clipped Gaussian noise (a zero clip or σ̃ leaves them unchanged).
     fn smoothing(&self) -> bool {
         self.target_policy_noise > 0.0 && self.target_noise_clip > 0.0
@@ -263,33 +289,53 @@ struct Critics {
     nets: Vec<FlatMlp>,
     layers: usize,
     activation: Activation,
+    /// Q heads per critic (1 without task heads); a row reads its task's, by the one-hot that ends the
+    /// observation part of its input.
+    heads: usize,
+    /// Observation width: the one-hot ends at this column of `[obs | action]`.
+    obs_dim: i64,
 }
 
 impl Critics {
-    /// Initial parameters: each critic drawn as its own PyTorch-default MLP with one output.
+    /// Initial parameters: each critic drawn as its own PyTorch-default MLP with one output per head, on
+    /// `[obs | action]` (`obs_dim + act_dim` inputs).
     fn init(
         prefix: &str,
-        inputs: i64,
-        hidden: &[i64],
-        n: usize,
-        activation: Activation,
+        (obs_dim, act_dim): (i64, i64),
+        c: &Td3Config,
+        heads: usize,
     ) -> (Self, Vec<(String, Tensor)>) {
         let mut named = Vec::new();
-        let mut nets = Vec::with_capacity(n);
-        for j in 0..n {
-            let (net, params) =
-                FlatMlp::init(&format!("{prefix}.{j}"), inputs, hidden, 1, activation, LayerInit::Torch, named.len());
+        let mut nets = Vec::with_capacity(c.n_critics);
+        let (inputs, hidden) = (obs_dim + act_dim, &c.hidden_sizes);
+        for j in 0..c.n_critics {
+            let (net, params) = FlatMlp::init(
+                &format!("{prefix}.{j}"),
+                inputs,
+                hidden,
+                heads as i64,
+                c.activation,
+                LayerInit::Torch,
+                named.len(),
+            );
             nets.push(net);
             named.extend(params);
         }
-        (Critics { nets, layers: hidden.len() + 1, activation }, named)
+        (Critics { nets, layers: hidden.len() + 1, activation: c.activation, heads, obs_dim }, named)
+    }
+
+    /// Each row's own task's Q head of one critic's output `[B, heads]` → `[B, 1]`.
+    fn own_head(&self, x: &Tensor, q: Tensor) -> Tensor {
+        if self.heads > 1 { crate::nets::select_task_heads_ending_at(x, self.obs_dim, self.heads, &q) } else { q }
     }
 
     /// Every critic on the same input `[B, inputs]`: `[B, n]`.
     fn forward(&self, params: &FlatParams, x: &Tensor) -> Tensor {
         match self.nets.as_slice() {
-            [one] => one.forward(params, x),
-            nets => Tensor::cat(&nets.iter().map(|net| net.forward(params, x)).collect::<Vec<_>>(), 1),
+            [one] => self.own_head(x, one.forward(params, x)),
+            nets => {
+                Tensor::cat(&nets.iter().map(|net| self.own_head(x, net.forward(params, x))).collect::<Vec<_>>(), 1)
+            }
         }
     }
 
@@ -308,7 +354,7 @@ impl Critics {
                 h = activate(self.activation, h);
             }
         }
-        h
+        self.own_head(x, h)
     }
 }
 
@@ -399,16 +445,14 @@ impl Td3 {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        let obs_dim = mlp_input_dim(name, observation_space)?;
-        let (low, high) = action_bounds(name, action_space)?;
-        let act_dim = low.len();
-        let (od, ad) = (obs_dim as i64, act_dim as i64);
         let c = &config;
-        let (actor_net, actor, critic_net, critic) = with_torch_seed(seed, || {
-            let (actor_net, a) = FlatMlp::init("actor", od, &c.hidden_sizes, ad, c.activation, LayerInit::Torch, 0);
-            let (critic_net, q) = Critics::init("critic", od + ad, &c.hidden_sizes, c.n_critics, c.activation);
-            (actor_net, FlatParams::new(a, device), critic_net, FlatParams::new(q, device))
-        });
+        // The actor's draws first, then the critics', from one seeded stream.
+        let (pi, actor, critic_net, critic) = with_torch_seed(seed, || -> Result<_> {
+            let (pi, a) = ActorNet::init(name, observation_space, action_space, c, device)?;
+            let (critic_net, q) = Critics::init("critic", (pi.obs_dim as i64, pi.act_dim as i64), c, c.heads());
+            Ok((pi, FlatParams::new(a, device), critic_net, FlatParams::new(q, device)))
+        })?;
+        let (obs_dim, act_dim) = (pi.obs_dim, pi.act_dim);
         let actor_opt = Adam::new(&actor, c.learning_rate, c.adam_eps);
         let critic_opt = Adam::new(&critic, c.learning_rate, c.adam_eps);
         Ok(Td3 {
@@ -419,7 +463,7 @@ impl Td3 {
             critic_first: critic_net.first_detached(&critic),
             replay: ReplayBuffer::new(c.buffer_size, obs_dim, act_dim)?,
             noise: ActionNoise::new(c.noise_type, c.noise_std, n_envs, act_dim),
-            pi: ActorNet { net: actor_net, low, high, obs_dim, act_dim, device },
+            pi,
             actor,
             critic_net,
             critic,
@@ -785,6 +829,8 @@ fn action_bounds(name: &'static str, action_space: &Space) -> Result<(Vec<f32>, 
 #[derive(Debug, Clone)]
 struct ActorNet {
     net: FlatMlp,
+    /// Action heads (1 without task heads); a row reads its task's, by the one-hot ending its observation.
+    heads: usize,
     low: Vec<f32>,
     high: Vec<f32>,
     obs_dim: usize,
@@ -793,9 +839,37 @@ struct ActorNet {
 }
 
 impl ActorNet {
+    /// The actor for `observation_space` → `action_space` and its initial parameters (named `actor.{k}.…`),
+    /// drawn from libtorch's generator; errors name `name` ("ddpg" / "td3") and the space that does not fit.
+    fn init(
+        name: &'static str,
+        observation_space: &Space,
+        action_space: &Space,
+        c: &Td3Config,
+        device: Device,
+    ) -> Result<(Self, Vec<(String, Tensor)>)> {
+        let obs_dim = mlp_input_dim(name, observation_space)?;
+        let (low, high) = action_bounds(name, action_space)?;
+        let (act_dim, heads) = (low.len(), c.heads());
+        if heads > 1 && obs_dim <= heads {
+            return Err(Error::UnsupportedSpace {
+                which: "observation",
+                algorithm: name,
+                detail: format!(
+                    "{observation_space:?}: {heads} task heads need observations ending in the task's one-hot \
+                     ([[tasks]])"
+                ),
+            });
+        }
+        let (od, outputs) = (obs_dim as i64, (act_dim * heads) as i64);
+        let (net, named) = FlatMlp::init("actor", od, &c.hidden_sizes, outputs, c.activation, LayerInit::Torch, 0);
+        Ok((ActorNet { net, heads, low, high, obs_dim, act_dim, device }, named))
+    }
+
     /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target parameters.
     fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        self.net.forward(params, obs).tanh()
+        let out = self.net.forward(params, obs);
+        if self.heads > 1 { crate::nets::select_task_heads_tensor(obs, self.heads, &out).tanh() } else { out.tanh() }
     }
 
     /// Actions for a batch in the env's bounds: `π(obs)`, or uniformly random with `random`, plus `noise`
@@ -826,7 +900,10 @@ impl ActorNet {
         } else {
             let (scratch, raw) = host;
             if self.net.forward_host(params, obs, rows, scratch, raw) {
-                // The network without libtorch (CPU parameters), then `forward`'s tanh.
+                // The network without libtorch (CPU parameters), its task heads, then `forward`'s tanh.
+                if self.heads > 1 {
+                    crate::nets::select_task_heads(obs, self.obs_dim, self.heads, raw);
+                }
                 for (a, r) in out.actions.iter_mut().zip(raw.iter()) {
                     *a = r.tanh();
                 }
@@ -878,15 +955,11 @@ impl Td3Policy {
         seed: u64,
     ) -> Result<Self> {
         config.validate_as(name)?;
-        let obs_dim = mlp_input_dim(name, observation_space)?;
-        let (low, high) = action_bounds(name, action_space)?;
-        let act_dim = low.len();
-        let (net, named) = with_torch_seed(seed, || {
-            let (od, ad) = (obs_dim as i64, act_dim as i64);
-            FlatMlp::init("actor", od, &config.hidden_sizes, ad, config.activation, LayerInit::Torch, 0)
-        });
+        let (pi, named) =
+            with_torch_seed(seed, || ActorNet::init(name, observation_space, action_space, config, Device::Cpu))?;
+        let act_dim = pi.act_dim;
         Ok(Td3Policy {
-            pi: ActorNet { net, low, high, obs_dim, act_dim, device: Device::Cpu },
+            pi,
             params: FlatParams::new(named, Device::Cpu),
             noise: ActionNoise::new(config.noise_type, config.noise_std, n_envs, act_dim),
             learning_starts: config.learning_starts,
@@ -939,6 +1012,9 @@ mod tests {
         t: usize,
         episode: usize,
         terminal: bool,
+        /// With `tasks` > 0, env e is of task e mod `tasks`: its observation ends in the task's one-hot and its
+        /// optimum is [`Bandit::optimum`].
+        tasks: usize,
     }
 
     const OPTIMUM: f32 = 0.3;
@@ -949,13 +1025,31 @@ mod tests {
 
     impl Bandit {
         fn new(seed: u64, n_envs: usize, episode: usize, terminal: bool) -> Self {
-            let mut b = Bandit { rng: Pcg64::seed_from_u64(seed), obs: Vec::new(), n_envs, t: 0, episode, terminal };
+            let rng = Pcg64::seed_from_u64(seed);
+            let mut b = Bandit { rng, obs: Vec::new(), n_envs, t: 0, episode, terminal, tasks: 0 };
             b.obs = b.draw();
             b
         }
 
+        /// A bandit of `tasks` tasks whose optima differ.
+        fn tasked(seed: u64, n_envs: usize, tasks: usize) -> Self {
+            let mut b = Bandit { tasks, ..Bandit::new(seed, n_envs, 1, true) };
+            b.obs = b.draw();
+            b
+        }
+
+        /// The best action of env `e`: `OPTIMUM`, less 0.8 per task index.
+        fn optimum(&self, e: usize) -> f32 {
+            if self.tasks == 0 { OPTIMUM } else { OPTIMUM - 0.8 * (e % self.tasks) as f32 }
+        }
+
         fn draw(&mut self) -> Vec<f32> {
-            (0..2 * self.n_envs).map(|_| self.rng.random_range(-1.0..1.0)).collect()
+            let mut obs = Vec::new();
+            for e in 0..self.n_envs {
+                obs.extend((0..2).map(|_| self.rng.random_range(-1.0f32..1.0)));
+                obs.extend((0..self.tasks).map(|k| if k == e % self.tasks { 1.0 } else { 0.0 }));
+            }
+            obs
         }
 
         /// `steps` vectorised steps of act → observe → update, as the trainer runs them.
@@ -964,7 +1058,12 @@ mod tests {
             let mut metrics = Vec::new();
             for _ in 0..steps {
                 agent.act(ObsRef::F32(&self.obs), ActMode::Explore, &mut out).unwrap();
-                let rewards: Vec<f32> = out.actions.iter().map(|a| -(a.clamp(-1.0, 2.0) - OPTIMUM).powi(2)).collect();
+                let rewards: Vec<f32> = out
+                    .actions
+                    .iter()
+                    .enumerate()
+                    .map(|(e, a)| -(a.clamp(-1.0, 2.0) - self.optimum(e)).powi(2))
+                    .collect();
                 self.t += 1;
                 let end = self.t.is_multiple_of(self.episode);
                 let terminated = vec![end && self.terminal; self.n_envs];
@@ -1175,6 +1274,103 @@ mod tests {
             let mut out = ActOutput::default();
             agent.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut out).unwrap();
             assert!((out.actions[0] - OPTIMUM).abs() < 0.1, "{}: action {:?}", agent.name(), out.actions);
+        }
+    }
+
+    #[test]
+    fn task_heads_read_each_rows_own_head_train_only_it_and_act_alike_in_actors() {
+        // 2 floats + a 3-task one-hot; a 1-D action in [−1, 2]; row r is of task r mod 3.
+        let obs_space = Space::box1d(vec![-5.0; 5], vec![5.0; 5]);
+        let (_, act_space) = spaces();
+        let row = |r: usize| {
+            let mut x = vec![(r as f32 * 0.7).sin(), (r as f32 * 0.3).cos()];
+            x.extend((0..3).map(|k| if k == r % 3 { 1.0 } else { 0.0 }));
+            x
+        };
+        let x: Vec<f32> = (0..6).flat_map(row).collect();
+        let xt = Tensor::from_slice(&x).view([6, 5]);
+        let config = Td3Config { task_heads: true, tasks: 3, learning_starts: 0, ..tiny_td3() };
+        let mut agent = Td3::td3(&obs_space, &act_space, 1, config.clone(), Device::Cpu, 2).unwrap();
+        // The actor: 3 raw outputs per row (one per head); each row's action is tanh of its own task's.
+        let raw = agent.pi.net.forward(&agent.actor, &xt);
+        assert_eq!(raw.size(), [6, 3]);
+        let pi = tch::no_grad(|| agent.policy(&agent.actor, &xt));
+        for r in 0..6i64 {
+            let want = raw.get(r).get(r % 3).tanh();
+            assert!(pi.get(r).get(0).allclose(&want, 1e-6, 1e-6, false), "row {r}");
+        }
+        // The host acting path (no libtorch), in the agent and in an actor's acting copy, gives the same.
+        let mut out = ActOutput::default();
+        agent.act(ObsRef::F32(&x), ActMode::Deterministic, &mut out).unwrap();
+        let pi = Vec::<f32>::try_from(pi.flatten(0, -1)).unwrap();
+        let want: Vec<f32> = pi.iter().map(|a| unscale_action(*a, -1.0, 2.0)).collect();
+        assert!(out.actions.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5), "{:?} vs {want:?}", out.actions);
+        let mut acting = Td3Policy::new("td3", &obs_space, &act_space, 1, &config, 9).unwrap();
+        acting.load_params(&values(&agent.actor)).unwrap();
+        let mut copy = ActOutput::default();
+        acting.act(ObsRef::F32(&x), ActMode::Deterministic, &mut copy).unwrap();
+        assert_eq!(copy.actions, out.actions);
+        // Each critic: 3 Q heads; a row's Q is its task's, in the loss and in the actor's critic 1 alike.
+        let xa = Tensor::cat(&[&xt, &Tensor::from_slice(&[0.1f32, -0.4, 0.9, 0.0, -1.0, 0.5]).view([6, 1])], 1);
+        let q = agent.critic_net.forward(&agent.critic, &xa);
+        assert_eq!(q.size(), [6, 2]);
+        for (j, net) in agent.critic_net.nets.iter().enumerate() {
+            let raw = net.forward(&agent.critic, &xa);
+            assert_eq!(raw.size(), [6, 3]);
+            for r in 0..6i64 {
+                assert!(
+                    q.get(r).get(j as i64).allclose(&raw.get(r).get(r % 3), 1e-6, 1e-6, false),
+                    "critic {j} row {r}"
+                );
+            }
+        }
+        let first = agent.critic_net.forward_first(&agent.critic_first, &xa);
+        assert!(first.allclose(&q.narrow(1, 0, 1), 1e-6, 1e-6, false));
+        // Train on task-0 rows only: task 0's output columns move, the other tasks' stay as they were.
+        let rows: Vec<f32> = (0..4).flat_map(|r| row(3 * r)).collect();
+        let out_cols = |p: &FlatParams, weight: usize| -> Vec<Vec<f32>> {
+            let w = p.view(weight).detach();
+            (0..3).map(|k| Vec::<f32>::try_from(w.select(1, k).contiguous()).unwrap()).collect()
+        };
+        let layers = config.hidden_sizes.len() + 1;
+        let (actor_out, critic_outs) = (2 * (layers - 1), [2 * (layers - 1), 2 * layers + 2 * (layers - 1)]);
+        let before = (out_cols(&agent.actor, actor_out), critic_outs.map(|i| out_cols(&agent.critic, i)));
+        for _ in 0..3 {
+            agent.train_on(&rows, &[0.5, -0.5, 0.2, 0.9], &[1.0, -1.0, 0.5, 0.0], &[0.9; 4], &rows, true).unwrap();
+        }
+        let after = (out_cols(&agent.actor, actor_out), critic_outs.map(|i| out_cols(&agent.critic, i)));
+        let heads =
+            |(a, c): &(Vec<Vec<f32>>, [Vec<Vec<f32>>; 2]), k: usize| (a[k].clone(), c[0][k].clone(), c[1][k].clone());
+        assert_ne!(heads(&before, 0), heads(&after, 0), "task 0's heads train");
+        for k in 1..3 {
+            assert_eq!(heads(&before, k), heads(&after, k), "task {k}'s heads are untouched by task-0 data");
+        }
+        // Refusals: heads without [[tasks]]; observations with no room for the one-hot.
+        for e in [
+            DdpgConfig { task_heads: true, ..tiny_ddpg() }.validate().unwrap_err(),
+            Td3Config { task_heads: true, ..tiny_td3() }.validate().unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("a head per task needs [[tasks]]"), "{e}");
+        }
+        let narrow = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
+        let e = Td3::td3(&narrow, &act_space, 1, config, Device::Cpu, 0).unwrap_err().to_string();
+        assert!(e.contains("3 task heads"), "{e}");
+    }
+
+    #[test]
+    fn task_heads_learn_each_tasks_own_optimum() {
+        // Two tasks, optima 0.3 and −0.5, one env each: each task's head ends near its own optimum.
+        let obs_space = Space::box1d(vec![-1.0; 4], vec![1.0; 4]);
+        let (_, act_space) = spaces();
+        let config = Td3Config { learning_starts: 200, task_heads: true, tasks: 2, ..tiny_td3() };
+        let mut agent = Td3::td3(&obs_space, &act_space, 2, config, Device::Cpu, 5).unwrap();
+        let mut env = Bandit::tasked(5, 2, 2);
+        env.drive(&mut agent, 3_000, 6_000);
+        let obs = env.draw();
+        let mut out = ActOutput::default();
+        agent.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut out).unwrap();
+        for e in 0..2 {
+            assert!((out.actions[e] - env.optimum(e)).abs() < 0.1, "task {e}: action {:?}", out.actions);
         }
     }
 

@@ -497,6 +497,49 @@ interval_steps = 4096
     assert!(!bad.exists(), "nothing written");
 }
 
+/// `examples/configs/pendulum_td3_multitask.toml`, shrunk (64-64 nets, 4 K random steps, 24 K env steps):
+/// TD3 with an action head and Q heads per task learns Pendulum under both gravities in one run (each task's
+/// final evaluation ≥ −250, the threshold BENCHMARKS.md uses for Pendulum; seed 1 ends at −108 / −118); the
+/// actor's output layer holds one action per task; the same config runs with one task per actor process;
+/// DDPG's heads without [[tasks]] are refused.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning test: run with --release")]
+fn td3_learns_two_gravities_with_a_head_per_task() {
+    let dir = scratch("cli", "td3-heads");
+    let cfg = config("pendulum_td3_multitask.toml");
+    let small = ["algorithm.hidden_sizes=[64,64]", "algorithm.learning_starts=4000", "run.total_env_steps=24000"];
+    let sets: Vec<&str> = small.iter().flat_map(|s| ["--set", s]).collect();
+    let run = dir.join("run");
+    let mut args = vec!["train", &cfg, "--out", run.to_str().unwrap()];
+    args.extend(&sets);
+    let o = flotilla(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    for task in ["g10", "g13"] {
+        let line =
+            text(&o).lines().find(|l| l.starts_with(&format!("task {task}: evaluation return"))).map(String::from);
+        let score: Option<f64> = line.as_deref().and_then(|l| l.rsplit(' ').next()?.parse().ok());
+        assert!(score.is_some_and(|s| s >= -250.0), "task {task}: {line:?}\n{}", text(&o));
+    }
+    let w = tch::Tensor::read_safetensors(run.join("model.safetensors")).unwrap();
+    let out_layer = &w.iter().find(|(n, _)| n == "actor.2.weight").unwrap().1;
+    assert_eq!(out_layer.size(), [64, 2], "a 1-D action head per task");
+    let actors = dir.join("actors");
+    let mut args = vec!["train", &cfg, "--actors", "2", "--stop-at", "8000", "--out", actors.to_str().unwrap()];
+    args.extend(&sets);
+    args.extend(["--set", "actors.task_per_actor=true"]);
+    let o = flotilla(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    for task in ["g10", "g13"] {
+        assert!(!common::metric(&actors, &format!("charts/{task}/episodic_return")).is_empty(), "{task}");
+    }
+    let bad = dir.join("bad");
+    let args =
+        ["train", &config("pendulum_ddpg.toml"), "--set", "algorithm.task_heads=true", "--out", bad.to_str().unwrap()];
+    let o = flotilla(&args);
+    assert!(!o.status.success() && text(&o).contains("a head per task needs [[tasks]]"), "{}", text(&o));
+    assert!(!bad.exists(), "nothing written");
+}
+
 /// `examples/configs/cartpole_multitask.toml`: one PPO network on three CartPole physics (one with the actions
 /// reversed) ends with every task at ≥ 450, 90 % of the cap, with one head for all tasks and with a head per task (seed 1, in one process; the long pole ends at
 /// 464–480 depending on the final evaluation's start states, BENCHMARKS.md "Shared torso"); the same config runs
