@@ -218,17 +218,36 @@ impl TaskVecEnv {
         at..at + self.dims[k]
     }
 
-    /// Copy entry `k`'s observations `inner` (`rows × its dim`) into `out`'s rows from its offset, each in the
-    /// entry's columns (zeros in the others') and followed by the entry's one-hot.
-    fn write_rows(&self, k: usize, inner: &[f32], out: &mut [f32]) {
-        let dim = self.row_dim();
-        let cols = self.columns(k);
-        for (r, row) in inner.chunks_exact(self.dims[k]).enumerate() {
-            let out = &mut out[(self.offsets[k] + r) * dim..(self.offsets[k] + r + 1) * dim];
-            out.fill(0.0);
-            out[cols.clone()].copy_from_slice(row);
-            out[self.hot_at + self.index[k]] = 1.0;
+    /// Where entry `k`'s rows go in the batch (plain data, so rows can be written while its env is borrowed).
+    fn layout(&self, k: usize) -> RowLayout {
+        RowLayout {
+            dim: self.row_dim(),
+            cols: self.columns(k),
+            from: self.offsets[k],
+            hot: self.hot_at + self.index[k],
         }
+    }
+}
+
+/// One entry's place in the batch: rows from `from`, each `dim` wide, its observation in `cols`, its one-hot
+/// at column `hot`.
+struct RowLayout {
+    dim: usize,
+    cols: std::ops::Range<usize>,
+    from: usize,
+    hot: usize,
+}
+
+impl RowLayout {
+    /// Write the entry's row `r` of `out`: `obs` in its columns (zeros where `None`), zeros elsewhere, the
+    /// one-hot.
+    fn write(&self, r: usize, obs: Option<&[f32]>, out: &mut [f32]) {
+        let out = &mut out[(self.from + r) * self.dim..(self.from + r + 1) * self.dim];
+        out.fill(0.0);
+        if let Some(obs) = obs {
+            out[self.cols.clone()].copy_from_slice(obs);
+        }
+        out[self.hot] = 1.0;
     }
 }
 
@@ -254,59 +273,28 @@ impl VectorEnv for TaskVecEnv {
     }
 
     fn reset(&mut self, seed: Option<u64>) -> Result<ObsRef<'_>> {
-        let mut obs = std::mem::take(&mut self.obs);
         for k in 0..self.tasks.len() {
-            let s = seed.map(|s| s.wrapping_add(self.offsets[k] as u64));
-            let inner = f32s(self.tasks[k].reset(s)?)?.to_vec();
-            self.write_rows(k, &inner, &mut obs);
+            let (s, layout, d) = (seed.map(|s| s.wrapping_add(self.offsets[k] as u64)), self.layout(k), self.dims[k]);
+            for (r, row) in f32s(self.tasks[k].reset(s)?)?.chunks_exact(d).enumerate() {
+                layout.write(r, Some(row), &mut self.obs);
+            }
         }
-        self.obs = obs;
         self.has_final.fill(false);
         Ok(ObsRef::F32(&self.obs))
     }
 
     fn step(&mut self, actions: &VecActions<'_>) -> Result<VecStep<'_>> {
-        let total = match actions {
-            VecActions::Discrete(a) => a.len(),
-            VecActions::Continuous(a) => a.len(),
+        // Every task's actions are checked before any task steps: a bad batch changes nothing.
+        let per_env = match &self.action_space {
+            Space::Box { .. } => self.action_space.flat_dim(),
+            _ => 1,
         };
-        let per_env = total / self.n.max(1);
-        if total != self.n * per_env || per_env == 0 {
-            return Err(bad(format!("{total} action values for {} envs", self.n)));
-        }
+        crate::vec_env::check_vec_actions(&self.id, &self.action_space, per_env, self.n, actions)?;
         let (mut obs, mut final_obs) = (std::mem::take(&mut self.obs), std::mem::take(&mut self.final_obs));
         self.episodes.clear();
-        for k in 0..self.tasks.len() {
-            let (from, rows) = (self.offsets[k], self.tasks[k].num_envs());
-            let slice = match actions {
-                VecActions::Discrete(a) => VecActions::Discrete(&a[from * per_env..(from + rows) * per_env]),
-                VecActions::Continuous(a) => VecActions::Continuous(&a[from * per_env..(from + rows) * per_env]),
-            };
-            let task = self.index[k] as u32;
-            let step = self.tasks[k].step(&slice)?;
-            let inner = f32s(step.obs)?.to_vec();
-            self.rewards[from..from + rows].copy_from_slice(step.rewards);
-            self.terminated[from..from + rows].copy_from_slice(step.terminated);
-            self.truncated[from..from + rows].copy_from_slice(step.truncated);
-            let d = self.dims[k];
-            let mut finals = vec![0.0f32; rows * d];
-            for r in 0..rows {
-                let last = step.final_obs(r);
-                self.has_final[from + r] = last.is_some();
-                if let Some(last) = last.and_then(|o| o.as_f32()) {
-                    finals[r * d..(r + 1) * d].copy_from_slice(last);
-                }
-            }
-            let episodes: Vec<EpisodeStats> = step
-                .episodes
-                .iter()
-                .map(|e| EpisodeStats { env_index: e.env_index + from, task: Some(task), ..*e })
-                .collect();
-            self.episodes.extend(episodes);
-            self.write_rows(k, &inner, &mut obs);
-            self.write_rows(k, &finals, &mut final_obs);
-        }
+        let stepped = self.step_tasks(actions, per_env, &mut obs, &mut final_obs);
         (self.obs, self.final_obs) = (obs, final_obs);
+        stepped?;
         let dim = self.row_dim();
         Ok(VecStep::new(
             ObsRef::F32(&self.obs),
@@ -445,6 +433,31 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_action_in_any_task_steps_no_task() {
+        let mut tasks = two_tasks();
+        tasks.reset(Some(5)).unwrap();
+        tasks.step(&VecActions::Discrete(&actions(0))).unwrap();
+        let before = (tasks.snapshot().unwrap(), tasks.obs().as_f32().unwrap().to_vec());
+        // Env 4 (task 1's last) gets action 2 of 0..2; too few actions; continuous values for a discrete space.
+        for (bad, want) in [
+            (VecActions::Discrete(&[0, 1, 0, 1, 2]), "action 2 for env 4 is outside 0..2"),
+            (VecActions::Discrete(&[0, 1, 0, 1]), "4 discrete actions for 5 envs"),
+            (VecActions::Continuous(&[0.0; 5]), "continuous actions given"),
+        ] {
+            let e = tasks.step(&bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+            assert_eq!(tasks.obs().as_f32().unwrap(), before.1, "observations unchanged after: {e}");
+        }
+        // Nothing stepped: the batch continues exactly as a copy restored from before the bad batches.
+        let mut copy = two_tasks();
+        copy.restore(&before.0).unwrap();
+        for t in 1..30 {
+            let a = tasks.step(&VecActions::Discrete(&actions(t))).unwrap().obs.as_f32().unwrap().to_vec();
+            assert_eq!(a, copy.step(&VecActions::Discrete(&actions(t))).unwrap().obs.as_f32().unwrap(), "step {t}");
+        }
+    }
+
+    #[test]
     fn a_snapshot_continues_bit_for_bit() {
         let mut tasks = two_tasks();
         tasks.reset(Some(3)).unwrap();
@@ -541,5 +554,46 @@ mod tests {
         assert!(err.contains("task 1 (Acrobot-v1) has 6 observation floats") && err.contains("separate"), "{err}");
         let err = TaskVecEnv::new(vec![(2, cartpole(10.0, 1))], 2).unwrap_err().to_string();
         assert!(err.contains("task index 2 of 2"), "{err}");
+    }
+}
+
+impl TaskVecEnv {
+    /// Step every task with its slice of `actions` (`per_env` values per env), writing the batch's rows into
+    /// `obs` and `final_obs` (taken out of `self` meanwhile) and the rewards, flags and episodes into `self`.
+    fn step_tasks(
+        &mut self,
+        actions: &VecActions<'_>,
+        per_env: usize,
+        obs: &mut [f32],
+        final_obs: &mut [f32],
+    ) -> Result<()> {
+        for k in 0..self.tasks.len() {
+            let (from, rows) = (self.offsets[k], self.tasks[k].num_envs());
+            let slice = match actions {
+                VecActions::Discrete(a) => VecActions::Discrete(&a[from * per_env..(from + rows) * per_env]),
+                VecActions::Continuous(a) => VecActions::Continuous(&a[from * per_env..(from + rows) * per_env]),
+            };
+            let (task, layout, d) = (self.index[k] as u32, self.layout(k), self.dims[k]);
+            // Rows go straight from the task's step into the batch: no copy per task per step.
+            let step = self.tasks[k].step(&slice)?;
+            for (r, row) in f32s(step.obs)?.chunks_exact(d).enumerate() {
+                layout.write(r, Some(row), obs);
+            }
+            self.rewards[from..from + rows].copy_from_slice(step.rewards);
+            self.terminated[from..from + rows].copy_from_slice(step.terminated);
+            self.truncated[from..from + rows].copy_from_slice(step.truncated);
+            for r in 0..rows {
+                let last = step.final_obs(r);
+                self.has_final[from + r] = last.is_some();
+                layout.write(r, last.and_then(|o| o.as_f32()), final_obs);
+            }
+            let episodes = step.episodes.iter();
+            self.episodes.extend(episodes.map(|e| EpisodeStats {
+                env_index: e.env_index + from,
+                task: Some(task),
+                ..*e
+            }));
+        }
+        Ok(())
     }
 }

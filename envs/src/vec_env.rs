@@ -390,40 +390,7 @@ impl VecEnv {
     }
 
     fn check_actions(&self, actions: &VecActions<'_>) -> Result<()> {
-        let n = self.envs.len();
-        let invalid = |detail: String| Error::InvalidAction { env: self.id.clone(), detail };
-        match (*actions, &self.action_space) {
-            (VecActions::Discrete(a), Space::Discrete { n: size, start }) => {
-                if a.len() != n {
-                    return Err(invalid(format!("{} discrete actions for {n} envs", a.len())));
-                }
-                let end = start.saturating_add(*size as i64);
-                if let Some(i) = a.iter().position(|x| !(*start..end).contains(x)) {
-                    return Err(invalid(format!("action {} for env {i} is outside {start}..{end}", a[i])));
-                }
-            }
-            (VecActions::Continuous(a), Space::Box { .. }) => {
-                let want = n * self.action_dim;
-                if a.len() != want {
-                    return Err(invalid(format!(
-                        "{} continuous values for {n} envs of action dimension {}, expected {want}",
-                        a.len(),
-                        self.action_dim
-                    )));
-                }
-                if let Some(j) = a.iter().position(|x| !x.is_finite()) {
-                    let env = j / self.action_dim.max(1);
-                    return Err(invalid(format!("action value {} for env {env} is not finite", a[j])));
-                }
-            }
-            (VecActions::Discrete(_), space) => {
-                return Err(invalid(format!("discrete actions given for the action space {space:?}")));
-            }
-            (VecActions::Continuous(_), space) => {
-                return Err(invalid(format!("continuous actions given for the action space {space:?}")));
-            }
-        }
-        Ok(())
+        check_vec_actions(&self.id, &self.action_space, self.action_dim, self.envs.len(), actions)
     }
 
     fn view(&self) -> VecStep<'_> {
@@ -662,4 +629,48 @@ pub fn make_vector(id: &str, kwargs: &Kwargs, n: usize, role: EnvRole) -> Result
         }
     }
     Ok(Box::new(VecEnv::make(id, kwargs, n)?))
+}
+
+/// Check a batch of actions for `n` envs of `action_space` (`action_dim` values per env for a `Box`) before
+/// any env steps: the count, discrete actions in range, continuous values finite. Errors name the env `id`.
+pub(crate) fn check_vec_actions(
+    id: &str,
+    action_space: &Space,
+    action_dim: usize,
+    n: usize,
+    actions: &VecActions<'_>,
+) -> Result<()> {
+    let invalid = |detail: String| Error::InvalidAction { env: id.to_string(), detail };
+    match (*actions, action_space) {
+        (VecActions::Discrete(a), Space::Discrete { n: size, start }) => {
+            if a.len() != n {
+                return Err(invalid(format!("{} discrete actions for {n} envs", a.len())));
+            }
+            let end = start.saturating_add(*size as i64);
+            if let Some(i) = a.iter().position(|x| !(*start..end).contains(x)) {
+                return Err(invalid(format!("action {} for env {i} is outside {start}..{end}", a[i])));
+            }
+        }
+        (VecActions::Continuous(a), Space::Box { .. }) => {
+            let want = n * action_dim;
+            if a.len() != want {
+                return Err(invalid(format!(
+                    "{} continuous values for {n} envs of action dimension {}, expected {want}",
+                    a.len(),
+                    action_dim
+                )));
+            }
+            if let Some(j) = a.iter().position(|x| !x.is_finite()) {
+                let env = j / action_dim.max(1);
+                return Err(invalid(format!("action value {} for env {env} is not finite", a[j])));
+            }
+        }
+        (VecActions::Discrete(_), space) => {
+            return Err(invalid(format!("discrete actions given for the action space {space:?}")));
+        }
+        (VecActions::Continuous(_), space) => {
+            return Err(invalid(format!("continuous actions given for the action space {space:?}")));
+        }
+    }
+    Ok(())
 }
