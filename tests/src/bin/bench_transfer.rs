@@ -17,6 +17,10 @@
 //! swaps the actions, `force_mag = -10`, where the source's knowledge is wrong and transfer should hurt) and
 //! `pendulum` (`pendulum_ppo.toml`, the Gaussian policy, threshold −250 as in the reference table; targets other
 //! gravities, `g`).
+//!
+//! `--shared-torso-only [--task-heads]` measures one multi-task run against separate runs instead: with the
+//! cartpole suite PPO on three CartPole physics (`cartpole_multitask.toml`), with the pendulum suite TD3 on two
+//! gravities (`pendulum_td3_multitask.toml`, 64-64 networks).
 use flotilla_learner::eval::evaluate;
 use flotilla_learner::train::train;
 use flotilla_tests::{SeedResult, example_config, train_seeds};
@@ -95,7 +99,7 @@ fn main() -> BenchResult<()> {
     let mut suite = &CARTPOLE;
     let mut eval_every: Option<u64> = None;
     let usage = "usage: [--suite cartpole|pendulum] [--seeds N] [--target k=v,...] [--eval-every STEPS] \
-                 [--shared-torso-only [--task-heads]]";
+                 [--shared-torso-only [--task-heads]] (with --suite pendulum: TD3 on two gravities)";
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--seeds" => n_seeds = args.next().ok_or("--seeds N")?.parse()?,
@@ -119,7 +123,8 @@ fn main() -> BenchResult<()> {
     tch::set_num_threads(1);
     let seeds: Vec<u64> = (1..=n_seeds).collect();
     if only_shared {
-        shared_torso(&seeds, heads);
+        let shared = if std::ptr::eq(suite, &PENDULUM) { &PENDULUM_TD3_SHARED } else { &CARTPOLE_SHARED };
+        shared_torso(shared, &seeds, heads);
         return Ok(());
     }
     let eval_set = eval_every.map(|n| format!("eval.interval_steps={n}"));
@@ -170,62 +175,127 @@ fn main() -> BenchResult<()> {
     }
     std::fs::remove_dir_all(&dir)?;
     if !seeds.is_empty() && std::ptr::eq(suite, &CARTPOLE) {
-        shared_torso(&seeds, false);
+        shared_torso(&CARTPOLE_SHARED, &seeds, false);
     }
     Ok(())
 }
 
-/// `examples/configs/cartpole_multitask.toml`'s tasks: name and `[env.kwargs]` overrides for a separate run.
-const TASKS: [(&str, &[&str]); 3] = [
-    ("normal", &[]),
-    ("long", &["env.kwargs.length=1.5", "env.kwargs.masspole=0.3"]),
-    ("reversed", &["env.kwargs.force_mag=-10.0"]),
-];
+/// A shared-torso experiment: one multi-task run against a separate run per task, over the same seeds.
+struct SharedSuite {
+    /// What trains (for the table's title).
+    title: &'static str,
+    /// Example config of the multi-task run (`[[tasks]]`, the tasks below in order).
+    multi: &'static str,
+    /// Example config of each separate run.
+    single: &'static str,
+    /// Overrides of both (a smaller network, say), as `key=value`.
+    common: &'static [&'static str],
+    /// Overrides of the multi-task run only, and of each separate run only.
+    multi_sets: &'static [&'static str],
+    single_sets: &'static [&'static str],
+    /// Task names and the `[env.kwargs]` overrides that make a separate run that task.
+    tasks: &'static [(&'static str, &'static [&'static str])],
+    /// Env steps of one separate run (= each task's share of the multi-task run).
+    budget: f64,
+    threshold: f64,
+}
 
-/// Shared torso: one multi-task PPO run (`cartpole_multitask.toml`: three CartPole physics, 8 envs each, one
-/// network conditioned on the task's one-hot) against three separate quick-start runs, over the same seeds.
-/// With `heads`, the multi-task network has a head per task (`task_heads`) instead of one head for all.
-/// Per task: env steps of that task's own envs to its first evaluation ≥ 475 (a third of the run's steps in the
-/// multi-task run), and whether it ends ≥ 475; then every task ≥ 475 at once: total env steps and seconds.
-fn shared_torso(seeds: &[u64], heads: bool) {
-    let sets: &[&str] = if heads { &["algorithm.task_heads=true"] } else { &[] };
-    let multi = train_seeds("cartpole_multitask.toml", sets, seeds, f64::INFINITY);
-    let separate: Vec<Vec<SeedResult>> =
-        TASKS.iter().map(|(_, sets)| train_seeds("cartpole_ppo.toml", sets, seeds, 475.0)).collect();
-    println!("\n## Shared torso: one multi-task PPO run vs three separate runs ({} seeds)\n", seeds.len());
+/// `examples/configs/cartpole_multitask.toml` (PPO, three CartPole physics) against three quick-start runs.
+const CARTPOLE_SHARED: SharedSuite = SharedSuite {
+    title: "PPO",
+    multi: "cartpole_multitask.toml",
+    single: "cartpole_ppo.toml",
+    common: &[],
+    multi_sets: &[],
+    single_sets: &[],
+    tasks: &[
+        ("normal", &[]),
+        ("long", &["env.kwargs.length=1.5", "env.kwargs.masspole=0.3"]),
+        ("reversed", &["env.kwargs.force_mag=-10.0"]),
+    ],
+    budget: 100_000.0,
+    threshold: 475.0,
+};
+
+/// `examples/configs/pendulum_td3_multitask.toml` (TD3, Pendulum at g = 10 and 13) against two
+/// `pendulum_td3.toml` runs, all with 64-64 networks (as its CLI test; RL Zoo's 400-300 take ~10× longer on
+/// CPU) and 2 K random steps per task, 12 K env steps per task.
+const PENDULUM_TD3_SHARED: SharedSuite = SharedSuite {
+    title: "TD3",
+    multi: "pendulum_td3_multitask.toml",
+    single: "pendulum_td3.toml",
+    common: &["run.torch_threads=1", "algorithm.hidden_sizes=[64,64]", "eval.interval_steps=2000"],
+    multi_sets: &["run.total_env_steps=24000", "algorithm.learning_starts=4000"],
+    single_sets: &["run.total_env_steps=12000", "algorithm.learning_starts=2000"],
+    tasks: &[("g10", &[]), ("g13", &["env.kwargs.g=13.0"])],
+    budget: 12_000.0,
+    threshold: -250.0,
+};
+
+/// Shared torso: one multi-task run (one network conditioned on the task's one-hot) against a separate run per
+/// task, over the same seeds. With `heads`, the multi-task network has a head per task (`task_heads`) instead
+/// of one head for all. Per task: env steps of that task's own envs to its first evaluation at or above the
+/// threshold (its share of the multi-task run's steps), and whether it ends there; then every task there at
+/// once: total env steps and seconds.
+fn shared_torso(suite: &SharedSuite, seeds: &[u64], heads: bool) {
+    let t = suite.tasks.len();
+    let (budget, threshold) = (suite.budget, suite.threshold);
+    let mut multi_sets: Vec<&str> = [suite.common, suite.multi_sets].concat();
+    if heads {
+        multi_sets.push("algorithm.task_heads=true");
+    }
+    let multi = train_seeds(suite.multi, &multi_sets, seeds, f64::INFINITY);
+    let separate: Vec<Vec<SeedResult>> = suite
+        .tasks
+        .iter()
+        .map(|(_, kw)| {
+            let sets: Vec<&str> = [suite.common, suite.single_sets, kw].concat();
+            train_seeds(suite.single, &sets, seeds, threshold)
+        })
+        .collect();
     println!(
-        "| task | separate: own env steps to ≥ 475 | never | held | multi-task: own env steps to ≥ 475 | never | held |"
+        "\n## Shared torso: one multi-task {} run{} vs {t} separate runs ({} seeds)\n",
+        suite.title,
+        if heads { " with a head per task" } else { "" },
+        seeds.len()
+    );
+    println!(
+        "| task | separate: own env steps to ≥ {threshold} | never | held | multi-task: own env steps to ≥ {threshold} | \
+         never | held |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    let t = TASKS.len();
-    for (k, (name, _)) in TASKS.iter().enumerate() {
+    for (k, (name, _)) in suite.tasks.iter().enumerate() {
         let sep = &separate[k];
-        let budget = 100_000.0;
         let sep_steps: Vec<f64> = sep.iter().map(|r| r.first_reaching.map_or(budget, |s| s as f64)).collect();
         let first = |r: &SeedResult| {
-            r.report.evals.iter().find(|e| e.result.task_means()[k].1 >= 475.0).map(|e| (e.env_steps / t as u64) as f64)
+            r.report
+                .evals
+                .iter()
+                .find(|e| e.result.task_means()[k].1 >= threshold)
+                .map(|e| (e.env_steps / t as u64) as f64)
         };
         let multi_steps: Vec<f64> = multi.iter().map(|r| first(r).unwrap_or(budget)).collect();
         let (sm, sc) = mean_ci(&sep_steps);
         let (mm, mc) = mean_ci(&multi_steps);
         let sep_never = sep.iter().filter(|r| r.first_reaching.is_none()).count();
         let multi_never = multi.iter().filter(|r| first(r).is_none()).count();
-        let sep_held = sep.iter().filter(|r| r.final_return >= 475.0).count();
-        let multi_held = multi.iter().filter(|r| r.report.final_eval().task_means()[k].1 >= 475.0).count();
+        let sep_held = sep.iter().filter(|r| r.final_return >= threshold).count();
+        let multi_held = multi.iter().filter(|r| r.report.final_eval().task_means()[k].1 >= threshold).count();
         println!(
             "| {name} | {sm:.0} ± {sc:.0} | {sep_never} | {sep_held} / {n} | {mm:.0} ± {mc:.0} | {multi_never} | {multi_held} / {n} |",
             n = seeds.len()
         );
     }
-    // Every task ≥ 475 at once: the multi-task run's total steps and seconds; separately, the sum over the
-    // three runs of their steps and seconds to their first ≥ 475.
-    fn all(r: &SeedResult) -> Option<&flotilla_learner::progress::EvalPoint> {
-        r.report.evals.iter().find(|e| e.result.task_means().iter().all(|(_, m)| *m >= 475.0))
-    }
-    let multi_all: Vec<f64> = multi.iter().map(|r| all(r).map_or(300_000.0, |e| e.env_steps as f64)).collect();
+    // Every task at the threshold at once: the multi-task run's total steps and seconds; separately, the sum
+    // over the runs of their steps and seconds to their first evaluation there.
+    let all = |r: &SeedResult| -> Option<flotilla_learner::progress::EvalPoint> {
+        r.report.evals.iter().find(|e| e.result.task_means().iter().all(|(_, m)| *m >= threshold)).cloned()
+    };
+    let whole = budget * t as f64;
+    let multi_all: Vec<f64> = multi.iter().map(|r| all(r).map_or(whole, |e| e.env_steps as f64)).collect();
     let multi_secs: Vec<f64> = multi.iter().map(|r| all(r).map_or(r.report.train_secs, |e| e.train_secs)).collect();
     let sep_all: Vec<f64> = (0..seeds.len())
-        .map(|i| separate.iter().map(|runs| runs[i].first_reaching.map_or(100_000.0, |s| s as f64)).sum())
+        .map(|i| separate.iter().map(|runs| runs[i].first_reaching.map_or(budget, |s| s as f64)).sum())
         .collect();
     let sep_secs: Vec<f64> = (0..seeds.len())
         .map(|i| {
@@ -236,7 +306,7 @@ fn shared_torso(seeds: &[u64], heads: bool) {
                     r.report
                         .evals
                         .iter()
-                        .find(|e| e.result.mean() >= 475.0)
+                        .find(|e| e.result.mean() >= threshold)
                         .map_or(r.report.train_secs, |e| e.train_secs)
                 })
                 .sum()
@@ -247,9 +317,9 @@ fn shared_torso(seeds: &[u64], heads: bool) {
     let (c, cc) = mean_ci(&multi_secs);
     let (d, dc) = mean_ci(&sep_secs);
     println!(
-        "\nEvery task ≥ 475 at once: multi-task {a:.0} ± {ac:.0} env steps, {c:.1} ± {cc:.1} s; three separate runs \
-         {b:.0} ± {bc:.0} env steps, {d:.1} ± {dc:.1} s (sums; seeds that never got there counted at the budget, \
-         seconds under {}-way contention).",
+        "\nEvery task ≥ {threshold} at once: multi-task {a:.0} ± {ac:.0} env steps, {c:.1} ± {cc:.1} s; {t} separate \
+         runs {b:.0} ± {bc:.0} env steps, {d:.1} ± {dc:.1} s (sums; seeds that never got there counted at the \
+         budget, seconds under {}-way contention).",
         seeds.len()
     );
 }
