@@ -7,7 +7,8 @@
 #       - CPU set (default): torch without its Python deps + the two CUDA runtime libs
 #         libtorch_cpu.so links against (~540 MB download, ~30 s);
 #       - full CUDA set when FLOTILLA_CUDA=1 or when `nvidia-smi` sees a GPU (~2.7 GB, ~2 min).
-#   * a Python venv with gymnasium and ale-py, used to produce reference data (scripts/gym_reference.py).
+#   * a Python venv (scripts/requirements-venv.txt): gymnasium and ale-py (the env bridge, reference data from
+#     scripts/gym_reference.py) and TensorBoard's event reader (tests of run directories' event files).
 #   * .cargo/config.toml in this clone (git-ignored) pointing tch at that libtorch, adding its rpath to
 #     every binary, and putting the cargo target dir in the cache, so plain `cargo build` / `cargo test`
 #     work with no variables to export.
@@ -48,12 +49,18 @@ fi
 LIBTORCH="$TORCH_DIR/torch"
 
 VENV="$CACHE/venv"
-if [[ ! -f "$VENV/.complete" ]]; then
-  echo "setup: creating Python venv with gymnasium in $VENV" >&2
+REQUIREMENTS="$ROOT/scripts/requirements-venv.txt"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "setup: creating Python venv in $VENV" >&2
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "gymnasium==1.2.2" "ale-py>=0.12,<0.13" "numpy<3"
-  touch "$VENV/.complete"
+fi
+# Installed requirements are stamped with a copy of the file: a changed file installs again, an unchanged one
+# costs nothing.
+if ! cmp -s "$REQUIREMENTS" "$VENV/.requirements.txt"; then
+  echo "setup: installing scripts/requirements-venv.txt into $VENV" >&2
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQUIREMENTS"
+  cp "$REQUIREMENTS" "$VENV/.requirements.txt.partial" && mv "$VENV/.requirements.txt.partial" "$VENV/.requirements.txt"
 fi
 
 mkdir -p "$ROOT/.cargo" "$CACHE/target"

@@ -29,6 +29,9 @@ pub enum Error {
     /// The algorithm failed.
     #[error(transparent)]
     Algorithm(#[from] flotilla_algorithms::Error),
+    /// Writing an observability output (a TensorBoard event file) failed.
+    #[error(transparent)]
+    Observe(#[from] flotilla_observe::Error),
 }
 
 /// `Result` with [`Error`].

@@ -4,14 +4,18 @@
 //! RUN_DIR/
 //!   config.toml         the resolved config (every default written out)
 //!   metrics.csv         one row per log interval: env steps, episodic return, losses, steps/s, evaluations
+//!   events.out.tfevents.*  the same rows for TensorBoard (x = env steps), and the config as text
 //!   model.safetensors   final policy weights
 //!   checkpoint.safetensors  the whole training state (agent, envs, counters) for `flotilla train --resume`
 //! ```
 //! `config.toml` and the weights are written atomically (temporary file, fsync, rename); `metrics.csv` is
-//! appended and flushed row by row, so a crash loses at most the row being written.
+//! appended and flushed row by row, so a crash loses at most the row being written; so are the event files (one
+//! per training segment: a resumed run adds one).
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+
+use flotilla_observe::tensorboard::EventWriter;
 
 use crate::config::ExperimentConfig;
 use crate::{Error, Result};
@@ -79,14 +83,77 @@ impl RunDir {
         self.path.join(CHECKPOINT_FILE)
     }
 
-    /// Start the metrics CSV.
-    pub fn metrics_writer(&self) -> Result<CsvWriter> {
-        CsvWriter::create(&self.path.join(METRICS_FILE))
+    /// Start the metrics: the CSV, and a TensorBoard event file with the run's config as text.
+    pub fn metrics_writer(&self) -> Result<MetricsWriter> {
+        let csv = CsvWriter::create(&self.path.join(METRICS_FILE))?;
+        MetricsWriter::new(csv, &self.path)
     }
 
-    /// Continue the metrics CSV of a resumed run (same header).
-    pub fn metrics_appender(&self) -> Result<CsvWriter> {
-        CsvWriter::append(&self.path.join(METRICS_FILE))
+    /// Continue the metrics of a resumed run: the CSV keeps its header; a new event file joins the first.
+    pub fn metrics_appender(&self) -> Result<MetricsWriter> {
+        let csv = CsvWriter::append(&self.path.join(METRICS_FILE))?;
+        MetricsWriter::new(csv, &self.path)
+    }
+}
+
+/// A run's metrics sink: each row goes to `metrics.csv` and, as scalars at its env steps, to a TensorBoard event
+/// file under the same names (`charts/…`, `losses/…`, `eval/…`; a row's empty cells are not written).
+#[derive(Debug)]
+pub struct MetricsWriter {
+    csv: CsvWriter,
+    events: EventWriter,
+}
+
+impl MetricsWriter {
+    fn new(csv: CsvWriter, dir: &Path) -> Result<Self> {
+        let mut events = EventWriter::create(dir)?;
+        let config = dir.join(CONFIG_FILE);
+        let text = std::fs::read_to_string(&config).map_err(|e| io("reading", &config, e))?;
+        events.add_text(0, "hyperparameters", &config_table(&text))?;
+        Ok(MetricsWriter { csv, events })
+    }
+
+    /// Write one row (as [`CsvWriter::write_row`]); its `env_steps` column is the event file's step.
+    pub fn write_row<S: AsRef<str>>(&mut self, row: &[(S, Option<f64>)]) -> Result<()> {
+        self.csv.write_row(row)?;
+        let step = row.iter().find(|(n, _)| n.as_ref() == "env_steps").and_then(|(_, v)| *v).unwrap_or(0.0) as u64;
+        let scalars: Vec<(&str, f64)> = row
+            .iter()
+            .filter(|(n, _)| n.as_ref() != "env_steps")
+            .filter_map(|(n, v)| Some((n.as_ref(), (*v)?)))
+            .collect();
+        self.events.add_scalars(step, &scalars)?;
+        Ok(())
+    }
+}
+
+/// The resolved config as a Markdown table of `section.key | value` rows (TensorBoard's Text tab), by key;
+/// a config that does not parse is shown as it is, in a code block.
+fn config_table(toml_text: &str) -> String {
+    fn flatten(prefix: &str, value: &toml::Value, rows: &mut Vec<(String, String)>) {
+        match value {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    flatten(&key, v, rows);
+                }
+            }
+            toml::Value::Array(a) if a.iter().any(|v| v.is_table()) => {
+                for (i, v) in a.iter().enumerate() {
+                    flatten(&format!("{prefix}[{i}]"), v, rows);
+                }
+            }
+            toml::Value::String(s) => rows.push((prefix.to_string(), s.clone())),
+            other => rows.push((prefix.to_string(), other.to_string())),
+        }
+    }
+    match toml_text.parse::<toml::Table>() {
+        Ok(table) => {
+            let mut rows = Vec::new();
+            flatten("", &toml::Value::Table(table), &mut rows);
+            flotilla_observe::tensorboard::markdown_table(&rows)
+        }
+        Err(_) => format!("```toml\n{toml_text}\n```"),
     }
 }
 
