@@ -8,7 +8,8 @@
 //! [`a2c::A3cWorker`]), [`td3`] (TD3, and DDPG as its special case), [`distill`] (policy distillation into a small student). Building blocks: [`nets`], [`host_mlp`],
 //! [`activation`], [`params`], [`actor_critic`], [`distributions`], [`action_noise`], [`gae`], [`vtrace`],
 //! [`n_step`], [`rollout`] (on-policy storage, filled per step or straight from actors' chunks), [`replay`],
-//! [`sum_tree`], [`adam`], [`rmsprop`], [`checkpoint`].
+//! [`sum_tree`], [`adam`], [`rmsprop`], [`checkpoint`]; [`export`] (the architecture in `model.safetensors`, and
+//! the acting policy as a PyTorch `nn.Sequential`).
 //!
 //! The crate knows environments only through `flotilla_core` types and never touches files except in explicit
 //! save/load calls, tokio or the network.
@@ -27,6 +28,7 @@ pub mod distill;
 pub mod distributions;
 pub mod dqn;
 pub mod error;
+pub mod export;
 pub mod frame_replay;
 pub mod gae;
 pub mod host_mlp;

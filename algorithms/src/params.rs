@@ -35,6 +35,8 @@ pub struct FlatParams {
     /// The trainable scalars as `(offset, len)` runs of the buffer: every entry not frozen, neighbours merged
     /// (one run covering the whole buffer while nothing is frozen).
     runs: Vec<(i64, i64)>,
+    /// What [`FlatParams::save`] writes into the file's `__metadata__` (the architecture: [`crate::export`]).
+    metadata: std::collections::BTreeMap<String, String>,
 }
 
 impl FlatParams {
@@ -56,7 +58,7 @@ impl FlatParams {
         let grad_views = entries.iter().map(|e| grad.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
         let frozen = vec![false; entries.len()];
         let runs = vec![(0, offset)];
-        FlatParams { flat, entries, views, grad_views, frozen, runs }
+        FlatParams { flat, entries, views, grad_views, frozen, runs, metadata: Default::default() }
     }
 
     /// Set the gradient buffer to `∂loss/∂θ`, overwriting it (no `zero_grad` needed).
@@ -385,7 +387,18 @@ impl FlatParams {
         });
     }
 
-    /// Write every parameter under its name to a safetensors file, atomically.
+    /// Entries [`FlatParams::save`] writes into the file's safetensors `__metadata__` (the registry sets the
+    /// architecture, [`crate::export::Architecture::to_metadata`]); none by default.
+    pub fn set_metadata(&mut self, metadata: std::collections::BTreeMap<String, String>) {
+        self.metadata = metadata;
+    }
+
+    /// The entries [`FlatParams::save`] writes as metadata.
+    pub fn metadata(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    /// Write every parameter under its name, and the metadata, to a safetensors file, atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
         let named: Vec<(&str, Tensor)> = self
             .entries
@@ -393,14 +406,7 @@ impl FlatParams {
             .zip(&self.views)
             .map(|(e, v)| (e.name.as_str(), v.detach().to_device(Device::Cpu)))
             .collect();
-        crate::atomic_write::write_atomic(path, |tmp| {
-            Tensor::write_safetensors(&named, tmp).map_err(std::io::Error::other)
-        })
-        .map_err(|e| Error::Weights {
-            action: "saving",
-            path: path.display().to_string(),
-            source: tch::TchError::Io(e),
-        })
+        crate::export::write_safetensors(path, &named, &self.metadata)
     }
 
     /// Read parameters saved by [`FlatParams::save`]; every name must be present with the same shape.

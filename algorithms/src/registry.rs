@@ -20,6 +20,7 @@ use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::algorithm::Algorithm;
 use crate::distill::{Distill, DistillConfig, DistillPolicy};
 use crate::dqn::{Dqn, DqnConfig, DqnPolicy};
+use crate::export::Architecture;
 use crate::ppo::{Ppo, PpoConfig};
 use crate::td3::{DdpgConfig, Td3, Td3Config, Td3Policy};
 use crate::{Error, Result};
@@ -177,7 +178,7 @@ impl AlgorithmConfig {
         seed: u64,
     ) -> Result<Box<dyn Algorithm>> {
         let (o, a) = (observation_space, action_space);
-        Ok(match self {
+        let mut agent: Box<dyn Algorithm> = match self {
             AlgorithmConfig::Ppo(c) => Box::new(Ppo::new(o, a, n_envs, c.clone(), device, seed)?),
             AlgorithmConfig::Dqn(c) => Box::new(Dqn::new(o, a, n_envs, c.clone(), device, seed)?),
             AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => {
@@ -186,7 +187,25 @@ impl AlgorithmConfig {
             AlgorithmConfig::Ddpg(c) => Box::new(Td3::ddpg(o, a, n_envs, c.clone(), device, seed)?),
             AlgorithmConfig::Td3(c) => Box::new(Td3::td3(o, a, n_envs, c.clone(), device, seed)?),
             AlgorithmConfig::Distill(c) => Box::new(Distill::new(o, a, c.clone(), device, seed)?),
-        })
+        };
+        // Every save of the policy weights then says how to read them.
+        agent.policy_params_mut().set_metadata(self.architecture(o, a)?.to_metadata());
+        Ok(agent)
+    }
+
+    /// How the acting network of an agent built for these spaces lays out its weights and reads its output
+    /// (written into `model.safetensors`; [`crate::export`]).
+    pub fn architecture(&self, observation_space: &Space, action_space: &Space) -> Result<Architecture> {
+        let (o, a) = (observation_space, action_space);
+        match self {
+            AlgorithmConfig::Ppo(c) => Architecture::actor_critic("ppo", o, a, &c.net()),
+            AlgorithmConfig::A2c(c) => Architecture::actor_critic("a2c", o, a, &c.net()),
+            AlgorithmConfig::A3c(c) => Architecture::actor_critic("a3c", o, a, &c.net()),
+            AlgorithmConfig::Dqn(c) => Architecture::dqn(o, a, c),
+            AlgorithmConfig::Ddpg(c) => Architecture::td3("ddpg", o, a, &c.clone().into()),
+            AlgorithmConfig::Td3(c) => Architecture::td3("td3", o, a, c),
+            AlgorithmConfig::Distill(c) => Architecture::distill(o, a, c),
+        }
     }
 
     /// What an actor process runs (on the CPU): the acting policy alone — weights and the forward pass, no

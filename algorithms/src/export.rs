@@ -1,0 +1,963 @@
+//! Weights other tools can read: the architecture written into `model.safetensors`, and the acting policy in
+//! PyTorch's own layout.
+//!
+//! A run's `model.safetensors` holds [`Algorithm::policy_params`](crate::Algorithm::policy_params) in
+//! Flotilla's layout (linear weights `[in, out]` for `addmm`, PPO's policy and value MLPs stacked `[2, in, out]`
+//! for one batched matmul, a Nature CNN's logits and value side by side in one output layer). Its safetensors
+//! `__metadata__` says all of that ([`Architecture::to_metadata`]): algorithm, format version, layer widths,
+//! activation, the spaces as JSON, which tensors (and which slices of them) the policy reads, and how its
+//! output becomes an action. The registry attaches it to every agent it builds, so every save writes it.
+//!
+//! [`to_pytorch`] turns those weights into what `torch.nn.Sequential(...).state_dict()` holds (`0.weight`,
+//! `0.bias`, `2.weight`, …; `nn.Linear` weights `[out, in]`, `nn.Conv2d` for the Nature CNN), with a `layers`
+//! metadata entry that rebuilds the module from the file alone:
+//!
+//! ```text
+//! model.safetensors ─► read_safetensors ─► Architecture::from_metadata ─► to_pytorch ─► PytorchPolicy::save
+//!   (pi_vf.k [2, in, out], log_std)                                          (0.weight [out, in], …, log_std)
+//! ```
+//!
+//! What the exported module computes, by algorithm (`output` in its metadata):
+//! - PPO / A2C / A3C, discrete actions: the policy logits (`logits`; the deterministic action is their argmax);
+//! - PPO / A2C / A3C and distillation students on boxes: the Gaussian's mean (`gaussian_mean`; the
+//!   state-independent log-std is the separate tensor `log_std`); `flotilla eval` clips the mean to the bounds;
+//! - DQN: the Q-values (`q_values`; argmax); a dueling head `Q = V + A − mean(A)` is folded into the last
+//!   `nn.Linear` (it is linear in the output layer), so the module outputs Q directly;
+//! - DDPG / TD3: the actor, its `nn.Tanh`, then the scaling to the action bounds
+//!   `low + (a + 1)/2 · (high − low)` as a final diagonal `nn.Linear` (`action`);
+//! - the Nature CNN takes frames as floats 0–255: the network's `/255` is folded into the first convolution.
+//!
+//! Task heads (a head per task, each row reading its task's by the one-hot ending its observation) select by
+//! the input and are not one `nn.Sequential`: [`to_pytorch`] refuses them by name.
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use flotilla_core::{DType, Space};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tch::{Kind, Tensor};
+
+use crate::activation::Activation;
+use crate::actor_critic::{NetConfig, is_image};
+use crate::distill::DistillConfig;
+use crate::dqn::DqnConfig;
+use crate::nets::mlp_input_dim;
+use crate::td3::Td3Config;
+use crate::{Error, Result};
+
+/// Version of the `model.safetensors` metadata written by [`Architecture::to_metadata`].
+pub const FORMAT_VERSION: u32 = 1;
+/// Version of the layout [`PytorchPolicy::save`] writes.
+pub const EXPORT_VERSION: u32 = 1;
+
+/// The Nature CNN's convolutions, `(out_channels, kernel, stride)` (as `nets::NatureCnn` builds them).
+const CNN_CONVS: [(usize, usize, usize); 3] = [(32, 8, 4), (64, 4, 2), (64, 3, 1)];
+/// Units of the Nature CNN's hidden linear layer.
+const CNN_FEATURES: usize = 512;
+
+/// How `model.safetensors` stores the acting network.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Network {
+    /// PPO / A2C / A3C on vectors: a policy MLP and a value MLP of the same hidden widths, stacked. Layer `k` is
+    /// `{prefix}.{k}.weight` `[2, widths[k], widths[k+1]]` (`[in, out]` per net: y = x·W + b) and
+    /// `{prefix}.{k}.bias` `[2, 1, widths[k+1]]`; index 0 of the first dimension is the policy, 1 the value.
+    /// The output layer is as wide as the wider net: the policy reads its first `policy_outputs` columns, the
+    /// value its first `value_outputs` (the rest are zero padding).
+    TwinMlp {
+        /// Tensor name prefix (`pi_vf`).
+        prefix: String,
+        /// Input width, hidden widths, output width.
+        widths: Vec<usize>,
+        /// Nonlinearity after every layer but the last.
+        activation: Activation,
+        /// Output columns of the policy net (logits or means, times the task heads).
+        policy_outputs: usize,
+        /// Output columns of the value net (one per task head).
+        value_outputs: usize,
+    },
+    /// One MLP (DQN's Q-network, DDPG/TD3's actor, a distillation student): `{prefix}.{k}.weight`
+    /// `[widths[k], widths[k+1]]` (`[in, out]`: y = x·W + b) and `{prefix}.{k}.bias` `[widths[k+1]]`.
+    Mlp {
+        /// Tensor name prefix (`q`, `actor`, `student`).
+        prefix: String,
+        /// Input width, hidden widths, output width.
+        widths: Vec<usize>,
+        /// Nonlinearity after every layer but the last.
+        activation: Activation,
+    },
+    /// The Nature CNN on u8 frames `[C, H, W]`, divided by 255 first: `{prefix}.conv{1,2,3}.weight` in
+    /// PyTorch's `[out, in, k, k]` layout with `.bias`, each followed by ReLU (`convs` gives out channels,
+    /// kernel and stride); the features flattened in C, H, W order; `{prefix}.fc.weight` `[features, 512]`
+    /// (`[in, out]`) + ReLU; `{prefix}.out.weight` `[512, outputs]` (`[in, out]`). The policy reads the first
+    /// `policy_outputs` output columns (an actor-critic's last column is its value).
+    NatureCnn {
+        /// Tensor name prefix (`cnn`, `q`).
+        prefix: String,
+        /// Observation shape `[C, H, W]`.
+        shape: [usize; 3],
+        /// `(out_channels, kernel, stride)` of each convolution.
+        convs: Vec<(usize, usize, usize)>,
+        /// Units of the output layer.
+        outputs: usize,
+        /// Output columns the policy reads.
+        policy_outputs: usize,
+    },
+}
+
+/// What the network's policy output means, and how it becomes the deterministic action.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PolicyOutput {
+    /// Categorical policy logits over `n` actions; the deterministic action is their argmax (first maximum).
+    Logits {
+        /// Actions.
+        n: usize,
+    },
+    /// A diagonal Gaussian: the network gives the mean (the deterministic action, clipped to the action bounds
+    /// by the env side); the log standard deviation is the state-independent tensor `log_std` `[dim]`.
+    Gaussian {
+        /// Action dimensions.
+        dim: usize,
+        /// Name of the log-std tensor.
+        log_std: String,
+    },
+    /// Q-values over `n` actions; the greedy action is their argmax (first maximum). `dueling`: the output
+    /// layer's first column is V, the next `n` are A, and `Q = V + A − mean(A)`.
+    QValues {
+        /// Actions.
+        n: usize,
+        /// Dueling head.
+        dueling: bool,
+    },
+    /// A deterministic actor: `a = tanh(net(obs))` in `[−1, 1]`, scaled to the bounds as
+    /// `low + (a + 1)/2 · (high − low)`.
+    TanhScaled {
+        /// Lower action bounds.
+        low: Vec<f32>,
+        /// Upper action bounds.
+        high: Vec<f32>,
+    },
+}
+
+/// Everything needed to read a `model.safetensors` without Flotilla: written into its `__metadata__`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Architecture {
+    /// The algorithm kind, as in configs (`ppo`, `dqn`, …).
+    pub algorithm: String,
+    /// The acting network's layers and tensor names.
+    pub network: Network,
+    /// What its output means.
+    pub policy: PolicyOutput,
+    /// Output heads, one per task (1: none). With `T > 1` each output group (policy, value, Q) holds `T`
+    /// consecutive heads and a row reads the head of its task, the one-hot in the last `T` observation values.
+    pub task_heads: usize,
+    /// The observation space the network takes (rows flattened).
+    pub observation_space: Space,
+    /// The action space.
+    pub action_space: Space,
+}
+
+impl Architecture {
+    /// PPO / A2C / A3C's actor-critic (`actor_critic::ActorCritic`) for these spaces and network choices.
+    pub fn actor_critic(algorithm: &str, observation: &Space, action: &Space, net: &NetConfig<'_>) -> Result<Self> {
+        let heads = net.heads.max(1);
+        let policy = policy_head(action)?;
+        let n = policy_width(&policy);
+        let network = if is_image(observation) {
+            let shape = image_shape(observation)?;
+            Network::NatureCnn {
+                prefix: "cnn".into(),
+                shape,
+                convs: CNN_CONVS.to_vec(),
+                outputs: n + 1,
+                policy_outputs: n,
+            }
+        } else {
+            let inputs = mlp_input_dim("actor-critic", observation)?;
+            let (policy_outputs, value_outputs) = (n * heads, heads);
+            Network::TwinMlp {
+                prefix: "pi_vf".into(),
+                widths: widths(inputs, net.hidden, policy_outputs.max(value_outputs)),
+                activation: net.activation,
+                policy_outputs,
+                value_outputs,
+            }
+        };
+        Ok(Self::new(algorithm, network, policy, heads, observation, action))
+    }
+
+    /// DQN's Q-network (`dqn::QNet`).
+    pub fn dqn(observation: &Space, action: &Space, c: &DqnConfig) -> Result<Self> {
+        let Space::Discrete { n, .. } = *action else {
+            return Err(unsupported("dqn", format!("{action:?}: DQN needs discrete actions")));
+        };
+        let heads = if c.task_heads { c.tasks.max(1) } else { 1 };
+        let outputs = (n + usize::from(c.dueling)) * heads;
+        let network = if is_image(observation) {
+            let shape = image_shape(observation)?;
+            Network::NatureCnn {
+                prefix: "q".into(),
+                shape,
+                convs: CNN_CONVS.to_vec(),
+                outputs,
+                policy_outputs: outputs,
+            }
+        } else {
+            let inputs = mlp_input_dim("dqn", observation)?;
+            Network::Mlp {
+                prefix: "q".into(),
+                widths: widths(inputs, &c.hidden_sizes, outputs),
+                activation: c.activation,
+            }
+        };
+        let policy = PolicyOutput::QValues { n, dueling: c.dueling };
+        Ok(Self::new("dqn", network, policy, heads, observation, action))
+    }
+
+    /// DDPG's / TD3's actor (`td3::ActorNet`); `algorithm` is `ddpg` or `td3`.
+    pub fn td3(algorithm: &str, observation: &Space, action: &Space, c: &Td3Config) -> Result<Self> {
+        let Space::Box { low, high, shape, .. } = action else {
+            return Err(unsupported("td3", format!("{action:?}: needs a 1-D box")));
+        };
+        if shape.len() != 1 {
+            return Err(unsupported("td3", format!("{action:?}: needs a 1-D box")));
+        }
+        let heads = if c.task_heads { c.tasks.max(1) } else { 1 };
+        let inputs = mlp_input_dim("td3", observation)?;
+        let network = Network::Mlp {
+            prefix: "actor".into(),
+            widths: widths(inputs, &c.hidden_sizes, low.len() * heads),
+            activation: c.activation,
+        };
+        let policy = PolicyOutput::TanhScaled { low: low.clone(), high: high.clone() };
+        Ok(Self::new(algorithm, network, policy, heads, observation, action))
+    }
+
+    /// A distillation student (`distill::StudentNet`): one head per teacher.
+    pub fn distill(observation: &Space, action: &Space, c: &DistillConfig) -> Result<Self> {
+        let heads = c.teachers.len().max(1);
+        let policy = policy_head(action)?;
+        let inputs = mlp_input_dim("distill", observation)?;
+        let network = Network::Mlp {
+            prefix: "student".into(),
+            widths: widths(inputs, &c.hidden_sizes, policy_width(&policy) * heads),
+            activation: c.activation,
+        };
+        Ok(Self::new("distill", network, policy, heads, observation, action))
+    }
+
+    fn new(algorithm: &str, network: Network, policy: PolicyOutput, heads: usize, o: &Space, a: &Space) -> Self {
+        Architecture {
+            algorithm: algorithm.into(),
+            network,
+            policy,
+            task_heads: heads,
+            observation_space: o.clone(),
+            action_space: a.clone(),
+        }
+    }
+
+    /// Names and shapes of every tensor `model.safetensors` holds for this architecture, in order.
+    pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let mut out = Vec::new();
+        match &self.network {
+            Network::TwinMlp { prefix, widths, .. } => {
+                for (k, w) in widths.windows(2).enumerate() {
+                    out.push((format!("{prefix}.{k}.weight"), vec![2, w[0], w[1]]));
+                    out.push((format!("{prefix}.{k}.bias"), vec![2, 1, w[1]]));
+                }
+            }
+            Network::Mlp { prefix, widths, .. } => {
+                for (k, w) in widths.windows(2).enumerate() {
+                    out.push((format!("{prefix}.{k}.weight"), vec![w[0], w[1]]));
+                    out.push((format!("{prefix}.{k}.bias"), vec![w[1]]));
+                }
+            }
+            Network::NatureCnn { prefix, shape, convs, outputs, .. } => {
+                let (mut c, mut h, mut w) = (shape[0], shape[1], shape[2]);
+                for (k, &(o, size, stride)) in convs.iter().enumerate() {
+                    out.push((format!("{prefix}.conv{}.weight", k + 1), vec![o, c, size, size]));
+                    out.push((format!("{prefix}.conv{}.bias", k + 1), vec![o]));
+                    (c, h, w) = (o, (h.saturating_sub(size)) / stride + 1, (w.saturating_sub(size)) / stride + 1);
+                }
+                out.push((format!("{prefix}.fc.weight"), vec![c * h * w, CNN_FEATURES]));
+                out.push((format!("{prefix}.fc.bias"), vec![CNN_FEATURES]));
+                out.push((format!("{prefix}.out.weight"), vec![CNN_FEATURES, *outputs]));
+                out.push((format!("{prefix}.out.bias"), vec![*outputs]));
+            }
+        }
+        if let PolicyOutput::Gaussian { dim, log_std } = &self.policy {
+            out.push((log_std.clone(), vec![*dim]));
+        }
+        out
+    }
+
+    /// Which tensors (and slices of them) the policy reads, in words.
+    fn layout(&self) -> String {
+        let network = match &self.network {
+            Network::TwinMlp { prefix, policy_outputs, value_outputs, .. } => format!(
+                "{prefix}.{{k}}.weight [2, in, out] and {prefix}.{{k}}.bias [2, 1, out]: index 0 of the first \
+                 dimension is the policy MLP, index 1 the value MLP; y = x @ W + b (weights stored [in, out]); \
+                 the policy reads the first {policy_outputs} columns of the output layer, the value the first \
+                 {value_outputs}"
+            ),
+            Network::Mlp { prefix, .. } => {
+                format!("{prefix}.{{k}}.weight [in, out] and {prefix}.{{k}}.bias [out]: y = x @ W + b")
+            }
+            Network::NatureCnn { prefix, policy_outputs, outputs, .. } => format!(
+                "frames / 255 -> {prefix}.conv1..3 (PyTorch layout [out, in, k, k], ReLU each) -> flatten (C, H, W) \
+                 -> {prefix}.fc ([in, out], ReLU) -> {prefix}.out ([in, out], {outputs} columns); the policy reads \
+                 the first {policy_outputs}"
+            ),
+        };
+        let heads = if self.task_heads > 1 {
+            format!(
+                "; {} task heads: each output group holds one head per task in task order, and a row reads the head \
+                 of the task whose one-hot ends its observation",
+                self.task_heads
+            )
+        } else {
+            String::new()
+        };
+        let policy = match &self.policy {
+            PolicyOutput::Logits { .. } => "output: categorical logits; deterministic action = argmax".to_string(),
+            PolicyOutput::Gaussian { log_std, .. } => format!(
+                "output: Gaussian mean (the deterministic action, clipped to the action bounds by the env side); \
+                 {log_std} [dim] is the state-independent log standard deviation"
+            ),
+            PolicyOutput::QValues { dueling: false, .. } => "output: Q-values; greedy action = argmax".to_string(),
+            PolicyOutput::QValues { dueling: true, .. } => "output: [V, A_1..A_n]; Q = V + A - mean(A); greedy action \
+                 = argmax Q"
+                .to_string(),
+            PolicyOutput::TanhScaled { .. } => {
+                "output: a = tanh(y) in [-1, 1], action = low + (a + 1) / 2 * (high - low)".to_string()
+            }
+        };
+        format!("{network}{heads}; {policy}")
+    }
+
+    /// The `__metadata__` entries of `model.safetensors` (safetensors metadata is strings; structured values
+    /// are JSON). Infinite space bounds are written as the strings `"inf"` / `"-inf"` (`float()` reads them).
+    pub fn to_metadata(&self) -> BTreeMap<String, String> {
+        let (activation, hidden): (Activation, Vec<usize>) = match &self.network {
+            Network::TwinMlp { widths, activation, .. } | Network::Mlp { widths, activation, .. } => {
+                (*activation, widths[1..widths.len() - 1].to_vec())
+            }
+            Network::NatureCnn { .. } => (Activation::Relu, vec![CNN_FEATURES]),
+        };
+        let tensors: Vec<String> = self.tensor_shapes().into_iter().map(|(name, _)| name).collect();
+        BTreeMap::from([
+            ("flotilla_format".into(), "model".into()),
+            ("flotilla_format_version".into(), FORMAT_VERSION.to_string()),
+            ("algorithm".into(), self.algorithm.clone()),
+            ("network".into(), text(&self.network)),
+            ("policy".into(), text(&self.policy)),
+            ("activation".into(), text(&activation).trim_matches('"').to_string()),
+            ("hidden_sizes".into(), text(&hidden)),
+            ("task_heads".into(), self.task_heads.to_string()),
+            ("policy_tensors".into(), text(&tensors)),
+            ("layout".into(), self.layout()),
+            ("observation_space".into(), space_to_json(&self.observation_space)),
+            ("action_space".into(), space_to_json(&self.action_space)),
+        ])
+    }
+
+    /// Read [`Architecture::to_metadata`] back; `what` names the file in errors. `Ok(None)` when the metadata is
+    /// not Flotilla's (a file written before version 1).
+    pub fn from_metadata(what: &str, meta: &BTreeMap<String, String>) -> Result<Option<Self>> {
+        if meta.get("flotilla_format").map(String::as_str) != Some("model") {
+            return Ok(None);
+        }
+        let bad = |detail: String| Error::Unsupported(format!("{what}: metadata {detail}"));
+        let get = |key: &str| meta.get(key).ok_or_else(|| bad(format!("has no {key:?} entry")));
+        let version = get("flotilla_format_version")?;
+        if version.parse::<u32>().ok() != Some(FORMAT_VERSION) {
+            return Err(bad(format!(
+                "format version {version} is not one this flotilla reads ({FORMAT_VERSION}); export with the \
+                 flotilla that trained it"
+            )));
+        }
+        let parse = |key: &str| -> Result<Value> {
+            serde_json::from_str(get(key)?).map_err(|e| bad(format!("{key:?} is not JSON: {e}")))
+        };
+        let network = serde_json::from_value(parse("network")?).map_err(|e| bad(format!("\"network\": {e}")))?;
+        let policy = serde_json::from_value(parse("policy")?).map_err(|e| bad(format!("\"policy\": {e}")))?;
+        let task_heads = get("task_heads")?.parse().map_err(|e| bad(format!("\"task_heads\": {e}")))?;
+        let space = |key: &str| space_from_json(&parse(key)?).map_err(|e| bad(format!("{key:?}: {e}")));
+        Ok(Some(Architecture {
+            algorithm: get("algorithm")?.clone(),
+            network,
+            policy,
+            task_heads,
+            observation_space: space("observation_space")?,
+            action_space: space("action_space")?,
+        }))
+    }
+}
+
+/// JSON text of plain data.
+fn text<T: Serialize + ?Sized>(value: &T) -> String {
+    serde_json::to_string(value).expect("plain data serialises")
+}
+
+fn unsupported(algorithm: &'static str, detail: String) -> Error {
+    Error::UnsupportedSpace { which: "action", algorithm, detail }
+}
+
+/// Input width, hidden widths, output width.
+fn widths(inputs: usize, hidden: &[i64], outputs: usize) -> Vec<usize> {
+    std::iter::once(inputs).chain(hidden.iter().map(|&h| h as usize)).chain([outputs]).collect()
+}
+
+/// Logits for discrete actions, a Gaussian for 1-D boxes (the actor-critic's and the student's heads).
+fn policy_head(action: &Space) -> Result<PolicyOutput> {
+    match action {
+        Space::Discrete { n, .. } => Ok(PolicyOutput::Logits { n: *n }),
+        Space::Box { shape, .. } if shape.len() == 1 => {
+            Ok(PolicyOutput::Gaussian { dim: shape[0], log_std: "log_std".into() })
+        }
+        other => Err(unsupported("actor-critic", format!("{other:?}"))),
+    }
+}
+
+/// Output columns of one policy head.
+fn policy_width(policy: &PolicyOutput) -> usize {
+    match policy {
+        PolicyOutput::Logits { n } | PolicyOutput::QValues { n, .. } => *n,
+        PolicyOutput::Gaussian { dim, .. } => *dim,
+        PolicyOutput::TanhScaled { low, .. } => low.len(),
+    }
+}
+
+fn image_shape(space: &Space) -> Result<[usize; 3]> {
+    <[usize; 3]>::try_from(space.shape()).map_err(|_| Error::UnsupportedSpace {
+        which: "observation",
+        algorithm: "cnn",
+        detail: format!("{space:?}"),
+    })
+}
+
+/// A space as JSON (`{"kind": "discrete", "n": 2, "start": 0}`, `{"kind": "box", "low": [...], ...}`), bounds
+/// that are not finite as the strings `"inf"`, `"-inf"`, `"nan"` (JSON has no such numbers).
+pub fn space_to_json(space: &Space) -> String {
+    let bound = |v: &[f32]| -> Vec<Value> {
+        v.iter()
+            .map(|x| match x {
+                x if x.is_finite() => json!(*x as f64),
+                x if x.is_nan() => json!("nan"),
+                x if *x > 0.0 => json!("inf"),
+                _ => json!("-inf"),
+            })
+            .collect()
+    };
+    let value = match space {
+        Space::Discrete { n, start } => json!({"kind": "discrete", "n": n, "start": start}),
+        Space::Box { low, high, shape, dtype } => {
+            let dtype = match dtype {
+                DType::F32 => "f32",
+                DType::U8 => "u8",
+            };
+            json!({"kind": "box", "shape": shape, "dtype": dtype, "low": bound(low), "high": bound(high)})
+        }
+    };
+    value.to_string()
+}
+
+/// Read [`space_to_json`] back.
+pub fn space_from_json(value: &Value) -> std::result::Result<Space, String> {
+    let bound = |key: &str| -> std::result::Result<Vec<f32>, String> {
+        let items = value.get(key).and_then(Value::as_array).ok_or(format!("no {key:?} list"))?;
+        items
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => s.parse::<f32>().map_err(|e| format!("{key}: {s:?}: {e}")),
+                v => v.as_f64().map(|x| x as f32).ok_or(format!("{key}: {v} is not a number")),
+            })
+            .collect()
+    };
+    match value.get("kind").and_then(Value::as_str) {
+        Some("discrete") => Ok(Space::Discrete {
+            n: value.get("n").and_then(Value::as_u64).ok_or("no \"n\"")? as usize,
+            start: value.get("start").and_then(Value::as_i64).unwrap_or(0),
+        }),
+        Some("box") => {
+            let shape = value.get("shape").and_then(Value::as_array).ok_or("no \"shape\"")?;
+            let shape = shape
+                .iter()
+                .map(|d| d.as_u64().map(|d| d as usize).ok_or("bad shape"))
+                .collect::<std::result::Result<_, _>>()?;
+            let dtype = match value.get("dtype").and_then(Value::as_str) {
+                Some("u8") => DType::U8,
+                _ => DType::F32,
+            };
+            Ok(Space::Box { low: bound("low")?, high: bound("high")?, shape, dtype })
+        }
+        other => Err(format!("unknown space kind {other:?}")),
+    }
+}
+
+/// Write f32 tensors and `metadata` to a safetensors file, atomically (temporary file, fsync, rename).
+///
+/// Through the `safetensors` crate because tch's writer takes no metadata. The crate keeps the metadata in a
+/// `HashMap`, whose order differs from process to process; the header is rewritten with its keys sorted (the
+/// same bytes, reordered, so its length is unchanged), so the same weights always give the same file — a
+/// resumed run's weights are compared byte for byte with an uninterrupted one's.
+pub fn write_safetensors<S: AsRef<str>>(
+    path: &Path,
+    tensors: &[(S, Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let fail = |e: String| Error::Weights {
+        action: "saving",
+        path: path.display().to_string(),
+        source: tch::TchError::FileFormat(e),
+    };
+    let mut data = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let t = t.detach().to_device(tch::Device::Cpu).contiguous();
+        if t.kind() != Kind::Float {
+            return Err(fail(format!("tensor {:?} is {:?}; only f32 is written", name.as_ref(), t.kind())));
+        }
+        let values = Vec::<f32>::try_from(t.flatten(0, -1))?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+        data.push((name.as_ref().to_string(), shape, bytes));
+    }
+    let views = data
+        .iter()
+        .map(|(name, shape, bytes)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                .map(|v| (name.as_str(), v))
+                .map_err(|e| fail(format!("tensor {name:?}: {e:?}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let info: Option<HashMap<String, String>> =
+        (!metadata.is_empty()).then(|| metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+    let mut bytes = safetensors::serialize(views, &info).map_err(|e| fail(format!("{e:?}")))?;
+    sort_header(&mut bytes).map_err(fail)?;
+    crate::atomic_write::write_atomic(path, |tmp| std::fs::write(tmp, &bytes)).map_err(|e| Error::Weights {
+        action: "saving",
+        path: path.display().to_string(),
+        source: tch::TchError::Io(e),
+    })
+}
+
+/// Rewrite a serialised safetensors header with its keys (and its metadata's keys) in sorted order, in place.
+fn sort_header(bytes: &mut [u8]) -> std::result::Result<(), String> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header = &bytes[8..8 + n];
+    let mut top: BTreeMap<String, Value> = serde_json::from_slice(header).map_err(|e| e.to_string())?;
+    if let Some(meta) = top.get_mut("__metadata__") {
+        let sorted: BTreeMap<String, String> = serde_json::from_value(meta.take()).map_err(|e| e.to_string())?;
+        *meta = serde_json::to_value(sorted).map_err(|e| e.to_string())?;
+    }
+    let mut canon = serde_json::to_vec(&top).map_err(|e| e.to_string())?;
+    if canon.len() > n {
+        return Err(format!("sorted header is {} bytes, the crate's {n}", canon.len()));
+    }
+    canon.resize(n, b' ');
+    bytes[8..8 + n].copy_from_slice(&canon);
+    Ok(())
+}
+
+/// Every tensor of a safetensors file (f32 as written by [`write_safetensors`] or tch) and its metadata (empty
+/// when it has none).
+pub fn read_safetensors(path: &Path) -> Result<(Vec<(String, Tensor)>, BTreeMap<String, String>)> {
+    let fail = |source| Error::Weights { action: "loading", path: path.display().to_string(), source };
+    let bytes = std::fs::read(path).map_err(|e| fail(tch::TchError::Io(e)))?;
+    let wrap = |err| fail(tch::TchError::SafeTensorError { path: path.display().to_string(), err });
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(wrap)?;
+    let metadata: BTreeMap<String, String> = header.metadata().clone().unwrap_or_default().into_iter().collect();
+    let file = safetensors::SafeTensors::deserialize(&bytes).map_err(wrap)?;
+    let mut tensors = Vec::new();
+    for (name, view) in file.tensors() {
+        if view.dtype() != safetensors::Dtype::F32 {
+            return Err(fail(tch::TchError::FileFormat(format!("tensor {name:?} is {:?}, not F32", view.dtype()))));
+        }
+        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        tensors.push((name, Tensor::f_from_data_size(view.data(), &shape, Kind::Float)?));
+    }
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((tensors, metadata))
+}
+
+/// One module of the exported `torch.nn.Sequential`, written as `[name, [args]]` (`getattr(torch.nn,
+/// name)(*args)` builds it).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TorchLayer {
+    /// `nn.Linear(in_features, out_features)`.
+    Linear(usize, usize),
+    /// `nn.Conv2d(in_channels, out_channels, kernel_size, stride)`.
+    Conv2d(usize, usize, usize, usize),
+    /// `nn.ReLU()`.
+    Relu,
+    /// `nn.Tanh()`.
+    Tanh,
+    /// `nn.Flatten()` (dimensions 1 onwards).
+    Flatten,
+}
+
+impl TorchLayer {
+    fn json(&self) -> Value {
+        match *self {
+            TorchLayer::Linear(i, o) => json!(["Linear", [i, o]]),
+            TorchLayer::Conv2d(i, o, k, s) => json!(["Conv2d", [i, o, k, s]]),
+            TorchLayer::Relu => json!(["ReLU", []]),
+            TorchLayer::Tanh => json!(["Tanh", []]),
+            TorchLayer::Flatten => json!(["Flatten", []]),
+        }
+    }
+
+    fn of(activation: Activation) -> Self {
+        match activation {
+            Activation::Tanh => TorchLayer::Tanh,
+            Activation::Relu => TorchLayer::Relu,
+        }
+    }
+}
+
+/// The acting policy as a PyTorch `nn.Sequential`: its modules, its `state_dict` (`{index}.weight` /
+/// `{index}.bias`, plus `log_std` for a Gaussian policy) and the metadata that rebuilds it.
+#[derive(Debug)]
+pub struct PytorchPolicy {
+    /// The modules in order.
+    pub layers: Vec<TorchLayer>,
+    /// Tensors under their `state_dict` names, then `log_std` where there is one.
+    pub tensors: Vec<(String, Tensor)>,
+    /// The file's metadata: `layers` (JSON `[[name, [args]], …]`), `output` (`logits`, `q_values`,
+    /// `gaussian_mean` or `action`), `action`, `input`, the spaces, and what was folded in.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl PytorchPolicy {
+    /// Write to a safetensors file, atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        write_safetensors(path, &self.tensors, &self.metadata)
+    }
+
+    /// The module's output as PyTorch computes it (`nn.Linear`: x·Wᵀ + b), for checks in Rust.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let param = |name: String| &self.tensors.iter().find(|(n, _)| *n == name).expect("exported tensor").1;
+        let mut h = x.to_kind(Kind::Float);
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match *layer {
+                TorchLayer::Linear(..) => h.linear(param(format!("{i}.weight")), Some(param(format!("{i}.bias")))),
+                TorchLayer::Conv2d(_, _, _, s) => {
+                    let (w, b) = (param(format!("{i}.weight")), param(format!("{i}.bias")));
+                    h.conv2d(w, Some(b), [s as i64, s as i64], [0, 0], [1, 1], 1)
+                }
+                TorchLayer::Relu => h.relu(),
+                TorchLayer::Tanh => h.tanh(),
+                TorchLayer::Flatten => h.flatten(1, -1),
+            };
+        }
+        h
+    }
+}
+
+/// The acting policy of `model.safetensors`' `tensors` (described by `arch`) as a PyTorch `nn.Sequential`.
+/// Refuses, naming them, task heads (chosen per row by the input, not one `nn.Sequential`) and tensors that
+/// do not have the shapes the architecture says.
+pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<PytorchPolicy> {
+    let refuse = |detail: String| Error::Unsupported(format!("cannot export this {} policy: {detail}", arch.algorithm));
+    if arch.task_heads > 1 {
+        return Err(refuse(format!(
+            "it has {} task heads (each row reads the head of the task its observation's one-hot names), which \
+             is no single torch.nn.Sequential; export a run trained without task_heads",
+            arch.task_heads
+        )));
+    }
+    for (name, shape) in arch.tensor_shapes() {
+        let t = tensors.iter().find(|(n, _)| *n == name).map(|(_, t)| t);
+        let Some(t) = t else { return Err(refuse(format!("tensor {name:?} is missing from the weights"))) };
+        let got: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+        if got != shape {
+            return Err(refuse(format!("tensor {name:?} has shape {got:?}, the architecture says {shape:?}")));
+        }
+    }
+    let get = |name: String| -> Tensor {
+        let t = &tensors.iter().find(|(n, _)| *n == name).expect("checked above").1;
+        t.detach().to_kind(Kind::Double)
+    };
+    // (weight [out, in], bias [out]) of each affine layer, in f64 until written; modules in order.
+    let mut layers: Vec<(TorchLayer, Option<(Tensor, Tensor)>)> = Vec::new();
+    let input = match &arch.network {
+        Network::TwinMlp { prefix, widths, activation, policy_outputs, .. } => {
+            let last = widths.len() - 2;
+            for k in 0..=last {
+                let (mut w, mut b) =
+                    (get(format!("{prefix}.{k}.weight")).get(0), get(format!("{prefix}.{k}.bias")).get(0).get(0));
+                if k == last {
+                    w = w.narrow(1, 0, *policy_outputs as i64);
+                    b = b.narrow(0, 0, *policy_outputs as i64);
+                }
+                let out = if k == last { *policy_outputs } else { widths[k + 1] };
+                layers.push((TorchLayer::Linear(widths[k], out), Some((w.transpose(0, 1), b))));
+                if k < last {
+                    layers.push((TorchLayer::of(*activation), None));
+                }
+            }
+            format!("observations [B, {}] float32", widths[0])
+        }
+        Network::Mlp { prefix, widths, activation } => {
+            let last = widths.len() - 2;
+            for k in 0..=last {
+                let (w, b) = (get(format!("{prefix}.{k}.weight")), get(format!("{prefix}.{k}.bias")));
+                layers.push((TorchLayer::Linear(widths[k], widths[k + 1]), Some((w.transpose(0, 1), b))));
+                if k < last {
+                    layers.push((TorchLayer::of(*activation), None));
+                }
+            }
+            format!("observations [B, {}] float32", widths[0])
+        }
+        Network::NatureCnn { prefix, shape, convs, policy_outputs, .. } => {
+            let mut channels = shape[0];
+            for (k, &(o, size, stride)) in convs.iter().enumerate() {
+                let mut w = get(format!("{prefix}.conv{}.weight", k + 1));
+                if k == 0 {
+                    // Flotilla divides frames by 255 before the first convolution: fold it into the kernels.
+                    w = w / 255.0;
+                }
+                let b = get(format!("{prefix}.conv{}.bias", k + 1));
+                layers.push((TorchLayer::Conv2d(channels, o, size, stride), Some((w, b))));
+                layers.push((TorchLayer::Relu, None));
+                channels = o;
+            }
+            layers.push((TorchLayer::Flatten, None));
+            let fc = get(format!("{prefix}.fc.weight"));
+            let features = fc.size()[0] as usize;
+            layers.push((
+                TorchLayer::Linear(features, CNN_FEATURES),
+                Some((fc.transpose(0, 1), get(format!("{prefix}.fc.bias")))),
+            ));
+            layers.push((TorchLayer::Relu, None));
+            let p = *policy_outputs as i64;
+            let (w, b) = (
+                get(format!("{prefix}.out.weight")).narrow(1, 0, p),
+                get(format!("{prefix}.out.bias")).narrow(0, 0, p),
+            );
+            layers.push((TorchLayer::Linear(CNN_FEATURES, *policy_outputs), Some((w.transpose(0, 1), b))));
+            format!(
+                "frames [B, {}, {}, {}] as float32 0-255 (Flotilla's division by 255 is folded into layer 0)",
+                shape[0], shape[1], shape[2]
+            )
+        }
+    };
+    let mut metadata = BTreeMap::new();
+    let mut extra = Vec::new();
+    let (output, action) = match &arch.policy {
+        PolicyOutput::Logits { .. } => ("logits", "argmax over the outputs (first maximum): the action's index"),
+        PolicyOutput::Gaussian { log_std, .. } => {
+            extra.push((log_std.clone(), get(log_std.clone())));
+            metadata.insert(
+                "log_std".into(),
+                format!("tensor {log_std:?} [D]: the Gaussian's state-independent log standard deviation"),
+            );
+            (
+                "gaussian_mean",
+                "the outputs (the Gaussian's mean), clipped to the action space's bounds before an env step",
+            )
+        }
+        PolicyOutput::QValues { n, dueling } => {
+            if *dueling {
+                // Q = M · [V, A]: M = [1 | I − 1/n], linear, so it folds into the last layer.
+                let (layer, Some((w, b))) = layers.pop().expect("an output layer") else { unreachable!("affine") };
+                let n = *n as i64;
+                let opts = (Kind::Double, tch::Device::Cpu);
+                let m = Tensor::cat(&[Tensor::ones([n, 1], opts), Tensor::eye(n, opts) - 1.0 / n as f64], 1);
+                let inputs = match layer {
+                    TorchLayer::Linear(i, _) => i,
+                    _ => unreachable!("the output layer is linear"),
+                };
+                layers.push((TorchLayer::Linear(inputs, n as usize), Some((m.matmul(&w), m.matmul(&b)))));
+                metadata.insert(
+                    "dueling".into(),
+                    "folded: the last layer outputs Q = V + A - mean(A) (Flotilla's output layer is [V, A_1..A_n])"
+                        .into(),
+                );
+            }
+            ("q_values", "argmax over the outputs (first maximum): the action's index")
+        }
+        PolicyOutput::TanhScaled { low, high } => {
+            // a ∈ [−1, 1] ─► low + (a + 1)/2 · (high − low) = a · (high − low)/2 + (high + low)/2.
+            let d = low.len();
+            let lo = Tensor::from_slice(low).to_kind(Kind::Double);
+            let hi = Tensor::from_slice(high).to_kind(Kind::Double);
+            layers.push((TorchLayer::Tanh, None));
+            layers.push((TorchLayer::Linear(d, d), Some((((&hi - &lo) / 2.0).diag(0), (&hi + &lo) / 2.0))));
+            metadata.insert("action_low".into(), serde_json::to_string(low).expect("floats"));
+            metadata.insert("action_high".into(), serde_json::to_string(high).expect("floats"));
+            ("action", "the outputs: tanh of the actor, scaled to [action_low, action_high] by the last Linear")
+        }
+    };
+    let mut named = Vec::new();
+    for (i, (_, params)) in layers.iter().enumerate() {
+        if let Some((w, b)) = params {
+            named.push((format!("{i}.weight"), w.to_kind(Kind::Float).contiguous()));
+            named.push((format!("{i}.bias"), b.to_kind(Kind::Float).contiguous()));
+        }
+    }
+    named.extend(extra.into_iter().map(|(n, t)| (n, t.to_kind(Kind::Float).contiguous())));
+    let layers: Vec<TorchLayer> = layers.into_iter().map(|(l, _)| l).collect();
+    let spec = Value::Array(layers.iter().map(TorchLayer::json).collect());
+    metadata.extend([
+        ("format".to_string(), "pt".to_string()),
+        ("flotilla_export_version".into(), EXPORT_VERSION.to_string()),
+        ("algorithm".into(), arch.algorithm.clone()),
+        ("layers".into(), spec.to_string()),
+        ("output".into(), output.into()),
+        ("action".into(), action.into()),
+        ("input".into(), input),
+        ("observation_space".into(), space_to_json(&arch.observation_space)),
+        ("action_space".into(), space_to_json(&arch.action_space)),
+    ]);
+    Ok(PytorchPolicy { layers, tensors: named, metadata })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::a2c::A2cConfig;
+    use crate::ppo::PpoConfig;
+    use crate::registry::AlgorithmConfig;
+    use crate::td3::DdpgConfig;
+    use crate::{ActMode, ActOutput};
+    use flotilla_core::ObsRef;
+    use tch::Device;
+
+    fn cartpole() -> (Space, Space) {
+        (
+            Space::box1d(
+                vec![-4.8, f32::NEG_INFINITY, -0.42, f32::NEG_INFINITY],
+                vec![4.8, f32::INFINITY, 0.42, f32::INFINITY],
+            ),
+            Space::discrete(2),
+        )
+    }
+
+    fn pendulum() -> (Space, Space) {
+        (Space::box1d(vec![-1.0, -1.0, -8.0], vec![1.0, 1.0, 8.0]), Space::box1d(vec![-2.0], vec![2.0]))
+    }
+
+    fn frames() -> (Space, Space) {
+        let n = 4 * 44 * 44;
+        (
+            Space::Box { low: vec![0.0; n], high: vec![255.0; n], shape: vec![4, 44, 44], dtype: DType::U8 },
+            Space::discrete(3),
+        )
+    }
+
+    /// Every kind the registry builds: the architecture names every weight with its shape, survives the
+    /// metadata round trip, and the exported `nn.Sequential` (run as PyTorch runs it) gives the agent's own
+    /// deterministic actions.
+    #[test]
+    fn exported_policies_act_as_the_agent() {
+        let small = vec![16, 8];
+        let configs = [
+            (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: small.clone(), ..Default::default() }), cartpole()),
+            (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
+            (AlgorithmConfig::A2c(A2cConfig::default()), cartpole()),
+            (AlgorithmConfig::A3c(A2cConfig::default()), pendulum()),
+            (AlgorithmConfig::Ppo(PpoConfig::default()), frames()),
+            (AlgorithmConfig::Dqn(DqnConfig { hidden_sizes: small.clone(), ..Default::default() }), cartpole()),
+            (
+                AlgorithmConfig::Dqn(DqnConfig { dueling: true, hidden_sizes: small.clone(), ..Default::default() }),
+                cartpole(),
+            ),
+            (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), frames()),
+            (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
+            (AlgorithmConfig::Td3(Td3Config { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
+            (AlgorithmConfig::Distill(DistillConfig { teachers: vec!["t".into()], ..Default::default() }), cartpole()),
+            (AlgorithmConfig::Distill(DistillConfig { teachers: vec!["t".into()], ..Default::default() }), pendulum()),
+        ];
+        let dir = std::env::temp_dir().join(format!("flotilla-export-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, (config, (o, a))) in configs.iter().enumerate() {
+            let name = format!("{} #{i}", config.name());
+            let mut agent = config.build_learner(o, a, 8, Device::Cpu, 7).unwrap();
+            // Non-zero biases and log-std, so the check covers them.
+            tch::no_grad(|| {
+                let flat = agent.policy_params().flat().shallow_clone();
+                let _ = flat.shallow_clone().g_add_(&(Tensor::randn(flat.size(), (Kind::Float, Device::Cpu)) * 0.05));
+            });
+            let arch = config.architecture(o, a).unwrap();
+            let params = agent.policy_params();
+            let have: Vec<(String, Vec<usize>)> = params
+                .names()
+                .enumerate()
+                .map(|(i, n)| (n.to_string(), params.view(i).size().iter().map(|&d| d as usize).collect()))
+                .collect();
+            assert_eq!(arch.tensor_shapes(), have, "{name}");
+            // What save_weights writes carries the architecture.
+            let path = dir.join(format!("model{i}.safetensors"));
+            agent.save_weights(&path).unwrap();
+            let (tensors, meta) = read_safetensors(&path).unwrap();
+            assert_eq!(Architecture::from_metadata("test", &meta).unwrap().as_ref(), Some(&arch), "{name}");
+            agent.load_weights(&path).unwrap();
+            // Same weights, same bytes (metadata keys in a fixed order).
+            let again = dir.join(format!("again{i}.safetensors"));
+            agent.save_weights(&again).unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), std::fs::read(&again).unwrap(), "{name}");
+
+            let policy = to_pytorch(&arch, &tensors).unwrap();
+            let rows = 5;
+            let obs_dim = o.flat_dim();
+            let (mut want, x) = (ActOutput::default(), Vec::<f32>::new());
+            let x = if matches!(o, Space::Box { dtype: DType::U8, .. }) {
+                let bytes: Vec<u8> = (0..rows * obs_dim).map(|k| ((k * 37 + i) % 256) as u8).collect();
+                agent.act(ObsRef::U8(&bytes), ActMode::Deterministic, &mut want).unwrap();
+                Tensor::from_slice(&bytes).to_kind(Kind::Float).view([rows as i64, 4, 44, 44])
+            } else {
+                let mut x = x;
+                x.extend((0..rows * obs_dim).map(|k| ((k as f32 + i as f32) * 0.71).sin()));
+                agent.act(ObsRef::F32(&x), ActMode::Deterministic, &mut want).unwrap();
+                Tensor::from_slice(&x).view([rows as i64, obs_dim as i64])
+            };
+            let y = policy.forward(&x);
+            let got: Vec<f32> = match policy.metadata["output"].as_str() {
+                "logits" | "q_values" => {
+                    Vec::<i64>::try_from(y.argmax(-1, false)).unwrap().iter().map(|&a| a as f32).collect()
+                }
+                _ => Vec::<f32>::try_from(y.flatten(0, -1)).unwrap(),
+            };
+            assert_eq!(got.len(), want.actions.len(), "{name}");
+            for (g, w) in got.iter().zip(&want.actions) {
+                assert!((g - w).abs() <= 1e-5, "{name}: exported {got:?}, agent {:?}", want.actions);
+            }
+            if !want.q_values.is_empty() {
+                let q = Vec::<f32>::try_from(y.flatten(0, -1)).unwrap();
+                assert!(q.iter().zip(&want.q_values).all(|(a, b)| (a - b).abs() < 1e-4), "{name}: Q {q:?}");
+            }
+            // The layer list is PyTorch's: weights [out, in] under `{index}.weight`.
+            if let TorchLayer::Linear(i, o) = policy.layers[0] {
+                assert_eq!(policy.tensors[0].0, "0.weight");
+                assert_eq!(policy.tensors[0].1.size(), [o as i64, i as i64], "{name}");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn task_heads_are_refused_by_name_and_spaces_round_trip() {
+        let (o, a) = cartpole();
+        let config =
+            AlgorithmConfig::Dqn(DqnConfig { task_heads: true, tasks: 2, hidden_sizes: vec![8], ..Default::default() });
+        let arch = config.architecture(&o, &a).unwrap();
+        let agent = config.build_learner(&o, &a, 1, Device::Cpu, 1).unwrap();
+        let p = agent.policy_params();
+        let tensors: Vec<(String, Tensor)> =
+            p.names().enumerate().map(|(i, n)| (n.to_string(), p.view(i).detach())).collect();
+        let e = to_pytorch(&arch, &tensors).unwrap_err().to_string();
+        assert!(e.contains("2 task heads") && e.contains("dqn"), "{e}");
+        // A tensor of another shape is named.
+        let arch = AlgorithmConfig::Dqn(DqnConfig { hidden_sizes: vec![9], ..Default::default() })
+            .architecture(&o, &a)
+            .unwrap();
+        let e = to_pytorch(&arch, &tensors).unwrap_err().to_string();
+        assert!(e.contains("\"q.0.weight\"") && e.contains("[4, 9]"), "{e}");
+        // Infinite bounds survive JSON.
+        let json: Value = serde_json::from_str(&space_to_json(&o)).unwrap();
+        assert_eq!(space_from_json(&json).unwrap(), o);
+    }
+}
