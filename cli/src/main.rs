@@ -7,12 +7,15 @@
 //! flotilla train CONFIG.toml --learners L --actors N [...]   # L data-parallel learners, N/L actors each
 //! flotilla learner CONFIG.toml [--listen ADDR] [--actors N] [--token T]   # actors join from anywhere
 //! flotilla actor --learner HOST:PORT [--token T | FLOTILLA_TOKEN=T] [--index I]
-//! flotilla eval RUN_DIR [--episodes N] [--seed S]
+//! flotilla eval RUN_DIR [--episodes N] [--seed S] [--render DIR]   # --render: PNG frames of each episode
+//! flotilla plot RUN_DIR [RUN_DIR ...] [--metric eval/mean_return] [--out curves.png|.svg] [--group]
 //! ```
 mod actor;
 mod group;
 mod launch;
 mod launcher;
+mod plot;
+mod render;
 
 use std::path::{Path, PathBuf};
 
@@ -103,6 +106,24 @@ enum Command {
         /// Seed of the first evaluation env (env i gets seed + i); default: the run's eval seed.
         #[arg(long)]
         seed: Option<u64>,
+        /// Also draw each episode (classic-control envs) as PNG frames: DIR/episode-K/frame-NNNN.png.
+        #[arg(long, value_name = "DIR")]
+        render: Option<PathBuf>,
+    },
+    /// Draw learning curves of runs: a metric against env steps, ± its std, one colour per run.
+    Plot {
+        /// Run directories written by `flotilla train`.
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// The metrics.csv column to draw (its std column, e.g. eval/std_return, gives the band).
+        #[arg(long, default_value = "eval/mean_return")]
+        metric: String,
+        /// Output file: SVG if it ends in .svg, else PNG.
+        #[arg(long, default_value = "curves.png")]
+        out: PathBuf,
+        /// Draw runs that differ only in run.seed as one mean line with a ± std band across them.
+        #[arg(long)]
+        group: bool,
     },
 }
 
@@ -177,7 +198,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Actor { learner, token, index, reconnect_secs } => {
             actor::actor_command(&learner, &token, index, reconnect_secs).map(|_| ())
         }
-        Command::Eval { run_dir, episodes, seed } => eval_command(&run_dir, episodes, seed),
+        Command::Eval { run_dir, episodes, seed, render } => eval_command(&run_dir, episodes, seed, render.as_deref()),
+        Command::Plot { runs, metric, out, group } => plot::plot_command(&runs, &metric, &out, group),
     }
 }
 
@@ -254,7 +276,7 @@ fn learner_command(
     launch::distributed_train(&config, launch::Start::Fresh(out), actors, token, stop_at)
 }
 
-fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()> {
+fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>, render: Option<&Path>) -> Result<()> {
     anyhow::ensure!(episodes > 0, "--episodes must be at least 1");
     let (dir, config) = RunDir::open(run_dir)?;
     let model = dir.model_path();
@@ -264,6 +286,9 @@ fn eval_command(run_dir: &Path, episodes: usize, seed: Option<u64>) -> Result<()
     let (observation_space, action_space) = config.env.spaces()?;
     let mut agent = config.build_agent(&observation_space, &action_space, device)?;
     agent.load_weights(&model)?;
+    if let Some(frames) = render {
+        return render::render_command(&config, agent.as_mut(), episodes, seed.unwrap_or(config.eval.seed), frames);
+    }
     let result = evaluate(agent.as_mut(), &config.env, episodes, seed.unwrap_or(config.eval.seed))?;
     println!(
         "{}: mean return {:.2} ± {:.2} over {} episodes (deterministic policy, {})",

@@ -1,0 +1,343 @@
+//! `flotilla plot`: learning curves of one or more run directories.
+//!
+//! ```text
+//! flotilla plot RUN_DIR [RUN_DIR ...] [--metric eval/mean_return] [--out curves.png] [--group]
+//! ```
+//! x is `env_steps`, y one column of each run's `metrics.csv` (rows where it is empty are skipped, so evaluation
+//! columns give one point per evaluation). Where the metric has a std column beside it (`eval/std_return` for
+//! `eval/mean_return`: the std of the evaluation's episodes) a ± std band is drawn around the line. One colour per
+//! run, named after its directory. A return metric of an env with a registered reward threshold (Gymnasium's,
+//! `flotilla_envs::spec`) gets a dashed line at that threshold. `--group` draws runs whose configs differ only in
+//! `run.seed` as one line, the mean over those runs, with a ± std band across them (only env steps every run of
+//! the group logged count).
+//!
+//! The format follows `--out`'s extension: `.svg` writes SVG (text as `<text>` elements), anything else PNG.
+//! Text is drawn with the DejaVu Sans font bundled in the binary (`cli/assets/`), so no system font is needed.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use flotilla_learner::config::ExperimentConfig;
+use flotilla_learner::run_dir::{METRICS_FILE, RunDir};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// DejaVu Sans (Bitstream Vera license, `cli/assets/DejaVuSans.LICENSE`).
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+/// Matplotlib's "tab10" colours, one per run.
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+/// Chart size in pixels (PNG) or SVG units.
+const SIZE: (u32, u32) = (1000, 600);
+
+/// Make the bundled font plotters' "sans-serif" (once per process).
+pub fn register_font() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let ok = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_ok();
+        debug_assert!(ok, "the bundled font parses");
+    });
+}
+
+/// The colour `flotilla plot` gives the `i`-th line.
+pub fn colour(i: usize) -> RGBColor {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// One column of a run's metrics, with its std column where there is one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Legend label.
+    pub label: String,
+    /// `(env_steps, value, std)` in row order.
+    pub points: Vec<(f64, f64, Option<f64>)>,
+}
+
+/// A run directory read for plotting.
+struct Run {
+    name: String,
+    config: ExperimentConfig,
+    series: Series,
+}
+
+/// `flotilla plot`: read every run's `metric`, draw the chart, write it to `out`.
+pub fn plot_command(runs: &[PathBuf], metric: &str, out: &Path, group: bool) -> Result<()> {
+    anyhow::ensure!(!runs.is_empty(), "give at least one RUN_DIR");
+    let runs = runs.iter().map(|dir| read_run(dir, metric)).collect::<Result<Vec<_>>>()?;
+    let mut thresholds: Vec<(String, f64)> = Vec::new();
+    if metric.ends_with("return") {
+        for run in &runs {
+            if let Some(t) = reward_threshold(&run.config)
+                && !thresholds.contains(&t)
+            {
+                thresholds.push(t);
+            }
+        }
+    }
+    let mut envs: Vec<&str> = runs.iter().map(|r| r.config.env.id.as_str()).collect();
+    envs.dedup();
+    let title = format!("{metric} on {}", envs.join(", "));
+    let series = if group { grouped(runs) } else { runs.into_iter().map(|r| r.series).collect() };
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let svg = out.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    register_font();
+    let drawn = if svg {
+        draw(SVGBackend::new(out, SIZE).into_drawing_area(), &title, metric, &series, &thresholds)
+    } else {
+        draw(BitMapBackend::new(out, SIZE).into_drawing_area(), &title, metric, &series, &thresholds)
+    };
+    drawn.map_err(|e| anyhow::anyhow!("drawing {}: {e}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
+/// Read `metric` (and its std column) from the run directory `dir`.
+fn read_run(dir: &Path, metric: &str) -> Result<Run> {
+    let (_, config) = RunDir::open(dir)?;
+    let path = dir.join(METRICS_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let Some(header) = lines.next() else { bail!("{} is empty: the run has logged nothing yet", path.display()) };
+    let header: Vec<&str> = header.split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name);
+    let x = column("env_steps").with_context(|| format!("{} has no env_steps column", path.display()))?;
+    let Some(y) = column(metric) else {
+        let available: Vec<&str> = header.iter().copied().filter(|h| *h != "env_steps").collect();
+        bail!("metric {metric:?} is not in {}; available: {}", path.display(), available.join(", "));
+    };
+    let s = std_column(metric).and_then(|name| column(&name));
+    let mut points = Vec::new();
+    for (row, line) in lines.enumerate() {
+        let cells: Vec<&str> = line.split(',').collect();
+        let number = |i: usize| -> Result<Option<f64>> {
+            match cells.get(i).map(|c| c.trim()).filter(|c| !c.is_empty()) {
+                None => Ok(None),
+                Some(c) => c.parse::<f64>().map(Some).with_context(|| {
+                    format!("{} row {}: {} is {c:?}, not a number", path.display(), row + 2, header[i])
+                }),
+            }
+        };
+        if let (Some(steps), Some(value)) = (number(x)?, number(y)?)
+            && value.is_finite()
+        {
+            points.push((steps, value, s.map(number).transpose()?.flatten().filter(|v| v.is_finite())));
+        }
+    }
+    anyhow::ensure!(!points.is_empty(), "{} has no values of {metric} yet", path.display());
+    let name = std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| dir.display().to_string());
+    Ok(Run { name: name.clone(), config, series: Series { label: name, points } })
+}
+
+/// The std column that goes with a mean column: `eval/std_return` for `eval/mean_return`.
+fn std_column(metric: &str) -> Option<String> {
+    let (head, last) = metric.rsplit_once('/').map_or(("", metric), |(h, l)| (h, l));
+    let rest = last.strip_prefix("mean_")?;
+    Some(if head.is_empty() { format!("std_{rest}") } else { format!("{head}/std_{rest}") })
+}
+
+/// The registered reward threshold of a single-env run's env (native or `gymnasium:` id of a native env).
+fn reward_threshold(config: &ExperimentConfig) -> Option<(String, f64)> {
+    if !config.env.tasks.is_empty() {
+        return None;
+    }
+    let id = config.env.id.strip_prefix("gymnasium:").unwrap_or(&config.env.id);
+    let threshold = flotilla_envs::spec(id).ok()?.reward_threshold?;
+    Some((id.to_string(), threshold))
+}
+
+/// Runs whose configs differ only in `run.seed`, each group as one series: the mean over its runs at the env
+/// steps all of them logged, with the std across runs as the band. A group of one is drawn as it is.
+fn grouped(runs: Vec<Run>) -> Vec<Series> {
+    let mut groups: Vec<(String, Vec<Run>)> = Vec::new();
+    for run in runs {
+        let mut key = run.config.clone();
+        key.run.seed = 0;
+        let key = key.to_toml();
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(run),
+            None => groups.push((key, vec![run])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(_, mut members)| {
+            if members.len() == 1 {
+                return members.pop().expect("one member").series;
+            }
+            let n = members.len();
+            let mut at: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+            for m in &members {
+                for &(x, y, _) in &m.series.points {
+                    at.entry(x as u64).or_default().push(y);
+                }
+            }
+            let points = at
+                .into_iter()
+                .filter(|(_, ys)| ys.len() == n)
+                .map(|(x, ys)| {
+                    let mean = ys.iter().sum::<f64>() / n as f64;
+                    let std = (ys.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
+                    (x as f64, mean, Some(std))
+                })
+                .collect();
+            let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+            Series { label: format!("{} ({n} seeds, mean ± std)", group_name(&names)), points }
+        })
+        .collect()
+}
+
+/// A group's label: the run names' common prefix (without a trailing separator or "seed"), else the first name.
+fn group_name(names: &[&str]) -> String {
+    let first = names[0];
+    let mut len = first.len();
+    for name in &names[1..] {
+        len = len.min(first.bytes().zip(name.bytes()).take_while(|(a, b)| a == b).count());
+    }
+    while !first.is_char_boundary(len) {
+        len -= 1;
+    }
+    let prefix = first[..len].trim_end_matches(|c: char| c.is_ascii_digit());
+    let prefix = prefix.strip_suffix("seed").unwrap_or(prefix).trim_end_matches(['-', '_', '.', ' ']);
+    if prefix.is_empty() { first.to_string() } else { prefix.to_string() }
+}
+
+/// `12500` as "12.5k", `2000000` as "2M".
+fn steps_label(x: f64) -> String {
+    let short = |v: f64, unit: &str| {
+        let s = format!("{v:.2}");
+        format!("{}{unit}", s.trim_end_matches('0').trim_end_matches('.'))
+    };
+    match x.abs() {
+        a if a >= 1e9 => short(x / 1e9, "G"),
+        a if a >= 1e6 => short(x / 1e6, "M"),
+        a if a >= 1e3 => short(x / 1e3, "k"),
+        _ => short(x, ""),
+    }
+}
+
+/// The chart: bands, lines, threshold lines, axes and legend.
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    metric: &str,
+    series: &[Series],
+    thresholds: &[(String, f64)],
+) -> std::result::Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    let x_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(0.0, f64::max).max(1.0);
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for &(x, y, s) in series.iter().flat_map(|s| &s.points) {
+        let _ = x;
+        let s = s.unwrap_or(0.0);
+        (lo, hi) = (lo.min(y - s), hi.max(y + s));
+    }
+    for &(_, t) in thresholds {
+        (lo, hi) = (lo.min(t), hi.max(t));
+    }
+    let pad = if hi > lo { (hi - lo) * 0.05 } else { 1.0 };
+    let (lo, hi) = (lo - pad, hi + pad);
+
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 26))
+        .margin(20)
+        .x_label_area_size(55)
+        .y_label_area_size(75)
+        .build_cartesian_2d(0.0..x_max, lo..hi)?;
+    chart
+        .configure_mesh()
+        .x_desc("env steps")
+        .y_desc(metric)
+        .x_label_formatter(&|x| steps_label(*x))
+        .y_label_formatter(&|y| {
+            let s = format!("{y:.2}");
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        })
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .bold_line_style(RGBColor(220, 220, 220))
+        .light_line_style(RGBColor(246, 246, 246))
+        .draw()?;
+
+    for (i, s) in series.iter().enumerate() {
+        let c = colour(i);
+        let band: Vec<(f64, f64)> = s.points.iter().filter_map(|&(x, y, sd)| sd.map(|sd| (x, y + sd))).collect();
+        if band.len() == s.points.len() && band.len() > 1 {
+            let lower = s.points.iter().rev().map(|&(x, y, sd)| (x, y - sd.unwrap_or(0.0)));
+            let polygon: Vec<(f64, f64)> = band.into_iter().chain(lower).collect();
+            chart.draw_series(std::iter::once(Polygon::new(polygon, c.mix(0.18).filled())))?;
+        }
+        chart
+            .draw_series(LineSeries::new(s.points.iter().map(|&(x, y, _)| (x, y)), c.stroke_width(2)))?
+            .label(s.label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3)));
+        if s.points.len() == 1 {
+            let (x, y, _) = s.points[0];
+            chart.draw_series(std::iter::once(Circle::new((x, y), 4, c.filled())))?;
+        }
+    }
+    for (env, t) in thresholds {
+        let dashed = DashedLineSeries::new(vec![(0.0, *t), (x_max, *t)], 10, 6, BLACK.mix(0.7).stroke_width(2));
+        chart
+            .draw_series(dashed)?
+            .label(format!("{env} threshold ({t})"))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], BLACK.mix(0.7).stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .margin(12)
+        .label_font(("sans-serif", 16))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(180, 180, 180))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn std_columns_pair_with_mean_columns() {
+        assert_eq!(std_column("eval/mean_return").as_deref(), Some("eval/std_return"));
+        assert_eq!(std_column("eval/walk/mean_return").as_deref(), Some("eval/walk/std_return"));
+        assert_eq!(std_column("mean_x").as_deref(), Some("std_x"));
+        assert_eq!(std_column("charts/episodic_return"), None);
+    }
+
+    #[test]
+    fn step_labels_are_short() {
+        assert_eq!(steps_label(0.0), "0");
+        assert_eq!(steps_label(12500.0), "12.5k");
+        assert_eq!(steps_label(100000.0), "100k");
+        assert_eq!(steps_label(2_000_000.0), "2M");
+    }
+
+    #[test]
+    fn group_names_drop_the_seed() {
+        assert_eq!(group_name(&["ppo-seed1", "ppo-seed2"]), "ppo");
+        assert_eq!(group_name(&["run_1", "run_2", "run_3"]), "run");
+        assert_eq!(group_name(&["a", "b"]), "a");
+    }
+}
