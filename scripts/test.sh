@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+bash scripts/setup_pytorch.sh >/dev/null   # PyTorch for cli/tests/export.rs (the exported-policy check)
 cargo test --release --workspace

@@ -8,9 +8,12 @@
 //! flotilla learner CONFIG.toml [--listen ADDR] [--actors N] [--token T]   # actors join from anywhere
 //! flotilla actor --learner HOST:PORT [--token T | FLOTILLA_TOKEN=T] [--index I]
 //! flotilla eval RUN_DIR [--episodes N] [--seed S] [--render DIR]   # --render: PNG frames of each episode
+//! flotilla export RUN_DIR --out policy.safetensors     # the acting policy as a torch nn.Sequential
+//! flotilla act RUN_DIR --obs obs.json                  # deterministic actions on observation rows
 //! flotilla plot RUN_DIR [RUN_DIR ...] [--metric eval/mean_return] [--out curves.png|.svg] [--group]
 //! ```
 mod actor;
+mod export;
 mod group;
 mod launch;
 mod launcher;
@@ -125,6 +128,24 @@ enum Command {
         #[arg(long)]
         group: bool,
     },
+    /// Write a trained run's acting policy in PyTorch's own layout: a torch.nn.Sequential state dict
+    /// (`0.weight`, `0.bias`, …) with the layer list in the file's metadata (README: "Taking a policy to PyTorch").
+    Export {
+        /// Run directory written by `flotilla train`.
+        run_dir: PathBuf,
+        /// The safetensors file to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Print the deterministic actions a trained run's policy takes (those `flotilla eval` takes, before the
+    /// env's clipping) on observation rows, as JSON, one per row.
+    Act {
+        /// Run directory written by `flotilla train`.
+        run_dir: PathBuf,
+        /// A JSON array of observation rows, each the observation flattened: `[[0.01, -0.02, 0.03, 0.04], …]`.
+        #[arg(long, value_name = "FILE.json")]
+        obs: PathBuf,
+    },
 }
 
 fn main() {
@@ -199,6 +220,8 @@ fn run(cli: Cli) -> Result<()> {
             actor::actor_command(&learner, &token, index, reconnect_secs).map(|_| ())
         }
         Command::Eval { run_dir, episodes, seed, render } => eval_command(&run_dir, episodes, seed, render.as_deref()),
+        Command::Export { run_dir, out } => export::export_command(&run_dir, &out),
+        Command::Act { run_dir, obs } => export::act_command(&run_dir, &obs),
         Command::Plot { runs, metric, out, group } => plot::plot_command(&runs, &metric, &out, group),
     }
 }

@@ -1,0 +1,197 @@
+//! `flotilla export` and `flotilla act` end to end: tiny trained runs exported and rebuilt in PyTorch from the
+//! file alone (`tests/python/export_check.py`, in the venv `scripts/setup_pytorch.sh` makes) act exactly as
+//! `flotilla act` says; bad input is refused with a message that names it.
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{config, flotilla, scratch, text};
+
+/// The PyTorch venv's python, if `scripts/setup_pytorch.sh` has made it. Missing: a failure under CI (`CI`
+/// set), else `None` after a loud message saying how to make it.
+fn pytorch_python() -> Option<PathBuf> {
+    let cache = std::env::var_os("FLOTILLA_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/flotilla"));
+    let venv = cache.join("pytorch-venv");
+    let python = venv.join("bin/python");
+    if python.is_file() && venv.join(".requirements-pytorch.txt").is_file() {
+        return Some(python);
+    }
+    let message = format!(
+        "no PyTorch venv at {}: run `bash scripts/setup_pytorch.sh` (scripts/test.sh does) to check exported \
+         policies in PyTorch",
+        venv.display()
+    );
+    assert!(std::env::var_os("CI").is_none(), "{message}");
+    eprintln!(
+        "\n{}\nSKIPPED the PyTorch half of cli/tests/export.rs: {message}\n{}\n",
+        "!".repeat(100),
+        "!".repeat(100)
+    );
+    None
+}
+
+fn repo(path: &str) -> String {
+    format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Train `config_name` with `overrides` into `dir/name`, and return the run directory.
+fn train(dir: &Path, name: &str, config_name: &str, overrides: &[&str]) -> PathBuf {
+    let run = dir.join(name);
+    let mut args = vec!["train".to_string(), config(config_name), "--out".into(), run.display().to_string()];
+    for o in overrides {
+        args.extend(["--set".to_string(), o.to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = flotilla(&args);
+    assert!(out.status.success(), "{name}: {}", text(&out));
+    run
+}
+
+const CARTPOLE_OBS: &str = "[[0.01, -0.02, 0.03, 0.04], [0.1, 0.5, -0.05, -0.6], [-0.2, -1.0, 0.1, 1.2], \
+                            [1.5, 0.3, 0.2, -0.1], [-2.0, 1.5, -0.2, 0.8], [0.0, 0.0, 0.0, 0.0]]";
+const PENDULUM_OBS: &str = "[[1.0, 0.0, 0.0], [0.6, 0.8, -3.0], [-0.7, 0.71, 5.5], [0.0, -1.0, 1.0], \
+                            [-1.0, 0.0, -7.9], [0.28, -0.96, 0.3]]";
+
+#[test]
+fn exported_policies_act_in_pytorch_as_in_flotilla() {
+    let dir = scratch("export", "pytorch");
+    let (cartpole, pendulum) = (dir.join("cartpole.json"), dir.join("pendulum.json"));
+    std::fs::write(&cartpole, CARTPOLE_OBS).unwrap();
+    std::fs::write(&pendulum, PENDULUM_OBS).unwrap();
+    let quick = ["metrics.log_interval_steps=1000", "eval.episodes=1"];
+    let runs = [
+        (
+            train(
+                &dir,
+                "ppo",
+                "cartpole_ppo.toml",
+                &[&quick[..], &["run.total_env_steps=2048", "eval.interval_steps=2048"]].concat(),
+            ),
+            &cartpole,
+        ),
+        (
+            train(
+                &dir,
+                "ppo-gauss",
+                "pendulum_ppo.toml",
+                &[&quick[..], &["run.total_env_steps=2048", "eval.interval_steps=2048"]].concat(),
+            ),
+            &pendulum,
+        ),
+        (
+            train(
+                &dir,
+                "dqn",
+                "cartpole_dqn.toml",
+                &[
+                    &quick[..],
+                    &[
+                        "run.total_env_steps=1500",
+                        "algorithm.learning_starts=500",
+                        "eval.interval_steps=1500",
+                        "algorithm.dueling=true",
+                    ],
+                ]
+                .concat(),
+            ),
+            &cartpole,
+        ),
+        (
+            train(
+                &dir,
+                "td3",
+                "pendulum_td3.toml",
+                &[
+                    &quick[..],
+                    &[
+                        "run.total_env_steps=400",
+                        "algorithm.learning_starts=300",
+                        "algorithm.hidden_sizes=[64, 64]",
+                        "eval.interval_steps=400",
+                    ],
+                ]
+                .concat(),
+            ),
+            &pendulum,
+        ),
+    ];
+    let python = pytorch_python();
+    for (run, obs) in &runs {
+        let name = run.file_name().unwrap().to_string_lossy().into_owned();
+        // model.safetensors describes itself.
+        let (_, meta) = flotilla_algorithms::export::read_safetensors(&run.join("model.safetensors")).unwrap();
+        assert_eq!(meta.get("flotilla_format_version").map(String::as_str), Some("1"), "{name}: {meta:?}");
+        assert!(meta.contains_key("network") && meta.contains_key("action_space"), "{name}: {meta:?}");
+
+        let policy = dir.join(format!("{name}.safetensors"));
+        let out = flotilla(&["export", run.to_str().unwrap(), "--out", policy.to_str().unwrap()]);
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("layers: [[\"Linear\""), "{name}: {}", text(&out));
+        let out = flotilla(&["act", run.to_str().unwrap(), "--obs", obs.to_str().unwrap()]);
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        let actions = dir.join(format!("{name}.actions.json"));
+        std::fs::write(&actions, &out.stdout).unwrap();
+        let Some(python) = &python else { continue };
+        let check = std::process::Command::new(python)
+            .args([repo("tests/python/export_check.py"), policy.display().to_string()])
+            .args([obs.as_os_str(), actions.as_os_str()])
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{name}: PyTorch disagrees with flotilla act:\n{}", text(&check));
+        assert!(String::from_utf8_lossy(&check.stdout).contains("ok: "), "{name}: {}", text(&check));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn export_and_act_refuse_what_they_cannot_read() {
+    let dir = scratch("export", "refusals");
+    let missing = dir.join("nowhere");
+    let out = flotilla(&["export", missing.to_str().unwrap(), "--out", dir.join("p.safetensors").to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("does not exist"), "{}", text(&out));
+    // A directory without trained weights.
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = flotilla(&["export", empty.to_str().unwrap(), "--out", dir.join("p.safetensors").to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("has no trained policy"), "{}", text(&out));
+    assert!(text(&out).contains("model.safetensors is missing"), "{}", text(&out));
+    let out = flotilla(&["act", empty.to_str().unwrap(), "--obs", "x.json"]);
+    assert!(!out.status.success() && text(&out).contains("has no trained policy"), "{}", text(&out));
+
+    let run = train(
+        &dir,
+        "ppo",
+        "cartpole_ppo.toml",
+        &["run.total_env_steps=256", "eval.interval_steps=256", "eval.episodes=1", "metrics.log_interval_steps=256"],
+    );
+    for (content, expected) in [
+        ("[[0.1, 0.2, 0.3]]", "row 0 has 3 values; the run's observation space has 4"),
+        ("[[0.1, 0.2, 0.3, 0.4], [1, 2, \"x\", 4]]", "row 1, value 2 (\"x\") is not a number"),
+        ("{\"obs\": [0.1, 0.2, 0.3, 0.4]}", "expected a JSON array of observation rows"),
+        ("[0.1, 0.2, 0.3, 0.4]", "row 0 is not an array"),
+        ("[]", "no observation rows"),
+        ("[[0.1, 0.2", "not JSON"),
+    ] {
+        let obs = dir.join("obs.json");
+        std::fs::write(&obs, content).unwrap();
+        let out = flotilla(&["act", run.to_str().unwrap(), "--obs", obs.to_str().unwrap()]);
+        assert!(!out.status.success(), "{content}: {}", text(&out));
+        assert!(text(&out).contains(expected) && text(&out).contains("obs.json"), "{content}: {}", text(&out));
+    }
+    let out = flotilla(&["act", run.to_str().unwrap(), "--obs", dir.join("none.json").to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("reading observations from"), "{}", text(&out));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The README's "Taking a policy to PyTorch" shows exactly the lines the check runs.
+#[test]
+fn the_readme_shows_the_snippet_the_check_runs() {
+    let script = std::fs::read_to_string(repo("tests/python/export_check.py")).unwrap();
+    let start = script.find("# --- README snippet start ---\n").expect("start marker") + 31;
+    let end = script.find("# --- README snippet end ---").expect("end marker");
+    let snippet = &script[start..end];
+    let readme = std::fs::read_to_string(repo("README.md")).unwrap();
+    assert!(readme.contains(snippet), "README.md must show tests/python/export_check.py's snippet:\n{snippet}");
+}
