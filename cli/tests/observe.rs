@@ -109,3 +109,117 @@ fn run_directories_hold_tensorboard_events_matching_metrics_csv() {
     assert!(o.status.success(), "{}", text(&o));
     check_events_match_csv(&actors, "with actors");
 }
+
+/// One scrape of `http://{addr}/metrics` with a plain HTTP/1.1 request: the status line and the exposition's
+/// samples (`name{labels}` → value), each family's `# TYPE` checked to come before its samples.
+fn scrape(addr: &str) -> (String, BTreeMap<String, f64>) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head.lines().next().unwrap().to_string();
+    // Chunked transfer encoding is not used for a fixed body: the body is the exposition itself.
+    let mut samples = BTreeMap::new();
+    let mut typed = Vec::new();
+    for line in body.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            typed.push(t.split(' ').next().unwrap().to_string());
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let (name, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("sample without a value: {line:?}"));
+            let family = name.split('{').next().unwrap();
+            assert!(typed.iter().any(|t| family.starts_with(t.as_str())), "{family} sampled before its # TYPE");
+            samples.insert(name.to_string(), value.parse().unwrap_or_else(|_| panic!("value of {line:?}")));
+        }
+    }
+    assert_eq!(body.lines().last(), Some("# EOF"), "OpenMetrics ends with # EOF");
+    (status, samples)
+}
+
+/// `[learner] metrics_listen`: during a distributed run (2 actors) the learner's endpoint answers a real HTTP
+/// request with chunks and transitions taken in, the actors connected, update times and the logged metrics, and
+/// the counters grow between scrapes; a bad address is refused before anything is written.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "trains: run with --release")]
+fn the_learner_serves_prometheus_metrics_during_a_distributed_run() {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let dir = scratch("observe", "prometheus");
+    let run = dir.join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["train", &config("cartpole_ppo.toml"), "--actors", "2", "--out", run.to_str().unwrap()])
+        .args(["--set", "learner.metrics_listen=\"127.0.0.1:0\"", "--set", "run.total_env_steps=300000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let done = common::watchdog(child.id(), Duration::from_secs(240));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut log = String::new();
+    let addr = loop {
+        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("no metrics address:\n{log}"));
+        log.push_str(&line);
+        log.push('\n');
+        if let Some(rest) = line.split("metrics on http://").nth(1) {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    };
+    // Scrape until the first metrics row is in (it carries the logged values), then once more later.
+    let started = Instant::now();
+    let first = loop {
+        let (status, samples) = scrape(&addr);
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        if samples.contains_key("flotilla_run_metric{name=\"charts/sps\"}") {
+            break samples;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "no metrics row after 2 minutes: {samples:?}\n{log}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, later) = scrape(&addr);
+    for (name, at_least) in [
+        ("flotilla_ingest_chunks_total", 1.0),
+        ("flotilla_ingest_transitions_total", 1.0),
+        ("flotilla_actors_connected", 2.0),
+        ("flotilla_update_seconds_count", 1.0),
+        ("flotilla_policy_version", 1.0),
+        ("flotilla_env_steps", 1.0),
+        ("flotilla_refused_messages_total", 0.0),
+        ("flotilla_ingest_queue_depth", 0.0),
+        ("flotilla_run_metric{name=\"charts/policy_lag\"}", 0.0),
+        ("flotilla_run_metric{name=\"losses/value_loss\"}", f64::NEG_INFINITY),
+    ] {
+        let v = first.get(name).unwrap_or_else(|| panic!("no {name} in {first:?}"));
+        assert!(*v >= at_least, "{name} = {v}");
+    }
+    // PPO chunks are 32 steps (the quick start's n_steps) of 4 envs (its 8 envs split between 2 actors).
+    assert_eq!(first["flotilla_ingest_transitions_total"], 128.0 * first["flotilla_ingest_chunks_total"]);
+    assert!(later["flotilla_ingest_chunks_total"] > first["flotilla_ingest_chunks_total"], "counters grow: {later:?}");
+    let status = child.wait().unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    reader.join().unwrap();
+    log.extend(rx.try_iter().map(|l| l + "\n"));
+    assert!(status.success(), "{log}");
+    assert!(std::net::TcpStream::connect(&addr).is_err(), "the endpoint stops with the learner");
+
+    let bad = dir.join("bad");
+    let o = flotilla(&[
+        "train",
+        &config("cartpole_ppo.toml"),
+        "--actors",
+        "1",
+        "--set",
+        "learner.metrics_listen=\"localhost\"",
+        "--out",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success() && text(&o).contains("[learner] metrics_listen = \"localhost\""), "{}", text(&o));
+    assert!(!bad.exists(), "nothing written");
+}

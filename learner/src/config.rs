@@ -202,6 +202,27 @@ pub struct LearnerConfig {
     /// `flotilla train --learners L`: times the whole group is restarted from its last checkpoint after a
     /// learner fails (as `torchrun --max-restarts`).
     pub max_restarts: u32,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (`IP:PORT`, or `PORT` alone for loopback; learner r
+    /// of a group listens on PORT + r): ingest, refusals, actors, queue depth, policy lag, update times and
+    /// every logged metric. Off when absent.
+    pub metrics_listen: Option<String>,
+}
+
+impl LearnerConfig {
+    /// `metrics_listen` as an address: `IP:PORT`, or a bare `PORT` on loopback; `None` when off. The error names
+    /// the key and the value.
+    pub fn metrics_addr(&self) -> Result<Option<std::net::SocketAddr>> {
+        let Some(text) = self.metrics_listen.as_deref() else { return Ok(None) };
+        let parsed = match text.parse::<u16>() {
+            Ok(port) => Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+            Err(_) => text.parse::<std::net::SocketAddr>(),
+        };
+        parsed.map(Some).map_err(|_| {
+            Error::Config(format!(
+                "[learner] metrics_listen = {text:?}: expected IP:PORT (e.g. 127.0.0.1:9100) or a port number"
+            ))
+        })
+    }
 }
 
 /// `[learner] backend`: which c10d backend carries the learners' collectives.
@@ -277,6 +298,7 @@ impl Default for LearnerConfig {
             check_every: 100,
             average_every: 0,
             max_restarts: 3,
+            metrics_listen: None,
         }
     }
 }
@@ -736,6 +758,7 @@ impl ExperimentConfig {
         if a.epsilon > 1.0 {
             return Err(Error::Config(format!("[actors] epsilon = {}: a probability, must be ≤ 1", a.epsilon)));
         }
+        self.learner.metrics_addr()?;
         if !self.learner.listen.contains(':') {
             return Err(Error::Config(format!("[learner] listen = {:?}: expected HOST:PORT", self.learner.listen)));
         }

@@ -84,6 +84,8 @@ pub struct DistributedLearner {
     assembly: Option<Assembly>,
     runtime: tokio::runtime::Runtime,
     server: Option<ServerHandle>,
+    /// The Prometheus endpoint (`[learner] metrics_listen`), stopped when the learner is dropped.
+    metrics_server: Option<flotilla_observe::prometheus::MetricsServer>,
     counters: Counters,
     pending: Vec<Chunk>,
     last_metrics: Metrics,
@@ -168,6 +170,19 @@ impl DistributedLearner {
             },
         };
         let (hub, rx) = Hub::new(spec, initial);
+        let metrics_server = match config.learner.metrics_addr()? {
+            Some(addr) => {
+                // Learner r of a group listens r ports up, so a group on one machine does not collide.
+                let port = if addr.port() == 0 { 0 } else { addr.port().saturating_add(rank as u16) };
+                let server = flotilla_observe::prometheus::serve(
+                    std::net::SocketAddr::new(addr.ip(), port),
+                    hub.metrics().clone(),
+                )?;
+                info!("metrics on http://{}/metrics", server.local_addr());
+                Some(server)
+            }
+            None => None,
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("flotilla-io")
@@ -184,6 +199,7 @@ impl DistributedLearner {
             assembly: None,
             runtime,
             server: None,
+            metrics_server,
             counters,
             pending: Vec::new(),
             last_metrics: Metrics::default(),
@@ -252,6 +268,11 @@ impl DistributedLearner {
     /// The hub (for in-process actors and tests).
     pub fn hub(&self) -> Arc<Hub> {
         self.hub.clone()
+    }
+
+    /// Where the Prometheus endpoint listens (`[learner] metrics_listen`), if it does.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_server.as_ref().map(|s| s.local_addr())
     }
 
     /// This learner's rank in its data-parallel group (0 when alone). Only rank 0 evaluates, logs metrics rows
@@ -382,6 +403,7 @@ impl DistributedLearner {
                 None => {
                     let rx = self.rx.as_mut().expect("the hub queue is here when no assembly thread has it");
                     let next = next_delivery(self.runtime.handle(), rx, Duration::from_millis(200));
+                    self.hub.note_queue_depth();
                     self.counters.run.wait_secs += waiting.elapsed().as_secs_f64();
                     let any = next.is_some();
                     match next {
@@ -697,7 +719,9 @@ impl DistributedLearner {
         }
         let params = params_vec(self.agent.as_ref())?;
         self.hub.publish(params);
-        self.counters.run.update_secs += started.elapsed().as_secs_f64();
+        let secs = started.elapsed().as_secs_f64();
+        self.counters.run.update_secs += secs;
+        self.hub.metrics().update_seconds.observe(secs);
         self.last_metrics = m;
         Ok(())
     }
@@ -737,6 +761,7 @@ impl DistributedLearner {
         update.push("charts/actors", self.hub.live_actors() as f64);
         let row = c.run.log_row(update, eval, &self.config.tasks);
         log_progress(&row);
+        self.hub.metrics().observe_row(&row.columns());
         on_log(&row)?;
         c.interval_lag = (0, 0, 0);
         Ok(())

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use flotilla_core::{Chunk, ChunkSpec, Gradient, Params, Versioned};
+use flotilla_observe::prometheus::LearnerMetrics;
 use flotilla_transport::{Ack, Code, LearnerService, Registered, Registration, RpcError, RunInfo};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -111,6 +112,8 @@ pub struct Hub {
     env_steps: AtomicU64,
     /// Refusal counts.
     pub counters: HubCounters,
+    /// What the Prometheus endpoint serves (counted whether or not one is listening).
+    metrics: Arc<LearnerMetrics>,
 }
 
 impl Hub {
@@ -126,6 +129,7 @@ impl Hub {
             progress: tokio::sync::watch::Sender::new((0, false)),
             env_steps: AtomicU64::new(0),
             counters: HubCounters::default(),
+            metrics: LearnerMetrics::new(),
         };
         (Arc::new(hub), rx)
     }
@@ -133,6 +137,18 @@ impl Hub {
     /// The run's facts.
     pub fn spec(&self) -> &HubSpec {
         &self.spec
+    }
+
+    /// The learner's Prometheus metrics: the hub counts chunks, transitions, gradients, refusals, actors and
+    /// the queue's depth; the learner adds update times and its logged rows.
+    pub fn metrics(&self) -> &Arc<LearnerMetrics> {
+        &self.metrics
+    }
+
+    /// Record how many deliveries wait in the ingest queue now.
+    pub fn note_queue_depth(&self) {
+        let waiting = self.queue.max_capacity() - self.queue.capacity();
+        self.metrics.queue_depth.set(waiting as i64);
     }
 
     /// Publish new parameters; returns their version.
@@ -143,6 +159,7 @@ impl Hub {
         let version = p.version;
         drop(p);
         self.progress.send_modify(|v| v.0 = version);
+        self.metrics.policy_version.set(version as i64);
         version
     }
 
@@ -178,6 +195,7 @@ impl Hub {
 
     fn refuse(&self, actor_id: u64, what: &str, problem: String) -> RpcError {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        self.metrics.refused.inc();
         warn!(actor_id, "refused a {what} from actor {actor_id}: {problem}");
         RpcError::invalid(format!("{what} from actor {actor_id}: {problem}"))
     }
@@ -204,6 +222,7 @@ impl Hub {
         // Waits while the queue is full: the actor's call does not return, so the actor waits too.
         match self.queue.send(d).await {
             Ok(()) => {
+                self.note_queue_depth();
                 if let Some((version, mut progress)) = progress {
                     // Synchronous mode: answer once the update this chunk feeds is published (or the run ends).
                     let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
@@ -265,6 +284,7 @@ impl LearnerService for Hub {
             info!("slot {index}: actor {actor_id} replaces actor {old} ({} pid {})", e.host, e.pid);
         }
         t.by_id.insert(actor_id, ActorEntry { host: r.host.clone(), pid: r.pid });
+        self.metrics.actors.set(t.by_id.len() as i64);
         info!(actor_id, "actor {actor_id} registered in slot {index} from {} (pid {})", r.host, r.pid);
         Ok(Registered {
             actor_id,
@@ -291,6 +311,8 @@ impl LearnerService for Hub {
                 format!("policy version {} was never published (newest {})", chunk.policy_version, self.version());
             return Err(self.refuse(chunk.actor_id, "chunk", problem));
         }
+        self.metrics.chunks.inc();
+        self.metrics.transitions.inc_by((chunk.n_steps * chunk.n_envs) as u64);
         self.enqueue(Delivery::Chunk(chunk), None).await
     }
 
@@ -308,6 +330,7 @@ impl LearnerService for Hub {
             return Err(self.refuse(g.actor_id, "gradient", problem));
         }
         let (receipt, applied) = Receipt::new();
+        self.metrics.gradients.inc();
         self.enqueue(Delivery::Gradient(g, receipt), Some(applied)).await
     }
 
