@@ -112,7 +112,12 @@ pub fn distributed_train(
         (true, true) => Some(run_dir.metrics_appender()?),
         (true, false) => Some(run_dir.metrics_writer()?),
     };
-    let result = learner.run(&stop, &mut |row| csv.as_mut().map_or(Ok(()), |csv| csv.write_row(&row.columns())));
+    let total = config.run.total_env_steps.min(stop_at);
+    let result = learner.run(&stop, &mut |row| {
+        crate::progress::update(row, total);
+        csv.as_mut().map_or(Ok(()), |csv| csv.write_row(&row.columns()))
+    });
+    crate::progress::finish();
     if let Some(l) = launcher.as_mut() {
         tracing::info!("stopping actors ({} restarts during the run)", l.restarts());
         l.stop(Duration::from_secs(5));

@@ -18,6 +18,7 @@ mod group;
 mod launch;
 mod launcher;
 mod plot;
+mod progress;
 mod render;
 
 use std::path::{Path, PathBuf};
@@ -156,7 +157,7 @@ fn main() {
         )
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
+        .with_writer(progress::log_writer)
         .init();
     // Configs may name Python Gymnasium envs: `[env] id = "gymnasium:Acrobot-v1"`.
     flotilla_envs_python::register();
@@ -268,7 +269,14 @@ fn train_command(
         (None, None) => anyhow::bail!("give a CONFIG.toml or --resume RUN_DIR"),
     };
     let checkpoint = run_dir.checkpoint_path();
-    trainer.run(stop_at, &mut |row| csv.write_row(&row.columns()), &mut |t| t.save_checkpoint(&checkpoint))?;
+    let total = config.run.total_env_steps.min(stop_at);
+    let on_log = &mut |row: &flotilla_learner::progress::LogRow| {
+        progress::update(row, total);
+        csv.write_row(&row.columns())
+    };
+    let result = trainer.run(stop_at, on_log, &mut |t| t.save_checkpoint(&checkpoint));
+    progress::finish();
+    result?;
     trainer.save_checkpoint(&checkpoint)?;
     let model = run_dir.model_path();
     trainer.agent().save_weights(&model).with_context(|| format!("saving the policy to {}", model.display()))?;

@@ -223,3 +223,48 @@ fn the_learner_serves_prometheus_metrics_during_a_distributed_run() {
     assert!(!o.status.success() && text(&o).contains("[learner] metrics_listen = \"localhost\""), "{}", text(&o));
     assert!(!bad.exists(), "nothing written");
 }
+
+/// On a terminal (a pseudo-terminal from util-linux's `script`), `flotilla train` keeps one progress line
+/// updated in place — env steps against the budget, rate, last evaluation — with the log lines above it; piped
+/// (as in CI), its output has no progress line and no control characters.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "trains: run with --release")]
+fn a_progress_line_on_a_terminal_and_plain_logs_elsewhere() {
+    let dir = scratch("observe", "progress");
+    let Ok(which) = Command::new("script").arg("--version").output() else {
+        assert!(std::env::var_os("CI").is_none(), "util-linux `script` is needed for this test in CI");
+        eprintln!("SKIPPED: no `script` (util-linux) to run flotilla under a pseudo-terminal");
+        return;
+    };
+    assert!(which.status.success());
+    let run = dir.join("tty");
+    let command = format!(
+        "{} train {} --set run.total_env_steps=30000 --out {}",
+        env!("CARGO_BIN_EXE_flotilla"),
+        config("cartpole_ppo.toml"),
+        run.display()
+    );
+    let o = Command::new("script").args(["-q", "-e", "-c", &command, "/dev/null"]).output().unwrap();
+    let tty = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{tty}");
+    for position in ["5,000/30,000 env steps", "30,000/30,000 env steps", " sps · eval "] {
+        assert!(tty.contains(position), "no {position:?} on the terminal:\n{tty}");
+    }
+    assert!(tty.contains("\x1b[2K"), "the line is redrawn in place (erase-line codes)");
+    assert!(tty.contains("INFO") && tty.contains("steps    10000 |"), "log lines still print above it");
+    assert!(tty.contains("evaluation return: "), "the summary follows");
+
+    let piped = dir.join("piped");
+    let o = flotilla(&[
+        "train",
+        &config("cartpole_ppo.toml"),
+        "--set",
+        "run.total_env_steps=30000",
+        "--out",
+        piped.to_str().unwrap(),
+    ]);
+    let all = text(&o);
+    assert!(o.status.success(), "{all}");
+    assert!(all.contains("steps    10000 |"), "the log lines as before:\n{all}");
+    assert!(!all.contains("env steps ·") && !all.contains('\x1b') && !all.contains('\r'), "no progress line:\n{all}");
+}
