@@ -20,6 +20,27 @@ fn lock(group: &SharedGroup) -> std::sync::MutexGuard<'_, ProcessGroup> {
     group.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Seconds this learner has spent in collectives (gradient all-reduces, metric sums, parameter averages and
+/// agreement checks), shared by the algorithm's gradient sync and the learner: logged as
+/// `charts/collective_secs`.
+#[derive(Debug, Clone, Default)]
+pub struct CollectiveClock(Arc<std::sync::atomic::AtomicU64>);
+
+impl CollectiveClock {
+    /// Run `f`, adding its wall-clock time.
+    fn time<T>(&self, f: impl FnOnce() -> T) -> T {
+        let started = std::time::Instant::now();
+        let out = f();
+        self.0.fetch_add(started.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        out
+    }
+
+    /// The seconds counted so far.
+    pub fn secs(&self) -> f64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9
+    }
+}
+
 /// Averages gradients over the group's ranks (compressed as configured) and sums loss statistics.
 #[derive(Debug)]
 pub struct CollectiveSync {
@@ -28,13 +49,14 @@ pub struct CollectiveSync {
     /// One codec per parameter set (slot), each with its own top-k residual.
     codecs: Vec<GradientCodec>,
     world: usize,
+    clock: CollectiveClock,
 }
 
 impl CollectiveSync {
     /// A sync over `group`, compressing gradients with `compression`.
-    pub fn new(group: SharedGroup, compression: Compression) -> Self {
+    pub fn new(group: SharedGroup, compression: Compression, clock: CollectiveClock) -> Self {
         let world = lock(&group).world_size();
-        CollectiveSync { group, compression, codecs: Vec::new(), world }
+        CollectiveSync { group, compression, codecs: Vec::new(), world, clock }
     }
 
     /// Payload bytes this learner has put on the wire for gradients so far (all slots).
@@ -48,13 +70,17 @@ impl GradientSync for CollectiveSync {
         while self.codecs.len() <= slot {
             self.codecs.push(GradientCodec::new(self.compression));
         }
-        let mut group = lock(&self.group);
-        self.codecs[slot].all_reduce_mean(&mut group, grad).map_err(|e| AlgorithmError::Sync(e.to_string()))
+        let (group, codec) = (&self.group, &mut self.codecs[slot]);
+        self.clock
+            .time(|| codec.all_reduce_mean(&mut lock(group), grad))
+            .map_err(|e| AlgorithmError::Sync(e.to_string()))
     }
 
     fn sum(&mut self, values: &mut [f64]) -> flotilla_algorithms::Result<()> {
         let mut t = Tensor::from_slice(values).to_kind(Kind::Double).to_device(Device::Cpu);
-        lock(&self.group).all_reduce_sum(&mut t).map_err(|e| AlgorithmError::Sync(e.to_string()))?;
+        self.clock
+            .time(|| lock(&self.group).all_reduce_sum(&mut t))
+            .map_err(|e| AlgorithmError::Sync(e.to_string()))?;
         values.copy_from_slice(&Vec::<f64>::try_from(&t).map_err(AlgorithmError::from)?);
         Ok(())
     }
@@ -85,6 +111,8 @@ pub(crate) struct Replicas {
     check_every: u64,
     /// Updates between parameter averages (local SGD); 0: gradients are all-reduced at every step.
     average_every: u64,
+    /// Time in collectives (shared with the gradient sync).
+    clock: CollectiveClock,
 }
 
 impl std::fmt::Debug for Replicas {
@@ -162,8 +190,9 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
     let group = ProcessGroup::connect(&rendezvous, &options, &fingerprint(config))
         .map_err(|e| Error::Runtime(format!("joining the learner group: {e}")))?;
     let group: SharedGroup = Arc::new(Mutex::new(group));
+    let clock = CollectiveClock::default();
     if l.average_every == 0 {
-        let sync = CollectiveSync::new(group.clone(), compression);
+        let sync = CollectiveSync::new(group.clone(), compression, clock.clone());
         agent.set_data_parallel(DataParallel::new(Some(Box::new(sync)), l.accumulate)?)?;
     } else {
         // Local SGD: each learner's updates are its own until the next average.
@@ -180,6 +209,7 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
         checks_due: 0,
         check_every: l.check_every,
         average_every: l.average_every,
+        clock,
     };
     // Every learner starts from rank 0's parameters (the same seed builds the same ones; this makes sure).
     {
@@ -212,7 +242,7 @@ impl Replicas {
     /// `local` summed over the group.
     pub(crate) fn sum(&mut self, local: u64) -> Result<u64> {
         let mut t = Tensor::from_slice(&[local as i64]);
-        lock(&self.group).all_reduce_sum(&mut t).map_err(|e| Error::Runtime(e.to_string()))?;
+        self.clock.time(|| lock(&self.group).all_reduce_sum(&mut t)).map_err(|e| Error::Runtime(e.to_string()))?;
         Ok(t.int64_value(&[0]) as u64)
     }
 
@@ -220,7 +250,15 @@ impl Replicas {
     /// `average_every`, average the parameters when due; and at every `check_every`-th point where the
     /// learners' parameters should agree (each update, or each average), check that they are identical.
     /// Returns the episodes every learner's actors finished since the last update, summed.
+    /// `metrics` then also carries `charts/collective_secs`: this learner's seconds in collectives so far.
     pub(crate) fn after_update(&mut self, agent: &dyn Algorithm, metrics: &mut Metrics) -> Result<EpisodeSums> {
+        let clock = self.clock.clone();
+        let episodes = clock.time(|| self.sync_after_update(agent, metrics))?;
+        metrics.push("charts/collective_secs", clock.secs());
+        Ok(episodes)
+    }
+
+    fn sync_after_update(&mut self, agent: &dyn Algorithm, metrics: &mut Metrics) -> Result<EpisodeSums> {
         // One all-reduce (sum) of the metrics and this learner's episode sums.
         // Every learner sends the same number of values: each task's pair, present or not.
         let mut e = std::mem::take(&mut self.episodes);
@@ -322,6 +360,7 @@ mod tests {
                         checks_due: 0,
                         check_every: 1,
                         average_every: 2,
+                        clock: CollectiveClock::default(),
                     };
                     let mut metrics = Metrics::default();
                     metrics.push("losses/x", rank as f64);
@@ -343,6 +382,7 @@ mod tests {
             let diff = (after_two - &mean).abs().max().double_value(&[]);
             assert!(diff < 1e-7, "averaged to the mean (off by {diff})");
             assert_eq!(metrics.iter().next().unwrap().1, 0.5, "metrics averaged over the ranks: (0 + 1) / 2");
+            assert!(metrics.get("charts/collective_secs").is_some_and(|s| s > 0.0), "time in collectives is logged");
         }
         assert!(results[0].1.equal(&results[1].1), "both ranks hold the same bits");
     }

@@ -42,7 +42,7 @@ fn on_ranks<T: Send + 'static>(
             std::thread::spawn(move || {
                 let options = GroupOptions { timeout: Duration::from_secs(30), ..GroupOptions::default() };
                 let group = ProcessGroup::connect(&Rendezvous::local(rank, world, port), &options, b"test").unwrap();
-                let sync = CollectiveSync::new(Arc::new(Mutex::new(group)), Compression::None);
+                let sync = CollectiveSync::new(Arc::new(Mutex::new(group)), Compression::None, Default::default());
                 body(rank, Box::new(sync))
             })
         })

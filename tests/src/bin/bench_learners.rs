@@ -145,7 +145,7 @@ fn child(mut args: impl Iterator<Item = String>) -> BenchResult<()> {
         }
         "cnn" => {
             let parallel = if world > 1 {
-                let sync = CollectiveSync::new(Arc::new(Mutex::new(connect()?)), Compression::None);
+                let sync = CollectiveSync::new(Arc::new(Mutex::new(connect()?)), Compression::None, Default::default());
                 Some(DataParallel::new(Some(Box::new(sync)), 1)?)
             } else {
                 None
