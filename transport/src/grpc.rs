@@ -2,7 +2,8 @@
 //!
 //! Tuned for many small-to-medium messages on loopback or a LAN: `TCP_NODELAY` on both ends (without it a
 //! 64 KiB ping-pong takes 40 ms), 4 MiB HTTP/2 stream and connection windows, and a configurable message
-//! size limit in both directions (parameters of a large network are one message).
+//! size limit in both directions (parameters of a large network are one message). [`serve_with`] and
+//! [`GrpcClient::connect_with`] add TLS ([`crate::tls`]); [`serve`] and [`GrpcClient::connect`] are plaintext.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,7 @@ use crate::proto;
 use crate::proto::learner_client::LearnerClient as ProtoClient;
 use crate::proto::learner_server::{Learner as ProtoLearner, LearnerServer};
 use crate::service::{Ack, LearnerClient, LearnerService, Registered, Registration, RunInfo, check_token};
+use crate::tls::{ClientTls, ServerTls, error_chain};
 
 /// HTTP/2 flow-control windows: 4 MiB gave ~340 MiB/s per stream for 64 KiB messages on loopback (measured on
 /// the 2-core development VM; the default 64 KiB windows throttle large chunks and parameter broadcasts).
@@ -63,13 +65,28 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Serve `service` on `addr` (port 0 picks a free one) from `runtime`. Every call must carry `token`.
+/// Serve `service` on `addr` (port 0 picks a free one) from `runtime`, in plaintext. Every call must carry
+/// `token`.
 pub fn serve<S: LearnerService>(
     runtime: &tokio::runtime::Handle,
     service: Arc<S>,
     addr: SocketAddr,
     token: &str,
     limits: &Limits,
+) -> Result<ServerHandle, RpcError> {
+    serve_with(runtime, service, addr, token, limits, None)
+}
+
+/// [`serve`], over TLS when `tls` is given: every connection must complete a TLS handshake with the learner's
+/// certificate (and, under mutual TLS, present a client certificate the client CA signed) before any call; a
+/// client that fails the handshake is dropped and the server goes on serving the others.
+pub fn serve_with<S: LearnerService>(
+    runtime: &tokio::runtime::Handle,
+    service: Arc<S>,
+    addr: SocketAddr,
+    token: &str,
+    limits: &Limits,
+    tls: Option<&ServerTls>,
 ) -> Result<ServerHandle, RpcError> {
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| RpcError::new(Code::Unavailable, format!("cannot listen on {addr}: {e}")))?;
@@ -84,7 +101,13 @@ pub fn serve<S: LearnerService>(
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls.config())
+            .map_err(|e| RpcError::invalid(format!("TLS configuration: {}", error_chain(&e))))?;
+    }
+    let server = builder
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(WINDOW)
         .add_service(svc)
@@ -181,31 +204,86 @@ pub struct GrpcClient {
     runtime: tokio::runtime::Runtime,
     inner: ProtoClient<Channel>,
     auth: MetadataValue<tonic::metadata::Ascii>,
+    /// Over TLS, no call has been answered yet on this connection (see [`GrpcClient::answered`]).
+    unproven_tls: bool,
 }
 
 impl GrpcClient {
-    /// Connect to `addr` (`HOST:PORT` or `http://HOST:PORT`), waiting at most `timeout`.
+    /// Connect to `addr` (`HOST:PORT` or `http://HOST:PORT`) in plaintext, waiting at most `timeout`.
     pub fn connect(addr: &str, token: &str, limits: &Limits, timeout: Duration) -> Result<Self, RpcError> {
+        Self::connect_with(addr, token, limits, timeout, None)
+    }
+
+    /// [`GrpcClient::connect`], over TLS when `tls` is given (the learner's certificate is checked against
+    /// its CA and the host in `addr`, or [`ClientTls::with_domain`]). A certificate the client cannot verify is
+    /// [`Code::Unauthenticated`], not worth retrying; a learner that cannot be reached is [`Code::Unavailable`].
+    pub fn connect_with(
+        addr: &str,
+        token: &str,
+        limits: &Limits,
+        timeout: Duration,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, RpcError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| RpcError::new(Code::Internal, format!("tokio runtime: {e}")))?;
-        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let endpoint = Endpoint::from_shared(uri)
+        // tonic speaks TLS to `https://` addresses only.
+        let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+        let uri = format!("{}://{host}", if tls.is_some() { "https" } else { "http" });
+        let mut endpoint = Endpoint::from_shared(uri)
             .map_err(|e| RpcError::invalid(format!("learner address {addr:?}: {e}")))?
             .connect_timeout(timeout)
             .tcp_nodelay(true)
             .initial_stream_window_size(WINDOW)
             .initial_connection_window_size(WINDOW);
-        let channel = runtime
-            .block_on(endpoint.connect())
-            .map_err(|e| RpcError::new(Code::Unavailable, format!("cannot connect to the learner at {addr}: {e}")))?;
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls.config())
+                .map_err(|e| RpcError::invalid(format!("TLS configuration: {}", error_chain(&e))))?;
+        }
+        let channel = runtime.block_on(endpoint.connect()).map_err(|e| {
+            let why = error_chain(&e);
+            let code = if tls_refusal(&why) { Code::Unauthenticated } else { Code::Unavailable };
+            RpcError::new(code, format!("cannot connect to the learner at {addr}: {why}"))
+        })?;
         let inner = ProtoClient::new(channel)
             .max_decoding_message_size(limits.max_message_bytes)
             .max_encoding_message_size(limits.max_message_bytes);
         let auth =
             format!("Bearer {token}").parse().map_err(|_| RpcError::invalid("the token must be printable ASCII"))?;
-        Ok(GrpcClient { runtime, inner, auth })
+        Ok(GrpcClient { runtime, inner, auth, unproven_tls: tls.is_some() })
+    }
+
+    /// A call's outcome. Under TLS 1.3 a learner that refuses this client's certificate (mutual TLS) does so
+    /// after the client's side of the handshake is done, by closing the connection: the first call on it then
+    /// fails, sometimes with the TLS alert and sometimes with nothing but "connection closed" or a reset,
+    /// depending on timing. Either is taken as the refusal it almost always is
+    /// ([`Code::Unauthenticated`], not retried); later, a closed connection means the learner went away.
+    fn answered<T>(&mut self, reply: Result<Response<T>, Status>) -> Result<Response<T>, RpcError> {
+        match reply {
+            Ok(reply) => {
+                self.unproven_tls = false;
+                Ok(reply)
+            }
+            // A status the learner sent has no source; one made here, because the connection failed, has.
+            Err(status) if self.unproven_tls && std::error::Error::source(&status).is_some() => {
+                let why = status_chain(&status);
+                let e = call_error(status);
+                if e.code == Code::Unauthenticated {
+                    return Err(e);
+                }
+                Err(RpcError::new(
+                    Code::Unauthenticated,
+                    format!(
+                        "the learner closed the TLS connection before answering the first call ({why}): it refused \
+                         this client's certificate (mutual TLS needs one its client CA signed: --tls-cert, \
+                         --tls-key), or it stopped"
+                    ),
+                ))
+            }
+            Err(status) => Err(call_error(status)),
+        }
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {
@@ -218,33 +296,67 @@ impl GrpcClient {
 impl LearnerClient for GrpcClient {
     fn run_info(&mut self) -> Result<RunInfo, RpcError> {
         let req = self.request(proto::RunInfoRequest { protocol_version: PROTOCOL_VERSION });
-        let reply = self.runtime.block_on(self.inner.get_run_info(req))?;
+        let reply = self.runtime.block_on(self.inner.get_run_info(req));
+        let reply = self.answered(reply)?;
         Ok(codec::run_info_from_proto(reply.get_ref()))
     }
 
     fn register(&mut self, registration: &Registration) -> Result<Registered, RpcError> {
         let req = self.request(codec::registration_to_proto(registration, PROTOCOL_VERSION)?);
-        let reply = self.runtime.block_on(self.inner.register(req))?;
+        let reply = self.runtime.block_on(self.inner.register(req));
+        let reply = self.answered(reply)?;
         Ok(codec::registered_from_proto(reply.get_ref()))
     }
 
     fn send_chunk(&mut self, chunk: &flotilla_core::Chunk) -> Result<Ack, RpcError> {
         let req = self.request(codec::chunk_to_proto(chunk, PROTOCOL_VERSION));
-        let reply = self.runtime.block_on(self.inner.send_chunk(req))?;
+        let reply = self.runtime.block_on(self.inner.send_chunk(req));
+        let reply = self.answered(reply)?;
         Ok(codec::ack_from_proto(reply.get_ref()))
     }
 
     fn send_gradient(&mut self, gradient: &flotilla_core::Gradient) -> Result<Ack, RpcError> {
         let req = self.request(codec::gradient_to_proto(gradient, PROTOCOL_VERSION));
-        let reply = self.runtime.block_on(self.inner.send_gradient(req))?;
+        let reply = self.runtime.block_on(self.inner.send_gradient(req));
+        let reply = self.answered(reply)?;
         Ok(codec::ack_from_proto(reply.get_ref()))
     }
 
     fn params(&mut self, actor_id: u64, have: Option<u64>) -> Result<Option<flotilla_core::Params>, RpcError> {
         let req =
             self.request(proto::ParamsRequest { protocol_version: PROTOCOL_VERSION, actor_id, have_version: have });
-        let reply = self.runtime.block_on(self.inner.get_params(req))?;
+        let reply = self.runtime.block_on(self.inner.get_params(req));
+        let reply = self.answered(reply)?;
         codec::params_from_proto(reply.get_ref())
+    }
+}
+
+/// Whether a connection error is a TLS failure that retrying will not cure (an untrusted, expired or
+/// misnamed certificate, a refused client certificate, a peer that does not speak TLS), as rustls words them.
+fn tls_refusal(why: &str) -> bool {
+    ["certificate", "CertificateRequired", "InvalidContentType", "corrupt message", "HandshakeFailure", "alert"]
+        .iter()
+        .any(|needle| why.contains(needle))
+}
+
+/// A failed call as an [`RpcError`], with the reasons beneath tonic's status message (a TLS alert from a
+/// learner that refused this client's certificate ends the call as [`Code::Unauthenticated`]).
+fn call_error(status: Status) -> RpcError {
+    let chained = status_chain(&status);
+    let mut e = RpcError::from(status);
+    if chained.len() > e.message.len() && tls_refusal(&chained) {
+        e = RpcError::new(Code::Unauthenticated, format!("TLS: {chained}"));
+    }
+    e
+}
+
+/// A status's message and the reasons beneath it (tonic's `Display` of a status prints its source's `Debug`).
+fn status_chain(status: &Status) -> String {
+    let message = status.message();
+    match std::error::Error::source(status).map(error_chain) {
+        Some(chain) if chain.starts_with(message) => chain,
+        Some(chain) => format!("{message}: {chain}"),
+        None => message.to_string(),
     }
 }
 
@@ -255,7 +367,7 @@ pub fn send_raw_chunk(client: &mut GrpcClient, chunk: proto::Chunk, token: Optio
         let v = format!("Bearer {t}").parse().map_err(|_| RpcError::invalid("token not ASCII"))?;
         req.metadata_mut().insert("authorization", v);
     }
-    let reply = client.runtime.block_on(client.inner.send_chunk(req))?;
+    let reply = client.runtime.block_on(client.inner.send_chunk(req)).map_err(call_error)?;
     Ok(codec::ack_from_proto(reply.get_ref()))
 }
 

@@ -16,7 +16,8 @@
 //! Only this crate sees protobuf types ([`proto`]); they become `flotilla_core` types at its edge
 //! ([`codec`]). Every call carries the run's token (checked here, for both carriers: a wrong one is
 //! [`Code::Unauthenticated`] and a log line), and every gRPC request its protocol version (another one is
-//! [`Code::InvalidArgument`] naming both).
+//! [`Code::InvalidArgument`] naming both). gRPC may run over TLS, mutual or not ([`tls`]); the token is
+//! still required.
 #![deny(missing_docs)]
 
 pub mod codec;
@@ -24,6 +25,7 @@ mod error;
 pub mod grpc;
 pub mod local;
 mod service;
+pub mod tls;
 
 pub use error::{Code, RpcError};
 pub use service::{Ack, LearnerClient, LearnerService, Registered, Registration, RunInfo, check_token};
