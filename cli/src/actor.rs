@@ -9,6 +9,7 @@ use flotilla_algorithms::{Acting, ActingSetup};
 use flotilla_envs::{EnvRole, VectorEnv};
 use flotilla_learner::config::{ExperimentConfig, MAX_RECONNECT_SECS};
 use flotilla_transport::grpc::{GrpcClient, Limits};
+use flotilla_transport::tls::ClientTls;
 use flotilla_transport::{LearnerClient, Registered, RunInfo};
 
 /// Builds an actor's envs and acting policy from the learner's resolved config. Actors act on the CPU, one
@@ -71,13 +72,19 @@ impl ActorFactory for ConfigFactory {
     }
 }
 
-/// Act for the learner at `addr` until the run ends.
-pub fn actor_command(addr: &str, token: &str, index: Option<u32>, reconnect_secs: f64) -> anyhow::Result<ActorReport> {
+/// Act for the learner at `addr` until the run ends, over TLS when `tls` is given.
+pub fn actor_command(
+    addr: &str,
+    token: &str,
+    index: Option<u32>,
+    reconnect_secs: f64,
+    tls: Option<ClientTls>,
+) -> anyhow::Result<ActorReport> {
     let stop: Arc<AtomicBool> = crate::launcher::install_stop_signals();
     let (addr, token) = (addr.to_string(), token.to_string());
     let connect: Connector = Box::new(move || {
         let limits = Limits { max_message_bytes: 1 << 30 };
-        GrpcClient::connect(&addr, &token, &limits, Duration::from_secs(5))
+        GrpcClient::connect_with(&addr, &token, &limits, Duration::from_secs(5), tls.as_ref())
             .map(|c| Box::new(c) as Box<dyn LearnerClient>)
     });
     anyhow::ensure!(

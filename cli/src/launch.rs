@@ -39,6 +39,13 @@ pub fn distributed_train(
 ) -> Result<()> {
     let n = config.actors.count;
     let plan = config.plan(n)?;
+    // TLS files are read and checked first: a missing file, one that is not PEM or a key that is not the
+    // certificate's fails here, before the learner is built and before a run directory is written.
+    let tls = config.transport.server_tls()?;
+    let actor_tls = match actors {
+        Actors::Launch if tls.is_some() => Some(launched_actor_tls(config)?),
+        _ => None,
+    };
     let resume = matches!(start, Start::Resume(_));
     let mut learner = match &start {
         Start::Resume(run_dir) => {
@@ -54,7 +61,7 @@ pub fn distributed_train(
         Some(t) => t,
         None => generate_token().context("generating the run token")?,
     };
-    let addr = learner.listen(&token)?;
+    let addr = learner.listen(&token, tls.as_ref())?;
     // Learners other than rank 0 of a data-parallel group write nothing: rank 0 owns the run directory.
     let writer = learner.rank() == 0;
     // Built and listening: only now is a new run directory written.
@@ -80,11 +87,17 @@ pub fn distributed_train(
     let mut launcher = match actors {
         Actors::Launch => {
             let exe = std::env::current_exe().context("locating the flotilla executable")?;
-            let addr = addr.to_string();
+            // Actors on this machine reach a learner listening on every interface through loopback.
+            let mut reach = addr;
+            if reach.ip().is_unspecified() {
+                reach.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            let addr = reach.to_string();
             let reconnect = config.actors.reconnect_secs.to_string();
+            let tls_args = actor_tls.unwrap_or_default();
             let command = move |i: usize| ActorCommand {
                 program: exe.clone(),
-                args: vec![
+                args: [
                     "actor".into(),
                     "--learner".into(),
                     addr.clone(),
@@ -92,7 +105,10 @@ pub fn distributed_train(
                     i.to_string(),
                     "--reconnect-secs".into(),
                     reconnect.clone(),
-                ],
+                ]
+                .into_iter()
+                .chain(tls_args.iter().cloned())
+                .collect(),
                 env: vec![("FLOTILLA_TOKEN".into(), token.clone())],
             };
             let lc = LauncherConfig {
@@ -102,8 +118,21 @@ pub fn distributed_train(
             Some(Launcher::start(n, command, lc).context("starting actor processes")?)
         }
         Actors::External => {
+            let t = &config.transport;
+            let tls_args = match (&tls, &t.client_ca) {
+                (None, _) => String::new(),
+                (Some(_), None) => " --tls-ca CA.pem".into(),
+                (Some(_), Some(_)) => " --tls-ca CA.pem --tls-cert ACTOR.pem --tls-key ACTOR.key".into(),
+            };
             eprintln!("waiting for {n} actors; start each with:");
-            eprintln!("  FLOTILLA_TOKEN={token} flotilla actor --learner {addr}");
+            eprintln!("  FLOTILLA_TOKEN={token} flotilla actor --learner {addr}{tls_args}");
+            if tls.is_some() {
+                eprintln!(
+                    "  (CA.pem: the CA that signed the learner's certificate{}; if HOST is not a name in its \
+                     certificate, add --tls-domain NAME)",
+                    if t.client_ca.is_some() { "; ACTOR.pem: a certificate signed by the client CA" } else { "" }
+                );
+            }
             None
         }
     };
@@ -146,6 +175,36 @@ pub fn distributed_train(
     }
     print_summary(config, &report, Some(n), &model, run_dir.path());
     Ok(())
+}
+
+/// The TLS options of the actors this process launches, from `[transport]`: they trust `tls_ca` and, under
+/// mutual TLS, present `actor_cert` / `actor_key`. The files are checked here, so a bad one fails the run
+/// before it starts rather than each actor after it.
+fn launched_actor_tls(config: &ExperimentConfig) -> Result<Vec<String>> {
+    let t = &config.transport;
+    let ca = t.tls_ca.as_deref().context(
+        "[transport] tls_cert is set but tls_ca is not: the actors this run launches need the CA that signed \
+         the learner's certificate (--tls-ca or [transport] tls_ca)",
+    )?;
+    let identity = match (&t.client_ca, &t.actor_cert, &t.actor_key) {
+        (None, _, _) => None,
+        (Some(_), Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        (Some(_), _, _) => anyhow::bail!(
+            "[transport] client_ca is set (mutual TLS) but actor_cert and actor_key are not: the actors this run \
+             launches need a certificate the client CA signed (--set transport.actor_cert=FILE \
+             --set transport.actor_key=FILE)"
+        ),
+    };
+    flotilla_transport::tls::ClientTls::from_files(ca, identity)
+        .map_err(|e| anyhow::anyhow!("[transport]: {}", e.message))?;
+    let mut args = vec!["--tls-ca".to_string(), ca.display().to_string()];
+    if let Some((cert, key)) = identity {
+        args.extend(["--tls-cert".into(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()]);
+    }
+    if let Some(domain) = &t.tls_domain {
+        args.extend(["--tls-domain".into(), domain.clone()]);
+    }
+    Ok(args)
 }
 
 /// What a finished run prints: the budget and time, when it first reached the env's registered reward

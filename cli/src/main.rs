@@ -6,7 +6,9 @@
 //! flotilla train CONFIG.toml --actors N [--set ...] [--out RUN_DIR] [--stop-at N]  # learner + N actor processes
 //! flotilla train CONFIG.toml --learners L --actors N [...]   # L data-parallel learners, N/L actors each
 //! flotilla learner CONFIG.toml [--listen ADDR] [--actors N] [--token T]   # actors join from anywhere
+//!     [--tls-cert C --tls-key K [--client-ca CA]] [--insecure]            # TLS, or plaintext off loopback
 //! flotilla actor --learner HOST:PORT [--token T | FLOTILLA_TOKEN=T] [--index I]
+//!     [--tls-ca CA [--tls-cert C --tls-key K] [--tls-domain NAME]]
 //! flotilla eval RUN_DIR [--episodes N] [--seed S] [--render DIR]   # --render: PNG frames of each episode
 //! flotilla export RUN_DIR --out policy.safetensors     # the acting policy as a torch nn.Sequential
 //! flotilla act RUN_DIR --obs obs.json                  # deterministic actions on observation rows
@@ -24,7 +26,7 @@ mod render;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::eval::evaluate;
 use flotilla_learner::run_dir::RunDir;
@@ -64,6 +66,8 @@ enum Command {
         /// actors; restarted together from the last checkpoint if one dies (`[learner] max_restarts`).
         #[arg(long, value_name = "L", conflicts_with = "resume", requires = "actors")]
         learners: Option<usize>,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Run a distributed learner that actors join with `flotilla actor` (from this or other machines).
     Learner {
@@ -84,6 +88,8 @@ enum Command {
         /// Run directory.
         #[arg(long)]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Act for a learner: step envs, send trajectory chunks, pick up new parameters.
     Actor {
@@ -99,6 +105,18 @@ enum Command {
         /// Seconds to keep reconnecting to a learner that went away.
         #[arg(long, default_value_t = 60.0)]
         reconnect_secs: f64,
+        /// Connect over TLS, trusting this CA certificate (PEM) to have signed the learner's certificate.
+        #[arg(long, value_name = "FILE")]
+        tls_ca: Option<PathBuf>,
+        /// This actor's certificate (PEM), for a learner that requires client certificates (mutual TLS).
+        #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+        tls_cert: Option<PathBuf>,
+        /// The private key of --tls-cert (PEM).
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Check the learner's certificate against this name instead of the host in --learner.
+        #[arg(long, value_name = "NAME", requires = "tls_ca")]
+        tls_domain: Option<String>,
     },
     /// Evaluate a trained run's policy deterministically and print the mean and std of the return.
     Eval {
@@ -149,6 +167,47 @@ enum Command {
     },
 }
 
+/// TLS options of `flotilla learner` and `flotilla train`, the CLI forms of `[transport]`'s keys.
+#[derive(Args, Default)]
+struct TlsArgs {
+    /// The learner's certificate chain (PEM): serve gRPC over TLS ([transport] tls_cert).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM) ([transport] tls_key).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA certificate (PEM) that signed --tls-cert; actors launched by `train --actors` trust it
+    /// ([transport] tls_ca).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Mutual TLS: accept only actors whose certificate this CA (PEM) signed ([transport] client_ca).
+    #[arg(long, value_name = "FILE")]
+    client_ca: Option<PathBuf>,
+    /// Serve plaintext gRPC on an address other machines can reach ([transport] insecure = true).
+    #[arg(long, conflicts_with = "tls_cert")]
+    insecure: bool,
+}
+
+impl TlsArgs {
+    /// The options as `--set` overrides of `[transport]`.
+    fn overrides(&self) -> Vec<String> {
+        let paths = [
+            ("tls_cert", &self.tls_cert),
+            ("tls_key", &self.tls_key),
+            ("tls_ca", &self.tls_ca),
+            ("client_ca", &self.client_ca),
+        ];
+        let mut out: Vec<String> = paths
+            .iter()
+            .filter_map(|(key, path)| path.as_ref().map(|p| format!("transport.{key}={:?}", p.display().to_string())))
+            .collect();
+        if self.insecure {
+            out.push("transport.insecure=true".into());
+        }
+        out
+    }
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -170,8 +229,16 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train {
-            config: Some(path), mut overrides, out, actors: Some(n), learners: Some(l), stop_at, ..
+            config: Some(path),
+            mut overrides,
+            out,
+            actors: Some(n),
+            learners: Some(l),
+            stop_at,
+            tls,
+            ..
         } if l > 1 && !group::is_rank() => {
+            overrides.extend(tls.overrides());
             anyhow::ensure!(
                 n >= l && n.is_multiple_of(l),
                 "--actors {n} does not split evenly between --learners {l}: give a multiple of {l}"
@@ -190,7 +257,8 @@ fn run(cli: Cli) -> Result<()> {
             let start = group::GroupStart::Fresh { config: path, overrides, actors: n / l, out };
             group::group_train(&config, start, stop_at.unwrap_or(u64::MAX), &launcher::install_stop_signals())
         }
-        Command::Train { config: Some(path), mut overrides, out, actors: Some(n), learners, stop_at, .. } => {
+        Command::Train { config: Some(path), mut overrides, out, actors: Some(n), learners, stop_at, tls, .. } => {
+            overrides.extend(tls.overrides());
             // torchrun --max-restarts starts a failed group again with the same command line: continue from the
             // run's checkpoint, as `flotilla train --learners` does with `--resume`.
             if let Some(dir) =
@@ -205,10 +273,16 @@ fn run(cli: Cli) -> Result<()> {
             overrides.push(format!("actors.count={n}"));
             learner_command(&path, &overrides, out, launch::Actors::Launch, None, stop_at.unwrap_or(u64::MAX))
         }
-        Command::Train { config, overrides, out, resume, stop_at, .. } => {
+        Command::Train { config, overrides, out, resume, stop_at, tls, .. } => {
+            anyhow::ensure!(
+                tls.overrides().is_empty(),
+                "--tls-cert, --tls-key, --tls-ca, --client-ca and --insecure are for distributed runs (--actors N); \
+                 a resumed run keeps its config's [transport]"
+            );
             train_command(config.as_deref(), &overrides, out, resume.as_deref(), stop_at.unwrap_or(u64::MAX))
         }
-        Command::Learner { config, listen, actors, token, mut overrides, out } => {
+        Command::Learner { config, listen, actors, token, mut overrides, out, tls } => {
+            overrides.extend(tls.overrides());
             if let Some(addr) = listen {
                 overrides.push(format!("learner.listen={addr:?}"));
             }
@@ -217,8 +291,20 @@ fn run(cli: Cli) -> Result<()> {
             }
             learner_command(&config, &overrides, out, launch::Actors::External, token, u64::MAX)
         }
-        Command::Actor { learner, token, index, reconnect_secs } => {
-            actor::actor_command(&learner, &token, index, reconnect_secs).map(|_| ())
+        Command::Actor { learner, token, index, reconnect_secs, tls_ca, tls_cert, tls_key, tls_domain } => {
+            let tls = match &tls_ca {
+                None => None,
+                Some(ca) => {
+                    let identity = tls_cert.as_deref().zip(tls_key.as_deref());
+                    let tls = flotilla_transport::tls::ClientTls::from_files(ca, identity)
+                        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+                    Some(match tls_domain {
+                        Some(name) => tls.with_domain(name),
+                        None => tls,
+                    })
+                }
+            };
+            actor::actor_command(&learner, &token, index, reconnect_secs, tls).map(|_| ())
         }
         Command::Eval { run_dir, episodes, seed, render } => eval_command(&run_dir, episodes, seed, render.as_deref()),
         Command::Export { run_dir, out } => export::export_command(&run_dir, &out),

@@ -11,7 +11,7 @@
 //!
 //! `--set section.key=value` overrides are applied to the parsed TOML before it is typed, so they are checked
 //! exactly like the file. The resolved config (defaults filled in) is saved with every run.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use flotilla_algorithms::Algorithm;
@@ -303,7 +303,10 @@ impl Default for LearnerConfig {
     }
 }
 
-/// `[transport]`: limits of the gRPC carrier.
+/// `[transport]`: limits and security of the gRPC carrier. Paths are read by the process that uses them
+/// (relative ones from its working directory), when it starts: the learner reads `tls_cert`, `tls_key` and
+/// `client_ca`; the actors `flotilla train --actors N` launches get `tls_ca`, `actor_cert` and `actor_key`
+/// (actors started elsewhere take `flotilla actor --tls-ca/--tls-cert/--tls-key`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportConfig {
@@ -313,7 +316,84 @@ pub struct TransportConfig {
 
 impl Default for TransportConfig {
     fn default() -> Self {
-        TransportConfig { max_message_mib: 256 }
+        TransportConfig {
+            max_message_mib: 256,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            client_ca: None,
+            actor_cert: None,
+            actor_key: None,
+            tls_domain: None,
+            insecure: false,
+        }
+    }
+}
+
+impl TransportConfig {
+    /// Keys that only make sense together, and plaintext only where allowed: a `listen` address that is not
+    /// loopback needs TLS or `insecure = true`. Reads no files (see [`TransportConfig::server_tls`]).
+    pub fn check(&self, listen: &str) -> Result<()> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return bad(
+                "[transport] tls_cert and tls_key go together (--tls-cert, --tls-key): give both or neither".into()
+            );
+        }
+        if self.actor_cert.is_some() != self.actor_key.is_some() {
+            return bad("[transport] actor_cert and actor_key go together: give both or neither".into());
+        }
+        let tls_only = match (&self.client_ca, &self.actor_cert) {
+            (Some(_), _) => Some("client_ca"),
+            (None, Some(_)) => Some("actor_cert"),
+            (None, None) => None,
+        };
+        if let (None, Some(key)) = (&self.tls_cert, tls_only) {
+            return bad(format!(
+                "[transport] {key} without tls_cert: it is part of TLS, which needs the learner's certificate and \
+                 key (tls_cert, tls_key; --tls-cert, --tls-key)"
+            ));
+        }
+        if self.tls_cert.is_some() && self.insecure {
+            return bad("[transport] insecure = true (--insecure) with tls_cert: choose TLS or plaintext".into());
+        }
+        let Ok(addr) = listen.parse::<std::net::SocketAddr>() else { return Ok(()) };
+        if self.tls_cert.is_none() && !self.insecure && !addr.ip().is_loopback() {
+            return bad(format!(
+                "[learner] listen = {listen:?} is not a loopback address, and without TLS anyone on the network \
+                 could read the run token and the run's traffic: give the learner a certificate ([transport] \
+                 tls_cert and tls_key, or --tls-cert and --tls-key), or accept plaintext explicitly with \
+                 --insecure ([transport] insecure = true)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The learner's TLS settings, read from `tls_cert`, `tls_key` and `client_ca`; `None` without TLS. An
+    /// error names the file that is missing, is not PEM, or the key that is not the certificate's.
+    pub fn server_tls(&self) -> Result<Option<flotilla_transport::tls::ServerTls>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else { return Ok(None) };
+        flotilla_transport::tls::ServerTls::from_files(cert, key, self.client_ca.as_deref())
+            .map(Some)
+            .map_err(|e| Error::Config(format!("[transport]: {}", e.message)))
+    /// The learner's certificate chain (PEM): with `tls_key`, the learner serves gRPC over TLS only.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key: Option<PathBuf>,
+    /// The CA certificate (PEM) actors trust to verify the learner's certificate; locally launched actors are
+    /// given it.
+    pub tls_ca: Option<PathBuf>,
+    /// Mutual TLS: the learner accepts only clients whose certificate this CA (PEM) signed.
+    pub client_ca: Option<PathBuf>,
+    /// Under mutual TLS, the certificate (PEM) locally launched actors present.
+    pub actor_cert: Option<PathBuf>,
+    /// The private key of `actor_cert` (PEM).
+    pub actor_key: Option<PathBuf>,
+    /// The name actors check the learner's certificate against (default: the host they connect to).
+    pub tls_domain: Option<String>,
+    /// Listen in plaintext on an address other machines can reach (without TLS, anyone on the path can read
+    /// the token and the run's traffic). Loopback needs no permission.
+    pub insecure: bool,
     }
 }
 
@@ -767,6 +847,7 @@ impl ExperimentConfig {
             return Err(Error::Config(format!(
                 "[init] reinit = {:?} without [init] from: there is nothing to start from",
                 self.init.reinit
+        self.transport.check(&self.learner.listen)?;
             )));
         }
         if self.transport.max_message_mib == 0 {

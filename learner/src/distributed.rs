@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use flotilla_algorithms::{Algorithm, Metrics, Progress, for_each_transition};
 use flotilla_core::{Chunk, ChunkSpec, DType, EpisodeStats, Gradient};
 use flotilla_transport::RunInfo;
-use flotilla_transport::grpc::{Limits, ServerHandle, serve};
+use flotilla_transport::grpc::{Limits, ServerHandle, serve_with};
+use flotilla_transport::tls::ServerTls;
 use tch::Device;
 use tracing::{error, info, warn};
 
@@ -249,8 +250,10 @@ impl DistributedLearner {
         Ok(())
     }
 
-    /// Serve gRPC on `[learner] listen` with `token`; returns the bound address.
-    pub fn listen(&mut self, token: &str) -> Result<SocketAddr> {
+    /// Serve gRPC on `[learner] listen` with `token`, over TLS when `tls` is given (read it early with
+    /// `TransportConfig::server_tls`, so a bad certificate fails before anything is built); returns the bound
+    /// address.
+    pub fn listen(&mut self, token: &str, tls: Option<&ServerTls>) -> Result<SocketAddr> {
         let addr: SocketAddr = self
             .config
             .learner
@@ -258,7 +261,7 @@ impl DistributedLearner {
             .parse()
             .map_err(|e| Error::Config(format!("[learner] listen = {:?}: {e}", self.config.learner.listen)))?;
         let limits = Limits { max_message_bytes: self.config.transport.max_message_mib << 20 };
-        let server = serve(self.runtime.handle(), self.hub.clone(), addr, token, &limits)
+        let server = serve_with(self.runtime.handle(), self.hub.clone(), addr, token, &limits, tls)
             .map_err(|e| Error::Runtime(e.to_string()))?;
         let local = server.local_addr;
         self.server = Some(server);
