@@ -47,6 +47,7 @@ pub struct LearnerMetrics {
     pub update_seconds: Histogram,
     row: Family<Labels, FloatGauge>,
     eval: Family<Labels, FloatGauge>,
+    actor_refused: Family<Labels, Counter>,
 }
 
 impl LearnerMetrics {
@@ -66,6 +67,7 @@ impl LearnerMetrics {
             update_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             row: Family::default(),
             eval: Family::default(),
+            actor_refused: Family::default(),
             registry: Registry::default(),
         };
         registry.register("ingest_chunks", "Chunks accepted from actors", m.chunks.clone());
@@ -83,6 +85,11 @@ impl LearnerMetrics {
         registry.register("update_seconds", "Seconds per learner update", m.update_seconds.clone());
         registry.register("run_metric", "The latest value of each metrics.csv column", m.row.clone());
         registry.register("eval_mean_return", "Mean return of the latest evaluation, per task", m.eval.clone());
+        registry.register(
+            "actor_refused_messages",
+            "Messages refused from the actor registered in each slot",
+            m.actor_refused.clone(),
+        );
         Arc::new(LearnerMetrics { registry, ..m })
     }
 
@@ -102,6 +109,11 @@ impl LearnerMetrics {
                 self.env_steps.set(*v as i64);
             }
         }
+    }
+
+    /// The refused-messages counter of the actor in `slot`.
+    pub fn actor_refused(&self, slot: u32) -> Counter {
+        self.actor_refused.get_or_create(&vec![("slot".to_string(), slot.to_string())]).clone()
     }
 
     /// The exposition: OpenMetrics text, ending `# EOF`.
