@@ -429,3 +429,165 @@ fn an_actor_reconnects_to_a_restarted_learner() {
     assert!(actor_log.contains("re-registered after"), "{actor_log}");
     assert!(actor_log.contains("the learner restarted"), "{actor_log}");
 }
+
+/// splitmix64: the fuzzer's seeded random numbers (no dependency for a test's dice).
+struct Dice(u64);
+
+impl Dice {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// One hostile chunk for the fake actor `id` (4 envs × PPO's 32 steps): mutation `kind` of a valid chunk, every
+/// one outside what the run accepts — semantically wrong values (actions outside `Discrete(2)`, NaN and ±inf,
+/// observations outside the bounds, inconsistent lengths, wrong dtypes, episode ends without final
+/// observations, episodes of envs that do not exist) or, on the wire, tensors of random bytes and lengths,
+/// unknown dtypes and protocol versions.
+fn hostile(kind: usize, id: u64, dice: &mut Dice) -> Result<Chunk, flotilla_transport::proto::Chunk> {
+    let n = 32 * 4;
+    let mut c = chunk(id, 4);
+    let bad_float = dice.pick(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
+    match kind {
+        0 => c.actions[dice.below(n)] = dice.pick(&[2.0, -1.0, 1e9, 0.5, f32::NAN, f32::INFINITY]),
+        1 => c.rewards[dice.below(n)] = bad_float,
+        2 => {
+            let mut obs = vec![0.01f32; n * 4];
+            // Cart position within ±4.8, pole angle within ±0.419 rad; NaN anywhere.
+            let (element, values) = dice.pick(&[(0, [5.0, -5.0, f32::NAN]), (2, [0.5, -0.5, f32::NAN])]);
+            obs[dice.below(n) * 4 + element] = dice.pick(&values);
+            c.obs = ObsBuf::F32(obs);
+        }
+        3 => match dice.below(6) {
+            0 => drop(c.rewards.pop()),
+            1 => drop(c.actions.pop()),
+            2 => drop(c.terminated.pop()),
+            3 => drop(c.truncated.pop()),
+            4 => drop(c.log_probs.pop()),
+            _ => drop(c.values.pop()),
+        },
+        4 => {
+            c.n_steps = dice.pick(&[0, 1, 31, 33, 1 << 20]);
+        }
+        5 => {
+            c.terminated[dice.below(n)] = true;
+            if dice.below(2) == 0 {
+                c.final_index = vec![10_000 + dice.below(1000) as u32];
+                c.final_obs = ObsBuf::F32(vec![0.01; 4]);
+            }
+        }
+        6 => {
+            let e = &mut c.episodes[0];
+            match dice.below(3) {
+                0 => e.episode_return = f64::NAN,
+                1 => e.env_index = 4 + dice.below(100),
+                _ => e.task = Some(dice.below(7) as u32),
+            }
+        }
+        7 => c.policy_version = 1_000_000 + dice.next() % 1_000_000,
+        8 => c.log_probs[dice.below(n)] = dice.pick(&[f32::NAN, f32::INFINITY]),
+        9 => c.obs = ObsBuf::U8(dice.bytes(n * 4)),
+        _ => {
+            let mut p = codec::chunk_to_proto(&c, 1);
+            let tensor = match dice.below(4) {
+                0 => p.obs.as_mut(),
+                1 => p.actions.as_mut(),
+                2 => p.rewards.as_mut(),
+                _ => p.bootstrap_obs.as_mut(),
+            }
+            .unwrap();
+            match kind {
+                10 => {
+                    // Random bytes of a length that cannot match the shape.
+                    let len = tensor.data.len();
+                    let new_len = (dice.below(2 * len + 1) / 4) * 4 + 1 + dice.below(3);
+                    tensor.data = dice.bytes(new_len).into();
+                }
+                11 => tensor.dtype = dice.pick(&[0, 3, 99, -1]),
+                12 => tensor.shape = vec![dice.next() % 1000 + 1, dice.next() % 7 + 5],
+                13 => p.terminated = vec![2 + dice.below(250) as u8; n].into(),
+                _ => p.protocol_version = 2 + dice.below(1000) as u32,
+            }
+            return Err(p);
+        }
+    }
+    Ok(c)
+}
+
+/// A fuzzing client: 3,000 hostile messages from a registered foreign actor (every kind of [`hostile`], in a
+/// seeded random order) and 200 connections of random bytes at the learner's port, while a real actor trains.
+/// Every message is refused with INVALID_ARGUMENT (none accepted, none crashing anything); the fake actor is
+/// disconnected after `max_refused_in_a_row` refusals and re-registers; and the run still ends solved.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "multi-process run: run with --release")]
+fn a_fuzzing_client_cannot_take_the_learner_down() {
+    use std::io::{Read, Write};
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let learner = Learner::start_in("fuzz", &["--set", "eval.interval_steps=50000"]);
+    let (actor, _actor_watchdog) = spawn_actor(&learner.addr, &[], Stdio::null());
+    let mut client = learner.client("s3cret");
+    let run = client.run_info().unwrap();
+    let mut slot1 = cartpole_registration(&run.run_id, 4);
+    slot1.actor_index = Some(1);
+    let mut me = client.register(&slot1).unwrap();
+    let mut dice = Dice(2026);
+    let (mut refused, mut disconnected) = (0, 0);
+    for i in 0..3000 {
+        let kind = dice.below(15);
+        let result = match hostile(kind, me.actor_id, &mut dice) {
+            Ok(c) => client.send_chunk(&c),
+            Err(p) => send_raw_chunk(&mut client, p, Some("s3cret")),
+        };
+        let err = result.err().unwrap_or_else(|| panic!("message {i} (mutation {kind}) was accepted"));
+        assert_eq!(err.code, Code::InvalidArgument, "message {i} (mutation {kind}): {err}");
+        refused += 1;
+        if err.message.contains("unknown actor") {
+            // Disconnected for too many refusals in a row: come back, as a restarted actor would.
+            disconnected += 1;
+            me = client.register(&slot1).unwrap();
+        }
+    }
+    // Random bytes straight at the port: some as raw TCP, some after HTTP/2's connection preface.
+    for i in 0..200 {
+        let Ok(mut s) = std::net::TcpStream::connect(&learner.addr) else { panic!("connection {i} refused") };
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        if i % 2 == 0 {
+            let _ = s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        }
+        let len = 1 + dice.below(4096);
+        let _ = s.write_all(&dice.bytes(len));
+        let _ = s.read(&mut [0u8; 256]);
+    }
+    assert_eq!(refused, 3000);
+    // 20 refusals in a row by the hub disconnect ([learner] max_refused_in_a_row; wire-level garbage is refused
+    // by the transport before the hub sees an actor, so it does not count).
+    assert!((10..=3000 / 20).contains(&disconnected), "disconnected {disconnected} times");
+    // The learner still serves: registration and run info answer.
+    assert_eq!(client.run_info().unwrap().run_id, run.run_id);
+
+    let mut learner = learner;
+    let out = std::mem::replace(&mut learner.child, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
+    let log = learner.drain_log();
+    assert!(out.status.success(), "{log}");
+    let final_return = final_return(&Output { stderr: log.clone().into_bytes(), ..out }).unwrap_or(f64::NAN);
+    assert!(final_return >= 475.0, "the run did not end solved: final evaluation {final_return}\n{log}");
+    assert!(log.contains("disconnected actor") && log.contains("messages in a row refused"), "no disconnect logged");
+    let mut actor = actor;
+    assert!(actor.wait().unwrap().success(), "the real actor ends cleanly when the run is over");
+}

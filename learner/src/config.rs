@@ -206,6 +206,10 @@ pub struct LearnerConfig {
     /// of a group listens on PORT + r): ingest, refusals, actors, queue depth, policy lag, update times and
     /// every logged metric. Off when absent.
     pub metrics_listen: Option<String>,
+    /// A registered actor whose messages are refused this many times in a row (malformed, values outside the
+    /// spaces) is disconnected: its next call is answered "unknown actor", which ends a Flotilla actor (the
+    /// launcher restarts it); its slot is free for a new registration. 0: never.
+    pub max_refused_in_a_row: u32,
 }
 
 impl LearnerConfig {
@@ -299,6 +303,7 @@ impl Default for LearnerConfig {
             average_every: 0,
             max_restarts: 3,
             metrics_listen: None,
+            max_refused_in_a_row: 20,
         }
     }
 }
@@ -312,6 +317,24 @@ impl Default for LearnerConfig {
 pub struct TransportConfig {
     /// Largest message in MiB (parameters of a large network are one message).
     pub max_message_mib: usize,
+    /// The learner's certificate chain (PEM): with `tls_key`, the learner serves gRPC over TLS only.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub tls_key: Option<PathBuf>,
+    /// The CA certificate (PEM) actors trust to verify the learner's certificate; locally launched actors are
+    /// given it.
+    pub tls_ca: Option<PathBuf>,
+    /// Mutual TLS: the learner accepts only clients whose certificate this CA (PEM) signed.
+    pub client_ca: Option<PathBuf>,
+    /// Under mutual TLS, the certificate (PEM) locally launched actors present.
+    pub actor_cert: Option<PathBuf>,
+    /// The private key of `actor_cert` (PEM).
+    pub actor_key: Option<PathBuf>,
+    /// The name actors check the learner's certificate against (default: the host they connect to).
+    pub tls_domain: Option<String>,
+    /// Listen in plaintext on an address other machines can reach (without TLS, anyone on the path can read
+    /// the token and the run's traffic). Loopback needs no permission.
+    pub insecure: bool,
 }
 
 impl Default for TransportConfig {
@@ -376,24 +399,6 @@ impl TransportConfig {
         flotilla_transport::tls::ServerTls::from_files(cert, key, self.client_ca.as_deref())
             .map(Some)
             .map_err(|e| Error::Config(format!("[transport]: {}", e.message)))
-    /// The learner's certificate chain (PEM): with `tls_key`, the learner serves gRPC over TLS only.
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub tls_key: Option<PathBuf>,
-    /// The CA certificate (PEM) actors trust to verify the learner's certificate; locally launched actors are
-    /// given it.
-    pub tls_ca: Option<PathBuf>,
-    /// Mutual TLS: the learner accepts only clients whose certificate this CA (PEM) signed.
-    pub client_ca: Option<PathBuf>,
-    /// Under mutual TLS, the certificate (PEM) locally launched actors present.
-    pub actor_cert: Option<PathBuf>,
-    /// The private key of `actor_cert` (PEM).
-    pub actor_key: Option<PathBuf>,
-    /// The name actors check the learner's certificate against (default: the host they connect to).
-    pub tls_domain: Option<String>,
-    /// Listen in plaintext on an address other machines can reach (without TLS, anyone on the path can read
-    /// the token and the run's traffic). Loopback needs no permission.
-    pub insecure: bool,
     }
 }
 
@@ -842,12 +847,12 @@ impl ExperimentConfig {
         if !self.learner.listen.contains(':') {
             return Err(Error::Config(format!("[learner] listen = {:?}: expected HOST:PORT", self.learner.listen)));
         }
+        self.transport.check(&self.learner.listen)?;
         self.check_data_parallel()?;
         if self.init.from.is_none() && !self.init.reinit.is_empty() {
             return Err(Error::Config(format!(
                 "[init] reinit = {:?} without [init] from: there is nothing to start from",
                 self.init.reinit
-        self.transport.check(&self.learner.listen)?;
             )));
         }
         if self.transport.max_message_mib == 0 {

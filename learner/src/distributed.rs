@@ -158,6 +158,7 @@ impl DistributedLearner {
             // A3C gradients hold the trainable parameters only (frozen layers stay off the wire).
             n_params: agent.policy_params().trainable_numel() as usize,
             total_env_steps: config.run.total_env_steps,
+            max_refused_in_a_row: config.learner.max_refused_in_a_row,
             synchronous: match plan.family {
                 Family::OnPolicy => config.learner.synchronous,
                 Family::Gradients => true,
@@ -320,6 +321,11 @@ impl DistributedLearner {
         if let Some(path) = self.checkpoint.clone().filter(|_| self.rank() == 0) {
             self.save_checkpoint(&path)?;
         }
+        // Actors learn that the run is over from an ack: keep serving until they have (a few round trips).
+        let untold = self.hub.wait_until_actors_told(Duration::from_secs(5));
+        if untold > 0 {
+            info!("{untold} actors were not told that the run is over (they will find the learner gone)");
+        }
         Ok(self.report())
     }
 
@@ -384,6 +390,8 @@ impl DistributedLearner {
         let (train_before, eval_before) = (self.counters.run.train_secs, self.counters.eval_secs);
         let (mut last_data, mut waited_log) = (Instant::now(), Instant::now());
         while self.counters.run.env_steps < total.min(self.stop_at) && !stop.load(Ordering::SeqCst) {
+            // A partitioned or stopped actor shows up here as "actor N lost", and later "reconnected".
+            self.hub.note_silent_actors();
             let waiting = Instant::now();
             let got_data = match &self.assembly {
                 Some(assembly) => {

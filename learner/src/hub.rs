@@ -7,11 +7,14 @@
 //!        ◄─ params(have) ◄─ newest Versioned params ◄─ Hub::publish after each update
 //! ```
 //! A full queue makes `ingest` wait, so actors wait: back-pressure, nothing dropped. A refused message is
-//! logged, counted and answered with an error naming the problem; the hub keeps serving everyone else.
-use std::collections::HashMap;
+//! logged, counted and answered with an error naming the problem; the hub keeps serving everyone else. An actor
+//! with no call in flight that sends nothing for [`SILENT_AFTER`] is logged as lost (once, by
+//! [`Hub::note_silent_actors`]), and its next message as a reconnection: a network partition reads as that pair
+//! of lines, or as a lost actor replaced by its re-registration, never as an error.
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flotilla_core::{Chunk, ChunkSpec, Gradient, Params, Versioned};
 use flotilla_observe::prometheus::LearnerMetrics;
@@ -78,12 +81,44 @@ pub struct HubSpec {
     /// they feed ([`LearnerConfig::synchronous`](crate::config::LearnerConfig)); A3C gradients always, after
     /// they are applied.
     pub synchronous: bool,
+    /// A registered actor whose messages are refused this many times in a row is disconnected (its next call
+    /// is answered "unknown actor"; a supervised actor process is restarted); 0: never.
+    pub max_refused_in_a_row: u32,
 }
+
+/// How long an actor may go without a call in flight before the learner logs it as lost: longer than an actor
+/// takes to collect a chunk (milliseconds to about a second), short enough to show a partition as it happens.
+pub const SILENT_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 struct ActorEntry {
     host: String,
     pid: u32,
+    /// When its last call ended (or it registered), and how many of its calls are in flight now: an actor
+    /// waiting on the learner (a full queue, a synchronous ack) is not silent.
+    last_seen: Instant,
+    in_flight: u32,
+    /// Logged as lost (see [`SILENT_AFTER`]); its next message is logged as a reconnection.
+    lost: bool,
+    /// Its messages refused since its last accepted one: at [`HubSpec::max_refused_in_a_row`] it is
+    /// disconnected.
+    refused_in_a_row: u32,
+}
+
+/// One call of a registered actor in flight; dropping it (the call answered, or abandoned by a disconnect)
+/// marks the actor seen now.
+struct Call<'a> {
+    hub: &'a Hub,
+    actor_id: u64,
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        if let Some(e) = self.hub.actors.lock().expect("actor table").by_id.get_mut(&self.actor_id) {
+            e.in_flight = e.in_flight.saturating_sub(1);
+            e.last_seen = Instant::now();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -91,6 +126,8 @@ struct ActorTable {
     registrations: u64,
     by_id: HashMap<u64, ActorEntry>,
     by_slot: HashMap<u32, u64>,
+    /// Actors an ack has told that the run is over.
+    told_finished: HashSet<u64>,
 }
 
 /// Counters of refused and skipped messages.
@@ -197,14 +234,106 @@ impl Hub {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
         self.metrics.refused.inc();
         warn!(actor_id, "refused a {what} from actor {actor_id}: {problem}");
+        let mut t = self.actors.lock().expect("actor table");
+        let slot = t.by_slot.iter().find(|(_, id)| **id == actor_id).map(|(slot, _)| *slot);
+        if let (Some(e), Some(slot)) = (t.by_id.get_mut(&actor_id), slot) {
+            self.metrics.actor_refused(slot).inc();
+            e.refused_in_a_row += 1;
+            let limit = self.spec.max_refused_in_a_row;
+            if limit > 0 && e.refused_in_a_row >= limit {
+                let (host, pid, n) = (e.host.clone(), e.pid, e.refused_in_a_row);
+                t.by_id.remove(&actor_id);
+                t.by_slot.remove(&slot);
+                self.metrics.actors.set(t.by_id.len() as i64);
+                warn!(
+                    actor_id,
+                    "disconnected actor {actor_id} (slot {slot}, {host} pid {pid}): {n} messages in a row refused, the \
+                     last: {what}: {problem}; the slot is free for a new registration"
+                );
+            }
+        }
         RpcError::invalid(format!("{what} from actor {actor_id}: {problem}"))
     }
 
-    fn check_actor(&self, actor_id: u64, what: &str) -> Result<(), RpcError> {
-        if self.actors.lock().expect("actor table").by_id.contains_key(&actor_id) {
-            Ok(())
+    /// A registered actor's message passed every check: its run of refusals ends.
+    fn accepted(&self, actor_id: u64) {
+        if let Some(e) = self.actors.lock().expect("actor table").by_id.get_mut(&actor_id) {
+            e.refused_in_a_row = 0;
+        }
+    }
+
+    fn check_actor(&self, actor_id: u64, what: &str) -> Result<Call<'_>, RpcError> {
+        if let Some(e) = self.actors.lock().expect("actor table").by_id.get_mut(&actor_id) {
+            if e.lost {
+                e.lost = false;
+                let silent = e.last_seen.elapsed().as_secs_f64();
+                info!(actor_id, "actor {actor_id} reconnected (silent for {silent:.1} s)");
+            }
+            e.in_flight += 1;
+            Ok(Call { hub: self, actor_id })
         } else {
             Err(self.refuse(actor_id, what, "unknown actor (not registered, or replaced by a restart)".into()))
+        }
+    }
+
+    /// Log each registered actor that has had no call in flight for [`SILENT_AFTER`] as lost, once per silence
+    /// (the update loop calls this between deliveries; nothing is logged once the run is over). Returns the
+    /// actors newly lost.
+    pub fn note_silent_actors(&self) -> Vec<u64> {
+        self.note_silent_for(SILENT_AFTER)
+    }
+
+    fn note_silent_for(&self, after: Duration) -> Vec<u64> {
+        let mut newly_lost = Vec::new();
+        if self.finished.load(Ordering::SeqCst) {
+            return newly_lost;
+        }
+        let mut t = self.actors.lock().expect("actor table");
+        let slots: HashMap<u64, u32> = t.by_slot.iter().map(|(slot, id)| (*id, *slot)).collect();
+        for (&actor_id, e) in t.by_id.iter_mut() {
+            let silent = e.last_seen.elapsed();
+            if e.in_flight == 0 && !e.lost && silent > after {
+                e.lost = true;
+                newly_lost.push(actor_id);
+                let slot = slots.get(&actor_id).copied().unwrap_or_default();
+                warn!(
+                    actor_id,
+                    "actor {actor_id} lost (no message for {:.0} s; slot {slot}, {} pid {})",
+                    silent.as_secs_f64(),
+                    e.host,
+                    e.pid
+                );
+            }
+        }
+        newly_lost
+    }
+
+    /// Remember which actors an ack has told that the run is over.
+    fn note_told(&self, actor_id: u64, answer: Result<Ack, RpcError>) -> Result<Ack, RpcError> {
+        if answer.as_ref().is_ok_and(|ack| ack.finished) {
+            self.actors.lock().expect("actor table").told_finished.insert(actor_id);
+        }
+        answer
+    }
+
+    /// After [`Hub::finish`]: wait, at most `limit`, until every actor still in touch (a call in flight, or one
+    /// within [`SILENT_AFTER`]) has been told that the run is over, so that actors on other hosts, a round trip
+    /// or more behind, end cleanly instead of finding the learner gone and reconnecting in vain. Returns how
+    /// many were not told.
+    pub fn wait_until_actors_told(&self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        loop {
+            let t = self.actors.lock().expect("actor table");
+            let untold = (t.by_id.iter())
+                .filter(|(id, e)| {
+                    !t.told_finished.contains(id) && (e.in_flight > 0 || e.last_seen.elapsed() < SILENT_AFTER)
+                })
+                .count();
+            drop(t);
+            if untold == 0 || Instant::now() >= deadline {
+                return untold;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -281,9 +410,19 @@ impl LearnerService for Hub {
         if let Some(old) = t.by_slot.insert(index, actor_id)
             && let Some(e) = t.by_id.remove(&old)
         {
-            info!("slot {index}: actor {actor_id} replaces actor {old} ({} pid {})", e.host, e.pid);
+            let lost =
+                if e.lost { format!(", lost {:.0} s ago", e.last_seen.elapsed().as_secs_f64()) } else { "".into() };
+            info!("slot {index}: actor {actor_id} replaces actor {old} ({} pid {}{lost})", e.host, e.pid);
         }
-        t.by_id.insert(actor_id, ActorEntry { host: r.host.clone(), pid: r.pid });
+        let entry = ActorEntry {
+            host: r.host.clone(),
+            pid: r.pid,
+            last_seen: Instant::now(),
+            in_flight: 0,
+            lost: false,
+            refused_in_a_row: 0,
+        };
+        t.by_id.insert(actor_id, entry);
         self.metrics.actors.set(t.by_id.len() as i64);
         info!(actor_id, "actor {actor_id} registered in slot {index} from {} (pid {})", r.host, r.pid);
         Ok(Registered {
@@ -299,7 +438,7 @@ impl LearnerService for Hub {
     }
 
     async fn ingest(&self, chunk: Chunk) -> Result<Ack, RpcError> {
-        self.check_actor(chunk.actor_id, "chunk")?;
+        let _call = self.check_actor(chunk.actor_id, "chunk")?;
         if self.spec.family == Family::Gradients {
             return Err(self.refuse(chunk.actor_id, "chunk", "this run (a3c) takes gradients, not chunks".into()));
         }
@@ -311,13 +450,15 @@ impl LearnerService for Hub {
                 format!("policy version {} was never published (newest {})", chunk.policy_version, self.version());
             return Err(self.refuse(chunk.actor_id, "chunk", problem));
         }
+        self.accepted(chunk.actor_id);
         self.metrics.chunks.inc();
         self.metrics.transitions.inc_by((chunk.n_steps * chunk.n_envs) as u64);
-        self.enqueue(Delivery::Chunk(chunk), None).await
+        let actor_id = chunk.actor_id;
+        self.note_told(actor_id, self.enqueue(Delivery::Chunk(chunk), None).await)
     }
 
     async fn gradient(&self, g: Gradient) -> Result<Ack, RpcError> {
-        self.check_actor(g.actor_id, "gradient")?;
+        let _call = self.check_actor(g.actor_id, "gradient")?;
         if self.spec.family != Family::Gradients {
             return Err(self.refuse(g.actor_id, "gradient", "this run takes chunks, not gradients".into()));
         }
@@ -330,12 +471,14 @@ impl LearnerService for Hub {
             return Err(self.refuse(g.actor_id, "gradient", problem));
         }
         let (receipt, applied) = Receipt::new();
+        self.accepted(g.actor_id);
         self.metrics.gradients.inc();
-        self.enqueue(Delivery::Gradient(g, receipt), Some(applied)).await
+        let actor_id = g.actor_id;
+        self.note_told(actor_id, self.enqueue(Delivery::Gradient(g, receipt), Some(applied)).await)
     }
 
     fn params(&self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError> {
-        self.check_actor(actor_id, "parameter request")?;
+        let _call = self.check_actor(actor_id, "parameter request")?;
         let p = self.params.read().expect("params lock");
         Ok(if have == Some(p.version) { None } else { Some(p.clone()) })
     }
@@ -383,6 +526,7 @@ mod tests {
             queue,
             total_env_steps: 100,
             synchronous: false,
+            max_refused_in_a_row: 3,
         }
     }
 
@@ -558,6 +702,39 @@ mod tests {
     }
 
     #[test]
+    fn an_actor_refused_too_often_in_a_row_is_disconnected_and_counted_by_slot() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (hub, _rx) = Hub::new(spec(4), vec![0.0; 3]); // max_refused_in_a_row = 3
+        let id = registration(&hub).actor_id;
+        let bad = || {
+            let mut c = chunk(id);
+            c.actions[0] = 7.0;
+            c
+        };
+        // Two refusals, then a good chunk: the run of refusals starts again.
+        for _ in 0..2 {
+            assert_eq!(rt.block_on(hub.ingest(bad())).unwrap_err().code, Code::InvalidArgument);
+        }
+        rt.block_on(hub.ingest(chunk(id))).unwrap();
+        for _ in 0..2 {
+            rt.block_on(hub.ingest(bad())).unwrap_err();
+        }
+        assert_eq!(hub.live_actors(), 1, "4 refusals, but never 3 in a row yet");
+        // The third in a row disconnects it: its next chunk, good or not, is from an unknown actor.
+        rt.block_on(hub.ingest(bad())).unwrap_err();
+        assert_eq!(hub.live_actors(), 0);
+        let err = rt.block_on(hub.ingest(chunk(id))).unwrap_err();
+        assert!(err.message.contains("unknown actor"), "{err:?}");
+        let text = hub.metrics().encode();
+        assert!(text.lines().any(|l| l == "flotilla_actor_refused_messages_total{slot=\"0\"} 5"), "{text}");
+        assert!(text.lines().any(|l| l == "flotilla_actors_connected 0"), "{text}");
+        // A new registration (a restarted actor) is served again.
+        let again = registration(&hub);
+        assert_eq!(hub.live_actors(), 1);
+        rt.block_on(hub.ingest(chunk(again.actor_id))).unwrap();
+    }
+
+    #[test]
     fn parameters_are_versioned_and_only_sent_when_newer() {
         let (hub, _rx) = Hub::new(spec(4), vec![0.0; 3]);
         let id = registration(&hub).actor_id;
@@ -571,5 +748,37 @@ mod tests {
         c.policy_version = 7;
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         assert!(rt.block_on(hub.ingest(c)).unwrap_err().message.contains("policy version 7 was never published"));
+    }
+
+    #[test]
+    fn a_silent_actor_is_lost_once_then_reconnects_a_waiting_one_is_not_lost_and_all_hear_the_end() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (hub, mut rx) = Hub::new(HubSpec { synchronous: true, ..spec(4) }, vec![0.0; 3]);
+        let (quiet, waiting) = (registration(&hub).actor_id, registration(&hub).actor_id);
+        assert!(hub.note_silent_for(Duration::from_millis(50)).is_empty(), "both just registered");
+        // `waiting` has a chunk in flight (a synchronous ack waits for the update); `quiet` sends nothing.
+        let h = hub.clone();
+        let pending = rt.spawn(async move { h.ingest(chunk(waiting)).await });
+        assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(hub.note_silent_for(Duration::from_millis(50)), vec![quiet]);
+        assert!(hub.note_silent_for(Duration::from_millis(50)).is_empty(), "lost is noted once");
+        // Its next message reconnects it: silent again only after another full silence.
+        hub.params(quiet, None).unwrap();
+        assert!(!hub.actors.lock().unwrap().by_id[&quiet].lost);
+        assert!(hub.note_silent_for(Duration::from_millis(50)).is_empty());
+        hub.publish(vec![1.0; 3]);
+        rt.block_on(pending).unwrap().unwrap();
+        assert!(hub.actors.lock().unwrap().by_id.values().all(|e| e.in_flight == 0));
+        // Nothing is lost once the run is over.
+        std::thread::sleep(Duration::from_millis(100));
+        hub.finish();
+        assert!(hub.note_silent_for(Duration::from_millis(50)).is_empty());
+        // The learner waits for both to hear that the run is over: each is told by its next ack.
+        assert_eq!(hub.wait_until_actors_told(Duration::ZERO), 2);
+        assert!(rt.block_on(hub.ingest(chunk(quiet))).unwrap().finished);
+        assert_eq!(hub.wait_until_actors_told(Duration::ZERO), 1);
+        assert!(rt.block_on(hub.ingest(chunk(waiting))).unwrap().finished);
+        assert_eq!(hub.wait_until_actors_told(Duration::from_secs(5)), 0);
     }
 }
