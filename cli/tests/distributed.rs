@@ -261,6 +261,16 @@ impl Learner {
         GrpcClient::connect(&self.addr, token, &Limits::default(), Duration::from_secs(5)).unwrap()
     }
 
+    /// Wait for the run to end; its log, after checking it ended well with a final evaluation ≥ 475.
+    fn wait_solved(mut self) -> String {
+        let out = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
+        let log = self.drain_log();
+        assert!(out.status.success(), "{log}");
+        let final_return = final_return(&Output { stderr: log.clone().into_bytes(), ..out }).unwrap_or(f64::NAN);
+        assert!(final_return >= 475.0, "the run did not end solved: final evaluation {final_return}\n{log}");
+        log
+    }
+
     fn drain_log(&self) -> String {
         self.log.try_iter().collect::<Vec<_>>().join("\n")
     }
@@ -384,12 +394,7 @@ fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
     assert!(err.message.contains("protocol version 99"), "{err}");
 
     // The real actor was unaffected: the run finishes, solved.
-    let mut learner = learner;
-    let out = std::mem::replace(&mut learner.child, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
-    let log = learner.drain_log();
-    assert!(out.status.success(), "{log}");
-    let final_return = final_return(&Output { stderr: log.clone().into_bytes(), ..out }).unwrap_or(f64::NAN);
-    assert!(final_return >= 475.0, "the run did not end solved: final evaluation {final_return}\n{log}");
+    let log = learner.wait_solved();
     assert!(log.contains("refused GetRunInfo") && log.contains("wrong run token"), "no auth log line:\n{log}");
     assert!(log.contains("refused a chunk from actor"), "no refusal log line:\n{log}");
     let mut actor = actor;
@@ -581,12 +586,7 @@ fn a_fuzzing_client_cannot_take_the_learner_down() {
     // The learner still serves: registration and run info answer.
     assert_eq!(client.run_info().unwrap().run_id, run.run_id);
 
-    let mut learner = learner;
-    let out = std::mem::replace(&mut learner.child, Command::new("true").spawn().unwrap()).wait_with_output().unwrap();
-    let log = learner.drain_log();
-    assert!(out.status.success(), "{log}");
-    let final_return = final_return(&Output { stderr: log.clone().into_bytes(), ..out }).unwrap_or(f64::NAN);
-    assert!(final_return >= 475.0, "the run did not end solved: final evaluation {final_return}\n{log}");
+    let log = learner.wait_solved();
     assert!(log.contains("disconnected actor") && log.contains("messages in a row refused"), "no disconnect logged");
     let mut actor = actor;
     assert!(actor.wait().unwrap().success(), "the real actor ends cleanly when the run is over");
