@@ -62,13 +62,6 @@ fn missing_prerequisite() -> Option<String> {
     }
 }
 
-/// `--insecure` where this build's learner asks for it (plaintext gRPC on a non-loopback address; the learner's
-/// TLS is not what this test is about).
-fn plaintext_flag() -> Vec<&'static str> {
-    let help = Command::new(env!("CARGO_BIN_EXE_flotilla")).args(["learner", "--help"]).output().unwrap();
-    if String::from_utf8_lossy(&help.stdout).contains("--insecure") { vec!["--insecure"] } else { vec![] }
-}
-
 /// Namespaces as hosts, deleted when dropped (a namespace's veths go with it).
 struct Hosts {
     prefix: String,
@@ -330,13 +323,14 @@ fn actors_on_other_hosts_survive_latency_a_stall_and_a_partition() {
     let learner_addr: SocketAddr = "10.77.0.2:50051".parse().unwrap();
     let (config, listen) = (config("cartpole_ppo.toml"), learner_addr.to_string());
     #[rustfmt::skip]
-    let mut args = vec![
+    let args = [
         "learner", config.as_str(), "--listen", listen.as_str(), "--actors", "2", "--token", TOKEN,
         "--out", run.to_str().unwrap(),
         // Synchronous actors learn as reliably as one process; the partition then pauses the run, as it should.
         "--set", "learner.synchronous=true", "--set", "actors.reconnect_secs=60",
+        // Plaintext gRPC off loopback (TLS is cli/tests/tls.rs's subject).
+        "--insecure",
     ];
-    args.extend(plaintext_flag());
     let mut learner = Proc::spawn(&learner_ns, &args, &[]);
     learner.wait_for("learner listening on", Duration::from_secs(60)).unwrap();
     let proxy = Proxy::start(&router, "0.0.0.0:50051".parse().unwrap(), learner_addr).unwrap();
