@@ -1,5 +1,6 @@
-//! `flotilla train --actors N` and `flotilla learner`: a distributed learner, with (train) or without
-//! (learner) locally launched actor processes.
+//! `flotilla learner` and the learner of `flotilla train --actors N`: a distributed learner, launching its actor
+//! processes itself (a rank of a `--learners` group, `--resume` of one), serving actors started elsewhere, or as
+//! the child of a `flotilla train --actors N` supervisor (`crate::supervise`) that launched them.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -12,10 +13,22 @@ use flotilla_learner::train::TrainReport;
 
 /// Who starts the actors.
 pub enum Actors {
-    /// This process launches and supervises `N` actor processes on loopback.
+    /// This process launches and supervises `N` actor processes on loopback (a rank of a `--learners` group).
     Launch,
     /// Actors are started elsewhere (`flotilla actor --learner ADDR --token T`).
     External,
+    /// This process is the learner child of a `flotilla train --actors N` supervisor (`crate::supervise`), which
+    /// launched the actors and restarts this learner when it dies: it listens on `listen` (the address the actors
+    /// keep reconnecting to, not saved in the run's config), checkpoints periodically even when
+    /// `[checkpoint] interval_steps` is 0, and on a resume cuts `metrics.csv` back to its checkpoint and marks the
+    /// new segment. `restarts`: how many times the supervisor has restarted the learner.
+    Supervised { listen: String, restarts: u32 },
+}
+
+/// The checkpoint interval of a supervised run whose config says 0 (never): 5 % of the budget, so a restarted
+/// learner redoes at most that much.
+pub fn supervised_checkpoint_interval(config: &ExperimentConfig) -> u64 {
+    (config.run.total_env_steps / 20).max(1)
 }
 
 /// Where a distributed run writes.
@@ -23,7 +36,8 @@ pub enum Start {
     /// A new run directory at this path, created once the learner is built (so a config, device or space
     /// error leaves nothing behind).
     Fresh(PathBuf),
-    /// Continue the run in this directory from its checkpoint.
+    /// Continue the run in this directory from its checkpoint (supervised: from the start, in the same directory,
+    /// when the learner died before its first checkpoint).
     Resume(RunDir),
 }
 
@@ -47,7 +61,30 @@ pub fn distributed_train(
         _ => None,
     };
     let resume = matches!(start, Start::Resume(_));
+    // A supervised learner's own config: checkpoints on (saved with a fresh run), the supervisor's address (not).
+    let mut saved = config.clone();
+    let mut learner_config = None;
+    if let Actors::Supervised { listen, .. } = &actors {
+        if saved.checkpoint.interval_steps == 0 {
+            saved.checkpoint.interval_steps = supervised_checkpoint_interval(config);
+            tracing::info!(
+                "[checkpoint] interval_steps = 0: a supervised run checkpoints every {} env steps (5 % of the \
+                 budget), so a restarted learner resumes close to where the last one died",
+                saved.checkpoint.interval_steps
+            );
+        }
+        let mut c = saved.clone();
+        c.learner.listen = listen.clone();
+        learner_config = Some(c);
+    }
+    let saved = &saved;
+    let config = learner_config.as_ref().unwrap_or(saved);
+    let supervised = matches!(actors, Actors::Supervised { .. });
     let mut learner = match &start {
+        Start::Resume(run_dir) if supervised && !run_dir.checkpoint_path().is_file() => {
+            tracing::warn!("{} has no checkpoint yet: starting the run over in it", run_dir.path().display());
+            DistributedLearner::new(config, plan)?
+        }
         Start::Resume(run_dir) => {
             let checkpoint = run_dir.checkpoint_path();
             let learner = DistributedLearner::resume(config, plan, &checkpoint)
@@ -57,6 +94,7 @@ pub fn distributed_train(
         }
         Start::Fresh(_) => DistributedLearner::new(config, plan)?,
     };
+    let resumed_at = learner.report().env_steps;
     let token = match token {
         Some(t) => t,
         None => generate_token().context("generating the run token")?,
@@ -69,8 +107,8 @@ pub fn distributed_train(
         Start::Resume(run_dir) => run_dir,
         Start::Fresh(out) if !writer => RunDir::at(&out),
         Start::Fresh(out) => {
-            let run_dir = RunDir::create(&out, config)?;
-            tracing::info!("run directory {}; resolved config:\n{}", out.display(), config.to_toml());
+            let run_dir = RunDir::create(&out, saved)?;
+            tracing::info!("run directory {}; resolved config:\n{}", out.display(), saved.to_toml());
             run_dir
         }
     };
@@ -84,7 +122,8 @@ pub fn distributed_train(
         plan.envs_per_actor,
         plan.chunk_steps
     );
-    let mut launcher = match actors {
+    let mut launcher = match &actors {
+        Actors::Supervised { .. } => None,
         Actors::Launch => {
             let exe = std::env::current_exe().context("locating the flotilla executable")?;
             // Actors on this machine reach a learner listening on every interface through loopback.
@@ -136,15 +175,39 @@ pub fn distributed_train(
             None
         }
     };
-    let mut csv = match (writer, resume) {
-        (false, _) => None,
-        (true, true) => Some(run_dir.metrics_appender()?),
-        (true, false) => Some(run_dir.metrics_writer()?),
+    // A resumed segment of a supervised run is marked: every row carries the learner restarts so far (of this
+    // supervisor) and the env steps lost with dead learners (over the run), its first row the env steps it resumed
+    // at.
+    let mut mark: Option<(f64, f64, Option<f64>)> = None;
+    let mut csv = match (writer, resume, &actors) {
+        (false, _, _) => None,
+        (true, true, Actors::Supervised { restarts, .. }) => {
+            let (csv, rewound) = run_dir.metrics_rewound(resumed_at)?;
+            let lost = rewound.earlier_lost_env_steps + rewound.lost_env_steps;
+            if rewound.rows > 0 {
+                tracing::warn!(
+                    "metrics.csv: removed {} rows past the checkpoint at {resumed_at} env steps; {} env steps the \
+                     dead learner had trained on are lost ({lost} over the run)",
+                    rewound.rows,
+                    rewound.lost_env_steps
+                );
+            }
+            mark = Some((*restarts as f64, lost as f64, Some(resumed_at as f64)));
+            Some(csv)
+        }
+        (true, true, _) => Some(run_dir.metrics_appender()?),
+        (true, false, _) => Some(run_dir.metrics_writer()?),
     };
     let total = config.run.total_env_steps.min(stop_at);
     let result = learner.run(&stop, &mut |row| {
         crate::progress::update(row, total);
-        csv.as_mut().map_or(Ok(()), |csv| csv.write_row(&row.columns()))
+        let mut columns = row.columns();
+        if let Some((restarts, lost, resumed)) = mark.as_mut() {
+            columns.push(("charts/restarts".into(), Some(*restarts)));
+            columns.push(("charts/lost_env_steps".into(), Some(*lost)));
+            columns.push(("charts/resumed_at".into(), resumed.take()));
+        }
+        csv.as_mut().map_or(Ok(()), |csv| csv.write_row(&columns))
     });
     crate::progress::finish();
     if let Some(l) = launcher.as_mut() {
@@ -180,7 +243,7 @@ pub fn distributed_train(
 /// The TLS options of the actors this process launches, from `[transport]`: they trust `tls_ca` and, under
 /// mutual TLS, present `actor_cert` / `actor_key`. The files are checked here, so a bad one fails the run
 /// before it starts rather than each actor after it.
-fn launched_actor_tls(config: &ExperimentConfig) -> Result<Vec<String>> {
+pub fn launched_actor_tls(config: &ExperimentConfig) -> Result<Vec<String>> {
     let t = &config.transport;
     let ca = t.tls_ca.as_deref().context(
         "[transport] tls_cert is set but tls_ca is not: the actors this run launches need the CA that signed \

@@ -3,7 +3,8 @@
 //! ```text
 //! flotilla train CONFIG.toml [--set key=value ...] [--out RUN_DIR] [--stop-at N]
 //! flotilla train --resume RUN_DIR [--stop-at N]
-//! flotilla train CONFIG.toml --actors N [--set ...] [--out RUN_DIR] [--stop-at N]  # learner + N actor processes
+//! flotilla train CONFIG.toml --actors N [--set ...] [--out RUN_DIR] [--stop-at N]  # learner + N actor processes,
+//!                                                      # supervised: a dead learner resumes from its checkpoint
 //! flotilla train CONFIG.toml --learners L --actors N [...]   # L data-parallel learners, N/L actors each
 //! flotilla learner CONFIG.toml [--listen ADDR] [--actors N] [--token T]   # actors join from anywhere
 //!     [--tls-cert C --tls-key K [--client-ca CA]] [--insecure]            # TLS, or plaintext off loopback
@@ -22,6 +23,7 @@ mod launcher;
 mod plot;
 mod progress;
 mod render;
+mod supervise;
 
 use std::path::{Path, PathBuf};
 
@@ -59,7 +61,8 @@ enum Command {
         /// schedules; `--resume` continues from there.
         #[arg(long, value_name = "ENV_STEPS")]
         stop_at: Option<u64>,
-        /// Train with a learner in this process and N actor processes on loopback, restarted if they die.
+        /// Train with a learner process and N actor processes on loopback, each restarted if it dies (the learner
+        /// from its last checkpoint, up to `[learner] max_restarts` times; the actors reconnect to it).
         #[arg(long, value_name = "N", conflicts_with = "resume")]
         actors: Option<usize>,
         /// Train with L data-parallel learner processes (gradients all-reduced on c10d), each serving N/L of the
@@ -72,7 +75,8 @@ enum Command {
     /// Run a distributed learner that actors join with `flotilla actor` (from this or other machines).
     Learner {
         /// Experiment config (TOML).
-        config: PathBuf,
+        #[arg(required_unless_present = "supervised_resume")]
+        config: Option<PathBuf>,
         /// Address to listen on (default: `[learner] listen`, loopback). Other machines need e.g. 0.0.0.0:50051.
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
@@ -90,6 +94,21 @@ enum Command {
         out: Option<PathBuf>,
         #[command(flatten)]
         tls: TlsArgs,
+        /// Set by a `flotilla train --actors N` supervisor: it launched the actors; listen on --listen without
+        /// saving it in the run's config.
+        #[arg(long, hide = true, requires = "listen")]
+        supervised: bool,
+        /// Set by a supervisor: continue the run in RUN_DIR from its checkpoint (or from the start, in it, when it
+        /// has none yet), cutting metrics.csv back to the checkpoint.
+        #[arg(long, hide = true, value_name = "RUN_DIR", requires = "supervised")]
+        #[arg(conflicts_with_all = ["config", "out", "overrides", "actors"])]
+        supervised_resume: Option<PathBuf>,
+        /// Set by a supervisor: how many times it has restarted the learner.
+        #[arg(long, hide = true, default_value_t = 0)]
+        restarts: u32,
+        /// Set by a supervisor: stop at this many env steps (`flotilla train --stop-at`).
+        #[arg(long, hide = true, value_name = "ENV_STEPS")]
+        stop_at: Option<u64>,
     },
     /// Act for a learner: step envs, send trajectory chunks, pick up new parameters.
     Actor {
@@ -257,6 +276,29 @@ fn run(cli: Cli) -> Result<()> {
             let start = group::GroupStart::Fresh { config: path, overrides, actors: n / l, out };
             group::group_train(&config, start, stop_at.unwrap_or(u64::MAX), &launcher::install_stop_signals())
         }
+        Command::Train { config: Some(path), mut overrides, out, actors: Some(n), learners, stop_at, tls, .. }
+            if learners.unwrap_or(1) <= 1 && !group::is_rank() =>
+        {
+            // One learner: a supervisor process runs it as a child, restarted from its checkpoint if it dies.
+            overrides.extend(tls.overrides());
+            overrides.push(format!("actors.count={n}"));
+            let config = ExperimentConfig::load(&path, &overrides)?;
+            if config.learner.learners > 1 {
+                // A rank of a data-parallel group started by Slurm (`SLURM_PROCID`): the learner runs here.
+                let stop_at = stop_at.unwrap_or(u64::MAX);
+                return learner_command(&path, &overrides, out, launch::Actors::Launch, None, stop_at);
+            }
+            anyhow::ensure!(config.actors.count > 0, "a distributed run needs actors: pass --actors N (N > 0)");
+            let out = out.unwrap_or_else(|| launch::default_out(&config));
+            anyhow::ensure!(
+                !out.join("config.toml").exists(),
+                "{} already holds a run ({}/config.toml exists); choose another --out",
+                out.display(),
+                out.display()
+            );
+            let start = supervise::Start::Fresh { config: path, overrides, out };
+            supervise::supervised_train(&config, start, stop_at.unwrap_or(u64::MAX))
+        }
         Command::Train { config: Some(path), mut overrides, out, actors: Some(n), learners, stop_at, tls, .. } => {
             overrides.extend(tls.overrides());
             // torchrun --max-restarts starts a failed group again with the same command line: continue from the
@@ -281,7 +323,36 @@ fn run(cli: Cli) -> Result<()> {
             );
             train_command(config.as_deref(), &overrides, out, resume.as_deref(), stop_at.unwrap_or(u64::MAX))
         }
-        Command::Learner { config, listen, actors, token, mut overrides, out, tls } => {
+        Command::Learner {
+            config,
+            listen,
+            actors,
+            token,
+            mut overrides,
+            out,
+            tls,
+            supervised,
+            supervised_resume,
+            restarts,
+            stop_at,
+        } => {
+            let stop_at = stop_at.unwrap_or(u64::MAX);
+            if supervised {
+                let listen = listen.context("--supervised needs --listen")?;
+                let role = launch::Actors::Supervised { listen, restarts };
+                if let Some(dir) = supervised_resume {
+                    let (run_dir, config) = RunDir::open(&dir)?;
+                    let start = launch::Start::Resume(run_dir);
+                    return launch::distributed_train(&config, start, role, token, stop_at);
+                }
+                overrides.extend(tls.overrides());
+                if let Some(n) = actors {
+                    overrides.push(format!("actors.count={n}"));
+                }
+                let path = config.context("give a CONFIG.toml")?;
+                return learner_command(&path, &overrides, out, role, token, stop_at);
+            }
+            let config = config.context("give a CONFIG.toml")?;
             overrides.extend(tls.overrides());
             if let Some(addr) = listen {
                 overrides.push(format!("learner.listen={addr:?}"));
@@ -330,8 +401,12 @@ fn train_command(
                 let stop = launcher::install_stop_signals();
                 return group::group_train(&config, group::GroupStart::Resume(dir.to_path_buf()), stop_at, &stop);
             }
+            if config.actors.count > 0 && !group::is_rank() {
+                // A distributed run: a supervisor resumes its learner and launches its actors again.
+                return supervise::supervised_train(&config, supervise::Start::Resume(dir.to_path_buf()), stop_at);
+            }
             if config.actors.count > 0 {
-                // A distributed run: the learner resumes and launches its actors again.
+                // A rank of a data-parallel group: the learner resumes here and launches its actors again.
                 let start = launch::Start::Resume(run_dir);
                 return launch::distributed_train(&config, start, launch::Actors::Launch, None, stop_at);
             }

@@ -195,7 +195,11 @@ fn a_killed_actor_is_restarted_and_the_run_still_solves() {
         let log = std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
         let started = Instant::now();
         let victim = loop {
-            let kids = children(child.id());
+            // The train process supervises a learner process and the actors.
+            let is_actor = |pid: &u32| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.windows(7).any(|w| w == b"\0actor\0"))
+            };
+            let kids: Vec<u32> = children(child.id()).into_iter().filter(is_actor).collect();
             if kids.len() == 4 && started.elapsed() > Duration::from_millis(1500) {
                 break kids[1];
             }

@@ -96,6 +96,68 @@ impl RunDir {
     }
 }
 
+impl RunDir {
+    /// Continue the metrics of a learner restarted from its checkpoint at `env_steps` (0: it died before its
+    /// first checkpoint and starts over): rows past `env_steps` are what the dead learner trained after the
+    /// checkpoint and the new one trains again, so they are removed (the file rewritten atomically) before
+    /// appending, and no env-steps value appears twice.
+    pub fn metrics_rewound(&self, env_steps: u64) -> Result<(MetricsWriter, Rewound)> {
+        let path = self.path.join(METRICS_FILE);
+        let rewound = rewind_csv(&path, env_steps)?;
+        let csv = CsvWriter::append(&path)?;
+        Ok((MetricsWriter::new(csv, &self.path)?, rewound))
+    }
+}
+
+/// What [`RunDir::metrics_rewound`] removed from `metrics.csv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rewound {
+    /// Rows removed (logged after the checkpoint).
+    pub rows: usize,
+    /// Env steps the dead learner had logged past the checkpoint (its last removed row's `env_steps` minus the
+    /// checkpoint's): trained on, then lost with it. A lower bound: steps ingested after its last row leave no
+    /// trace.
+    pub lost_env_steps: u64,
+    /// Env steps lost at earlier restarts: the file's last `charts/lost_env_steps` value, removed rows included.
+    pub earlier_lost_env_steps: u64,
+}
+
+/// Cut `metrics.csv` back to the rows with `env_steps <= env_steps` (header kept; a missing file is left alone).
+fn rewind_csv(path: &Path, env_steps: u64) -> Result<Rewound> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Rewound::default()),
+        Err(e) => return Err(io("reading", path, e)),
+    };
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else { return Ok(Rewound::default()) };
+    let columns: Vec<&str> = header.split(',').collect();
+    let column = |name: &str| columns.iter().position(|c| *c == name);
+    let cell = |line: &str, col: Option<usize>| col.and_then(|c| line.split(',').nth(c)?.parse::<f64>().ok());
+    let (steps_col, lost_col) = (column("env_steps"), column("charts/lost_env_steps"));
+    let mut rewound = Rewound::default();
+    let mut kept = String::from(header) + "\n";
+    for line in lines {
+        if let Some(lost) = cell(line, lost_col) {
+            rewound.earlier_lost_env_steps = lost as u64;
+        }
+        match cell(line, steps_col) {
+            Some(steps) if steps as u64 > env_steps => {
+                rewound.rows += 1;
+                rewound.lost_env_steps = steps as u64 - env_steps;
+            }
+            _ => {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+    }
+    if rewound.rows > 0 {
+        write_atomic(path, kept.as_bytes())?;
+    }
+    Ok(rewound)
+}
+
 /// A run's metrics sink: each row goes to `metrics.csv` and, as scalars at its env steps, to a TensorBoard event
 /// file under the same names (`charts/…`, `losses/…`, `eval/…`; a row's empty cells are not written).
 #[derive(Debug)]
@@ -245,6 +307,22 @@ impl CsvWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rewind_removes_the_rows_past_the_checkpoint() {
+        let dir = std::env::temp_dir().join(format!("flotilla-rewind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.csv");
+        std::fs::write(&path, "env_steps,charts/lost_env_steps\n100,\n200,\n300,40\n400,40\n").unwrap();
+        let r = rewind_csv(&path, 200).unwrap();
+        assert_eq!(r, Rewound { rows: 2, lost_env_steps: 200, earlier_lost_env_steps: 40 });
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "env_steps,charts/lost_env_steps\n100,\n200,\n");
+        assert_eq!(rewind_csv(&path, 200).unwrap(), Rewound::default(), "nothing past the checkpoint");
+        assert_eq!(rewind_csv(&path, 0).unwrap().rows, 2, "no checkpoint: every row goes");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "env_steps,charts/lost_env_steps\n");
+        assert_eq!(rewind_csv(&dir.join("none.csv"), 5).unwrap(), Rewound::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn csv_header_grows_with_new_columns() {
