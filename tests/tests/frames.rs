@@ -95,6 +95,7 @@ fn u8_frames_survive_vec_env_chunk_grpc_and_replay_unchanged() {
         n_params: 1,
         queue: 4,
         synchronous: false,
+        max_refused_in_a_row: 20,
         total_env_steps: u64::MAX,
     };
     let (hub, mut rx): (Arc<Hub>, _) = Hub::new(spec, vec![0.0]);

@@ -55,6 +55,7 @@ pub(crate) fn cartpole_hub(n_actors: usize, params: Vec<f32>) -> BenchResult<(Ar
         n_params: params.len(),
         queue: 64,
         synchronous: false,
+        max_refused_in_a_row: 20,
         total_env_steps: u64::MAX,
     };
     Ok(Hub::new(spec, params))
