@@ -1,5 +1,6 @@
-//! A local process supervisor for `flotilla train CONFIG --actors N`: the learner runs in this process,
-//! and the launcher starts N actor processes and keeps them alive until the run ends.
+//! Actor processes kept alive for a run: `flotilla train CONFIG --actors N` (whose supervisor, `supervise`, runs
+//! the learner as a child process beside them) and a `flotilla learner` that launches its own actors (a rank of
+//! `--learners L`) start N actor processes through a `Launcher` and keep them alive until the run ends.
 //!
 //! ```text
 //! install_stop_signals()        SIGINT/SIGTERM set a flag; a second one exits at once with code 130
