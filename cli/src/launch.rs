@@ -195,7 +195,7 @@ pub fn distributed_train(
             mark = Some((*restarts as f64, lost as f64, Some(resumed_at as f64)));
             Some(csv)
         }
-        (true, true, _) => Some(run_dir.metrics_appender()?),
+        (true, true, _) => Some(run_dir.metrics_appender(resumed_at)?),
         (true, false, _) => Some(run_dir.metrics_writer()?),
     };
     let total = config.run.total_env_steps.min(stop_at);

@@ -413,7 +413,7 @@ fn train_command(
             let trainer = Trainer::resume(&config, &checkpoint)
                 .with_context(|| format!("resuming from {}", checkpoint.display()))?;
             tracing::info!("resuming {} at {} env steps", dir.display(), trainer.env_steps());
-            let csv = run_dir.metrics_appender()?;
+            let csv = run_dir.metrics_appender(trainer.env_steps())?;
             (run_dir, config, trainer, csv)
         }
         (None, Some(path)) => {

@@ -3,75 +3,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 
-use common::{config, flotilla, scratch, text};
-
-/// `metrics.csv` as `column → [(env_steps, value)]`, empty cells left out (`env_steps` itself is the x axis).
-fn csv_points(run: &Path) -> BTreeMap<String, Vec<(u64, f64)>> {
-    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
-    let mut lines = csv.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let mut out: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
-    for line in lines {
-        let cells: Vec<&str> = line.split(',').collect();
-        let step: f64 = cells[0].parse().unwrap();
-        for (name, cell) in header.iter().zip(&cells).skip(1) {
-            if let Ok(v) = cell.parse::<f64>() {
-                out.entry(name.to_string()).or_default().push((step as u64, v));
-            }
-        }
-    }
-    out
-}
-
-/// The event files of `run` as TensorBoard's `EventAccumulator` reads them: scalars and text by tag.
-fn tensorboard(run: &Path) -> (BTreeMap<String, Vec<(u64, f64)>>, BTreeMap<String, Vec<String>>) {
-    let python = std::env::var("FLOTILLA_PYTHON").expect("FLOTILLA_PYTHON (set by scripts/setup.sh)");
-    let script = format!("{}/../tests/python/read_events.py", env!("CARGO_MANIFEST_DIR"));
-    let o = Command::new(&python).arg(&script).arg(run).output().expect("the setup venv's python runs");
-    assert!(o.status.success(), "{script}: {}", text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let scalars = v["scalars"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(tag, points)| {
-            let points = points.as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap()));
-            (tag.clone(), points.collect())
-        })
-        .collect();
-    let texts = v["text"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(tag, t)| (tag.clone(), t.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect()))
-        .collect();
-    (scalars, texts)
-}
-
-/// Every metrics.csv column is a TensorBoard scalar with the same points (values as f32), and the config is
-/// there as text.
-fn check_events_match_csv(run: &Path, label: &str) {
-    let csv = csv_points(run);
-    let (tb, texts) = tensorboard(run);
-    assert_eq!(csv.keys().collect::<Vec<_>>(), tb.keys().collect::<Vec<_>>(), "{label}: the same metric names");
-    for (name, points) in &csv {
-        let got = &tb[name];
-        assert_eq!(got.len(), points.len(), "{label}: {name} has as many points as metrics.csv");
-        for ((s, v), (ts, tv)) in points.iter().zip(got) {
-            assert_eq!(s, ts, "{label}: {name} steps");
-            assert_eq!(*tv as f32, *v as f32, "{label}: {name} at {s}");
-        }
-    }
-    assert!(csv["eval/mean_return"].len() >= 2, "{label}: evaluations logged");
-    let hp = texts.get("hyperparameters").unwrap_or_else(|| panic!("{label}: no hyperparameters text: {texts:?}"));
-    assert!(
-        hp.iter().all(|t| t.contains("|algorithm.kind|ppo|") && t.contains("|env.id|CartPole-v1|")),
-        "{label}: {hp:?}"
-    );
-}
+use common::{check_events_match_csv, config, flotilla, scratch, text};
 
 /// The quick start's run directory (the README's config, whole) holds an event file TensorBoard reads, with the
 /// same points per metric as metrics.csv; so do a run stopped and resumed (a second event file joins the first)
@@ -267,4 +201,35 @@ fn a_progress_line_on_a_terminal_and_plain_logs_elsewhere() {
     assert!(o.status.success(), "{all}");
     assert!(all.contains("steps    10000 |"), "the log lines as before:\n{all}");
     assert!(!all.contains("env steps ·") && !all.contains('\x1b') && !all.contains('\r'), "no progress line:\n{all}");
+}
+
+/// A learner restarted from its checkpoint (`RunDir::metrics_rewound`): the rows the dead learner logged past the
+/// checkpoint leave metrics.csv, and TensorBoard's reader drops their points too (the resumed event file starts
+/// with a session start), so both show the resumed curve alone.
+#[test]
+fn a_rewound_run_shows_tensorboard_the_points_metrics_csv_keeps() {
+    use flotilla_learner::config::ExperimentConfig;
+    use flotilla_learner::run_dir::RunDir;
+    let dir = scratch("observe", "rewound");
+    let experiment = ExperimentConfig::load(std::path::Path::new(&config("cartpole_ppo.toml")), &[]).unwrap();
+    let run = RunDir::create(&dir.join("run"), &experiment).unwrap();
+    let row = |steps: u64, v: f64| {
+        [("env_steps", Some(steps as f64)), ("charts/sps", Some(v)), ("eval/mean_return", Some(v))]
+    };
+    let mut first = run.metrics_writer().unwrap();
+    for steps in [5000, 10000, 15000, 20000] {
+        first.write_row(&row(steps, 1.0)).unwrap();
+    }
+    drop(first);
+    // The learner died after logging 20 K; its checkpoint was at 10 K.
+    let (mut resumed, rewound) = run.metrics_rewound(10000).unwrap();
+    assert_eq!(rewound.rows, 2);
+    for steps in [15000, 20000, 25000] {
+        resumed.write_row(&row(steps, 2.0)).unwrap();
+    }
+    drop(resumed);
+    check_events_match_csv(run.path(), "rewound");
+    let (tb, _) = common::tensorboard(run.path());
+    let sps: Vec<(u64, f64)> = tb["charts/sps"].clone();
+    assert_eq!(sps, [(5000, 1.0), (10000, 1.0), (15000, 2.0), (20000, 2.0), (25000, 2.0)]);
 }

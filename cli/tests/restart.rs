@@ -117,6 +117,9 @@ fn a_killed_learner_is_restarted_from_its_checkpoint_and_the_actors_stay() {
         let resumed = metric(&run, "charts/resumed_at");
         assert_eq!(resumed.len(), 1, "one resumed segment, marked once: {resumed:?}");
         assert!(metric(&run, "charts/restarts").iter().all(|r| *r == 1.0));
+        // TensorBoard shows the same points: what the dead learner logged past its checkpoint is dropped by the
+        // resumed segment's session start, as metrics.csv dropped those rows.
+        common::check_events_match_csv(&run, "restarted");
         common::solved(&out, &run)
     });
 }
@@ -149,4 +152,5 @@ fn with_max_restarts_0_a_dead_learner_ends_the_run_and_resume_finishes_it() {
     assert!(text(&resumed).contains("trained CartPole-v1 with ppo and 2 actors"), "{}", text(&resumed));
     env_steps_strictly_increase(&run).unwrap();
     assert_eq!(metric(&run, "charts/resumed_at").len(), 1, "the segment after the dead learner is marked");
+    common::check_events_match_csv(&run, "resumed after giving up");
 }

@@ -86,13 +86,14 @@ impl RunDir {
     /// Start the metrics: the CSV, and a TensorBoard event file with the run's config as text.
     pub fn metrics_writer(&self) -> Result<MetricsWriter> {
         let csv = CsvWriter::create(&self.path.join(METRICS_FILE))?;
-        MetricsWriter::new(csv, &self.path)
+        MetricsWriter::new(csv, &self.path, None)
     }
 
-    /// Continue the metrics of a resumed run: the CSV keeps its header; a new event file joins the first.
-    pub fn metrics_appender(&self) -> Result<MetricsWriter> {
+    /// Continue the metrics of a run resumed at `env_steps`: the CSV keeps its header; a new event file joins
+    /// the first, starting with a session start past `env_steps` (see [`MetricsWriter`]).
+    pub fn metrics_appender(&self, env_steps: u64) -> Result<MetricsWriter> {
         let csv = CsvWriter::append(&self.path.join(METRICS_FILE))?;
-        MetricsWriter::new(csv, &self.path)
+        MetricsWriter::new(csv, &self.path, Some(env_steps))
     }
 }
 
@@ -105,7 +106,7 @@ impl RunDir {
         let path = self.path.join(METRICS_FILE);
         let rewound = rewind_csv(&path, env_steps)?;
         let csv = CsvWriter::append(&path)?;
-        Ok((MetricsWriter::new(csv, &self.path)?, rewound))
+        Ok((MetricsWriter::new(csv, &self.path, Some(env_steps))?, rewound))
     }
 }
 
@@ -167,8 +168,14 @@ pub struct MetricsWriter {
 }
 
 impl MetricsWriter {
-    fn new(csv: CsvWriter, dir: &Path) -> Result<Self> {
+    /// A resumed segment's event file (`resumed_at`: the env steps it resumes at) starts with TensorFlow's
+    /// `SessionLog.START` at the next step: TensorBoard then drops every earlier file's points from that step
+    /// on — what a dead learner logged past its checkpoint — as `metrics.csv` drops those rows.
+    fn new(csv: CsvWriter, dir: &Path, resumed_at: Option<u64>) -> Result<Self> {
         let mut events = EventWriter::create(dir)?;
+        if let Some(step) = resumed_at {
+            events.add_session_start(step + 1)?;
+        }
         let config = dir.join(CONFIG_FILE);
         let text = std::fs::read_to_string(&config).map_err(|e| io("reading", &config, e))?;
         events.add_text(0, "hyperparameters", &config_table(&text))?;

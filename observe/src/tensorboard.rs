@@ -23,7 +23,7 @@ mod proto {
         pub wall_time: f64,
         #[prost(int64, tag = "2")]
         pub step: i64,
-        #[prost(oneof = "What", tags = "3, 5")]
+        #[prost(oneof = "What", tags = "3, 5, 7")]
         pub what: Option<What>,
     }
 
@@ -34,7 +34,19 @@ mod proto {
         FileVersion(String),
         #[prost(message, tag = "5")]
         Summary(Summary),
+        #[prost(message, tag = "7")]
+        SessionLog(SessionLog),
     }
+
+    /// `tensorflow.SessionLog`: `status` 1 is `START` (a session (re)starts here).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SessionLog {
+        #[prost(int32, tag = "1")]
+        pub status: i32,
+    }
+
+    /// `tensorflow.SessionLog.SessionStatus.START`.
+    pub const SESSION_START: i32 = 1;
 
     /// `tensorflow.Summary`.
     #[derive(Clone, PartialEq, prost::Message)]
@@ -167,6 +179,15 @@ impl EventWriter {
             })
             .collect();
         self.write_summary(step, value)
+    }
+
+    /// A session (re)starts at `step`: TensorBoard's reader drops the points of this directory's earlier event
+    /// files at `step` and after (TensorFlow's `SessionLog.START`), so a run resumed from a checkpoint shows the
+    /// resumed curve, not what a dead process logged past its checkpoint.
+    pub fn add_session_start(&mut self, step: u64) -> Result<()> {
+        let step = i64::try_from(step).unwrap_or(i64::MAX);
+        let start = proto::SessionLog { status: proto::SESSION_START };
+        self.write(proto::Event { wall_time: wall_time(), step, what: Some(proto::What::SessionLog(start)) })
     }
 
     /// Markdown text under `tag` (TensorBoard's Text tab), e.g. the run's hyperparameters.
