@@ -8,7 +8,7 @@ use crate::launcher::{ActorCommand, Launcher, LauncherConfig, generate_token, in
 use anyhow::{Context, Result};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::distributed::DistributedLearner;
-use flotilla_learner::run_dir::RunDir;
+use flotilla_learner::run_dir::{IngestLedger, RunDir};
 use flotilla_learner::train::TrainReport;
 
 /// Who starts the actors.
@@ -112,6 +112,12 @@ pub fn distributed_train(
             run_dir
         }
     };
+    // The env steps the previous learner of this run directory took in (it may have died with them), read before
+    // this learner's own count replaces it.
+    let previous_ingested = if resume { IngestLedger::read(run_dir.path()) } else { None };
+    if writer {
+        learner.hub().record_ingest_to(IngestLedger::open(run_dir.path(), resumed_at)?, resumed_at);
+    }
     let stop = install_stop_signals();
     if writer {
         learner.checkpoint_to(run_dir.checkpoint_path());
@@ -183,13 +189,15 @@ pub fn distributed_train(
         (false, _, _) => None,
         (true, true, Actors::Supervised { restarts, .. }) => {
             let (csv, rewound) = run_dir.metrics_rewound(resumed_at)?;
-            let lost = rewound.earlier_lost_env_steps + rewound.lost_env_steps;
-            if rewound.rows > 0 {
+            // Exact from the previous learner's ingest ledger: what it took in past the checkpoint; the removed
+            // rows' count (a lower bound) only where it kept none.
+            let lost_now = previous_ingested.map_or(rewound.lost_env_steps, |n| n.saturating_sub(resumed_at));
+            let lost = rewound.earlier_lost_env_steps + lost_now;
+            if rewound.rows > 0 || lost_now > 0 {
                 tracing::warn!(
-                    "metrics.csv: removed {} rows past the checkpoint at {resumed_at} env steps; {} env steps the \
-                     dead learner had trained on are lost ({lost} over the run)",
-                    rewound.rows,
-                    rewound.lost_env_steps
+                    "metrics.csv: removed {} rows past the checkpoint at {resumed_at} env steps; {lost_now} env steps \
+                     the previous learner took in after it are lost ({lost} over the run)",
+                    rewound.rows
                 );
             }
             mark = Some((*restarts as f64, lost as f64, Some(resumed_at as f64)));

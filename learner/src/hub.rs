@@ -151,6 +151,9 @@ pub struct Hub {
     pub counters: HubCounters,
     /// What the Prometheus endpoint serves (counted whether or not one is listening).
     metrics: Arc<LearnerMetrics>,
+    /// Env steps accepted (from the checkpoint the learner started at), and where they are recorded.
+    ingested: AtomicU64,
+    ledger: std::sync::OnceLock<crate::run_dir::IngestLedger>,
 }
 
 impl Hub {
@@ -167,6 +170,8 @@ impl Hub {
             env_steps: AtomicU64::new(0),
             counters: HubCounters::default(),
             metrics: LearnerMetrics::new(),
+            ingested: AtomicU64::new(0),
+            ledger: std::sync::OnceLock::new(),
         };
         (Arc::new(hub), rx)
     }
@@ -256,10 +261,26 @@ impl Hub {
     }
 
     /// A registered actor's message passed every check: its run of refusals ends.
-    fn accepted(&self, actor_id: u64) {
+    fn accepted(&self, actor_id: u64, env_steps: u64) {
         if let Some(e) = self.actors.lock().expect("actor table").by_id.get_mut(&actor_id) {
             e.refused_in_a_row = 0;
         }
+        let total = self.ingested.fetch_add(env_steps, Ordering::SeqCst) + env_steps;
+        if let Some(ledger) = self.ledger.get()
+            && let Err(e) = ledger.record(total)
+        {
+            warn!("{e}");
+        }
+    }
+
+    /// Record every accepted env step in `ledger` from now on, counting from `start` (the checkpoint's env steps;
+    /// steps accepted before this call count too). A second ledger is ignored.
+    pub fn record_ingest_to(&self, ledger: crate::run_dir::IngestLedger, start: u64) {
+        let total = self.ingested.fetch_add(start, Ordering::SeqCst) + start;
+        if let Err(e) = ledger.record(total) {
+            warn!("{e}");
+        }
+        let _ = self.ledger.set(ledger);
     }
 
     fn check_actor(&self, actor_id: u64, what: &str) -> Result<Call<'_>, RpcError> {
@@ -450,7 +471,7 @@ impl LearnerService for Hub {
                 format!("policy version {} was never published (newest {})", chunk.policy_version, self.version());
             return Err(self.refuse(chunk.actor_id, "chunk", problem));
         }
-        self.accepted(chunk.actor_id);
+        self.accepted(chunk.actor_id, (chunk.n_steps * chunk.n_envs) as u64);
         self.metrics.chunks.inc();
         self.metrics.transitions.inc_by((chunk.n_steps * chunk.n_envs) as u64);
         let actor_id = chunk.actor_id;
@@ -471,7 +492,7 @@ impl LearnerService for Hub {
             return Err(self.refuse(g.actor_id, "gradient", problem));
         }
         let (receipt, applied) = Receipt::new();
-        self.accepted(g.actor_id);
+        self.accepted(g.actor_id, g.env_steps);
         self.metrics.gradients.inc();
         let actor_id = g.actor_id;
         self.note_told(actor_id, self.enqueue(Delivery::Gradient(g, receipt), Some(applied)).await)
@@ -732,6 +753,25 @@ mod tests {
         let again = registration(&hub);
         assert_eq!(hub.live_actors(), 1);
         rt.block_on(hub.ingest(chunk(again.actor_id))).unwrap();
+    }
+
+    #[test]
+    fn accepted_env_steps_reach_the_ingest_ledger_refused_ones_do_not() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (hub, _rx) = Hub::new(spec(4), vec![0.0; 3]);
+        let id = registration(&hub).actor_id;
+        // A chunk taken in before the ledger is set counts too (the learner listens before its run directory).
+        rt.block_on(hub.ingest(chunk(id))).unwrap();
+        let dir = std::env::temp_dir().join(format!("flotilla-hub-ledger-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        hub.record_ingest_to(crate::run_dir::IngestLedger::open(&dir, 1000).unwrap(), 1000);
+        assert_eq!(crate::run_dir::IngestLedger::read(&dir), Some(1002), "the checkpoint's 1000 + one 2-step chunk");
+        rt.block_on(hub.ingest(chunk(id))).unwrap();
+        let mut bad = chunk(id);
+        bad.actions[0] = 7.0;
+        rt.block_on(hub.ingest(bad)).unwrap_err();
+        assert_eq!(crate::run_dir::IngestLedger::read(&dir), Some(1004), "refused steps are not taken in");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

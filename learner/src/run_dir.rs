@@ -110,14 +110,56 @@ impl RunDir {
     }
 }
 
+/// File name of the [`IngestLedger`].
+pub const INGESTED_FILE: &str = "ingested";
+
+/// The env steps a learner's hub has accepted so far (counting from the checkpoint it started from), kept in the
+/// run directory as 8 little-endian bytes rewritten in place after every accepted chunk or gradient: a write to
+/// the page cache, no fsync, so it survives the learner process (kill -9, a panic, OOM), which is what it is
+/// for. A learner restarted from a checkpoint at `C` env steps reads the dead learner's count `N` first: `N − C`
+/// env steps were taken in after the checkpoint and died with it — lost, counted once.
+#[derive(Debug)]
+pub struct IngestLedger {
+    file: File,
+    path: PathBuf,
+}
+
+impl IngestLedger {
+    /// Start the ledger of `dir` at `env_steps` (replacing a dead learner's: read it first with [`IngestLedger::read`]).
+    pub fn open(dir: &Path, env_steps: u64) -> Result<Self> {
+        let path = dir.join(INGESTED_FILE);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| io("creating", &path, e))?;
+        let ledger = IngestLedger { file, path };
+        ledger.record(env_steps)?;
+        Ok(ledger)
+    }
+
+    /// The count a learner left in `dir`, if it left one.
+    pub fn read(dir: &Path) -> Option<u64> {
+        let bytes = std::fs::read(dir.join(INGESTED_FILE)).ok()?;
+        Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+    }
+
+    /// Record `env_steps` accepted so far.
+    pub fn record(&self, env_steps: u64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(&env_steps.to_le_bytes(), 0).map_err(|e| io("writing", &self.path, e))
+    }
+}
+
 /// What [`RunDir::metrics_rewound`] removed from `metrics.csv`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Rewound {
     /// Rows removed (logged after the checkpoint).
     pub rows: usize,
     /// Env steps the dead learner had logged past the checkpoint (its last removed row's `env_steps` minus the
-    /// checkpoint's): trained on, then lost with it. A lower bound: steps ingested after its last row leave no
-    /// trace.
+    /// checkpoint's): trained on, then lost with it. A lower bound (steps ingested after its last row leave no
+    /// trace here): the [`IngestLedger`] gives the exact count where the learner kept one.
     pub lost_env_steps: u64,
     /// Env steps lost at earlier restarts: the file's last `charts/lost_env_steps` value, removed rows included.
     pub earlier_lost_env_steps: u64,
@@ -314,6 +356,22 @@ impl CsvWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ingest_ledger_outlives_its_writer_and_restarts_from_a_count() {
+        let dir = std::env::temp_dir().join(format!("flotilla-ledger-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(IngestLedger::read(&dir), None, "no ledger yet");
+        let ledger = IngestLedger::open(&dir, 1000).unwrap();
+        assert_eq!(IngestLedger::read(&dir), Some(1000));
+        ledger.record(1256).unwrap();
+        drop(ledger); // as a killed learner's handle goes
+        assert_eq!(IngestLedger::read(&dir), Some(1256));
+        let again = IngestLedger::open(&dir, 1128).unwrap();
+        again.record(1384).unwrap();
+        assert_eq!(IngestLedger::read(&dir), Some(1384));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_rewind_removes_the_rows_past_the_checkpoint() {
