@@ -137,30 +137,11 @@ pub fn distributed_train(
             if reach.ip().is_unspecified() {
                 reach.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
             }
-            let addr = reach.to_string();
-            let reconnect = config.actors.reconnect_secs.to_string();
             let tls_args = actor_tls.unwrap_or_default();
-            let command = move |i: usize| ActorCommand {
-                program: exe.clone(),
-                args: [
-                    "actor".into(),
-                    "--learner".into(),
-                    addr.clone(),
-                    "--index".into(),
-                    i.to_string(),
-                    "--reconnect-secs".into(),
-                    reconnect.clone(),
-                ]
-                .into_iter()
-                .chain(tls_args.iter().cloned())
-                .collect(),
-                env: vec![("FLOTILLA_TOKEN".into(), token.clone())],
-            };
-            let lc = LauncherConfig {
-                max_restarts: config.actors.max_restarts,
-                restart_backoff: Duration::from_millis(200),
-            };
-            Some(Launcher::start(n, command, lc).context("starting actor processes")?)
+            Some(
+                launch_actors(config, n, exe, &reach.to_string(), &token, tls_args)
+                    .context("starting actor processes")?,
+            )
         }
         Actors::External => {
             let t = &config.transport;
@@ -335,4 +316,29 @@ pub fn default_out(config: &ExperimentConfig) -> std::path::PathBuf {
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let name = format!("{}-{}-seed{}-{stamp}", config.env.id, config.algorithm_name(), config.run.seed);
     Path::new("runs").join(name)
+}
+
+/// Start `n` `flotilla actor` processes (slots 0..n) for the learner at `addr`, each given the token in its
+/// environment (never on the command line), `[actors] reconnect_secs`, and `tls_args`; restarted as
+/// `[actors] max_restarts` allows.
+pub(crate) fn launch_actors(
+    config: &ExperimentConfig,
+    n: usize,
+    exe: std::path::PathBuf,
+    addr: &str,
+    token: &str,
+    tls_args: Vec<String>,
+) -> std::io::Result<Launcher> {
+    let (addr, token, reconnect) = (addr.to_string(), token.to_string(), config.actors.reconnect_secs.to_string());
+    let command = move |i: usize| ActorCommand {
+        program: exe.clone(),
+        args: ["actor", "--learner", &addr, "--index", &i.to_string(), "--reconnect-secs", &reconnect]
+            .into_iter()
+            .map(String::from)
+            .chain(tls_args.iter().cloned())
+            .collect(),
+        env: vec![("FLOTILLA_TOKEN".into(), token.clone())],
+    };
+    let lc = LauncherConfig { max_restarts: config.actors.max_restarts, restart_backoff: Duration::from_millis(200) };
+    Launcher::start(n, command, lc)
 }

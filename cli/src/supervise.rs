@@ -28,7 +28,7 @@ use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::run_dir::{CHECKPOINT_FILE, CONFIG_FILE};
 use tracing::{error, info, warn};
 
-use crate::launcher::{ActorCommand, Launcher, LauncherConfig, generate_token, install_stop_signals, spawn};
+use crate::launcher::{ActorCommand, Launcher, generate_token, install_stop_signals, spawn};
 
 /// The first restart's backoff; it doubles with each restart, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -108,22 +108,14 @@ pub fn supervised_train(config: &ExperimentConfig, start: Start, stop_at: u64) -
             if !wait_listening(&mut learner, reach, &stop) {
                 // It ended (or we were stopped) before listening: handled below like any other exit.
             } else {
-                let reconnect = config.actors.reconnect_secs.to_string();
-                let (exe, token, addr, tls_args) = (exe.clone(), token.clone(), reach.to_string(), actor_tls.clone());
-                let command = move |i: usize| ActorCommand {
-                    program: exe.clone(),
-                    args: ["actor", "--learner", &addr, "--index", &i.to_string(), "--reconnect-secs", &reconnect]
-                        .into_iter()
-                        .map(String::from)
-                        .chain(tls_args.iter().cloned())
-                        .collect(),
-                    env: vec![("FLOTILLA_TOKEN".into(), token.clone())],
-                };
-                let lc = LauncherConfig {
-                    max_restarts: config.actors.max_restarts,
-                    restart_backoff: Duration::from_millis(200),
-                };
-                match Launcher::start(n, command, lc) {
+                match crate::launch::launch_actors(
+                    config,
+                    n,
+                    exe.clone(),
+                    &reach.to_string(),
+                    &token,
+                    actor_tls.clone(),
+                ) {
                     Ok(l) => actors = Some(l),
                     Err(e) => {
                         terminate(learner);
