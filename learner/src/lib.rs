@@ -25,6 +25,7 @@ pub mod hub;
 pub mod population;
 pub mod progress;
 pub mod run_dir;
+pub mod stats;
 pub mod train;
 
 pub use allocator::tune_allocator;
