@@ -14,6 +14,7 @@
 //! flotilla export RUN_DIR --out policy.safetensors     # the acting policy as a torch nn.Sequential
 //! flotilla act RUN_DIR --obs obs.json                  # deterministic actions on observation rows
 //! flotilla plot RUN_DIR [RUN_DIR ...] [--metric eval/mean_return] [--out curves.png|.svg] [--group]
+//! flotilla report RUN_DIR [RUN_DIR ...] [--json] [--threshold X] [--metric COLUMN]   # a population's IQM, CIs
 //! ```
 mod actor;
 mod export;
@@ -23,6 +24,7 @@ mod launcher;
 mod plot;
 mod progress;
 mod render;
+mod report;
 mod supervise;
 
 use std::path::{Path, PathBuf};
@@ -183,6 +185,22 @@ enum Command {
         /// A JSON array of observation rows, each the observation flattened: `[[0.01, -0.02, 0.03, 0.04], …]`.
         #[arg(long, value_name = "FILE.json")]
         obs: PathBuf,
+    },
+    /// Summarise populations and runs: per member its seed, hyperparameters, final return and first step at the
+    /// reward threshold; IQM, mean and median with 95 % stratified bootstrap CIs and the solved fraction.
+    Report {
+        /// Population directories (population.json) or run directories; several are merged (a split sweep's jobs).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Print one JSON object instead of the tables.
+        #[arg(long)]
+        json: bool,
+        /// A member is solved at a final return ≥ X (default: the env's registered reward threshold).
+        #[arg(long, allow_hyphen_values = true)]
+        threshold: Option<f64>,
+        /// The metrics.csv column whose last value is a member's final return.
+        #[arg(long, default_value = "eval/mean_return")]
+        metric: String,
     },
 }
 
@@ -381,6 +399,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Export { run_dir, out } => export::export_command(&run_dir, &out),
         Command::Act { run_dir, obs } => export::act_command(&run_dir, &obs),
         Command::Plot { runs, metric, out, group } => plot::plot_command(&runs, &metric, &out, group),
+        Command::Report { runs, json, threshold, metric } => report::report_command(&runs, json, threshold, &metric),
     }
 }
 
