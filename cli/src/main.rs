@@ -3,6 +3,8 @@
 //! ```text
 //! flotilla train CONFIG.toml [--set key=value ...] [--out RUN_DIR] [--stop-at N]
 //! flotilla train --resume RUN_DIR [--stop-at N]
+//! flotilla train CONFIG.toml --population N [...]       # N seeds as one run ([population]: sweeps, PBT)
+//! flotilla sweep CONFIG.toml --out DIR --jobs J [--job-index I]   # job I's members of a population sweep
 //! flotilla train CONFIG.toml --actors N [--set ...] [--out RUN_DIR] [--stop-at N]  # learner + N actor processes,
 //!                                                      # supervised: a dead learner resumes from its checkpoint
 //! flotilla train CONFIG.toml --learners L --actors N [...]   # L data-parallel learners, N/L actors each
@@ -22,6 +24,7 @@ mod group;
 mod launch;
 mod launcher;
 mod plot;
+mod population;
 mod progress;
 mod render;
 mod report;
@@ -73,6 +76,32 @@ enum Command {
         learners: Option<usize>,
         #[command(flatten)]
         tls: TlsArgs,
+        /// Train N members (seeds seed, seed + 1, …) as one run: shorthand for `--set population.size=N`
+        /// (`[population]` also sweeps hyperparameters and runs PBT). Each member gets RUN_DIR/members/NNN.
+        #[arg(long, value_name = "N", conflicts_with = "resume")]
+        population: Option<usize>,
+    },
+    /// Train one job's share of a population (`[population]` in CONFIG): members k with k mod J = I, into
+    /// OUT/job-III-of-JJJ. Slurm arrays and Kubernetes Indexed Jobs give the index through the environment;
+    /// running the same job again continues it from its checkpoints; `flotilla report OUT/job-*` merges them.
+    Sweep {
+        /// Experiment config (TOML) with a [population] table.
+        config: PathBuf,
+        /// Override a config value (repeatable), e.g. `--set population.size=32`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+        /// The sweep's directory, shared by all its jobs.
+        #[arg(long)]
+        out: PathBuf,
+        /// Jobs the population is split into.
+        #[arg(long, value_name = "J")]
+        jobs: usize,
+        /// This job, 0-based (default: SLURM_ARRAY_TASK_ID − SLURM_ARRAY_TASK_MIN, or JOB_COMPLETION_INDEX).
+        #[arg(long, value_name = "I")]
+        job_index: Option<usize>,
+        /// Stop (with checkpoints) at this many env steps per member.
+        #[arg(long, value_name = "ENV_STEPS")]
+        stop_at: Option<u64>,
     },
     /// Run a distributed learner that actors join with `flotilla actor` (from this or other machines).
     Learner {
@@ -264,7 +293,11 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    match cli.command {
+    let mut command = cli.command;
+    if let Command::Train { population: Some(n), overrides, .. } = &mut command {
+        overrides.push(format!("population.size={n}"));
+    }
+    match command {
         Command::Train {
             config: Some(path),
             mut overrides,
@@ -395,6 +428,16 @@ fn run(cli: Cli) -> Result<()> {
             };
             actor::actor_command(&learner, &token, index, reconnect_secs, tls).map(|_| ())
         }
+        Command::Sweep { config, overrides, out, jobs, job_index, stop_at } => {
+            let config = ExperimentConfig::load(&config, &overrides)?;
+            anyhow::ensure!(
+                config.population.is_some(),
+                "flotilla sweep trains a population: give the config a [population] table (size, sweep) or \
+                 --set population.size=N"
+            );
+            let job = population::job_share(jobs, job_index)?;
+            population::train(&config, &population::job_dir(&out, job), job, stop_at.unwrap_or(u64::MAX))
+        }
         Command::Eval { run_dir, episodes, seed, render } => eval_command(&run_dir, episodes, seed, render.as_deref()),
         Command::Export { run_dir, out } => export::export_command(&run_dir, &out),
         Command::Act { run_dir, obs } => export::act_command(&run_dir, &obs),
@@ -412,6 +455,9 @@ fn train_command(
 ) -> Result<()> {
     let (run_dir, config, mut trainer, mut csv) = match (resume, config_path) {
         (Some(dir), _) => {
+            if dir.join(flotilla_learner::population::POPULATION_FILE).is_file() {
+                return population::resume(dir, stop_at);
+            }
             let (run_dir, config) = RunDir::open(dir)?;
             let checkpoint = run_dir.checkpoint_path();
             anyhow::ensure!(checkpoint.is_file(), "{} has no checkpoint to resume from", dir.display());
@@ -438,6 +484,10 @@ fn train_command(
         (None, Some(path)) => {
             let config = ExperimentConfig::load(path, overrides)?;
             let out = out.unwrap_or_else(|| launch::default_out(&config));
+            if config.population.is_some() {
+                let job = flotilla_learner::population::JobShare::ALL;
+                return population::train(&config, &out, job, stop_at);
+            }
             // Everything that can fail (envs, device, spaces the algorithm cannot take) fails before the run
             // directory is written.
             let trainer = Trainer::new(&config)?;

@@ -62,6 +62,9 @@ pub struct ExperimentConfig {
     /// observation carries its task as a one-hot (see [`TaskConfig`]). Empty: the one env of `[env]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskConfig>,
+    /// Many members of this config trained as one run (`[population]`: seeds, sweeps, PBT); none: one run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub population: Option<crate::population::PopulationConfig>,
 }
 
 /// `[[tasks]]`: one task of a multi-task run. Its env is `id` (default `[env] id`) with `kwargs`; when it
@@ -809,6 +812,21 @@ impl ExperimentConfig {
             return Err(Error::Config("[eval] episodes = 0: need at least one episode".into()));
         }
         self.check_tasks()?;
+        if let Some(population) = &self.population {
+            population.check()?;
+            if self.actors.count > 0 || self.learner.learners > 1 {
+                return Err(Error::Config(format!(
+                    "[population] size = {} with {}: a population trains in one process (its members on threads); \
+                     distributed populations are not supported yet — drop --actors / --learners",
+                    population.size,
+                    if self.actors.count > 0 {
+                        format!("{} actor processes ([actors] count / --actors)", self.actors.count)
+                    } else {
+                        format!("{} data-parallel learners", self.learner.learners)
+                    }
+                )));
+            }
+        }
         let teachers = self.algorithm.teachers().len();
         if teachers > 1 && teachers != self.tasks.len() {
             return Err(Error::Config(format!(

@@ -37,6 +37,8 @@ pub struct Trainer {
     last_metrics: Metrics,
     /// The actions the envs were stepped with, where they cannot save their state (exact resume by replay).
     replay: Option<EnvReplay>,
+    /// Leave metrics rows out of the log (a population's members: the population logs for them).
+    quiet: bool,
 }
 
 impl Trainer {
@@ -72,7 +74,16 @@ impl Trainer {
             }
             _ => None,
         };
-        Ok(Trainer { config: config.clone(), envs, agent, obs, counters, last_metrics: Metrics::default(), replay })
+        Ok(Trainer {
+            config: config.clone(),
+            envs,
+            agent,
+            obs,
+            counters,
+            last_metrics: Metrics::default(),
+            replay,
+            quiet: false,
+        })
     }
 
     /// Rebuild a trainer from `config` and a checkpoint written by [`Trainer::save_checkpoint`]. Bit-identical
@@ -134,6 +145,16 @@ impl Trainer {
         c.put_obs("trainer.obs", &self.obs);
         c.save(path)?;
         Ok(())
+    }
+
+    /// Keep metrics rows out of the log (they still reach `on_log`).
+    pub fn set_quiet(&mut self, quiet: bool) {
+        self.quiet = quiet;
+    }
+
+    /// The config it trains.
+    pub fn config(&self) -> &ExperimentConfig {
+        &self.config
     }
 
     /// The agent.
@@ -229,7 +250,9 @@ impl Trainer {
         };
         if c.log_due(config, eval.is_some()) {
             let row = c.log_row(self.last_metrics.clone(), eval, &config.tasks);
-            log_progress(&row);
+            if !self.quiet {
+                log_progress(&row);
+            }
             on_log(&row)?;
         }
         if c.checkpoint_due(config) {

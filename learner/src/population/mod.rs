@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
+pub mod train;
+pub use train::{JobShare, MemberResult, resume, train};
+
 /// File, in a population's run directory, that lists the members it holds.
 pub const POPULATION_FILE: &str = "population.json";
 /// File, in a population's run directory, of PBT's exploit steps (JSON lines of [`LineageEvent`]).
@@ -79,8 +82,8 @@ impl PopulationRecord {
     /// Read `dir/population.json`.
     pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(POPULATION_FILE);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::RunDir(format!("reading {}: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| Error::RunDir(format!("reading {}: {e}", path.display())))?;
         serde_json::from_str(&text).map_err(|e| Error::RunDir(format!("{}: {e}", path.display())))
     }
 
@@ -104,6 +107,426 @@ pub fn read_lineage(dir: &Path) -> Result<Vec<LineageEvent>> {
         .filter(|(_, line)| !line.trim().is_empty())
         .map(|(i, line)| {
             serde_json::from_str(line).map_err(|e| Error::RunDir(format!("{} line {}: {e}", path.display(), i + 1)))
+        })
+        .collect()
+}
+
+/// `[population]`: train `size` members of this config as one run (seeds `seed`, `seed + 1`, …), optionally
+/// with per-member hyperparameters (`[population.sweep]`) and population-based training (`[population.pbt]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PopulationConfig {
+    /// Members (`flotilla train CONFIG --population N` sets it).
+    pub size: usize,
+    /// Members trained at the same time, each on a thread of its own (0: one per CPU core). Results do not
+    /// depend on it.
+    #[serde(default)]
+    pub threads: usize,
+    /// Per-member hyperparameters; none: a seed study.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepConfig>,
+    /// Population-based training over the swept keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pbt: Option<PbtConfig>,
+}
+
+/// `[population.sweep]`: which hyperparameters differ between members, and how.
+///
+/// ```toml
+/// [population.sweep]
+/// mode = "grid"                  # every combination of the listed values; size must be a multiple of
+///                                # their count (member k takes combination k mod count)
+/// [population.sweep.values]
+/// "algorithm.learning_rate" = [3e-4, 1e-3]
+/// "algorithm.gamma" = [0.98, 0.99]
+/// # mode = "random": each member draws each key: a list is a choice, or
+/// # { uniform = [a, b] } / { log_uniform = [a, b] }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepConfig {
+    /// Grid or random draws.
+    pub mode: SweepMode,
+    /// Swept keys (dotted config paths, quoted) and their values or distributions.
+    pub values: toml::Table,
+}
+
+/// How a sweep assigns values to members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SweepMode {
+    /// Every combination of the listed values, cycled over the members.
+    Grid,
+    /// Independent draws per member, from a generator seeded by `[run] seed`.
+    Random,
+}
+
+/// `[population.pbt]`: population-based training (Jaderberg et al. 2017).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PbtConfig {
+    /// Env steps (per member) between exploit/explore steps.
+    pub interval_steps: u64,
+    /// Share of the members replaced at each step (the bottom quantile by recent training return), each by a
+    /// random member of the top quantile.
+    #[serde(default = "default_quantile")]
+    pub quantile: f64,
+    /// Factors a copied hyperparameter is multiplied by, one drawn per key (then kept inside the sweep's range).
+    #[serde(default = "default_perturb")]
+    pub perturb: Vec<f64>,
+}
+
+fn default_quantile() -> f64 {
+    0.25
+}
+
+fn default_perturb() -> Vec<f64> {
+    vec![0.8, 1.2]
+}
+
+/// Hyperparameters that may differ between members: scalars that change no tensor shape and no update
+/// schedule (a batched population keeps them as values on its member axis). Keys under `[algorithm]`.
+pub const SWEEPABLE: &[&str] = &[
+    "learning_rate",
+    "gamma",
+    "gae_lambda",
+    "clip_range",
+    "clip_range_vf",
+    "ent_coef",
+    "vf_coef",
+    "max_grad_norm",
+    "adam_eps",
+    "optimizer_eps",
+    "rmsprop_alpha",
+    "log_std_init",
+    "tau",
+    "exploration_initial_eps",
+    "exploration_final_eps",
+    "exploration_fraction",
+    "target_update_interval",
+    "noise_std",
+    "target_policy_noise",
+    "target_noise_clip",
+    "per_alpha",
+    "per_beta_final",
+];
+
+/// One swept key's values.
+#[derive(Debug, Clone, PartialEq)]
+enum Dist {
+    Values(Vec<f64>),
+    Uniform(f64, f64),
+    LogUniform(f64, f64),
+}
+
+impl Dist {
+    /// The smallest and largest value it can give.
+    fn range(&self) -> (f64, f64) {
+        match self {
+            Dist::Values(v) => {
+                (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+            }
+            Dist::Uniform(a, b) | Dist::LogUniform(a, b) => (*a, *b),
+        }
+    }
+
+    fn draw(&self, rng: &mut impl rand::Rng) -> f64 {
+        match self {
+            Dist::Values(v) => v[rng.random_range(0..v.len())],
+            Dist::Uniform(a, b) => rng.random_range(*a..=*b),
+            Dist::LogUniform(a, b) => rng.random_range(a.ln()..=b.ln()).exp(),
+        }
+    }
+}
+
+/// A member before it is trained: its place, seed, hyperparameters and whole config.
+#[derive(Debug, Clone)]
+pub struct MemberPlan {
+    /// Index in the population.
+    pub index: usize,
+    /// Its `[run] seed`.
+    pub seed: u64,
+    /// Its value of each swept key.
+    pub hyperparameters: BTreeMap<String, f64>,
+    /// The base config with its seed and hyperparameters, without `[population]`.
+    pub config: crate::config::ExperimentConfig,
+}
+
+fn sweep_error(key: &str, detail: impl std::fmt::Display) -> Error {
+    Error::Config(format!("[population.sweep] {key:?}: {detail}"))
+}
+
+impl SweepConfig {
+    /// The swept keys in order, with their values; nested tables (`[population.sweep.values.algorithm]`) read as
+    /// dotted keys.
+    fn dims(&self) -> Result<Vec<(String, Dist)>> {
+        let mut flat = Vec::new();
+        flatten("", &self.values, &mut flat);
+        if flat.is_empty() {
+            return Err(Error::Config("[population.sweep] values: no keys to sweep".into()));
+        }
+        let mut dims = Vec::new();
+        for (key, value) in flat {
+            check_sweepable(&key)?;
+            let number = |v: &toml::Value| match v {
+                toml::Value::Float(f) => Some(*f),
+                toml::Value::Integer(i) => Some(*i as f64),
+                _ => None,
+            };
+            let dist = match &value {
+                toml::Value::Array(values) => {
+                    let values: Option<Vec<f64>> = values.iter().map(number).collect();
+                    match values {
+                        Some(v) if !v.is_empty() && v.iter().all(|x| x.is_finite()) => Dist::Values(v),
+                        _ => return Err(sweep_error(&key, "give a non-empty list of finite numbers")),
+                    }
+                }
+                toml::Value::Table(t) if t.len() == 1 => {
+                    let (name, bounds) = t.iter().next().expect("one entry");
+                    let pair: Option<Vec<f64>> = bounds.as_array().map(|a| a.iter().filter_map(number).collect());
+                    let (a, b) = match pair.as_deref() {
+                        Some([a, b]) if a.is_finite() && b.is_finite() && a < b => (*a, *b),
+                        _ => return Err(sweep_error(&key, format!("{name} = [low, high] with low < high, finite"))),
+                    };
+                    match name.as_str() {
+                        "uniform" => Dist::Uniform(a, b),
+                        "log_uniform" if a > 0.0 => Dist::LogUniform(a, b),
+                        "log_uniform" => return Err(sweep_error(&key, "log_uniform needs 0 < low < high")),
+                        other => {
+                            return Err(sweep_error(
+                                &key,
+                                format!("unknown distribution {other:?}: use uniform or log_uniform"),
+                            ));
+                        }
+                    }
+                }
+                other => {
+                    return Err(sweep_error(
+                        &key,
+                        format!(
+                            "{other}: give a list of values or {{ uniform = [a, b] }} / {{ log_uniform = [a, b] }}"
+                        ),
+                    ));
+                }
+            };
+            if self.mode == SweepMode::Grid && !matches!(dist, Dist::Values(_)) {
+                return Err(sweep_error(&key, "a grid takes a list of values; distributions need mode = \"random\""));
+            }
+            dims.push((key, dist));
+        }
+        Ok(dims)
+    }
+}
+
+fn flatten(prefix: &str, table: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+    for (k, v) in table {
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            // A distribution is a one-entry table whose key names it; anything else nested is a path.
+            toml::Value::Table(t) if !(t.len() == 1 && t.keys().all(|n| n.contains("uniform"))) => {
+                flatten(&key, t, out)
+            }
+            _ => out.push((key, v.clone())),
+        }
+    }
+}
+
+/// Refuse keys that cannot differ between members of one population.
+fn check_sweepable(key: &str) -> Result<()> {
+    const SHAPES: &[&str] = &[
+        "n_steps",
+        "batch_size",
+        "n_epochs",
+        "hidden_sizes",
+        "buffer_size",
+        "train_freq",
+        "gradient_steps",
+        "learning_starts",
+        "policy_delay",
+        "n_critics",
+        "n_step",
+    ];
+    let field = key.strip_prefix("algorithm.");
+    match field {
+        Some(f) if SWEEPABLE.contains(&f) => Ok(()),
+        Some(f) if SHAPES.contains(&f) => Err(sweep_error(
+            key,
+            "cannot vary inside one population: it sets a tensor shape or the update schedule, which all \
+             members share — run one population per value (or split them across `flotilla sweep` jobs)",
+        )),
+        _ if key.starts_with("env.") || key.starts_with("run.") => Err(sweep_error(
+            key,
+            "cannot vary inside one population: members share the env vector's shape and the run's budget \
+             (seeds are already seed, seed + 1, …)",
+        )),
+        _ => Err(sweep_error(
+            key,
+            format!("not a per-member hyperparameter; these are: algorithm.{}", SWEEPABLE.join(", algorithm.")),
+        )),
+    }
+}
+
+impl PopulationConfig {
+    /// Range checks of the population's own settings (each member's config is checked as it is built).
+    pub fn check(&self) -> Result<()> {
+        if self.size == 0 {
+            return Err(Error::Config("[population] size = 0: a population needs at least one member".into()));
+        }
+        if let Some(sweep) = &self.sweep {
+            let dims = sweep.dims()?;
+            if sweep.mode == SweepMode::Grid {
+                let points = grid_points(&dims);
+                if !self.size.is_multiple_of(points) {
+                    return Err(Error::Config(format!(
+                        "[population] size = {}: the grid has {points} combinations; give a multiple of {points} \
+                         (seeds per combination × {points})",
+                        self.size
+                    )));
+                }
+            }
+        }
+        if let Some(pbt) = &self.pbt {
+            if self.sweep.is_none() {
+                return Err(Error::Config(
+                    "[population.pbt]: PBT perturbs the swept hyperparameters; give [population.sweep] too".into(),
+                ));
+            }
+            if self.size < 2 {
+                return Err(Error::Config("[population.pbt]: needs at least two members".into()));
+            }
+            if pbt.interval_steps == 0 {
+                return Err(Error::Config("[population.pbt] interval_steps = 0: must be at least 1".into()));
+            }
+            if !(pbt.quantile > 0.0 && pbt.quantile <= 0.5) {
+                return Err(Error::Config(format!(
+                    "[population.pbt] quantile = {}: must be in (0, 0.5] (the bottom and top quantiles must not overlap)",
+                    pbt.quantile
+                )));
+            }
+            if pbt.perturb.is_empty() || pbt.perturb.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
+                return Err(Error::Config(format!(
+                    "[population.pbt] perturb = {:?}: give one or more positive factors",
+                    pbt.perturb
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every member's plan: seed `base.run.seed + k`, its swept values, its whole config (checked like any
+    /// config). Fails, naming the member and key, before anything is written.
+    pub fn members(&self, base: &crate::config::ExperimentConfig) -> Result<Vec<MemberPlan>> {
+        self.check()?;
+        let dims = match &self.sweep {
+            Some(s) => s.dims()?,
+            None => Vec::new(),
+        };
+        let mut rng = rand_pcg::Pcg64::new(0xcafe_f00d_d15e_a5e5 ^ u128::from(base.run.seed), 0xa02b_dbf7_bb3c_0a7a);
+        let points = grid_points(&dims);
+        let mut plain = base.clone();
+        plain.population = None;
+        let text = plain.to_toml();
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
+        (0..self.size)
+            .map(|k| {
+                let mut hyperparameters = BTreeMap::new();
+                let mut point = k % points;
+                for (key, dist) in &dims {
+                    let value = match (self.sweep.as_ref().map(|s| s.mode), dist) {
+                        (Some(SweepMode::Grid), Dist::Values(v)) => {
+                            let value = v[point % v.len()];
+                            point /= v.len();
+                            value
+                        }
+                        _ => dist.draw(&mut rng),
+                    };
+                    hyperparameters.insert(key.clone(), value);
+                }
+                let seed = base.run.seed.wrapping_add(k as u64);
+                let config = member_config(&text, &table, seed, &hyperparameters)
+                    .map_err(|e| Error::Config(format!("population member {k}: {e}")))?;
+                let hyperparameters = read_back(&config, &hyperparameters)?;
+                Ok(MemberPlan { index: k, seed, hyperparameters, config })
+            })
+            .collect()
+    }
+
+    /// The smallest and largest value each swept key may take (PBT keeps perturbed values inside).
+    pub fn ranges(&self) -> Result<BTreeMap<String, (f64, f64)>> {
+        let dims = match &self.sweep {
+            Some(s) => s.dims()?,
+            None => Vec::new(),
+        };
+        Ok(dims.into_iter().map(|(k, d)| (k, d.range())).collect())
+    }
+}
+
+fn grid_points(dims: &[(String, Dist)]) -> usize {
+    dims.iter().map(|(_, d)| if let Dist::Values(v) = d { v.len() } else { 1 }).product::<usize>().max(1)
+}
+
+/// The base config (as TOML text and table) with `seed` and the swept values set. Integer fields take the
+/// value rounded; a key the config does not have is an error.
+pub(crate) fn member_config(
+    text: &str,
+    table: &toml::Table,
+    seed: u64,
+    values: &BTreeMap<String, f64>,
+) -> Result<crate::config::ExperimentConfig> {
+    let mut overrides = vec![format!("run.seed={seed}")];
+    for (key, value) in values {
+        let mut cursor = Some(table);
+        let mut found = None;
+        let parts: Vec<&str> = key.split('.').collect();
+        for (i, part) in parts.iter().enumerate() {
+            let v = cursor.and_then(|t| t.get(*part));
+            if i + 1 == parts.len() {
+                found = v;
+            } else {
+                cursor = v.and_then(|v| v.as_table());
+            }
+        }
+        let rendered = match found {
+            Some(toml::Value::Integer(_)) => {
+                let rounded = value.round();
+                if rounded < 1.0 {
+                    return Err(sweep_error(key, format!("{value} rounds to {rounded}: this integer must be ≥ 1")));
+                }
+                format!("{}", rounded as i64)
+            }
+            Some(toml::Value::Float(_)) => format!("{value:?}"),
+            Some(other) => return Err(sweep_error(key, format!("the config's value {other} is not a number"))),
+            None => {
+                return Err(sweep_error(
+                    key,
+                    "this algorithm has no such setting (or it is unset: set it in [algorithm] to sweep it)",
+                ));
+            }
+        };
+        overrides.push(format!("{key}={rendered}"));
+    }
+    crate::config::ExperimentConfig::parse(text, &overrides)
+}
+
+/// The swept values as the member's config holds them (integers rounded).
+fn read_back(
+    config: &crate::config::ExperimentConfig,
+    values: &BTreeMap<String, f64>,
+) -> Result<BTreeMap<String, f64>> {
+    let table: toml::Table = config.to_toml().parse().map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
+    values
+        .iter()
+        .map(|(key, value)| {
+            let mut v = table.get(key.split('.').next().unwrap_or(key));
+            for part in key.split('.').skip(1) {
+                v = v.and_then(|v| v.get(part));
+            }
+            let read = match v {
+                Some(toml::Value::Integer(i)) => *i as f64,
+                Some(toml::Value::Float(f)) => *f,
+                _ => *value,
+            };
+            Ok((key.clone(), read))
         })
         .collect()
 }
