@@ -11,6 +11,12 @@
 //! `run.seed` as one line, the mean over those runs, with a ± std band across them (only env steps every run of
 //! the group logged count).
 //!
+//! A population directory (`population.json`, `flotilla train --population`) stands for its members' run
+//! directories, each a line named `POPULATION/NNN` (members that have logged nothing yet are skipped). With
+//! `--group` a population is one line instead: the IQM across its members at each env step all of them logged,
+//! with a 95 % stratified bootstrap band (`flotilla_learner::stats`, as `flotilla report` computes), labelled
+//! "IQM of N members"; the job directories of one sweep given together are one population.
+//!
 //! The format follows `--out`'s extension: `.svg` writes SVG (text as `<text>` elements), anything else PNG.
 //! Text is drawn with the DejaVu Sans font bundled in the binary (`cli/assets/`), so no system font is needed.
 use std::collections::BTreeMap;
@@ -18,9 +24,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use flotilla_learner::config::ExperimentConfig;
-use flotilla_learner::run_dir::{METRICS_FILE, RunDir};
+use flotilla_learner::population::POPULATION_FILE;
+use flotilla_learner::run_dir::{CONFIG_FILE, METRICS_FILE, RunDir};
+use flotilla_learner::stats;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+
+use crate::report;
 
 /// DejaVu Sans (Bitstream Vera license, `cli/assets/DejaVuSans.LICENSE`).
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
@@ -38,6 +48,9 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
 ];
+
+/// Bootstrap resamples of each point of a population's IQM band (one interval per evaluation).
+const CURVE_RESAMPLES: usize = 2_000;
 
 /// Chart size in pixels (PNG) or SVG units.
 const SIZE: (u32, u32) = (1000, 600);
@@ -61,8 +74,8 @@ pub fn colour(i: usize) -> RGBColor {
 pub struct Series {
     /// Legend label.
     pub label: String,
-    /// `(env_steps, value, std)` in row order.
-    pub points: Vec<(f64, f64, Option<f64>)>,
+    /// `(env_steps, value, band)` in row order; the band is `(lower, upper)` (value ± std, or an interval).
+    pub points: Vec<(f64, f64, Option<(f64, f64)>)>,
 }
 
 /// A run directory read for plotting.
@@ -70,12 +83,65 @@ struct Run {
     name: String,
     config: ExperimentConfig,
     series: Series,
+    /// For a population's member: the population it belongs to (index into the populations read).
+    population: Option<usize>,
+}
+
+/// A population directory given to `flotilla plot` (several for the jobs of one sweep).
+struct Population {
+    name: String,
+    /// What makes two job directories one population: the record's size, seed and keys and the base config.
+    key: String,
+}
+
+/// Read every RUN_DIR, a population directory as its members.
+fn read_runs(dirs: &[PathBuf], metric: &str) -> Result<(Vec<Run>, Vec<Population>)> {
+    let (mut runs, mut populations) = (Vec::new(), Vec::<Population>::new());
+    for dir in dirs {
+        if !dir.join(POPULATION_FILE).is_file() {
+            runs.push(read_run(dir, metric)?);
+            continue;
+        }
+        let source = report::Source::read(dir)?;
+        let record = source.record.as_ref().expect("a population directory has a record");
+        let name = dir_name(dir);
+        let base = std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap_or_else(|_| dir.display().to_string());
+        let key = format!("{} {} {:?} {}", record.size, record.base_seed, record.sweep_keys, base);
+        let p = match populations.iter().position(|p| p.key == key) {
+            Some(p) => p,
+            None => {
+                populations.push(Population { name: name.clone(), key });
+                populations.len() - 1
+            }
+        };
+        for (index, member) in source.member_dirs() {
+            if report::read_metric(&member, metric)?.is_empty() {
+                eprintln!("{}: no values of {metric} yet; left out", member.display());
+                continue;
+            }
+            let mut run = read_run(&member, metric)?;
+            run.name = format!("{name}/{:03}", index.unwrap_or(0));
+            run.series.label = run.name.clone();
+            run.population = Some(p);
+            runs.push(run);
+        }
+    }
+    Ok((runs, populations))
+}
+
+/// A directory's own name (of its canonical path: `.` gives the current directory's).
+fn dir_name(dir: &Path) -> String {
+    std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| dir.display().to_string())
 }
 
 /// `flotilla plot`: read every run's `metric`, draw the chart, write it to `out`.
 pub fn plot_command(runs: &[PathBuf], metric: &str, out: &Path, group: bool) -> Result<()> {
     anyhow::ensure!(!runs.is_empty(), "give at least one RUN_DIR");
-    let runs = runs.iter().map(|dir| read_run(dir, metric)).collect::<Result<Vec<_>>>()?;
+    let (runs, populations) = read_runs(runs, metric)?;
+    anyhow::ensure!(!runs.is_empty(), "no run has values of {metric} yet");
     let mut thresholds: Vec<(String, f64)> = Vec::new();
     if metric.ends_with("return") {
         for run in &runs {
@@ -89,7 +155,7 @@ pub fn plot_command(runs: &[PathBuf], metric: &str, out: &Path, group: bool) -> 
     let mut envs: Vec<&str> = runs.iter().map(|r| r.config.env.id.as_str()).collect();
     envs.dedup();
     let title = format!("{metric} on {}", envs.join(", "));
-    let series = if group { grouped(runs) } else { runs.into_iter().map(|r| r.series).collect() };
+    let series = if group { grouped(runs, &populations) } else { runs.into_iter().map(|r| r.series).collect() };
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
@@ -134,15 +200,13 @@ fn read_run(dir: &Path, metric: &str) -> Result<Run> {
         if let (Some(steps), Some(value)) = (number(x)?, number(y)?)
             && value.is_finite()
         {
-            points.push((steps, value, s.map(number).transpose()?.flatten().filter(|v| v.is_finite())));
+            let sd = s.map(number).transpose()?.flatten().filter(|v| v.is_finite());
+            points.push((steps, value, sd.map(|sd| (value - sd, value + sd))));
         }
     }
     anyhow::ensure!(!points.is_empty(), "{} has no values of {metric} yet", path.display());
-    let name = std::fs::canonicalize(dir)
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| dir.display().to_string());
-    Ok(Run { name: name.clone(), config, series: Series { label: name, points } })
+    let name = dir_name(dir);
+    Ok(Run { name: name.clone(), config, series: Series { label: name, points }, population: None })
 }
 
 /// The std column that goes with a mean column: `eval/std_return` for `eval/mean_return`.
@@ -163,13 +227,19 @@ fn reward_threshold(config: &ExperimentConfig) -> Option<(String, f64)> {
 }
 
 /// Runs whose configs differ only in `run.seed`, each group as one series: the mean over its runs at the env
-/// steps all of them logged, with the std across runs as the band. A group of one is drawn as it is.
-fn grouped(runs: Vec<Run>) -> Vec<Series> {
+/// steps all of them logged, with the std across runs as the band. A group of one is drawn as it is. Each
+/// population is one series of its own: [`population_iqm`].
+fn grouped(runs: Vec<Run>, populations: &[Population]) -> Vec<Series> {
     let mut groups: Vec<(String, Vec<Run>)> = Vec::new();
     for run in runs {
-        let mut key = run.config.clone();
-        key.run.seed = 0;
-        let key = key.to_toml();
+        let key = match run.population {
+            Some(p) => format!("population {}", populations[p].key),
+            None => {
+                let mut key = run.config.clone();
+                key.run.seed = 0;
+                key.to_toml()
+            }
+        };
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, members)) => members.push(run),
             None => groups.push((key, vec![run])),
@@ -178,6 +248,9 @@ fn grouped(runs: Vec<Run>) -> Vec<Series> {
     groups
         .into_iter()
         .map(|(_, mut members)| {
+            if let Some(p) = members[0].population {
+                return population_iqm(&populations[p].name, &members);
+            }
             if members.len() == 1 {
                 return members.pop().expect("one member").series;
             }
@@ -194,13 +267,36 @@ fn grouped(runs: Vec<Run>) -> Vec<Series> {
                 .map(|(x, ys)| {
                     let mean = ys.iter().sum::<f64>() / n as f64;
                     let std = (ys.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
-                    (x as f64, mean, Some(std))
+                    (x as f64, mean, Some((mean - std, mean + std)))
                 })
                 .collect();
             let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
             Series { label: format!("{} ({n} seeds, mean ± std)", group_name(&names)), points }
         })
         .collect()
+}
+
+/// A population's members as one series: at each env step every member logged, the IQM across them with its 95 %
+/// bootstrap interval (members resampled within each env id) as the band.
+fn population_iqm(name: &str, members: &[Run]) -> Series {
+    let n = members.len();
+    let mut at: BTreeMap<u64, BTreeMap<&str, Vec<f64>>> = BTreeMap::new();
+    for m in members {
+        for &(x, y, _) in &m.series.points {
+            at.entry(x as u64).or_default().entry(m.config.env.id.as_str()).or_default().push(y);
+        }
+    }
+    let points = at
+        .into_iter()
+        .filter_map(|(x, by_env)| {
+            let strata: Vec<Vec<f64>> = by_env.into_values().collect();
+            (strata.iter().map(Vec::len).sum::<usize>() == n).then(|| {
+                let iqm = stats::iqm_interval(&strata, CURVE_RESAMPLES);
+                (x as f64, iqm.point, Some((iqm.lo, iqm.hi)))
+            })
+        })
+        .collect();
+    Series { label: format!("{name}: IQM of {n} members (95% CI)"), points }
 }
 
 /// A group's label: the run names' common prefix (without a trailing separator or "seed"), else the first name.
@@ -245,10 +341,9 @@ where
 {
     let x_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).fold(0.0, f64::max).max(1.0);
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-    for &(x, y, s) in series.iter().flat_map(|s| &s.points) {
-        let _ = x;
-        let s = s.unwrap_or(0.0);
-        (lo, hi) = (lo.min(y - s), hi.max(y + s));
+    for &(_, y, band) in series.iter().flat_map(|s| &s.points) {
+        let (l, h) = band.unwrap_or((y, y));
+        (lo, hi) = (lo.min(l).min(y), hi.max(h).max(y));
     }
     for &(_, t) in thresholds {
         (lo, hi) = (lo.min(t), hi.max(t));
@@ -280,9 +375,9 @@ where
 
     for (i, s) in series.iter().enumerate() {
         let c = colour(i);
-        let band: Vec<(f64, f64)> = s.points.iter().filter_map(|&(x, y, sd)| sd.map(|sd| (x, y + sd))).collect();
+        let band: Vec<(f64, f64)> = s.points.iter().filter_map(|&(x, _, b)| b.map(|(_, h)| (x, h))).collect();
         if band.len() == s.points.len() && band.len() > 1 {
-            let lower = s.points.iter().rev().map(|&(x, y, sd)| (x, y - sd.unwrap_or(0.0)));
+            let lower = s.points.iter().rev().map(|&(x, y, b)| (x, b.map_or(y, |(l, _)| l)));
             let polygon: Vec<(f64, f64)> = band.into_iter().chain(lower).collect();
             chart.draw_series(std::iter::once(Polygon::new(polygon, c.mix(0.18).filled())))?;
         }

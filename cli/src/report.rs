@@ -30,12 +30,16 @@ use serde_json::{Value, json};
 /// `flotilla report`: read every directory, print the per-member table and the aggregates (or `--json`).
 pub fn report_command(dirs: &[PathBuf], json: bool, threshold: Option<f64>, metric: &str) -> Result<()> {
     let report = Report::read(dirs, threshold, metric)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json()).expect("JSON values serialise"));
+    let text = if json {
+        serde_json::to_string_pretty(&report.to_json()).expect("JSON values serialise") + "\n"
     } else {
-        print!("{}", report.text());
+        report.text()
+    };
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
+        // `flotilla report … | head`.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to stdout"),
     }
-    Ok(())
 }
 
 /// One directory given on the command line.
@@ -427,7 +431,7 @@ impl Report {
             row.push(if m.finished {
                 "yes".into()
             } else {
-                format!("no ({} of {} env steps)", m.last_step.unwrap_or(0), m.total_env_steps)
+                format!("no ({}/{})", m.last_step.unwrap_or(0), m.total_env_steps)
             });
             row.push(m.dir.display().to_string());
             rows.push(row);
