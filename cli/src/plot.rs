@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::population::POPULATION_FILE;
-use flotilla_learner::run_dir::{CONFIG_FILE, METRICS_FILE, RunDir};
+use flotilla_learner::run_dir::{METRICS_FILE, RunDir};
 use flotilla_learner::stats;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -74,9 +74,12 @@ pub fn colour(i: usize) -> RGBColor {
 pub struct Series {
     /// Legend label.
     pub label: String,
-    /// `(env_steps, value, band)` in row order; the band is `(lower, upper)` (value ± std, or an interval).
-    pub points: Vec<(f64, f64, Option<(f64, f64)>)>,
+    /// The points in row order.
+    pub points: Vec<Point>,
 }
+
+/// `(env_steps, value, band)`: the band is `(lower, upper)` (value ± std, or a confidence interval).
+pub type Point = (f64, f64, Option<(f64, f64)>);
 
 /// A run directory read for plotting.
 struct Run {
@@ -90,7 +93,7 @@ struct Run {
 /// A population directory given to `flotilla plot` (several for the jobs of one sweep).
 struct Population {
     name: String,
-    /// What makes two job directories one population: the record's size, seed and keys and the base config.
+    /// What makes two job directories one population: the record's size, seeds, keys and jobs, env and algorithm.
     key: String,
 }
 
@@ -105,8 +108,15 @@ fn read_runs(dirs: &[PathBuf], metric: &str) -> Result<(Vec<Run>, Vec<Population
         let source = report::Source::read(dir)?;
         let record = source.record.as_ref().expect("a population directory has a record");
         let name = dir_name(dir);
-        let base = std::fs::read_to_string(dir.join(CONFIG_FILE)).unwrap_or_else(|_| dir.display().to_string());
-        let key = format!("{} {} {:?} {}", record.size, record.base_seed, record.sweep_keys, base);
+        // A job of a split sweep joins the other jobs of a population like it; a whole population is its own.
+        let key = match (record.jobs, source.member_dirs().first()) {
+            (2.., Some((_, first))) => {
+                let (_, config) = RunDir::open(first)?;
+                let (size, seed, keys) = (record.size, record.base_seed, &record.sweep_keys);
+                format!("{size} {seed} {keys:?} {} {} {}", record.jobs, config.env.id, config.algorithm.name())
+            }
+            _ => format!("{}", std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone()).display()),
+        };
         let p = match populations.iter().position(|p| p.key == key) {
             Some(p) => p,
             None => {
@@ -286,7 +296,7 @@ fn population_iqm(name: &str, members: &[Run]) -> Series {
             at.entry(x as u64).or_default().entry(m.config.env.id.as_str()).or_default().push(y);
         }
     }
-    let points = at
+    let points: Vec<_> = at
         .into_iter()
         .filter_map(|(x, by_env)| {
             let strata: Vec<Vec<f64>> = by_env.into_values().collect();
@@ -296,6 +306,9 @@ fn population_iqm(name: &str, members: &[Run]) -> Series {
             })
         })
         .collect();
+    if points.is_empty() {
+        eprintln!("{name}: no env step at which all {n} members logged a value; its IQM line is empty");
+    }
     Series { label: format!("{name}: IQM of {n} members (95% CI)"), points }
 }
 

@@ -265,8 +265,9 @@ impl Report {
                 None => assignments.push((m.hyperparameters.clone(), vec![m])),
             }
         }
-        let grouped =
-            !pbt && members.iter().any(|m| !m.hyperparameters.is_empty()) && assignments.len() < members.len();
+        let grouped = !pbt
+            && members.iter().any(|m| !m.hyperparameters.is_empty())
+            && (2..members.len()).contains(&assignments.len());
         let groups = if grouped {
             assignments.into_iter().map(|(h, ms)| (h, ms.len(), aggregate(ms.into_iter()))).collect()
         } else {
