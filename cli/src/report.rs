@@ -402,6 +402,9 @@ impl Report {
         }
         let threshold = self.common_threshold();
         let _ = writeln!(out, "metric {}", self.metric);
+        if self.sources.iter().any(|s| s.record.as_ref().is_some_and(|r| r.pbt)) {
+            out.push_str("hyperparameters: each member's starting values (PBT changed them: lineage.jsonl)\n");
+        }
         out.push('\n');
 
         // The member table.
@@ -594,9 +597,11 @@ fn fmt_return(x: f64) -> String {
     if x != 0.0 && x.abs() < 0.1 { format!("{x:.4}") } else { format!("{x:.1}") }
 }
 
-/// A hyperparameter or threshold: Rust's shortest exact decimal (`0.0003`, `475`).
+/// A hyperparameter or threshold: Rust's shortest exact decimal (`0.0003`, `475`), or 4 significant digits
+/// where that is long (a random sweep's `4.501e-4`; `--json` has every digit).
 fn fmt_value(x: f64) -> String {
-    format!("{x}")
+    let exact = format!("{x}");
+    if exact.len() <= 9 { exact } else { format!("{x:.3e}") }
 }
 
 /// Rows as columns separated by two spaces, the last column left-aligned, the others right-aligned.
@@ -641,6 +646,14 @@ mod tests {
         // Never replaced: its start values alone.
         let got = schedule(&[], 1, start);
         assert_eq!(got, vec![Segment { env_steps: 0, member: 1, hyperparameters: start(1) }]);
+    }
+
+    #[test]
+    fn values_print_short() {
+        assert_eq!(fmt_value(475.0), "475");
+        assert_eq!(fmt_value(-0.5), "-0.5");
+        assert_eq!(fmt_value(3e-4), "0.0003");
+        assert_eq!(fmt_value(0.0004500932091431611), "4.501e-4");
     }
 
     #[test]
