@@ -164,6 +164,18 @@ impl ActorCritic {
         Ok(ActorCritic { params, body, log_std, action, obs_dim, heads, device })
     }
 
+    /// The twin MLP's layout (layer weight indices, nonlinearity, output widths) and the log-std's index, for a
+    /// population's batched update; `None` for the CNN body or task heads, which it does not batch.
+    pub(crate) fn twin_layout(&self) -> Option<(&[usize], crate::nets::Activation, [i64; 2], Option<usize>)> {
+        match &self.body {
+            Body::Mlp(twin) if self.heads == 1 => {
+                let (layers, activation, outputs) = twin.layout();
+                Some((layers, activation, outputs, self.log_std))
+            }
+            _ => None,
+        }
+    }
+
     /// Flattened observation size.
     pub fn obs_dim(&self) -> usize {
         self.obs_dim

@@ -19,9 +19,9 @@ pub struct Adam {
     pub beta2: f64,
     /// ε added to the denominator.
     pub eps: f64,
-    steps: u64,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
+    pub(crate) steps: u64,
+    pub(crate) exp_avg: Tensor,
+    pub(crate) exp_avg_sq: Tensor,
 }
 
 impl Adam {

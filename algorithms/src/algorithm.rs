@@ -169,6 +169,11 @@ pub trait Algorithm: Policy {
         let _ = (gradient, progress);
         Err(crate::Error::Unsupported(format!("{} does not apply actors' gradients", self.name())))
     }
+    /// The PPO agent this is, for a population's batched update ([`crate::ppo_population`]); `None` for other
+    /// kinds.
+    fn as_ppo_mut(&mut self) -> Option<&mut crate::ppo::Ppo> {
+        None
+    }
     /// Distillation: what this agent's policy says about `obs` (no gradient), the target a student learns —
     /// logits, Q-values, a Gaussian or deterministic actions ([`Teaching`]). Algorithms without a policy to
     /// teach refuse.

@@ -38,6 +38,7 @@ pub mod nets;
 pub mod params;
 pub mod policy;
 pub mod ppo;
+pub mod ppo_population;
 pub mod registry;
 pub mod replay;
 pub mod rmsprop;

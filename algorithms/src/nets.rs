@@ -260,6 +260,14 @@ impl TwinMlp {
 }
 
 impl TwinMlp {
+    /// Parameter indices of each layer's weight (its bias follows), its nonlinearity and the two nets' output
+    /// widths: what a population's batched forward pass needs to run many members' copies side by side.
+    pub(crate) fn layout(&self) -> (&[usize], Activation, [i64; 2]) {
+        (&self.layers, self.activation, self.outputs)
+    }
+}
+
+impl TwinMlp {
     /// [`TwinMlp::forward`] without libtorch, on `x` (`rows × inputs`) into `outs[j]` (`rows × outputs[j]`),
     /// when `params` live on the CPU; returns false (and leaves `outs` alone) when they do not.
     pub fn forward_host(

@@ -298,12 +298,12 @@ pub struct Ppo {
     /// Hyperparameters.
     pub config: PpoConfig,
     /// The acting half: network, sampling RNG (also drawing minibatch shuffles), buffers.
-    pi: ActorCriticPolicy,
-    opt: Adam,
+    pub(crate) pi: ActorCriticPolicy,
+    pub(crate) opt: Adam,
     /// The rollout being collected by [`Algorithm::observe`].
     collector: RolloutCollector,
     /// Replicas to average gradients with, and micro-batches per step.
-    parallel: DataParallel,
+    pub(crate) parallel: DataParallel,
 }
 
 impl Ppo {
@@ -328,6 +328,18 @@ impl Ppo {
     /// The network's parameters (for saving, broadcasting or inspecting).
     pub fn params(&self) -> &FlatParams {
         &self.pi.net.params
+    }
+
+    /// The collected rollout with its advantages, once it is complete (what [`Algorithm::update`] trains on);
+    /// `None` before. Hand it back with [`Ppo::recycle`] after updating.
+    pub fn finish_rollout(&mut self) -> Result<Option<Rollout>> {
+        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
+        self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)
+    }
+
+    /// Give a finished rollout's storage back for the next one.
+    pub fn recycle(&mut self, rollout: Rollout) {
+        self.collector.recycle(rollout);
     }
 
     /// `V(obs)` for a batch of observations.
@@ -496,6 +508,10 @@ impl Algorithm for Ppo {
         self.pi.net.teach(obs)
     }
 
+    fn as_ppo_mut(&mut self) -> Option<&mut Ppo> {
+        Some(self)
+    }
+
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
         parallel.check_batch("ppo", "batch_size", self.config.batch_size)?;
         self.parallel = parallel;
@@ -519,8 +535,7 @@ impl Algorithm for Ppo {
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        let Some(rollout) = self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)? else {
+        let Some(rollout) = self.finish_rollout()? else {
             return Ok(None);
         };
         let metrics = self.update_from(&rollout, progress.remaining());

@@ -1,0 +1,510 @@
+//! PPO for a population: many members' updates as one batched program.
+//!
+//! Each member stays a whole [`Ppo`] (its network, Adam moments, RNG and rollout; it acts and collects exactly
+//! as it would alone). When every member's rollout is complete, [`update_population`] gathers the members'
+//! parameter buffers into one `[N, P]` leaf and their Adam moments into `[N, P]` tensors, and runs the epochs
+//! and minibatches once for all: the `2N` policy and value MLPs as one chain of batched matmuls, each member's
+//! loss over its own minibatch (its own shuffle from its own RNG), one backward pass of the members' summed
+//! losses (so each member's gradient is its own), each member's gradient norm clipped to its own limit, and one
+//! Adam step with per-member learning rates and ε. The results go back into the members. Per-member
+//! coefficients (learning rate, clip range, entropy and value coefficients, value clip, gradient limit, Adam
+//! ε — what a sweep or PBT may change) are tensors on the member axis; shapes and schedules are shared.
+//!
+//! Elementwise maths is the single-member code's, operation for operation; only reductions (matmuls, means,
+//! the gradient norm) may add in another order, so a member matches its run alone to float rounding (tests:
+//! within 1e-6 relative after several updates; see `tests` below).
+use rand::seq::SliceRandom;
+use tch::{Kind, Tensor};
+
+use crate::algorithm::Algorithm;
+use crate::ppo::{Ppo, explained_variance};
+use crate::rollout::Rollout;
+use crate::{Error, Metrics, Result};
+
+const LOG_SQRT_2PI: f64 = 0.918_938_533_204_672_7; // ln(√(2π))
+
+/// Why these members cannot share one batched update (`None`: they can). Members that cannot are updated one
+/// by one with [`Ppo::update_from`], which gives the same results, only slower.
+pub fn unbatchable(members: &[&Ppo]) -> Option<String> {
+    let first = members.first()?;
+    let c0 = &first.config;
+    let layout = |m: &Ppo| {
+        m.pi.net
+            .twin_layout()
+            .map(|(layers, activation, outputs, log_std)| (layers.to_vec(), activation, outputs, log_std))
+    };
+    let l0 = layout(first);
+    if l0.is_none() {
+        return Some("the network is not a plain MLP (a CNN, or task heads)".into());
+    }
+    for m in members {
+        let c = &m.config;
+        if layout(m) != l0 {
+            return Some("members' networks differ".into());
+        }
+        if c.vtrace.is_some() || c.target_kl.is_some() {
+            return Some("V-trace or a KL early stop".into());
+        }
+        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.pi.net.params.has_frozen() {
+            return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
+        }
+        if (c.n_epochs, c.batch_size, c.normalize_advantage, c.anneal_lr, c.anneal_clip_range)
+            != (c0.n_epochs, c0.batch_size, c0.normalize_advantage, c0.anneal_lr, c0.anneal_clip_range)
+            || c.clip_range_vf.is_some() != c0.clip_range_vf.is_some()
+        {
+            return Some("members' update schedules differ".into());
+        }
+        if m.pi.net.params.numel() != first.pi.net.params.numel()
+            || m.opt.steps != first.opt.steps
+            || m.pi.net.device != first.pi.net.device
+        {
+            return Some("members' parameter counts, optimiser steps or devices differ".into());
+        }
+    }
+    None
+}
+
+/// `[N]` f32 values on `device`.
+fn per_member(values: impl Iterator<Item = f64>, device: tch::Device) -> Tensor {
+    let v: Vec<f32> = values.map(|x| x as f32).collect();
+    Tensor::from_slice(&v).to_device(device)
+}
+
+/// One PPO update of every member on its finished rollout (GAE computed), batched over the member axis.
+/// `progress_remaining` (1 → 0) anneals each member's learning rate and clip range as [`Ppo::update_from`]
+/// does. Returns each member's metrics. Members that [`unbatchable`] refuses are updated one by one.
+pub fn update_population(
+    members: &mut [&mut Ppo],
+    rollouts: &[&Rollout],
+    progress_remaining: f64,
+) -> Result<Vec<Metrics>> {
+    if members.len() != rollouts.len() {
+        return Err(Error::BadLength {
+            what: "population rollouts".into(),
+            got: rollouts.len(),
+            expected: members.len(),
+        });
+    }
+    let refs: Vec<&Ppo> = members.iter().map(|m| &**m).collect();
+    if members.len() == 1 || unbatchable(&refs).is_some() {
+        return members.iter_mut().zip(rollouts).map(|(m, r)| m.update_from(r, progress_remaining)).collect();
+    }
+    let n_members = members.len() as i64;
+    let c0 = members[0].config.clone();
+    let n = rollouts[0].len();
+    for r in rollouts {
+        if r.len() != n || n == 0 || !n.is_multiple_of(c0.batch_size) {
+            return Err(Error::BadLength {
+                what: "population rollout transitions (equal, a multiple of batch_size)".into(),
+                got: r.len(),
+                expected: n,
+            });
+        }
+    }
+    let device = members[0].pi.net.device;
+    let progress = progress_remaining.clamp(0.0, 1.0);
+    let lrs: Vec<f64> = members
+        .iter()
+        .map(|m| if m.config.anneal_lr { m.config.learning_rate * progress } else { m.config.learning_rate })
+        .collect();
+    let clips: Vec<f64> = members
+        .iter()
+        .map(|m| if m.config.anneal_clip_range { m.config.clip_range * progress } else { m.config.clip_range })
+        .collect();
+    for (m, &lr) in members.iter_mut().zip(&lrs) {
+        m.opt.lr = lr;
+    }
+    let clip_lo = per_member(clips.iter().map(|c| 1.0 - c), device).unsqueeze(1);
+    let clip_hi = per_member(clips.iter().map(|c| 1.0 + c), device).unsqueeze(1);
+    let vf_coef = per_member(members.iter().map(|m| m.config.vf_coef), device);
+    let ent_coef = per_member(members.iter().map(|m| m.config.ent_coef), device);
+    let need_entropy = members.iter().any(|m| m.config.ent_coef != 0.0);
+    let vf_clip = c0.clip_range_vf.map(|_| {
+        let eps: Vec<f64> = members.iter().map(|m| m.config.clip_range_vf.expect("all or none")).collect();
+        (per_member(eps.iter().map(|e| -e), device).unsqueeze(1), per_member(eps.iter().copied(), device).unsqueeze(1))
+    });
+
+    // The members' data, stacked on the member axis.
+    let mut obs = Vec::new();
+    let mut explained = Vec::new();
+    let (mut adv, mut ret, mut val, mut old_lp, mut act) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (m, r) in members.iter().zip(rollouts) {
+        obs.push(m.pi.net.rollout_obs(r)?);
+        let (a, rt, v) = (&r.advantages[..n], &r.returns[..n], &r.values[..n]);
+        explained.push(explained_variance(v, rt));
+        adv.push(Tensor::from_slice(a));
+        ret.push(Tensor::from_slice(rt));
+        val.push(Tensor::from_slice(v));
+        old_lp.push(Tensor::from_slice(&r.log_probs[..n]));
+        act.push(m.pi.net.actions_tensor(&r.actions));
+    }
+    let stack = |v: &[Tensor]| Tensor::stack(v, 0).to_device(device);
+    let obs = stack(&obs);
+    let actions = stack(&act);
+    let old_log_prob = stack(&old_lp);
+    let returns = stack(&ret);
+    let old_values = stack(&val);
+    let mut advantages = stack(&adv);
+    let normalize = |x: &Tensor| (x - x.mean_dim(1, true, Kind::Float)) / (x.std_dim(1, true, true) + 1e-8);
+    let full_batch = c0.batch_size == n;
+    if c0.normalize_advantage && full_batch {
+        advantages = normalize(&advantages);
+    }
+    let normalize_minibatch = c0.normalize_advantage && !full_batch;
+
+    // Parameters `[N, P]` (one leaf) seen as each member's layer shapes, and the Adam moments.
+    let (layers, activation, outputs, log_std) = {
+        let (l, a, o, s) = members[0].pi.net.twin_layout().expect("checked by unbatchable");
+        (l.to_vec(), a, o, s)
+    };
+    let p = members[0].pi.net.params.numel();
+    let flats: Vec<Tensor> = members.iter().map(|m| m.pi.net.params.flat().detach()).collect();
+    let stacked = Tensor::stack(&flats, 0).set_requires_grad(true);
+    let grad = stacked.zeros_like().detach();
+    let n_entries = members[0].pi.net.params.names().count();
+    let entry = |t: &Tensor, i: usize| {
+        let v = members[0].pi.net.params.view(i);
+        let mut shape = vec![n_members];
+        shape.extend(v.size());
+        t.narrow(1, members[0].pi.net.params.offset(i) as i64, v.numel() as i64).view(shape.as_slice())
+    };
+    let views: Vec<Tensor> = (0..n_entries).map(|i| entry(&stacked, i)).collect();
+    let grad_views: Vec<Tensor> = (0..n_entries).map(|i| entry(&grad, i)).collect();
+    let (exp_avg, exp_avg_sq) = if members[0].opt.exp_avg.numel() as i64 == p {
+        (
+            Tensor::stack(&members.iter().map(|m| m.opt.exp_avg.shallow_clone()).collect::<Vec<_>>(), 0),
+            Tensor::stack(&members.iter().map(|m| m.opt.exp_avg_sq.shallow_clone()).collect::<Vec<_>>(), 0),
+        )
+    } else {
+        (grad.zeros_like(), grad.zeros_like())
+    };
+    let mut steps = if members[0].opt.exp_avg.numel() as i64 == p { members[0].opt.steps } else { 0 };
+    let (beta1, beta2) = (members[0].opt.beta1, members[0].opt.beta2);
+    let adam_eps = per_member(members.iter().map(|m| m.opt.eps), device).unsqueeze(1);
+    let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
+
+    let forward = |x: &Tensor| -> (Tensor, Tensor) {
+        let b = x.size()[1];
+        let mut h = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
+        let last = layers.len() - 1;
+        for (k, &i) in layers.iter().enumerate() {
+            let w = views[i].reshape([2 * n_members, views[i].size()[2], views[i].size()[3]]);
+            let bias = views[i + 1].reshape([2 * n_members, 1, -1]);
+            h = bias.baddbmm(&h, &w, 1.0, 1.0);
+            if k < last {
+                h = activation.apply(&h);
+            }
+        }
+        let h = h.view([n_members, 2, b, -1]);
+        (h.select(1, 0).narrow(2, 0, outputs[0]), h.select(1, 1).narrow(2, 0, outputs[1]).squeeze_dim(2))
+    };
+
+    let mut orders: Vec<Vec<i64>> = (0..members.len()).map(|_| (0..n as i64).collect()).collect();
+    let mut gradient_steps = 0usize;
+    let mut last = None;
+    for _ in 0..c0.n_epochs {
+        for (m, order) in members.iter_mut().zip(orders.iter_mut()) {
+            order.shuffle(&mut m.pi.rng);
+        }
+        for start in (0..n).step_by(c0.batch_size) {
+            // A full-batch "minibatch" needs no gather: each member's loss is a mean over its samples.
+            let idx = (!full_batch).then(|| {
+                let rows: Vec<i64> =
+                    orders.iter().flat_map(|o| o[start..start + c0.batch_size].iter().copied()).collect();
+                Tensor::from_slice(&rows).view([n_members, c0.batch_size as i64]).to_device(device)
+            });
+            let pick = |t: &Tensor| match &idx {
+                None => t.shallow_clone(),
+                Some(i) if t.dim() == 2 => t.gather(1, i, false),
+                Some(i) => {
+                    let d = t.size()[2];
+                    t.gather(1, &i.unsqueeze(2).expand([n_members, c0.batch_size as i64, d], false), false)
+                }
+            };
+            let mut mb_adv = pick(&advantages);
+            if normalize_minibatch && c0.batch_size > 1 {
+                mb_adv = normalize(&mb_adv);
+            }
+            let (mb_obs, mb_actions, mb_old_lp) = (pick(&obs), pick(&actions), pick(&old_log_prob));
+            let (mb_old_values, mb_returns) = (pick(&old_values), pick(&returns));
+            let (head, values) = forward(&mb_obs);
+            let (log_prob, entropy) = match log_std {
+                None => {
+                    let logp = head.log_softmax(-1, Kind::Float);
+                    let lp = logp.gather(2, &mb_actions.unsqueeze(2), false).squeeze_dim(2);
+                    let ent = need_entropy.then(|| -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float));
+                    (lp, ent)
+                }
+                Some(i) => {
+                    let ls = views[i].unsqueeze(1);
+                    let z = (&mb_actions - &head) * (-&ls).exp();
+                    let lp = (z.square() * -0.5 - &ls - LOG_SQRT_2PI).sum_dim_intlist(-1, false, Kind::Float);
+                    let ent = need_entropy
+                        .then(|| (&ls + (0.5 + LOG_SQRT_2PI)).expand_as(&head).sum_dim_intlist(-1, false, Kind::Float));
+                    (lp, ent)
+                }
+            };
+            // The PPO loss of each member (crate::ppo::ppo_loss, with per-member coefficients).
+            let log_ratio = &log_prob - &mb_old_lp;
+            let ratio = log_ratio.exp();
+            let surrogate = &mb_adv * &ratio;
+            let clipped = &mb_adv * ratio.clamp_tensor(Some(&clip_lo), Some(&clip_hi));
+            let policy = -surrogate.min_other(&clipped).mean_dim(1, false, Kind::Float);
+            let value = match &vf_clip {
+                None => (&mb_returns - &values).square().mean_dim(1, false, Kind::Float),
+                Some((lo, hi)) => {
+                    let clipped_values = &mb_old_values + (&values - &mb_old_values).clamp_tensor(Some(lo), Some(hi));
+                    let unclipped = (&mb_returns - &values).square();
+                    let clipped = (&mb_returns - clipped_values).square();
+                    unclipped.max_other(&clipped).mean_dim(1, false, Kind::Float)
+                }
+            };
+            let mut total = &policy + &value * &vf_coef;
+            let entropy = entropy.map(|e| e.mean_dim(1, false, Kind::Float));
+            if let Some(e) = &entropy {
+                total -= e * &ent_coef;
+            }
+            let grads = Tensor::run_backward(&[total.sum(Kind::Float)], &views, false, false);
+            tch::no_grad(|| {
+                for (dst, g) in grad_views.iter().zip(&grads) {
+                    let mut dst = dst.shallow_clone();
+                    if g.defined() {
+                        dst.copy_(g);
+                    } else {
+                        let _ = dst.zero_();
+                    }
+                }
+            });
+            // Each member's gradient norm, clipped to its own limit (as clip_grad_norm, 1e-6 guard).
+            let norms = Vec::<f32>::try_from(tch::no_grad(|| grad.norm_scalaropt_dim(2, [1i64].as_slice(), false)))?;
+            let mut coefs = Vec::with_capacity(norms.len());
+            for (k, (&norm, &max_norm)) in norms.iter().zip(&max_norms).enumerate() {
+                let norm = norm as f64;
+                if !norm.is_finite() {
+                    return Err(Error::NonFinite(format!(
+                        "ppo population member {k}: gradient norm {norm} (non-finite loss); step not taken"
+                    )));
+                }
+                let coef = max_norm / (norm + 1e-6);
+                coefs.push(if coef < 1.0 { coef } else { 1.0 });
+            }
+            if coefs.iter().any(|&c| c < 1.0) {
+                let coef = per_member(coefs.into_iter(), device).unsqueeze(1);
+                let mut g = grad.shallow_clone();
+                let _ = tch::no_grad(|| g.g_mul_(&coef));
+            }
+            // Adam (crate::adam::Adam::step) with per-member learning rates and ε.
+            steps += 1;
+            let t = steps as i32;
+            let bias1 = 1.0 - beta1.powi(t);
+            let bias2 = 1.0 - beta2.powi(t);
+            let step_size = per_member(lrs.iter().map(|lr| -lr / bias1), device).unsqueeze(1);
+            tch::no_grad(|| {
+                let (mut m1, mut m2) = (exp_avg.shallow_clone(), exp_avg_sq.shallow_clone());
+                let _ = m1.lerp_(&grad, 1.0 - beta1);
+                let _ = m2.g_mul_scalar_(beta2).addcmul_(&grad, &grad.g_mul_scalar(1.0 - beta2));
+                let denom = (m2.sqrt() / bias2.sqrt()) + &adam_eps;
+                let scaled = &m1 * &step_size;
+                let mut theta = stacked.shallow_clone();
+                let _ = theta.addcdiv_(&scaled, &denom);
+            });
+            gradient_steps += 1;
+            last = Some((policy, value, entropy, log_ratio, head));
+        }
+    }
+
+    // Back into the members: parameters, moments, step counts.
+    tch::no_grad(|| {
+        for (k, m) in members.iter_mut().enumerate() {
+            let mut flat = m.pi.net.params.flat().shallow_clone();
+            flat.copy_(&stacked.get(k as i64));
+            m.opt.exp_avg = exp_avg.get(k as i64).copy();
+            m.opt.exp_avg_sq = exp_avg_sq.get(k as i64).copy();
+            m.opt.steps = steps;
+        }
+    });
+
+    let (policy, value, entropy, log_ratio, head) = last.expect("at least one minibatch");
+    let entropy = match entropy {
+        Some(e) => e,
+        None => tch::no_grad(|| match log_std {
+            None => {
+                let logp = head.log_softmax(-1, Kind::Float);
+                -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float).mean_dim(1, false, Kind::Float)
+            }
+            Some(i) => (views[i].unsqueeze(1) + (0.5 + LOG_SQRT_2PI))
+                .expand_as(&head)
+                .sum_dim_intlist(-1, false, Kind::Float)
+                .mean_dim(1, false, Kind::Float),
+        }),
+    };
+    let host = |t: &Tensor| -> Result<Vec<f64>> { Ok(Vec::<f64>::try_from(t.detach().to_kind(Kind::Double))?) };
+    let (policy, value, entropy) = (host(&policy)?, host(&value)?, host(&entropy)?);
+    let approx_kl = host(&tch::no_grad(|| (log_ratio.exp() - 1.0 - &log_ratio).mean_dim(1, false, Kind::Float)))?;
+    let clip_t = per_member(clips.iter().copied(), device).unsqueeze(1);
+    let clip_fraction = host(&tch::no_grad(|| {
+        (log_ratio.exp() - 1.0).abs().gt_tensor(&clip_t).to_kind(Kind::Float).mean_dim(1, false, Kind::Float)
+    }))?;
+    Ok((0..members.len())
+        .map(|k| {
+            let mut m = Metrics::default();
+            m.push("losses/policy_loss", policy[k]);
+            m.push("losses/value_loss", value[k]);
+            m.push("losses/entropy", entropy[k]);
+            m.push("losses/approx_kl", approx_kl[k]);
+            m.push("losses/clip_fraction", clip_fraction[k]);
+            m.push("losses/explained_variance", explained[k]);
+            m.push("charts/learning_rate", lrs[k]);
+            m.push("charts/clip_range", clips[k]);
+            m.push("charts/gradient_steps", gradient_steps as f64);
+            m
+        })
+        .collect())
+}
+
+/// A member's PPO agent, for [`update_population`], when `agent` is one.
+pub fn as_ppo(agent: &mut dyn Algorithm) -> Option<&mut Ppo> {
+    agent.as_ppo_mut()
+}
+
+#[cfg(test)]
+mod tests {
+    use flotilla_core::{ObsRef, Space};
+    use rand::{Rng, SeedableRng};
+    use rand_pcg::Pcg64;
+    use tch::Device;
+
+    use super::*;
+    use crate::policy::{ActMode, ActOutput, Policy};
+    use crate::ppo::PpoConfig;
+
+    /// Largest |a − b| over the largest |b|, of two flat buffers.
+    fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+        let d = f64::try_from((a - b).abs().max()).unwrap();
+        d / f64::try_from(b.abs().max()).unwrap().max(1e-30)
+    }
+
+    /// Members updated together match twins (same seeds, same configs, same rollouts) updated alone, after
+    /// several updates: parameters and Adam moments within 1e-6 relative (only reductions may add in another
+    /// order), and the sampling RNG streams exactly.
+    fn check_matches_alone(obs_space: Space, act_space: Space, configs: Vec<PpoConfig>, n_envs: usize) {
+        let obs_dim = obs_space.flat_dim();
+        let build = |c: &PpoConfig, k: usize| {
+            Ppo::new(&obs_space, &act_space, n_envs, c.clone(), Device::Cpu, 100 + k as u64).unwrap()
+        };
+        let mut together: Vec<Ppo> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
+        let mut alone: Vec<Ppo> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
+        let n_steps = configs[0].n_steps;
+        let mut rng = Pcg64::seed_from_u64(7);
+        for update in 0..4 {
+            let mut rollouts = Vec::new();
+            for (m, twin) in together.iter_mut().zip(alone.iter_mut()) {
+                let act_dim = m.act_dim();
+                let mut twin_out = ActOutput::default();
+                let mut rollout = Rollout::new(n_envs, n_steps, obs_dim, act_dim);
+                let mut out = ActOutput::default();
+                for _ in 0..n_steps {
+                    let obs: Vec<f32> = (0..n_envs * obs_dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+                    m.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+                    // The twin samples too (its sampling stream must stay in step); the rollout is the member's.
+                    twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
+                    rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
+                    let rewards: Vec<f32> =
+                        out.actions.chunks(act_dim).map(|a| a[0].tanh() + rng.random_range(-0.1..0.1)).collect();
+                    let done: Vec<bool> = (0..n_envs).map(|_| rng.random_bool(0.1)).collect();
+                    rollout.push_outcome(&rewards, &done, &vec![false; n_envs]).unwrap();
+                }
+                rollout.finish(&vec![0.0; n_envs], 0.98, 0.8).unwrap();
+                rollouts.push(rollout);
+            }
+            let progress = 1.0 - update as f64 / 8.0;
+            let mut refs: Vec<&mut Ppo> = together.iter_mut().collect();
+            let batched = update_population(&mut refs, &rollouts.iter().collect::<Vec<_>>(), progress).unwrap();
+            for (k, (m, r)) in alone.iter_mut().zip(&rollouts).enumerate() {
+                let single = m.update_from(r, progress).unwrap();
+                for key in ["losses/policy_loss", "losses/value_loss", "charts/learning_rate", "charts/gradient_steps"]
+                {
+                    let (a, b) = (batched[k].get(key).unwrap(), single.get(key).unwrap());
+                    assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "update {update} member {k} {key}: {a} vs {b}");
+                }
+            }
+            for (k, (a, b)) in together.iter().zip(&alone).enumerate() {
+                let d = rel_diff(a.params().flat(), b.params().flat());
+                assert!(d <= 1e-6, "update {update} member {k}: parameters differ by {d:e} (relative)");
+                let d = rel_diff(&a.opt.exp_avg_sq, &b.opt.exp_avg_sq);
+                assert!(d <= 1e-5, "update {update} member {k}: Adam moments differ by {d:e}");
+                assert_eq!(a.opt.steps, b.opt.steps);
+                assert_eq!(a.pi.rng, b.pi.rng, "member {k}: the shuffles drew the same numbers");
+            }
+        }
+    }
+
+    fn cartpole() -> (Space, Space) {
+        (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2))
+    }
+
+    #[test]
+    fn full_batch_members_match_their_runs_alone() {
+        // The zoo config: one minibatch of the whole rollout; swept learning rates and entropy coefficients.
+        let configs: Vec<PpoConfig> = [(1e-3, 0.0), (3e-4, 0.01), (2e-3, 0.0)]
+            .into_iter()
+            .map(|(lr, ent)| PpoConfig {
+                n_steps: 16,
+                batch_size: 64,
+                n_epochs: 5,
+                learning_rate: lr,
+                ent_coef: ent,
+                ..PpoConfig::default()
+            })
+            .collect();
+        let (o, a) = cartpole();
+        check_matches_alone(o, a, configs, 4);
+    }
+
+    #[test]
+    fn minibatched_members_with_value_clipping_match_their_runs_alone() {
+        let configs: Vec<PpoConfig> = [(0.2, 0.5, 0.5), (0.1, 0.2, 1.0)]
+            .into_iter()
+            .map(|(clip, vf, grad)| PpoConfig {
+                n_steps: 16,
+                batch_size: 16,
+                n_epochs: 3,
+                clip_range: clip,
+                clip_range_vf: Some(vf),
+                max_grad_norm: grad,
+                ..PpoConfig::default()
+            })
+            .collect();
+        let (o, a) = cartpole();
+        check_matches_alone(o, a, configs, 4);
+    }
+
+    #[test]
+    fn gaussian_members_match_their_runs_alone() {
+        let configs: Vec<PpoConfig> = [0.0, -0.5]
+            .into_iter()
+            .map(|ls| PpoConfig {
+                n_steps: 8,
+                batch_size: 16,
+                n_epochs: 4,
+                log_std_init: ls,
+                ent_coef: 0.001,
+                ..PpoConfig::default()
+            })
+            .collect();
+        let obs = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
+        let act = Space::box1d(vec![-2.0], vec![2.0]);
+        check_matches_alone(obs, act, configs, 4);
+    }
+
+    #[test]
+    fn members_that_cannot_batch_are_named() {
+        let (o, a) = cartpole();
+        let x = Ppo::new(&o, &a, 4, PpoConfig { n_steps: 16, batch_size: 64, ..PpoConfig::default() }, Device::Cpu, 1)
+            .unwrap();
+        let y = Ppo::new(&o, &a, 4, PpoConfig { n_steps: 16, batch_size: 32, ..PpoConfig::default() }, Device::Cpu, 2)
+            .unwrap();
+        assert!(unbatchable(&[&x, &y]).unwrap().contains("schedules"));
+        assert!(unbatchable(&[&x, &x]).is_none());
+    }
+}
