@@ -186,51 +186,62 @@ impl Trainer {
         on_log: &mut dyn FnMut(&LogRow) -> Result<()>,
         on_checkpoint: &mut dyn FnMut(&Trainer) -> Result<()>,
     ) -> Result<()> {
-        let total = self.config.run.total_env_steps;
-        let n_envs = self.envs.num_envs();
-        let action_space = self.envs.action_space().clone();
-        let mut out = ActOutput::default();
-        let mut env_actions = EnvActions::default();
-        let mut next_obs = ObsBuf::with_capacity(self.obs.dtype(), self.obs.len());
-        while self.counters.env_steps < total.min(stop_at) {
+        let mut scratch = StepScratch::for_trainer(self);
+        while self.counters.env_steps < self.config.run.total_env_steps.min(stop_at) {
             let started = Instant::now();
-            self.agent.act(self.obs.as_ref(), ActMode::Explore, &mut out)?;
-            let actions = env_actions.convert(&action_space, &out.actions);
-            let step = self.envs.step(&actions)?;
-            if let Some(replay) = &mut self.replay {
-                replay.record(&actions)?;
-            }
-            // The observation that truly followed: the final one where an episode ended, not the reset one.
-            step.true_next_obs(&mut next_obs);
-            let c = &mut self.counters;
-            for ep in step.episodes {
-                c.count_episode(ep.episode_return, ep.length);
-                if let Some(task) = ep.task {
-                    c.count_task_return(task as usize, ep.episode_return, 1);
-                }
-            }
-            let transition = Transition {
-                obs: self.obs.as_ref(),
-                act: &out,
-                rewards: step.rewards,
-                terminated: step.terminated,
-                truncated: step.truncated,
-                next_obs: next_obs.as_ref(),
-            };
-            self.agent.observe(&transition)?;
-            let same = self.obs.write_at(0, step.obs);
-            debug_assert!(same, "one dtype per batch");
-            c.env_steps += n_envs as u64;
-            let progress = Progress { env_steps: c.env_steps, total_env_steps: total };
+            self.collect(&mut scratch)?;
             let update_started = Instant::now();
-            if let Some(m) = self.agent.update(&progress)? {
-                c.count_update(&m);
-                c.update_secs += update_started.elapsed().as_secs_f64();
-                self.last_metrics = m;
+            if let Some(m) = self.agent.update(&self.progress())? {
+                self.counted_update(m, update_started.elapsed().as_secs_f64());
             }
-            c.train_secs += started.elapsed().as_secs_f64();
+            self.counters.train_secs += started.elapsed().as_secs_f64();
             self.after_step(on_log, on_checkpoint)?;
         }
+        Ok(())
+    }
+
+    /// Where training stands, for the agent's schedules.
+    fn progress(&self) -> Progress {
+        Progress { env_steps: self.counters.env_steps, total_env_steps: self.config.run.total_env_steps }
+    }
+
+    /// Count an update's metrics and seconds.
+    fn counted_update(&mut self, m: Metrics, secs: f64) {
+        self.counters.count_update(&m);
+        self.counters.update_secs += secs;
+        self.last_metrics = m;
+    }
+
+    /// One vectorised env step: act, step the envs, count finished episodes, let the agent observe.
+    fn collect(&mut self, scratch: &mut StepScratch) -> Result<()> {
+        let StepScratch { out, env_actions, next_obs, action_space } = scratch;
+        self.agent.act(self.obs.as_ref(), ActMode::Explore, out)?;
+        let actions = env_actions.convert(action_space, &out.actions);
+        let step = self.envs.step(&actions)?;
+        if let Some(replay) = &mut self.replay {
+            replay.record(&actions)?;
+        }
+        // The observation that truly followed: the final one where an episode ended, not the reset one.
+        step.true_next_obs(next_obs);
+        let c = &mut self.counters;
+        for ep in step.episodes {
+            c.count_episode(ep.episode_return, ep.length);
+            if let Some(task) = ep.task {
+                c.count_task_return(task as usize, ep.episode_return, 1);
+            }
+        }
+        let transition = Transition {
+            obs: self.obs.as_ref(),
+            act: out,
+            rewards: step.rewards,
+            terminated: step.terminated,
+            truncated: step.truncated,
+            next_obs: next_obs.as_ref(),
+        };
+        self.agent.observe(&transition)?;
+        let same = self.obs.write_at(0, step.obs);
+        debug_assert!(same, "one dtype per batch");
+        c.env_steps += self.envs.num_envs() as u64;
         Ok(())
     }
 
@@ -260,6 +271,96 @@ impl Trainer {
         }
         Ok(())
     }
+}
+
+/// Buffers one trainer's env steps reuse.
+struct StepScratch {
+    out: ActOutput,
+    env_actions: EnvActions,
+    next_obs: ObsBuf,
+    action_space: flotilla_core::Space,
+}
+
+impl StepScratch {
+    fn for_trainer(t: &Trainer) -> Self {
+        StepScratch {
+            out: ActOutput::default(),
+            env_actions: EnvActions::default(),
+            next_obs: ObsBuf::with_capacity(t.obs.dtype(), t.obs.len()),
+            action_space: t.envs.action_space().clone(),
+        }
+    }
+}
+
+/// Train a population's members (`group`, same config up to seeds and per-member hyperparameters, at the same
+/// env step) in lockstep until `stop_at` or the budget: each step every member acts, steps its envs and
+/// observes as [`Trainer::run`] does; when the members are PPO agents whose rollouts complete together, one
+/// batched update trains them all ([`flotilla_algorithms::ppo_population`]), else each updates alone. Then each
+/// evaluates, logs (`on_log(position in group, row)`) and checkpoints on its own schedule. Collection and update
+/// seconds are shared out equally.
+pub fn run_group(
+    group: &mut [Trainer],
+    stop_at: u64,
+    on_log: &mut dyn FnMut(usize, &LogRow) -> Result<()>,
+    on_checkpoint: &mut dyn FnMut(usize, &Trainer) -> Result<()>,
+) -> Result<()> {
+    let Some(first) = group.first() else { return Ok(()) };
+    let stop = first.config.run.total_env_steps.min(stop_at);
+    let steps: Vec<u64> = group.iter().map(|t| t.counters.env_steps).collect();
+    if steps.iter().any(|&s| s != steps[0]) {
+        return Err(Error::Config(format!("a population's members must stand at the same env step: {steps:?}")));
+    }
+    let mut scratch: Vec<StepScratch> = group.iter().map(StepScratch::for_trainer).collect();
+    let share = 1.0 / group.len() as f64;
+    while group[0].counters.env_steps < stop {
+        let started = Instant::now();
+        for (t, s) in group.iter_mut().zip(&mut scratch) {
+            t.collect(s)?;
+        }
+        let update_started = Instant::now();
+        let metrics = update_group(group)?;
+        let update_secs = update_started.elapsed().as_secs_f64() * share;
+        let secs = started.elapsed().as_secs_f64() * share;
+        for (k, (t, m)) in group.iter_mut().zip(metrics).enumerate() {
+            if let Some(m) = m {
+                t.counted_update(m, update_secs);
+            }
+            t.counters.train_secs += secs;
+            t.after_step(&mut |row| on_log(k, row), &mut |t| on_checkpoint(k, t))?;
+        }
+    }
+    Ok(())
+}
+
+/// The update due after a lockstep env step: batched for PPO members whose rollouts are complete, else each
+/// member's own.
+fn update_group(group: &mut [Trainer]) -> Result<Vec<Option<Metrics>>> {
+    let progress = group[0].progress();
+    let all_ppo = group.iter_mut().all(|t| t.agent.as_ppo_mut().is_some());
+    if !all_ppo || group.len() == 1 {
+        return group.iter_mut().map(|t| Ok(t.agent.update(&progress)?)).collect();
+    }
+    let mut rollouts = Vec::with_capacity(group.len());
+    for t in group.iter_mut() {
+        rollouts.push(t.agent.as_ppo_mut().expect("checked").finish_rollout()?);
+    }
+    if rollouts.iter().all(Option::is_none) {
+        return Ok(vec![None; group.len()]);
+    }
+    let Some(rollouts) = rollouts.into_iter().collect::<Option<Vec<_>>>() else {
+        return Err(Error::Config("a population's PPO members completed their rollouts at different steps".into()));
+    };
+    let mut members: Vec<&mut flotilla_algorithms::ppo::Ppo> =
+        group.iter_mut().map(|t| t.agent.as_ppo_mut().expect("checked")).collect();
+    let metrics = flotilla_algorithms::ppo_population::update_population(
+        &mut members,
+        &rollouts.iter().collect::<Vec<_>>(),
+        progress.remaining(),
+    )?;
+    for (m, r) in members.iter_mut().zip(rollouts) {
+        m.recycle(r);
+    }
+    Ok(metrics.into_iter().map(Some).collect())
 }
 
 /// Train as `config` says, calling `on_log` with each metrics row. Returns the trained agent and a report

@@ -122,6 +122,11 @@ pub struct PopulationConfig {
     /// depend on it.
     #[serde(default)]
     pub threads: usize,
+    /// Train each thread's members in lockstep with one batched update for all of them where the algorithm
+    /// has one (PPO: `flotilla_algorithms::ppo_population`; a member then matches its run alone to float
+    /// rounding, ~1e-8 relative per update); `false`: each member trains as its own run, bit for bit.
+    #[serde(default = "default_batched")]
+    pub batched: bool,
     /// Per-member hyperparameters; none: a seed study.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepConfig>,
@@ -174,6 +179,10 @@ pub struct PbtConfig {
     /// Factors a copied hyperparameter is multiplied by, one drawn per key (then kept inside the sweep's range).
     #[serde(default = "default_perturb")]
     pub perturb: Vec<f64>,
+}
+
+fn default_batched() -> bool {
+    true
 }
 
 fn default_quantile() -> f64 {

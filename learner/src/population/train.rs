@@ -92,14 +92,13 @@ struct Status {
 struct Member {
     index: usize,
     dir: RunDir,
-    trainer: Trainer,
     metrics: MetricsWriter,
     segment_returns: Vec<f64>,
 }
 
 impl Member {
-    fn status(&mut self) -> Status {
-        let report = self.trainer.report();
+    fn status(&self, trainer: &Trainer) -> Status {
+        let report = trainer.report();
         let fitness = if self.segment_returns.is_empty() {
             report.evals.last().map(|e| e.result.mean())
         } else {
@@ -117,8 +116,13 @@ struct MemberStart {
     resume: bool,
 }
 
-fn worker(starts: Vec<MemberStart>, commands: mpsc::Receiver<Command>, replies: mpsc::Sender<Result<Vec<Status>>>) {
-    let build = |s: MemberStart| -> Result<Member> {
+fn worker(
+    starts: Vec<MemberStart>,
+    batched: bool,
+    commands: mpsc::Receiver<Command>,
+    replies: mpsc::Sender<Result<Vec<Status>>>,
+) {
+    let build = |s: MemberStart| -> Result<(Member, Trainer)> {
         let checkpoint = s.dir.checkpoint_path();
         let (mut trainer, metrics) = if s.resume && checkpoint.is_file() {
             let trainer = Trainer::resume(&s.config, &checkpoint)
@@ -132,13 +136,13 @@ fn worker(starts: Vec<MemberStart>, commands: mpsc::Receiver<Command>, replies: 
             (Trainer::new(&s.config)?, s.dir.metrics_writer()?)
         };
         trainer.set_quiet(true);
-        Ok(Member { index: s.index, dir: s.dir, trainer, metrics, segment_returns: Vec::new() })
+        Ok((Member { index: s.index, dir: s.dir, metrics, segment_returns: Vec::new() }, trainer))
     };
-    let members: Result<Vec<Member>> = starts.into_iter().map(build).collect();
-    let mut members = match members {
+    let built: Result<Vec<(Member, Trainer)>> = starts.into_iter().map(build).collect();
+    let (mut members, mut trainers): (Vec<Member>, Vec<Trainer>) = match built {
         Ok(m) => {
             let _ = replies.send(Ok(Vec::new()));
-            m
+            m.into_iter().unzip()
         }
         Err(e) => {
             let _ = replies.send(Err(e));
@@ -147,50 +151,70 @@ fn worker(starts: Vec<MemberStart>, commands: mpsc::Receiver<Command>, replies: 
     };
     for command in commands {
         let reply = match command {
-            Command::RunTo(target) => members
-                .iter_mut()
-                .map(|m| {
+            Command::RunTo(target) => (|| {
+                for m in members.iter_mut() {
                     m.segment_returns.clear();
-                    let (returns, csv) = (&mut m.segment_returns, &mut m.metrics);
-                    let checkpoint = m.dir.checkpoint_path();
-                    m.trainer.run(
+                }
+                if batched {
+                    // Every member of this thread in lockstep, updates batched where the algorithm can.
+                    let checkpoints: Vec<PathBuf> = members.iter().map(|m| m.dir.checkpoint_path()).collect();
+                    let members = &mut members;
+                    crate::train::run_group(
+                        &mut trainers,
                         target,
-                        &mut |row| {
-                            returns.extend(row.episodic_return);
-                            csv.write_row(&row.columns())
+                        &mut |k, row| {
+                            let m = &mut members[k];
+                            m.segment_returns.extend(row.episodic_return);
+                            m.metrics.write_row(&row.columns())
                         },
-                        &mut |t| t.save_checkpoint(&checkpoint),
+                        &mut |k, t| t.save_checkpoint(&checkpoints[k]),
                     )?;
-                    Ok(m.status())
-                })
-                .collect(),
+                } else {
+                    for (m, trainer) in members.iter_mut().zip(trainers.iter_mut()) {
+                        let (returns, csv) = (&mut m.segment_returns, &mut m.metrics);
+                        let checkpoint = m.dir.checkpoint_path();
+                        trainer.run(
+                            target,
+                            &mut |row| {
+                                returns.extend(row.episodic_return);
+                                csv.write_row(&row.columns())
+                            },
+                            &mut |t| t.save_checkpoint(&checkpoint),
+                        )?;
+                    }
+                }
+                Ok(members.iter().zip(&trainers).map(|(m, t)| m.status(t)).collect())
+            })(),
             Command::Save(which) => members
-                .iter_mut()
-                .filter(|m| which.contains(&m.index))
-                .map(|m| {
-                    m.trainer.save_checkpoint(&m.dir.checkpoint_path())?;
-                    Ok(m.status())
+                .iter()
+                .zip(&trainers)
+                .filter(|(m, _)| which.contains(&m.index))
+                .map(|(m, t)| {
+                    t.save_checkpoint(&m.dir.checkpoint_path())?;
+                    Ok(m.status(t))
                 })
                 .collect(),
             Command::Exploit { member, config, from } => {
-                let m = members.iter_mut().find(|m| m.index == member).expect("the main thread routes by index");
+                let k = members.iter().position(|m| m.index == member).expect("the main thread routes by index");
                 (|| {
                     let mut trainer = Trainer::resume(&config, &from)
                         .map_err(|e| Error::RunDir(format!("member {member} copying {}: {e}", from.display())))?;
                     trainer.set_quiet(true);
-                    m.trainer = trainer;
+                    trainers[k] = trainer;
+                    let m = &members[k];
                     write_atomic(&m.dir.path().join(crate::run_dir::CONFIG_FILE), config.to_toml().as_bytes())?;
-                    m.trainer.save_checkpoint(&m.dir.checkpoint_path())?;
-                    Ok(vec![m.status()])
+                    trainers[k].save_checkpoint(&m.dir.checkpoint_path())?;
+                    Ok(vec![m.status(&trainers[k])])
                 })()
             }
             Command::Finish => members
-                .iter_mut()
-                .map(|m| {
-                    m.trainer.save_checkpoint(&m.dir.checkpoint_path())?;
+                .iter()
+                .zip(&trainers)
+                .map(|(m, t)| {
+                    t.save_checkpoint(&m.dir.checkpoint_path())?;
                     let model = m.dir.model_path();
-                    m.trainer.agent().save_weights(&model)?;
-                    Ok(m.status())
+                    t.agent().save_weights(&model)?;
+                    Ok(m.status(t))
                 })
                 .collect(),
         };
@@ -209,7 +233,12 @@ struct Workers {
 }
 
 impl Workers {
-    fn start<'s>(scope: &'s std::thread::Scope<'s, '_>, starts: Vec<MemberStart>, threads: usize) -> Result<Self> {
+    fn start<'s>(
+        scope: &'s std::thread::Scope<'s, '_>,
+        starts: Vec<MemberStart>,
+        threads: usize,
+        batched: bool,
+    ) -> Result<Self> {
         let threads = threads.clamp(1, starts.len().max(1));
         let mut shares: Vec<Vec<MemberStart>> = (0..threads).map(|_| Vec::new()).collect();
         let mut thread_of = BTreeMap::new();
@@ -223,7 +252,7 @@ impl Workers {
             let (reply_tx, reply_rx) = mpsc::channel();
             std::thread::Builder::new()
                 .name(format!("population-{t}"))
-                .spawn_scoped(scope, move || worker(share, command_rx, reply_tx))
+                .spawn_scoped(scope, move || worker(share, batched, command_rx, reply_tx))
                 .map_err(|e| Error::Config(format!("starting a population thread: {e}")))?;
             senders.push(command_tx);
             replies.push(reply_rx);
@@ -408,7 +437,7 @@ fn run(
     let dirs: BTreeMap<usize, PathBuf> = record.members.iter().map(|m| (m.index, out.join(&m.dir))).collect();
 
     std::thread::scope(|scope| -> Result<Vec<MemberResult>> {
-        let workers = Workers::start(scope, starts, threads)?;
+        let workers = Workers::start(scope, starts, threads, population.batched)?;
         let mut at = state.env_steps;
         while at < end {
             let next = (at / segment + 1) * segment;
