@@ -65,7 +65,7 @@ pub fn unbatchable(members: &[&Ppo]) -> Option<String> {
 }
 
 /// `[N]` f32 values on `device`.
-fn per_member(values: impl Iterator<Item = f64>, device: tch::Device) -> Tensor {
+pub(crate) fn per_member(values: impl Iterator<Item = f64>, device: tch::Device) -> Tensor {
     let v: Vec<f32> = values.map(|x| x as f32).collect();
     Tensor::from_slice(&v).to_device(device)
 }
@@ -275,39 +275,9 @@ pub fn update_population(
                     }
                 }
             });
-            // Each member's gradient norm, clipped to its own limit (as clip_grad_norm, 1e-6 guard).
-            let norms = Vec::<f32>::try_from(tch::no_grad(|| grad.norm_scalaropt_dim(2, [1i64].as_slice(), false)))?;
-            let mut coefs = Vec::with_capacity(norms.len());
-            for (k, (&norm, &max_norm)) in norms.iter().zip(&max_norms).enumerate() {
-                let norm = norm as f64;
-                if !norm.is_finite() {
-                    return Err(Error::NonFinite(format!(
-                        "ppo population member {k}: gradient norm {norm} (non-finite loss); step not taken"
-                    )));
-                }
-                let coef = max_norm / (norm + 1e-6);
-                coefs.push(if coef < 1.0 { coef } else { 1.0 });
-            }
-            if coefs.iter().any(|&c| c < 1.0) {
-                let coef = per_member(coefs.into_iter(), device).unsqueeze(1);
-                let mut g = grad.shallow_clone();
-                let _ = tch::no_grad(|| g.g_mul_(&coef));
-            }
-            // Adam (crate::adam::Adam::step) with per-member learning rates and ε.
+            clip_per_member(&grad, &max_norms, "ppo")?;
             steps += 1;
-            let t = steps as i32;
-            let bias1 = 1.0 - beta1.powi(t);
-            let bias2 = 1.0 - beta2.powi(t);
-            let step_size = per_member(lrs.iter().map(|lr| -lr / bias1), device).unsqueeze(1);
-            tch::no_grad(|| {
-                let (mut m1, mut m2) = (exp_avg.shallow_clone(), exp_avg_sq.shallow_clone());
-                let _ = m1.lerp_(&grad, 1.0 - beta1);
-                let _ = m2.g_mul_scalar_(beta2).addcmul_(&grad, &grad.g_mul_scalar(1.0 - beta2));
-                let denom = (m2.sqrt() / bias2.sqrt()) + &adam_eps;
-                let scaled = &m1 * &step_size;
-                let mut theta = stacked.shallow_clone();
-                let _ = theta.addcdiv_(&scaled, &denom);
-            });
+            adam_step(&stacked, &grad, (&exp_avg, &exp_avg_sq), steps, (beta1, beta2), &lrs, &adam_eps);
             gradient_steps += 1;
             last = Some((policy, value, entropy, log_ratio, head));
         }
@@ -360,6 +330,55 @@ pub fn update_population(
             m
         })
         .collect())
+}
+
+/// Clip each member's gradient (a row of `grad`, `[N, P]`) to its own global-norm limit, as
+/// `FlatParams::clip_grad_norm` does (1e-6 guard); a non-finite norm is an error naming the member.
+pub(crate) fn clip_per_member(grad: &Tensor, max_norms: &[f64], algorithm: &str) -> Result<()> {
+    let norms = Vec::<f32>::try_from(tch::no_grad(|| grad.norm_scalaropt_dim(2, [1i64].as_slice(), false)))?;
+    let mut coefs = Vec::with_capacity(norms.len());
+    for (k, (&norm, &max_norm)) in norms.iter().zip(max_norms).enumerate() {
+        let norm = norm as f64;
+        if !norm.is_finite() {
+            return Err(Error::NonFinite(format!(
+                "{algorithm} population member {k}: gradient norm {norm} (non-finite loss); step not taken"
+            )));
+        }
+        let coef = max_norm / (norm + 1e-6);
+        coefs.push(if coef < 1.0 { coef } else { 1.0 });
+    }
+    if coefs.iter().any(|&c| c < 1.0) {
+        let coef = per_member(coefs.into_iter(), grad.device()).unsqueeze(1);
+        let mut g = grad.shallow_clone();
+        let _ = tch::no_grad(|| g.g_mul_(&coef));
+    }
+    Ok(())
+}
+
+/// One Adam step (`crate::adam::Adam::step`, op for op) of every member's parameters (rows of `params`, `[N, P]`)
+/// from its gradient, with per-member learning rates and ε (`eps`, `[N, 1]`); `steps` counts this step.
+pub(crate) fn adam_step(
+    params: &Tensor,
+    grad: &Tensor,
+    (exp_avg, exp_avg_sq): (&Tensor, &Tensor),
+    steps: u64,
+    (beta1, beta2): (f64, f64),
+    lrs: &[f64],
+    eps: &Tensor,
+) {
+    let t = steps as i32;
+    let bias1 = 1.0 - beta1.powi(t);
+    let bias2 = 1.0 - beta2.powi(t);
+    let step_size = per_member(lrs.iter().map(|lr| -lr / bias1), params.device()).unsqueeze(1);
+    tch::no_grad(|| {
+        let (mut m1, mut m2) = (exp_avg.shallow_clone(), exp_avg_sq.shallow_clone());
+        let _ = m1.lerp_(grad, 1.0 - beta1);
+        let _ = m2.g_mul_scalar_(beta2).addcmul_(grad, &grad.g_mul_scalar(1.0 - beta2));
+        let denom = (m2.sqrt() / bias2.sqrt()) + eps;
+        let scaled = &m1 * &step_size;
+        let mut theta = params.shallow_clone();
+        let _ = theta.addcdiv_(&scaled, &denom);
+    });
 }
 
 /// A member's PPO agent, for [`update_population`], when `agent` is one.
