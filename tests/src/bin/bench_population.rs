@@ -1,0 +1,704 @@
+//! `flotilla-bench-population`: populations against their peers, as markdown tables.
+//!
+//! ```text
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|pbt|all] [--quick]
+//! ```
+//! Every measurement runs in a child process pinned with `taskset` (`taskset -c 0`: one core, `-c 0,1`: two):
+//! Flotilla as this binary re-executed (`--child train CONFIG OUT`: the config trained in-process, one JSON line
+//! of each member's counters), the peers as `tests/peers/sb3_zoo.py` (Stable-Baselines3, RL Zoo's
+//! hyperparameters) and `tests/peers/jax_ppo.py` (PureJaxRL-style PPO, seeds vmapped) in their venvs under
+//! `$FLOTILLA_CACHE` (default `~/.cache/flotilla`); a missing venv skips its rows with a line saying how to
+//! install it. Run directories go under `$FLOTILLA_BENCH_DIR` (default `/tmp/flotilla-bench-population`).
+//!
+//! Suites:
+//! 1. `speed`: PPO on CartPole-v1 (`cartpole_ppo.toml`, 100 K env steps per member, `torch_threads = 1`) on
+//!    one core: the machine's fp32 matmul peak (libtorch, one thread), one Flotilla run, populations of 16 and
+//!    64 (batched update) and 16 unbatched, SB3 one seed, JAX one and 16 seeds; then on two cores a population
+//!    of 16 on two threads against SB3's 16 seeds in two processes. Update GFLOP/s are analytic FLOPs (below)
+//!    over the learner's measured update seconds.
+//! 2. `dqn`: DQN on CartPole-v1 (`cartpole_dqn.toml`, 50 K) on one core, Flotilla against SB3, and the update's
+//!    GFLOP/s against the matmul peak.
+//! 3. `pbt`: PPO on CartPole-v1 with a random learning-rate × clip-range sweep over 8 members on two cores
+//!    (`population.threads = 2`), with and without PBT, three repetitions: env steps until the best member's
+//!    evaluation first reaches 475, members at 475 at the end, whether the best stays there.
+//!
+//! `--quick` shrinks every budget (4 K env steps, populations of 4 and 8, two PBT repetitions) for a smoke run.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use flotilla_learner::config::ExperimentConfig;
+use serde_json::{Value, json};
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// The solved threshold of CartPole-v1.
+const SOLVED: f64 = 475.0;
+
+fn main() -> BenchResult<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--child") {
+        return child(&args[1..]);
+    }
+    let mut suite = "all".to_string();
+    let mut quick = false;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--suite" => suite = it.next().ok_or("--suite speed|dqn|pbt|all")?.clone(),
+            "--quick" => quick = true,
+            other => {
+                return Err(format!("unknown argument {other:?}; usage: [--suite speed|dqn|pbt|all] [--quick]").into());
+            }
+        }
+    }
+    if !["speed", "dqn", "pbt", "all"].contains(&suite.as_str()) {
+        return Err(format!("--suite {suite:?}: expected speed, dqn, pbt or all").into());
+    }
+    let root = std::env::var_os("FLOTILLA_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/flotilla-bench-population"));
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let bench = Bench { dir: root.join(format!("run-{stamp}-{}", std::process::id())), quick };
+    std::fs::create_dir_all(&bench.dir)?;
+    println!(
+        "# flotilla-bench-population{}\n",
+        if quick { " (--quick: smoke budgets, not benchmark numbers)" } else { "" }
+    );
+    println!("Run directories: `{}`. Every row is a child process pinned with `taskset`.\n", bench.dir.display());
+    let peak = bench.peak()?;
+    println!(
+        "Machine peak (libtorch fp32, one thread, core 0, best of 5): matmul 2048×2048 @ 2048×2048 {:.1} GFLOP/s; \
+         bmm 16 × [256×64 @ 64×64] {:.1} GFLOP/s.\n",
+        peak.matmul, peak.bmm
+    );
+    if suite == "speed" || suite == "all" {
+        bench.speed(&peak)?;
+    }
+    if suite == "dqn" || suite == "all" {
+        bench.dqn(&peak)?;
+    }
+    if suite == "pbt" || suite == "all" {
+        bench.pbt()?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Child processes: what runs under taskset.
+
+/// `--child peak` (matmul GFLOP/s, one thread) or `--child train CONFIG OUT` (train the config in-process).
+fn child(args: &[String]) -> BenchResult<()> {
+    match args.first().map(String::as_str) {
+        Some("peak") => {
+            tch::set_num_threads(1);
+            let (matmul, bmm) = peak_gflops();
+            println!("{}", json!({ "matmul": matmul, "bmm": bmm }));
+            Ok(())
+        }
+        Some("train") if args.len() == 3 => {
+            flotilla_learner::tune_allocator();
+            let config = ExperimentConfig::load(Path::new(&args[1]), &[])?;
+            let started = Instant::now();
+            let reports: Vec<(u64, flotilla_learner::progress::TrainReport)> = if config.population.is_some() {
+                let share = flotilla_learner::population::JobShare::ALL;
+                flotilla_learner::population::train(&config, Path::new(&args[2]), share, u64::MAX)?
+                    .into_iter()
+                    .map(|m| (m.seed, m.report))
+                    .collect()
+            } else {
+                let (_, report) = flotilla_learner::train::train(&config, &mut |_| Ok(()))?;
+                vec![(config.run.seed, report)]
+            };
+            let wall = started.elapsed().as_secs_f64();
+            let members: Vec<Value> = reports
+                .iter()
+                .map(|(seed, r)| {
+                    json!({
+                        "seed": seed, "train_secs": r.train_secs, "update_secs": r.update_secs,
+                        "gradient_steps": r.gradient_steps, "updates": r.updates, "env_steps": r.env_steps,
+                        "final_return": r.final_eval().mean(),
+                    })
+                })
+                .collect();
+            println!("{}", json!({ "wall_secs": wall, "members": members }));
+            Ok(())
+        }
+        _ => Err("--child peak | --child train CONFIG OUT".into()),
+    }
+}
+
+/// Best-of-5 GFLOP/s of a 2048² fp32 matmul and of a 16 × [256×64 @ 64×64] bmm (200 calls per repetition).
+fn peak_gflops() -> (f64, f64) {
+    use tch::{Device, Kind, Tensor};
+    let opts = (Kind::Float, Device::Cpu);
+    let n = 2048i64;
+    let (a, b) = (Tensor::randn([n, n], opts), Tensor::randn([n, n], opts));
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        let t = Instant::now();
+        let _ = std::hint::black_box(a.matmul(&b));
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let matmul = 2.0 * (n * n * n) as f64 / best / 1e9;
+    let (x, w) = (Tensor::randn([16, 256, 64], opts), Tensor::randn([16, 64, 64], opts));
+    let calls = 200;
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        let t = Instant::now();
+        for _ in 0..calls {
+            let _ = std::hint::black_box(x.bmm(&w));
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let bmm = calls as f64 * 2.0 * (16 * 256 * 64 * 64) as f64 / best / 1e9;
+    (matmul, bmm)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The orchestrating process.
+
+struct Bench {
+    /// This invocation's run directories.
+    dir: PathBuf,
+    quick: bool,
+}
+
+struct Peak {
+    matmul: f64,
+    bmm: f64,
+}
+
+/// One member of a Flotilla child's run, as it reported.
+struct MemberRun {
+    train_secs: f64,
+    update_secs: f64,
+    gradient_steps: u64,
+    final_return: f64,
+}
+
+/// A Flotilla child's run.
+struct FlotillaRun {
+    /// Seconds of the child process, start to exit (libtorch loading, building, evaluations, files included).
+    process_secs: f64,
+    members: Vec<MemberRun>,
+    /// Its run directory (populations only).
+    out: PathBuf,
+}
+
+impl FlotillaRun {
+    /// Training seconds of the whole run: Σ members' `train_secs` (collection and updates; evaluation excluded;
+    /// a lockstep group's seconds are shared out equally) over the worker threads.
+    fn train_secs(&self, threads: usize) -> f64 {
+        self.members.iter().map(|m| m.train_secs).sum::<f64>() / threads as f64
+    }
+
+    /// Seconds inside updates, likewise.
+    fn update_secs(&self, threads: usize) -> f64 {
+        self.members.iter().map(|m| m.update_secs).sum::<f64>() / threads as f64
+    }
+
+    fn gradient_steps(&self) -> u64 {
+        self.members.iter().map(|m| m.gradient_steps).sum()
+    }
+
+    fn solved(&self) -> usize {
+        self.members.iter().filter(|m| m.final_return >= SOLVED).count()
+    }
+}
+
+/// A peer's seeds: training seconds (summed over seeds, or one vmapped call) and final evaluations.
+struct PeerRun {
+    train_secs: f64,
+    compile_secs: Option<f64>,
+    process_secs: f64,
+    returns: Vec<f64>,
+}
+
+impl PeerRun {
+    fn solved(&self) -> usize {
+        self.returns.iter().filter(|r| **r >= SOLVED).count()
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("FLOTILLA_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/flotilla")
+    })
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Run `program args` under `taskset -c cpus`, stdout captured; a failure shows the tail of its stderr.
+fn pinned(cpus: &str, program: &Path, args: &[String], envs: &[(&str, &str)]) -> BenchResult<(String, f64)> {
+    let mut cmd = Command::new("taskset");
+    cmd.arg("-c").arg(cpus).arg(program).args(args).current_dir(repo());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let started = Instant::now();
+    let out = cmd.output().map_err(|e| format!("taskset {}: {e}", program.display()))?;
+    let secs = started.elapsed().as_secs_f64();
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
+        return Err(format!("{} {args:?} failed ({}):\n{}", program.display(), out.status, tail.join("\n")).into());
+    }
+    Ok((String::from_utf8(out.stdout)?, secs))
+}
+
+/// The JSON lines of a child's stdout.
+fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout.lines().filter_map(|l| serde_json::from_str::<Value>(l.trim()).ok()).collect()
+}
+
+fn num(v: &Value, key: &str) -> BenchResult<f64> {
+    v.get(key).and_then(Value::as_f64).ok_or_else(|| format!("no number {key:?} in {v}").into())
+}
+
+/// `examples/configs/NAME`'s text with `extra` (population tables) appended.
+fn example_text(name: &str, extra: &str) -> BenchResult<String> {
+    let text = std::fs::read_to_string(repo().join("examples/configs").join(name))?;
+    Ok(format!("{text}\n{extra}"))
+}
+
+/// `[population]` of `size` members on `threads` threads.
+fn population(size: usize, threads: usize, batched: bool) -> String {
+    format!("[population]\nsize = {size}\nthreads = {threads}\nbatched = {batched}\n")
+}
+
+impl Bench {
+    fn peak(&self) -> BenchResult<Peak> {
+        let exe = std::env::current_exe()?;
+        let (out, _) = pinned("0", &exe, &["--child".into(), "peak".into()], &[])?;
+        let v = json_lines(&out).pop().ok_or("peak: no JSON line")?;
+        Ok(Peak { matmul: num(&v, "matmul")?, bmm: num(&v, "bmm")? })
+    }
+
+    /// Train `text` with `overrides` in a child pinned to `cpus`; `name` names its config and run directory.
+    fn flotilla(&self, name: &str, cpus: &str, text: &str, overrides: &[String]) -> BenchResult<FlotillaRun> {
+        eprintln!("[bench-population] flotilla {name} (taskset -c {cpus})");
+        let config = ExperimentConfig::parse(text, overrides)?;
+        let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, config.to_toml())?;
+        let out = self.dir.join(name);
+        let exe = std::env::current_exe()?;
+        let args = ["--child".into(), "train".into(), path.display().to_string(), out.display().to_string()];
+        let (stdout, process_secs) = pinned(cpus, &exe, &args, &[])?;
+        let v = json_lines(&stdout).pop().ok_or_else(|| format!("{name}: no JSON line"))?;
+        let members = v["members"]
+            .as_array()
+            .ok_or("no members")?
+            .iter()
+            .map(|m| {
+                Ok(MemberRun {
+                    train_secs: num(m, "train_secs")?,
+                    update_secs: num(m, "update_secs")?,
+                    gradient_steps: num(m, "gradient_steps")? as u64,
+                    final_return: num(m, "final_return")?,
+                })
+            })
+            .collect::<BenchResult<Vec<_>>>()?;
+        Ok(FlotillaRun { process_secs, members, out })
+    }
+
+    /// SB3 (`sb3_zoo.py`) on `seeds` in `procs` processes pinned to `cpus`; None without its venv.
+    fn sb3(&self, algo: &str, seeds: &[u64], procs: usize, steps: u64, cpus: &str) -> BenchResult<Option<PeerRun>> {
+        let python = cache_dir().join("peers-venv/bin/python");
+        if !python.is_file() {
+            return Ok(None);
+        }
+        eprintln!("[bench-population] sb3 {algo} {} seeds in {procs} processes (taskset -c {cpus})", seeds.len());
+        let mut args = vec!["tests/peers/sb3_zoo.py".to_string(), "--algo".into(), algo.into(), "--seeds".into()];
+        args.extend(seeds.iter().map(u64::to_string));
+        args.extend(["--procs".into(), procs.to_string(), "--steps".into(), steps.to_string()]);
+        let (stdout, process_secs) = pinned(cpus, &python, &args, &[])?;
+        let lines = json_lines(&stdout);
+        if lines.len() != seeds.len() {
+            return Err(format!("sb3_zoo.py: {} result lines for {} seeds", lines.len(), seeds.len()).into());
+        }
+        let train_secs = lines.iter().map(|l| num(l, "train_secs")).sum::<BenchResult<f64>>()? / procs as f64;
+        let returns = lines.iter().map(|l| num(l, "final_return")).collect::<BenchResult<Vec<_>>>()?;
+        Ok(Some(PeerRun { train_secs, compile_secs: None, process_secs, returns }))
+    }
+
+    /// JAX PPO (`jax_ppo.py`), `seeds` vmapped, one core; None without its venv.
+    fn jax(&self, seeds: usize, steps: u64) -> BenchResult<Option<PeerRun>> {
+        let python = cache_dir().join("peers-jax-venv/bin/python");
+        if !python.is_file() {
+            return Ok(None);
+        }
+        eprintln!("[bench-population] jax ppo {seeds} seeds (taskset -c 0)");
+        let args = [
+            "tests/peers/jax_ppo.py".to_string(),
+            "--seeds".into(),
+            seeds.to_string(),
+            "--steps".into(),
+            steps.to_string(),
+        ];
+        let flags = [("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")];
+        let (stdout, process_secs) = pinned("0", &python, &args, &flags)?;
+        let v = json_lines(&stdout).pop().ok_or("jax_ppo.py: no JSON line")?;
+        let returns: Vec<f64> =
+            v["eval_return"].as_array().ok_or("jax_ppo.py: no eval_return")?.iter().filter_map(Value::as_f64).collect();
+        Ok(Some(PeerRun {
+            train_secs: num(&v, "train_secs")?,
+            compile_secs: Some(num(&v, "compile_secs")?),
+            process_secs,
+            returns,
+        }))
+    }
+
+    // -----------------------------------------------------------------------------------------------------------
+
+    fn speed(&self, peak: &Peak) -> BenchResult<()> {
+        let steps: u64 = if self.quick { 4096 } else { 100_000 };
+        let (small, large) = if self.quick { (4, 8) } else { (16, 64) };
+        let overrides = |seed: u64| {
+            vec![
+                format!("run.total_env_steps={steps}"),
+                "run.torch_threads=1".to_string(),
+                format!("run.seed={seed}"),
+                // Only the final evaluation: speed rows time training, not evaluations.
+                "eval.interval_steps=1000000000".to_string(),
+            ]
+        };
+        let plain = example_text("cartpole_ppo.toml", "")?;
+        let flops = ppo_flops_per_step(&ExperimentConfig::parse(&plain, &[])?.to_toml())?;
+        println!("## PPO CartPole-v1, {steps} env steps per seed, one core (taskset -c 0), torch_threads 1\n");
+        let one = self.flotilla("ppo-1", "0", &plain, &overrides(1))?;
+        let pop = |n: usize, batched: bool| -> BenchResult<FlotillaRun> {
+            let text = example_text("cartpole_ppo.toml", &population(n, 1, batched))?;
+            let tag = if batched { "batched" } else { "unbatched" };
+            self.flotilla(&format!("ppo-pop{n}-{tag}"), "0", &text, &overrides(1))
+        };
+        let pop_small = pop(small, true)?;
+        let pop_large = pop(large, true)?;
+        let pop_unbatched = pop(small, false)?;
+        let sb3 = self.sb3("ppo", &[1], 1, steps, "0")?;
+        let jax_one = self.jax(1, steps)?;
+        let jax_many = self.jax(small, steps)?;
+
+        let sb3_per_seed = sb3.as_ref().map(|s| s.train_secs);
+        println!(
+            "| run | seeds | train s | s per seed | speed vs SB3 per seed | process wall s | solved (final eval ≥ 475) | \
+             update GFLOP/s | % of matmul peak |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let vs = |per_seed: f64| sb3_per_seed.map_or("—".to_string(), |s| format!("{:.2}×", s / per_seed));
+        let flotilla_row = |label: &str, run: &FlotillaRun| {
+            let n = run.members.len();
+            let train = run.train_secs(1);
+            let gflops = run.gradient_steps() as f64 * flops / run.update_secs(1).max(1e-9) / 1e9;
+            println!(
+                "| {label} | {n} | {train:.2} | {:.3} | {} | {:.2} | {} / {n} | {gflops:.2} | {:.1} % |",
+                train / n as f64,
+                vs(train / n as f64),
+                run.process_secs,
+                run.solved(),
+                100.0 * gflops / peak.matmul
+            );
+        };
+        flotilla_row("Flotilla, 1 seed", &one);
+        flotilla_row(&format!("Flotilla population of {small} (batched)"), &pop_small);
+        flotilla_row(&format!("Flotilla population of {large} (batched)"), &pop_large);
+        flotilla_row(&format!("Flotilla population of {small} (batched = false)"), &pop_unbatched);
+        let peer_row = |label: &str, run: &Option<PeerRun>, install: &str| match run {
+            None => println!("| {label} | not installed: bash scripts/setup_peers.sh {install} | | | | | | | |"),
+            Some(r) => {
+                let n = r.returns.len();
+                let train = match r.compile_secs {
+                    Some(c) => format!("{:.2} (+{c:.1} compile)", r.train_secs),
+                    None => format!("{:.2}", r.train_secs),
+                };
+                let per_seed = r.train_secs / n as f64;
+                println!(
+                    "| {label} | {n} | {train} | {per_seed:.3} | {} | {:.2} | {} / {n} | — | — |",
+                    vs(per_seed),
+                    r.process_secs,
+                    r.solved()
+                );
+            }
+        };
+        peer_row("SB3 (RL Zoo), 1 seed", &sb3, "--sb3 --jax");
+        peer_row("JAX PPO, 1 seed", &jax_one, "--sb3 --jax");
+        peer_row(&format!("JAX PPO, {small} seeds vmapped"), &jax_many, "--sb3 --jax");
+        let ratio = pop_unbatched.train_secs(1) / pop_small.train_secs(1);
+        println!(
+            "\nBatched vs unbatched population of {small}: {ratio:.2}× faster to train ({:.2} vs {:.2} update s).",
+            pop_small.update_secs(1),
+            pop_unbatched.update_secs(1)
+        );
+        println!(
+            "\nNotes: Flotilla's train s is Σ over members of `train_secs` ÷ worker threads (collection and updates, \
+             evaluation excluded; a lockstep group's seconds are shared out equally among its members, so the sum is \
+             the group's wall time); process wall s is the whole child process (libtorch loading, building, the final \
+             evaluation, writing run directories). SB3's train s covers building the env and model and `learn()`; \
+             JAX's is one call of the compiled program (compile separately). Solved: the final 10-episode \
+             deterministic evaluation (JAX: its `eval_return`). Update GFLOP/s: analytic FLOPs ({:.2} MFLOP per \
+             gradient step per member: 3 × 2 × batch × Σ in×out over the policy and value MLPs' layers) × \
+             `charts/gradient_steps` summed over members, over the learner's measured update seconds (Σ members' \
+             `update_secs`).\n",
+            flops / 1e6
+        );
+
+        // Two cores: a population on two threads against SB3's seeds in two processes.
+        println!(
+            "## Two cores (taskset -c 0,1): population of {small} on 2 threads vs SB3 {small} seeds in 2 processes\n"
+        );
+        let text = example_text("cartpole_ppo.toml", &population(small, 2, true))?;
+        let pop_two = self.flotilla(&format!("ppo-pop{small}-2threads"), "0,1", &text, &overrides(1))?;
+        let seeds: Vec<u64> = (1..=small as u64).collect();
+        let sb3_two = self.sb3("ppo", &seeds, 2, steps, "0,1")?;
+        println!("| run | seeds | train s | s per seed | process wall s | solved | update GFLOP/s |");
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        let train = pop_two.train_secs(2);
+        let gflops = pop_two.gradient_steps() as f64 * flops / pop_two.update_secs(2).max(1e-9) / 1e9;
+        println!(
+            "| Flotilla population (threads = 2, batched) | {small} | {train:.2} | {:.3} | {:.2} | {} / {small} | {gflops:.2} |",
+            train / small as f64,
+            pop_two.process_secs,
+            pop_two.solved()
+        );
+        match &sb3_two {
+            None => println!("| SB3, --procs 2 | not installed: bash scripts/setup_peers.sh --sb3 --jax | | | | | |"),
+            Some(s) => {
+                println!(
+                    "| SB3 (RL Zoo), --procs 2 | {small} | {:.2} | {:.3} | {:.2} | {} / {small} | — |",
+                    s.train_secs,
+                    s.train_secs / small as f64,
+                    s.process_secs,
+                    s.solved()
+                );
+                println!(
+                    "\nFlotilla is {:.2}× SB3's speed on two cores (train s; by process wall {:.2}×).",
+                    s.train_secs / train,
+                    s.process_secs / pop_two.process_secs
+                );
+            }
+        }
+        println!(
+            "\nTrain s here: Σ members' train seconds ÷ 2 (Flotilla: Σ `train_secs` ÷ threads; SB3: Σ per-seed \
+             `train_secs` ÷ processes), i.e. the wall time of two busy workers.\n"
+        );
+        Ok(())
+    }
+
+    fn dqn(&self, peak: &Peak) -> BenchResult<()> {
+        let steps: u64 = if self.quick { 4000 } else { 50_000 };
+        let text = example_text("cartpole_dqn.toml", "")?;
+        let overrides = vec![
+            format!("run.total_env_steps={steps}"),
+            "run.torch_threads=1".to_string(),
+            "eval.interval_steps=1000000000".to_string(),
+        ];
+        let (flops, formula) = dqn_flops_per_step(&ExperimentConfig::parse(&text, &[])?.to_toml())?;
+        println!("## DQN CartPole-v1, {steps} env steps, one core (taskset -c 0)\n");
+        let run = self.flotilla("dqn-1", "0", &text, &overrides)?;
+        let sb3 = self.sb3("dqn", &[1], 1, steps, "0")?;
+        println!("| run | train s | final return | gradient steps | update s | update GFLOP/s | % of matmul peak |");
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        let m = &run.members[0];
+        let gflops = m.gradient_steps as f64 * flops / m.update_secs.max(1e-9) / 1e9;
+        println!(
+            "| Flotilla | {:.2} | {:.1} | {} | {:.2} | {gflops:.2} | {:.1} % |",
+            m.train_secs,
+            m.final_return,
+            m.gradient_steps,
+            m.update_secs,
+            100.0 * gflops / peak.matmul
+        );
+        match &sb3 {
+            None => println!("| SB3 | not installed: bash scripts/setup_peers.sh --sb3 --jax | | | | | |"),
+            Some(s) => {
+                println!("| SB3 (RL Zoo) | {:.2} | {:.1} | | | — | — |", s.train_secs, s.returns[0]);
+                println!("\nFlotilla is {:.2}× SB3's speed (train s).", s.train_secs / m.train_secs);
+            }
+        }
+        println!(
+            "\nNotes: FLOPs per gradient step {formula} = {:.2} MFLOP; matmul peak {:.1} GFLOP/s (one thread). \
+             Train s: Flotilla's collection and updates (evaluation excluded), SB3's env and model construction and \
+             `learn()`.\n",
+            flops / 1e6,
+            peak.matmul
+        );
+        Ok(())
+    }
+
+    fn pbt(&self) -> BenchResult<()> {
+        let (steps, interval, eval, size, seeds): (u64, u64, u64, usize, &[u64]) =
+            if self.quick { (8192, 2048, 2048, 4, &[1, 101]) } else { (100_000, 10_000, 5_000, 8, &[1, 101, 201]) };
+        let sweep = "[population.sweep]\nmode = \"random\"\n[population.sweep.values]\n\
+                     \"algorithm.learning_rate\" = { log_uniform = [1e-5, 1e-2] }\n\
+                     \"algorithm.clip_range\" = { uniform = [0.05, 0.4] }\n";
+        let pbt = format!("[population.pbt]\ninterval_steps = {interval}\nquantile = 0.25\n");
+        println!(
+            "## PBT: PPO CartPole-v1, {size} members (random learning rate ∈ [1e-5, 1e-2] log-uniform, clip range ∈ \
+             [0.05, 0.4]), {steps} env steps each, two cores (threads = 2)\n"
+        );
+        println!(
+            "| run.seed | method | env steps until best member's eval ≥ 475 | members ≥ 475 at the end | best stays ≥ 475 \
+             after | PBT exploits | process wall s |"
+        );
+        println!("|---:|---|---:|---:|---|---:|---:|");
+        let mut summary: Vec<(&str, Vec<PbtOutcome>)> = vec![("no PBT", Vec::new()), ("PBT", Vec::new())];
+        for &seed in seeds {
+            for (method, outcomes) in summary.iter_mut() {
+                let with_pbt = *method == "PBT";
+                let extra = format!("{}{sweep}{}", population(size, 2, true), if with_pbt { pbt.as_str() } else { "" });
+                let text = example_text("cartpole_ppo.toml", &extra)?;
+                let overrides = vec![
+                    format!("run.total_env_steps={steps}"),
+                    "run.torch_threads=1".to_string(),
+                    format!("run.seed={seed}"),
+                    format!("eval.interval_steps={eval}"),
+                ];
+                let name = format!("pbt-{}-seed{seed}", if with_pbt { "on" } else { "off" });
+                let run = self.flotilla(&name, "0,1", &text, &overrides)?;
+                let o = pbt_outcome(&run.out, size)?;
+                let first = o.first.map_or(format!("never (> {steps})"), |s| s.to_string());
+                let held = match (o.first, o.held) {
+                    (None, _) => "—",
+                    (_, true) => "yes",
+                    (_, false) => "no",
+                };
+                println!(
+                    "| {seed} | {method} | {first} | {} / {size} | {held} | {} | {:.1} |",
+                    o.solved_end, o.exploits, run.process_secs
+                );
+                outcomes.push(o);
+            }
+        }
+        for (method, outcomes) in &summary {
+            let n = outcomes.len() as f64;
+            let mean_first = outcomes.iter().map(|o| o.first.unwrap_or(steps) as f64).sum::<f64>() / n;
+            let never = outcomes.iter().filter(|o| o.first.is_none()).count();
+            let solved = outcomes.iter().map(|o| o.solved_end as f64).sum::<f64>() / n;
+            let held = outcomes.iter().filter(|o| o.first.is_some() && o.held).count();
+            println!(
+                "| mean | {method} | {mean_first:.0} ({never} never) | {solved:.1} / {size} | {held} / {} held | | |",
+                outcomes.len()
+            );
+        }
+        println!(
+            "\nNotes: from the members' `metrics.csv` (`eval/mean_return`, 10 deterministic episodes every {eval} env \
+             steps; the best member is the maximum over members at each evaluation). A run that never got there is \
+             counted at the budget in the mean. PBT: every {interval} env steps the bottom quarter (by recent training \
+             return) copies a top-quarter member's weights, optimiser state and hyperparameters, perturbed ×0.8 or \
+             ×1.2; exploits counted from `lineage.jsonl`.\n"
+        );
+        Ok(())
+    }
+}
+
+/// What a PBT-suite run achieved.
+struct PbtOutcome {
+    /// Env steps of the first evaluation where the best member is at or above 475.
+    first: Option<u64>,
+    /// Whether the best member stayed at or above 475 at every evaluation after that.
+    held: bool,
+    /// Members whose last evaluation is at or above 475.
+    solved_end: usize,
+    /// Lines of `lineage.jsonl`.
+    exploits: usize,
+}
+
+fn pbt_outcome(out: &Path, size: usize) -> BenchResult<PbtOutcome> {
+    // Best evaluation over members at each env step.
+    let mut best: std::collections::BTreeMap<u64, f64> = std::collections::BTreeMap::new();
+    let mut solved_end = 0;
+    for k in 0..size {
+        let evals = eval_rows(&out.join(format!("members/{k:03}/metrics.csv")))?;
+        if evals.last().is_some_and(|(_, r)| *r >= SOLVED) {
+            solved_end += 1;
+        }
+        for (steps, r) in evals {
+            let b = best.entry(steps).or_insert(f64::NEG_INFINITY);
+            *b = b.max(r);
+        }
+    }
+    let first = best.iter().find(|(_, r)| **r >= SOLVED).map(|(s, _)| *s);
+    let held = first.is_some_and(|f| best.range(f..).all(|(_, r)| *r >= SOLVED));
+    let exploits = match std::fs::read_to_string(out.join(flotilla_learner::population::LINEAGE_FILE)) {
+        Ok(text) => text.lines().filter(|l| !l.trim().is_empty()).count(),
+        Err(_) => 0,
+    };
+    Ok(PbtOutcome { first, held, solved_end, exploits })
+}
+
+/// `(env_steps, eval/mean_return)` of a metrics CSV's rows that have an evaluation.
+fn eval_rows(path: &Path) -> BenchResult<Vec<(u64, f64)>> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().ok_or_else(|| format!("{}: empty", path.display()))?.split(',').collect();
+    let col =
+        |name: &str| header.iter().position(|c| *c == name).ok_or_else(|| format!("{}: no {name}", path.display()));
+    let (steps, eval) = (col("env_steps")?, col("eval/mean_return")?);
+    Ok(lines
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split(',').collect();
+            let r = cells.get(eval)?.parse::<f64>().ok()?;
+            let s = cells.get(steps)?.parse::<f64>().ok()? as u64;
+            Some((s, r))
+        })
+        .collect())
+}
+
+/// The `[algorithm]` table and the env's observation and action sizes of a resolved config.
+fn algorithm_shape(resolved: &str) -> BenchResult<(toml::Table, usize, usize)> {
+    let table: toml::Table = resolved.parse()?;
+    let algorithm = table.get("algorithm").and_then(|a| a.as_table()).ok_or("no [algorithm]")?.clone();
+    let id = table.get("env").and_then(|e| e.get("id")).and_then(|i| i.as_str()).ok_or("no env.id")?;
+    let env = flotilla_envs::make(id, &flotilla_envs::Kwargs::new())?;
+    let obs = env.observation_space().flat_dim();
+    let actions = match env.action_space() {
+        flotilla_core::Space::Discrete { n, .. } => *n,
+        flotilla_core::Space::Box { low, .. } => low.len(),
+    };
+    Ok((algorithm, obs, actions))
+}
+
+fn int(table: &toml::Table, key: &str) -> BenchResult<usize> {
+    table.get(key).and_then(|v| v.as_integer()).map(|v| v as usize).ok_or_else(|| format!("no algorithm.{key}").into())
+}
+
+/// Σ in × out over an MLP's layers: `input → hidden… → output`.
+fn mlp_macs(input: usize, hidden: &[usize], output: usize) -> f64 {
+    let sizes: Vec<usize> = std::iter::once(input).chain(hidden.iter().copied()).chain([output]).collect();
+    sizes.windows(2).map(|w| (w[0] * w[1]) as f64).sum()
+}
+
+fn hidden_sizes(table: &toml::Table) -> BenchResult<Vec<usize>> {
+    let list = table.get("hidden_sizes").and_then(|v| v.as_array()).ok_or("no algorithm.hidden_sizes")?;
+    Ok(list.iter().filter_map(|v| v.as_integer()).map(|v| v as usize).collect())
+}
+
+/// FLOPs of one PPO gradient step of one member: forward (2 × batch × Σ in×out) and backward (twice that) over
+/// the policy MLP (obs → hidden → actions) and the value MLP (obs → hidden → 1).
+fn ppo_flops_per_step(resolved: &str) -> BenchResult<f64> {
+    let (a, obs, actions) = algorithm_shape(resolved)?;
+    let hidden = hidden_sizes(&a)?;
+    let batch = int(&a, "batch_size")? as f64;
+    Ok(3.0 * 2.0 * batch * (mlp_macs(obs, &hidden, actions) + mlp_macs(obs, &hidden, 1)))
+}
+
+/// FLOPs of one DQN gradient step: the online net's forward and backward (3 × 2 × batch × Σ in×out) plus one
+/// forward of the target net on the next observations (2 × batch × Σ), plus one more of the online net with
+/// double Q. Returns the formula too.
+fn dqn_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
+    let (a, obs, actions) = algorithm_shape(resolved)?;
+    let hidden = hidden_sizes(&a)?;
+    let batch = int(&a, "batch_size")? as f64;
+    let double = a.get("double_q").and_then(|v| v.as_bool()).unwrap_or(false);
+    let macs = mlp_macs(obs, &hidden, actions);
+    let forwards = if double { 2.0 } else { 1.0 };
+    let formula = format!(
+        "3 × 2 × {batch} × Σ + {forwards} × 2 × {batch} × Σ (Σ = Σ in×out of {obs}→{hidden:?}→{actions} = {macs}; \
+         target forward{})",
+        if double { " and the online net's double-Q forward" } else { "" }
+    );
+    Ok((3.0 * 2.0 * batch * macs + forwards * 2.0 * batch * macs, formula))
+}
