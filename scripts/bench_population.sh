@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Populations benchmark: Flotilla populations against Stable-Baselines3 and JAX PPO peers (speed on one and two
+# cores, DQN, PBT vs a plain sweep), as markdown tables. Every measurement is a taskset-pinned child process.
+#
+#   bash scripts/bench_population.sh [--peers] [--suite speed|dqn|pbt|all] [--quick]
+#
+# --peers first installs the peers (bash scripts/setup_peers.sh --sb3 --jax; skipped when unchanged). Other
+# arguments go to flotilla-bench-population. The tables are teed to $HOME/logs/bench-population-DATE.md; run
+# directories go under $FLOTILLA_BENCH_DIR (default /tmp/flotilla-bench-population).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/flotilla/target}"
+args=()
+for arg in "$@"; do
+  if [[ $arg == --peers ]]; then
+    bash scripts/setup_peers.sh --sb3 --jax
+  else
+    args+=("$arg")
+  fi
+done
+cargo build --release --bin flotilla --bin flotilla-bench-population
+mkdir -p "$HOME/logs"
+log="$HOME/logs/bench-population-$(date +%Y%m%d-%H%M%S).md"
+echo "writing $log" >&2
+"$CARGO_TARGET_DIR/release/flotilla-bench-population" "${args[@]}" | tee "$log"
