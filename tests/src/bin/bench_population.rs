@@ -311,7 +311,7 @@ impl Bench {
         if !python.is_file() {
             return Ok(None);
         }
-        eprintln!("[bench-population] sb3 {algo} {} seeds in {procs} processes (taskset -c {cpus})", seeds.len());
+        eprintln!("[bench-population] sb3 {algo}: seeds {seeds:?}, --procs {procs} (taskset -c {cpus})");
         let mut args = vec!["tests/peers/sb3_zoo.py".to_string(), "--algo".into(), algo.into(), "--seeds".into()];
         args.extend(seeds.iter().map(u64::to_string));
         args.extend(["--procs".into(), procs.to_string(), "--steps".into(), steps.to_string()]);
@@ -331,7 +331,7 @@ impl Bench {
         if !python.is_file() {
             return Ok(None);
         }
-        eprintln!("[bench-population] jax ppo {seeds} seeds (taskset -c 0)");
+        eprintln!("[bench-population] jax ppo: --seeds {seeds} (taskset -c 0)");
         let args = [
             "tests/peers/jax_ppo.py".to_string(),
             "--seeds".into(),
