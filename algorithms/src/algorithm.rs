@@ -174,6 +174,11 @@ pub trait Algorithm: Policy {
     fn as_ppo_mut(&mut self) -> Option<&mut crate::ppo::Ppo> {
         None
     }
+    /// The DQN agent this is, for a population's batched update ([`crate::dqn_population`]); `None` for other
+    /// kinds.
+    fn as_dqn_mut(&mut self) -> Option<&mut crate::dqn::Dqn> {
+        None
+    }
     /// Distillation: what this agent's policy says about `obs` (no gradient), the target a student learns —
     /// logits, Q-values, a Gaussian or deterministic actions ([`Teaching`]). Algorithms without a policy to
     /// teach refuse.

@@ -195,7 +195,7 @@ pub fn linear(start: f64, end: f64, fraction: f64, progress_remaining: f64) -> f
 /// The n-step accumulator and the replay it feeds: uniform or prioritized replay of f32 vectors, or uniform
 /// replay of u8 frame stacks (one variant per valid pairing of the two).
 #[derive(Debug)]
-enum Memory {
+pub(crate) enum Memory {
     Uniform(NStep<f32>, ReplayBuffer<f32>),
     Prioritized(NStep<f32>, PrioritizedReplay<f32>),
     Frames(NStep<u8>, FrameReplay),
@@ -203,7 +203,7 @@ enum Memory {
 
 /// Counters that schedules and triggers depend on (saved in checkpoints).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-struct Counters {
+pub(crate) struct Counters {
     /// Env steps observed (all envs).
     env_steps: u64,
     /// Vectorised steps observed (SB3's `_n_calls`, which times target updates).
@@ -211,9 +211,9 @@ struct Counters {
     /// Vectorised steps since the last training phase.
     since_train: u64,
     /// Gradient steps taken.
-    gradient_steps: u64,
-    epsilon: f64,
-    beta: f64,
+    pub(crate) gradient_steps: u64,
+    pub(crate) epsilon: f64,
+    pub(crate) beta: f64,
 }
 
 /// A DQN agent: online and target Q-networks, optimiser, and its [`DataSide`] (replay, n-step accumulator,
@@ -222,11 +222,11 @@ struct Counters {
 pub struct Dqn {
     /// Hyperparameters.
     pub config: DqnConfig,
-    q: QNet,
-    online: FlatParams,
-    target: FlatParams,
-    opt: Adam,
-    side: Arc<Mutex<DataSide>>,
+    pub(crate) q: QNet,
+    pub(crate) online: FlatParams,
+    pub(crate) target: FlatParams,
+    pub(crate) opt: Adam,
+    pub(crate) side: Arc<Mutex<DataSide>>,
     n_actions: usize,
     obs_dim: usize,
     n_envs: usize,
@@ -235,7 +235,7 @@ pub struct Dqn {
     /// Acting's host forward pass: hidden activations and the network's raw output.
     host: (HostScratch, Vec<f32>),
     /// Replicas to average gradients with, and micro-batches per gradient step.
-    parallel: DataParallel,
+    pub(crate) parallel: DataParallel,
 }
 
 /// What observing transitions and sampling replay touch: the n-step accumulator and replay, the RNG (replay
@@ -243,10 +243,10 @@ pub struct Dqn {
 /// behind a mutex so that a learner's batch-assembly thread can observe and sample ahead through a
 /// [`DqnFeed`] while the agent trains on the previous sample; on one thread the lock is never contended.
 #[derive(Debug)]
-struct DataSide {
-    memory: Memory,
+pub(crate) struct DataSide {
+    pub(crate) memory: Memory,
     rng: Pcg64,
-    counters: Counters,
+    pub(crate) counters: Counters,
     sample: ReplaySample<f32>,
     frames_sample: ReplaySample<u8>,
 }
@@ -254,16 +254,16 @@ struct DataSide {
 /// One gradient step's replay sample on the device.
 #[derive(Debug)]
 pub(crate) struct DqnBatch {
-    obs: Tensor,
-    next_obs: Tensor,
+    pub(crate) obs: Tensor,
+    pub(crate) next_obs: Tensor,
     /// `[B, 1]` int64.
-    actions: Tensor,
+    pub(crate) actions: Tensor,
     /// n-step returns.
-    rewards: Tensor,
+    pub(crate) rewards: Tensor,
     /// The bootstrap factor γ^m, zero for terminal transitions.
-    bootstrap: Tensor,
+    pub(crate) bootstrap: Tensor,
     /// Prioritized replay: importance weights and the slots to give new priorities.
-    prioritized: Option<(Tensor, Vec<usize>)>,
+    pub(crate) prioritized: Option<(Tensor, Vec<usize>)>,
 }
 
 /// Where a prepared batch sits in its training phase, and the schedules when it was sampled.
@@ -308,7 +308,7 @@ impl DataSide {
 
     /// Advance the schedules to `progress`; the number of gradient steps due now (0 if it is not time to
     /// train), starting a new training phase if any are.
-    fn phase_due(&mut self, config: &DqnConfig, progress: &Progress) -> usize {
+    pub(crate) fn phase_due(&mut self, config: &DqnConfig, progress: &Progress) -> usize {
         let remaining = progress.remaining();
         let c = &mut self.counters;
         c.epsilon = config.epsilon(remaining);
@@ -323,7 +323,7 @@ impl DataSide {
     }
 
     /// Draw one minibatch and put it on the device as `layout` says.
-    fn sample(&mut self, batch: usize, layout: &ObsLayout) -> Result<DqnBatch> {
+    pub(crate) fn sample(&mut self, batch: usize, layout: &ObsLayout) -> Result<DqnBatch> {
         let beta = self.counters.beta;
         match &self.memory {
             Memory::Uniform(_, r) => r.sample(batch, &mut self.rng, &mut self.sample)?,
@@ -384,7 +384,7 @@ pub struct DqnFeed {
 }
 
 /// The data side, whichever thread panicked holding it (its contents stay consistent between calls).
-fn lock(side: &Mutex<DataSide>) -> MutexGuard<'_, DataSide> {
+pub(crate) fn lock(side: &Mutex<DataSide>) -> MutexGuard<'_, DataSide> {
     side.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -407,14 +407,14 @@ impl ReplayFeed for DqnFeed {
 
 /// The Q-network's layout and forward passes, shared by the agent and its acting copy ([`DqnPolicy`]).
 #[derive(Debug, Clone)]
-struct QNet {
+pub(crate) struct QNet {
     body: QBody,
-    dueling: bool,
+    pub(crate) dueling: bool,
     n_actions: usize,
     obs_dim: usize,
     /// Q heads, one per task (1 without task heads); a row reads its task's, by the one-hot ending its input.
-    heads: usize,
-    device: Device,
+    pub(crate) heads: usize,
+    pub(crate) device: Device,
 }
 
 /// An MLP for vector observations, the Nature CNN for frame stacks.
@@ -489,7 +489,7 @@ impl QNet {
     }
 
     /// How observations become the network's input.
-    fn layout(&self) -> ObsLayout {
+    pub(crate) fn layout(&self) -> ObsLayout {
         let image = match &self.body {
             QBody::Mlp(_) => None,
             QBody::Cnn(cnn) => Some(cnn.shape()),
@@ -513,6 +513,15 @@ impl QNet {
             value + &advantage - advantage.mean_dim(1, true, Kind::Float)
         } else {
             out
+        }
+    }
+
+    /// The MLP body's layer weight indices and nonlinearity (`None` for the CNN), for a population's batched
+    /// update.
+    pub(crate) fn mlp_layout(&self) -> Option<(&[usize], crate::nets::Activation)> {
+        match &self.body {
+            QBody::Mlp(net) => Some(net.layout()),
+            QBody::Cnn(_) => None,
         }
     }
 
@@ -842,13 +851,13 @@ impl Dqn {
     }
 
     /// The learning rate at `progress`.
-    fn set_learning_rate(&mut self, progress: &Progress) {
+    pub(crate) fn set_learning_rate(&mut self, progress: &Progress) {
         let c = &self.config;
         self.opt.lr = if c.anneal_lr { c.learning_rate * progress.remaining() } else { c.learning_rate };
     }
 
     /// A training phase's metrics from its gradient steps' (loss, mean Q).
-    fn phase_metrics(&self, steps: &[(Tensor, Tensor)], epsilon: f64, beta: f64) -> Result<Metrics> {
+    pub(crate) fn phase_metrics(&self, steps: &[(Tensor, Tensor)], epsilon: f64, beta: f64) -> Result<Metrics> {
         let mean = |pick: fn(&(Tensor, Tensor)) -> &Tensor| -> Result<f64> {
             let ts: Vec<&Tensor> = steps.iter().map(pick).collect();
             Ok(f64::try_from(Tensor::stack(&ts, 0).mean(Kind::Float))?)
@@ -892,6 +901,10 @@ impl Algorithm for Dqn {
     }
 
     /// The online network's Q-values.
+    fn as_dqn_mut(&mut self) -> Option<&mut Dqn> {
+        Some(self)
+    }
+
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
         let x = self.q.obs_tensor(obs)?;
         Ok(crate::distill::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))

@@ -27,6 +27,7 @@ pub mod data_parallel;
 pub mod distill;
 pub mod distributions;
 pub mod dqn;
+pub mod dqn_population;
 pub mod error;
 pub mod export;
 pub mod frame_replay;

@@ -117,6 +117,11 @@ pub struct FlatMlp {
 }
 
 impl FlatMlp {
+    /// Parameter indices of each layer's weight (its bias follows) and the nonlinearity.
+    pub(crate) fn layout(&self) -> (&[usize], Activation) {
+        (&self.layers, self.activation)
+    }
+
     /// Initial parameters, named `{prefix}.{k}.weight` / `.bias`, to place in a `FlatParams` at index
     /// `first_index` onwards.
     pub fn init(

@@ -294,8 +294,9 @@ impl StepScratch {
 
 /// Train a population's members (`group`, same config up to seeds and per-member hyperparameters, at the same
 /// env step) in lockstep until `stop_at` or the budget: each step every member acts, steps its envs and
-/// observes as [`Trainer::run`] does; when the members are PPO agents whose rollouts complete together, one
-/// batched update trains them all ([`flotilla_algorithms::ppo_population`]), else each updates alone. Then each
+/// observes as [`Trainer::run`] does; when the members are PPO agents whose rollouts complete together, or DQN
+/// agents whose training phases fall due together, one batched update trains them all
+/// ([`flotilla_algorithms::ppo_population`], [`flotilla_algorithms::dqn_population`]), else each updates alone. Then each
 /// evaluates, logs (`on_log(position in group, row)`) and checkpoints on its own schedule. Collection and update
 /// seconds are shared out equally.
 pub fn run_group(
@@ -332,10 +333,15 @@ pub fn run_group(
     Ok(())
 }
 
-/// The update due after a lockstep env step: batched for PPO members whose rollouts are complete, else each
-/// member's own.
+/// The update due after a lockstep env step: one batched update for PPO members whose rollouts are complete
+/// and for DQN members whose training phases are due, else each member's own.
 fn update_group(group: &mut [Trainer]) -> Result<Vec<Option<Metrics>>> {
     let progress = group[0].progress();
+    if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_dqn_mut().is_some()) {
+        let mut members: Vec<&mut flotilla_algorithms::dqn::Dqn> =
+            group.iter_mut().map(|t| t.agent.as_dqn_mut().expect("checked")).collect();
+        return Ok(flotilla_algorithms::dqn_population::update_population(&mut members, &progress)?);
+    }
     let all_ppo = group.iter_mut().all(|t| t.agent.as_ppo_mut().is_some());
     if !all_ppo || group.len() == 1 {
         return group.iter_mut().map(|t| Ok(t.agent.update(&progress)?)).collect();
