@@ -185,35 +185,12 @@ pub fn plot_command(runs: &[PathBuf], metric: &str, out: &Path, group: bool) -> 
 fn read_run(dir: &Path, metric: &str) -> Result<Run> {
     let (_, config) = RunDir::open(dir)?;
     let path = dir.join(METRICS_FILE);
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let Some(header) = lines.next() else { bail!("{} is empty: the run has logged nothing yet", path.display()) };
-    let header: Vec<&str> = header.split(',').collect();
-    let column = |name: &str| header.iter().position(|h| *h == name);
-    let x = column("env_steps").with_context(|| format!("{} has no env_steps column", path.display()))?;
-    let Some(y) = column(metric) else {
-        let available: Vec<&str> = header.iter().copied().filter(|h| *h != "env_steps").collect();
-        bail!("metric {metric:?} is not in {}; available: {}", path.display(), available.join(", "));
+    let std = std_column(metric);
+    let Some(rows) = report::read_columns(dir, metric, std.as_deref())? else {
+        bail!("{} is empty (or missing): the run has logged nothing yet", path.display())
     };
-    let s = std_column(metric).and_then(|name| column(&name));
-    let mut points = Vec::new();
-    for (row, line) in lines.enumerate() {
-        let cells: Vec<&str> = line.split(',').collect();
-        let number = |i: usize| -> Result<Option<f64>> {
-            match cells.get(i).map(|c| c.trim()).filter(|c| !c.is_empty()) {
-                None => Ok(None),
-                Some(c) => c.parse::<f64>().map(Some).with_context(|| {
-                    format!("{} row {}: {} is {c:?}, not a number", path.display(), row + 2, header[i])
-                }),
-            }
-        };
-        if let (Some(steps), Some(value)) = (number(x)?, number(y)?)
-            && value.is_finite()
-        {
-            let sd = s.map(number).transpose()?.flatten().filter(|v| v.is_finite());
-            points.push((steps, value, sd.map(|sd| (value - sd, value + sd))));
-        }
-    }
+    let points: Vec<_> =
+        rows.into_iter().map(|(steps, value, sd)| (steps, value, sd.map(|sd| (value - sd, value + sd)))).collect();
     anyhow::ensure!(!points.is_empty(), "{} has no values of {metric} yet", path.display());
     let name = dir_name(dir);
     Ok(Run { name: name.clone(), config, series: Series { label: name, points }, population: None })

@@ -101,14 +101,22 @@ impl Source {
 /// `(env_steps, value)` of every `metrics.csv` row of `dir` with a finite `metric`, in row order. A run that
 /// has logged nothing yet (no file, or an empty one) has none; a header without the column is an error.
 pub fn read_metric(dir: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
+    Ok(read_columns(dir, metric, None)?.unwrap_or_default().into_iter().map(|(x, y, _)| (x, y)).collect())
+}
+
+/// `(env_steps, metric, other)` of every `metrics.csv` row of `dir` with a finite `metric` (`other`: the
+/// finite value of the column `other`, when given and present); `None` when the run has logged nothing yet (no
+/// file, or no header). A header without `env_steps` or `metric`, or a cell that is not a number, is an error
+/// naming the file (and row).
+pub fn read_columns(dir: &Path, metric: &str, other: Option<&str>) -> Result<Option<Vec<(f64, f64, Option<f64>)>>> {
     let path = dir.join(METRICS_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let Some(header) = lines.next() else { return Ok(Vec::new()) };
+    let Some(header) = lines.next() else { return Ok(None) };
     let header: Vec<&str> = header.split(',').collect();
     let column = |name: &str| header.iter().position(|h| *h == name);
     let x = column("env_steps").with_context(|| format!("{} has no env_steps column", path.display()))?;
@@ -116,6 +124,7 @@ pub fn read_metric(dir: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
         let available: Vec<&str> = header.iter().copied().filter(|h| *h != "env_steps").collect();
         bail!("metric {metric:?} is not in {}; available: {}", path.display(), available.join(", "));
     };
+    let z = other.and_then(column);
     let mut points = Vec::new();
     for (row, line) in lines.enumerate() {
         let cells: Vec<&str> = line.split(',').collect();
@@ -130,10 +139,11 @@ pub fn read_metric(dir: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
         if let (Some(steps), Some(value)) = (number(x)?, number(y)?)
             && value.is_finite()
         {
-            points.push((steps, value));
+            let extra = z.map(number).transpose()?.flatten().filter(|v| v.is_finite());
+            points.push((steps, value, extra));
         }
     }
-    Ok(points)
+    Ok(Some(points))
 }
 
 /// The registered reward threshold of a single-env config's env (a `gymnasium:` id of a native env included).
