@@ -156,8 +156,24 @@ fn worker(
                     m.segment_returns.clear();
                 }
                 if batched {
-                    // Every member of this thread in lockstep, updates batched where the algorithm can.
+                    // Every member of this thread in lockstep, updates batched where the algorithm can. Members
+                    // resumed from checkpoints of different steps (a crash between two members' saves) first
+                    // catch up one by one.
                     let checkpoints: Vec<PathBuf> = members.iter().map(|m| m.dir.checkpoint_path()).collect();
+                    let ahead = trainers.iter().map(Trainer::env_steps).max().unwrap_or(0).min(target);
+                    for ((m, trainer), checkpoint) in members.iter_mut().zip(trainers.iter_mut()).zip(&checkpoints) {
+                        if trainer.env_steps() < ahead {
+                            let (returns, csv) = (&mut m.segment_returns, &mut m.metrics);
+                            trainer.run(
+                                ahead,
+                                &mut |row| {
+                                    returns.extend(row.episodic_return);
+                                    csv.write_row(&row.columns())
+                                },
+                                &mut |t| t.save_checkpoint(checkpoint),
+                            )?;
+                        }
+                    }
                     let members = &mut members;
                     crate::train::run_group(
                         &mut trainers,
