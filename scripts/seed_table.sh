@@ -3,6 +3,8 @@
 # population of 10 (seeds 1..10), then `flotilla report` on each (CartPole ≥ 475; Pendulum ≥ −200, a threshold
 # Gymnasium does not set). Run directories and reports go to OUT (default ~/logs/seed-table), outside the clone.
 #   bash scripts/seed_table.sh [OUT] [CONFIG_NAME ...]     # names like cartpole_ppo; default: all five
+# With SB3=1 each config's algorithm also runs in Stable-Baselines3 with RL Zoo's hyperparameters on the same seeds
+# (tests/peers/sb3_zoo.py, 2 processes; install with bash scripts/setup_peers.sh --sb3): OUT/NAME.sb3.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-$HOME/logs/seed-table}"
@@ -26,4 +28,11 @@ for name in "${names[@]}"; do
   "$bin" report "$dir" "${threshold[@]}" > "$out/$name.report.txt"
   "$bin" report "$dir" "${threshold[@]}" --json > "$out/$name.report.json"
   echo "$name: $(grep -E '^all' "$out/$name.report.txt" || tail -1 "$out/$name.report.txt")"
+  if [[ -n "${SB3:-}" && ! -s "$out/$name.sb3.jsonl" ]]; then
+    python="${FLOTILLA_CACHE:-$HOME/.cache/flotilla}/peers-venv/bin/python"
+    taskset -c 0,1 "$python" tests/peers/sb3_zoo.py --algo "${name#*_}" --seeds $(seq 1 "$seeds") --procs 2 \
+      --threads 1 > "$out/$name.sb3.jsonl.tmp" 2> "$out/$name.sb3.err"
+    mv "$out/$name.sb3.jsonl.tmp" "$out/$name.sb3.jsonl"
+    echo "$name (SB3): $(grep -c '"final_return"' "$out/$name.sb3.jsonl") seeds in $out/$name.sb3.jsonl"
+  fi
 done
