@@ -198,11 +198,6 @@ pub fn update_population(members: &mut [&mut Dqn], progress: &Progress) -> Resul
         .collect()
 }
 
-/// A member's DQN agent, for [`update_population`], when `agent` is one.
-pub fn as_dqn(agent: &mut dyn Algorithm) -> Option<&mut Dqn> {
-    agent.as_dqn_mut()
-}
-
 #[cfg(test)]
 mod tests {
     use flotilla_core::{ObsRef, Space};
@@ -214,11 +209,7 @@ mod tests {
     use crate::algorithm::Transition;
     use crate::dqn::DqnConfig;
     use crate::policy::{ActMode, ActOutput, Policy};
-
-    fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
-        let d = f64::try_from((a - b).abs().max()).unwrap();
-        d / f64::try_from(b.abs().max()).unwrap().max(1e-30)
-    }
+    use crate::ppo_population::tests::rel_diff;
 
     /// Members trained together match twins (same seeds, configs and transitions) trained alone: every phase's
     /// metrics, and the online and target parameters within 1e-6 relative after ~40 gradient steps.

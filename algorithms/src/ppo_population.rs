@@ -16,7 +16,6 @@
 use rand::seq::SliceRandom;
 use tch::{Kind, Tensor};
 
-use crate::algorithm::Algorithm;
 use crate::ppo::{Ppo, explained_variance};
 use crate::rollout::Rollout;
 use crate::{Error, Metrics, Result};
@@ -381,13 +380,8 @@ pub(crate) fn adam_step(
     });
 }
 
-/// A member's PPO agent, for [`update_population`], when `agent` is one.
-pub fn as_ppo(agent: &mut dyn Algorithm) -> Option<&mut Ppo> {
-    agent.as_ppo_mut()
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use flotilla_core::{ObsRef, Space};
     use rand::{Rng, SeedableRng};
     use rand_pcg::Pcg64;
@@ -398,7 +392,7 @@ mod tests {
     use crate::ppo::PpoConfig;
 
     /// Largest |a − b| over the largest |b|, of two flat buffers.
-    fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+    pub(crate) fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
         let d = f64::try_from((a - b).abs().max()).unwrap();
         d / f64::try_from(b.abs().max()).unwrap().max(1e-30)
     }

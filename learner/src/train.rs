@@ -152,11 +152,6 @@ impl Trainer {
         self.quiet = quiet;
     }
 
-    /// The config it trains.
-    pub fn config(&self) -> &ExperimentConfig {
-        &self.config
-    }
-
     /// The agent.
     pub fn agent(&self) -> &dyn Algorithm {
         self.agent.as_ref()

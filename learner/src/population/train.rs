@@ -516,20 +516,15 @@ fn format_hyperparameters(h: &BTreeMap<String, f64>) -> String {
 }
 
 fn log_segment(at: u64, total: u64, statuses: &[Status]) {
-    let mut fit: Vec<f64> = statuses.iter().filter_map(|s| s.fitness).collect();
-    fit.sort_by(f64::total_cmp);
+    let fit: Vec<f64> = statuses.iter().filter_map(|s| s.fitness).collect();
     let evals: Vec<f64> = statuses.iter().filter_map(|s| s.report.evals.last().map(|e| e.result.mean())).collect();
-    let median = |v: &[f64]| if v.is_empty() { f64::NAN } else { v[v.len() / 2] };
-    let mut evals_sorted = evals.clone();
-    evals_sorted.sort_by(f64::total_cmp);
+    // Before a member's first metrics row (or evaluation) there is nothing to summarise.
+    let iqm = |v: &[f64]| if v.is_empty() { "-".to_string() } else { format!("{:.1}", crate::stats::iqm(v)) };
     info!(
-        "population {at}/{total} env steps | {} members | recent return median {:.1} (min {:.1}, max {:.1}) | last \
-         eval median {:.1}",
+        "population {at}/{total} env steps | {} members | recent training return IQM {} | last evaluation IQM {}",
         statuses.len(),
-        median(&fit),
-        fit.first().copied().unwrap_or(f64::NAN),
-        fit.last().copied().unwrap_or(f64::NAN),
-        median(&evals_sorted)
+        iqm(&fit),
+        iqm(&evals)
     );
 }
 
