@@ -73,6 +73,34 @@ impl Adam {
         });
     }
 
+    /// [`Adam::step`] on host slices (the fused CPU training step, [`crate::host_train`]): `grad` for every
+    /// scalar of `theta`, the moments read and written in place. Needs CPU f32 moments covering all of
+    /// `theta` (nothing frozen); returns false, changing nothing, when they do not.
+    pub(crate) fn step_host(&mut self, theta: &mut [f32], grad: &[f32]) -> bool {
+        let host = |t: &Tensor| {
+            t.device() == tch::Device::Cpu
+                && t.kind() == tch::Kind::Float
+                && t.is_contiguous()
+                && t.numel() == theta.len()
+                && grad.len() == theta.len()
+        };
+        if !host(&self.exp_avg) || !host(&self.exp_avg_sq) {
+            return false;
+        }
+        let n = theta.len();
+        // SAFETY: both moments are contiguous f32 CPU tensors of `n` elements (checked above) that this state
+        // owns exclusively (`&mut self`); no libtorch op runs on them while the slices live.
+        let (m, v) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.exp_avg.data_ptr() as *mut f32, n),
+                std::slice::from_raw_parts_mut(self.exp_avg_sq.data_ptr() as *mut f32, n),
+            )
+        };
+        self.steps += 1;
+        crate::host_train::adam_step(theta, grad, m, v, self.steps, self.lr, (self.beta1, self.beta2, self.eps));
+        true
+    }
+
     /// Save the moments and step count under `prefix`.
     pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         c.put_tensor(format!("{prefix}.exp_avg"), &self.exp_avg);

@@ -33,6 +33,7 @@ pub mod export;
 pub mod frame_replay;
 pub mod gae;
 pub mod host_mlp;
+pub(crate) mod host_train;
 pub mod metrics;
 pub mod n_step;
 pub mod nets;

@@ -123,6 +123,15 @@ impl FlatParams {
         Some(unsafe { std::slice::from_raw_parts(self.flat.data_ptr() as *const f32, n) })
     }
 
+    /// The buffer's values as a mutable host slice (CPU, f32, contiguous; else `None`), for the fused CPU
+    /// training step ([`crate::host_train`]), which writes the updated weights through it. The `&mut self`
+    /// borrow keeps every other reader out while the slice is alive.
+    pub(crate) fn host_values_mut(&mut self) -> Option<&mut [f32]> {
+        let n = self.host_values()?.len();
+        // SAFETY: as `host_values`, and the exclusive borrow of `self` makes this the only live slice.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.flat.data_ptr() as *mut f32, n) })
+    }
+
     /// Where parameter `i` starts in the flat buffer.
     pub(crate) fn offset(&self, i: usize) -> usize {
         self.entries[i].offset as usize
