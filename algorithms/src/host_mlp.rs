@@ -37,7 +37,7 @@ impl Activation {
     /// Apply in place.
     pub(crate) fn apply_host(self, h: &mut [f32]) {
         match self {
-            Activation::Tanh => h.iter_mut().for_each(|v| *v = v.tanh()),
+            Activation::Tanh => crate::host_train::tanh_in_place(h),
             Activation::Relu => h.iter_mut().for_each(|v| *v = v.max(0.0)),
         }
     }

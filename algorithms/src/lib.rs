@@ -34,6 +34,7 @@ pub mod frame_replay;
 pub mod gae;
 pub mod host_mlp;
 pub(crate) mod host_train;
+mod ppo_host;
 pub mod metrics;
 pub mod n_step;
 pub mod nets;

@@ -39,6 +39,7 @@ use crate::data_parallel::DataParallel;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
+use crate::ppo_host::{Minibatch, PpoHost, StepLoss};
 use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
@@ -98,6 +99,11 @@ pub struct PpoConfig {
     /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
     #[serde(skip)]
     pub tasks: usize,
+    /// Run each minibatch step of an MLP on the CPU as one fused step without libtorch
+    /// ([`crate::host_train`]: hand-written forward/backward over `sgemm`, host Adam), several times faster for
+    /// small networks. Same maths, same results to float rounding. Used only where it applies (CPU, MLP, one
+    /// head, no data-parallel replicas or accumulation, nothing frozen); `false` runs every step on libtorch.
+    pub fused_cpu: bool,
 }
 
 impl Default for PpoConfig {
@@ -126,6 +132,7 @@ impl Default for PpoConfig {
             cnn: CnnOptions::default(),
             task_heads: false,
             tasks: 0,
+            fused_cpu: true,
         }
     }
 }
@@ -304,6 +311,8 @@ pub struct Ppo {
     collector: RolloutCollector,
     /// Replicas to average gradients with, and micro-batches per step.
     pub(crate) parallel: DataParallel,
+    /// The fused CPU step's layout and buffers, once an update took that path ([`PpoConfig::fused_cpu`]).
+    host: Option<PpoHost>,
 }
 
 impl Ppo {
@@ -322,7 +331,14 @@ impl Ppo {
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);
-        Ok(Ppo { config, pi: ActorCriticPolicy::with_rng(net, rng), opt, collector, parallel: DataParallel::default() })
+        Ok(Ppo {
+            config,
+            pi: ActorCriticPolicy::with_rng(net, rng),
+            opt,
+            collector,
+            parallel: DataParallel::default(),
+            host: None,
+        })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
@@ -354,6 +370,7 @@ impl Ppo {
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under the current parameters (the rollout itself is left as the behaviour policy's record).
     pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
+        let fused = self.fused_path();
         let c = &self.config;
         let n = rollout.len();
         if n == 0 || !n.is_multiple_of(c.batch_size) {
@@ -379,6 +396,17 @@ impl Ppo {
         let targets = self.pi.net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
+        if let Some(mut host) = fused {
+            let fused = self.update_fused(&mut host, rollout, (advantages, returns, values), coefficients);
+            self.host = Some(host);
+            let (loss, gradient_steps) = fused?;
+            let mut m = Metrics::default();
+            push_update_metrics(&mut m, &loss, explained_var, (lr, clip_range), gradient_steps);
+            if let Some(t) = &targets.vtrace {
+                t.weights.push_metrics(&mut m);
+            }
+            return Ok(m);
+        }
         let d = self.pi.net.device;
         let actions = self.pi.net.actions_tensor(&rollout.actions);
         let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
@@ -467,21 +495,161 @@ impl Ppo {
             None => tch::no_grad(|| dist.entropy().mean(Kind::Float)),
         };
         let scalar = |t: &Tensor| f64::try_from(t).map_err(Error::from);
+        let step = StepLoss {
+            policy: scalar(&loss.policy)?,
+            value: scalar(&loss.value)?,
+            entropy: scalar(&entropy)?,
+            approx_kl: scalar(&loss.approx_kl())?,
+            clip_fraction: scalar(&loss.clip_fraction(clip_range))?,
+        };
         let mut m = Metrics::default();
-        m.push("losses/policy_loss", scalar(&loss.policy)?);
-        m.push("losses/value_loss", scalar(&loss.value)?);
-        m.push("losses/entropy", scalar(&entropy)?);
-        m.push("losses/approx_kl", scalar(&loss.approx_kl())?);
-        m.push("losses/clip_fraction", scalar(&loss.clip_fraction(clip_range))?);
-        m.push("losses/explained_variance", explained_var);
-        m.push("charts/learning_rate", lr);
-        m.push("charts/clip_range", clip_range);
-        m.push("charts/gradient_steps", gradient_steps as f64);
+        push_update_metrics(&mut m, &step, explained_var, (lr, clip_range), gradient_steps);
         if let Some(t) = &targets.vtrace {
             t.weights.push_metrics(&mut m);
         }
         Ok(m)
     }
+}
+
+impl Ppo {
+    /// The fused CPU step's state when this update can take it ([`PpoConfig::fused_cpu`]), taken out of
+    /// `self` for the update (put back after).
+    fn fused_path(&mut self) -> Option<PpoHost> {
+        let single = self.parallel.replicas() == 1 && self.parallel.accumulate() == 1;
+        if !self.config.fused_cpu || !single || self.pi.net.params.has_frozen() {
+            return None;
+        }
+        self.host.take().or_else(|| PpoHost::new(&self.pi.net))
+    }
+
+    /// [`Ppo::update_from`]'s epochs on the fused CPU path: the same shuffles from the same RNG, minibatch
+    /// advantage normalisation, loss, clipping and Adam. Returns the last step's loss terms and the steps
+    /// taken.
+    fn update_fused(
+        &mut self,
+        host: &mut PpoHost,
+        rollout: &Rollout,
+        (advantages, returns, values): (&[f32], &[f32], &[f32]),
+        mut coefficients: LossCoefficients,
+    ) -> Result<(StepLoss, usize)> {
+        let c = &self.config;
+        let n = rollout.len();
+        let ObsRef::F32(obs) = rollout.obs.as_ref() else {
+            return Err(Error::Unsupported("the fused CPU step takes f32 observations".into()));
+        };
+        let (act_dim, obs_dim) = (rollout.act_dim, rollout.obs_dim);
+        let mut adv = advantages.to_vec();
+        let normalize_minibatch = c.normalize_advantage && c.batch_size != n;
+        if c.normalize_advantage && c.batch_size == n {
+            normalize_host(&mut adv);
+        }
+        coefficients.normalize_advantage = false;
+        let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut gathered = Gathered::default();
+        let mut last = None;
+        let mut gradient_steps = 0usize;
+        'epochs: for _ in 0..n_epochs {
+            order.shuffle(&mut self.pi.rng);
+            for minibatch in order.chunks(batch_size) {
+                let mb = if batch_size == n {
+                    // Every sample: no gather (the loss is a mean, so order does not matter).
+                    Minibatch {
+                        obs,
+                        actions: &rollout.actions,
+                        old_log_prob: &rollout.log_probs,
+                        advantages: &adv,
+                        old_values: values,
+                        returns,
+                    }
+                } else {
+                    let g = &mut gathered;
+                    g.clear();
+                    for &i in minibatch {
+                        g.obs.extend_from_slice(&obs[i * obs_dim..(i + 1) * obs_dim]);
+                        g.actions.extend_from_slice(&rollout.actions[i * act_dim..(i + 1) * act_dim]);
+                        g.old_log_prob.push(rollout.log_probs[i]);
+                        g.advantages.push(adv[i]);
+                        g.old_values.push(values[i]);
+                        g.returns.push(returns[i]);
+                    }
+                    if normalize_minibatch && minibatch.len() > 1 {
+                        normalize_host(&mut g.advantages);
+                    }
+                    Minibatch {
+                        obs: &g.obs,
+                        actions: &g.actions,
+                        old_log_prob: &g.old_log_prob,
+                        advantages: &g.advantages,
+                        old_values: &g.old_values,
+                        returns: &g.returns,
+                    }
+                };
+                let loss = host.step(&mut self.pi.net.params, &mut self.opt, &mb, &coefficients, max_grad_norm)?;
+                gradient_steps += 1;
+                last = Some(loss);
+                if target_kl.is_some_and(|t| loss.approx_kl > 1.5 * t) {
+                    break 'epochs;
+                }
+            }
+        }
+        Ok((last.expect("at least one minibatch"), gradient_steps))
+    }
+}
+
+/// A minibatch gathered from a rollout for the fused CPU step (buffers reused across minibatches).
+#[derive(Default)]
+struct Gathered {
+    obs: Vec<f32>,
+    actions: Vec<f32>,
+    old_log_prob: Vec<f32>,
+    advantages: Vec<f32>,
+    old_values: Vec<f32>,
+    returns: Vec<f32>,
+}
+
+impl Gathered {
+    fn clear(&mut self) {
+        for v in [
+            &mut self.obs,
+            &mut self.actions,
+            &mut self.old_log_prob,
+            &mut self.advantages,
+            &mut self.old_values,
+            &mut self.returns,
+        ] {
+            v.clear();
+        }
+    }
+}
+
+/// `(x − mean) / (std + 1e-8)` in place, with the unbiased std, as [`DataParallel`]'s normalisation of one
+/// replica's advantages.
+fn normalize_host(x: &mut [f32]) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    let (mean, std) = (mean as f32, var.sqrt() as f32);
+    x.iter_mut().for_each(|v| *v = (*v - mean) / (std + 1e-8));
+}
+
+/// An update's metrics (see the module docs), from its last step's loss terms.
+fn push_update_metrics(
+    m: &mut Metrics,
+    loss: &StepLoss,
+    explained_var: f64,
+    (lr, clip_range): (f64, f64),
+    steps: usize,
+) {
+    m.push("losses/policy_loss", loss.policy);
+    m.push("losses/value_loss", loss.value);
+    m.push("losses/entropy", loss.entropy);
+    m.push("losses/approx_kl", loss.approx_kl);
+    m.push("losses/clip_fraction", loss.clip_fraction);
+    m.push("losses/explained_variance", explained_var);
+    m.push("charts/learning_rate", lr);
+    m.push("charts/clip_range", clip_range);
+    m.push("charts/gradient_steps", steps as f64);
 }
 
 impl Policy for Ppo {
@@ -744,6 +912,79 @@ mod tests {
         rollout.finish(&[0.0; 4], 0.99, 0.95).unwrap();
         let m = ppo.update_from(&rollout, 1.0).unwrap();
         assert!(m.get("losses/entropy").unwrap().is_finite());
+    }
+
+    /// A rollout of `n_envs × n_steps` varied observations, acting with `ppo`, with rewards that depend on
+    /// the actions.
+    fn varied_rollout(ppo: &mut Ppo, n_envs: usize, n_steps: usize, obs_dim: usize, k0: usize) -> Rollout {
+        let mut out = ActOutput::default();
+        let mut rollout = Rollout::new(n_envs, n_steps, obs_dim, ppo.act_dim());
+        for k in 0..n_steps {
+            let obs: Vec<f32> = (0..n_envs * obs_dim).map(|i| (((k0 + k) * 31 + i) as f32 * 0.37).sin()).collect();
+            ppo.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
+            let rewards: Vec<f32> =
+                (0..n_envs).map(|e| out.actions[e * ppo.act_dim()] * obs[e * obs_dim] + (e as f32) * 0.1).collect();
+            let terminated: Vec<bool> = (0..n_envs).map(|e| (k + e) % 9 == 8).collect();
+            rollout.push_outcome(&rewards, &terminated, &vec![false; n_envs]).unwrap();
+        }
+        rollout.finish(&vec![0.3; n_envs], 0.99, 0.95).unwrap();
+        rollout
+    }
+
+    #[test]
+    fn fused_cpu_update_matches_libtorch() {
+        let discrete = (Space::box1d(vec![-1.0; 5], vec![1.0; 5]), Space::discrete(3));
+        let gaussian = (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::box1d(vec![-2.0; 2], vec![2.0; 2]));
+        let base = PpoConfig { n_steps: 16, batch_size: 64, n_epochs: 4, ..Default::default() };
+        let cases = [
+            ("full batch", &discrete, PpoConfig { ..base.clone() }),
+            (
+                "minibatches, entropy, value clipping, relu",
+                &discrete,
+                PpoConfig {
+                    batch_size: 16,
+                    ent_coef: 0.01,
+                    clip_range_vf: Some(0.2),
+                    activation: Activation::Relu,
+                    hidden_sizes: vec![32, 16],
+                    ..base.clone()
+                },
+            ),
+            ("gaussian", &gaussian, PpoConfig { batch_size: 32, ent_coef: 0.02, ..base.clone() }),
+            ("kl stop", &discrete, PpoConfig { target_kl: Some(0.001), learning_rate: 3e-2, ..base.clone() }),
+        ];
+        for (what, (obs_space, act_space), config) in cases {
+            let obs_dim = obs_space.flat_dim();
+            let make = |fused_cpu| {
+                Ppo::new(obs_space, act_space, 4, PpoConfig { fused_cpu, ..config.clone() }, Device::Cpu, 7).unwrap()
+            };
+            let (mut fused, mut torch) = (make(true), make(false));
+            // A third agent acts, so the learners' RNG streams (minibatch shuffles) stay in step.
+            let mut actor = make(true);
+            for u in 0..3 {
+                let rollout = varied_rollout(&mut actor, 4, 16, obs_dim, u * 16);
+                let progress = 1.0 - u as f64 / 4.0;
+                let mf = fused.update_from(&rollout, progress).unwrap();
+                let mt = torch.update_from(&rollout, progress).unwrap();
+                assert!(fused.host.is_some() && torch.host.is_none(), "{what}: paths");
+                for key in ["losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"] {
+                    let (a, b) = (mf.get(key).unwrap(), mt.get(key).unwrap());
+                    assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-2), "{what}, update {u}: {key} {a} vs {b}");
+                }
+                assert_eq!(mf.get("charts/gradient_steps"), mt.get("charts/gradient_steps"), "{what}");
+                assert_eq!(mf.get("losses/clip_fraction"), mt.get("losses/clip_fraction"), "{what}");
+                let a: Vec<f32> = Vec::try_from(fused.params().flat().detach()).unwrap();
+                let b: Vec<f32> = Vec::try_from(torch.params().flat().detach()).unwrap();
+                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                assert!(worst <= 1e-5 * scale, "{what}, update {u}: weights differ by {worst} (scale {scale})");
+                let init: Vec<f32> = Vec::try_from(make(true).params().flat().detach()).unwrap();
+                assert_ne!(a, init, "{what}: weights moved");
+                // Both paths leave the optimiser in step.
+                assert_eq!(fused.opt.steps(), torch.opt.steps());
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,292 @@
+//! PPO's minibatch step on the fused CPU path ([`crate::host_train`]): the same loss, gradient, clipping and
+//! Adam step as [`crate::ppo::Ppo::update_from`]'s libtorch loop, for MLP actor-critics on the CPU.
+//!
+//! The loss's gradient is written out by hand, following libtorch's autograd rules where they choose between
+//! equal branches (`minimum`/`maximum` split the gradient half and half on ties; `clamp` passes it on its
+//! bounds), so the two paths agree to float rounding (`ppo::tests::fused_cpu_update_matches_libtorch`).
+use crate::activation::Activation;
+use crate::actor_critic::ActorCritic;
+use crate::adam::Adam;
+use crate::host_train::{TwinLayer, TwinTape, clip_grad_norm, twin_backward, twin_forward};
+use crate::params::FlatParams;
+use crate::ppo::LossCoefficients;
+use crate::{Error, Result};
+
+const LOG_SQRT_2PI: f32 = 0.918_938_5; // ln(√(2π))
+
+/// The policy head's distribution on the host.
+#[derive(Debug, Clone, Copy)]
+enum HostDist {
+    /// Softmax over `n` logits; actions are indices stored as f32.
+    Categorical(usize),
+    /// Diagonal Gaussian over `d` means, with the state-independent log-std at `log_std` in the buffer.
+    Gaussian { d: usize, log_std: usize },
+}
+
+/// One minibatch, row-major host slices: observations `B × obs_dim`, actions `B × act_dim`, and per sample the
+/// behaviour log-prob, the (already normalised, where asked) advantage, the old value and the value target.
+pub(crate) struct Minibatch<'a> {
+    pub obs: &'a [f32],
+    pub actions: &'a [f32],
+    pub old_log_prob: &'a [f32],
+    pub advantages: &'a [f32],
+    pub old_values: &'a [f32],
+    pub returns: &'a [f32],
+}
+
+/// The loss terms of a step (before it), for the metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StepLoss {
+    pub policy: f64,
+    pub value: f64,
+    pub entropy: f64,
+    /// `E[(ρ − 1) − ln ρ]`.
+    pub approx_kl: f64,
+    /// Share of samples with `|ρ − 1| > ε`.
+    pub clip_fraction: f64,
+}
+
+/// The fused CPU update's layout and reusable buffers.
+#[derive(Debug, Clone)]
+pub(crate) struct PpoHost {
+    layers: Vec<TwinLayer>,
+    activation: Activation,
+    /// Output layer width (the wider of the two nets' outputs).
+    padded: usize,
+    dist: HostDist,
+    tape: TwinTape,
+    grad: Vec<f32>,
+    /// Per sample: log π(a|s), entropy, ∂loss/∂ln π, ∂loss/∂V.
+    log_prob: Vec<f32>,
+    entropy: Vec<f32>,
+    d_log_prob: Vec<f32>,
+    d_value: Vec<f32>,
+    /// Categorical log-softmax, `B × n`.
+    log_softmax: Vec<f32>,
+}
+
+impl PpoHost {
+    /// The fused path for this network, when it can take it: an MLP actor-critic (one head) whose
+    /// parameters are a CPU f32 buffer with nothing frozen. `None` otherwise (the libtorch loop runs).
+    pub(crate) fn new(net: &ActorCritic) -> Option<Self> {
+        let params = &net.params;
+        params.host_values()?;
+        if params.has_frozen() {
+            return None;
+        }
+        let (indices, activation, outputs, log_std) = net.twin_layout()?;
+        let layers: Vec<TwinLayer> = indices
+            .iter()
+            .map(|&i| {
+                let shape = params.view(i).size();
+                TwinLayer {
+                    w: params.offset(i),
+                    b: params.offset(i + 1),
+                    fan_in: shape[1] as usize,
+                    fan_out: shape[2] as usize,
+                }
+            })
+            .collect();
+        let padded = layers.last()?.fan_out;
+        let dist = match log_std {
+            None => HostDist::Categorical(outputs[0] as usize),
+            Some(i) => HostDist::Gaussian { d: outputs[0] as usize, log_std: params.offset(i) },
+        };
+        if outputs[1] != 1 {
+            return None;
+        }
+        Some(PpoHost {
+            layers,
+            activation,
+            padded,
+            dist,
+            tape: TwinTape::default(),
+            grad: Vec::new(),
+            log_prob: Vec::new(),
+            entropy: Vec::new(),
+            d_log_prob: Vec::new(),
+            d_value: Vec::new(),
+            log_softmax: Vec::new(),
+        })
+    }
+
+    /// One gradient step on `mb`: forward, loss, backward, gradient clipping to `max_grad_norm`, Adam. Returns
+    /// the loss terms before the step. A non-finite gradient norm is an error and no step is taken.
+    pub(crate) fn step(
+        &mut self,
+        params: &mut FlatParams,
+        opt: &mut Adam,
+        mb: &Minibatch<'_>,
+        c: &LossCoefficients,
+        max_grad_norm: f64,
+    ) -> Result<StepLoss> {
+        let rows = mb.old_log_prob.len();
+        let theta = params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
+        twin_forward(&self.layers, self.activation, theta, mb.obs, rows, &mut self.tape);
+        // Every slot is written below: the twin layers by the backward pass, a log-std by the loss.
+        self.grad.resize(theta.len(), 0.0);
+        let loss = self.loss_and_output_gradients(theta, mb, c);
+        twin_backward(&self.layers, self.activation, theta, mb.obs, &mut self.tape, &mut self.grad);
+        let norm = clip_grad_norm(&mut self.grad, max_grad_norm);
+        if !norm.is_finite() {
+            return Err(Error::NonFinite(format!("ppo: gradient norm {norm} (non-finite loss); step not taken")));
+        }
+        if !opt.step_host(theta, &self.grad) {
+            return Err(Error::Unsupported(
+                "fused CPU step: Adam moments are not host buffers of the model's size".into(),
+            ));
+        }
+        Ok(loss)
+    }
+
+    /// The distribution's log-probs and entropies, the loss terms, and `∂loss/∂ln π`, `∂loss/∂V` per sample;
+    /// `∂loss/∂V` goes into the value net's output gradient.
+    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<'_>, c: &LossCoefficients) -> StepLoss {
+        let rows = mb.old_log_prob.len();
+        let inv = 1.0 / rows as f32;
+        self.dist_forward(theta, mb.actions, rows);
+        let (lo, hi) = ((1.0 - c.clip_range) as f32, (1.0 + c.clip_range) as f32);
+        let (vf, ent) = (c.vf_coef as f32, c.ent_coef as f32);
+        self.d_log_prob.clear();
+        self.d_value.clear();
+        let (mut policy, mut value, mut entropy, mut kl, mut clipped) = (0f64, 0f64, 0f64, 0f64, 0usize);
+        for i in 0..rows {
+            let a = mb.advantages[i];
+            let log_ratio = self.log_prob[i] - mb.old_log_prob[i];
+            let ratio = log_ratio.exp();
+            let (s, cl) = (a * ratio, a * ratio.clamp(lo, hi));
+            policy -= s.min(cl) as f64;
+            // ∂min/∂s and ∂min/∂cl as libtorch's `minimum` backward: all to the smaller, half each on a tie.
+            let (ws, wc) = if s < cl {
+                (1.0, 0.0)
+            } else if s > cl {
+                (0.0, 1.0)
+            } else {
+                (0.5, 0.5)
+            };
+            let in_range = if (lo..=hi).contains(&ratio) { 1.0 } else { 0.0 };
+            let d_ratio = -inv * (ws * a + wc * a * in_range);
+            self.d_log_prob.push(d_ratio * ratio);
+            let (v, r) = (self.tape.out(1)[i * self.padded], mb.returns[i]);
+            let d_v = match c.clip_range_vf {
+                None => {
+                    value += ((r - v) * (r - v)) as f64;
+                    -2.0 * (r - v)
+                }
+                Some(eps) => {
+                    let eps = eps as f32;
+                    let old = mb.old_values[i];
+                    let delta = v - old;
+                    let cv = old + delta.clamp(-eps, eps);
+                    let (u, k) = ((r - v) * (r - v), (r - cv) * (r - cv));
+                    value += u.max(k) as f64;
+                    let (wu, wk) = if u > k {
+                        (1.0, 0.0)
+                    } else if u < k {
+                        (0.0, 1.0)
+                    } else {
+                        (0.5, 0.5)
+                    };
+                    let pass = if (-eps..=eps).contains(&delta) { 1.0 } else { 0.0 };
+                    wu * -2.0 * (r - v) + wk * -2.0 * (r - cv) * pass
+                }
+            };
+            self.d_value.push(vf * inv * d_v);
+            entropy += self.entropy[i] as f64;
+            kl += (ratio - 1.0 - log_ratio) as f64;
+            if (ratio - 1.0).abs() > c.clip_range as f32 {
+                clipped += 1;
+            }
+        }
+        self.dist_backward(theta, mb.actions, rows, -ent * inv);
+        let n = rows as f64;
+        // The value net's output gradient (its padding columns get none).
+        let d1 = &mut self.tape.d_out[1];
+        d1.clear();
+        d1.resize(rows * self.padded, 0.0);
+        for (row, d) in d1.chunks_exact_mut(self.padded).zip(&self.d_value) {
+            row[0] = *d;
+        }
+        StepLoss {
+            policy: policy / n,
+            value: value / n,
+            entropy: entropy / n,
+            approx_kl: kl / n,
+            clip_fraction: clipped as f64 / n,
+        }
+    }
+
+    /// Log-probs of the taken actions and entropies, per sample, from the policy net's output.
+    fn dist_forward(&mut self, theta: &[f32], actions: &[f32], rows: usize) {
+        let head = self.tape.out(0);
+        self.log_prob.clear();
+        self.entropy.clear();
+        match self.dist {
+            HostDist::Categorical(n) => {
+                self.log_softmax.clear();
+                for (r, row) in head.chunks_exact(self.padded).take(rows).enumerate() {
+                    let logits = &row[..n];
+                    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                    let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
+                    let lse = max + sum.ln();
+                    let start = self.log_softmax.len();
+                    self.log_softmax.extend(logits.iter().map(|&v| v - lse));
+                    let ls = &self.log_softmax[start..];
+                    self.log_prob.push(ls[actions[r] as usize]);
+                    self.entropy.push(-ls.iter().map(|&l| l.exp() * l).sum::<f32>());
+                }
+            }
+            HostDist::Gaussian { d, log_std } => {
+                let ls = &theta[log_std..log_std + d];
+                let per_dim_entropy: f32 = ls.iter().map(|&l| l + (0.5 + LOG_SQRT_2PI)).sum();
+                for (row, a) in head.chunks_exact(self.padded).take(rows).zip(actions.chunks_exact(d)) {
+                    let mut lp = 0.0f32;
+                    for k in 0..d {
+                        let z = (a[k] - row[k]) * (-ls[k]).exp();
+                        lp += z * z * -0.5 - ls[k] - LOG_SQRT_2PI;
+                    }
+                    self.log_prob.push(lp);
+                    self.entropy.push(per_dim_entropy);
+                }
+            }
+        }
+    }
+
+    /// The policy net's output gradient (into the tape) from `∂loss/∂ln π` and the entropy bonus
+    /// (`−ent_coef/B` per sample's entropy); a Gaussian's log-std gradient into its slot of the flat gradient.
+    fn dist_backward(&mut self, theta: &[f32], actions: &[f32], rows: usize, d_entropy: f32) {
+        let mut d0 = std::mem::take(&mut self.tape.d_out[0]);
+        d0.clear();
+        d0.resize(rows * self.padded, 0.0);
+        let head = self.tape.out(0);
+        match self.dist {
+            HostDist::Categorical(n) => {
+                for r in 0..rows {
+                    let ls = &self.log_softmax[r * n..(r + 1) * n];
+                    let (g, h, a) = (self.d_log_prob[r], self.entropy[r], actions[r] as usize);
+                    for (k, d) in d0[r * self.padded..r * self.padded + n].iter_mut().enumerate() {
+                        let p = ls[k].exp();
+                        let onehot = if k == a { 1.0 } else { 0.0 };
+                        *d = g * (onehot - p) + d_entropy * (-p * (ls[k] + h));
+                    }
+                }
+            }
+            HostDist::Gaussian { d, log_std } => {
+                let ls = &theta[log_std..log_std + d];
+                let mut d_ls = vec![0.0f32; d];
+                for (r, (row, a)) in head.chunks_exact(self.padded).take(rows).zip(actions.chunks_exact(d)).enumerate()
+                {
+                    let g = self.d_log_prob[r];
+                    for k in 0..d {
+                        let inv_std = (-ls[k]).exp();
+                        let z = (a[k] - row[k]) * inv_std;
+                        d0[r * self.padded + k] = g * z * inv_std;
+                        d_ls[k] += g * (z * z - 1.0) + d_entropy;
+                    }
+                }
+                self.grad[log_std..log_std + d].copy_from_slice(&d_ls);
+            }
+        }
+        self.tape.d_out[0] = d0;
+    }
+}
