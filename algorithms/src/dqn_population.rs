@@ -35,6 +35,10 @@ pub fn unbatchable(members: &[&Dqn]) -> Option<String> {
         if !matches!(lock(&m.side).memory, Memory::Uniform(..)) {
             return Some("prioritized or frame replay".into());
         }
+        if c.fused_cpu && m.q.device == tch::Device::Cpu {
+            // The fused step has no per-op dispatch for a batch to share: members step in turn, each as alone.
+            return Some("members take the fused CPU step (`fused_cpu`)".into());
+        }
         if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.online.has_frozen() {
             return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
         }
@@ -217,8 +221,10 @@ mod tests {
         let obs_space = Space::box1d(vec![-1.0; 4], vec![1.0; 4]);
         let act_space = Space::discrete(3);
         let n_envs = 2;
+        // The libtorch path on both sides (the fused CPU step is never batched).
         let build = |c: &DqnConfig, k: usize| {
-            Dqn::new(&obs_space, &act_space, n_envs, c.clone(), Device::Cpu, 40 + k as u64).unwrap()
+            let c = DqnConfig { fused_cpu: false, ..c.clone() };
+            Dqn::new(&obs_space, &act_space, n_envs, c, Device::Cpu, 40 + k as u64).unwrap()
         };
         let mut together: Vec<Dqn> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
         let mut alone: Vec<Dqn> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
@@ -311,5 +317,10 @@ mod tests {
         )
         .unwrap();
         assert!(unbatchable(&[&a, &a]).unwrap().contains("dueling"));
+        let fused = Dqn::new(&obs, &Space::discrete(2), 1, small(1e-3, 0.99, 30, false), Device::Cpu, 1).unwrap();
+        assert!(unbatchable(&[&fused, &fused]).unwrap().contains("fused"));
+        let torch = DqnConfig { fused_cpu: false, ..small(1e-3, 0.99, 30, false) };
+        let torch = Dqn::new(&obs, &Space::discrete(2), 1, torch, Device::Cpu, 1).unwrap();
+        assert!(unbatchable(&[&torch, &torch]).is_none());
     }
 }

@@ -129,19 +129,21 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Both nets of a twin MLP on `x` (`rows × layers[0].fan_in`), saving what [`twin_backward`] needs. The
-/// outputs are [`TwinTape::out`].
+/// The first `nets` (1 or 2) nets of a twin MLP on `x` (`rows × layers[0].fan_in`), saving what
+/// [`twin_backward`] needs; the outputs are [`TwinTape::out`]. A plain MLP ([`crate::nets::FlatMlp`]: weight
+/// `[fan_in, fan_out]`, bias `[fan_out]`) is net 0 of a "twin" with one net.
 pub(crate) fn twin_forward(
     layers: &[TwinLayer],
     activation: Activation,
     theta: &[f32],
     x: &[f32],
     rows: usize,
+    nets: usize,
     tape: &mut TwinTape,
 ) {
     tape.rows = rows;
     let last = layers.len() - 1;
-    for j in 0..2 {
+    for j in 0..nets.min(2) {
         let outs = &mut tape.outs[j];
         outs.resize_with(layers.len(), Vec::new);
         for (k, &layer) in layers.iter().enumerate() {
@@ -173,20 +175,21 @@ pub(crate) fn twin_forward(
     }
 }
 
-/// The gradient of the loss with respect to every twin-MLP parameter, written (not added) into `grad` (the
-/// flat buffer's layout), from the `∂loss/∂output` the caller left in [`TwinTape::d_out`] after
+/// The gradient of the loss with respect to the first `nets` nets' parameters, written (not added) into
+/// `grad` (the flat buffer's layout), from the `∂loss/∂output` the caller left in [`TwinTape::d_out`] after
 /// [`twin_forward`] on the same `theta` and `x`.
 pub(crate) fn twin_backward(
     layers: &[TwinLayer],
     activation: Activation,
     theta: &[f32],
     x: &[f32],
+    nets: usize,
     tape: &mut TwinTape,
     grad: &mut [f32],
 ) {
     let rows = tape.rows;
     let TwinTape { outs, d_out, delta, delta_in, wt, dwt, .. } = tape;
-    for j in 0..2 {
+    for j in 0..nets.min(2) {
         delta.clear();
         delta.extend_from_slice(&d_out[j]);
         for (k, &layer) in layers.iter().enumerate().rev() {
@@ -328,7 +331,16 @@ fn expm1_lane(y: f32) -> f32 {
 /// `torch.nn.utils.clip_grad_norm_` (and [`crate::params::FlatParams::clip_grad_norm`]): scale
 /// `max_norm / (norm + 1e-6)` when below 1. Returns the norm before clipping.
 pub(crate) fn clip_grad_norm(grad: &mut [f32], max_norm: f64) -> f64 {
-    let norm = grad.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>().sqrt();
+    // Eight f64 partial sums (so the loop vectorises), added at the end.
+    let mut acc = [0f64; 8];
+    let chunks = grad.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&g| (g as f64) * (g as f64)).sum();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += (c[i] as f64) * (c[i] as f64);
+        }
+    }
+    let norm = (acc.iter().sum::<f64>() + tail).sqrt();
     let coef = max_norm / (norm + 1e-6);
     if coef < 1.0 {
         let c = coef as f32;
@@ -352,12 +364,63 @@ pub(crate) fn adam_step(
 ) {
     let bias1 = 1.0 - beta1.powi(t as i32);
     let bias2 = 1.0 - beta2.powi(t as i32);
-    let (w1, b2, w2) = ((1.0 - beta1) as f32, beta2 as f32, (1.0 - beta2) as f32);
-    let (step, sqrt_bias2, eps) = ((-lr / bias1) as f32, bias2.sqrt() as f32, eps as f32);
+    let k = AdamConstants {
+        w1: (1.0 - beta1) as f32,
+        b2: beta2 as f32,
+        w2: (1.0 - beta2) as f32,
+        step: (-lr / bias1) as f32,
+        sqrt_bias2: bias2.sqrt() as f32,
+        eps: eps as f32,
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { adam_avx512(theta, grad, m, v, &k) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { adam_avx2(theta, grad, m, v, &k) };
+        }
+    }
+    adam_lanes(theta, grad, m, v, &k)
+}
+
+/// Adam's per-step scalars in f32.
+struct AdamConstants {
+    w1: f32,
+    b2: f32,
+    w2: f32,
+    step: f32,
+    sqrt_bias2: f32,
+    eps: f32,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn adam_avx512(theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamConstants) {
+    adam_lanes(theta, grad, m, v, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn adam_avx2(theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamConstants) {
+    adam_lanes(theta, grad, m, v, k)
+}
+
+/// The Adam loop, branch-free (it vectorises). Moments that decay below the smallest normal f32 are set to
+/// 0: a parameter whose gradient stays 0 (a dead ReLU unit) would otherwise carry subnormal moments, on which
+/// x86 arithmetic is ~100× slower; the step they would give is < 1e-30.
+#[inline(always)]
+fn adam_lanes(theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamConstants) {
     for (((th, &g), m), v) in theta.iter_mut().zip(grad).zip(m.iter_mut()).zip(v.iter_mut()) {
-        *m += w1 * (g - *m);
-        *v = *v * b2 + g * (g * w2);
-        *th += (*m * step) / (v.sqrt() / sqrt_bias2 + eps);
+        let mut m1 = *m + k.w1 * (g - *m);
+        let mut v1 = *v * k.b2 + g * (g * k.w2);
+        m1 = if m1.abs() < f32::MIN_POSITIVE { 0.0 } else { m1 };
+        v1 = if v1 < f32::MIN_POSITIVE { 0.0 } else { v1 };
+        *m = m1;
+        *v = v1;
+        *th += (m1 * k.step) / (v1.sqrt() / k.sqrt_bias2 + k.eps);
     }
 }
 
@@ -433,11 +496,11 @@ mod tests {
             let xs: Vec<f32> = Vec::try_from(x.flatten(0, -1)).unwrap();
             let ups: Vec<f32> = Vec::try_from(up.flatten(0, -1)).unwrap();
             let mut tape = TwinTape::default();
-            twin_forward(&layers, activation, &theta, &xs, rows, &mut tape);
+            twin_forward(&layers, activation, &theta, &xs, rows, 2, &mut tape);
             let got_out: Vec<f32> = [tape.out(0), tape.out(1)].concat();
             tape.d_out = [ups[..rows * 3].to_vec(), ups[rows * 3..].to_vec()];
             let mut grad = vec![f32::NAN; theta.len()];
-            twin_backward(&layers, activation, &theta, &xs, &mut tape, &mut grad);
+            twin_backward(&layers, activation, &theta, &xs, 2, &mut tape, &mut grad);
             let close = |a: &[f32], b: &[f32], what: &str| {
                 let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (i, (p, q)) in a.iter().zip(b).enumerate() {

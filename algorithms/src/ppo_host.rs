@@ -122,11 +122,11 @@ impl PpoHost {
     ) -> Result<StepLoss> {
         let rows = mb.old_log_prob.len();
         let theta = params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
-        twin_forward(&self.layers, self.activation, theta, mb.obs, rows, &mut self.tape);
+        twin_forward(&self.layers, self.activation, theta, mb.obs, rows, 2, &mut self.tape);
         // Every slot is written below: the twin layers by the backward pass, a log-std by the loss.
         self.grad.resize(theta.len(), 0.0);
         let loss = self.loss_and_output_gradients(theta, mb, c);
-        twin_backward(&self.layers, self.activation, theta, mb.obs, &mut self.tape, &mut self.grad);
+        twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad);
         let norm = clip_grad_norm(&mut self.grad, max_grad_norm);
         if !norm.is_finite() {
             return Err(Error::NonFinite(format!("ppo: gradient norm {norm} (non-finite loss); step not taken")));

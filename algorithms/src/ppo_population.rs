@@ -44,6 +44,11 @@ pub fn unbatchable(members: &[&Ppo]) -> Option<String> {
         if c.vtrace.is_some() || c.target_kl.is_some() {
             return Some("V-trace or a KL early stop".into());
         }
+        if c.fused_cpu && m.pi.net.device == tch::Device::Cpu {
+            // One fused step per minibatch has no per-op dispatch for a batch to share, and one member's
+            // activations stay in the caches: members update in turn, each exactly as alone.
+            return Some("members take the fused CPU step (`fused_cpu`)".into());
+        }
         if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.pi.net.params.has_frozen() {
             return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
         }
@@ -402,8 +407,10 @@ pub(crate) mod tests {
     /// order), and the sampling RNG streams exactly.
     fn check_matches_alone(obs_space: Space, act_space: Space, configs: Vec<PpoConfig>, n_envs: usize) {
         let obs_dim = obs_space.flat_dim();
+        // The libtorch path on both sides (the fused CPU step is never batched).
         let build = |c: &PpoConfig, k: usize| {
-            Ppo::new(&obs_space, &act_space, n_envs, c.clone(), Device::Cpu, 100 + k as u64).unwrap()
+            let c = PpoConfig { fused_cpu: false, ..c.clone() };
+            Ppo::new(&obs_space, &act_space, n_envs, c, Device::Cpu, 100 + k as u64).unwrap()
         };
         let mut together: Vec<Ppo> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
         let mut alone: Vec<Ppo> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
@@ -513,11 +520,13 @@ pub(crate) mod tests {
     #[test]
     fn members_that_cannot_batch_are_named() {
         let (o, a) = cartpole();
-        let x = Ppo::new(&o, &a, 4, PpoConfig { n_steps: 16, batch_size: 64, ..PpoConfig::default() }, Device::Cpu, 1)
-            .unwrap();
-        let y = Ppo::new(&o, &a, 4, PpoConfig { n_steps: 16, batch_size: 32, ..PpoConfig::default() }, Device::Cpu, 2)
-            .unwrap();
+        let torch = PpoConfig { n_steps: 16, fused_cpu: false, ..PpoConfig::default() };
+        let x = Ppo::new(&o, &a, 4, PpoConfig { batch_size: 64, ..torch.clone() }, Device::Cpu, 1).unwrap();
+        let y = Ppo::new(&o, &a, 4, PpoConfig { batch_size: 32, ..torch.clone() }, Device::Cpu, 2).unwrap();
         assert!(unbatchable(&[&x, &y]).unwrap().contains("schedules"));
         assert!(unbatchable(&[&x, &x]).is_none());
+        let fused = PpoConfig { batch_size: 64, fused_cpu: true, ..torch };
+        let fused = Ppo::new(&o, &a, 4, fused, Device::Cpu, 1).unwrap();
+        assert!(unbatchable(&[&fused, &fused]).unwrap().contains("fused"));
     }
 }

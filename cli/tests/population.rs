@@ -100,20 +100,21 @@ fn ppo_members_are_their_seeds_trained_alone() {
     check_members_equal_alone("ppo", "cartpole_ppo.toml", &["run.total_env_steps=4096", "eval.interval_steps=2048"]);
 }
 
-/// Batched (the default): the 4 members on one thread share every PPO update (one batched program); each
-/// ends within 1e-5 relative of its run alone after 8 updates × 20 epochs (reductions add in another order:
-/// ~1e-8 per update, checked to 1e-6 after 4 updates in algorithms' ppo_population tests), and they reach the
-/// same final evaluations.
+/// Batched on libtorch (`fused_cpu = false`; the fused CPU step updates members in turn, each bit for bit as
+/// alone): the 4 members on one thread share every PPO update (one batched program); each ends within 1e-5
+/// relative of its run alone after 8 updates × 20 epochs (reductions add in another order: ~1e-8 per update,
+/// checked to 1e-6 after 4 updates in algorithms' ppo_population tests), and they reach the same final
+/// evaluations.
 #[test]
 fn batched_ppo_members_match_their_seeds_trained_alone() {
     let dir = scratch("population", "batched");
     let pop = dir.join("pop");
-    let sets = ["run.total_env_steps=2048", "eval.interval_steps=1024"];
+    let sets = ["run.total_env_steps=2048", "eval.interval_steps=1024", "algorithm.fused_cpu=false"];
     ok(train(&config("cartpole_ppo.toml"), &sets, &pop, &["--population", "4", "--set", "population.threads=1"]));
     for k in [0usize, 3] {
         let alone = dir.join(format!("alone-{k}"));
         let seed = format!("run.seed={}", 1 + k);
-        ok(train(&config("cartpole_ppo.toml"), &[sets[0], sets[1], &seed], &alone, &[]));
+        ok(train(&config("cartpole_ppo.toml"), &[sets[0], sets[1], sets[2], &seed], &alone, &[]));
         let d = relative_difference(&weights(&member(&pop, k)), &weights(&alone));
         assert!(d <= 1e-5, "member {k}: weights differ from seed {} alone by {d:e} (relative)", 1 + k);
         let evals = |run: &Path| common::metric(run, "eval/mean_return");
@@ -301,7 +302,7 @@ fn bad_population_configs_are_refused_before_anything_is_written() {
 #[test]
 fn batched_population_resumes_members_checkpointed_at_different_steps() {
     let dir = scratch("population", "uneven");
-    let sets = ["run.total_env_steps=2048", "eval.interval_steps=1024"];
+    let sets = ["run.total_env_steps=2048", "eval.interval_steps=1024", "algorithm.fused_cpu=false"];
     let extra = ["--population", "2", "--set", "population.threads=1"];
     let (whole, late, early) = (dir.join("whole"), dir.join("late"), dir.join("early"));
     ok(train(&config("cartpole_ppo.toml"), &sets, &whole, &extra));

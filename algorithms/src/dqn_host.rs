@@ -1,0 +1,152 @@
+//! DQN's gradient step on the fused CPU path ([`crate::host_train`]): the same TD target, Huber loss,
+//! gradient clipping and Adam step as [`crate::dqn::Dqn`]'s libtorch step, for MLP Q-networks on the CPU
+//! (no dueling head, no task heads). Agreement with the libtorch step is tested in `dqn`
+//! (`fused_cpu_steps_match_libtorch`).
+use crate::activation::Activation;
+use crate::adam::Adam;
+use crate::host_train::{TwinLayer, TwinTape, clip_grad_norm, twin_backward, twin_forward};
+use crate::params::FlatParams;
+use crate::replay::ReplaySample;
+use crate::{Error, Result};
+
+/// The fused DQN step's layout and reusable buffers.
+#[derive(Debug, Clone)]
+pub(crate) struct DqnHost {
+    layers: Vec<TwinLayer>,
+    activation: Activation,
+    n_actions: usize,
+    /// The online network's forward pass on the sample's observations (kept for the backward pass).
+    tape: TwinTape,
+    /// Forward passes that need no gradient (target network; online network for double Q).
+    infer: TwinTape,
+    grad: Vec<f32>,
+    targets: Vec<f32>,
+}
+
+/// What a step returns for the metrics and the replay: the loss, the mean Q of the taken actions, and the TD
+/// errors `Q − target` per sample (prioritized replay's new priorities).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DqnStep {
+    pub loss: f32,
+    pub mean_q: f32,
+    pub td: Vec<f32>,
+}
+
+impl DqnHost {
+    /// The fused path for an MLP of these layers (weight indices into `online`, each followed by its bias),
+    /// when `online` is a CPU f32 buffer with nothing frozen; `None` otherwise.
+    pub(crate) fn new(
+        online: &FlatParams,
+        layer_indices: &[usize],
+        activation: Activation,
+        n_actions: usize,
+    ) -> Option<Self> {
+        online.host_values()?;
+        if online.has_frozen() {
+            return None;
+        }
+        let layers: Vec<TwinLayer> = layer_indices
+            .iter()
+            .map(|&i| {
+                let shape = online.view(i).size();
+                TwinLayer {
+                    w: online.offset(i),
+                    b: online.offset(i + 1),
+                    fan_in: shape[0] as usize,
+                    fan_out: shape[1] as usize,
+                }
+            })
+            .collect();
+        if layers.last()?.fan_out != n_actions {
+            return None;
+        }
+        Some(DqnHost {
+            layers,
+            activation,
+            n_actions,
+            tape: TwinTape::default(),
+            infer: TwinTape::default(),
+            grad: Vec::new(),
+            targets: Vec::new(),
+        })
+    }
+
+    /// One gradient step on the replay sample `s`: the TD target from the target network (its argmax taken by
+    /// the online network with `double_q`), the Huber loss (weighted by `s.weights`, all 1 for uniform
+    /// sampling), backward, gradient clipping to `max_grad_norm`, Adam. A non-finite gradient norm is an
+    /// error and no step is taken.
+    pub(crate) fn step(
+        &mut self,
+        online: &mut FlatParams,
+        target: &FlatParams,
+        opt: &mut Adam,
+        s: &ReplaySample<f32>,
+        double_q: bool,
+        max_grad_norm: f64,
+    ) -> Result<DqnStep> {
+        let rows = s.rewards.len();
+        let a = self.n_actions;
+        // TD targets (no gradient).
+        let target_theta =
+            target.host_values().ok_or_else(|| Error::Unsupported("fused DQN step off the CPU".into()))?;
+        twin_forward(&self.layers, self.activation, target_theta, &s.next_obs, rows, 1, &mut self.infer);
+        let next_q = self.infer.out(0).to_vec();
+        let theta = online.host_values_mut().ok_or_else(|| Error::Unsupported("fused DQN step off the CPU".into()))?;
+        let best: Vec<usize> = if double_q {
+            twin_forward(&self.layers, self.activation, theta, &s.next_obs, rows, 1, &mut self.infer);
+            self.infer.out(0).chunks_exact(a).map(argmax).collect()
+        } else {
+            next_q.chunks_exact(a).map(argmax).collect()
+        };
+        self.targets.clear();
+        for (i, row) in next_q.chunks_exact(a).enumerate() {
+            let bootstrap = if s.terminated[i] { 0.0 } else { s.discounts[i] };
+            self.targets.push(s.rewards[i] + bootstrap * row[best[i]]);
+        }
+        // Q of the taken actions, the loss and its gradient.
+        twin_forward(&self.layers, self.activation, theta, &s.obs, rows, 1, &mut self.tape);
+        let inv = 1.0 / rows as f32;
+        let mut out = DqnStep { td: Vec::with_capacity(rows), ..Default::default() };
+        let mut d_out = std::mem::take(&mut self.tape.d_out[0]);
+        d_out.clear();
+        d_out.resize(rows * a, 0.0);
+        let (mut loss, mut q_sum) = (0f64, 0f64);
+        for (i, q_row) in self.tape.out(0).chunks_exact(a).enumerate() {
+            let action = s.actions[i] as usize;
+            let x = q_row[action] - self.targets[i];
+            let w = s.weights[i];
+            // smooth_l1 with β = 1, as libtorch: ½x² inside |x| < 1, |x| − ½ outside; gradient x or sign(x).
+            let (huber, slope) = if x.abs() < 1.0 { (0.5 * x * x, x) } else { (x.abs() - 0.5, x.signum()) };
+            loss += (huber * w) as f64;
+            d_out[i * a + action] = slope * w * inv;
+            q_sum += q_row[action] as f64;
+            out.td.push(x);
+        }
+        self.tape.d_out[0] = d_out;
+        out.loss = (loss / rows as f64) as f32;
+        out.mean_q = (q_sum / rows as f64) as f32;
+        self.grad.resize(theta.len(), 0.0);
+        twin_backward(&self.layers, self.activation, theta, &s.obs, 1, &mut self.tape, &mut self.grad);
+        let norm = clip_grad_norm(&mut self.grad, max_grad_norm);
+        if !norm.is_finite() {
+            return Err(Error::NonFinite(format!("dqn: gradient norm {norm} (non-finite loss); step not taken")));
+        }
+        if !opt.step_host(theta, &self.grad) {
+            return Err(Error::Unsupported(
+                "fused CPU step: Adam moments are not host buffers of the model's size".into(),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// The first index of the largest value (libtorch's `argmax` on ties).
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
