@@ -12,12 +12,13 @@
 //!
 //! Suites:
 //! 1. `speed`: PPO on CartPole-v1 (`cartpole_ppo.toml`, 100 K env steps per member, `torch_threads = 1`) on
-//!    one core: the machine's fp32 matmul peak (libtorch, one thread), one Flotilla run, populations of 16 and
-//!    64 (batched update) and 16 unbatched, SB3 one seed, JAX one and 16 seeds; then on two cores a population
-//!    of 16 on two threads against SB3's 16 seeds in two processes. Update GFLOP/s are analytic FLOPs (below)
-//!    over the learner's measured update seconds.
-//! 2. `dqn`: DQN on CartPole-v1 (`cartpole_dqn.toml`, 50 K) on one core, Flotilla against SB3, and the update's
-//!    GFLOP/s against the matmul peak.
+//!    one core: the machine's fp32 matmul peak (libtorch, one thread), one Flotilla run on the fused CPU step
+//!    and one on libtorch (`fused_cpu = false`), populations of 16 and 64 (fused: members in turn) and of 16
+//!    on libtorch (batched update), SB3 one seed, JAX one and 16 seeds; then on two cores a population of 16 on
+//!    two threads against SB3's 16 seeds in two processes. Update GFLOP/s are analytic FLOPs (below) over the
+//!    learner's measured update seconds.
+//! 2. `dqn`: DQN on CartPole-v1 (`cartpole_dqn.toml`, 50 K) on one core, Flotilla (fused CPU step and
+//!    libtorch) against SB3, and the update's GFLOP/s against the matmul peak.
 //! 3. `pbt`: PPO on CartPole-v1 with a random learning-rate × clip-range sweep over 8 members on two cores
 //!    (`population.threads = 2`), with and without PBT, three repetitions: env steps until the best member's
 //!    evaluation first reaches 475, members at 475 at the end, whether the best stays there.
@@ -369,15 +370,22 @@ impl Bench {
         let plain = example_text("cartpole_ppo.toml", "")?;
         let flops = ppo_flops_per_step(&ExperimentConfig::parse(&plain, &[])?.to_toml())?;
         println!("## PPO CartPole-v1, {steps} env steps per seed, one core (taskset -c 0), torch_threads 1\n");
-        let one = self.flotilla("ppo-1", "0", &plain, &overrides(1))?;
-        let pop = |n: usize, batched: bool| -> BenchResult<FlotillaRun> {
-            let text = example_text("cartpole_ppo.toml", &population(n, 1, batched))?;
-            let tag = if batched { "batched" } else { "unbatched" };
-            self.flotilla(&format!("ppo-pop{n}-{tag}"), "0", &text, &overrides(1))
+        // `fused`: the fused CPU step (the default); else every update on libtorch, members batched.
+        let with_path = |seed: u64, fused: bool| {
+            let mut o = overrides(seed);
+            o.push(format!("algorithm.fused_cpu={fused}"));
+            o
+        };
+        let one = self.flotilla("ppo-1", "0", &plain, &with_path(1, true))?;
+        let one_torch = self.flotilla("ppo-1-libtorch", "0", &plain, &with_path(1, false))?;
+        let pop = |n: usize, fused: bool| -> BenchResult<FlotillaRun> {
+            let text = example_text("cartpole_ppo.toml", &population(n, 1, true))?;
+            let tag = if fused { "fused" } else { "libtorch-batched" };
+            self.flotilla(&format!("ppo-pop{n}-{tag}"), "0", &text, &with_path(1, fused))
         };
         let pop_small = pop(small, true)?;
         let pop_large = pop(large, true)?;
-        let pop_unbatched = pop(small, false)?;
+        let pop_torch = pop(small, false)?;
         let sb3 = self.sb3("ppo", &[1], 1, steps, "0")?;
         let jax_one = self.jax(1, steps)?;
         let jax_many = self.jax(small, steps)?;
@@ -402,10 +410,11 @@ impl Bench {
                 100.0 * gflops / peak.matmul
             );
         };
-        flotilla_row("Flotilla, 1 seed", &one);
-        flotilla_row(&format!("Flotilla population of {small} (batched)"), &pop_small);
-        flotilla_row(&format!("Flotilla population of {large} (batched)"), &pop_large);
-        flotilla_row(&format!("Flotilla population of {small} (batched = false)"), &pop_unbatched);
+        flotilla_row("Flotilla, 1 seed (fused CPU step)", &one);
+        flotilla_row("Flotilla, 1 seed (libtorch step, fused_cpu = false)", &one_torch);
+        flotilla_row(&format!("Flotilla population of {small} (fused CPU step)"), &pop_small);
+        flotilla_row(&format!("Flotilla population of {large} (fused CPU step)"), &pop_large);
+        flotilla_row(&format!("Flotilla population of {small} (libtorch, batched update)"), &pop_torch);
         let peer_row = |label: &str, run: &Option<PeerRun>, install: &str| match run {
             None => println!("| {label} | not installed: bash scripts/setup_peers.sh {install} | | | | | | | |"),
             Some(r) => {
@@ -426,11 +435,15 @@ impl Bench {
         peer_row("SB3 (RL Zoo), 1 seed", &sb3, "--sb3 --jax");
         peer_row("JAX PPO, 1 seed", &jax_one, "--sb3 --jax");
         peer_row(&format!("JAX PPO, {small} seeds vmapped"), &jax_many, "--sb3 --jax");
-        let ratio = pop_unbatched.train_secs(1) / pop_small.train_secs(1);
         println!(
-            "\nBatched vs unbatched population of {small}: {ratio:.2}× faster to train ({:.2} vs {:.2} update s).",
+            "\nFused CPU step vs libtorch: 1 seed {:.2}× faster to train ({:.2} vs {:.2} update s); population of \
+             {small}, fused members in turn vs the libtorch batched update: {:.2}× ({:.2} vs {:.2} update s).",
+            one_torch.train_secs(1) / one.train_secs(1),
+            one.update_secs(1),
+            one_torch.update_secs(1),
+            pop_torch.train_secs(1) / pop_small.train_secs(1),
             pop_small.update_secs(1),
-            pop_unbatched.update_secs(1)
+            pop_torch.update_secs(1)
         );
         println!(
             "\nNotes: Flotilla's train s is Σ over members of `train_secs` ÷ worker threads (collection and updates, \
@@ -458,7 +471,7 @@ impl Bench {
         let train = pop_two.train_secs(2);
         let gflops = pop_two.gradient_steps() as f64 * flops / pop_two.update_secs(2).max(1e-9) / 1e9;
         println!(
-            "| Flotilla population (threads = 2, batched) | {small} | {train:.2} | {:.3} | {:.2} | {} / {small} | {gflops:.2} |",
+            "| Flotilla population (threads = 2, fused CPU step) | {small} | {train:.2} | {:.3} | {:.2} | {} / {small} | {gflops:.2} |",
             train / small as f64,
             pop_two.process_secs,
             pop_two.solved()
@@ -498,19 +511,24 @@ impl Bench {
         let (flops, formula) = dqn_flops_per_step(&ExperimentConfig::parse(&text, &[])?.to_toml())?;
         println!("## DQN CartPole-v1, {steps} env steps, one core (taskset -c 0)\n");
         let run = self.flotilla("dqn-1", "0", &text, &overrides)?;
+        let torch_overrides = [&overrides[..], &["algorithm.fused_cpu=false".to_string()]].concat();
+        let torch = self.flotilla("dqn-1-libtorch", "0", &text, &torch_overrides)?;
         let sb3 = self.sb3("dqn", &[1], 1, steps, "0")?;
         println!("| run | train s | final return | gradient steps | update s | update GFLOP/s | % of matmul peak |");
         println!("|---|---:|---:|---:|---:|---:|---:|");
+        for (label, r) in [("Flotilla (fused CPU step)", &run), ("Flotilla (libtorch step, fused_cpu = false)", &torch)] {
+            let m = &r.members[0];
+            let gflops = m.gradient_steps as f64 * flops / m.update_secs.max(1e-9) / 1e9;
+            println!(
+                "| {label} | {:.2} | {:.1} | {} | {:.2} | {gflops:.2} | {:.1} % |",
+                m.train_secs,
+                m.final_return,
+                m.gradient_steps,
+                m.update_secs,
+                100.0 * gflops / peak.matmul
+            );
+        }
         let m = &run.members[0];
-        let gflops = m.gradient_steps as f64 * flops / m.update_secs.max(1e-9) / 1e9;
-        println!(
-            "| Flotilla | {:.2} | {:.1} | {} | {:.2} | {gflops:.2} | {:.1} % |",
-            m.train_secs,
-            m.final_return,
-            m.gradient_steps,
-            m.update_secs,
-            100.0 * gflops / peak.matmul
-        );
         match &sb3 {
             None => println!("| SB3 | not installed: bash scripts/setup_peers.sh --sb3 --jax | | | | | |"),
             Some(s) => {
