@@ -45,18 +45,7 @@ impl DqnHost {
         if online.has_frozen() {
             return None;
         }
-        let layers: Vec<TwinLayer> = layer_indices
-            .iter()
-            .map(|&i| {
-                let shape = online.view(i).size();
-                TwinLayer {
-                    w: online.offset(i),
-                    b: online.offset(i + 1),
-                    fan_in: shape[0] as usize,
-                    fan_out: shape[1] as usize,
-                }
-            })
-            .collect();
+        let layers: Vec<TwinLayer> = layer_indices.iter().map(|&i| TwinLayer::of(online, i)).collect();
         if layers.last()?.fan_out != n_actions {
             return None;
         }

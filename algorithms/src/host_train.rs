@@ -25,6 +25,19 @@ pub(crate) struct TwinLayer {
 }
 
 impl TwinLayer {
+    /// Layer `i` of `params` (`i` its weight, `i + 1` its bias): a twin's `[2, fan_in, fan_out]` or a plain
+    /// MLP's `[fan_in, fan_out]`.
+    pub(crate) fn of(params: &crate::params::FlatParams, i: usize) -> Self {
+        let shape = params.view(i).size();
+        let n = shape.len();
+        TwinLayer {
+            w: params.offset(i),
+            b: params.offset(i + 1),
+            fan_in: shape[n - 2] as usize,
+            fan_out: shape[n - 1] as usize,
+        }
+    }
+
     fn weight(self, j: usize) -> std::ops::Range<usize> {
         let start = self.w + j * self.fan_in * self.fan_out;
         start..start + self.fan_in * self.fan_out

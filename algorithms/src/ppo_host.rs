@@ -75,18 +75,7 @@ impl PpoHost {
             return None;
         }
         let (indices, activation, outputs, log_std) = net.twin_layout()?;
-        let layers: Vec<TwinLayer> = indices
-            .iter()
-            .map(|&i| {
-                let shape = params.view(i).size();
-                TwinLayer {
-                    w: params.offset(i),
-                    b: params.offset(i + 1),
-                    fan_in: shape[1] as usize,
-                    fan_out: shape[2] as usize,
-                }
-            })
-            .collect();
+        let layers: Vec<TwinLayer> = indices.iter().map(|&i| TwinLayer::of(params, i)).collect();
         let padded = layers.last()?.fan_out;
         let dist = match log_std {
             None => HostDist::Categorical(outputs[0] as usize),
