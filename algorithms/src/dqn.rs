@@ -274,6 +274,8 @@ pub(crate) struct DqnBatch {
     pub(crate) bootstrap: Tensor,
     /// Prioritized replay: importance weights and the slots to give new priorities.
     pub(crate) prioritized: Option<(Tensor, Vec<usize>)>,
+    /// The sample on the host, for the fused CPU step (a [`DqnFeed`] keeps it when that step may apply).
+    pub(crate) host: Option<Box<ReplaySample<f32>>>,
 }
 
 /// Where a prepared batch sits in its training phase, and the schedules when it was sampled.
@@ -373,6 +375,7 @@ impl DataSide {
             rewards: Tensor::from_slice(s_rewards).to_device(d),
             bootstrap: Tensor::from_slice(&bootstrap).to_device(d),
             prioritized,
+            host: None,
         })
     }
 
@@ -410,8 +413,13 @@ impl ReplayFeed for DqnFeed {
             out.push(Prepared(PreparedWork::DqnSyncTarget));
         }
         let due = side.phase_due(&self.config, progress);
+        // The fused CPU step trains on the host rows: keep a copy when it may apply (the agent decides).
+        let host_copy = self.config.fused_cpu && self.layout.device == Device::Cpu && self.layout.image.is_none();
         for i in 0..due {
-            let batch = side.sample(self.config.batch_size, &self.layout)?;
+            let mut batch = side.sample(self.config.batch_size, &self.layout)?;
+            if host_copy {
+                batch.host = Some(Box::new(side.sample.clone()));
+            }
             let c = &side.counters;
             let at = PhaseStep { progress: *progress, epsilon: c.epsilon, beta: c.beta, last: i + 1 == due };
             out.push(Prepared(PreparedWork::DqnBatch(Box::new(batch), at)));
@@ -808,6 +816,7 @@ impl Dqn {
             rewards: Tensor::from_slice(rewards).to_device(d),
             bootstrap: Tensor::from_slice(bootstrap).to_device(d),
             prioritized: None,
+            host: None,
         };
         let (loss, _) = self.gradient_step(&batch)?;
         Ok(f64::try_from(loss)?)
@@ -882,22 +891,34 @@ impl Dqn {
     /// `due` gradient steps on the fused CPU path, each on a fresh replay sample (drawn as the libtorch path
     /// draws it, from the same RNG); (loss, mean Q) per step.
     fn fused_steps(&mut self, host: &mut DqnHost, due: usize) -> Result<Vec<(Tensor, Tensor)>> {
-        let (batch, double_q, max_grad_norm) =
-            (self.config.batch_size, self.config.double_q, self.config.max_grad_norm);
+        let batch = self.config.batch_size;
         let mut steps = Vec::with_capacity(due);
         for _ in 0..due {
-            let mut side = lock(&self.side);
-            side.draw(batch)?;
-            let step =
-                host.step(&mut self.online, &self.target, &mut self.opt, &side.sample, double_q, max_grad_norm)?;
-            let side = &mut *side;
-            if let Memory::Prioritized(_, r) = &mut side.memory {
-                r.update_priorities(&side.sample.indices, &step.td)?;
-            }
-            side.counters.gradient_steps += 1;
-            steps.push((Tensor::from(step.loss), Tensor::from(step.mean_q)));
+            // The sample buffers leave the data side for the step (it locks the side again) and come back.
+            let sample = {
+                let mut side = lock(&self.side);
+                side.draw(batch)?;
+                std::mem::take(&mut side.sample)
+            };
+            let step = self.fused_step(host, &sample);
+            lock(&self.side).sample = sample;
+            steps.push(step?);
         }
         Ok(steps)
+    }
+
+    /// One fused CPU gradient step on a host replay sample, then the new priorities (prioritized replay) and
+    /// the step count; (loss, mean Q).
+    fn fused_step(&mut self, host: &mut DqnHost, sample: &ReplaySample<f32>) -> Result<(Tensor, Tensor)> {
+        let (double_q, max_grad_norm) = (self.config.double_q, self.config.max_grad_norm);
+        let step = host.step(&mut self.online, &self.target, &mut self.opt, sample, double_q, max_grad_norm)?;
+        let mut side = lock(&self.side);
+        let side = &mut *side;
+        if let Memory::Prioritized(_, r) = &mut side.memory {
+            r.update_priorities(&sample.indices, &step.td)?;
+        }
+        side.counters.gradient_steps += 1;
+        Ok((Tensor::from(step.loss), Tensor::from(step.mean_q)))
     }
 
     /// The learning rate at `progress`.
@@ -1025,7 +1046,17 @@ impl Algorithm for Dqn {
             }
             PreparedWork::DqnBatch(batch, at) => {
                 self.set_learning_rate(&at.progress);
-                let step = self.gradient_step(&batch);
+                let step = match (batch.host.as_deref(), self.fused_path()) {
+                    (Some(sample), Some(mut host)) => {
+                        let step = self.fused_step(&mut host, sample);
+                        self.host_step = Some(host);
+                        step
+                    }
+                    (_, host) => {
+                        self.host_step = host;
+                        self.gradient_step(&batch)
+                    }
+                };
                 // A failed step ends its phase: the next batch starts a fresh one.
                 let step = step.inspect_err(|_| self.phase.clear())?;
                 self.phase.push(step);
@@ -1493,6 +1524,9 @@ mod tests {
         };
         let vector = |t: u64, e: usize| (0..4).map(|i| ((t * 7 + i * 3 + e as u64) % 13) as f32 / 13.0).collect();
         feed_ahead_matches_inline(Space::box1d(vec![0.0; 4], vec![1.0; 4]), config.clone(), vector, |o| ObsRef::F32(o));
+        // Without the dueling head both sides take the fused CPU step (the feed hands over the host rows).
+        let plain = DqnConfig { dueling: false, ..config.clone() };
+        feed_ahead_matches_inline(Space::box1d(vec![0.0; 4], vec![1.0; 4]), plain, vector, |o| ObsRef::F32(o));
         let frames = frame_stack_space();
         // A frame stack whose newest frame changes each step (the older three are the previous steps').
         let stack = |t: u64, e: usize| (0..4u64).flat_map(|k| vec![((t + k) * 37 + e as u64) as u8; 36 * 36]).collect();
