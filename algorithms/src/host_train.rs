@@ -466,16 +466,21 @@ mod tests {
         assert!(odd[0].is_nan() && odd[1] == 1.0 && odd[2] == -1.0 && odd[3] == 0.0, "{odd:?}");
     }
 
+    /// Standard normal draws from libtorch's global generator, under the lock every seeded draw in this crate
+    /// holds (other tests build networks on other threads at the same time).
+    fn randn(shape: &[i64], seed: u64) -> Tensor {
+        crate::nets::with_torch_seed(seed, || Tensor::randn(shape, (Kind::Float, Device::Cpu)))
+    }
+
     /// A random twin MLP in a FlatParams buffer (as `TwinMlp` lays it out) and its TwinLayer list.
     fn random_twin(widths: &[usize], seed: i64) -> (FlatParams, Vec<TwinLayer>) {
-        tch::manual_seed(seed);
         let mut named = Vec::new();
         let mut layers = Vec::new();
         let mut offset = 0;
         for (k, pair) in widths.windows(2).enumerate() {
             let (fi, fo) = (pair[0], pair[1]);
-            named.push((format!("{k}.w"), Tensor::randn([2, fi as i64, fo as i64], (Kind::Float, Device::Cpu)) * 0.5));
-            named.push((format!("{k}.b"), Tensor::randn([2, 1, fo as i64], (Kind::Float, Device::Cpu)) * 0.1));
+            named.push((format!("{k}.w"), randn(&[2, fi as i64, fo as i64], seed as u64 * 100 + 2 * k as u64) * 0.5));
+            named.push((format!("{k}.b"), randn(&[2, 1, fo as i64], seed as u64 * 100 + 2 * k as u64 + 1) * 0.1));
             layers.push(TwinLayer { w: offset, b: offset + 2 * fi * fo, fan_in: fi, fan_out: fo });
             offset += 2 * fi * fo + 2 * fo;
         }
@@ -488,8 +493,8 @@ mod tests {
             let widths = [5, 32, 24, 3];
             let rows = 37;
             let (mut params, layers) = random_twin(&widths, seed);
-            let x = Tensor::randn([rows as i64, 5], (Kind::Float, Device::Cpu));
-            let up = Tensor::randn([2, rows as i64, 3], (Kind::Float, Device::Cpu)); // ∂loss/∂out
+            let x = randn(&[rows as i64, 5], 7000 + seed as u64);
+            let up = randn(&[2, rows as i64, 3], 8000 + seed as u64); // ∂loss/∂out
             // libtorch: both nets, loss = Σ up ⊙ out.
             let mut h = x.unsqueeze(0).expand([2, -1, -1], false);
             for (k, _) in layers.iter().enumerate() {
@@ -533,7 +538,7 @@ mod tests {
         let mut adam = crate::adam::Adam::new(&params, 3e-3, 1e-5);
         let (mut m, mut v) = (vec![0.0; theta.len()], vec![0.0; theta.len()]);
         for t in 1..=5u64 {
-            let g = Tensor::randn([theta.len() as i64], (Kind::Float, Device::Cpu)) * 2.0;
+            let g = randn(&[theta.len() as i64], 9000 + t) * 2.0;
             let mut grad: Vec<f32> = Vec::try_from(&g).unwrap();
             tch::no_grad(|| params.flat().grad().copy_(&g));
             let want_norm = params.clip_grad_norm(0.5);

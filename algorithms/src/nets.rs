@@ -578,9 +578,12 @@ mod tests {
 
     #[test]
     fn channels_last_is_the_same_maths_and_bf16_stays_close() {
-        let (cnn, named) = NatureCnn::init("cnn", &[4, 84, 84], &[(6, 0.01), (1, 1.0)], 0).unwrap();
+        // Seeded under the crate's lock: unseeded draws would depend on which tests ran before, and race them.
+        let ((cnn, named), frames) = with_torch_seed(1, || {
+            let built = NatureCnn::init("cnn", &[4, 84, 84], &[(6, 0.01), (1, 1.0)], 0).unwrap();
+            (built, Tensor::randint(256, [5, 4, 84, 84], (Kind::Int64, Device::Cpu)).to_kind(Kind::Uint8))
+        });
         let params = crate::params::FlatParams::new(named, Device::Cpu);
-        let frames = Tensor::randint(256, [5, 4, 84, 84], (Kind::Int64, Device::Cpu)).to_kind(Kind::Uint8);
         let run = |options: CnnOptions| {
             let named = params.names().enumerate().map(|(i, n)| (n.to_string(), params.view(i).detach().copy()));
             let mut params = crate::params::FlatParams::new(named.collect(), Device::Cpu);
