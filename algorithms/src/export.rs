@@ -880,7 +880,10 @@ mod tests {
             // Non-zero biases and log-std, so the check covers them.
             tch::no_grad(|| {
                 let flat = agent.policy_params().flat().shallow_clone();
-                let _ = flat.shallow_clone().g_add_(&(Tensor::randn(flat.size(), (Kind::Float, Device::Cpu)) * 0.05));
+                let r = crate::nets::with_torch_seed(60 + i as u64, || {
+                    Tensor::randn(flat.size(), (Kind::Float, Device::Cpu))
+                });
+                let _ = flat.shallow_clone().g_add_(&(r * 0.05));
             });
             let arch = config.architecture(o, a).unwrap();
             let params = agent.policy_params();

@@ -474,17 +474,21 @@ mod tests {
 
     #[test]
     fn twin_mlp_equals_two_separate_mlps() {
-        let (twin, named) = TwinMlp::init("t", 3, &[5, 4], [2, 1], Activation::Tanh, [0.01, 1.0], 0);
+        // Every draw from libtorch's global generator under the crate's lock (tests run on several threads).
+        let (twin, named) =
+            with_torch_seed(11, || TwinMlp::init("t", 3, &[5, 4], [2, 1], Activation::Tanh, [0.01, 1.0], 0));
         let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["t.0.weight", "t.0.bias", "t.1.weight", "t.1.bias", "t.2.weight", "t.2.bias"]);
         let params = crate::params::FlatParams::new(named, Device::Cpu);
         // Random biases, so the check covers them too.
         tch::no_grad(|| {
             for i in [1, 3, 5] {
-                params.view(i).shallow_clone().copy_(&Tensor::randn(params.view(i).size(), (Kind::Float, Device::Cpu)));
+                let r =
+                    with_torch_seed(12 + i as u64, || Tensor::randn(params.view(i).size(), (Kind::Float, Device::Cpu)));
+                params.view(i).shallow_clone().copy_(&r);
             }
         });
-        let x = Tensor::randn([7, 3], (Kind::Float, Device::Cpu));
+        let x = with_torch_seed(20, || Tensor::randn([7, 3], (Kind::Float, Device::Cpu)));
         let (a, b) = twin.forward(&params, &x);
         for (j, out, width) in [(0, a, 2), (1, b, 1)] {
             let mut h = x.shallow_clone();
@@ -507,21 +511,24 @@ mod tests {
     fn randomise_biases(params: &crate::params::FlatParams, biases: &[usize]) {
         tch::no_grad(|| {
             for &i in biases {
-                params.view(i).shallow_clone().copy_(&Tensor::randn(params.view(i).size(), (Kind::Float, Device::Cpu)));
+                let r =
+                    with_torch_seed(30 + i as u64, || Tensor::randn(params.view(i).size(), (Kind::Float, Device::Cpu)));
+                params.view(i).shallow_clone().copy_(&r);
             }
         });
     }
 
     #[test]
     fn host_forward_passes_equal_libtorch() {
-        tch::manual_seed(3);
         for activation in [Activation::Tanh, Activation::Relu] {
             for rows in [1usize, 8] {
-                let x = Tensor::randn([rows as i64, 4], (Kind::Float, Device::Cpu));
+                let x =
+                    with_torch_seed(3 + rows as u64, || Tensor::randn([rows as i64, 4], (Kind::Float, Device::Cpu)));
                 let xs = Vec::<f32>::try_from(x.flatten(0, -1)).unwrap();
                 let mut scratch = HostScratch::default();
                 // FlatMlp, as DQN and TD3 use it (torch init has non-zero biases).
-                let (mlp, named) = FlatMlp::init("q", 4, &[64, 32], 3, activation, LayerInit::Torch, 0);
+                let (mlp, named) =
+                    with_torch_seed(40, || FlatMlp::init("q", 4, &[64, 32], 3, activation, LayerInit::Torch, 0));
                 let params = crate::params::FlatParams::new(named, Device::Cpu);
                 let want = Vec::<f32>::try_from(mlp.forward(&params, &x).flatten(0, -1)).unwrap();
                 let mut got = Vec::new();
@@ -530,7 +537,8 @@ mod tests {
                 let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
                 assert!(diff < 1e-5, "FlatMlp {activation:?} rows {rows}: {diff}");
                 // TwinMlp, as PPO and A2C use it: a 2-wide head and a padded 1-wide value.
-                let (twin, named) = TwinMlp::init("t", 4, &[64, 64], [2, 1], activation, [0.01, 1.0], 0);
+                let (twin, named) =
+                    with_torch_seed(41, || TwinMlp::init("t", 4, &[64, 64], [2, 1], activation, [0.01, 1.0], 0));
                 let params = crate::params::FlatParams::new(named, Device::Cpu);
                 randomise_biases(&params, &[1, 3, 5]);
                 let (h, v) = twin.forward(&params, &x);
@@ -554,7 +562,8 @@ mod tests {
 
     #[test]
     fn nature_cnn_shape_size_and_init() {
-        let (cnn, named) = NatureCnn::init("cnn", &[4, 84, 84], &[(6, 0.01), (1, 1.0)], 0).unwrap();
+        let (cnn, named) =
+            with_torch_seed(50, || NatureCnn::init("cnn", &[4, 84, 84], &[(6, 0.01), (1, 1.0)], 0)).unwrap();
         let params = crate::params::FlatParams::new(named, Device::Cpu);
         let frames = Tensor::zeros([2, 4, 84, 84], (Kind::Uint8, Device::Cpu));
         assert_eq!(cnn.forward(&params, &frames).size(), vec![2, 7]);
@@ -569,7 +578,7 @@ mod tests {
         let norms = Vec::<f32>::try_from(out.square().sum_dim_intlist(0, false, Kind::Float).sqrt()).unwrap();
         assert!(norms[..6].iter().all(|n| (n - 0.01).abs() < 1e-4) && (norms[6] - 1.0).abs() < 1e-4, "{norms:?}");
         // u8 frames and the same frames as floats give the same output; too small an image is refused.
-        let x = Tensor::randint(256, [3, 4, 84, 84], (Kind::Int64, Device::Cpu));
+        let x = with_torch_seed(51, || Tensor::randint(256, [3, 4, 84, 84], (Kind::Int64, Device::Cpu)));
         let a = cnn.forward(&params, &x.to_kind(Kind::Uint8));
         let b = cnn.forward(&params, &x.to_kind(Kind::Float));
         assert!(f64::try_from((a - b).abs().max()).unwrap() < 1e-5);
