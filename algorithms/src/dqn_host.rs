@@ -4,7 +4,7 @@
 //! (`fused_cpu_steps_match_libtorch`).
 use crate::activation::Activation;
 use crate::adam::Adam;
-use crate::host_train::{TwinLayer, TwinTape, clip_grad_norm, twin_backward, twin_forward};
+use crate::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
 use crate::params::FlatParams;
 use crate::replay::ReplaySample;
 use crate::{Error, Result};
@@ -116,15 +116,7 @@ impl DqnHost {
         out.mean_q = (q_sum / rows as f64) as f32;
         self.grad.resize(theta.len(), 0.0);
         twin_backward(&self.layers, self.activation, theta, &s.obs, 1, &mut self.tape, &mut self.grad);
-        let norm = clip_grad_norm(&mut self.grad, max_grad_norm);
-        if !norm.is_finite() {
-            return Err(Error::NonFinite(format!("dqn: gradient norm {norm} (non-finite loss); step not taken")));
-        }
-        if !opt.step_host(theta, &self.grad) {
-            return Err(Error::Unsupported(
-                "fused CPU step: Adam moments are not host buffers of the model's size".into(),
-            ));
-        }
+        clip_and_step(theta, &mut self.grad, opt, max_grad_norm, "dqn")?;
         Ok(out)
     }
 }

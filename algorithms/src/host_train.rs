@@ -362,6 +362,29 @@ pub(crate) fn clip_grad_norm(grad: &mut [f32], max_norm: f64) -> f64 {
     norm
 }
 
+/// The end of a fused step: clip `grad` to `max_grad_norm` and take `opt`'s Adam step on `theta`. A
+/// non-finite gradient norm is an error naming `algorithm`, and no step is taken.
+pub(crate) fn clip_and_step(
+    theta: &mut [f32],
+    grad: &mut [f32],
+    opt: &mut crate::adam::Adam,
+    max_grad_norm: f64,
+    algorithm: &str,
+) -> crate::Result<()> {
+    let norm = clip_grad_norm(grad, max_grad_norm);
+    if !norm.is_finite() {
+        return Err(crate::Error::NonFinite(format!(
+            "{algorithm}: gradient norm {norm} (non-finite loss); step not taken"
+        )));
+    }
+    if !opt.step_host(theta, grad) {
+        return Err(crate::Error::Unsupported(
+            "fused CPU step: Adam moments are not host buffers of the model's size".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// One Adam step on host slices, the same arithmetic as [`crate::adam::Adam::step`] (`torch.optim.Adam`):
 /// `m ← m + (1−β₁)(g − m)`, `v ← β₂v + (1−β₂)g²`, `θ ← θ − (lr/(1−β₁ᵗ)) · m / (√v/√(1−β₂ᵗ) + ε)`, with `t`
 /// the step number (from 1).

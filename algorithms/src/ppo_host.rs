@@ -7,7 +7,7 @@
 use crate::activation::Activation;
 use crate::actor_critic::ActorCritic;
 use crate::adam::Adam;
-use crate::host_train::{TwinLayer, TwinTape, clip_grad_norm, twin_backward, twin_forward};
+use crate::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
 use crate::params::FlatParams;
 use crate::ppo::LossCoefficients;
 use crate::{Error, Result};
@@ -116,15 +116,7 @@ impl PpoHost {
         self.grad.resize(theta.len(), 0.0);
         let loss = self.loss_and_output_gradients(theta, mb, c);
         twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad);
-        let norm = clip_grad_norm(&mut self.grad, max_grad_norm);
-        if !norm.is_finite() {
-            return Err(Error::NonFinite(format!("ppo: gradient norm {norm} (non-finite loss); step not taken")));
-        }
-        if !opt.step_host(theta, &self.grad) {
-            return Err(Error::Unsupported(
-                "fused CPU step: Adam moments are not host buffers of the model's size".into(),
-            ));
-        }
+        clip_and_step(theta, &mut self.grad, opt, max_grad_norm, "ppo")?;
         Ok(loss)
     }
 
