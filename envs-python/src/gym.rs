@@ -48,6 +48,11 @@ impl GymEnv {
     /// `ast.literal_eval`), after
     /// `import ale_py` so the `ALE/…` ids are registered when ale-py is installed.
     pub fn make(id: &str, kwargs: &[(&str, &str)]) -> Result<Self> {
+        // One `make` at a time in the process: several threads importing an env's module at once through
+        // gymnasium's registry failed with `KeyError: 'gymnasium.envs.classic_control'` (seen in CI, tests
+        // making envs on parallel threads). Taken before the GIL, so it never waits while holding it.
+        static MAKE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = MAKE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let made = with_python(id, "gymnasium.make", |py| {
             let gym = py.import("gymnasium")?;
             if let Ok(ale) = py.import("ale_py") {
