@@ -14,6 +14,8 @@
 //!   learning rate 7e-4;
 //! * the gradient is computed and applied in two calls ([`A2c::compute_gradients`], [`A2c::apply_gradients`]),
 //!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server);
+//! * on the CPU, an MLP's update runs as one fused step without libtorch (`fused_cpu`,
+//!   [`crate::actor_critic_host`]): the same loss, gradient, clipping and optimiser step, to float rounding;
 //! * optional V-trace correction (`vtrace`, `[algorithm.vtrace]` in TOML) for rollouts that actors collected
 //!   with parameters a few versions old, which makes the update IMPALA's (Espeholt et al. 2018): the current
 //!   parameters (no gradient) recompute `V(x_t)` and `V(x_{t+1})` (from the kept final and bootstrap
@@ -34,11 +36,13 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::acting::{ActingPolicy, GradientWorker};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, Targets};
+use crate::actor_critic_host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
 use crate::data_parallel::DataParallel;
+use crate::host_train::clip_grad_norm;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
@@ -105,6 +109,12 @@ pub struct A2cConfig {
     /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
     #[serde(skip)]
     pub tasks: usize,
+    /// Run each update of an MLP on the CPU as one fused step without libtorch ([`crate::host_train`]:
+    /// hand-written forward/backward over `sgemm`, host RMSprop or Adam), several times faster for small
+    /// networks. Same maths, same results to float rounding. Used only where it applies (CPU, MLP, one head,
+    /// no data-parallel replicas or accumulation, nothing frozen, a local update: an A3C gradient from an actor
+    /// is applied on libtorch); `false` runs every update on libtorch.
+    pub fused_cpu: bool,
 }
 
 impl Default for A2cConfig {
@@ -129,6 +139,7 @@ impl Default for A2cConfig {
             cnn: CnnOptions::default(),
             task_heads: false,
             tasks: 0,
+            fused_cpu: true,
         }
     }
 }
@@ -276,6 +287,21 @@ impl Optimizer {
         }
     }
 
+    /// [`Optimizer::step`] on host slices (the fused CPU step); false, changing nothing, where the state is not
+    /// a host buffer of `theta`'s size.
+    fn step_host(&mut self, theta: &mut [f32], grad: &[f32], lr: f64) -> bool {
+        match self {
+            Optimizer::RmsProp(o) => {
+                o.lr = lr;
+                o.step_host(theta, grad)
+            }
+            Optimizer::Adam(o) => {
+                o.lr = lr;
+                o.step_host(theta, grad)
+            }
+        }
+    }
+
     fn write_to(&self, c: &mut Checkpoint) -> Result<()> {
         match self {
             Optimizer::RmsProp(o) => o.write_to(c, "rmsprop"),
@@ -303,14 +329,9 @@ fn network(
     ActorCritic::new(name, observation_space, action_space, &config.net(), device, seed)
 }
 
-/// The clipped A2C loss gradient of `net` on a finished rollout (see [`A2c::compute_gradients`]), averaged
-/// over `parallel`'s replicas and accumulated over its micro-batches; the metrics are the last step's means.
-fn a2c_gradient(
-    net: &mut ActorCritic,
-    c: &A2cConfig,
-    rollout: &Rollout,
-    parallel: &mut DataParallel,
-) -> Result<(Tensor, Metrics)> {
+/// A rollout's observations on `net`'s device and its advantages and value targets — V-trace's, recomputed
+/// under the current parameters, where configured (off-policy correction). Checks the rollout's sizes first.
+fn rollout_targets<'r>(net: &ActorCritic, c: &A2cConfig, rollout: &'r Rollout) -> Result<(Tensor, Targets<'r>)> {
     let n = rollout.len();
     if n == 0 {
         return Err(Error::BadLength { what: "A2C rollout transitions".into(), got: 0, expected: rollout.n_steps });
@@ -322,12 +343,24 @@ fn a2c_gradient(
             expected: net.act_dim(),
         });
     }
+    let obs = net.rollout_obs(rollout)?;
+    let targets = net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
+    Ok((obs, targets))
+}
+
+/// The clipped A2C loss gradient of `net` on a finished rollout (see [`A2c::compute_gradients`]), averaged
+/// over `parallel`'s replicas and accumulated over its micro-batches; the metrics are the last step's means.
+fn a2c_gradient(
+    net: &mut ActorCritic,
+    c: &A2cConfig,
+    rollout: &Rollout,
+    parallel: &mut DataParallel,
+) -> Result<(Tensor, Metrics)> {
+    let n = rollout.len();
     // Advantages are normalised here, over every replica's rollout, never inside the loss (which may see only a
     // micro-batch).
     let coefficients = LossCoefficients { ent_coef: c.ent_coef, vf_coef: c.vf_coef, normalize_advantage: false };
-    // Off-policy correction: advantages and value targets recomputed under the current parameters.
-    let obs = net.rollout_obs(rollout)?;
-    let targets = net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
+    let (obs, targets) = rollout_targets(net, c, rollout)?;
     let (advantages, returns, values) = targets.advantages_returns_values();
     let explained_var = explained_variance(values, returns);
     let d = net.device;
@@ -399,6 +432,8 @@ pub struct A2c {
     collector: RolloutCollector,
     /// Replicas to average gradients with, and micro-batches per step.
     parallel: DataParallel,
+    /// The fused CPU step's layout and buffers, once an update took that path ([`A2cConfig::fused_cpu`]).
+    host: Option<ActorCriticHost>,
 }
 
 impl A2c {
@@ -421,7 +456,14 @@ impl A2c {
         };
         let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
         let rng = Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c);
-        Ok(A2c { config, pi: ActorCriticPolicy::with_rng(net, rng), opt, collector, parallel: DataParallel::default() })
+        Ok(A2c {
+            config,
+            pi: ActorCriticPolicy::with_rng(net, rng),
+            opt,
+            collector,
+            parallel: DataParallel::default(),
+            host: None,
+        })
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
@@ -470,11 +512,77 @@ impl A2c {
     /// One A2C update on a finished rollout: [`A2c::compute_gradients`] then [`A2c::apply_gradients`].
     /// [`Algorithm::update`] calls this on the rollout [`Algorithm::observe`] collected.
     pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        let (grad, mut metrics) = self.compute_gradients(rollout)?;
-        let lr = self.apply_gradients(&grad, progress_remaining)?;
+        let (mut metrics, lr) = match ActorCriticHost::for_update(
+            &mut self.host,
+            self.config.fused_cpu,
+            &self.parallel,
+            &self.pi.net,
+        ) {
+            Some(mut host) => {
+                let update = self.update_fused(&mut host, rollout, progress_remaining);
+                self.host = Some(host);
+                update?
+            }
+            None => {
+                let (grad, metrics) = self.compute_gradients(rollout)?;
+                (metrics, self.apply_gradients(&grad, progress_remaining)?)
+            }
+        };
         metrics.push("charts/learning_rate", lr);
         metrics.push("charts/gradient_steps", 1.0);
         Ok(metrics)
+    }
+}
+
+impl A2c {
+    /// [`A2c::update_from`] on the fused CPU path: the same targets, advantage normalisation, loss, clipping
+    /// and optimiser step, on host slices of the parameter buffer. Returns the gradient's metrics and the
+    /// learning rate.
+    fn update_fused(
+        &mut self,
+        host: &mut ActorCriticHost,
+        rollout: &Rollout,
+        progress_remaining: f64,
+    ) -> Result<(Metrics, f64)> {
+        let c = &self.config;
+        let net = &mut self.pi.net;
+        let (_, targets) = rollout_targets(net, c, rollout)?;
+        let (advantages, returns, values) = targets.advantages_returns_values();
+        let ObsRef::F32(obs) = rollout.obs.as_ref() else {
+            return Err(Error::Unsupported("the fused CPU step takes f32 observations".into()));
+        };
+        let mut adv = advantages.to_vec();
+        if c.normalize_advantage {
+            normalize_host(&mut adv);
+        }
+        let mb = Minibatch {
+            obs,
+            actions: &rollout.actions,
+            old_log_prob: &rollout.log_probs,
+            advantages: &adv,
+            old_values: values,
+            returns,
+        };
+        let theta = net.params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
+        let loss: StepLoss = host.gradient(theta, &mb, Objective::A2c { ent_coef: c.ent_coef, vf_coef: c.vf_coef });
+        let grad = host.grad_mut();
+        let norm = clip_grad_norm(grad, c.max_grad_norm);
+        if !norm.is_finite() {
+            return Err(Error::NonFinite(format!("a2c: gradient norm {norm} (non-finite loss); step not taken")));
+        }
+        let lr = c.learning_rate_at(progress_remaining);
+        if !self.opt.step_host(theta, grad, lr) {
+            return Err(Error::Unsupported("fused CPU step: optimiser state is not a host buffer of the model's size".into()));
+        }
+        let mut m = Metrics::default();
+        m.push("losses/policy_loss", loss.policy);
+        m.push("losses/value_loss", loss.value);
+        m.push("losses/entropy", loss.entropy);
+        m.push("losses/explained_variance", explained_variance(values, returns));
+        if let Some(t) = &targets.vtrace {
+            t.weights.push_metrics(&mut m);
+        }
+        Ok((m, lr))
     }
 }
 
@@ -743,7 +851,9 @@ mod tests {
     fn gradients_computed_on_one_agent_and_applied_on_another_match_a_local_update() {
         let (obs_space, act_space) = cartpole_spaces();
         for optimizer in [OptimizerKind::RmsProp, OptimizerKind::Adam] {
-            let config = A2cConfig { optimizer, ent_coef: 0.01, anneal_lr: true, ..Default::default() };
+            // The libtorch path throughout: the local update is to match the split one bit for bit.
+            let config =
+                A2cConfig { optimizer, ent_coef: 0.01, anneal_lr: true, fused_cpu: false, ..Default::default() };
             let mut actor = A2c::new(&obs_space, &act_space, 8, config.clone(), Device::Cpu, 4).unwrap();
             let mut server = A2c::new(&obs_space, &act_space, 8, config, Device::Cpu, 4).unwrap();
             assert!(flat(&actor).equal(&flat(&server)));
@@ -766,6 +876,91 @@ mod tests {
             let wrong = Tensor::zeros([3], (Kind::Float, Device::Cpu));
             assert!(server.apply_gradients(&wrong, 1.0).is_err(), "a gradient of the wrong layout is refused");
         }
+    }
+
+    #[test]
+    fn fused_cpu_update_matches_libtorch() {
+        let discrete = (Space::box1d(vec![-1.0; 5], vec![1.0; 5]), Space::discrete(3));
+        let gaussian = (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::box1d(vec![-2.0; 2], vec![2.0; 2]));
+        let base = A2cConfig { n_steps: 8, ..Default::default() };
+        let cases = [
+            ("rmsprop (the zoo's settings)", &discrete, base.clone()),
+            (
+                "adam, entropy, normalised advantages, relu, annealed",
+                &discrete,
+                A2cConfig {
+                    optimizer: OptimizerKind::Adam,
+                    ent_coef: 0.01,
+                    normalize_advantage: true,
+                    activation: Activation::Relu,
+                    hidden_sizes: vec![32, 16],
+                    anneal_lr: true,
+                    ..base.clone()
+                },
+            ),
+            ("gaussian", &gaussian, A2cConfig { ent_coef: 0.02, ..base.clone() }),
+            (
+                "v-trace",
+                &discrete,
+                A2cConfig { vtrace: Some(VtraceConfig::default()), learning_rate: 3e-3, ..base.clone() },
+            ),
+        ];
+        for (what, (obs_space, act_space), config) in cases {
+            let obs_dim = obs_space.flat_dim();
+            let make = |fused_cpu| {
+                A2c::new(obs_space, act_space, 4, A2cConfig { fused_cpu, ..config.clone() }, Device::Cpu, 7).unwrap()
+            };
+            let (mut fused, mut torch) = (make(true), make(false));
+            // A third agent acts (a few updates behind, so V-trace has something to correct).
+            let mut actor = make(true);
+            for u in 0..4 {
+                let mut rollout = crate::ppo::tests::varied_rollout(&mut actor, 4, 8, obs_dim, u * 8);
+                let last: Vec<f32> = (0..4 * obs_dim).map(|i| (i as f32 * 0.71 + u as f32).cos()).collect();
+                rollout.set_bootstrap_obs(ObsRef::F32(&last)).unwrap();
+                let progress = 1.0 - u as f64 / 5.0;
+                let mf = fused.update_from(&rollout, progress).unwrap();
+                let mt = torch.update_from(&rollout, progress).unwrap();
+                assert!(fused.host.is_some() && torch.host.is_none(), "{what}: paths");
+                let keys = |m: &Metrics| m.iter().map(|(k, _)| *k).collect::<Vec<_>>();
+                assert_eq!(keys(&mf), keys(&mt), "{what}: metrics");
+                for &(key, a) in mf.iter() {
+                    let b = mt.get(key).unwrap();
+                    assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-2), "{what}, update {u}: {key} {a} vs {b}");
+                }
+                let a: Vec<f32> = Vec::try_from(fused.params().flat().detach()).unwrap();
+                let b: Vec<f32> = Vec::try_from(torch.params().flat().detach()).unwrap();
+                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                assert!(worst <= 1e-5 * scale, "{what}, update {u}: weights differ by {worst} (scale {scale})");
+                let init: Vec<f32> = Vec::try_from(make(true).params().flat().detach()).unwrap();
+                assert_ne!(a, init, "{what}: weights moved");
+                if u == 1 {
+                    actor.set_params(&fused.params().flat().detach().copy()).unwrap();
+                }
+            }
+            // The optimiser states agree too: a checkpoint of each restores into the other's path.
+            let (mut cf, mut ct) = (fused.checkpoint().unwrap(), torch.checkpoint().unwrap());
+            for key in ["rmsprop.square_avg", "adam.exp_avg_sq"] {
+                if let (Ok(x), Ok(y)) = (cf.take_tensor(key), ct.take_tensor(key)) {
+                    let worst = f64::try_from((x - &y).abs().max()).unwrap();
+                    let scale = f64::try_from(y.abs().max()).unwrap();
+                    assert!(worst <= 1e-4 * scale, "{what}: {key} differs by {worst} (scale {scale})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_non_finite_loss_on_the_fused_path_is_an_error_and_no_step_is_taken() {
+        let (obs_space, act_space) = cartpole_spaces();
+        let mut a2c = A2c::new(&obs_space, &act_space, 4, A2cConfig::default(), Device::Cpu, 0).unwrap();
+        let mut rollout = crate::ppo::tests::varied_rollout(&mut a2c, 4, 5, 4, 0);
+        rollout.advantages[3] = f32::NAN; // what a NaN reward or value would leave behind
+        let before = a2c.params().flat().detach().copy();
+        let e = a2c.update_from(&rollout, 1.0).unwrap_err();
+        assert!(matches!(e, Error::NonFinite(_)), "{e}");
+        assert!(a2c.host.is_some(), "the fused path ran");
+        assert!(a2c.params().flat().equal(&before), "the parameters changed");
     }
 
     /// Drive an agent through the `Algorithm` interface on a synthetic 2-env task with terminations and

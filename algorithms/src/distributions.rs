@@ -23,7 +23,7 @@ pub enum ActionDist {
     },
 }
 
-const LOG_SQRT_2PI: f64 = 0.918_938_533_204_672_7; // ln(√(2π))
+pub(crate) const LOG_SQRT_2PI: f64 = 0.918_938_533_204_672_7; // ln(√(2π))
 
 impl ActionDist {
     /// Log-probability of `actions` (`[B]` i64 indices or `[B, D]` floats), shape `[B]`.

@@ -39,7 +39,7 @@ use crate::data_parallel::DataParallel;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::ppo_host::{Minibatch, PpoHost, StepLoss};
+use crate::actor_critic_host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
@@ -312,7 +312,7 @@ pub struct Ppo {
     /// Replicas to average gradients with, and micro-batches per step.
     pub(crate) parallel: DataParallel,
     /// The fused CPU step's layout and buffers, once an update took that path ([`PpoConfig::fused_cpu`]).
-    host: Option<PpoHost>,
+    host: Option<ActorCriticHost>,
 }
 
 impl Ppo {
@@ -514,12 +514,8 @@ impl Ppo {
 impl Ppo {
     /// The fused CPU step's state when this update can take it ([`PpoConfig::fused_cpu`]), taken out of
     /// `self` for the update (put back after).
-    fn fused_path(&mut self) -> Option<PpoHost> {
-        let single = self.parallel.replicas() == 1 && self.parallel.accumulate() == 1;
-        if !self.config.fused_cpu || !single || self.pi.net.params.has_frozen() {
-            return None;
-        }
-        self.host.take().or_else(|| PpoHost::new(&self.pi.net))
+    fn fused_path(&mut self) -> Option<ActorCriticHost> {
+        ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net)
     }
 
     /// [`Ppo::update_from`]'s epochs on the fused CPU path: the same shuffles from the same RNG, minibatch
@@ -527,7 +523,7 @@ impl Ppo {
     /// taken.
     fn update_fused(
         &mut self,
-        host: &mut PpoHost,
+        host: &mut ActorCriticHost,
         rollout: &Rollout,
         (advantages, returns, values): (&[f32], &[f32], &[f32]),
         mut coefficients: LossCoefficients,
@@ -621,16 +617,6 @@ impl Gathered {
             v.clear();
         }
     }
-}
-
-/// `(x − mean) / (std + 1e-8)` in place, with the unbiased std, as [`DataParallel`]'s normalisation of one
-/// replica's advantages.
-fn normalize_host(x: &mut [f32]) {
-    let n = x.len() as f64;
-    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    let (mean, std) = (mean as f32, var.sqrt() as f32);
-    x.iter_mut().for_each(|v| *v = (*v - mean) / (std + 1e-8));
 }
 
 /// An update's metrics (see the module docs), from its last step's loss terms.
@@ -752,7 +738,7 @@ pub fn explained_variance(values: &[f32], returns: &[f32]) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::rollout::Rollout;
     use crate::vtrace::VtraceConfig;
@@ -916,7 +902,13 @@ mod tests {
 
     /// A rollout of `n_envs × n_steps` varied observations, acting with `ppo`, with rewards that depend on
     /// the actions.
-    fn varied_rollout(ppo: &mut Ppo, n_envs: usize, n_steps: usize, obs_dim: usize, k0: usize) -> Rollout {
+    pub(crate) fn varied_rollout(
+        ppo: &mut dyn Policy,
+        n_envs: usize,
+        n_steps: usize,
+        obs_dim: usize,
+        k0: usize,
+    ) -> Rollout {
         let mut out = ActOutput::default();
         let mut rollout = Rollout::new(n_envs, n_steps, obs_dim, ppo.act_dim());
         for k in 0..n_steps {

@@ -16,11 +16,10 @@
 use rand::seq::SliceRandom;
 use tch::{Kind, Tensor};
 
+use crate::distributions::LOG_SQRT_2PI;
 use crate::ppo::{Ppo, explained_variance};
 use crate::rollout::Rollout;
 use crate::{Error, Metrics, Result};
-
-const LOG_SQRT_2PI: f64 = 0.918_938_533_204_672_7; // ln(√(2π))
 
 /// Why these members cannot share one batched update (`None`: they can). Members that cannot are updated one
 /// by one with [`Ppo::update_from`], which gives the same results, only slower.

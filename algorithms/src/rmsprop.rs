@@ -60,6 +60,37 @@ impl RmsProp {
         });
     }
 
+    /// [`RmsProp::step`] on host slices (the fused CPU training step, [`crate::host_train`]): `grad` for every
+    /// scalar of `theta`, the running mean read and written in place. Needs a CPU f32 running mean covering
+    /// all of `theta` (nothing frozen); returns false, changing nothing, when it does not.
+    pub(crate) fn step_host(&mut self, theta: &mut [f32], grad: &[f32]) -> bool {
+        let v = &self.square_avg;
+        let n = theta.len();
+        if v.device() != tch::Device::Cpu
+            || v.kind() != tch::Kind::Float
+            || !v.is_contiguous()
+            || v.numel() != n
+            || grad.len() != n
+        {
+            return false;
+        }
+        // SAFETY: the running mean is a contiguous f32 CPU tensor of `n` elements (checked above) that this
+        // state owns exclusively (`&mut self`); no libtorch op runs on it while the slice lives.
+        let v = unsafe { std::slice::from_raw_parts_mut(v.data_ptr() as *mut f32, n) };
+        self.steps += 1;
+        let (alpha, w, step, eps) = (self.alpha as f32, (1.0 - self.alpha) as f32, -self.lr as f32, self.eps as f32);
+        // The same operations as `step`'s tensor ops, element by element: `v·α + g·(g·(1−α))`, then
+        // `θ + (−lr·g) / (√v + ε)`. A running mean below the smallest normal f32 is set to 0 (a parameter whose
+        // gradient stays 0 would otherwise carry subnormals, ~100× slower on x86; its step is 0 either way).
+        for ((th, &g), v) in theta.iter_mut().zip(grad).zip(v.iter_mut()) {
+            let v1 = *v * alpha + g * (g * w);
+            let v1 = if v1 < f32::MIN_POSITIVE { 0.0 } else { v1 };
+            *v = v1;
+            *th += (g * step) / (v1.sqrt() + eps);
+        }
+        true
+    }
+
     /// Save the running mean and step count under `prefix`.
     pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         c.put_tensor(format!("{prefix}.square_avg"), &self.square_avg);

@@ -1,18 +1,37 @@
-//! PPO's minibatch step on the fused CPU path ([`crate::host_train`]): the same loss, gradient, clipping and
-//! Adam step as [`crate::ppo::Ppo::update_from`]'s libtorch loop, for MLP actor-critics on the CPU.
+//! PPO's and A2C's gradient step on the fused CPU path ([`crate::host_train`]): the same loss, gradient,
+//! clipping and optimiser step as [`crate::ppo::Ppo::update_from`]'s and [`crate::a2c::A2c::update_from`]'s
+//! libtorch code, for MLP actor-critics on the CPU.
 //!
 //! The loss's gradient is written out by hand, following libtorch's autograd rules where they choose between
 //! equal branches (`minimum`/`maximum` split the gradient half and half on ties; `clamp` passes it on its
-//! bounds), so the two paths agree to float rounding (`ppo::tests::fused_cpu_update_matches_libtorch`).
+//! bounds), so the two paths agree to float rounding (`ppo::tests::fused_cpu_update_matches_libtorch`,
+//! `a2c::tests::fused_cpu_update_matches_libtorch`).
 use crate::activation::Activation;
 use crate::actor_critic::ActorCritic;
 use crate::adam::Adam;
+use crate::data_parallel::DataParallel;
+use crate::distributions::LOG_SQRT_2PI;
 use crate::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
 use crate::params::FlatParams;
 use crate::ppo::LossCoefficients;
 use crate::{Error, Result};
 
-const LOG_SQRT_2PI: f32 = 0.918_938_5; // ln(√(2π))
+const LOG_SQRT_2PI_F32: f32 = LOG_SQRT_2PI as f32;
+
+/// Which loss a step minimises.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Objective<'a> {
+    /// PPO's clipped surrogate, (clipped) value loss and entropy bonus.
+    Ppo(&'a LossCoefficients),
+    /// A2C's `−E[Â ln π(a|s)] + vf_coef·E[(R − V)²] − ent_coef·E[H]` (the behaviour log-probs and old values
+    /// are not read).
+    A2c {
+        /// Entropy coefficient.
+        ent_coef: f64,
+        /// Value loss coefficient.
+        vf_coef: f64,
+    },
+}
 
 /// The policy head's distribution on the host.
 #[derive(Debug, Clone, Copy)]
@@ -46,9 +65,9 @@ pub(crate) struct StepLoss {
     pub clip_fraction: f64,
 }
 
-/// The fused CPU update's layout and reusable buffers.
+/// The fused CPU step's layout and reusable buffers, for one actor-critic network.
 #[derive(Debug, Clone)]
-pub(crate) struct PpoHost {
+pub(crate) struct ActorCriticHost {
     layers: Vec<TwinLayer>,
     activation: Activation,
     /// Output layer width (the wider of the two nets' outputs).
@@ -65,7 +84,24 @@ pub(crate) struct PpoHost {
     log_softmax: Vec<f32>,
 }
 
-impl PpoHost {
+impl ActorCriticHost {
+    /// The fused step's state for an update that can take it — `enabled` (the config's `fused_cpu`), one
+    /// data-parallel replica without gradient accumulation, nothing frozen (now: layers can be frozen after the
+    /// agent is built), and an MLP whose buffer [`ActorCriticHost::new`] takes — reusing `cached`'s buffers.
+    /// `None`: the update runs on libtorch.
+    pub(crate) fn for_update(
+        cached: &mut Option<Self>,
+        enabled: bool,
+        parallel: &DataParallel,
+        net: &ActorCritic,
+    ) -> Option<Self> {
+        let single = parallel.replicas() == 1 && parallel.accumulate() == 1;
+        if !enabled || !single || net.params.has_frozen() {
+            return None;
+        }
+        cached.take().or_else(|| ActorCriticHost::new(net))
+    }
+
     /// The fused path for this network, when it can take it: an MLP actor-critic (one head) whose
     /// parameters are a CPU f32 buffer with nothing frozen. `None` otherwise (the libtorch loop runs).
     pub(crate) fn new(net: &ActorCritic) -> Option<Self> {
@@ -84,7 +120,7 @@ impl PpoHost {
         if outputs[1] != 1 {
             return None;
         }
-        Some(PpoHost {
+        Some(ActorCriticHost {
             layers,
             activation,
             padded,
@@ -99,8 +135,8 @@ impl PpoHost {
         })
     }
 
-    /// One gradient step on `mb`: forward, loss, backward, gradient clipping to `max_grad_norm`, Adam. Returns
-    /// the loss terms before the step. A non-finite gradient norm is an error and no step is taken.
+    /// One PPO gradient step on `mb`: forward, loss, backward, gradient clipping to `max_grad_norm`, Adam.
+    /// Returns the loss terms before the step. A non-finite gradient norm is an error and no step is taken.
     pub(crate) fn step(
         &mut self,
         params: &mut FlatParams,
@@ -109,30 +145,56 @@ impl PpoHost {
         c: &LossCoefficients,
         max_grad_norm: f64,
     ) -> Result<StepLoss> {
-        let rows = mb.old_log_prob.len();
         let theta = params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
-        twin_forward(&self.layers, self.activation, theta, mb.obs, rows, 2, &mut self.tape);
-        // Every slot is written below: the twin layers by the backward pass, a log-std by the loss.
-        self.grad.resize(theta.len(), 0.0);
-        let loss = self.loss_and_output_gradients(theta, mb, c);
-        twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad);
+        let loss = self.gradient(theta, mb, Objective::Ppo(c));
         clip_and_step(theta, &mut self.grad, opt, max_grad_norm, "ppo")?;
         Ok(loss)
     }
 
+    /// The loss terms at `theta` on `mb` and their gradient, left in [`ActorCriticHost::grad_mut`] (the flat
+    /// buffer's layout, every slot written): forward, loss, backward; no step.
+    pub(crate) fn gradient(&mut self, theta: &[f32], mb: &Minibatch<'_>, objective: Objective<'_>) -> StepLoss {
+        let rows = mb.advantages.len();
+        twin_forward(&self.layers, self.activation, theta, mb.obs, rows, 2, &mut self.tape);
+        // Every slot is written below: the twin layers by the backward pass, a log-std by the loss.
+        self.grad.resize(theta.len(), 0.0);
+        let loss = self.loss_and_output_gradients(theta, mb, objective);
+        twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad);
+        loss
+    }
+
+    /// The gradient [`ActorCriticHost::gradient`] left (for clipping and an optimiser step).
+    pub(crate) fn grad_mut(&mut self) -> &mut [f32] {
+        &mut self.grad
+    }
+
     /// The distribution's log-probs and entropies, the loss terms, and `∂loss/∂ln π`, `∂loss/∂V` per sample;
     /// `∂loss/∂V` goes into the value net's output gradient.
-    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<'_>, c: &LossCoefficients) -> StepLoss {
-        let rows = mb.old_log_prob.len();
+    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<'_>, objective: Objective<'_>) -> StepLoss {
+        let rows = mb.advantages.len();
         let inv = 1.0 / rows as f32;
         self.dist_forward(theta, mb.actions, rows);
-        let (lo, hi) = ((1.0 - c.clip_range) as f32, (1.0 + c.clip_range) as f32);
-        let (vf, ent) = (c.vf_coef as f32, c.ent_coef as f32);
+        let (c, (vf, ent)) = match objective {
+            Objective::Ppo(c) => (Some(c), (c.vf_coef as f32, c.ent_coef as f32)),
+            Objective::A2c { ent_coef, vf_coef } => (None, (vf_coef as f32, ent_coef as f32)),
+        };
+        let (clip_range, clip_range_vf) = c.map_or((0.0, None), |c| (c.clip_range, c.clip_range_vf));
+        let (lo, hi) = ((1.0 - clip_range) as f32, (1.0 + clip_range) as f32);
         self.d_log_prob.clear();
         self.d_value.clear();
         let (mut policy, mut value, mut entropy, mut kl, mut clipped) = (0f64, 0f64, 0f64, 0f64, 0usize);
         for i in 0..rows {
             let a = mb.advantages[i];
+            let (v, r) = (self.tape.out(1)[i * self.padded], mb.returns[i]);
+            entropy += self.entropy[i] as f64;
+            if c.is_none() {
+                // A2C: −Â ln π and (R − V)².
+                policy -= (a * self.log_prob[i]) as f64;
+                self.d_log_prob.push(-inv * a);
+                value += ((r - v) * (r - v)) as f64;
+                self.d_value.push(vf * inv * -2.0 * (r - v));
+                continue;
+            }
             let log_ratio = self.log_prob[i] - mb.old_log_prob[i];
             let ratio = log_ratio.exp();
             let (s, cl) = (a * ratio, a * ratio.clamp(lo, hi));
@@ -148,8 +210,7 @@ impl PpoHost {
             let in_range = if (lo..=hi).contains(&ratio) { 1.0 } else { 0.0 };
             let d_ratio = -inv * (ws * a + wc * a * in_range);
             self.d_log_prob.push(d_ratio * ratio);
-            let (v, r) = (self.tape.out(1)[i * self.padded], mb.returns[i]);
-            let d_v = match c.clip_range_vf {
+            let d_v = match clip_range_vf {
                 None => {
                     value += ((r - v) * (r - v)) as f64;
                     -2.0 * (r - v)
@@ -173,9 +234,8 @@ impl PpoHost {
                 }
             };
             self.d_value.push(vf * inv * d_v);
-            entropy += self.entropy[i] as f64;
             kl += (ratio - 1.0 - log_ratio) as f64;
-            if (ratio - 1.0).abs() > c.clip_range as f32 {
+            if (ratio - 1.0).abs() > clip_range as f32 {
                 clipped += 1;
             }
         }
@@ -219,12 +279,12 @@ impl PpoHost {
             }
             HostDist::Gaussian { d, log_std } => {
                 let ls = &theta[log_std..log_std + d];
-                let per_dim_entropy: f32 = ls.iter().map(|&l| l + (0.5 + LOG_SQRT_2PI)).sum();
+                let per_dim_entropy: f32 = ls.iter().map(|&l| l + (0.5 + LOG_SQRT_2PI_F32)).sum();
                 for (row, a) in head.chunks_exact(self.padded).take(rows).zip(actions.chunks_exact(d)) {
                     let mut lp = 0.0f32;
                     for k in 0..d {
                         let z = (a[k] - row[k]) * (-ls[k]).exp();
-                        lp += z * z * -0.5 - ls[k] - LOG_SQRT_2PI;
+                        lp += z * z * -0.5 - ls[k] - LOG_SQRT_2PI_F32;
                     }
                     self.log_prob.push(lp);
                     self.entropy.push(per_dim_entropy);
@@ -254,7 +314,8 @@ impl PpoHost {
             }
             HostDist::Gaussian { d, log_std } => {
                 let ls = &theta[log_std..log_std + d];
-                let mut d_ls = vec![0.0f32; d];
+                let d_ls = &mut self.grad[log_std..log_std + d];
+                d_ls.fill(0.0);
                 for (r, (row, a)) in head.chunks_exact(self.padded).take(rows).zip(actions.chunks_exact(d)).enumerate()
                 {
                     let g = self.d_log_prob[r];
@@ -265,9 +326,18 @@ impl PpoHost {
                         d_ls[k] += g * (z * z - 1.0) + d_entropy;
                     }
                 }
-                self.grad[log_std..log_std + d].copy_from_slice(&d_ls);
             }
         }
         self.tape.d_out[0] = d0;
     }
+}
+
+/// `(x − mean) / (std + 1e-8)` in place, with the unbiased std, as [`DataParallel`]'s normalisation of one
+/// replica's advantages.
+pub(crate) fn normalize_host(x: &mut [f32]) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    let (mean, std) = (mean as f32, var.sqrt() as f32);
+    x.iter_mut().for_each(|v| *v = (*v - mean) / (std + 1e-8));
 }
