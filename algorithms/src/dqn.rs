@@ -1465,6 +1465,90 @@ mod tests {
         }
     }
 
+    /// FNV-1a over the bits of every number the fused DQN step leaves behind: online and target weights, Adam's
+    /// moments and step count, prioritized replay's priorities, and each phase's loss and mean Q.
+    fn fused_state_hash(dqn: &Dqn, metrics: &[Metrics]) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut eat = |bits: u64| {
+            for byte in bits.to_le_bytes() {
+                h = (h ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        let floats = |t: &Tensor| Vec::<f32>::try_from(t.detach().flatten(0, -1)).unwrap();
+        for t in [dqn.online.flat(), dqn.target.flat(), &dqn.opt.exp_avg, &dqn.opt.exp_avg_sq] {
+            floats(t).iter().for_each(|v| eat(u64::from(v.to_bits())));
+        }
+        eat(dqn.opt.steps());
+        if let Memory::Prioritized(_, r) = &lock(&dqn.side).memory {
+            (0..r.len()).for_each(|i| eat(r.priority(i).unwrap().to_bits()));
+        }
+        for m in metrics {
+            for key in ["losses/td_loss", "losses/q_values"] {
+                eat(m.get(key).unwrap().to_bits());
+            }
+        }
+        h
+    }
+
+    /// Pins the fused DQN step's numerics bit for bit: a change that speeds the step up must leave every
+    /// weight, loss and priority as it was, so that the 10-seed learning results measured with the step
+    /// (BENCHMARKS.md) stay valid. The hashes are what the step gave when pinned; a change that moves them
+    /// changes the step's arithmetic. CartPole's network (4 → 256 → 256 → 2, ReLU), as
+    /// `examples/configs/cartpole_dqn.toml` trains it, plain and with double Q, prioritized replay and
+    /// clipping; two gradient steps per phase, so each phase's mean is the same sum in any order. The
+    /// values hold where `sgemm` multiplies with fused multiply-adds (x86-64 with FMA: `matrixmultiply`'s
+    /// AVX2/AVX-512 kernels); other CPUs round differently and skip the check.
+    #[test]
+    fn fused_cpu_step_numerics_are_pinned() {
+        #[cfg(target_arch = "x86_64")]
+        let fma = std::arch::is_x86_feature_detected!("fma");
+        #[cfg(not(target_arch = "x86_64"))]
+        let fma = false;
+        let plain = DqnConfig {
+            learning_rate: 1e-3,
+            anneal_lr: true,
+            adam_eps: 1e-8,
+            batch_size: 64,
+            buffer_size: 1_000,
+            learning_starts: 100,
+            train_freq: 2,
+            gradient_steps: 2,
+            target_update_interval: 10,
+            max_grad_norm: 10.0,
+            hidden_sizes: vec![256, 256],
+            activation: Activation::Relu,
+            ..Default::default()
+        };
+        let per = DqnConfig { double_q: true, prioritized_replay: true, max_grad_norm: 0.5, ..plain.clone() };
+        let cases = [("plain", plain, 0x2c2c_9d1b_1f9c_dd4a), ("double q, prioritized, clipped", per, 0xed44_4473_ce77_28a3)];
+        let vector = |t: u64, e: usize| {
+            (0..4).map(|i| (((t * 7 + i * 3 + e as u64) % 13) as f32 / 13.0 - 0.5) * (1.0 + i as f32)).collect()
+        };
+        let obs_space = Space::box1d(vec![-3.0; 4], vec![3.0; 4]);
+        let mut got = Vec::new();
+        for (what, config, want) in cases {
+            let mut dqn = Dqn::new(&obs_space, &Space::discrete(2), 2, config, Device::Cpu, 7).unwrap();
+            let mut metrics = Vec::new();
+            fixed_stream(
+                300,
+                vector,
+                |o| ObsRef::F32(o),
+                |step, progress| {
+                    dqn.observe(step).unwrap();
+                    metrics.extend(dqn.update(&progress).unwrap());
+                },
+            );
+            assert!(dqn.host_step.is_some(), "{what}: the fused path trained");
+            assert_eq!(lock(&dqn.side).counters.gradient_steps, 250, "{what}");
+            let hash = fused_state_hash(&dqn, &metrics);
+            got.push(format!("{what}: {hash:#018x}"));
+            if fma && hash != want {
+                panic!("{what}: fused DQN state hash {hash:#018x}, pinned {want:#018x}");
+            }
+        }
+        eprintln!("{got:?}");
+    }
+
     /// The same stream trained two ways: observe + update on one thread, and a [`DqnFeed`] on another thread
     /// handing prepared minibatches to `train_prepared`. Same weights, bit for bit, and the same metrics.
     fn feed_ahead_matches_inline<O: Copy + Send + Sync + 'static>(
