@@ -132,6 +132,36 @@ impl FlatParams {
         Some(unsafe { std::slice::from_raw_parts_mut(self.flat.data_ptr() as *mut f32, n) })
     }
 
+    /// The buffer's values (mutable) and its gradient as host slices, for an optimiser step as one host loop:
+    /// both CPU f32 contiguous, a gradient from a backward pass, nothing frozen; else `None`.
+    pub(crate) fn host_values_and_grad_mut(&mut self) -> Option<(&mut [f32], &[f32])> {
+        let grad = self.flat.grad();
+        let host = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float && t.is_contiguous();
+        if self.has_frozen() || !grad.defined() || !host(&grad) || grad.numel() != self.flat.numel() {
+            return None;
+        }
+        let n = grad.numel();
+        // SAFETY: the gradient is a contiguous f32 CPU tensor of `n` elements (checked above), held by the flat
+        // leaf `self` owns; it is neither replaced nor written while the `&mut self` borrow lasts, and it is a
+        // buffer of its own, not the values'.
+        let grad = unsafe { std::slice::from_raw_parts(grad.data_ptr() as *const f32, n) };
+        Some((self.host_values_mut()?, grad))
+    }
+
+    /// [`FlatParams::polyak_from`] as one host loop, `θ ← θ + τ(θ_source − θ)`, where both buffers live on the
+    /// CPU (false, changing nothing, where they do not).
+    pub(crate) fn polyak_from_host(&mut self, source: &FlatParams, tau: f64) -> bool {
+        let (Some(from), Some(to)) = (source.host_values(), self.host_values_mut()) else {
+            return false;
+        };
+        if from.len() != to.len() {
+            return false;
+        }
+        let tau = tau as f32;
+        to.iter_mut().zip(from).for_each(|(t, &s)| *t += tau * (s - *t));
+        true
+    }
+
     /// Where parameter `i` starts in the flat buffer.
     pub(crate) fn offset(&self, i: usize) -> usize {
         self.entries[i].offset as usize

@@ -95,6 +95,11 @@ pub struct Td3Config {
     /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
     #[serde(skip)]
     pub tasks: usize,
+    /// On the CPU, take each Adam step and each Polyak target update as one host loop over the flat buffers
+    /// (one pass over memory) instead of libtorch's several elementwise ops; the forward and backward passes
+    /// stay on libtorch (MKL's matmuls, compute-bound at these sizes). Same maths to float rounding; `false`
+    /// runs everything on libtorch. Layers frozen or buffers off the CPU: libtorch.
+    pub fused_cpu: bool,
 }
 
 impl Default for Td3Config {
@@ -141,6 +146,11 @@ pub struct DdpgConfig {
     /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
     #[serde(skip)]
     pub tasks: usize,
+    /// On the CPU, take each Adam step and each Polyak target update as one host loop over the flat buffers
+    /// (one pass over memory) instead of libtorch's several elementwise ops; the forward and backward passes
+    /// stay on libtorch (MKL's matmuls, compute-bound at these sizes). Same maths to float rounding; `false`
+    /// runs everything on libtorch. Layers frozen or buffers off the CPU: libtorch.
+    pub fused_cpu: bool,
 }
 
 impl Default for DdpgConfig {
@@ -161,6 +171,7 @@ impl Default for DdpgConfig {
             activation: Activation::Relu,
             task_heads: false,
             tasks: 0,
+            fused_cpu: true,
         }
     }
 }
@@ -184,6 +195,7 @@ impl From<DdpgConfig> for Td3Config {
             activation: c.activation,
             task_heads: c.task_heads,
             tasks: c.tasks,
+            fused_cpu: c.fused_cpu,
             n_critics: 1,
             policy_delay: 1,
             target_policy_noise: 0.0,
@@ -610,7 +622,8 @@ impl Td3 {
             qs.push(q.detach());
         }
         self.parallel.reduce_slot(0, &mut self.critic)?;
-        self.critic_opt.step(&mut self.critic);
+        let fused = self.config.fused_cpu;
+        adam_step(&mut self.critic_opt, &mut self.critic, fused);
         self.counters.critic_updates += 1;
         let actor_loss = if update_actor {
             // −mean Q₁(s, π(s)): each micro-batch's mean, scaled by 1/k, adds up to it.
@@ -632,10 +645,10 @@ impl Td3 {
                 losses.push(loss.detach());
             }
             self.parallel.reduce_slot(1, &mut self.actor)?;
-            self.actor_opt.step(&mut self.actor);
+            adam_step(&mut self.actor_opt, &mut self.actor, fused);
             let loss = sum_of(losses);
-            self.critic_target.polyak_from(&self.critic, self.config.tau);
-            self.actor_target.polyak_from(&self.actor, self.config.tau);
+            polyak(&mut self.critic_target, &self.critic, self.config.tau, fused);
+            polyak(&mut self.actor_target, &self.actor, self.config.tau, fused);
             self.counters.actor_updates += 1;
             Some(loss)
         } else {
@@ -643,6 +656,23 @@ impl Td3 {
         };
         let q = if qs.len() == 1 { qs.pop().expect("one") } else { Tensor::cat(&qs, 0) };
         Ok((sum_of(critic_losses), q.mean(Kind::Float), actor_loss))
+    }
+}
+
+/// One Adam step on `params` from its gradient: one host loop where `fused` and the buffers allow
+/// ([`Td3Config::fused_cpu`]), else libtorch's ops.
+fn adam_step(opt: &mut Adam, params: &mut FlatParams, fused: bool) {
+    if fused && let Some((theta, grad)) = params.host_values_and_grad_mut() && opt.step_host(theta, grad) {
+        return;
+    }
+    opt.step(params);
+}
+
+/// The Polyak update of `target` towards `online`: one host loop where `fused` and the buffers allow, else
+/// libtorch's `lerp_`.
+fn polyak(target: &mut FlatParams, online: &FlatParams, tau: f64, fused: bool) {
+    if !(fused && target.polyak_from_host(online, tau)) {
+        target.polyak_from(online, tau);
     }
 }
 
@@ -1222,6 +1252,44 @@ mod tests {
                 assert_eq!(agent.counters.actor_updates, step / delay);
                 assert_eq!(m[0].get("losses/actor_loss").unwrap().is_finite(), step >= delay);
             }
+        }
+    }
+
+    #[test]
+    fn fused_cpu_optimiser_and_target_steps_match_libtorch() {
+        let (obs_space, act_space) = spaces();
+        let td3 = |fused_cpu| Td3::td3(&obs_space, &act_space, 1, Td3Config { fused_cpu, ..tiny_td3() }, Device::Cpu, 3);
+        let ddpg =
+            |fused_cpu| Td3::ddpg(&obs_space, &act_space, 1, DdpgConfig { fused_cpu, ..tiny_ddpg() }, Device::Cpu, 3);
+        for (mut fused, mut torch) in [(td3(true).unwrap(), td3(false).unwrap()), (ddpg(true).unwrap(), ddpg(false).unwrap())]
+        {
+            let (mut env_f, mut env_t) = (Bandit::new(6, 1, 10, false), Bandit::new(6, 1, 10, false));
+            // 64 warm-up steps, then 40 critic updates (20 TD3 actor updates).
+            let (mf, mt) = (env_f.drive(&mut fused, 104, 1_000), env_t.drive(&mut torch, 104, 1_000));
+            assert_eq!(mf.len(), 40);
+            for (a, b) in mf.iter().zip(&mt) {
+                for &(key, x) in a.iter() {
+                    let y = b.get(key).unwrap();
+                    // (No actor loss yet before TD3's first delayed update: NaN on both.)
+                    let close = (x - y).abs() <= 1e-4 * y.abs().max(1e-2) || (x.is_nan() && y.is_nan());
+                    assert!(close, "{}: {key} {x} vs {y}", fused.name());
+                }
+            }
+            for (what, x, y) in [
+                ("actor", &fused.actor, &torch.actor),
+                ("actor target", &fused.actor_target, &torch.actor_target),
+                ("critic", &fused.critic, &torch.critic),
+                ("critic target", &fused.critic_target, &torch.critic_target),
+            ] {
+                let (a, b) = (values(x), values(y));
+                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let worst = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+                assert!(worst <= 1e-5 * scale, "{} {what}: differs by {worst} (scale {scale})", fused.name());
+                assert_ne!(a, b, "{} {what}: the host loops ran (float rounding tells the paths apart)", fused.name());
+            }
+            let counts = |c: &Counters| (c.env_steps, c.calls, c.critic_updates, c.actor_updates);
+            assert_eq!(counts(&fused.counters), counts(&torch.counters));
+            assert_eq!((fused.actor_opt.steps(), fused.critic_opt.steps()), (torch.actor_opt.steps(), torch.critic_opt.steps()));
         }
     }
 
