@@ -736,6 +736,7 @@ impl GradientWorker for A3cWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::assert_params_close;
     use crate::vtrace::VtraceConfig;
     use rand::Rng;
 
@@ -927,11 +928,7 @@ mod tests {
                     let b = mt.get(key).unwrap();
                     assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-2), "{what}, update {u}: {key} {a} vs {b}");
                 }
-                let a: Vec<f32> = Vec::try_from(fused.params().flat().detach()).unwrap();
-                let b: Vec<f32> = Vec::try_from(torch.params().flat().detach()).unwrap();
-                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-                assert!(worst <= 1e-5 * scale, "{what}, update {u}: weights differ by {worst} (scale {scale})");
+                let a = assert_params_close(&format!("{what}, update {u}"), fused.params(), torch.params(), 1e-5);
                 let init: Vec<f32> = Vec::try_from(make(true).params().flat().detach()).unwrap();
                 assert_ne!(a, init, "{what}: weights moved");
                 if u == 1 {

@@ -472,6 +472,18 @@ impl FlatParams {
     }
 }
 
+/// Test check: `a`'s values within `rel` × (`b`'s largest magnitude) of `b`'s, scalar by scalar (a fused step
+/// against the libtorch step it replaces). Returns `a`'s values.
+#[cfg(test)]
+pub(crate) fn assert_params_close(what: &str, a: &FlatParams, b: &FlatParams, rel: f32) -> Vec<f32> {
+    let (a, b): (Vec<f32>, Vec<f32>) =
+        (Vec::try_from(a.flat().detach()).unwrap(), Vec::try_from(b.flat().detach()).unwrap());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(worst <= rel * scale, "{what}: parameters differ by {worst} (scale {scale})");
+    a
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -740,6 +740,7 @@ pub fn explained_variance(values: &[f32], returns: &[f32]) -> f64 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::params::assert_params_close;
     use crate::rollout::Rollout;
     use crate::vtrace::VtraceConfig;
     use rand::{Rng, SeedableRng};
@@ -966,11 +967,7 @@ pub(crate) mod tests {
                 }
                 assert_eq!(mf.get("charts/gradient_steps"), mt.get("charts/gradient_steps"), "{what}");
                 assert_eq!(mf.get("losses/clip_fraction"), mt.get("losses/clip_fraction"), "{what}");
-                let a: Vec<f32> = Vec::try_from(fused.params().flat().detach()).unwrap();
-                let b: Vec<f32> = Vec::try_from(torch.params().flat().detach()).unwrap();
-                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-                assert!(worst <= 1e-5 * scale, "{what}, update {u}: weights differ by {worst} (scale {scale})");
+                let a = assert_params_close(&format!("{what}, update {u}"), fused.params(), torch.params(), 1e-5);
                 let init: Vec<f32> = Vec::try_from(make(true).params().flat().detach()).unwrap();
                 assert_ne!(a, init, "{what}: weights moved");
                 // Both paths leave the optimiser in step.

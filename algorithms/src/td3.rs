@@ -1030,6 +1030,7 @@ impl ActingPolicy for Td3Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::assert_params_close;
 
     /// The synthetic task: 2-D random observations, a 1-D action in the asymmetric box `[−1, 2]`, reward
     /// `−(a − 0.3)²` whatever the observation. Episodes end every `episode` steps (`terminal`: terminated, so
@@ -1281,11 +1282,8 @@ mod tests {
                 ("critic", &fused.critic, &torch.critic),
                 ("critic target", &fused.critic_target, &torch.critic_target),
             ] {
-                let (a, b) = (values(x), values(y));
-                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let worst = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
-                assert!(worst <= 1e-5 * scale, "{} {what}: differs by {worst} (scale {scale})", fused.name());
-                assert_ne!(a, b, "{} {what}: the host loops ran (float rounding tells the paths apart)", fused.name());
+                let a = assert_params_close(&format!("{} {what}", fused.name()), x, y, 1e-5);
+                assert_ne!(a, values(y), "{} {what}: the host loops ran (float rounding tells the paths apart)", fused.name());
             }
             let counts = |c: &Counters| (c.env_steps, c.calls, c.critic_updates, c.actor_updates);
             assert_eq!(counts(&fused.counters), counts(&torch.counters));
