@@ -280,6 +280,13 @@ fn bad_population_configs_are_refused_before_anything_is_written() {
         ("pbt", "[population]\nsize = 4\n[population.pbt]\ninterval_steps = 1000\n".into(), "give [population.sweep]"),
         ("empty", "[population]\nsize = 0\n".into(), "at least one member"),
         ("range", sweep("\"algorithm.gamma\" = [0.9, 1.5]"), "gamma"),
+        (
+            "paired",
+            "[population]\nsize = 4\n[population.sweep]\nmode = \"random\"\npaired_seeds = true\n\
+             [population.sweep.values]\n\"algorithm.gamma\" = { uniform = [0.9, 0.99] }\n"
+                .into(),
+            "needs mode = \"grid\"",
+        ),
     ];
     for (name, extra, expected) in cases {
         let cfg = config_with(&dir, name, "cartpole_ppo.toml", &extra);

@@ -1,7 +1,8 @@
 //! Populations: many seeds (and hyperparameter settings) of one config trained as one run.
 //!
 //! ```text
-//! [population] size = N            members k = 0..N with seeds seed + k
+//! [population] size = N            members k = 0..N with seeds seed + k (a grid with paired_seeds:
+//!                                  every combination on seeds seed, seed + 1, …)
 //! [population.sweep]               per-member hyperparameters: a grid, or random draws
 //! [population.pbt]                 population-based training: the bottom quantile copies the top's state
 //!
@@ -37,7 +38,8 @@ pub const MEMBERS_DIR: &str = "members";
 pub struct PopulationRecord {
     /// Members of the whole population (every job's).
     pub size: usize,
-    /// `[run] seed` of the base config: member k has seed `base_seed + k`.
+    /// `[run] seed` of the base config: member k has seed `base_seed + k` (paired seeds: see
+    /// [`SweepConfig::paired_seeds`]).
     pub base_seed: u64,
     /// The swept keys (`"algorithm.learning_rate"`, …), empty for a seed study.
     pub sweep_keys: Vec<String>,
@@ -141,6 +143,7 @@ pub struct PopulationConfig {
 /// [population.sweep]
 /// mode = "grid"                  # every combination of the listed values; size must be a multiple of
 ///                                # their count (member k takes combination k mod count)
+/// paired_seeds = true            # grid only: every combination on the same seeds (below)
 /// [population.sweep.values]
 /// "algorithm.learning_rate" = [3e-4, 1e-3]
 /// "algorithm.gamma" = [0.98, 0.99]
@@ -154,6 +157,11 @@ pub struct SweepConfig {
     pub mode: SweepMode,
     /// Swept keys (dotted config paths, quoted) and their values or distributions.
     pub values: toml::Table,
+    /// Grid only: train every combination on the same seeds — member k has seed `seed + k / combinations`
+    /// instead of `seed + k` — so values are compared on common seeds (a seed study per combination). Off:
+    /// every member has a seed of its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paired_seeds: bool,
 }
 
 /// How a sweep assigns values to members.
@@ -383,6 +391,13 @@ impl PopulationConfig {
         }
         if let Some(sweep) = &self.sweep {
             let dims = sweep.dims()?;
+            if sweep.paired_seeds && sweep.mode != SweepMode::Grid {
+                return Err(Error::Config(
+                    "[population.sweep] paired_seeds = true: needs mode = \"grid\" (random draws share no \
+                     combination to pair seeds on)"
+                        .into(),
+                ));
+            }
             if sweep.mode == SweepMode::Grid {
                 let points = grid_points(&dims);
                 if !self.size.is_multiple_of(points) {
@@ -422,8 +437,9 @@ impl PopulationConfig {
         Ok(())
     }
 
-    /// Every member's plan: seed `base.run.seed + k`, its swept values, its whole config (checked like any
-    /// config). Fails, naming the member and key, before anything is written.
+    /// Every member's plan: seed `base.run.seed + k` (with paired seeds `base.run.seed + k / combinations`), its
+    /// swept values, its whole config (checked like any config). Fails, naming the member and key, before
+    /// anything is written.
     pub fn members(&self, base: &crate::config::ExperimentConfig) -> Result<Vec<MemberPlan>> {
         self.check()?;
         let dims = match &self.sweep {
@@ -451,7 +467,8 @@ impl PopulationConfig {
                     };
                     hyperparameters.insert(key.clone(), value);
                 }
-                let seed = base.run.seed.wrapping_add(k as u64);
+                let paired = self.sweep.as_ref().is_some_and(|s| s.paired_seeds);
+                let seed = base.run.seed.wrapping_add(if paired { k / points } else { k } as u64);
                 let config = member_config(&text, &table, seed, &hyperparameters)
                     .map_err(|e| Error::Config(format!("population member {k}: {e}")))?;
                 let hyperparameters = read_back(&config, &hyperparameters)?;
@@ -538,4 +555,47 @@ fn read_back(
             Ok((key.clone(), read))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ExperimentConfig;
+
+    const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/cartpole_ppo.toml");
+
+    fn base(population: &str) -> ExperimentConfig {
+        let text = std::fs::read_to_string(EXAMPLE).unwrap() + population;
+        ExperimentConfig::parse(&text, &["run.seed=7".to_string()]).unwrap()
+    }
+
+    const GRID: &str = "\n[population]\nsize = 6\n[population.sweep]\nmode = \"grid\"\n{paired}\n\
+                        [population.sweep.values]\n\"algorithm.learning_rate\" = [1e-3, 2e-3]\n";
+
+    fn plans(paired: &str) -> Result<Vec<(u64, f64)>> {
+        let config = base(&GRID.replace("{paired}", paired));
+        let members = config.population.as_ref().unwrap().members(&config)?;
+        Ok(members.iter().map(|m| (m.seed, m.hyperparameters["algorithm.learning_rate"])).collect())
+    }
+
+    #[test]
+    fn paired_seeds_train_every_grid_combination_on_the_same_seeds() {
+        let own = plans("").unwrap();
+        assert_eq!(own, [(7, 1e-3), (8, 2e-3), (9, 1e-3), (10, 2e-3), (11, 1e-3), (12, 2e-3)]);
+        let paired = plans("paired_seeds = true").unwrap();
+        assert_eq!(paired, [(7, 1e-3), (7, 2e-3), (8, 1e-3), (8, 2e-3), (9, 1e-3), (9, 2e-3)]);
+        // The member's own config carries its seed.
+        let config = base(&GRID.replace("{paired}", "paired_seeds = true"));
+        let members = config.population.as_ref().unwrap().members(&config).unwrap();
+        assert_eq!(members[3].config.run.seed, 8);
+    }
+
+    #[test]
+    fn paired_seeds_need_a_grid() {
+        let text = std::fs::read_to_string(EXAMPLE).unwrap()
+            + "\n[population]\nsize = 4\n[population.sweep]\nmode = \"random\"\npaired_seeds = true\n\
+               [population.sweep.values]\n\"algorithm.learning_rate\" = { log_uniform = [1e-4, 1e-2] }\n";
+        let e = ExperimentConfig::parse(&text, &[]).unwrap_err().to_string();
+        assert!(e.contains("paired_seeds") && e.contains("grid"), "{e}");
+    }
 }
