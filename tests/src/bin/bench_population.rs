@@ -1,7 +1,7 @@
 //! `flotilla-bench-population`: populations against their peers, as markdown tables.
 //!
 //! ```text
-//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|pbt|all] [--quick]
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|a2c|pbt|all] [--quick]
 //! ```
 //! Every measurement runs in a child process pinned with `taskset` (`taskset -c 0`: one core, `-c 0,1`: two):
 //! Flotilla as this binary re-executed (`--child train CONFIG OUT`: the config trained in-process, one JSON line
@@ -19,11 +19,16 @@
 //!    learner's measured update seconds.
 //! 2. `dqn`: DQN on CartPole-v1 (`cartpole_dqn.toml`, 50 K) on one core, Flotilla (fused CPU step and
 //!    libtorch) against SB3, and the update's GFLOP/s against the matmul peak.
-//! 3. `pbt`: PPO on CartPole-v1 with a random learning-rate × clip-range sweep over 8 members on two cores
+//! 3. `a2c`: A2C on CartPole-v1 (`cartpole_a2c.toml`, RL Zoo's hyperparameters: 8 envs, one gradient step per
+//!    5 × 8 transitions, 500 K env steps per member) on one core: one Flotilla run on the fused CPU step (the
+//!    default) and one on libtorch (`fused_cpu = false`), a population of 10 on one worker thread (fused, members
+//!    in turn), SB3 one seed; the speed suite's table and analytic update GFLOP/s.
+//! 4. `pbt`: PPO on CartPole-v1 with a random learning-rate × clip-range sweep over 8 members on two cores
 //!    (`population.threads = 2`), with and without PBT, three repetitions: env steps until the best member's
 //!    evaluation first reaches 475, members at 475 at the end, whether the best stays there.
 //!
-//! `--quick` shrinks every budget (4 K env steps, populations of 4 and 8, two PBT repetitions) for a smoke run.
+//! `--quick` shrinks every budget (4 K env steps, populations of 4 and 8, two PBT repetitions; A2C: 100 K env
+//! steps, a population of 4) for a smoke run.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -46,15 +51,17 @@ fn main() -> BenchResult<()> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--suite" => suite = it.next().ok_or("--suite speed|dqn|pbt|all")?.clone(),
+            "--suite" => suite = it.next().ok_or("--suite speed|dqn|a2c|pbt|all")?.clone(),
             "--quick" => quick = true,
             other => {
-                return Err(format!("unknown argument {other:?}; usage: [--suite speed|dqn|pbt|all] [--quick]").into());
+                return Err(
+                    format!("unknown argument {other:?}; usage: [--suite speed|dqn|a2c|pbt|all] [--quick]").into()
+                );
             }
         }
     }
-    if !["speed", "dqn", "pbt", "all"].contains(&suite.as_str()) {
-        return Err(format!("--suite {suite:?}: expected speed, dqn, pbt or all").into());
+    if !["speed", "dqn", "a2c", "pbt", "all"].contains(&suite.as_str()) {
+        return Err(format!("--suite {suite:?}: expected speed, dqn, a2c, pbt or all").into());
     }
     let root = std::env::var_os("FLOTILLA_BENCH_DIR")
         .map(PathBuf::from)
@@ -78,6 +85,9 @@ fn main() -> BenchResult<()> {
     }
     if suite == "dqn" || suite == "all" {
         bench.dqn(&peak)?;
+    }
+    if suite == "a2c" || suite == "all" {
+        bench.a2c(&peak)?;
     }
     if suite == "pbt" || suite == "all" {
         bench.pbt()?;
@@ -220,6 +230,99 @@ impl PeerRun {
     fn solved(&self) -> usize {
         self.returns.iter().filter(|r| **r >= SOLVED).count()
     }
+
+    /// Train seconds per seed (a vmapped call's shared out equally).
+    fn per_seed(&self) -> f64 {
+        self.train_secs / self.returns.len() as f64
+    }
+}
+
+/// The table of the `speed` and `a2c` suites: one row per run on one core, its seconds per seed against SB3's.
+struct SpeedTable {
+    /// Analytic FLOPs of one member's gradient step.
+    flops: f64,
+    /// The machine's one-thread matmul GFLOP/s.
+    peak: f64,
+    /// SB3's train seconds per seed: what the speed column divides; None without its venv.
+    sb3_per_seed: Option<f64>,
+}
+
+impl SpeedTable {
+    fn header(&self) {
+        println!(
+            "| run | seeds | train s | s per seed | speed vs SB3 per seed | process wall s | \
+             solved (final eval ≥ 475) | update GFLOP/s | % of matmul peak |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    }
+
+    /// SB3's seconds per seed over `per_seed`.
+    fn vs(&self, per_seed: f64) -> String {
+        self.sb3_per_seed.map_or("—".to_string(), |s| format!("{:.2}×", s / per_seed))
+    }
+
+    /// A Flotilla run on one worker thread.
+    fn flotilla(&self, label: &str, run: &FlotillaRun) {
+        let n = run.members.len();
+        let train = run.train_secs(1);
+        let gflops = run.gradient_steps() as f64 * self.flops / run.update_secs(1).max(1e-9) / 1e9;
+        println!(
+            "| {label} | {n} | {train:.2} | {:.3} | {} | {:.2} | {} / {n} | {gflops:.2} | {:.1} % |",
+            train / n as f64,
+            self.vs(train / n as f64),
+            run.process_secs,
+            run.solved(),
+            100.0 * gflops / self.peak
+        );
+    }
+
+    /// A peer's run, or how to install it.
+    fn peer(&self, label: &str, run: &Option<PeerRun>) {
+        match run {
+            None => println!("| {label} | not installed: bash scripts/setup_peers.sh --sb3 --jax | | | | | | | |"),
+            Some(r) => {
+                let n = r.returns.len();
+                let train = match r.compile_secs {
+                    Some(c) => format!("{:.2} (+{c:.1} compile)", r.train_secs),
+                    None => format!("{:.2}", r.train_secs),
+                };
+                println!(
+                    "| {label} | {n} | {train} | {:.3} | {} | {:.2} | {} / {n} | — | — |",
+                    r.per_seed(),
+                    self.vs(r.per_seed()),
+                    r.process_secs,
+                    r.solved()
+                );
+            }
+        }
+    }
+}
+
+/// One seed's fused CPU step against its libtorch step, for the line under a speed table.
+fn fused_vs_libtorch(fused: &FlotillaRun, torch: &FlotillaRun) -> String {
+    format!(
+        "1 seed {:.2}× faster to train, its updates {:.2}× ({:.2} vs {:.2} update s)",
+        torch.train_secs(1) / fused.train_secs(1),
+        torch.update_secs(1) / fused.update_secs(1).max(1e-9),
+        fused.update_secs(1),
+        torch.update_secs(1)
+    )
+}
+
+/// The notes under a speed table: what its columns measure; `formula` and `flops` are one gradient step's.
+fn speed_notes(formula: &str, flops: f64) -> String {
+    format!(
+        "Notes: Flotilla's train s is Σ over members of `train_secs` ÷ worker threads (collection and updates, \
+         evaluation excluded; a lockstep group's seconds are shared out equally among its members, so the sum is the \
+         group's wall time); process wall s is the whole child process (libtorch loading, building, the final \
+         evaluation, writing run directories). SB3's train s covers building the env and model and `learn()`. \
+         Solved: the final 10-episode deterministic evaluation. Update GFLOP/s: analytic FLOPs per gradient step per \
+         member, {:.2} MFLOP = 3 × 2 × batch × Σ (forward 2 × batch × Σ, backward twice that; {formula}), × \
+         `charts/gradient_steps` summed over members, over the learner's measured update seconds (Σ members' \
+         `update_secs`, which also hold the returns and advantages, not counted); % of matmul peak: of the \
+         one-thread 2048² matmul above.",
+        flops / 1e6
+    )
 }
 
 fn cache_dir() -> PathBuf {
@@ -264,6 +367,16 @@ fn num(v: &Value, key: &str) -> BenchResult<f64> {
 fn example_text(name: &str, extra: &str) -> BenchResult<String> {
     let text = std::fs::read_to_string(repo().join("examples/configs").join(name))?;
     Ok(format!("{text}\n{extra}"))
+}
+
+/// Overrides of a timed run: `steps` env steps per member, one libtorch thread, and only the final evaluation
+/// (the tables time training, not evaluations).
+fn timing_overrides(steps: u64) -> Vec<String> {
+    vec![
+        format!("run.total_env_steps={steps}"),
+        "run.torch_threads=1".to_string(),
+        "eval.interval_steps=1000000000".to_string(),
+    ]
 }
 
 /// `[population]` of `size` members on `threads` threads.
@@ -358,17 +471,9 @@ impl Bench {
     fn speed(&self, peak: &Peak) -> BenchResult<()> {
         let steps: u64 = if self.quick { 4096 } else { 100_000 };
         let (small, large) = if self.quick { (4, 8) } else { (16, 64) };
-        let overrides = |seed: u64| {
-            vec![
-                format!("run.total_env_steps={steps}"),
-                "run.torch_threads=1".to_string(),
-                format!("run.seed={seed}"),
-                // Only the final evaluation: speed rows time training, not evaluations.
-                "eval.interval_steps=1000000000".to_string(),
-            ]
-        };
+        let overrides = |seed: u64| [timing_overrides(steps), vec![format!("run.seed={seed}")]].concat();
         let plain = example_text("cartpole_ppo.toml", "")?;
-        let flops = ppo_flops_per_step(&ExperimentConfig::parse(&plain, &[])?.to_toml())?;
+        let (flops, formula) = actor_critic_flops_per_step(&ExperimentConfig::parse(&plain, &[])?.to_toml())?;
         println!("## PPO CartPole-v1, {steps} env steps per seed, one core (taskset -c 0), torch_threads 1\n");
         // `fused`: the fused CPU step (the default); else every update on libtorch, members batched.
         let with_path = |seed: u64, fused: bool| {
@@ -390,72 +495,28 @@ impl Bench {
         let jax_one = self.jax(1, steps)?;
         let jax_many = self.jax(small, steps)?;
 
-        let sb3_per_seed = sb3.as_ref().map(|s| s.train_secs);
+        let table = SpeedTable { flops, peak: peak.matmul, sb3_per_seed: sb3.as_ref().map(|s| s.per_seed()) };
+        table.header();
+        table.flotilla("Flotilla, 1 seed (fused CPU step)", &one);
+        table.flotilla("Flotilla, 1 seed (libtorch step, fused_cpu = false)", &one_torch);
+        table.flotilla(&format!("Flotilla population of {small} (fused CPU step)"), &pop_small);
+        table.flotilla(&format!("Flotilla population of {large} (fused CPU step)"), &pop_large);
+        table.flotilla(&format!("Flotilla population of {small} (libtorch, batched update)"), &pop_torch);
+        table.peer("SB3 (RL Zoo), 1 seed", &sb3);
+        table.peer("JAX PPO, 1 seed", &jax_one);
+        table.peer(&format!("JAX PPO, {small} seeds vmapped"), &jax_many);
         println!(
-            "| run | seeds | train s | s per seed | speed vs SB3 per seed | process wall s | solved (final eval ≥ 475) | \
-             update GFLOP/s | % of matmul peak |"
-        );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-        let vs = |per_seed: f64| sb3_per_seed.map_or("—".to_string(), |s| format!("{:.2}×", s / per_seed));
-        let flotilla_row = |label: &str, run: &FlotillaRun| {
-            let n = run.members.len();
-            let train = run.train_secs(1);
-            let gflops = run.gradient_steps() as f64 * flops / run.update_secs(1).max(1e-9) / 1e9;
-            println!(
-                "| {label} | {n} | {train:.2} | {:.3} | {} | {:.2} | {} / {n} | {gflops:.2} | {:.1} % |",
-                train / n as f64,
-                vs(train / n as f64),
-                run.process_secs,
-                run.solved(),
-                100.0 * gflops / peak.matmul
-            );
-        };
-        flotilla_row("Flotilla, 1 seed (fused CPU step)", &one);
-        flotilla_row("Flotilla, 1 seed (libtorch step, fused_cpu = false)", &one_torch);
-        flotilla_row(&format!("Flotilla population of {small} (fused CPU step)"), &pop_small);
-        flotilla_row(&format!("Flotilla population of {large} (fused CPU step)"), &pop_large);
-        flotilla_row(&format!("Flotilla population of {small} (libtorch, batched update)"), &pop_torch);
-        let peer_row = |label: &str, run: &Option<PeerRun>, install: &str| match run {
-            None => println!("| {label} | not installed: bash scripts/setup_peers.sh {install} | | | | | | | |"),
-            Some(r) => {
-                let n = r.returns.len();
-                let train = match r.compile_secs {
-                    Some(c) => format!("{:.2} (+{c:.1} compile)", r.train_secs),
-                    None => format!("{:.2}", r.train_secs),
-                };
-                let per_seed = r.train_secs / n as f64;
-                println!(
-                    "| {label} | {n} | {train} | {per_seed:.3} | {} | {:.2} | {} / {n} | — | — |",
-                    vs(per_seed),
-                    r.process_secs,
-                    r.solved()
-                );
-            }
-        };
-        peer_row("SB3 (RL Zoo), 1 seed", &sb3, "--sb3 --jax");
-        peer_row("JAX PPO, 1 seed", &jax_one, "--sb3 --jax");
-        peer_row(&format!("JAX PPO, {small} seeds vmapped"), &jax_many, "--sb3 --jax");
-        println!(
-            "\nFused CPU step vs libtorch: 1 seed {:.2}× faster to train ({:.2} vs {:.2} update s); population of \
-             {small}, fused members in turn vs the libtorch batched update: {:.2}× ({:.2} vs {:.2} update s).",
-            one_torch.train_secs(1) / one.train_secs(1),
-            one.update_secs(1),
-            one_torch.update_secs(1),
+            "\nFused CPU step vs libtorch: {}; population of {small}, fused members in turn vs the libtorch batched \
+             update: {:.2}× ({:.2} vs {:.2} update s).",
+            fused_vs_libtorch(&one, &one_torch),
             pop_torch.train_secs(1) / pop_small.train_secs(1),
             pop_small.update_secs(1),
             pop_torch.update_secs(1)
         );
         println!(
-            "\nNotes: Flotilla's train s is Σ over members of `train_secs` ÷ worker threads (collection and updates, \
-             evaluation excluded; a lockstep group's seconds are shared out equally among its members, so the sum is \
-             the group's wall time); process wall s is the whole child process (libtorch loading, building, the final \
-             evaluation, writing run directories). SB3's train s covers building the env and model and `learn()`; \
-             JAX's is one call of the compiled program (compile separately). Solved: the final 10-episode \
-             deterministic evaluation (JAX: its `eval_return`). Update GFLOP/s: analytic FLOPs ({:.2} MFLOP per \
-             gradient step per member: 3 × 2 × batch × Σ in×out over the policy and value MLPs' layers) × \
-             `charts/gradient_steps` summed over members, over the learner's measured update seconds (Σ members' \
-             `update_secs`).\n",
-            flops / 1e6
+            "\n{} JAX's train s is one call of the compiled program (its compile time shown apart); its \
+             solved counts its `eval_return`.\n",
+            speed_notes(&formula, flops)
         );
 
         // Two cores: a population on two threads against SB3's seeds in two processes.
@@ -503,11 +564,7 @@ impl Bench {
     fn dqn(&self, peak: &Peak) -> BenchResult<()> {
         let steps: u64 = if self.quick { 4000 } else { 50_000 };
         let text = example_text("cartpole_dqn.toml", "")?;
-        let overrides = vec![
-            format!("run.total_env_steps={steps}"),
-            "run.torch_threads=1".to_string(),
-            "eval.interval_steps=1000000000".to_string(),
-        ];
+        let overrides = timing_overrides(steps);
         let (flops, formula) = dqn_flops_per_step(&ExperimentConfig::parse(&text, &[])?.to_toml())?;
         println!("## DQN CartPole-v1, {steps} env steps, one core (taskset -c 0)\n");
         let run = self.flotilla("dqn-1", "0", &text, &overrides)?;
@@ -516,7 +573,8 @@ impl Bench {
         let sb3 = self.sb3("dqn", &[1], 1, steps, "0")?;
         println!("| run | train s | final return | gradient steps | update s | update GFLOP/s | % of matmul peak |");
         println!("|---|---:|---:|---:|---:|---:|---:|");
-        for (label, r) in [("Flotilla (fused CPU step)", &run), ("Flotilla (libtorch step, fused_cpu = false)", &torch)] {
+        for (label, r) in [("Flotilla (fused CPU step)", &run), ("Flotilla (libtorch step, fused_cpu = false)", &torch)]
+        {
             let m = &r.members[0];
             let gflops = m.gradient_steps as f64 * flops / m.update_secs.max(1e-9) / 1e9;
             println!(
@@ -543,6 +601,34 @@ impl Bench {
             flops / 1e6,
             peak.matmul
         );
+        Ok(())
+    }
+
+    fn a2c(&self, peak: &Peak) -> BenchResult<()> {
+        let (steps, size): (u64, usize) = if self.quick { (100_000, 4) } else { (500_000, 10) };
+        let overrides = timing_overrides(steps);
+        let with_fused = |fused: bool| [&overrides[..], &[format!("algorithm.fused_cpu={fused}")]].concat();
+        let plain = example_text("cartpole_a2c.toml", "")?;
+        let (flops, formula) = actor_critic_flops_per_step(&ExperimentConfig::parse(&plain, &[])?.to_toml())?;
+        println!(
+            "## A2C CartPole-v1 (`cartpole_a2c.toml`, RL Zoo's hyperparameters), {steps} env steps per seed, one core \
+             (taskset -c 0), torch_threads 1\n"
+        );
+        let one = self.flotilla("a2c-1", "0", &plain, &with_fused(true))?;
+        let one_torch = self.flotilla("a2c-1-libtorch", "0", &plain, &with_fused(false))?;
+        // One worker thread on the one core: members take the fused step in turn (A2C has no batched update).
+        let text = example_text("cartpole_a2c.toml", &population(size, 1, true))?;
+        let pop = self.flotilla(&format!("a2c-pop{size}-fused"), "0", &text, &with_fused(true))?;
+        let sb3 = self.sb3("a2c", &[1], 1, steps, "0")?;
+
+        let table = SpeedTable { flops, peak: peak.matmul, sb3_per_seed: sb3.as_ref().map(|s| s.per_seed()) };
+        table.header();
+        table.flotilla("Flotilla, 1 seed (fused CPU step)", &one);
+        table.flotilla("Flotilla, 1 seed (libtorch step, fused_cpu = false)", &one_torch);
+        table.flotilla(&format!("Flotilla population of {size} (fused CPU step, members in turn)"), &pop);
+        table.peer("SB3 (RL Zoo), 1 seed", &sb3);
+        println!("\nFused CPU step vs libtorch: {}.", fused_vs_libtorch(&one, &one_torch));
+        println!("\n{}\n", speed_notes(&formula, flops));
         Ok(())
     }
 
@@ -694,13 +780,32 @@ fn hidden_sizes(table: &toml::Table) -> BenchResult<Vec<usize>> {
     Ok(list.iter().filter_map(|v| v.as_integer()).map(|v| v as usize).collect())
 }
 
-/// FLOPs of one PPO gradient step of one member: forward (2 × batch × Σ in×out) and backward (twice that) over
-/// the policy MLP (obs → hidden → actions) and the value MLP (obs → hidden → 1).
-fn ppo_flops_per_step(resolved: &str) -> BenchResult<f64> {
+/// FLOPs of one PPO or A2C gradient step of one member: forward (2 × batch × Σ in×out) and backward (twice
+/// that) over the policy MLP (obs → hidden → actions) and the value MLP (obs → hidden → 1). PPO's batch is its
+/// minibatch; A2C takes one step on its whole rollout, `n_steps × num_envs`. Returns the formula too.
+fn actor_critic_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
     let (a, obs, actions) = algorithm_shape(resolved)?;
     let hidden = hidden_sizes(&a)?;
-    let batch = int(&a, "batch_size")? as f64;
-    Ok(3.0 * 2.0 * batch * (mlp_macs(obs, &hidden, actions) + mlp_macs(obs, &hidden, 1)))
+    let (batch, what) = match a.get("kind").and_then(|k| k.as_str()) {
+        Some("ppo") => {
+            let batch = int(&a, "batch_size")?;
+            (batch, format!("minibatch {batch}"))
+        }
+        Some("a2c") => {
+            let table: toml::Table = resolved.parse()?;
+            let envs = table.get("env").and_then(|e| e.get("num_envs")).and_then(|n| n.as_integer());
+            let envs = envs.ok_or("no env.num_envs")? as usize;
+            let n = int(&a, "n_steps")?;
+            (n * envs, format!("rollout {} = n_steps {n} × {envs} envs", n * envs))
+        }
+        other => return Err(format!("actor-critic FLOPs of algorithm.kind {other:?}").into()),
+    };
+    let (policy, value) = (mlp_macs(obs, &hidden, actions), mlp_macs(obs, &hidden, 1));
+    let formula = format!(
+        "batch: {what}; Σ in×out = {policy} (policy MLP {obs}→{hidden:?}→{actions}) + {value} (value MLP \
+         {obs}→{hidden:?}→1)"
+    );
+    Ok((3.0 * 2.0 * batch as f64 * (policy + value), formula))
 }
 
 /// FLOPs of one DQN gradient step: the online net's forward and backward (3 × 2 × batch × Σ in×out) plus one
