@@ -915,7 +915,7 @@ impl Dqn {
         let mut side = lock(&self.side);
         let side = &mut *side;
         if let Memory::Prioritized(_, r) = &mut side.memory {
-            r.update_priorities(&sample.indices, &step.td)?;
+            r.update_priorities(&sample.indices, host.td())?;
         }
         side.counters.gradient_steps += 1;
         Ok((Tensor::from(step.loss), Tensor::from(step.mean_q)))
@@ -1520,7 +1520,8 @@ mod tests {
             ..Default::default()
         };
         let per = DqnConfig { double_q: true, prioritized_replay: true, max_grad_norm: 0.5, ..plain.clone() };
-        let cases = [("plain", plain, 0x2c2c_9d1b_1f9c_dd4a), ("double q, prioritized, clipped", per, 0xed44_4473_ce77_28a3)];
+        let cases =
+            [("plain", plain, 0x2c2c_9d1b_1f9c_dd4a), ("double q, prioritized, clipped", per, 0xed44_4473_ce77_28a3)];
         let vector = |t: u64, e: usize| {
             (0..4).map(|i| (((t * 7 + i * 3 + e as u64) % 13) as f32 / 13.0 - 0.5) * (1.0 + i as f32)).collect()
         };

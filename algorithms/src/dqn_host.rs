@@ -15,21 +15,25 @@ pub(crate) struct DqnHost {
     layers: Vec<TwinLayer>,
     activation: Activation,
     n_actions: usize,
-    /// The online network's forward pass on the sample's observations (kept for the backward pass).
+    /// The online network's forward pass on the sample's observations (kept for the backward pass); with
+    /// double Q, on the observations and then the next observations, stacked.
     tape: TwinTape,
-    /// Forward passes that need no gradient (target network; online network for double Q).
+    /// The target network's forward pass (no gradient).
     infer: TwinTape,
+    /// With double Q: the observations and the next observations, stacked.
+    stacked: Vec<f32>,
     grad: Vec<f32>,
     targets: Vec<f32>,
+    /// The last step's TD errors `Q − target` per sample (prioritized replay's new priorities).
+    td: Vec<f32>,
 }
 
-/// What a step returns for the metrics and the replay: the loss, the mean Q of the taken actions, and the TD
-/// errors `Q − target` per sample (prioritized replay's new priorities).
-#[derive(Debug, Clone, Default)]
+/// What a step returns for the metrics: the loss and the mean Q of the taken actions (the TD errors are
+/// [`DqnHost::td`]).
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct DqnStep {
     pub loss: f32,
     pub mean_q: f32,
-    pub td: Vec<f32>,
 }
 
 impl DqnHost {
@@ -55,15 +59,17 @@ impl DqnHost {
             n_actions,
             tape: TwinTape::default(),
             infer: TwinTape::default(),
+            stacked: Vec::new(),
             grad: Vec::new(),
             targets: Vec::new(),
+            td: Vec::new(),
         })
     }
 
     /// One gradient step on the replay sample `s`: the TD target from the target network (its argmax taken by
     /// the online network with `double_q`), the Huber loss (weighted by `s.weights`, all 1 for uniform
     /// sampling), backward, gradient clipping to `max_grad_norm`, Adam. A non-finite gradient norm is an
-    /// error and no step is taken.
+    /// error and no step is taken. The TD errors are [`DqnHost::td`] afterwards.
     pub(crate) fn step(
         &mut self,
         online: &mut FlatParams,
@@ -75,32 +81,39 @@ impl DqnHost {
     ) -> Result<DqnStep> {
         let rows = s.rewards.len();
         let a = self.n_actions;
-        // TD targets (no gradient).
         let target_theta =
             target.host_values().ok_or_else(|| Error::Unsupported("fused DQN step off the CPU".into()))?;
         twin_forward(&self.layers, self.activation, target_theta, &s.next_obs, rows, 1, &mut self.infer);
-        let next_q = self.infer.out(0).to_vec();
         let theta = online.host_values_mut().ok_or_else(|| Error::Unsupported("fused DQN step off the CPU".into()))?;
-        let best: Vec<usize> = if double_q {
-            twin_forward(&self.layers, self.activation, theta, &s.next_obs, rows, 1, &mut self.infer);
-            self.infer.out(0).chunks_exact(a).map(argmax).collect()
+        // The online network's Q of the observations (for the loss) and, with double Q, of the next
+        // observations (for the argmax): one forward pass of both, stacked. Each row's arithmetic is the same
+        // as in a pass of its own (the products sum every element over k alike, whatever the number of rows;
+        // the pinned test in `dqn` checks it).
+        let (x, x_rows): (&[f32], usize) = if double_q {
+            self.stacked.clear();
+            self.stacked.extend_from_slice(&s.obs);
+            self.stacked.extend_from_slice(&s.next_obs);
+            (&self.stacked, 2 * rows)
         } else {
-            next_q.chunks_exact(a).map(argmax).collect()
+            (&s.obs, rows)
         };
+        twin_forward(&self.layers, self.activation, theta, x, x_rows, 1, &mut self.tape);
+        let mut d_out = std::mem::take(&mut self.tape.d_out[0]);
+        let (q, next_online) = self.tape.out(0).split_at(rows * a);
+        // TD targets (no gradient).
         self.targets.clear();
-        for (i, row) in next_q.chunks_exact(a).enumerate() {
+        for (i, row) in self.infer.out(0).chunks_exact(a).enumerate() {
+            let best = if double_q { argmax(&next_online[i * a..][..a]) } else { argmax(row) };
             let bootstrap = if s.terminated[i] { 0.0 } else { s.discounts[i] };
-            self.targets.push(s.rewards[i] + bootstrap * row[best[i]]);
+            self.targets.push(s.rewards[i] + bootstrap * row[best]);
         }
         // Q of the taken actions, the loss and its gradient.
-        twin_forward(&self.layers, self.activation, theta, &s.obs, rows, 1, &mut self.tape);
         let inv = 1.0 / rows as f32;
-        let mut out = DqnStep { td: Vec::with_capacity(rows), ..Default::default() };
-        let mut d_out = std::mem::take(&mut self.tape.d_out[0]);
         d_out.clear();
         d_out.resize(rows * a, 0.0);
+        self.td.clear();
         let (mut loss, mut q_sum) = (0f64, 0f64);
-        for (i, q_row) in self.tape.out(0).chunks_exact(a).enumerate() {
+        for (i, q_row) in q.chunks_exact(a).enumerate() {
             let action = s.actions[i] as usize;
             let x = q_row[action] - self.targets[i];
             let w = s.weights[i];
@@ -109,15 +122,20 @@ impl DqnHost {
             loss += (huber * w) as f64;
             d_out[i * a + action] = slope * w * inv;
             q_sum += q_row[action] as f64;
-            out.td.push(x);
+            self.td.push(x);
         }
         self.tape.d_out[0] = d_out;
-        out.loss = (loss / rows as f64) as f32;
-        out.mean_q = (q_sum / rows as f64) as f32;
+        self.tape.keep_rows(rows);
+        let out = DqnStep { loss: (loss / rows as f64) as f32, mean_q: (q_sum / rows as f64) as f32 };
         self.grad.resize(theta.len(), 0.0);
         twin_backward(&self.layers, self.activation, theta, &s.obs, 1, &mut self.tape, &mut self.grad);
         clip_and_step(theta, &mut self.grad, opt, max_grad_norm, "dqn")?;
         Ok(out)
+    }
+
+    /// The last step's TD errors `Q − target`, one per sample.
+    pub(crate) fn td(&self) -> &[f32] {
+        &self.td
     }
 }
 

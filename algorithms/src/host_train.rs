@@ -70,6 +70,13 @@ impl TwinTape {
     pub fn out(&self, j: usize) -> &[f32] {
         self.outs[j].last().map(Vec::as_slice).unwrap_or(&[])
     }
+
+    /// Let [`twin_backward`] take only the first `rows` rows of the last forward pass: that pass ran on inputs
+    /// stacked with rows that need no gradient (read through [`TwinTape::out`], which keeps them all).
+    pub(crate) fn keep_rows(&mut self, rows: usize) {
+        assert!(rows <= self.rows, "keep_rows: {rows} of {} rows", self.rows);
+        self.rows = rows;
+    }
 }
 
 /// `c = a·b + beta·c` for `a` `m × k` and `b` `k × n`, each given with its (row, column) strides so transposed
@@ -120,6 +127,7 @@ fn gemm(
 const NARROW: usize = 8;
 
 /// `dst` (`cols × rows`) = `src` (`rows × cols`) transposed.
+#[inline(always)]
 fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     assert!(src.len() == rows * cols && dst.len() == rows * cols, "transpose: sizes");
     for (c, d) in dst.chunks_exact_mut(rows).enumerate() {
@@ -130,6 +138,7 @@ fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
 }
 
 /// `Σ a_i b_i` in 8 interleaved partial sums (so it vectorises).
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -142,10 +151,61 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// `f`, compiled for the widest vectors the CPU has (AVX-512, AVX2, else the baseline's SSE2): the loops of
+/// the forward and backward passes and the gradient norm are elementwise or keep their partial sums apart,
+/// so every width computes the same floats in the same order (Rust never fuses a multiply and an add). With
+/// the branch-free ReLU backward, this took those loops from ~14 % of CartPole's DQN run to ~6 % (perf). `f`
+/// must be `#[inline(always)]` (and what it calls that should be vectorised), or it is compiled once, for the
+/// baseline.
+#[inline(always)]
+fn widest_lanes<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { on_avx512(f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { on_avx2(f) };
+        }
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn on_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
 /// The first `nets` (1 or 2) nets of a twin MLP on `x` (`rows × layers[0].fan_in`), saving what
 /// [`twin_backward`] needs; the outputs are [`TwinTape::out`]. A plain MLP ([`crate::nets::FlatMlp`]: weight
 /// `[fan_in, fan_out]`, bias `[fan_out]`) is net 0 of a "twin" with one net.
 pub(crate) fn twin_forward(
+    layers: &[TwinLayer],
+    activation: Activation,
+    theta: &[f32],
+    x: &[f32],
+    rows: usize,
+    nets: usize,
+    tape: &mut TwinTape,
+) {
+    widest_lanes(
+        #[inline(always)]
+        || forward_lanes(layers, activation, theta, x, rows, nets, tape),
+    )
+}
+
+/// [`twin_forward`]'s body, inlined into each of [`widest_lanes`]' compilations.
+#[inline(always)]
+fn forward_lanes(
     layers: &[TwinLayer],
     activation: Activation,
     theta: &[f32],
@@ -192,6 +252,23 @@ pub(crate) fn twin_forward(
 /// `grad` (the flat buffer's layout), from the `∂loss/∂output` the caller left in [`TwinTape::d_out`] after
 /// [`twin_forward`] on the same `theta` and `x`.
 pub(crate) fn twin_backward(
+    layers: &[TwinLayer],
+    activation: Activation,
+    theta: &[f32],
+    x: &[f32],
+    nets: usize,
+    tape: &mut TwinTape,
+    grad: &mut [f32],
+) {
+    widest_lanes(
+        #[inline(always)]
+        || backward_lanes(layers, activation, theta, x, nets, tape, grad),
+    )
+}
+
+/// [`twin_backward`]'s body, inlined into each of [`widest_lanes`]' compilations.
+#[inline(always)]
+fn backward_lanes(
     layers: &[TwinLayer],
     activation: Activation,
     theta: &[f32],
@@ -254,6 +331,7 @@ pub(crate) fn twin_backward(
 }
 
 /// Apply the nonlinearity in place.
+#[inline(always)]
 fn activate(activation: Activation, h: &mut [f32]) {
     match activation {
         Activation::Tanh => tanh_in_place(h),
@@ -263,14 +341,13 @@ fn activate(activation: Activation, h: &mut [f32]) {
 
 /// `d ← d ⊙ act'` given the activation's output `y` (tanh' = 1 − y², relu' = [y > 0], as libtorch's
 /// backward kernels compute them from the output).
+#[inline(always)]
 fn activation_backward(activation: Activation, y: &[f32], d: &mut [f32]) {
     match activation {
         Activation::Tanh => d.iter_mut().zip(y).for_each(|(d, y)| *d *= 1.0 - y * y),
-        Activation::Relu => d.iter_mut().zip(y).for_each(|(d, y)| {
-            if *y <= 0.0 {
-                *d = 0.0
-            }
-        }),
+        // A select, not a conditional store: the store's branch kept this loop scalar (half the backward
+        // pass's time on CartPole's DQN). Same values either way.
+        Activation::Relu => d.iter_mut().zip(y).for_each(|(d, &y)| *d = if y <= 0.0 { 0.0 } else { *d }),
     }
 }
 
@@ -344,6 +421,15 @@ fn expm1_lane(y: f32) -> f32 {
 /// `torch.nn.utils.clip_grad_norm_` (and [`crate::params::FlatParams::clip_grad_norm`]): scale
 /// `max_norm / (norm + 1e-6)` when below 1. Returns the norm before clipping.
 pub(crate) fn clip_grad_norm(grad: &mut [f32], max_norm: f64) -> f64 {
+    widest_lanes(
+        #[inline(always)]
+        || clip_lanes(grad, max_norm),
+    )
+}
+
+/// [`clip_grad_norm`]'s body, inlined into each of [`widest_lanes`]' compilations.
+#[inline(always)]
+fn clip_lanes(grad: &mut [f32], max_norm: f64) -> f64 {
     // Eight f64 partial sums (so the loop vectorises), added at the end.
     let mut acc = [0f64; 8];
     let chunks = grad.chunks_exact(8);
