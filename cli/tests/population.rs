@@ -60,13 +60,19 @@ fn config_with(dir: &Path, name: &str, example: &str, extra: &str) -> String {
     path.display().to_string()
 }
 
-/// `batched = false`: every member trains as its own run, so it must be the run alone bit for bit.
-fn check_members_equal_alone(label: &str, example: &str, sets: &[&str]) {
+/// Every member must be the run alone bit for bit: with `batched = false` each member trains as its own run;
+/// `batched = true` on one thread steps the members' envs as one joint batch (and updates each member alone
+/// where its fused CPU step is taken).
+fn check_members_equal_alone(label: &str, example: &str, sets: &[&str], batched: bool) {
     let dir = scratch("population", label);
     let pop = dir.join("pop");
-    let extra = ["--population", "3", "--set", "population.threads=2", "--set", "population.batched=false"];
+    let (threads, batched) = if batched { ("1", "true") } else { ("2", "false") };
+    let (threads, batched) = (format!("population.threads={threads}"), format!("population.batched={batched}"));
+    let extra = ["--population", "3", "--set", &threads, "--set", &batched];
     let printed = ok(train(&config(example), sets, &pop, &extra));
     assert!(printed.contains("population of 3"), "{label}: {printed}");
+    let joint = printed.contains("3 members' envs step as one batch of");
+    assert_eq!(joint, batched == "population.batched=true", "{label}: joint env batch? {printed}");
     for k in [0usize, 2] {
         let alone = dir.join(format!("alone-{k}"));
         let seed = format!("run.seed={}", 1 + k);
@@ -97,7 +103,24 @@ fn check_members_equal_alone(label: &str, example: &str, sets: &[&str]) {
 /// thread runs it.
 #[test]
 fn ppo_members_are_their_seeds_trained_alone() {
-    check_members_equal_alone("ppo", "cartpole_ppo.toml", &["run.total_env_steps=4096", "eval.interval_steps=2048"]);
+    let sets = ["run.total_env_steps=4096", "eval.interval_steps=2048"];
+    check_members_equal_alone("ppo", "cartpole_ppo.toml", &sets, false);
+}
+
+/// One thread, `batched = true`: the members' envs step as one joint N×E batch (given back to the members
+/// for every checkpoint, then joined again) and each member takes its fused CPU update alone, so each must
+/// still be its seed trained alone, bit for bit: discrete (PPO) and continuous (TD3) actions.
+#[test]
+fn members_stepping_one_joint_env_batch_are_their_seeds_trained_alone() {
+    let sets = ["run.total_env_steps=4096", "eval.interval_steps=2048", "checkpoint.interval_steps=1024"];
+    check_members_equal_alone("joint-ppo", "cartpole_ppo.toml", &sets, true);
+    let sets = [
+        "run.total_env_steps=1200",
+        "algorithm.learning_starts=400",
+        "eval.interval_steps=600",
+        "checkpoint.interval_steps=500",
+    ];
+    check_members_equal_alone("joint-td3", "pendulum_td3.toml", &sets, true);
 }
 
 /// Batched on libtorch (`fused_cpu = false`; the fused CPU step updates members in turn, each bit for bit as
@@ -126,7 +149,7 @@ fn batched_ppo_members_match_their_seeds_trained_alone() {
 #[test]
 fn dqn_members_are_their_seeds_trained_alone() {
     let sets = ["run.total_env_steps=3000", "algorithm.learning_starts=500", "eval.interval_steps=1500"];
-    check_members_equal_alone("dqn", "cartpole_dqn.toml", &sets);
+    check_members_equal_alone("dqn", "cartpole_dqn.toml", &sets, false);
 }
 
 /// A grid member trains with its grid point's values: the same bytes as a single run with those values.

@@ -132,6 +132,27 @@ impl<'a> VecStep<'a> {
             }
         }
     }
+    /// The view of envs `envs` alone (e.g. one member's share of a population's joint batch, see
+    /// [`VecEnv::join`]): their observations, rewards, flags and final observations, and the episodes that
+    /// ended in them. Those episodes keep their `env_index` in the whole batch. Episodes must be listed in env
+    /// order, as [`VecEnv::step`] lists them.
+    pub fn slice(&self, envs: Range<usize>) -> VecStep<'a> {
+        debug_assert!(self.episodes.windows(2).all(|w| w[0].env_index <= w[1].env_index), "episodes in env order");
+        let d = self.obs_dim;
+        let first = self.episodes.partition_point(|e| e.env_index < envs.start);
+        let last = self.episodes.partition_point(|e| e.env_index < envs.end);
+        let rows = envs.start * d..envs.end * d;
+        VecStep {
+            obs: self.obs.slice(rows.clone()),
+            rewards: &self.rewards[envs.clone()],
+            terminated: &self.terminated[envs.clone()],
+            truncated: &self.truncated[envs.clone()],
+            episodes: &self.episodes[first..last],
+            final_obs: self.final_obs.slice(rows),
+            has_final: &self.has_final[envs],
+            obs_dim: d,
+        }
+    }
 }
 
 fn final_row<'a>(final_obs: ObsRef<'a>, has_final: &[bool], dim: usize, i: usize) -> Option<ObsRef<'a>> {
@@ -177,6 +198,10 @@ pub trait VectorEnv: Send {
     fn snapshot(&self) -> Result<VecEnvSnapshot>;
     /// Put back a [`VectorEnv::snapshot`].
     fn restore(&mut self, snapshot: &VecEnvSnapshot) -> Result<()>;
+    /// This batch as a [`VecEnv`] (what [`VecEnv::join`] takes), where it is one.
+    fn as_vec_env_mut(&mut self) -> Option<&mut VecEnv> {
+        None
+    }
     /// The settings the envs run with, defaults filled in (e.g. Atari's sticky-action probability), for the
     /// resolved config a run writes. Empty where the id and the given arguments say everything.
     fn resolved_kwargs(&self) -> Kwargs {
@@ -517,6 +542,117 @@ impl VecEnv {
     pub fn episodes(&self) -> &[EpisodeStats] {
         &self.episodes
     }
+
+    /// The envs of `parts`, in order, as one batch (a population's members' batches stepped as one N×E
+    /// vector). Each env keeps its state and random stream, and the running episodes' returns and lengths
+    /// carry over, so stepping the joint batch steps every part's envs exactly as stepping that part would;
+    /// [`VecStep::slice`] is a part's share of a step. The parts are left without envs (they refuse to step)
+    /// until [`VecEnv::unjoin`] gives them back. Every part must be reset and have the first part's id and
+    /// spaces; otherwise nothing moves.
+    pub fn join(parts: &mut [&mut VecEnv]) -> Result<VecEnv> {
+        let Some(first) = parts.first() else {
+            return Err(Error::BadArgument {
+                env: "VecEnv".into(),
+                key: "parts".into(),
+                detail: "nothing to join".into(),
+            });
+        };
+        let mut joint = first.emptied();
+        for (k, part) in parts.iter().enumerate() {
+            if !part.ready {
+                return Err(Error::ResetNeeded { env: format!("{} (part {k} of a joint batch)", part.id) });
+            }
+            if (&part.id, &part.observation_space, &part.action_space)
+                != (&joint.id, &joint.observation_space, &joint.action_space)
+            {
+                return Err(Error::BadArgument {
+                    env: joint.id.clone(),
+                    key: "parts".into(),
+                    detail: format!("part {k} ({}) has another id or other spaces than part 0", part.id),
+                });
+            }
+        }
+        for part in parts.iter_mut() {
+            let part = std::mem::replace(&mut **part, joint.emptied());
+            let same = joint.obs.extend(part.obs.as_ref());
+            debug_assert!(same, "one dtype per id and space");
+            joint.envs.extend(part.envs);
+            joint.returns.extend(part.returns);
+            joint.lengths.extend(part.lengths);
+        }
+        let n = joint.envs.len();
+        joint.rewards = vec![0.0; n];
+        joint.terminated = vec![false; n];
+        joint.truncated = vec![false; n];
+        joint.has_final = vec![false; n];
+        joint.final_obs = ObsBuf::zeros(joint.obs.dtype(), n * joint.obs_dim);
+        joint.episodes = Vec::with_capacity(n);
+        joint.ready = true;
+        Ok(joint)
+    }
+
+    /// Give the envs of a batch from [`VecEnv::join`] back to its parts: part `k` gets `sizes[k]` envs, in
+    /// order, with their observations and running episodes. An error (sizes that do not add up to the
+    /// batch, or a part that has envs) leaves everything where it was.
+    pub fn unjoin(&mut self, parts: &mut [&mut VecEnv], sizes: &[usize]) -> Result<()> {
+        if sizes.len() != parts.len() || sizes.iter().sum::<usize>() != self.envs.len() {
+            return Err(Error::BadArgument {
+                env: self.id.clone(),
+                key: "sizes".into(),
+                detail: format!("{sizes:?} for {} parts of {} envs", parts.len(), self.envs.len()),
+            });
+        }
+        if let Some(k) = parts.iter().position(|p| !p.envs.is_empty()) {
+            return Err(Error::BadArgument {
+                env: self.id.clone(),
+                key: "parts".into(),
+                detail: format!("part {k} still has envs"),
+            });
+        }
+        let d = self.obs_dim;
+        let mut envs = std::mem::take(&mut self.envs).into_iter();
+        let mut start = 0;
+        for (part, &n) in parts.iter_mut().zip(sizes) {
+            let mut back = self.emptied();
+            back.envs.extend(envs.by_ref().take(n));
+            let same = back.obs.extend(self.obs.slice(start * d..(start + n) * d));
+            debug_assert!(same, "one dtype per batch");
+            back.returns.extend_from_slice(&self.returns[start..start + n]);
+            back.lengths.extend_from_slice(&self.lengths[start..start + n]);
+            back.rewards = vec![0.0; n];
+            back.terminated = vec![false; n];
+            back.truncated = vec![false; n];
+            back.has_final = vec![false; n];
+            back.final_obs = ObsBuf::zeros(back.obs.dtype(), n * d);
+            back.ready = self.ready;
+            **part = back;
+            start += n;
+        }
+        *self = self.emptied();
+        Ok(())
+    }
+
+    /// A batch of this one's id and spaces with no envs: it refuses to step until envs are put in.
+    fn emptied(&self) -> VecEnv {
+        VecEnv {
+            envs: Vec::new(),
+            id: self.id.clone(),
+            observation_space: self.observation_space.clone(),
+            action_space: self.action_space.clone(),
+            obs_dim: self.obs_dim,
+            action_dim: self.action_dim,
+            obs: ObsBuf::zeros(self.obs.dtype(), 0),
+            rewards: Vec::new(),
+            terminated: Vec::new(),
+            truncated: Vec::new(),
+            final_obs: ObsBuf::zeros(self.obs.dtype(), 0),
+            has_final: Vec::new(),
+            returns: Vec::new(),
+            lengths: Vec::new(),
+            episodes: Vec::new(),
+            ready: false,
+        }
+    }
 }
 
 impl VectorEnv for VecEnv {
@@ -546,6 +682,9 @@ impl VectorEnv for VecEnv {
     }
     fn restore(&mut self, snapshot: &VecEnvSnapshot) -> Result<()> {
         VecEnv::restore(self, snapshot)
+    }
+    fn as_vec_env_mut(&mut self) -> Option<&mut VecEnv> {
+        Some(self)
     }
 }
 

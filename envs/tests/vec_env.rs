@@ -272,3 +272,93 @@ fn unbatchable_envs_are_rejected() {
     assert!(matches!(VecEnv::make("CartPole-v1", &Kwargs::new(), 0), Err(Error::BadArgument { .. })));
     assert!(matches!(VecEnv::make("Nope-v0", &Kwargs::new(), 2), Err(Error::UnknownEnv { .. })));
 }
+
+/// What one step showed of each env: observations, rewards, flags, final observations and the episodes
+/// that ended (return, length, env index within its part).
+type Seen = (Vec<f32>, Vec<f32>, Vec<bool>, Vec<bool>, Vec<Option<Vec<f32>>>, Vec<(f64, u64, usize)>);
+
+fn seen(step: &flotilla_envs::VecStep<'_>, offset: usize) -> Seen {
+    let n = step.rewards.len();
+    (
+        step.obs.as_f32().unwrap().to_vec(),
+        step.rewards.to_vec(),
+        step.terminated.to_vec(),
+        step.truncated.to_vec(),
+        (0..n).map(|i| step.final_obs(i).map(|o| o.as_f32().unwrap().to_vec())).collect(),
+        step.episodes.iter().map(|e| (e.episode_return, e.length, e.env_index - offset)).collect(),
+    )
+}
+
+#[test]
+fn a_joint_batch_steps_each_part_as_the_part_alone() {
+    let sizes = [2usize, 3, 1];
+    let parts = |id: &str| -> Vec<VecEnv> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| {
+                let mut v = VecEnv::make(id, &Kwargs::new(), n).unwrap();
+                v.reset(Some(100 * k as u64 + 7)).unwrap();
+                v
+            })
+            .collect()
+    };
+    let mut alone = parts("CartPole-v1");
+    let mut joined = parts("CartPole-v1");
+    // Part 1 runs a few steps on its own first: running episodes carry into the joint batch.
+    for t in 0..5 {
+        let a: Vec<i64> = (0..3).map(|i| discrete_action(i, t, 2)).collect();
+        alone[1].step(&VecActions::Discrete(&a)).unwrap();
+        joined[1].step(&VecActions::Discrete(&a)).unwrap();
+    }
+    let mut refs: Vec<&mut VecEnv> = joined.iter_mut().collect();
+    let mut joint = VecEnv::join(&mut refs).unwrap();
+    assert_eq!(joint.num_envs(), 6);
+    assert!(
+        matches!(refs[0].step(&VecActions::Discrete(&[0, 0])), Err(Error::ResetNeeded { .. })),
+        "a joined part refuses to step"
+    );
+    let mut episodes = 0;
+    for t in 0..300 {
+        let all: Vec<i64> = (0..6).map(|i| discrete_action(i, t, 2)).collect();
+        let step = joint.step(&VecActions::Discrete(&all)).unwrap();
+        let mut start = 0;
+        for (part, &n) in alone.iter_mut().zip(&sizes) {
+            let own = part.step(&VecActions::Discrete(&all[start..start + n])).unwrap();
+            assert_eq!(seen(&step.slice(start..start + n), start), seen(&own, 0), "step {t}, envs {start}..");
+            episodes += own.episodes.len();
+            start += n;
+        }
+    }
+    assert!(episodes > 10, "episodes ended inside the joint batch: {episodes}");
+    let mut refs: Vec<&mut VecEnv> = joined.iter_mut().collect();
+    assert!(joint.unjoin(&mut refs, &[2, 3]).is_err(), "sizes that do not add up");
+    joint.unjoin(&mut refs, &sizes).unwrap();
+    assert_eq!(joint.num_envs(), 0);
+    for t in 0..50 {
+        for (k, (a, b)) in alone.iter_mut().zip(joined.iter_mut()).enumerate() {
+            let act: Vec<i64> = (0..sizes[k]).map(|i| discrete_action(i, t + 7, 2)).collect();
+            let x = seen(&a.step(&VecActions::Discrete(&act)).unwrap(), 0);
+            assert_eq!(x, seen(&b.step(&VecActions::Discrete(&act)).unwrap(), 0), "after unjoin, part {k}");
+        }
+    }
+    // Episode statistics carried through join and unjoin: the snapshots agree.
+    for (a, b) in alone.iter().zip(&joined) {
+        assert_eq!(a.snapshot().unwrap(), b.snapshot().unwrap());
+    }
+}
+
+#[test]
+fn only_reset_parts_of_one_kind_are_joined() {
+    let mut a = VecEnv::make("CartPole-v1", &Kwargs::new(), 2).unwrap();
+    let mut b = VecEnv::make("CartPole-v1", &Kwargs::new(), 2).unwrap();
+    a.reset(Some(1)).unwrap();
+    let Err(err) = VecEnv::join(&mut [&mut a, &mut b]) else { panic!("joined an unreset part") };
+    assert!(matches!(err, Error::ResetNeeded { .. }), "{err}");
+    assert_eq!(a.num_envs(), 2, "nothing moved");
+    let mut c = VecEnv::make("Pendulum-v1", &Kwargs::new(), 1).unwrap();
+    c.reset(Some(2)).unwrap();
+    let Err(err) = VecEnv::join(&mut [&mut a, &mut c]) else { panic!("joined different envs") };
+    assert!(err.to_string().contains("part 1"), "{err}");
+    assert_eq!((a.num_envs(), c.num_envs()), (2, 1), "nothing moved");
+}

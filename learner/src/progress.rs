@@ -206,6 +206,11 @@ impl RunCounters {
         config.eval.seed + (self.evals.len() * config.eval.episodes) as u64
     }
 
+    /// Whether [`RunCounters::checkpoint_due`] would say a checkpoint is due now (it schedules nothing).
+    pub(crate) fn checkpoint_pending(&self) -> bool {
+        self.env_steps >= self.next_checkpoint
+    }
+
     /// Whether a checkpoint is due now; schedules the next.
     pub(crate) fn checkpoint_due(&mut self, config: &ExperimentConfig) -> bool {
         passed(&mut self.next_checkpoint, self.env_steps, config.checkpoint.interval_steps)

@@ -23,7 +23,7 @@ use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
 use flotilla_core::ObsBuf;
-use flotilla_envs::{EnvRole, VecEnvSnapshot, VectorEnv};
+use flotilla_envs::{EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
 use tracing::{info, warn};
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
@@ -216,28 +216,7 @@ impl Trainer {
         if let Some(replay) = &mut self.replay {
             replay.record(&actions)?;
         }
-        // The observation that truly followed: the final one where an episode ended, not the reset one.
-        step.true_next_obs(next_obs);
-        let c = &mut self.counters;
-        for ep in step.episodes {
-            c.count_episode(ep.episode_return, ep.length);
-            if let Some(task) = ep.task {
-                c.count_task_return(task as usize, ep.episode_return, 1);
-            }
-        }
-        let transition = Transition {
-            obs: self.obs.as_ref(),
-            act: out,
-            rewards: step.rewards,
-            terminated: step.terminated,
-            truncated: step.truncated,
-            next_obs: next_obs.as_ref(),
-        };
-        self.agent.observe(&transition)?;
-        let same = self.obs.write_at(0, step.obs);
-        debug_assert!(same, "one dtype per batch");
-        c.env_steps += self.envs.num_envs() as u64;
-        Ok(())
+        observe_step(self.agent.as_mut(), &mut self.obs, &mut self.counters, out, next_obs, &step)
     }
 
     /// Evaluation, logging and checkpoints due after a step.
@@ -268,6 +247,101 @@ impl Trainer {
     }
 }
 
+/// The second half of an env step, after the envs stepped with the actions in `out`: count finished
+/// episodes, let the agent observe the transition, move on to the step's observations.
+fn observe_step(
+    agent: &mut dyn Algorithm,
+    obs: &mut ObsBuf,
+    counters: &mut RunCounters,
+    out: &ActOutput,
+    next_obs: &mut ObsBuf,
+    step: &VecStep<'_>,
+) -> Result<()> {
+    // The observation that truly followed: the final one where an episode ended, not the reset one.
+    step.true_next_obs(next_obs);
+    for ep in step.episodes {
+        counters.count_episode(ep.episode_return, ep.length);
+        if let Some(task) = ep.task {
+            counters.count_task_return(task as usize, ep.episode_return, 1);
+        }
+    }
+    let transition = Transition {
+        obs: obs.as_ref(),
+        act: out,
+        rewards: step.rewards,
+        terminated: step.terminated,
+        truncated: step.truncated,
+        next_obs: next_obs.as_ref(),
+    };
+    agent.observe(&transition)?;
+    let same = obs.write_at(0, step.obs);
+    debug_assert!(same, "one dtype per batch");
+    counters.env_steps += step.rewards.len() as u64;
+    Ok(())
+}
+
+/// A population's training envs as one N×E batch ([`VecEnv::join`] of the members' batches): every lockstep
+/// step, each member acts on its own observations, the joint batch steps once with all the actions, and each
+/// member observes its share ([`flotilla_envs::VecStep::slice`]). Each env keeps its own state and stream,
+/// so a member's experience is exactly what its own batch would give. The members get their envs back
+/// ([`JointEnvs::give_back`]) for checkpoints and when the group stops.
+struct JointEnvs {
+    envs: VecEnv,
+    sizes: Vec<usize>,
+    discrete: Vec<i64>,
+    continuous: Vec<f32>,
+}
+
+impl JointEnvs {
+    /// Join the members' batches; `None` where a member's envs are not a native [`VecEnv`] (ale-py's vector,
+    /// Python envs, multi-task batches) or are replayed for resume: those members step their own batches.
+    fn join(group: &mut [Trainer]) -> Result<Option<JointEnvs>> {
+        if group.len() < 2 || group.iter().any(|t| t.replay.is_some()) {
+            return Ok(None);
+        }
+        let members = group.len();
+        let mut parts: Vec<&mut VecEnv> = group.iter_mut().filter_map(|t| t.envs.as_vec_env_mut()).collect();
+        if parts.len() < members {
+            return Ok(None);
+        }
+        let sizes = parts.iter().map(|p| p.num_envs()).collect();
+        let envs = VecEnv::join(&mut parts)?;
+        Ok(Some(JointEnvs { envs, sizes, discrete: Vec::new(), continuous: Vec::new() }))
+    }
+
+    /// One lockstep env step of every member: act, one step of the joint batch, observe.
+    fn step(&mut self, group: &mut [Trainer], scratch: &mut [StepScratch]) -> Result<()> {
+        let (discrete, continuous) = (&mut self.discrete, &mut self.continuous);
+        discrete.clear();
+        continuous.clear();
+        for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
+            t.agent.act(t.obs.as_ref(), ActMode::Explore, &mut s.out)?;
+            match s.env_actions.convert(&s.action_space, &s.out.actions) {
+                VecActions::Discrete(a) => discrete.extend_from_slice(a),
+                VecActions::Continuous(a) => continuous.extend_from_slice(a),
+            }
+        }
+        let actions = match self.envs.action_space() {
+            flotilla_core::Space::Discrete { .. } => VecActions::Discrete(discrete),
+            flotilla_core::Space::Box { .. } => VecActions::Continuous(continuous),
+        };
+        let step = self.envs.step(&actions)?;
+        let mut start = 0;
+        for ((t, s), &n) in group.iter_mut().zip(scratch.iter_mut()).zip(&self.sizes) {
+            let share = step.slice(start..start + n);
+            observe_step(t.agent.as_mut(), &mut t.obs, &mut t.counters, &s.out, &mut s.next_obs, &share)?;
+            start += n;
+        }
+        Ok(())
+    }
+
+    /// Give every member its envs back.
+    fn give_back(mut self, group: &mut [Trainer]) -> Result<()> {
+        let mut parts: Vec<&mut VecEnv> = group.iter_mut().filter_map(|t| t.envs.as_vec_env_mut()).collect();
+        Ok(self.envs.unjoin(&mut parts, &self.sizes)?)
+    }
+}
+
 /// Buffers one trainer's env steps reuse.
 struct StepScratch {
     out: ActOutput,
@@ -288,8 +362,9 @@ impl StepScratch {
 }
 
 /// Train a population's members (`group`, same config up to seeds and per-member hyperparameters, at the same
-/// env step) in lockstep until `stop_at` or the budget: each step every member acts, steps its envs and
-/// observes as [`Trainer::run`] does; when the members are PPO agents whose rollouts complete together, or DQN
+/// env step) in lockstep until `stop_at` or the budget: each step every member acts, the members' envs step
+/// as one N×E batch (`JointEnvs`; each member's own batch where they cannot join) and each member observes
+/// its share as [`Trainer::run`] does; when the members are PPO agents whose rollouts complete together, or DQN
 /// agents whose training phases fall due together, one batched update trains them all
 /// ([`flotilla_algorithms::ppo_population`], [`flotilla_algorithms::dqn_population`]), else each updates alone. Then each
 /// evaluates, logs (`on_log(position in group, row)`) and checkpoints on its own schedule. Collection and update
@@ -307,22 +382,55 @@ pub fn run_group(
         return Err(Error::Config(format!("a population's members must stand at the same env step: {steps:?}")));
     }
     let mut scratch: Vec<StepScratch> = group.iter().map(StepScratch::for_trainer).collect();
+    let mut joint = JointEnvs::join(group)?;
+    if let Some(j) = &joint {
+        info!("{} members' envs step as one batch of {} envs", group.len(), j.envs.num_envs());
+    }
+    let result = run_lockstep(group, &mut joint, &mut scratch, stop, on_log, on_checkpoint);
+    // The members get their envs back whatever happened (a failed run still checkpoints and reports).
+    let back = joint.map_or(Ok(()), |j| j.give_back(group));
+    result.and(back)
+}
+
+/// [`run_group`]'s loop, with the envs joined (`joint`) or each member's own.
+fn run_lockstep(
+    group: &mut [Trainer],
+    joint: &mut Option<JointEnvs>,
+    scratch: &mut [StepScratch],
+    stop: u64,
+    on_log: &mut dyn FnMut(usize, &LogRow) -> Result<()>,
+    on_checkpoint: &mut dyn FnMut(usize, &Trainer) -> Result<()>,
+) -> Result<()> {
     let share = 1.0 / group.len() as f64;
     while group[0].counters.env_steps < stop {
         let started = Instant::now();
-        for (t, s) in group.iter_mut().zip(&mut scratch) {
-            t.collect(s)?;
+        match joint {
+            Some(j) => j.step(group, scratch)?,
+            None => {
+                for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
+                    t.collect(s)?;
+                }
+            }
         }
         let update_started = Instant::now();
         let metrics = update_group(group)?;
         let update_secs = update_started.elapsed().as_secs_f64() * share;
         let secs = started.elapsed().as_secs_f64() * share;
+        // A checkpoint saves each member's envs: they go back to the members first, and are joined again
+        // after.
+        let rejoin = joint.is_some() && group.iter().any(|t| t.counters.checkpoint_pending());
+        if rejoin && let Some(j) = joint.take() {
+            j.give_back(group)?;
+        }
         for (k, (t, m)) in group.iter_mut().zip(metrics).enumerate() {
             if let Some(m) = m {
                 t.counted_update(m, update_secs);
             }
             t.counters.train_secs += secs;
             t.after_step(&mut |row| on_log(k, row), &mut |t| on_checkpoint(k, t))?;
+        }
+        if rejoin {
+            *joint = JointEnvs::join(group)?;
         }
     }
     Ok(())
