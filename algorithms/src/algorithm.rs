@@ -179,6 +179,11 @@ pub trait Algorithm: Policy {
     fn as_dqn_mut(&mut self) -> Option<&mut crate::dqn::Dqn> {
         None
     }
+    /// The DDPG or TD3 agent this is, for a population's batched update ([`crate::td3_population`]); `None`
+    /// for other kinds.
+    fn as_td3_mut(&mut self) -> Option<&mut crate::td3::Td3> {
+        None
+    }
     /// Distillation: what this agent's policy says about `obs` (no gradient), the target a student learns —
     /// logits, Q-values, a Gaussian or deterministic actions ([`Teaching`]). Algorithms without a policy to
     /// teach refuse.

@@ -14,7 +14,7 @@ use tch::{Kind, Reduction, Tensor};
 
 use crate::algorithm::{Algorithm, Progress};
 use crate::dqn::{Dqn, Memory, lock};
-use crate::ppo_population::{adam_step, clip_per_member, per_member};
+use crate::ppo_population::{adam_step, backward_into, clip_per_member, member_views, per_member};
 use crate::{Error, Metrics, Result};
 
 /// Why these members cannot share one batched training phase (`None`: they can): batching takes plain-MLP
@@ -74,7 +74,6 @@ pub fn update_population(members: &mut [&mut Dqn], progress: &Progress) -> Resul
         )));
     }
     let due = dues[0];
-    let n_members = members.len() as i64;
     let device = members[0].q.device;
     let (layers, activation) = {
         let (l, a) = members[0].q.mlp_layout().expect("checked by unbatchable");
@@ -97,36 +96,12 @@ pub fn update_population(members: &mut [&mut Dqn], progress: &Progress) -> Resul
     let adam_eps = per_member(members.iter().map(|m| m.opt.eps), device).unsqueeze(1);
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
     let double_q = members[0].config.double_q;
-    let n_entries = members[0].online.names().count();
-    let entry = |t: &Tensor, i: usize| {
-        let v = members[0].online.view(i);
-        let mut shape = vec![n_members];
-        shape.extend(v.size());
-        t.narrow(1, members[0].online.offset(i) as i64, v.numel() as i64).view(shape.as_slice())
-    };
-    let views: Vec<Tensor> = (0..n_entries).map(|i| entry(&online, i)).collect();
-    let target_views: Vec<Tensor> = (0..n_entries).map(|i| entry(&target, i)).collect();
-    let grad_views: Vec<Tensor> = (0..n_entries).map(|i| entry(&grad, i)).collect();
-    // The members' MLPs on `x` `[N, B, obs]`: `[N, B, n_actions]` (crate::nets::FlatMlp::forward, batched).
-    let forward = |params: &[Tensor], x: &Tensor| {
-        let last = layers.len() - 1;
-        let mut h = x.shallow_clone();
-        for (k, &i) in layers.iter().enumerate() {
-            h = params[i + 1].baddbmm(&h, &params[i], 1.0, 1.0);
-            if k < last {
-                h = activation.apply(&h);
-            }
-        }
-        h
-    };
+    let views = member_views(&online, &members[0].online);
+    let grad_views = member_views(&grad, &members[0].online);
+    // The members' MLPs on `x` `[N, B, obs]`: `[N, B, n_actions]`.
+    let forward = |params: &[Tensor], x: &Tensor| batched_mlp(params, &layers, &|h| activation.apply(h), x);
     let layout = members[0].q.layout();
-    let target_params = tch::no_grad(|| {
-        target_views
-            .iter()
-            .enumerate()
-            .map(|(i, v)| if layers.contains(&i) { v.contiguous() } else { v.unsqueeze(1) })
-            .collect::<Vec<_>>()
-    });
+    let target_params = tch::no_grad(|| mlp_operands(&member_views(&target, &members[0].target)));
     let batch = members[0].config.batch_size;
     let mut phase = Vec::with_capacity(due);
     for _ in 0..due {
@@ -139,38 +114,19 @@ pub fn update_population(members: &mut [&mut Dqn], progress: &Progress) -> Resul
         };
         let (obs, next_obs, actions) = (stacked(&|s| &s.obs), stacked(&|s| &s.next_obs), stacked(&|s| &s.actions));
         let (rewards, bootstrap) = (stacked(&|s| &s.rewards), stacked(&|s| &s.bootstrap));
-        let bias_view = |vs: &[Tensor]| -> Vec<Tensor> {
-            // Biases are `[N, out]`: as `[N, 1, out]` they broadcast over each member's rows. Weights are copied
-            // contiguous: a batched matmul on `[N, in, out]` views strided by the member's whole buffer runs at
-            // half speed (measured, 256×256 layers), the copy costs far less.
-            vs.iter()
-                .enumerate()
-                .map(|(i, v)| if layers.contains(&i) { v.contiguous() } else { v.unsqueeze(1) })
-                .collect()
-        };
         let target_q = tch::no_grad(|| {
             let next_q = forward(&target_params, &next_obs);
             let next = if double_q {
-                let best = forward(&bias_view(&views), &next_obs).argmax(2, true);
+                let best = forward(&mlp_operands(&views), &next_obs).argmax(2, true);
                 next_q.gather(2, &best, false).squeeze_dim(2)
             } else {
                 next_q.amax(2, false)
             };
             &rewards + &bootstrap * next
         });
-        let q = forward(&bias_view(&views), &obs).gather(2, &actions, false).squeeze_dim(2);
+        let q = forward(&mlp_operands(&views), &obs).gather(2, &actions, false).squeeze_dim(2);
         let loss = q.smooth_l1_loss(&target_q, Reduction::None, 1.0).mean_dim(1, false, Kind::Float);
-        let grads = Tensor::run_backward(&[loss.sum(Kind::Float)], &views, false, false);
-        tch::no_grad(|| {
-            for (dst, g) in grad_views.iter().zip(&grads) {
-                let mut dst = dst.shallow_clone();
-                if g.defined() {
-                    dst.copy_(g);
-                } else {
-                    let _ = dst.zero_();
-                }
-            }
-        });
+        backward_into(&loss, &views, &grad_views);
         clip_per_member(&grad, &max_norms, "dqn")?;
         steps += 1;
         adam_step(&online, &grad, (&exp_avg, &exp_avg_sq), steps, (beta1, beta2), &lrs, &adam_eps);
@@ -200,6 +156,34 @@ pub fn update_population(members: &mut [&mut Dqn], progress: &Progress) -> Resul
             m.phase_metrics(&own, epsilon, beta).map(Some)
         })
         .collect()
+}
+
+/// A member-stacked MLP's parameter views (`[N, in, out]` weights, `[N, out]` biases; [`member_views`]) as
+/// [`batched_mlp`] takes them. Biases become `[N, 1, out]`, broadcasting over each member's rows. Weights are
+/// copied contiguous: a batched matmul on `[N, in, out]` views strided by the member's whole buffer runs at
+/// half speed (measured, 256×256 layers), the copy costs far less.
+pub(crate) fn mlp_operands(views: &[Tensor]) -> Vec<Tensor> {
+    views.iter().map(|v| if v.dim() == 3 { v.contiguous() } else { v.unsqueeze(1) }).collect()
+}
+
+/// The members' MLPs on `x` (`[N, B, in]`) → `[N, B, out]`: `crate::nets::FlatMlp::forward` as batched
+/// matmuls, with `params` from [`mlp_operands`] and `layers` the weights' indices (each bias follows its
+/// weight); `activate` runs between layers (the single-member code's own nonlinearity, op for op).
+pub(crate) fn batched_mlp(
+    params: &[Tensor],
+    layers: &[usize],
+    activate: &dyn Fn(&Tensor) -> Tensor,
+    x: &Tensor,
+) -> Tensor {
+    let last = layers.len() - 1;
+    let mut h = x.shallow_clone();
+    for (k, &i) in layers.iter().enumerate() {
+        h = params[i + 1].baddbmm(&h, &params[i], 1.0, 1.0);
+        if k < last {
+            h = activate(&h);
+        }
+    }
+    h
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ pub mod rmsprop;
 pub mod rollout;
 pub mod sum_tree;
 pub mod td3;
+pub mod td3_population;
 pub mod vtrace;
 
 pub use acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};

@@ -164,15 +164,8 @@ pub fn update_population(
     let flats: Vec<Tensor> = members.iter().map(|m| m.pi.net.params.flat().detach()).collect();
     let stacked = Tensor::stack(&flats, 0).set_requires_grad(true);
     let grad = stacked.zeros_like().detach();
-    let n_entries = members[0].pi.net.params.names().count();
-    let entry = |t: &Tensor, i: usize| {
-        let v = members[0].pi.net.params.view(i);
-        let mut shape = vec![n_members];
-        shape.extend(v.size());
-        t.narrow(1, members[0].pi.net.params.offset(i) as i64, v.numel() as i64).view(shape.as_slice())
-    };
-    let views: Vec<Tensor> = (0..n_entries).map(|i| entry(&stacked, i)).collect();
-    let grad_views: Vec<Tensor> = (0..n_entries).map(|i| entry(&grad, i)).collect();
+    let views = member_views(&stacked, &members[0].pi.net.params);
+    let grad_views = member_views(&grad, &members[0].pi.net.params);
     let (exp_avg, exp_avg_sq) = if members[0].opt.exp_avg.numel() as i64 == p {
         (
             Tensor::stack(&members.iter().map(|m| m.opt.exp_avg.shallow_clone()).collect::<Vec<_>>(), 0),
@@ -267,17 +260,7 @@ pub fn update_population(
             if let Some(e) = &entropy {
                 total -= e * &ent_coef;
             }
-            let grads = Tensor::run_backward(&[total.sum(Kind::Float)], &views, false, false);
-            tch::no_grad(|| {
-                for (dst, g) in grad_views.iter().zip(&grads) {
-                    let mut dst = dst.shallow_clone();
-                    if g.defined() {
-                        dst.copy_(g);
-                    } else {
-                        let _ = dst.zero_();
-                    }
-                }
-            });
+            backward_into(&total, &views, &grad_views);
             clip_per_member(&grad, &max_norms, "ppo")?;
             steps += 1;
             adam_step(&stacked, &grad, (&exp_avg, &exp_avg_sq), steps, (beta1, beta2), &lrs, &adam_eps);
@@ -333,6 +316,36 @@ pub fn update_population(
             m
         })
         .collect())
+}
+
+/// Each parameter of `layout` (a member's buffer) as a view `[N, shape…]` of `stacked` (`[N, P]`, the members'
+/// buffers as rows).
+pub(crate) fn member_views(stacked: &Tensor, layout: &crate::params::FlatParams) -> Vec<Tensor> {
+    let n_members = stacked.size()[0];
+    (0..layout.names().count())
+        .map(|i| {
+            let v = layout.view(i);
+            let mut shape = vec![n_members];
+            shape.extend(v.size());
+            stacked.narrow(1, layout.offset(i) as i64, v.numel() as i64).view(shape.as_slice())
+        })
+        .collect()
+}
+
+/// The gradient of the members' summed losses (`losses`, `[N]`: each member's gradient is its own) with
+/// respect to `views`, written into `grad_views` (zero where a loss does not reach), as `FlatParams::backward`.
+pub(crate) fn backward_into(losses: &Tensor, views: &[Tensor], grad_views: &[Tensor]) {
+    let grads = Tensor::run_backward(&[losses.sum(Kind::Float)], views, false, false);
+    tch::no_grad(|| {
+        for (dst, g) in grad_views.iter().zip(&grads) {
+            let mut dst = dst.shallow_clone();
+            if g.defined() {
+                dst.copy_(g);
+            } else {
+                let _ = dst.zero_();
+            }
+        }
+    });
 }
 
 /// Clip each member's gradient (a row of `grad`, `[N, P]`) to its own global-norm limit, as

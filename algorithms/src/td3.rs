@@ -270,7 +270,7 @@ impl Td3Config {
     }
 
     /// Whether target actions get clipped Gaussian noise (a zero clip or σ̃ leaves them unchanged).
-    fn smoothing(&self) -> bool {
+    pub(crate) fn smoothing(&self) -> bool {
         self.target_policy_noise > 0.0 && self.target_noise_clip > 0.0
     }
 }
@@ -286,7 +286,7 @@ pub fn scale_action(x: f32, low: f32, high: f32) -> f32 {
     2.0 * ((x - low) / (high - low)) - 1.0
 }
 
-fn activate(activation: Activation, x: Tensor) -> Tensor {
+pub(crate) fn activate(activation: Activation, x: Tensor) -> Tensor {
     match activation {
         Activation::Relu => x.relu(),
         Activation::Tanh => x.tanh(),
@@ -297,13 +297,13 @@ fn activate(activation: Activation, x: Tensor) -> Tensor {
 /// [`FlatMlp`] named `{prefix}.{j}.{k}.weight` / `.bias`. Run one after the other: libtorch's batched matmul
 /// (and especially its transposed form in the backward pass) is slower on the CPU than separate `addmm`s.
 #[derive(Debug, Clone)]
-struct Critics {
-    nets: Vec<FlatMlp>,
-    layers: usize,
-    activation: Activation,
+pub(crate) struct Critics {
+    pub(crate) nets: Vec<FlatMlp>,
+    pub(crate) layers: usize,
+    pub(crate) activation: Activation,
     /// Q heads per critic (1 without task heads); a row reads its task's, by the one-hot that ends the
     /// observation part of its input.
-    heads: usize,
+    pub(crate) heads: usize,
     /// Observation width: the one-hot ends at this column of `[obs | action]`.
     obs_dim: i64,
 }
@@ -372,52 +372,52 @@ impl Critics {
 
 /// Counters that schedules and triggers depend on (saved in checkpoints).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-struct Counters {
+pub(crate) struct Counters {
     /// Env steps observed (all envs).
-    env_steps: u64,
+    pub(crate) env_steps: u64,
     /// Vectorised steps observed (SB3 counts `train_freq` in these).
-    calls: u64,
+    pub(crate) calls: u64,
     /// Critic updates (SB3's `_n_updates`, which times the delayed actor updates).
-    critic_updates: u64,
+    pub(crate) critic_updates: u64,
     /// Actor (and target) updates.
-    actor_updates: u64,
+    pub(crate) actor_updates: u64,
     /// The latest actor loss, reported while the delay skips actor updates.
-    last_actor_loss: Option<f64>,
+    pub(crate) last_actor_loss: Option<f64>,
 }
 
 /// A DDPG or TD3 agent: actor and critics with their targets, optimisers, replay, exploration noise, RNG.
 #[derive(Debug)]
 pub struct Td3 {
     name: &'static str,
-    config: Td3Config,
-    pi: ActorNet,
-    actor: FlatParams,
-    actor_target: FlatParams,
-    critic_net: Critics,
-    critic: FlatParams,
-    critic_target: FlatParams,
+    pub(crate) config: Td3Config,
+    pub(crate) pi: ActorNet,
+    pub(crate) actor: FlatParams,
+    pub(crate) actor_target: FlatParams,
+    pub(crate) critic_net: Critics,
+    pub(crate) critic: FlatParams,
+    pub(crate) critic_target: FlatParams,
     /// Critic 1 of `critic`, detached (for the actor loss).
     critic_first: Vec<Tensor>,
-    actor_opt: Adam,
-    critic_opt: Adam,
+    pub(crate) actor_opt: Adam,
+    pub(crate) critic_opt: Adam,
     replay: ReplayBuffer<f32>,
     noise: ActionNoise,
-    obs_dim: usize,
-    act_dim: usize,
+    pub(crate) obs_dim: usize,
+    pub(crate) act_dim: usize,
     n_envs: usize,
-    rng: Pcg64,
-    device: Device,
-    counters: Counters,
+    pub(crate) rng: Pcg64,
+    pub(crate) device: Device,
+    pub(crate) counters: Counters,
     sample: ReplaySample<f32>,
     /// One row per sampled transition, `[obs | action | next_obs | reward | bootstrap | target noise]`:
     /// the whole batch goes to the device as one tensor.
-    batch: Vec<f32>,
+    pub(crate) batch: Vec<f32>,
     /// One `[−1, 1]` action being stored.
     scaled: Vec<f32>,
     /// Acting's host forward pass: hidden activations and the actor network's raw output.
     host: (HostScratch, Vec<f32>),
     /// Data-parallel replicas (critic and actor gradients averaged) and micro-batches per step.
-    parallel: DataParallel,
+    pub(crate) parallel: DataParallel,
 }
 
 impl Td3 {
@@ -511,8 +511,9 @@ impl Td3 {
         self.pi.forward(params, obs)
     }
 
-    /// Sample a batch and lay it out in `self.batch` (see its doc), drawing the target-action noise.
-    fn fill_batch(&mut self) -> Result<usize> {
+    /// Sample a batch and lay it out in `self.batch` (see its doc), drawing the target-action noise. Returns
+    /// the row width.
+    pub(crate) fn fill_batch(&mut self) -> Result<usize> {
         let c = &self.config;
         self.replay.sample(c.batch_size, &mut self.rng, &mut self.sample)?;
         let (od, ad, s) = (self.obs_dim, self.act_dim, &self.sample);
@@ -583,6 +584,46 @@ impl Td3 {
         }
         let (critic, _, actor) = self.step_on_batch(width, b, update_actor)?;
         Ok((f64::try_from(critic)?, actor.map(|a| f64::try_from(a)).transpose()?))
+    }
+
+    /// Whether a training phase is due after the latest observed step ([`Algorithm::update`]'s trigger).
+    pub(crate) fn phase_due(&self, progress: &Progress) -> bool {
+        let c = &self.config;
+        let due = self.counters.calls.is_multiple_of(c.train_freq);
+        // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
+        due && progress.env_steps > c.learning_starts && !self.replay.is_empty()
+    }
+
+    /// Whether the next critic update brings an actor and target update (the policy delay, counted over the
+    /// whole run).
+    pub(crate) fn actor_step_due(&self) -> bool {
+        (self.counters.critic_updates + 1).is_multiple_of(self.config.policy_delay)
+    }
+
+    /// A training phase's metrics from its gradient steps' critic losses, mean Q-values and actor losses
+    /// (scalar tensors); records the latest actor loss.
+    pub(crate) fn phase_metrics(
+        &mut self,
+        critic_losses: &[Tensor],
+        qs: &[Tensor],
+        actor_losses: &[Tensor],
+    ) -> Result<Metrics> {
+        let mean = |ts: &[Tensor]| -> Result<f64> {
+            Ok(match ts {
+                [one] => f64::try_from(one)?,
+                _ => f64::try_from(Tensor::stack(ts, 0).mean(Kind::Float))?,
+            })
+        };
+        if !actor_losses.is_empty() {
+            self.counters.last_actor_loss = Some(mean(actor_losses)?);
+        }
+        let mut m = Metrics::default();
+        m.push("losses/critic_loss", mean(critic_losses)?);
+        m.push("losses/actor_loss", self.counters.last_actor_loss.unwrap_or(f64::NAN));
+        m.push("losses/q_values", mean(qs)?);
+        m.push("charts/learning_rate", self.actor_opt.lr);
+        m.push("charts/gradient_steps", critic_losses.len() as f64);
+        Ok(m)
     }
 
     /// The gradient step on the `batch` rows laid out in `self.batch` (`width` floats each).
@@ -662,7 +703,10 @@ impl Td3 {
 /// One Adam step on `params` from its gradient: one host loop where `fused` and the buffers allow
 /// ([`Td3Config::fused_cpu`]), else libtorch's ops.
 fn adam_step(opt: &mut Adam, params: &mut FlatParams, fused: bool) {
-    if fused && let Some((theta, grad)) = params.host_values_and_grad_mut() && opt.step_host(theta, grad) {
+    if fused
+        && let Some((theta, grad)) = params.host_values_and_grad_mut()
+        && opt.step_host(theta, grad)
+    {
         return;
     }
     opt.step(params);
@@ -749,37 +793,18 @@ impl Algorithm for Td3 {
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        let c = &self.config;
-        let due = self.counters.calls.is_multiple_of(c.train_freq);
-        // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
-        if !due || progress.env_steps <= c.learning_starts || self.replay.is_empty() {
+        if !self.phase_due(progress) {
             return Ok(None);
         }
-        let steps = c.gradient_steps;
+        let steps = self.config.gradient_steps;
         let (mut critic_losses, mut qs, mut actor_losses) = (Vec::with_capacity(steps), Vec::new(), Vec::new());
         for _ in 0..steps {
-            let delayed = (self.counters.critic_updates + 1).is_multiple_of(self.config.policy_delay);
-            let (critic_loss, q, actor_loss) = self.gradient_step(delayed)?;
+            let (critic_loss, q, actor_loss) = self.gradient_step(self.actor_step_due())?;
             critic_losses.push(critic_loss);
             qs.push(q);
             actor_losses.extend(actor_loss);
         }
-        let mean = |ts: &[Tensor]| -> Result<f64> {
-            Ok(match ts {
-                [one] => f64::try_from(one)?,
-                _ => f64::try_from(Tensor::stack(ts, 0).mean(Kind::Float))?,
-            })
-        };
-        if !actor_losses.is_empty() {
-            self.counters.last_actor_loss = Some(mean(&actor_losses)?);
-        }
-        let mut m = Metrics::default();
-        m.push("losses/critic_loss", mean(&critic_losses)?);
-        m.push("losses/actor_loss", self.counters.last_actor_loss.unwrap_or(f64::NAN));
-        m.push("losses/q_values", mean(&qs)?);
-        m.push("charts/learning_rate", self.actor_opt.lr);
-        m.push("charts/gradient_steps", steps as f64);
-        Ok(Some(m))
+        self.phase_metrics(&critic_losses, &qs, &actor_losses).map(Some)
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {
@@ -836,6 +861,10 @@ impl Algorithm for Td3 {
     fn policy_params_changed(&mut self) {
         self.actor_target.polyak_from(&self.actor, 1.0);
     }
+
+    fn as_td3_mut(&mut self) -> Option<&mut Td3> {
+        Some(self)
+    }
 }
 
 /// The bounds of a 1-D `Box` action space with finite bounds, `low < high`; otherwise an error naming `name`.
@@ -857,10 +886,10 @@ fn action_bounds(name: &'static str, action_space: &Space) -> Result<(Vec<f32>, 
 /// The deterministic actor `π(obs) = tanh(MLP(obs))` in `[−1, 1]`, scaled to the action bounds for the env;
 /// shared by the agent and its acting copy ([`Td3Policy`]).
 #[derive(Debug, Clone)]
-struct ActorNet {
-    net: FlatMlp,
+pub(crate) struct ActorNet {
+    pub(crate) net: FlatMlp,
     /// Action heads (1 without task heads); a row reads its task's, by the one-hot ending its observation.
-    heads: usize,
+    pub(crate) heads: usize,
     low: Vec<f32>,
     high: Vec<f32>,
     obs_dim: usize,
@@ -1259,10 +1288,12 @@ mod tests {
     #[test]
     fn fused_cpu_optimiser_and_target_steps_match_libtorch() {
         let (obs_space, act_space) = spaces();
-        let td3 = |fused_cpu| Td3::td3(&obs_space, &act_space, 1, Td3Config { fused_cpu, ..tiny_td3() }, Device::Cpu, 3);
+        let td3 =
+            |fused_cpu| Td3::td3(&obs_space, &act_space, 1, Td3Config { fused_cpu, ..tiny_td3() }, Device::Cpu, 3);
         let ddpg =
             |fused_cpu| Td3::ddpg(&obs_space, &act_space, 1, DdpgConfig { fused_cpu, ..tiny_ddpg() }, Device::Cpu, 3);
-        for (mut fused, mut torch) in [(td3(true).unwrap(), td3(false).unwrap()), (ddpg(true).unwrap(), ddpg(false).unwrap())]
+        for (mut fused, mut torch) in
+            [(td3(true).unwrap(), td3(false).unwrap()), (ddpg(true).unwrap(), ddpg(false).unwrap())]
         {
             let (mut env_f, mut env_t) = (Bandit::new(6, 1, 10, false), Bandit::new(6, 1, 10, false));
             // 64 warm-up steps, then 40 critic updates (20 TD3 actor updates).
@@ -1283,11 +1314,19 @@ mod tests {
                 ("critic target", &fused.critic_target, &torch.critic_target),
             ] {
                 let a = assert_params_close(&format!("{} {what}", fused.name()), x, y, 1e-5);
-                assert_ne!(a, values(y), "{} {what}: the host loops ran (float rounding tells the paths apart)", fused.name());
+                assert_ne!(
+                    a,
+                    values(y),
+                    "{} {what}: the host loops ran (float rounding tells the paths apart)",
+                    fused.name()
+                );
             }
             let counts = |c: &Counters| (c.env_steps, c.calls, c.critic_updates, c.actor_updates);
             assert_eq!(counts(&fused.counters), counts(&torch.counters));
-            assert_eq!((fused.actor_opt.steps(), fused.critic_opt.steps()), (torch.actor_opt.steps(), torch.critic_opt.steps()));
+            assert_eq!(
+                (fused.actor_opt.steps(), fused.critic_opt.steps()),
+                (torch.actor_opt.steps(), torch.critic_opt.steps())
+            );
         }
     }
 

@@ -364,9 +364,10 @@ impl StepScratch {
 /// Train a population's members (`group`, same config up to seeds and per-member hyperparameters, at the same
 /// env step) in lockstep until `stop_at` or the budget: each step every member acts, the members' envs step
 /// as one N×E batch (`JointEnvs`; each member's own batch where they cannot join) and each member observes
-/// its share as [`Trainer::run`] does; when the members are PPO agents whose rollouts complete together, or DQN
-/// agents whose training phases fall due together, one batched update trains them all
-/// ([`flotilla_algorithms::ppo_population`], [`flotilla_algorithms::dqn_population`]), else each updates alone. Then each
+/// its share as [`Trainer::run`] does; when the members are PPO agents whose rollouts complete together, or DQN,
+/// DDPG or TD3 agents whose training phases fall due together, one batched update trains them all
+/// ([`flotilla_algorithms::ppo_population`], [`flotilla_algorithms::dqn_population`],
+/// [`flotilla_algorithms::td3_population`]), else each updates alone. Then each
 /// evaluates, logs (`on_log(position in group, row)`) and checkpoints on its own schedule. Collection and update
 /// seconds are shared out equally.
 pub fn run_group(
@@ -437,13 +438,18 @@ fn run_lockstep(
 }
 
 /// The update due after a lockstep env step: one batched update for PPO members whose rollouts are complete
-/// and for DQN members whose training phases are due, else each member's own.
+/// and for DQN, DDPG and TD3 members whose training phases are due, else each member's own.
 fn update_group(group: &mut [Trainer]) -> Result<Vec<Option<Metrics>>> {
     let progress = group[0].progress();
     if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_dqn_mut().is_some()) {
         let mut members: Vec<&mut flotilla_algorithms::dqn::Dqn> =
             group.iter_mut().map(|t| t.agent.as_dqn_mut().expect("checked")).collect();
         return Ok(flotilla_algorithms::dqn_population::update_population(&mut members, &progress)?);
+    }
+    if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_td3_mut().is_some()) {
+        let mut members: Vec<&mut flotilla_algorithms::td3::Td3> =
+            group.iter_mut().map(|t| t.agent.as_td3_mut().expect("checked")).collect();
+        return Ok(flotilla_algorithms::td3_population::update_population(&mut members, &progress)?);
     }
     let all_ppo = group.iter_mut().all(|t| t.agent.as_ppo_mut().is_some());
     if !all_ppo || group.len() == 1 {
