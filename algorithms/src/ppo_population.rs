@@ -16,6 +16,7 @@
 use rand::seq::SliceRandom;
 use tch::{Kind, Tensor};
 
+use crate::actor_critic::ActorCritic;
 use crate::distributions::LOG_SQRT_2PI;
 use crate::ppo::{Ppo, explained_variance};
 use crate::rollout::Rollout;
@@ -73,6 +74,173 @@ pub(crate) fn per_member(values: impl Iterator<Item = f64>, device: tch::Device)
     Tensor::from_slice(&v).to_device(device)
 }
 
+/// A `[N]` (or `[N, …]`) tensor's values on the host, as f64.
+pub(crate) fn host(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(Vec::<f64>::try_from(t.detach().to_kind(Kind::Double).flatten(0, -1))?)
+}
+
+/// Each row of `x` (`[N, B]`) to zero mean and unit variance (unbiased std, 1e-8 guard), as the single-member
+/// updates normalise advantages.
+pub(crate) fn normalize_rows(x: &Tensor) -> Tensor {
+    (x - x.mean_dim(1, true, Kind::Float)) / (x.std_dim(1, true, true) + 1e-8)
+}
+
+/// The members' rollouts (`n` transitions each), stacked on a leading member axis on `device`: what an
+/// actor-critic population update trains on, and each member's explained variance.
+pub(crate) struct StackedRollouts {
+    /// Observations as the networks take them, `[N, n, obs_dim]`.
+    pub(crate) obs: Tensor,
+    /// Actions taken, `[N, n]` indices or `[N, n, D]` floats.
+    pub(crate) actions: Tensor,
+    /// Their log-probabilities under the policy that collected them, `[N, n]`.
+    pub(crate) old_log_prob: Tensor,
+    /// GAE advantages `[N, n]`.
+    pub(crate) advantages: Tensor,
+    /// Value targets `[N, n]`.
+    pub(crate) returns: Tensor,
+    /// Values at collection `[N, n]`.
+    pub(crate) old_values: Tensor,
+    /// Each member's explained variance of its returns by its values.
+    pub(crate) explained: Vec<f64>,
+}
+
+impl StackedRollouts {
+    /// Stack `rollouts[k]` for `nets[k]` (each at least `n` transitions long).
+    pub(crate) fn new(nets: &[&ActorCritic], rollouts: &[&Rollout], n: usize, device: tch::Device) -> Result<Self> {
+        let mut obs = Vec::new();
+        let mut explained = Vec::new();
+        let (mut adv, mut ret, mut val, mut old_lp, mut act) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (net, r) in nets.iter().zip(rollouts) {
+            obs.push(net.rollout_obs(r)?);
+            let (a, rt, v) = (&r.advantages[..n], &r.returns[..n], &r.values[..n]);
+            explained.push(explained_variance(v, rt));
+            adv.push(Tensor::from_slice(a));
+            ret.push(Tensor::from_slice(rt));
+            val.push(Tensor::from_slice(v));
+            old_lp.push(Tensor::from_slice(&r.log_probs[..n]));
+            act.push(net.actions_tensor(&r.actions));
+        }
+        let stack = |v: &[Tensor]| Tensor::stack(v, 0).to_device(device);
+        Ok(StackedRollouts {
+            obs: stack(&obs),
+            actions: stack(&act),
+            old_log_prob: stack(&old_lp),
+            advantages: stack(&adv),
+            returns: stack(&ret),
+            old_values: stack(&val),
+            explained,
+        })
+    }
+}
+
+/// The members' actor-critic networks (plain twin MLPs of one layout) as one: their parameter buffers stacked
+/// into one `[N, P]` leaf, seen as each layer's `[N, …]` shapes, with a `[N, P]` gradient buffer beside it.
+pub(crate) struct StackedActorCritic {
+    n_members: i64,
+    layers: Vec<usize>,
+    activation: crate::nets::Activation,
+    outputs: [i64; 2],
+    log_std: Option<usize>,
+    /// Every member's parameters, `[N, P]`, requiring grad.
+    pub(crate) params: Tensor,
+    /// Every member's gradient after [`StackedActorCritic::backward`], `[N, P]`.
+    pub(crate) grad: Tensor,
+    views: Vec<Tensor>,
+    grad_views: Vec<Tensor>,
+}
+
+impl StackedActorCritic {
+    /// Gather the members' current parameters (their layouts must match: `unbatchable` checks).
+    pub(crate) fn new(nets: &[&ActorCritic]) -> Self {
+        let first = &nets[0];
+        let (layers, activation, outputs, log_std) = {
+            let (l, a, o, s) = first.twin_layout().expect("checked by unbatchable");
+            (l.to_vec(), a, o, s)
+        };
+        let n_members = nets.len() as i64;
+        let flats: Vec<Tensor> = nets.iter().map(|m| m.params.flat().detach()).collect();
+        let params = Tensor::stack(&flats, 0).set_requires_grad(true);
+        let grad = params.zeros_like().detach();
+        let views = member_views(&params, &first.params);
+        let grad_views = member_views(&grad, &first.params);
+        StackedActorCritic { n_members, layers, activation, outputs, log_std, params, grad, views, grad_views }
+    }
+
+    /// Every member's policy head `[N, B, A]` and values `[N, B]` on its own observations `x` (`[N, B, obs]`):
+    /// the `2N` MLPs as one chain of batched matmuls (`TwinMlp::forward`'s ops).
+    pub(crate) fn forward(&self, x: &Tensor) -> (Tensor, Tensor) {
+        let (n_members, views) = (self.n_members, &self.views);
+        let b = x.size()[1];
+        let mut h = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
+        let last = self.layers.len() - 1;
+        for (k, &i) in self.layers.iter().enumerate() {
+            let w = views[i].reshape([2 * n_members, views[i].size()[2], views[i].size()[3]]);
+            let bias = views[i + 1].reshape([2 * n_members, 1, -1]);
+            h = bias.baddbmm(&h, &w, 1.0, 1.0);
+            if k < last {
+                h = self.activation.apply(&h);
+            }
+        }
+        let h = h.view([n_members, 2, b, -1]);
+        (h.select(1, 0).narrow(2, 0, self.outputs[0]), h.select(1, 1).narrow(2, 0, self.outputs[1]).squeeze_dim(2))
+    }
+
+    /// Log-probabilities `[N, B]` of `actions` under the policy heads, and (with `need_entropy`) the entropies
+    /// `[N, B]`: `ActionDist::log_prob` and `ActionDist::entropy`, op for op.
+    pub(crate) fn log_prob_entropy(
+        &self,
+        head: &Tensor,
+        actions: &Tensor,
+        need_entropy: bool,
+    ) -> (Tensor, Option<Tensor>) {
+        match self.log_std {
+            None => {
+                let logp = head.log_softmax(-1, Kind::Float);
+                let lp = logp.gather(2, &actions.unsqueeze(2), false).squeeze_dim(2);
+                let ent = need_entropy.then(|| -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float));
+                (lp, ent)
+            }
+            Some(i) => {
+                let ls = self.views[i].unsqueeze(1);
+                let z = (actions - head) * (-&ls).exp();
+                let lp = (z.square() * -0.5 - &ls - LOG_SQRT_2PI).sum_dim_intlist(-1, false, Kind::Float);
+                let ent = need_entropy
+                    .then(|| (&ls + (0.5 + LOG_SQRT_2PI)).expand_as(head).sum_dim_intlist(-1, false, Kind::Float));
+                (lp, ent)
+            }
+        }
+    }
+
+    /// Each member's mean entropy `[N]` of the policy heads, without gradient (for metrics).
+    pub(crate) fn mean_entropy(&self, head: &Tensor) -> Tensor {
+        tch::no_grad(|| match self.log_std {
+            None => {
+                let logp = head.log_softmax(-1, Kind::Float);
+                -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float).mean_dim(1, false, Kind::Float)
+            }
+            Some(i) => (self.views[i].unsqueeze(1) + (0.5 + LOG_SQRT_2PI))
+                .expand_as(head)
+                .sum_dim_intlist(-1, false, Kind::Float)
+                .mean_dim(1, false, Kind::Float),
+        })
+    }
+
+    /// The gradient of the members' summed losses (`[N]`) into [`StackedActorCritic::grad`]: each member's
+    /// row is its own loss's gradient (zero where the loss does not reach, as `FlatParams::backward`).
+    pub(crate) fn backward(&self, losses: &Tensor) {
+        backward_into(losses, &self.views, &self.grad_views);
+    }
+
+    /// Copy member `k`'s row of the parameters into its own buffer.
+    pub(crate) fn write_back(&self, k: usize, params: &crate::params::FlatParams) {
+        tch::no_grad(|| {
+            let mut flat = params.flat().shallow_clone();
+            flat.copy_(&self.params.get(k as i64));
+        });
+    }
+}
+
 /// One PPO update of every member on its finished rollout (GAE computed), batched over the member axis.
 /// `progress_remaining` (1 → 0) anneals each member's learning rate and clip range as [`Ppo::update_from`]
 /// does. Returns each member's metrics. Members that [`unbatchable`] refuses are updated one by one.
@@ -128,72 +296,30 @@ pub fn update_population(
     });
 
     // The members' data, stacked on the member axis.
-    let mut obs = Vec::new();
-    let mut explained = Vec::new();
-    let (mut adv, mut ret, mut val, mut old_lp, mut act) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (m, r) in members.iter().zip(rollouts) {
-        obs.push(m.pi.net.rollout_obs(r)?);
-        let (a, rt, v) = (&r.advantages[..n], &r.returns[..n], &r.values[..n]);
-        explained.push(explained_variance(v, rt));
-        adv.push(Tensor::from_slice(a));
-        ret.push(Tensor::from_slice(rt));
-        val.push(Tensor::from_slice(v));
-        old_lp.push(Tensor::from_slice(&r.log_probs[..n]));
-        act.push(m.pi.net.actions_tensor(&r.actions));
-    }
-    let stack = |v: &[Tensor]| Tensor::stack(v, 0).to_device(device);
-    let obs = stack(&obs);
-    let actions = stack(&act);
-    let old_log_prob = stack(&old_lp);
-    let returns = stack(&ret);
-    let old_values = stack(&val);
-    let mut advantages = stack(&adv);
-    let normalize = |x: &Tensor| (x - x.mean_dim(1, true, Kind::Float)) / (x.std_dim(1, true, true) + 1e-8);
+    let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
+    let data = StackedRollouts::new(&nets, rollouts, n, device)?;
+    let StackedRollouts { obs, actions, old_log_prob, returns, old_values, explained, mut advantages } = data;
     let full_batch = c0.batch_size == n;
     if c0.normalize_advantage && full_batch {
-        advantages = normalize(&advantages);
+        advantages = normalize_rows(&advantages);
     }
     let normalize_minibatch = c0.normalize_advantage && !full_batch;
 
     // Parameters `[N, P]` (one leaf) seen as each member's layer shapes, and the Adam moments.
-    let (layers, activation, outputs, log_std) = {
-        let (l, a, o, s) = members[0].pi.net.twin_layout().expect("checked by unbatchable");
-        (l.to_vec(), a, o, s)
-    };
+    let net = StackedActorCritic::new(&nets);
     let p = members[0].pi.net.params.numel();
-    let flats: Vec<Tensor> = members.iter().map(|m| m.pi.net.params.flat().detach()).collect();
-    let stacked = Tensor::stack(&flats, 0).set_requires_grad(true);
-    let grad = stacked.zeros_like().detach();
-    let views = member_views(&stacked, &members[0].pi.net.params);
-    let grad_views = member_views(&grad, &members[0].pi.net.params);
     let (exp_avg, exp_avg_sq) = if members[0].opt.exp_avg.numel() as i64 == p {
         (
             Tensor::stack(&members.iter().map(|m| m.opt.exp_avg.shallow_clone()).collect::<Vec<_>>(), 0),
             Tensor::stack(&members.iter().map(|m| m.opt.exp_avg_sq.shallow_clone()).collect::<Vec<_>>(), 0),
         )
     } else {
-        (grad.zeros_like(), grad.zeros_like())
+        (net.grad.zeros_like(), net.grad.zeros_like())
     };
     let mut steps = if members[0].opt.exp_avg.numel() as i64 == p { members[0].opt.steps } else { 0 };
     let (beta1, beta2) = (members[0].opt.beta1, members[0].opt.beta2);
     let adam_eps = per_member(members.iter().map(|m| m.opt.eps), device).unsqueeze(1);
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
-
-    let forward = |x: &Tensor| -> (Tensor, Tensor) {
-        let b = x.size()[1];
-        let mut h = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
-        let last = layers.len() - 1;
-        for (k, &i) in layers.iter().enumerate() {
-            let w = views[i].reshape([2 * n_members, views[i].size()[2], views[i].size()[3]]);
-            let bias = views[i + 1].reshape([2 * n_members, 1, -1]);
-            h = bias.baddbmm(&h, &w, 1.0, 1.0);
-            if k < last {
-                h = activation.apply(&h);
-            }
-        }
-        let h = h.view([n_members, 2, b, -1]);
-        (h.select(1, 0).narrow(2, 0, outputs[0]), h.select(1, 1).narrow(2, 0, outputs[1]).squeeze_dim(2))
-    };
 
     let mut orders: Vec<Vec<i64>> = (0..members.len()).map(|_| (0..n as i64).collect()).collect();
     let mut gradient_steps = 0usize;
@@ -219,27 +345,12 @@ pub fn update_population(
             };
             let mut mb_adv = pick(&advantages);
             if normalize_minibatch && c0.batch_size > 1 {
-                mb_adv = normalize(&mb_adv);
+                mb_adv = normalize_rows(&mb_adv);
             }
             let (mb_obs, mb_actions, mb_old_lp) = (pick(&obs), pick(&actions), pick(&old_log_prob));
             let (mb_old_values, mb_returns) = (pick(&old_values), pick(&returns));
-            let (head, values) = forward(&mb_obs);
-            let (log_prob, entropy) = match log_std {
-                None => {
-                    let logp = head.log_softmax(-1, Kind::Float);
-                    let lp = logp.gather(2, &mb_actions.unsqueeze(2), false).squeeze_dim(2);
-                    let ent = need_entropy.then(|| -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float));
-                    (lp, ent)
-                }
-                Some(i) => {
-                    let ls = views[i].unsqueeze(1);
-                    let z = (&mb_actions - &head) * (-&ls).exp();
-                    let lp = (z.square() * -0.5 - &ls - LOG_SQRT_2PI).sum_dim_intlist(-1, false, Kind::Float);
-                    let ent = need_entropy
-                        .then(|| (&ls + (0.5 + LOG_SQRT_2PI)).expand_as(&head).sum_dim_intlist(-1, false, Kind::Float));
-                    (lp, ent)
-                }
-            };
+            let (head, values) = net.forward(&mb_obs);
+            let (log_prob, entropy) = net.log_prob_entropy(&head, &mb_actions, need_entropy);
             // The PPO loss of each member (crate::ppo::ppo_loss, with per-member coefficients).
             let log_ratio = &log_prob - &mb_old_lp;
             let ratio = log_ratio.exp();
@@ -260,10 +371,10 @@ pub fn update_population(
             if let Some(e) = &entropy {
                 total -= e * &ent_coef;
             }
-            backward_into(&total, &views, &grad_views);
-            clip_per_member(&grad, &max_norms, "ppo")?;
+            net.backward(&total);
+            clip_per_member(&net.grad, &max_norms, "ppo")?;
             steps += 1;
-            adam_step(&stacked, &grad, (&exp_avg, &exp_avg_sq), steps, (beta1, beta2), &lrs, &adam_eps);
+            adam_step(&net.params, &net.grad, (&exp_avg, &exp_avg_sq), steps, (beta1, beta2), &lrs, &adam_eps);
             gradient_steps += 1;
             last = Some((policy, value, entropy, log_ratio, head));
         }
@@ -272,8 +383,7 @@ pub fn update_population(
     // Back into the members: parameters, moments, step counts.
     tch::no_grad(|| {
         for (k, m) in members.iter_mut().enumerate() {
-            let mut flat = m.pi.net.params.flat().shallow_clone();
-            flat.copy_(&stacked.get(k as i64));
+            net.write_back(k, &m.pi.net.params);
             m.opt.exp_avg = exp_avg.get(k as i64).copy();
             m.opt.exp_avg_sq = exp_avg_sq.get(k as i64).copy();
             m.opt.steps = steps;
@@ -281,20 +391,7 @@ pub fn update_population(
     });
 
     let (policy, value, entropy, log_ratio, head) = last.expect("at least one minibatch");
-    let entropy = match entropy {
-        Some(e) => e,
-        None => tch::no_grad(|| match log_std {
-            None => {
-                let logp = head.log_softmax(-1, Kind::Float);
-                -(logp.exp() * &logp).sum_dim_intlist(-1, false, Kind::Float).mean_dim(1, false, Kind::Float)
-            }
-            Some(i) => (views[i].unsqueeze(1) + (0.5 + LOG_SQRT_2PI))
-                .expand_as(&head)
-                .sum_dim_intlist(-1, false, Kind::Float)
-                .mean_dim(1, false, Kind::Float),
-        }),
-    };
-    let host = |t: &Tensor| -> Result<Vec<f64>> { Ok(Vec::<f64>::try_from(t.detach().to_kind(Kind::Double))?) };
+    let entropy = entropy.unwrap_or_else(|| net.mean_entropy(&head));
     let (policy, value, entropy) = (host(&policy)?, host(&value)?, host(&entropy)?);
     let approx_kl = host(&tch::no_grad(|| (log_ratio.exp() - 1.0 - &log_ratio).mean_dim(1, false, Kind::Float)))?;
     let clip_t = per_member(clips.iter().copied(), device).unsqueeze(1);
