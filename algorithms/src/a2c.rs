@@ -267,12 +267,20 @@ fn normalize(x: &Tensor) -> Tensor {
 
 /// The optimiser state, whichever was configured.
 #[derive(Debug)]
-enum Optimizer {
+pub(crate) enum Optimizer {
     RmsProp(RmsProp),
     Adam(Adam),
 }
 
 impl Optimizer {
+    /// Steps taken so far.
+    pub(crate) fn steps(&self) -> u64 {
+        match self {
+            Optimizer::RmsProp(o) => o.steps,
+            Optimizer::Adam(o) => o.steps,
+        }
+    }
+
     /// One step at learning rate `lr` from the gradient in `params`.
     fn step(&mut self, params: &mut FlatParams, lr: f64) {
         match self {
@@ -426,12 +434,12 @@ pub struct A2c {
     /// Hyperparameters.
     pub config: A2cConfig,
     /// The acting half: network, sampling RNG (also drawing minibatch shuffles), buffers.
-    pi: ActorCriticPolicy,
-    opt: Optimizer,
+    pub(crate) pi: ActorCriticPolicy,
+    pub(crate) opt: Optimizer,
     /// The rollout being collected by [`Algorithm::observe`].
     collector: RolloutCollector,
     /// Replicas to average gradients with, and micro-batches per step.
-    parallel: DataParallel,
+    pub(crate) parallel: DataParallel,
     /// The fused CPU step's layout and buffers, once an update took that path ([`A2cConfig::fused_cpu`]).
     host: Option<ActorCriticHost>,
 }
@@ -479,6 +487,18 @@ impl A2c {
     /// `V(obs)` for a batch of observations.
     pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
         self.pi.net.values(obs)
+    }
+
+    /// The collected rollout with its advantages, once it is complete (what [`Algorithm::update`] trains on);
+    /// `None` before. Hand it back with [`A2c::recycle`] after updating.
+    pub fn finish_rollout(&mut self) -> Result<Option<Rollout>> {
+        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
+        self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)
+    }
+
+    /// Give a finished rollout's storage back for the next one.
+    pub fn recycle(&mut self, rollout: Rollout) {
+        self.collector.recycle(rollout);
     }
 
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
@@ -644,13 +664,16 @@ impl Algorithm for A2c {
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        let Some(rollout) = self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)? else {
+        let Some(rollout) = self.finish_rollout()? else {
             return Ok(None);
         };
         let metrics = self.update_from(&rollout, progress.remaining());
-        self.collector.recycle(rollout);
+        self.recycle(rollout);
         metrics.map(Some)
+    }
+
+    fn as_a2c_mut(&mut self) -> Option<&mut A2c> {
+        Some(self)
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {

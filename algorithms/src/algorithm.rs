@@ -174,6 +174,11 @@ pub trait Algorithm: Policy {
     fn as_ppo_mut(&mut self) -> Option<&mut crate::ppo::Ppo> {
         None
     }
+    /// The A2C agent this is, for a population's batched update ([`crate::a2c_population`]); `None` for other
+    /// kinds.
+    fn as_a2c_mut(&mut self) -> Option<&mut crate::a2c::A2c> {
+        None
+    }
     /// The DQN agent this is, for a population's batched update ([`crate::dqn_population`]); `None` for other
     /// kinds.
     fn as_dqn_mut(&mut self) -> Option<&mut crate::dqn::Dqn> {

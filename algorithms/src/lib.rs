@@ -15,6 +15,7 @@
 //! save/load calls, tokio or the network.
 
 pub mod a2c;
+pub mod a2c_population;
 pub mod acting;
 pub mod action_noise;
 pub mod activation;

@@ -511,6 +511,33 @@ pub(crate) mod tests {
         d / f64::try_from(b.abs().max()).unwrap().max(1e-30)
     }
 
+    /// A finished rollout (`n_envs × n_steps`, random observations, rewards and episode ends from `rng`) that
+    /// `member` collects; its `twin` acts on the same observations, so that its sampling stream stays in step.
+    pub(crate) fn twin_rollout(
+        member: &mut dyn Policy,
+        twin: &mut dyn Policy,
+        rng: &mut Pcg64,
+        n_envs: usize,
+        n_steps: usize,
+        obs_dim: usize,
+    ) -> Rollout {
+        let act_dim = member.act_dim();
+        let (mut out, mut twin_out) = (ActOutput::default(), ActOutput::default());
+        let mut rollout = Rollout::new(n_envs, n_steps, obs_dim, act_dim);
+        for _ in 0..n_steps {
+            let obs: Vec<f32> = (0..n_envs * obs_dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+            member.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
+            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
+            let rewards: Vec<f32> =
+                out.actions.chunks(act_dim).map(|a| a[0].tanh() + rng.random_range(-0.1..0.1)).collect();
+            let done: Vec<bool> = (0..n_envs).map(|_| rng.random_bool(0.1)).collect();
+            rollout.push_outcome(&rewards, &done, &vec![false; n_envs]).unwrap();
+        }
+        rollout.finish(&vec![0.0; n_envs], 0.98, 0.8).unwrap();
+        rollout
+    }
+
     /// Members updated together match twins (same seeds, same configs, same rollouts) updated alone, after
     /// several updates: parameters and Adam moments within 1e-6 relative (only reductions may add in another
     /// order), and the sampling RNG streams exactly.
@@ -526,26 +553,11 @@ pub(crate) mod tests {
         let n_steps = configs[0].n_steps;
         let mut rng = Pcg64::seed_from_u64(7);
         for update in 0..4 {
-            let mut rollouts = Vec::new();
-            for (m, twin) in together.iter_mut().zip(alone.iter_mut()) {
-                let act_dim = m.act_dim();
-                let mut twin_out = ActOutput::default();
-                let mut rollout = Rollout::new(n_envs, n_steps, obs_dim, act_dim);
-                let mut out = ActOutput::default();
-                for _ in 0..n_steps {
-                    let obs: Vec<f32> = (0..n_envs * obs_dim).map(|_| rng.random_range(-1.0..1.0)).collect();
-                    m.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
-                    // The twin samples too (its sampling stream must stay in step); the rollout is the member's.
-                    twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
-                    rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
-                    let rewards: Vec<f32> =
-                        out.actions.chunks(act_dim).map(|a| a[0].tanh() + rng.random_range(-0.1..0.1)).collect();
-                    let done: Vec<bool> = (0..n_envs).map(|_| rng.random_bool(0.1)).collect();
-                    rollout.push_outcome(&rewards, &done, &vec![false; n_envs]).unwrap();
-                }
-                rollout.finish(&vec![0.0; n_envs], 0.98, 0.8).unwrap();
-                rollouts.push(rollout);
-            }
+            let rollouts: Vec<Rollout> = together
+                .iter_mut()
+                .zip(alone.iter_mut())
+                .map(|(m, twin)| twin_rollout(m, twin, &mut rng, n_envs, n_steps, obs_dim))
+                .collect();
             let progress = 1.0 - update as f64 / 8.0;
             let mut refs: Vec<&mut Ppo> = together.iter_mut().collect();
             let batched = update_population(&mut refs, &rollouts.iter().collect::<Vec<_>>(), progress).unwrap();
@@ -568,7 +580,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn cartpole() -> (Space, Space) {
+    pub(crate) fn cartpole() -> (Space, Space) {
         (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2))
     }
 

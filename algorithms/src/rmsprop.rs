@@ -19,8 +19,8 @@ pub struct RmsProp {
     pub alpha: f64,
     /// ε added to the denominator.
     pub eps: f64,
-    steps: u64,
-    square_avg: Tensor,
+    pub(crate) steps: u64,
+    pub(crate) square_avg: Tensor,
 }
 
 impl RmsProp {

@@ -21,6 +21,7 @@ use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
+use flotilla_algorithms::rollout::Rollout;
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
 use flotilla_core::ObsBuf;
 use flotilla_envs::{EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
@@ -364,10 +365,11 @@ impl StepScratch {
 /// Train a population's members (`group`, same config up to seeds and per-member hyperparameters, at the same
 /// env step) in lockstep until `stop_at` or the budget: each step every member acts, the members' envs step
 /// as one N×E batch (`JointEnvs`; each member's own batch where they cannot join) and each member observes
-/// its share as [`Trainer::run`] does; when the members are PPO agents whose rollouts complete together, or DQN,
-/// DDPG or TD3 agents whose training phases fall due together, one batched update trains them all
-/// ([`flotilla_algorithms::ppo_population`], [`flotilla_algorithms::dqn_population`],
-/// [`flotilla_algorithms::td3_population`]), else each updates alone. Then each
+/// its share as [`Trainer::run`] does; when the members are PPO or A2C agents whose rollouts complete together,
+/// or DQN, DDPG or TD3 agents whose training phases fall due together, one batched update trains them all
+/// ([`flotilla_algorithms::ppo_population`], [`flotilla_algorithms::a2c_population`],
+/// [`flotilla_algorithms::dqn_population`], [`flotilla_algorithms::td3_population`]), else each updates alone.
+/// Then each
 /// evaluates, logs (`on_log(position in group, row)`) and checkpoints on its own schedule. Collection and update
 /// seconds are shared out equally.
 pub fn run_group(
@@ -437,9 +439,10 @@ fn run_lockstep(
     Ok(())
 }
 
-/// The update due after a lockstep env step: one batched update for PPO members whose rollouts are complete
-/// and for DQN, DDPG and TD3 members whose training phases are due, else each member's own.
+/// The update due after a lockstep env step: one batched update for PPO and A2C members whose rollouts are
+/// complete and for DQN, DDPG and TD3 members whose training phases are due, else each member's own.
 fn update_group(group: &mut [Trainer]) -> Result<Vec<Option<Metrics>>> {
+    use flotilla_algorithms::{a2c::A2c, a2c_population, ppo::Ppo, ppo_population};
     let progress = group[0].progress();
     if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_dqn_mut().is_some()) {
         let mut members: Vec<&mut flotilla_algorithms::dqn::Dqn> =
@@ -451,29 +454,47 @@ fn update_group(group: &mut [Trainer]) -> Result<Vec<Option<Metrics>>> {
             group.iter_mut().map(|t| t.agent.as_td3_mut().expect("checked")).collect();
         return Ok(flotilla_algorithms::td3_population::update_population(&mut members, &progress)?);
     }
-    let all_ppo = group.iter_mut().all(|t| t.agent.as_ppo_mut().is_some());
-    if !all_ppo || group.len() == 1 {
-        return group.iter_mut().map(|t| Ok(t.agent.update(&progress)?)).collect();
+    if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_ppo_mut().is_some()) {
+        let (finish, recycle) = (Ppo::finish_rollout, Ppo::recycle);
+        let member: fn(&mut Trainer) -> &mut Ppo = |t| t.agent.as_ppo_mut().expect("checked");
+        return update_rollouts("PPO", group, member, finish, recycle, ppo_population::update_population);
     }
+    if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_a2c_mut().is_some()) {
+        let (finish, recycle) = (A2c::finish_rollout, A2c::recycle);
+        let member: fn(&mut Trainer) -> &mut A2c = |t| t.agent.as_a2c_mut().expect("checked");
+        return update_rollouts("A2C", group, member, finish, recycle, a2c_population::update_population);
+    }
+    group.iter_mut().map(|t| Ok(t.agent.update(&progress)?)).collect()
+}
+
+/// [`update_group`] for on-policy members (`kind`, reached through `member`): once every member's rollout is
+/// complete (`finish`), one batched `update` of them all, then each rollout's storage back to its member
+/// (`recycle`); nothing before.
+fn update_rollouts<A>(
+    kind: &str,
+    group: &mut [Trainer],
+    member: impl Fn(&mut Trainer) -> &mut A,
+    finish: impl Fn(&mut A) -> flotilla_algorithms::Result<Option<Rollout>>,
+    recycle: impl Fn(&mut A, Rollout),
+    update: impl FnOnce(&mut [&mut A], &[&Rollout], f64) -> flotilla_algorithms::Result<Vec<Metrics>>,
+) -> Result<Vec<Option<Metrics>>> {
+    let progress = group[0].progress();
     let mut rollouts = Vec::with_capacity(group.len());
     for t in group.iter_mut() {
-        rollouts.push(t.agent.as_ppo_mut().expect("checked").finish_rollout()?);
+        rollouts.push(finish(member(t))?);
     }
     if rollouts.iter().all(Option::is_none) {
         return Ok(vec![None; group.len()]);
     }
     let Some(rollouts) = rollouts.into_iter().collect::<Option<Vec<_>>>() else {
-        return Err(Error::Config("a population's PPO members completed their rollouts at different steps".into()));
+        return Err(Error::Config(format!(
+            "a population's {kind} members completed their rollouts at different steps"
+        )));
     };
-    let mut members: Vec<&mut flotilla_algorithms::ppo::Ppo> =
-        group.iter_mut().map(|t| t.agent.as_ppo_mut().expect("checked")).collect();
-    let metrics = flotilla_algorithms::ppo_population::update_population(
-        &mut members,
-        &rollouts.iter().collect::<Vec<_>>(),
-        progress.remaining(),
-    )?;
+    let mut members: Vec<&mut A> = group.iter_mut().map(&member).collect();
+    let metrics = update(&mut members, &rollouts.iter().collect::<Vec<_>>(), progress.remaining())?;
     for (m, r) in members.iter_mut().zip(rollouts) {
-        m.recycle(r);
+        recycle(m, r);
     }
     Ok(metrics.into_iter().map(Some).collect())
 }
