@@ -141,7 +141,7 @@ pub fn update_population(
     clip_per_member(&net.grad, &max_norms, "a2c")?;
 
     // One optimiser step for all; then parameters, state and step counts back into the members.
-    let p = members[0].pi.net.params.numel() as i64;
+    let p = members[0].pi.net.params.numel();
     let eps: Vec<f64> = members.iter().map(|m| m.config.optimizer_eps).collect();
     let stacked = |state: &dyn Fn(&A2c) -> Option<Tensor>| -> Option<Tensor> {
         let rows: Option<Vec<Tensor>> = members.iter().map(|m| state(m).filter(|t| t.numel() as i64 == p)).collect();
