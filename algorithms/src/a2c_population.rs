@@ -15,8 +15,10 @@
 //!
 //! Elementwise maths is the single-member libtorch update's, operation for operation; only reductions (matmuls,
 //! means, the gradient norm) may add in another order, so a member matches its update alone to float rounding
-//! (tests: within 1e-6 relative after several updates; see `tests` below). The shared machinery (stacked
-//! networks and rollouts, per-member clipping, the Adam step) is [`crate::ppo_population`]'s.
+//! (tests: within 1e-6 relative after 6 updates, ~1e-7 seen with libtorch's multi-threaded reductions, so not
+//! bit-identical in general; `cli/tests/population.rs`, on one torch thread, came out bit-identical after 50
+//! updates). The shared machinery (stacked networks and rollouts, per-member clipping, the Adam step) is
+//! [`crate::ppo_population`]'s.
 use tch::{Kind, Tensor};
 
 use crate::a2c::{A2c, Optimizer};
