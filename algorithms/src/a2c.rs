@@ -340,6 +340,14 @@ fn network(
 /// A rollout's observations on `net`'s device and its advantages and value targets — V-trace's, recomputed
 /// under the current parameters, where configured (off-policy correction). Checks the rollout's sizes first.
 fn rollout_targets<'r>(net: &ActorCritic, c: &A2cConfig, rollout: &'r Rollout) -> Result<(Tensor, Targets<'r>)> {
+    check_rollout(net, rollout)?;
+    let obs = net.rollout_obs(rollout)?;
+    let targets = net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
+    Ok((obs, targets))
+}
+
+/// A rollout A2C can learn from: not empty, with the network's action size.
+fn check_rollout(net: &ActorCritic, rollout: &Rollout) -> Result<()> {
     let n = rollout.len();
     if n == 0 {
         return Err(Error::BadLength { what: "A2C rollout transitions".into(), got: 0, expected: rollout.n_steps });
@@ -351,9 +359,7 @@ fn rollout_targets<'r>(net: &ActorCritic, c: &A2cConfig, rollout: &'r Rollout) -
             expected: net.act_dim(),
         });
     }
-    let obs = net.rollout_obs(rollout)?;
-    let targets = net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
-    Ok((obs, targets))
+    Ok(())
 }
 
 /// The clipped A2C loss gradient of `net` on a finished rollout (see [`A2c::compute_gradients`]), averaged
@@ -532,22 +538,18 @@ impl A2c {
     /// One A2C update on a finished rollout: [`A2c::compute_gradients`] then [`A2c::apply_gradients`].
     /// [`Algorithm::update`] calls this on the rollout [`Algorithm::observe`] collected.
     pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        let (mut metrics, lr) = match ActorCriticHost::for_update(
-            &mut self.host,
-            self.config.fused_cpu,
-            &self.parallel,
-            &self.pi.net,
-        ) {
-            Some(mut host) => {
-                let update = self.update_fused(&mut host, rollout, progress_remaining);
-                self.host = Some(host);
-                update?
-            }
-            None => {
-                let (grad, metrics) = self.compute_gradients(rollout)?;
-                (metrics, self.apply_gradients(&grad, progress_remaining)?)
-            }
-        };
+        let (mut metrics, lr) =
+            match ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net) {
+                Some(mut host) => {
+                    let update = self.update_fused(&mut host, rollout, progress_remaining);
+                    self.host = Some(host);
+                    update?
+                }
+                None => {
+                    let (grad, metrics) = self.compute_gradients(rollout)?;
+                    (metrics, self.apply_gradients(&grad, progress_remaining)?)
+                }
+            };
         metrics.push("charts/learning_rate", lr);
         metrics.push("charts/gradient_steps", 1.0);
         Ok(metrics)
@@ -566,7 +568,8 @@ impl A2c {
     ) -> Result<(Metrics, f64)> {
         let c = &self.config;
         let net = &mut self.pi.net;
-        let (_, targets) = rollout_targets(net, c, rollout)?;
+        check_rollout(net, rollout)?;
+        let targets = net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let ObsRef::F32(obs) = rollout.obs.as_ref() else {
             return Err(Error::Unsupported("the fused CPU step takes f32 observations".into()));
@@ -583,7 +586,8 @@ impl A2c {
             old_values: values,
             returns,
         };
-        let theta = net.params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
+        let theta =
+            net.params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
         let loss: StepLoss = host.gradient(theta, &mb, Objective::A2c { ent_coef: c.ent_coef, vf_coef: c.vf_coef });
         let grad = host.grad_mut();
         let norm = clip_grad_norm(grad, c.max_grad_norm);
@@ -592,7 +596,9 @@ impl A2c {
         }
         let lr = c.learning_rate_at(progress_remaining);
         if !self.opt.step_host(theta, grad, lr) {
-            return Err(Error::Unsupported("fused CPU step: optimiser state is not a host buffer of the model's size".into()));
+            return Err(Error::Unsupported(
+                "fused CPU step: optimiser state is not a host buffer of the model's size".into(),
+            ));
         }
         let mut m = Metrics::default();
         m.push("losses/policy_loss", loss.policy);

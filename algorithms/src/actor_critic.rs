@@ -366,6 +366,18 @@ impl ActorCritic {
         Ok(Targets { rollout, vtrace })
     }
 
+    /// [`ActorCritic::targets`] where the caller has no use for the observations as a tensor: they are built
+    /// only for V-trace.
+    pub fn targets_of<'r>(
+        &self,
+        rollout: &'r Rollout,
+        gamma: f32,
+        vtrace: Option<&VtraceConfig>,
+    ) -> Result<Targets<'r>> {
+        let vtrace = vtrace.map(|v| self.vtrace_targets(rollout, gamma, v)).transpose()?;
+        Ok(Targets { rollout, vtrace })
+    }
+
     /// V-trace for a rollout the behaviour policy `μ` collected (its log-probs are the rollout's), with the
     /// current parameters as the target policy `π` and value function: recomputes `ln π(a_s|x_s)`, `V(x_s)` and
     /// every `V(x_{s+1})` (from the kept final and bootstrap observations), without gradient, then
