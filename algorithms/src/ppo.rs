@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
+use crate::actor_critic_host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress, Transition};
 use crate::checkpoint::Checkpoint;
@@ -39,7 +40,6 @@ use crate::data_parallel::DataParallel;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::actor_critic_host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};

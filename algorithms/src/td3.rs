@@ -703,7 +703,10 @@ impl Td3 {
 /// One Adam step on `params` from its gradient: one host loop where `fused` and the buffers allow
 /// ([`Td3Config::fused_cpu`]), else libtorch's ops.
 fn adam_step(opt: &mut Adam, params: &mut FlatParams, fused: bool) {
-    if fused && let Some((theta, grad)) = params.host_values_and_grad_mut() && opt.step_host(theta, grad) {
+    if fused
+        && let Some((theta, grad)) = params.host_values_and_grad_mut()
+        && opt.step_host(theta, grad)
+    {
         return;
     }
     opt.step(params);
@@ -1285,10 +1288,12 @@ mod tests {
     #[test]
     fn fused_cpu_optimiser_and_target_steps_match_libtorch() {
         let (obs_space, act_space) = spaces();
-        let td3 = |fused_cpu| Td3::td3(&obs_space, &act_space, 1, Td3Config { fused_cpu, ..tiny_td3() }, Device::Cpu, 3);
+        let td3 =
+            |fused_cpu| Td3::td3(&obs_space, &act_space, 1, Td3Config { fused_cpu, ..tiny_td3() }, Device::Cpu, 3);
         let ddpg =
             |fused_cpu| Td3::ddpg(&obs_space, &act_space, 1, DdpgConfig { fused_cpu, ..tiny_ddpg() }, Device::Cpu, 3);
-        for (mut fused, mut torch) in [(td3(true).unwrap(), td3(false).unwrap()), (ddpg(true).unwrap(), ddpg(false).unwrap())]
+        for (mut fused, mut torch) in
+            [(td3(true).unwrap(), td3(false).unwrap()), (ddpg(true).unwrap(), ddpg(false).unwrap())]
         {
             let (mut env_f, mut env_t) = (Bandit::new(6, 1, 10, false), Bandit::new(6, 1, 10, false));
             // 64 warm-up steps, then 40 critic updates (20 TD3 actor updates).
@@ -1309,11 +1314,19 @@ mod tests {
                 ("critic target", &fused.critic_target, &torch.critic_target),
             ] {
                 let a = assert_params_close(&format!("{} {what}", fused.name()), x, y, 1e-5);
-                assert_ne!(a, values(y), "{} {what}: the host loops ran (float rounding tells the paths apart)", fused.name());
+                assert_ne!(
+                    a,
+                    values(y),
+                    "{} {what}: the host loops ran (float rounding tells the paths apart)",
+                    fused.name()
+                );
             }
             let counts = |c: &Counters| (c.env_steps, c.calls, c.critic_updates, c.actor_updates);
             assert_eq!(counts(&fused.counters), counts(&torch.counters));
-            assert_eq!((fused.actor_opt.steps(), fused.critic_opt.steps()), (torch.actor_opt.steps(), torch.critic_opt.steps()));
+            assert_eq!(
+                (fused.actor_opt.steps(), fused.critic_opt.steps()),
+                (torch.actor_opt.steps(), torch.critic_opt.steps())
+            );
         }
     }
 
