@@ -24,7 +24,8 @@ use tch::{Kind, Tensor};
 use crate::a2c::{A2c, Optimizer};
 use crate::actor_critic::ActorCritic;
 use crate::ppo_population::{
-    StackedActorCritic, StackedRollouts, adam_step, clip_per_member, host, normalize_rows, per_member,
+    MemberNet, StackedActorCritic, StackedRollouts, actor_critics_unbatchable, adam_step, clip_per_member, host,
+    normalize_rows, per_member,
 };
 use crate::rollout::Rollout;
 use crate::{Error, Metrics, Result};
@@ -34,42 +35,28 @@ use crate::{Error, Metrics, Result};
 pub fn unbatchable(members: &[&A2c]) -> Option<String> {
     let first = members.first()?;
     let c0 = &first.config;
-    let layout = |m: &A2c| {
-        m.pi.net
-            .twin_layout()
-            .map(|(layers, activation, outputs, log_std)| (layers.to_vec(), activation, outputs, log_std))
-    };
-    let l0 = layout(first);
-    if l0.is_none() {
-        return Some("the network is not a plain MLP (a CNN, or task heads)".into());
+    let nets: Vec<MemberNet> = members
+        .iter()
+        .map(|m| MemberNet {
+            net: &m.pi.net,
+            fused_cpu: m.config.fused_cpu,
+            parallel: &m.parallel,
+            steps: m.opt.steps(),
+        })
+        .collect();
+    if let Some(why) = actor_critics_unbatchable(&nets) {
+        return Some(why);
     }
     for m in members {
         let c = &m.config;
-        if layout(m) != l0 {
-            return Some("members' networks differ".into());
-        }
         if c.vtrace.is_some() {
             // V-trace recomputes targets under each member's parameters on the host, one member at a time.
             return Some("V-trace targets (`vtrace`)".into());
-        }
-        if c.fused_cpu && m.pi.net.device == tch::Device::Cpu {
-            // The fused step has no per-op dispatch for a batch to share, and one member's activations stay in
-            // the caches: members update in turn, each exactly as alone.
-            return Some("members take the fused CPU step (`fused_cpu`)".into());
-        }
-        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.pi.net.params.has_frozen() {
-            return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
         }
         if (c.n_steps, c.normalize_advantage, c.anneal_lr, c.optimizer)
             != (c0.n_steps, c0.normalize_advantage, c0.anneal_lr, c0.optimizer)
         {
             return Some("members' update schedules or optimisers differ".into());
-        }
-        if m.pi.net.params.numel() != first.pi.net.params.numel()
-            || m.opt.steps() != first.opt.steps()
-            || m.pi.net.device != first.pi.net.device
-        {
-            return Some("members' parameter counts, optimiser steps or devices differ".into());
         }
     }
     None

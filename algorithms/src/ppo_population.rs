@@ -27,8 +27,44 @@ use crate::{Error, Metrics, Result};
 pub fn unbatchable(members: &[&Ppo]) -> Option<String> {
     let first = members.first()?;
     let c0 = &first.config;
-    let layout = |m: &Ppo| {
-        m.pi.net
+    let nets: Vec<MemberNet> = members
+        .iter()
+        .map(|m| MemberNet { net: &m.pi.net, fused_cpu: m.config.fused_cpu, parallel: &m.parallel, steps: m.opt.steps })
+        .collect();
+    if let Some(why) = actor_critics_unbatchable(&nets) {
+        return Some(why);
+    }
+    for m in members {
+        let c = &m.config;
+        if c.vtrace.is_some() || c.target_kl.is_some() {
+            return Some("V-trace or a KL early stop".into());
+        }
+        if (c.n_epochs, c.batch_size, c.normalize_advantage, c.anneal_lr, c.anneal_clip_range)
+            != (c0.n_epochs, c0.batch_size, c0.normalize_advantage, c0.anneal_lr, c0.anneal_clip_range)
+            || c.clip_range_vf.is_some() != c0.clip_range_vf.is_some()
+        {
+            return Some("members' update schedules differ".into());
+        }
+    }
+    None
+}
+
+/// What [`actor_critics_unbatchable`] reads of one PPO or A2C member.
+pub(crate) struct MemberNet<'a> {
+    pub(crate) net: &'a ActorCritic,
+    pub(crate) fused_cpu: bool,
+    pub(crate) parallel: &'a crate::data_parallel::DataParallel,
+    /// Optimiser steps taken.
+    pub(crate) steps: u64,
+}
+
+/// Why actor-critic members cannot share one batched update, whatever their algorithm: not plain MLPs of one
+/// layout, the fused CPU step, data-parallel replicas, accumulation or frozen layers, or different parameter
+/// counts, optimiser steps or devices. `None`: nothing here stops them.
+pub(crate) fn actor_critics_unbatchable(members: &[MemberNet]) -> Option<String> {
+    let first = members.first()?;
+    let layout = |m: &MemberNet| {
+        m.net
             .twin_layout()
             .map(|(layers, activation, outputs, log_std)| (layers.to_vec(), activation, outputs, log_std))
     };
@@ -37,30 +73,20 @@ pub fn unbatchable(members: &[&Ppo]) -> Option<String> {
         return Some("the network is not a plain MLP (a CNN, or task heads)".into());
     }
     for m in members {
-        let c = &m.config;
         if layout(m) != l0 {
             return Some("members' networks differ".into());
         }
-        if c.vtrace.is_some() || c.target_kl.is_some() {
-            return Some("V-trace or a KL early stop".into());
-        }
-        if c.fused_cpu && m.pi.net.device == tch::Device::Cpu {
+        if m.fused_cpu && m.net.device == tch::Device::Cpu {
             // One fused step per minibatch has no per-op dispatch for a batch to share, and one member's
             // activations stay in the caches: members update in turn, each exactly as alone.
             return Some("members take the fused CPU step (`fused_cpu`)".into());
         }
-        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.pi.net.params.has_frozen() {
+        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.net.params.has_frozen() {
             return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
         }
-        if (c.n_epochs, c.batch_size, c.normalize_advantage, c.anneal_lr, c.anneal_clip_range)
-            != (c0.n_epochs, c0.batch_size, c0.normalize_advantage, c0.anneal_lr, c0.anneal_clip_range)
-            || c.clip_range_vf.is_some() != c0.clip_range_vf.is_some()
-        {
-            return Some("members' update schedules differ".into());
-        }
-        if m.pi.net.params.numel() != first.pi.net.params.numel()
-            || m.opt.steps != first.opt.steps
-            || m.pi.net.device != first.pi.net.device
+        if m.net.params.numel() != first.net.params.numel()
+            || m.steps != first.steps
+            || m.net.device != first.net.device
         {
             return Some("members' parameter counts, optimiser steps or devices differ".into());
         }
