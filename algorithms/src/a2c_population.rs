@@ -23,8 +23,9 @@ use tch::{Kind, Tensor};
 
 use crate::a2c::{A2c, Optimizer};
 use crate::actor_critic::ActorCritic;
+use crate::adam::Adam;
 use crate::ppo_population::{
-    MemberNet, StackedActorCritic, StackedRollouts, actor_critics_unbatchable, adam_step, clip_per_member, host,
+    MemberNet, StackedActorCritic, StackedAdam, StackedRollouts, actor_critics_unbatchable, clip_per_member, host,
     normalize_rows, per_member,
 };
 use crate::rollout::Rollout;
@@ -121,32 +122,28 @@ pub fn update_population(
     let (log_prob, entropy) = net.log_prob_entropy(&head, &actions, need_entropy);
     let policy = -(&advantages * &log_prob).mean_dim(1, false, Kind::Float);
     let value = (&returns - &values).square().mean_dim(1, false, Kind::Float);
-    let mut total = &policy + &value * &vf_coef;
-    let entropy = entropy.map(|e| e.mean_dim(1, false, Kind::Float));
-    if let Some(e) = &entropy {
-        total -= e * &ent_coef;
-    }
+    let (total, entropy) = StackedActorCritic::total_loss(&policy, &value, entropy, (&vf_coef, &ent_coef));
     net.backward(&total);
     clip_per_member(&net.grad, &max_norms, "a2c")?;
 
     // One optimiser step for all; then parameters, state and step counts back into the members.
     let p = members[0].pi.net.params.numel();
     let eps: Vec<f64> = members.iter().map(|m| m.config.optimizer_eps).collect();
-    let stacked = |state: &dyn Fn(&A2c) -> Option<Tensor>| -> Option<Tensor> {
-        let rows: Option<Vec<Tensor>> = members.iter().map(|m| state(m).filter(|t| t.numel() as i64 == p)).collect();
-        rows.map(|rows| Tensor::stack(&rows, 0))
-    };
-    // State of another size (layers frozen since it was made) starts afresh, as the single-member step does.
-    let fresh = || (net.grad.zeros_like(), 0);
     match &members[0].opt {
         Optimizer::RmsProp(_) => {
-            let square_avg = stacked(&|m| match &m.opt {
-                Optimizer::RmsProp(o) => Some(o.square_avg.shallow_clone()),
-                Optimizer::Adam(_) => None,
-            });
-            let (square_avg, steps) = match square_avg {
-                Some(v) => (v, members[0].opt.steps()),
-                None => fresh(),
+            let means: Vec<Tensor> = members
+                .iter()
+                .filter_map(|m| match &m.opt {
+                    Optimizer::RmsProp(o) => Some(o.square_avg.shallow_clone()),
+                    Optimizer::Adam(_) => None,
+                })
+                .collect();
+            // A running mean of another size (made while layers were frozen) starts afresh, as `RmsProp::step`
+            // restarts it.
+            let (square_avg, steps) = if means.iter().any(|t| t.numel() as i64 != p) {
+                (net.grad.zeros_like(), 0)
+            } else {
+                (Tensor::stack(&means, 0), members[0].opt.steps())
             };
             let alphas: Vec<f64> = members.iter().map(|m| m.config.rmsprop_alpha).collect();
             rmsprop_step(&net.params, &net.grad, &square_avg, &alphas, &lrs, &eps);
@@ -159,27 +156,22 @@ pub fn update_population(
                 }
             }
         }
-        Optimizer::Adam(a) => {
-            let (beta1, beta2) = (a.beta1, a.beta2);
-            let moments = |second: bool| {
-                stacked(&|m| match &m.opt {
-                    Optimizer::Adam(o) => Some(if second { &o.exp_avg_sq } else { &o.exp_avg }.shallow_clone()),
+        Optimizer::Adam(_) => {
+            let opts: Vec<&Adam> = members
+                .iter()
+                .filter_map(|m| match &m.opt {
+                    Optimizer::Adam(o) => Some(o),
                     Optimizer::RmsProp(_) => None,
                 })
-            };
-            let (exp_avg, exp_avg_sq, steps) = match (moments(false), moments(true)) {
-                (Some(m1), Some(m2)) => (m1, m2, members[0].opt.steps()),
-                _ => (fresh().0, fresh().0, 0),
-            };
-            let adam_eps = per_member(eps.iter().copied(), device).unsqueeze(1);
-            adam_step(&net.params, &net.grad, (&exp_avg, &exp_avg_sq), steps + 1, (beta1, beta2), &lrs, &adam_eps);
+                .collect();
+            // `unbatchable` saw one optimiser kind.
+            let mut adam = StackedAdam::new(&opts, &net.params);
+            adam.step(&net.params, &net.grad, &lrs);
             for (k, m) in members.iter_mut().enumerate() {
                 net.write_back(k, &m.pi.net.params);
                 if let Optimizer::Adam(o) = &mut m.opt {
                     o.lr = lrs[k];
-                    o.exp_avg = exp_avg.get(k as i64).copy();
-                    o.exp_avg_sq = exp_avg_sq.get(k as i64).copy();
-                    o.steps = steps + 1;
+                    adam.write_back(k, o);
                 }
             }
         }

@@ -8,13 +8,13 @@
 //! from its own replay with its own RNG, the `N` MLPs (online, target and, for double-Q, the online net on the
 //! next observations) run as batched matmuls, each member's Huber loss is a mean over its own minibatch, one
 //! backward of the summed losses gives each member its own gradient, clipped to its own limit, and one Adam
-//! step with per-member learning rates and ε follows (`crate::ppo_population::{clip_per_member, adam_step}`).
+//! step with per-member learning rates and ε follows (`crate::ppo_population::{clip_per_member, StackedAdam}`).
 //! Elementwise maths is the single-member code's; reductions may add in another order.
 use tch::{Kind, Reduction, Tensor};
 
 use crate::algorithm::{Algorithm, Progress};
 use crate::dqn::{Dqn, Memory, lock};
-use crate::ppo_population::{adam_step, backward_into, clip_per_member, member_views, per_member};
+use crate::ppo_population::{StackedAdam, backward_into, clip_per_member, member_views};
 use crate::{Error, Metrics, Result};
 
 /// Why these members cannot share one batched training phase (`None`: they can): batching takes plain-MLP
@@ -74,26 +74,16 @@ pub fn update_population(members: &mut [&mut Dqn], progress: &Progress) -> Resul
         )));
     }
     let due = dues[0];
-    let device = members[0].q.device;
     let (layers, activation) = {
         let (l, a) = members[0].q.mlp_layout().expect("checked by unbatchable");
         (l.to_vec(), a)
     };
-    let p = members[0].online.numel();
     let stack = |f: &dyn Fn(&Dqn) -> Tensor| Tensor::stack(&members.iter().map(|m| f(m)).collect::<Vec<_>>(), 0);
     let online = stack(&|m| m.online.flat().detach()).set_requires_grad(true);
     let target = stack(&|m| m.target.flat().detach());
     let grad = online.zeros_like().detach();
-    let fresh_moments = members[0].opt.exp_avg.numel() as i64 != p;
-    let (exp_avg, exp_avg_sq) = if fresh_moments {
-        (grad.zeros_like(), grad.zeros_like())
-    } else {
-        (stack(&|m| m.opt.exp_avg.shallow_clone()), stack(&|m| m.opt.exp_avg_sq.shallow_clone()))
-    };
-    let mut steps = if fresh_moments { 0 } else { members[0].opt.steps };
-    let (beta1, beta2) = (members[0].opt.beta1, members[0].opt.beta2);
+    let mut adam = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online);
     let lrs: Vec<f64> = members.iter().map(|m| m.opt.lr).collect();
-    let adam_eps = per_member(members.iter().map(|m| m.opt.eps), device).unsqueeze(1);
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
     let double_q = members[0].config.double_q;
     let views = member_views(&online, &members[0].online);
@@ -128,8 +118,7 @@ pub fn update_population(members: &mut [&mut Dqn], progress: &Progress) -> Resul
         let loss = q.smooth_l1_loss(&target_q, Reduction::None, 1.0).mean_dim(1, false, Kind::Float);
         backward_into(&loss, &views, &grad_views);
         clip_per_member(&grad, &max_norms, "dqn")?;
-        steps += 1;
-        adam_step(&online, &grad, (&exp_avg, &exp_avg_sq), steps, (beta1, beta2), &lrs, &adam_eps);
+        adam.step(&online, &grad, &lrs);
         for m in members.iter() {
             lock(&m.side).counters.gradient_steps += 1;
         }
@@ -139,9 +128,7 @@ pub fn update_population(members: &mut [&mut Dqn], progress: &Progress) -> Resul
         for (k, m) in members.iter_mut().enumerate() {
             let mut flat = m.online.flat().shallow_clone();
             flat.copy_(&online.get(k as i64));
-            m.opt.exp_avg = exp_avg.get(k as i64).copy();
-            m.opt.exp_avg_sq = exp_avg_sq.get(k as i64).copy();
-            m.opt.steps = steps;
+            adam.write_back(k, &mut m.opt);
         }
     });
     members

@@ -258,6 +258,23 @@ impl StackedActorCritic {
         backward_into(losses, &self.views, &self.grad_views);
     }
 
+    /// Each member's total loss `policy + vf_coef · value − ent_coef · entropy` (`[N]`; coefficients `[N]`), the
+    /// entropy being the mean over each member's samples of `entropy` (`[N, B]`, absent when no member has an
+    /// entropy bonus). Returns the total and that mean entropy.
+    pub(crate) fn total_loss(
+        policy: &Tensor,
+        value: &Tensor,
+        entropy: Option<Tensor>,
+        (vf_coef, ent_coef): (&Tensor, &Tensor),
+    ) -> (Tensor, Option<Tensor>) {
+        let mut total = policy + value * vf_coef;
+        let entropy = entropy.map(|e| e.mean_dim(1, false, Kind::Float));
+        if let Some(e) = &entropy {
+            total -= e * ent_coef;
+        }
+        (total, entropy)
+    }
+
     /// Copy member `k`'s row of the parameters into its own buffer.
     pub(crate) fn write_back(&self, k: usize, params: &crate::params::FlatParams) {
         tch::no_grad(|| {
@@ -333,18 +350,7 @@ pub fn update_population(
 
     // Parameters `[N, P]` (one leaf) seen as each member's layer shapes, and the Adam moments.
     let net = StackedActorCritic::new(&nets);
-    let p = members[0].pi.net.params.numel();
-    let (exp_avg, exp_avg_sq) = if members[0].opt.exp_avg.numel() as i64 == p {
-        (
-            Tensor::stack(&members.iter().map(|m| m.opt.exp_avg.shallow_clone()).collect::<Vec<_>>(), 0),
-            Tensor::stack(&members.iter().map(|m| m.opt.exp_avg_sq.shallow_clone()).collect::<Vec<_>>(), 0),
-        )
-    } else {
-        (net.grad.zeros_like(), net.grad.zeros_like())
-    };
-    let mut steps = if members[0].opt.exp_avg.numel() as i64 == p { members[0].opt.steps } else { 0 };
-    let (beta1, beta2) = (members[0].opt.beta1, members[0].opt.beta2);
-    let adam_eps = per_member(members.iter().map(|m| m.opt.eps), device).unsqueeze(1);
+    let mut adam = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &net.params);
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
 
     let mut orders: Vec<Vec<i64>> = (0..members.len()).map(|_| (0..n as i64).collect()).collect();
@@ -392,15 +398,10 @@ pub fn update_population(
                     unclipped.max_other(&clipped).mean_dim(1, false, Kind::Float)
                 }
             };
-            let mut total = &policy + &value * &vf_coef;
-            let entropy = entropy.map(|e| e.mean_dim(1, false, Kind::Float));
-            if let Some(e) = &entropy {
-                total -= e * &ent_coef;
-            }
+            let (total, entropy) = StackedActorCritic::total_loss(&policy, &value, entropy, (&vf_coef, &ent_coef));
             net.backward(&total);
             clip_per_member(&net.grad, &max_norms, "ppo")?;
-            steps += 1;
-            adam_step(&net.params, &net.grad, (&exp_avg, &exp_avg_sq), steps, (beta1, beta2), &lrs, &adam_eps);
+            adam.step(&net.params, &net.grad, &lrs);
             gradient_steps += 1;
             last = Some((policy, value, entropy, log_ratio, head));
         }
@@ -410,9 +411,7 @@ pub fn update_population(
     tch::no_grad(|| {
         for (k, m) in members.iter_mut().enumerate() {
             net.write_back(k, &m.pi.net.params);
-            m.opt.exp_avg = exp_avg.get(k as i64).copy();
-            m.opt.exp_avg_sq = exp_avg_sq.get(k as i64).copy();
-            m.opt.steps = steps;
+            adam.write_back(k, &mut m.opt);
         }
     });
 
@@ -494,30 +493,64 @@ pub(crate) fn clip_per_member(grad: &Tensor, max_norms: &[f64], algorithm: &str)
     Ok(())
 }
 
-/// One Adam step (`crate::adam::Adam::step`, op for op) of every member's parameters (rows of `params`, `[N, P]`)
-/// from its gradient, with per-member learning rates and ε (`eps`, `[N, 1]`); `steps` counts this step.
-pub(crate) fn adam_step(
-    params: &Tensor,
-    grad: &Tensor,
-    (exp_avg, exp_avg_sq): (&Tensor, &Tensor),
+/// The members' Adam states ([`crate::adam::Adam`]) stacked on the member axis for one batched step of all:
+/// moments `[N, P]`, the shared step count and betas, per-member ε (`[N, 1]`). Moments of another size than the
+/// parameters (made while layers were frozen) start afresh at step 0, as `Adam::step` restarts them.
+pub(crate) struct StackedAdam {
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
     steps: u64,
-    (beta1, beta2): (f64, f64),
-    lrs: &[f64],
-    eps: &Tensor,
-) {
-    let t = steps as i32;
-    let bias1 = 1.0 - beta1.powi(t);
-    let bias2 = 1.0 - beta2.powi(t);
-    let step_size = per_member(lrs.iter().map(|lr| -lr / bias1), params.device()).unsqueeze(1);
-    tch::no_grad(|| {
-        let (mut m1, mut m2) = (exp_avg.shallow_clone(), exp_avg_sq.shallow_clone());
-        let _ = m1.lerp_(grad, 1.0 - beta1);
-        let _ = m2.g_mul_scalar_(beta2).addcmul_(grad, &grad.g_mul_scalar(1.0 - beta2));
-        let denom = (m2.sqrt() / bias2.sqrt()) + eps;
-        let scaled = &m1 * &step_size;
-        let mut theta = params.shallow_clone();
-        let _ = theta.addcdiv_(&scaled, &denom);
-    });
+    betas: (f64, f64),
+    eps: Tensor,
+}
+
+impl StackedAdam {
+    /// `opts[k]` is the optimiser of row `k` of `params` (`[N, P]`).
+    pub(crate) fn new(opts: &[&crate::adam::Adam], params: &Tensor) -> Self {
+        let first = opts[0];
+        let fresh = opts.iter().any(|o| o.exp_avg.numel() as i64 != params.size()[1]);
+        let stack = |pick: fn(&crate::adam::Adam) -> &Tensor| {
+            if fresh {
+                params.zeros_like().detach()
+            } else {
+                Tensor::stack(&opts.iter().map(|o| pick(o).shallow_clone()).collect::<Vec<_>>(), 0)
+            }
+        };
+        StackedAdam {
+            exp_avg: stack(|o| &o.exp_avg),
+            exp_avg_sq: stack(|o| &o.exp_avg_sq),
+            steps: if fresh { 0 } else { first.steps },
+            betas: (first.beta1, first.beta2),
+            eps: per_member(opts.iter().map(|o| o.eps), params.device()).unsqueeze(1),
+        }
+    }
+
+    /// One Adam step (`Adam::step`, op for op) of every member's parameters (rows of `params`) from its
+    /// gradient (rows of `grad`), with per-member learning rates.
+    pub(crate) fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
+        self.steps += 1;
+        let (beta1, beta2) = self.betas;
+        let t = self.steps as i32;
+        let bias1 = 1.0 - beta1.powi(t);
+        let bias2 = 1.0 - beta2.powi(t);
+        let step_size = per_member(lrs.iter().map(|lr| -lr / bias1), params.device()).unsqueeze(1);
+        tch::no_grad(|| {
+            let (mut m1, mut m2) = (self.exp_avg.shallow_clone(), self.exp_avg_sq.shallow_clone());
+            let _ = m1.lerp_(grad, 1.0 - beta1);
+            let _ = m2.g_mul_scalar_(beta2).addcmul_(grad, &grad.g_mul_scalar(1.0 - beta2));
+            let denom = (m2.sqrt() / bias2.sqrt()) + &self.eps;
+            let scaled = &m1 * &step_size;
+            let mut theta = params.shallow_clone();
+            let _ = theta.addcdiv_(&scaled, &denom);
+        });
+    }
+
+    /// Member `k`'s moments and step count back into its optimiser.
+    pub(crate) fn write_back(&self, k: usize, opt: &mut crate::adam::Adam) {
+        opt.exp_avg = self.exp_avg.get(k as i64).copy();
+        opt.exp_avg_sq = self.exp_avg_sq.get(k as i64).copy();
+        opt.steps = self.steps;
+    }
 }
 
 #[cfg(test)]

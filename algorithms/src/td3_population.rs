@@ -10,7 +10,7 @@
 //! `r + γ (1 − terminated) min_j Q̄_j(s', a')` (γ is the member's, stored with its transitions); each member's
 //! critic loss is its own sum over critics and mean over its minibatch; one backward of the summed losses gives
 //! each member its own gradient, and one Adam step with per-member learning rates and ε follows
-//! (`crate::ppo_population::adam_step`). On the policy-delay steps the actor loss `−mean Q_1(s, π(s))` (critic
+//! (`crate::ppo_population::StackedAdam`). On the policy-delay steps the actor loss `−mean Q_1(s, π(s))` (critic
 //! 1 just updated, its weights detached) goes the same way, then the Polyak updates of both targets, with each
 //! member's τ (`lerp_` with a per-member weight, as [`Td3`]'s `FlatParams::polyak_from`). The MLPs run as
 //! batched matmuls (`crate::dqn_population::batched_mlp`). TD3 clips no gradients, so neither does this.
@@ -23,7 +23,7 @@ use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Progress};
 use crate::dqn_population::{batched_mlp, mlp_operands};
 use crate::params::FlatParams;
-use crate::ppo_population::{adam_step, backward_into, member_views, per_member};
+use crate::ppo_population::{StackedAdam, backward_into, member_views, per_member};
 use crate::td3::{Td3, activate};
 use crate::{Error, Metrics, Result};
 
@@ -188,13 +188,8 @@ struct Stacked {
     online: Tensor,
     target: Tensor,
     grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    steps: u64,
-    betas: (f64, f64),
+    adam: StackedAdam,
     lrs: Vec<f64>,
-    /// Adam's ε, `[N, 1]`.
-    eps: Tensor,
     views: Vec<Tensor>,
     target_views: Vec<Tensor>,
     grad_views: Vec<Tensor>,
@@ -210,17 +205,13 @@ impl Stacked {
         let online = stack(&|(p, _, _)| p.flat().detach()).set_requires_grad(true);
         let target = stack(&|(_, t, _)| t.flat().detach());
         let grad = online.zeros_like().detach();
-        let (layout, _, opt) = picked[0];
+        let (layout, _, _) = picked[0];
         Stacked {
             views: member_views(&online, layout),
             target_views: member_views(&target, layout),
             grad_views: member_views(&grad, layout),
-            exp_avg: stack(&|(_, _, o)| o.exp_avg.shallow_clone()),
-            exp_avg_sq: stack(&|(_, _, o)| o.exp_avg_sq.shallow_clone()),
-            steps: opt.steps,
-            betas: (opt.beta1, opt.beta2),
+            adam: StackedAdam::new(&picked.iter().map(|(_, _, o)| *o).collect::<Vec<_>>(), &online),
             lrs: picked.iter().map(|(_, _, o)| o.lr).collect(),
-            eps: per_member(picked.iter().map(|(_, _, o)| o.eps), online.device()).unsqueeze(1),
             online,
             target,
             grad,
@@ -229,9 +220,7 @@ impl Stacked {
 
     /// One Adam step of every member from the gradient in `grad`.
     fn adam_step(&mut self) {
-        self.steps += 1;
-        let moments = (&self.exp_avg, &self.exp_avg_sq);
-        adam_step(&self.online, &self.grad, moments, self.steps, self.betas, &self.lrs, &self.eps);
+        self.adam.step(&self.online, &self.grad, &self.lrs);
     }
 
     /// The Polyak update of every member's target with its own τ, as `FlatParams::polyak_from`: `lerp_`
@@ -253,9 +242,7 @@ impl Stacked {
             online.flat().shallow_clone().copy_(&self.online.get(k));
             target.flat().shallow_clone().copy_(&self.target.get(k));
         });
-        opt.exp_avg = self.exp_avg.get(k).copy();
-        opt.exp_avg_sq = self.exp_avg_sq.get(k).copy();
-        opt.steps = self.steps;
+        self.adam.write_back(k as usize, opt);
     }
 }
 
