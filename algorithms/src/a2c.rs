@@ -36,19 +36,20 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::acting::{ActingPolicy, GradientWorker};
+use crate::actor_critic::explained_variance;
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, Targets};
 use crate::actor_critic_host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
 use crate::adam::Adam;
-use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data_parallel::DataParallel;
 use crate::host_train::clip_grad_norm;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::ppo::explained_variance;
 use crate::rmsprop::RmsProp;
 use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
+use crate::transition::{Progress, Transition};
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
@@ -632,7 +633,7 @@ impl Algorithm for A2c {
         "a2c"
     }
 
-    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         self.pi.net.teach(obs)
     }
 
@@ -676,10 +677,6 @@ impl Algorithm for A2c {
         let metrics = self.update_from(&rollout, progress.remaining());
         self.recycle(rollout);
         metrics.map(Some)
-    }
-
-    fn as_a2c_mut(&mut self) -> Option<&mut A2c> {
-        Some(self)
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {

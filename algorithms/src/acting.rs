@@ -14,9 +14,9 @@
 //! never sees a libtorch type.
 use flotilla_core::{Chunk, Space};
 
-use crate::algorithm::Progress;
 use crate::params::FlatParams;
 use crate::policy::Policy;
+use crate::transition::Progress;
 use crate::{Error, Metrics, Result};
 
 /// The acting half of an algorithm, as an actor holds it.

@@ -7,7 +7,7 @@
 //!
 //! It also re-evaluates a rollout that older parameters collected, for the V-trace correction both algorithms
 //! can apply ([`ActorCritic::vtrace_targets`]).
-use flotilla_core::{DType, ObsRef, Space};
+use flotilla_core::{ObsRef, Space};
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
@@ -15,7 +15,7 @@ use crate::acting::ActingPolicy;
 use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::host_mlp::HostScratch;
 use crate::nets::{
-    Activation, CnnOptions, NatureCnn, TwinMlp, mlp_input_dim, select_task_heads, select_task_heads_tensor,
+    Activation, CnnOptions, NatureCnn, TwinMlp, is_image, mlp_input_dim, select_task_heads, select_task_heads_tensor,
     with_torch_seed,
 };
 use crate::params::FlatParams;
@@ -67,9 +67,33 @@ enum Body {
     Cnn(NatureCnn),
 }
 
-/// Whether observations of this space are images for a convolutional body: a u8 box of shape `[C, H, W]`.
-pub fn is_image(space: &Space) -> bool {
-    matches!(space, Space::Box { shape, dtype: DType::U8, .. } if shape.len() == 3)
+/// Coefficients of the PPO loss ([`crate::ppo::ppo_loss`], and the fused host step's PPO objective).
+#[derive(Debug, Clone, Copy)]
+pub struct LossCoefficients {
+    /// Surrogate clipping ε.
+    pub clip_range: f64,
+    /// Value clipping range, if any.
+    pub clip_range_vf: Option<f64>,
+    /// Entropy coefficient.
+    pub ent_coef: f64,
+    /// Value loss coefficient.
+    pub vf_coef: f64,
+    /// Normalise the advantages of this minibatch.
+    pub normalize_advantage: bool,
+}
+
+/// `1 − Var(returns − values) / Var(returns)`: 1 is a perfect value function, ≤ 0 no better than a constant.
+pub fn explained_variance(values: &[f32], returns: &[f32]) -> f64 {
+    let var = |xs: &mut dyn Iterator<Item = f64>| {
+        let v: Vec<f64> = xs.collect();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64
+    };
+    let var_returns = var(&mut returns.iter().map(|&r| r as f64));
+    if var_returns == 0.0 {
+        return f64::NAN;
+    }
+    1.0 - var(&mut returns.iter().zip(values).map(|(&r, &v)| (r - v) as f64)) / var_returns
 }
 
 /// The network choices of an actor-critic config.
@@ -312,12 +336,12 @@ impl ActorCritic {
     }
 
     /// The policy as a distillation teacher: its logits, or its Gaussian's means and log-std.
-    pub fn teach(&self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+    pub fn teach(&self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         let x = self.obs_tensor(obs)?;
         let (head, _) = tch::no_grad(|| self.forward(&x));
         Ok(match self.log_std {
-            None => crate::distill::Teaching::Logits(head),
-            Some(i) => crate::distill::Teaching::Gaussian { mean: head, log_std: self.params.view(i).detach() },
+            None => crate::teaching::Teaching::Logits(head),
+            Some(i) => crate::teaching::Teaching::Gaussian { mean: head, log_std: self.params.view(i).detach() },
         })
     }
 

@@ -8,12 +8,12 @@
 //! `a2c::tests::fused_cpu_update_matches_libtorch`).
 use crate::activation::Activation;
 use crate::actor_critic::ActorCritic;
+use crate::actor_critic::LossCoefficients;
 use crate::adam::Adam;
 use crate::data_parallel::DataParallel;
 use crate::distributions::LOG_SQRT_2PI;
 use crate::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
 use crate::params::FlatParams;
-use crate::ppo::LossCoefficients;
 use crate::{Error, Result};
 
 const LOG_SQRT_2PI_F32: f32 = LOG_SQRT_2PI as f32;

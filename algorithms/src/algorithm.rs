@@ -13,64 +13,47 @@
 //! ```
 use std::path::Path;
 
-use flotilla_core::{Chunk, ObsBuf, ObsRef};
+use flotilla_core::{Chunk, ObsRef};
 
 use crate::checkpoint::Checkpoint;
 use crate::data_parallel::DataParallel;
-use crate::distill::Teaching;
 use crate::params::FlatParams;
-use crate::policy::{ActOutput, Policy};
+use crate::policy::Policy;
 use crate::rollout::{Rollout, RolloutLayout};
+use crate::teaching::Teaching;
+use crate::transition::{Progress, Transition, for_each_transition};
 use crate::{Metrics, Result};
 
-/// One vectorised env step, as the learner saw it. All slices are row-major over `n_envs` rows.
-#[derive(Debug, Clone, Copy)]
-pub struct Transition<'a> {
-    /// Observations the policy acted on.
-    pub obs: ObsRef<'a>,
-    /// What `Policy::act` returned for them (actions, and log-probs/values where the algorithm makes them).
-    pub act: &'a ActOutput,
-    /// Rewards.
-    pub rewards: &'a [f32],
-    /// The episode reached a terminal state: do not bootstrap.
-    pub terminated: &'a [bool],
-    /// The episode was cut by a time limit: bootstrap from `next_obs`.
-    pub truncated: &'a [bool],
-    /// The observation that truly followed each row: the final observation where an episode ended (not the
-    /// auto-reset one), else the next step's observation.
-    pub next_obs: ObsRef<'a>,
+/// The concrete agent behind a `dyn Algorithm`, for the registry alone: it batches a population's members of
+/// one kind into one update ([`crate::registry::update_members`]). Every `'static` type has it.
+pub trait AsAny: std::any::Any {
+    /// `self` as [`std::any::Any`].
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
-/// Where training stands, for schedules (learning-rate annealing, ε decay, β annealing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Progress {
-    /// Env steps taken so far (all envs), including the step just observed.
-    pub env_steps: u64,
-    /// The training budget.
-    pub total_env_steps: u64,
-}
-
-impl Progress {
-    /// `1 − env_steps / total`, clamped to [0, 1] (SB3's `progress_remaining`).
-    pub fn remaining(&self) -> f64 {
-        (1.0 - self.env_steps as f64 / self.total_env_steps.max(1) as f64).clamp(0.0, 1.0)
+impl<T: std::any::Any> AsAny for T {
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 
 /// Work an off-policy agent's [`ReplayFeed`] prepared ahead of its update (a replay minibatch already on the
 /// device, or a target-network sync), to be applied in the order it was made with
-/// [`Algorithm::train_prepared`]. Opaque: only the agent that made it reads it. `Send`, so a learner's
-/// batch-assembly thread can hand it to the update thread.
+/// [`Algorithm::train_prepared`]. Opaque: only the agent that made it reads it (the kind's own type inside).
+/// `Send`, so a learner's batch-assembly thread can hand it to the update thread.
 #[derive(Debug)]
-pub struct Prepared(pub(crate) PreparedWork);
+pub struct Prepared(pub(crate) Box<dyn PreparedWork>);
 
-/// What a [`Prepared`] holds.
-#[derive(Debug)]
-pub(crate) enum PreparedWork {
-    /// DQN: the target network follows the online one (before the gradient steps prepared after it).
-    DqnSyncTarget,
-    /// DQN: one gradient step's minibatch, and where it sits in its training phase.
-    DqnBatch(Box<crate::dqn::DqnBatch>, crate::dqn::PhaseStep),
+/// What a kind puts in a [`Prepared`]: its own type, read back by its own `train_prepared`.
+pub(crate) trait PreparedWork: std::any::Any + Send + std::fmt::Debug {
+    /// The work as `Any`, for its kind to take back.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}
+
+impl<T: std::any::Any + Send + std::fmt::Debug> PreparedWork for T {
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
 }
 
 /// An off-policy agent's data side, run on a learner's batch-assembly thread ([`Algorithm::replay_feed`]): it
@@ -83,7 +66,7 @@ pub trait ReplayFeed: Send {
 }
 
 /// A learning algorithm: a [`Policy`] that also learns from what it observes and can save its whole state.
-pub trait Algorithm: Policy {
+pub trait Algorithm: Policy + AsAny {
     /// Short name, as in configs (`"ppo"`, `"dqn"`, ...).
     fn name(&self) -> &'static str;
     /// Record one vectorised step (into a rollout or a replay buffer).
@@ -169,26 +152,6 @@ pub trait Algorithm: Policy {
         let _ = (gradient, progress);
         Err(crate::Error::Unsupported(format!("{} does not apply actors' gradients", self.name())))
     }
-    /// The PPO agent this is, for a population's batched update ([`crate::ppo_population`]); `None` for other
-    /// kinds.
-    fn as_ppo_mut(&mut self) -> Option<&mut crate::ppo::Ppo> {
-        None
-    }
-    /// The A2C agent this is, for a population's batched update ([`crate::a2c_population`]); `None` for other
-    /// kinds.
-    fn as_a2c_mut(&mut self) -> Option<&mut crate::a2c::A2c> {
-        None
-    }
-    /// The DQN agent this is, for a population's batched update ([`crate::dqn_population`]); `None` for other
-    /// kinds.
-    fn as_dqn_mut(&mut self) -> Option<&mut crate::dqn::Dqn> {
-        None
-    }
-    /// The DDPG or TD3 agent this is, for a population's batched update ([`crate::td3_population`]); `None`
-    /// for other kinds.
-    fn as_td3_mut(&mut self) -> Option<&mut crate::td3::Td3> {
-        None
-    }
     /// Distillation: what this agent's policy says about `obs` (no gradient), the target a student learns —
     /// logits, Q-values, a Gaussian or deterministic actions ([`Teaching`]). Algorithms without a policy to
     /// teach refuse.
@@ -212,40 +175,4 @@ pub trait Algorithm: Policy {
         self.policy_params_changed();
         Ok(())
     }
-}
-
-/// Call `f` with each of `chunk`'s `T` steps as a [`Transition`] of its `E` envs, in time order, with the true
-/// next observations restored ([`Chunk::next_obs`]), in the chunk's dtype. Only the actions are carried in
-/// the transition's [`ActOutput`].
-pub fn for_each_transition(chunk: &Chunk, mut f: impl FnMut(&Transition<'_>) -> Result<()>) -> Result<()> {
-    let (t_max, e) = (chunk.n_steps, chunk.n_envs);
-    let n = chunk.transitions();
-    if n == 0 {
-        return Ok(());
-    }
-    let d = chunk.obs.len() / n;
-    let act_dim = chunk.actions.len() / n;
-    let dtype = chunk.obs.dtype();
-    let mut next_obs = ObsBuf::with_capacity(dtype, e * d);
-    let mut act = ActOutput::default();
-    let mut cursor = 0;
-    for t in 0..t_max {
-        let rows = t * e..(t + 1) * e;
-        next_obs.clear();
-        for env in 0..e {
-            let same = next_obs.extend(chunk.next_obs(t, env, d, &mut cursor));
-            debug_assert!(same, "one dtype per chunk");
-        }
-        act.actions.clear();
-        act.actions.extend_from_slice(&chunk.actions[rows.start * act_dim..rows.end * act_dim]);
-        f(&Transition {
-            obs: chunk.obs.slice(rows.start * d..rows.end * d),
-            act: &act,
-            rewards: &chunk.rewards[rows.clone()],
-            terminated: &chunk.terminated[rows.clone()],
-            truncated: &chunk.truncated[rows],
-            next_obs: next_obs.as_ref(),
-        })?;
-    }
-    Ok(())
 }

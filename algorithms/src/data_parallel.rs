@@ -149,12 +149,12 @@ mod tests {
 
     use super::*;
     use crate::a2c::A2cConfig;
-    use crate::algorithm::{Progress, Transition};
     use crate::dqn::DqnConfig;
     use crate::policy::{ActMode, ActOutput};
     use crate::ppo::PpoConfig;
     use crate::registry::AlgorithmConfig;
     use crate::td3::{DdpgConfig, Td3Config};
+    use crate::transition::{Progress, Transition};
 
     /// Two agents of `config` (same seed), the second with `accumulate = k`, trained on the same stream: the
     /// first agent acts, both observe and update. Their parameters must agree to float rounding.

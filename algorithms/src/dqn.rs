@@ -32,19 +32,20 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::acting::ActingPolicy;
-use crate::actor_critic::is_image;
 use crate::adam::Adam;
-use crate::algorithm::{Algorithm, Prepared, PreparedWork, Progress, ReplayFeed, Transition};
+use crate::algorithm::{Algorithm, Prepared, ReplayFeed};
 use crate::checkpoint::Checkpoint;
 use crate::data_parallel::DataParallel;
 use crate::dqn_host::DqnHost;
 use crate::frame_replay::FrameReplay;
 use crate::host_mlp::HostScratch;
 use crate::n_step::NStep;
+use crate::nets::is_image;
 use crate::nets::{Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, mlp_input_dim, with_torch_seed};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
+use crate::transition::{Progress, Transition};
 use crate::{Error, Metrics, Result};
 
 /// DQN hyperparameters. `Default` is RL Zoo's CartPole-v1 DQN.
@@ -406,11 +407,20 @@ pub(crate) fn lock(side: &Mutex<DataSide>) -> MutexGuard<'_, DataSide> {
     side.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What a [`DqnFeed`] prepares ([`Prepared`]'s contents for DQN).
+#[derive(Debug)]
+enum DqnWork {
+    /// The target network follows the online one (before the gradient steps prepared after it).
+    SyncTarget,
+    /// One gradient step's minibatch, and where it sits in its training phase.
+    Batch(Box<DqnBatch>, PhaseStep),
+}
+
 impl ReplayFeed for DqnFeed {
     fn observe(&mut self, step: &Transition<'_>, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()> {
         let mut side = lock(&self.side);
         if side.observe(step, &self.config, self.n_envs)? {
-            out.push(Prepared(PreparedWork::DqnSyncTarget));
+            out.push(Prepared(Box::new(DqnWork::SyncTarget)));
         }
         let due = side.phase_due(&self.config, progress);
         // The fused CPU step trains on the host rows: keep a copy when it may apply (the agent decides).
@@ -422,7 +432,7 @@ impl ReplayFeed for DqnFeed {
             }
             let c = &side.counters;
             let at = PhaseStep { progress: *progress, epsilon: c.epsilon, beta: c.beta, last: i + 1 == due };
-            out.push(Prepared(PreparedWork::DqnBatch(Box::new(batch), at)));
+            out.push(Prepared(Box::new(DqnWork::Batch(Box::new(batch), at))));
         }
         Ok(())
     }
@@ -972,13 +982,10 @@ impl Algorithm for Dqn {
     }
 
     /// The online network's Q-values.
-    fn as_dqn_mut(&mut self) -> Option<&mut Dqn> {
-        Some(self)
-    }
 
-    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         let x = self.q.obs_tensor(obs)?;
-        Ok(crate::distill::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))
+        Ok(crate::teaching::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))
     }
 
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
@@ -1039,12 +1046,17 @@ impl Algorithm for Dqn {
     }
 
     fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>> {
-        match work.0 {
-            PreparedWork::DqnSyncTarget => {
+        let work = work
+            .0
+            .into_any()
+            .downcast::<DqnWork>()
+            .map_err(|_| Error::Unsupported("dqn: prepared work made by another kind of agent".into()))?;
+        match *work {
+            DqnWork::SyncTarget => {
                 self.target.polyak_from(&self.online, self.config.tau);
                 Ok(None)
             }
-            PreparedWork::DqnBatch(batch, at) => {
+            DqnWork::Batch(batch, at) => {
                 self.set_learning_rate(&at.progress);
                 let step = match (batch.host.as_deref(), self.fused_path()) {
                     (Some(sample), Some(mut host)) => {

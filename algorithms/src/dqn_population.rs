@@ -12,9 +12,10 @@
 //! Elementwise maths is the single-member code's; reductions may add in another order.
 use tch::{Kind, Reduction, Tensor};
 
-use crate::algorithm::{Algorithm, Progress};
+use crate::algorithm::Algorithm;
 use crate::dqn::{Dqn, Memory, lock};
 use crate::ppo_population::{StackedAdam, backward_into, clip_per_member, member_views};
+use crate::transition::Progress;
 use crate::{Error, Metrics, Result};
 
 /// Why these members cannot share one batched training phase (`None`: they can): batching takes plain-MLP
@@ -181,10 +182,10 @@ mod tests {
     use tch::Device;
 
     use super::*;
-    use crate::algorithm::Transition;
     use crate::dqn::DqnConfig;
     use crate::policy::{ActMode, ActOutput, Policy};
     use crate::ppo_population::tests::rel_diff;
+    use crate::transition::Transition;
 
     /// Members trained together match twins (same seeds, configs and transitions) trained alone: every phase's
     /// metrics, and the online and target parameters within 1e-6 relative after ~40 gradient steps.

@@ -29,7 +29,7 @@
 //!
 //! Task heads (a head per task, each row reading its task's by the one-hot ending its observation) select by
 //! the input and are not one `nn.Sequential`: [`to_pytorch`] refuses them by name.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use flotilla_core::{DType, Space};
@@ -38,11 +38,13 @@ use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
 use crate::activation::Activation;
-use crate::actor_critic::{NetConfig, is_image};
+use crate::actor_critic::NetConfig;
 use crate::distill::DistillConfig;
 use crate::dqn::DqnConfig;
+use crate::nets::is_image;
 use crate::nets::mlp_input_dim;
 use crate::td3::Td3Config;
+pub use crate::weights_file::{read_safetensors, write_safetensors};
 use crate::{Error, Result};
 
 /// Version of the `model.safetensors` metadata written by [`Architecture::to_metadata`].
@@ -496,91 +498,6 @@ pub fn space_from_json(value: &Value) -> std::result::Result<Space, String> {
         }
         other => Err(format!("unknown space kind {other:?}")),
     }
-}
-
-/// Write f32 tensors and `metadata` to a safetensors file, atomically (temporary file, fsync, rename).
-///
-/// Through the `safetensors` crate because tch's writer takes no metadata. The crate keeps the metadata in a
-/// `HashMap`, whose order differs from process to process; the header is rewritten with its keys sorted (the
-/// same bytes, reordered, so its length is unchanged), so the same weights always give the same file — a
-/// resumed run's weights are compared byte for byte with an uninterrupted one's.
-pub fn write_safetensors<S: AsRef<str>>(
-    path: &Path,
-    tensors: &[(S, Tensor)],
-    metadata: &BTreeMap<String, String>,
-) -> Result<()> {
-    let fail = |e: String| Error::Weights {
-        action: "saving",
-        path: path.display().to_string(),
-        source: tch::TchError::FileFormat(e),
-    };
-    let mut data = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        let t = t.detach().to_device(tch::Device::Cpu).contiguous();
-        if t.kind() != Kind::Float {
-            return Err(fail(format!("tensor {:?} is {:?}; only f32 is written", name.as_ref(), t.kind())));
-        }
-        let values = Vec::<f32>::try_from(t.flatten(0, -1))?;
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
-        data.push((name.as_ref().to_string(), shape, bytes));
-    }
-    let views = data
-        .iter()
-        .map(|(name, shape, bytes)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
-                .map(|v| (name.as_str(), v))
-                .map_err(|e| fail(format!("tensor {name:?}: {e:?}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let info: Option<HashMap<String, String>> =
-        (!metadata.is_empty()).then(|| metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-    let mut bytes = safetensors::serialize(views, &info).map_err(|e| fail(format!("{e:?}")))?;
-    sort_header(&mut bytes).map_err(fail)?;
-    crate::atomic_write::write_atomic(path, |tmp| std::fs::write(tmp, &bytes)).map_err(|e| Error::Weights {
-        action: "saving",
-        path: path.display().to_string(),
-        source: tch::TchError::Io(e),
-    })
-}
-
-/// Rewrite a serialised safetensors header with its keys (and its metadata's keys) in sorted order, in place.
-fn sort_header(bytes: &mut [u8]) -> std::result::Result<(), String> {
-    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let header = &bytes[8..8 + n];
-    let mut top: BTreeMap<String, Value> = serde_json::from_slice(header).map_err(|e| e.to_string())?;
-    if let Some(meta) = top.get_mut("__metadata__") {
-        let sorted: BTreeMap<String, String> = serde_json::from_value(meta.take()).map_err(|e| e.to_string())?;
-        *meta = serde_json::to_value(sorted).map_err(|e| e.to_string())?;
-    }
-    let mut canon = serde_json::to_vec(&top).map_err(|e| e.to_string())?;
-    if canon.len() > n {
-        return Err(format!("sorted header is {} bytes, the crate's {n}", canon.len()));
-    }
-    canon.resize(n, b' ');
-    bytes[8..8 + n].copy_from_slice(&canon);
-    Ok(())
-}
-
-/// Every tensor of a safetensors file (f32 as written by [`write_safetensors`] or tch) and its metadata (empty
-/// when it has none).
-pub fn read_safetensors(path: &Path) -> Result<(Vec<(String, Tensor)>, BTreeMap<String, String>)> {
-    let fail = |source| Error::Weights { action: "loading", path: path.display().to_string(), source };
-    let bytes = std::fs::read(path).map_err(|e| fail(tch::TchError::Io(e)))?;
-    let wrap = |err| fail(tch::TchError::SafeTensorError { path: path.display().to_string(), err });
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(wrap)?;
-    let metadata: BTreeMap<String, String> = header.metadata().clone().unwrap_or_default().into_iter().collect();
-    let file = safetensors::SafeTensors::deserialize(&bytes).map_err(wrap)?;
-    let mut tensors = Vec::new();
-    for (name, view) in file.tensors() {
-        if view.dtype() != safetensors::Dtype::F32 {
-            return Err(fail(tch::TchError::FileFormat(format!("tensor {name:?} is {:?}, not F32", view.dtype()))));
-        }
-        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        tensors.push((name, Tensor::f_from_data_size(view.data(), &shape, Kind::Float)?));
-    }
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok((tensors, metadata))
 }
 
 /// One module of the exported `torch.nn.Sequential`, written as `[name, [args]]` (`getattr(torch.nn,

@@ -10,6 +10,7 @@
 //! Layout: a twin MLP's layer `k` is a weight `[2, fan_in, fan_out]` and a bias `[2, 1, fan_out]` in the
 //! buffer ([`crate::nets::TwinMlp`]); net `j`'s slice of each is contiguous, row-major, as `addmm` takes it.
 use crate::activation::Activation;
+use crate::lanes::widest_lanes;
 
 /// One dense layer of a twin MLP: where its weight and bias start in the flat buffer, and its widths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,40 +150,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
-}
-
-/// `f`, compiled for the widest vectors the CPU has (AVX-512, AVX2, else the baseline's SSE2): the loops of
-/// the forward and backward passes and the gradient norm are elementwise or keep their partial sums apart,
-/// so every width computes the same floats in the same order (Rust never fuses a multiply and an add). With
-/// the branch-free ReLU backward, this took those loops from ~14 % of CartPole's DQN run to ~6 % (perf). `f`
-/// must be `#[inline(always)]` (and what it calls that should be vectorised), or it is compiled once, for the
-/// baseline.
-#[inline(always)]
-fn widest_lanes<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { on_avx512(f) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { on_avx2(f) };
-        }
-    }
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f")]
-unsafe fn on_avx512<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn on_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
 }
 
 /// The first `nets` (1 or 2) nets of a twin MLP on `x` (`rows × layers[0].fan_in`), saving what
@@ -355,34 +322,7 @@ fn activation_backward(activation: Activation, y: &[f32], d: &mut [f32]) {
 /// value (absolute error < 1.5e-7 everywhere; tested against `f64::tanh`); same results with and without
 /// AVX (no fused multiply-adds).
 pub(crate) fn tanh_in_place(h: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            unsafe { tanh_avx512(h) };
-            return;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            unsafe { tanh_avx2(h) };
-            return;
-        }
-    }
-    h.iter_mut().for_each(|v| *v = tanh_lane(*v));
-}
-
-// The same loop compiled for wider vectors; lane for lane the same operations (no fused multiply-adds), so
-// the same results on every CPU.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f")]
-unsafe fn tanh_avx512(h: &mut [f32]) {
-    h.iter_mut().for_each(|v| *v = tanh_lane(*v));
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn tanh_avx2(h: &mut [f32]) {
-    h.iter_mut().for_each(|v| *v = tanh_lane(*v));
+    widest_lanes(|| h.iter_mut().for_each(|v| *v = tanh_lane(*v)));
 }
 
 /// One lane of [`tanh_in_place`], branch-free so loops over it vectorise: `tanh a = m / (m + 2)` with
@@ -471,84 +411,10 @@ pub(crate) fn clip_and_step(
     Ok(())
 }
 
-/// One Adam step on host slices, the same arithmetic as [`crate::adam::Adam::step`] (`torch.optim.Adam`):
-/// `m ← m + (1−β₁)(g − m)`, `v ← β₂v + (1−β₂)g²`, `θ ← θ − (lr/(1−β₁ᵗ)) · m / (√v/√(1−β₂ᵗ) + ε)`, with `t`
-/// the step number (from 1).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn adam_step(
-    theta: &mut [f32],
-    grad: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    t: u64,
-    lr: f64,
-    (beta1, beta2, eps): (f64, f64, f64),
-) {
-    let bias1 = 1.0 - beta1.powi(t as i32);
-    let bias2 = 1.0 - beta2.powi(t as i32);
-    let k = AdamConstants {
-        w1: (1.0 - beta1) as f32,
-        b2: beta2 as f32,
-        w2: (1.0 - beta2) as f32,
-        step: (-lr / bias1) as f32,
-        sqrt_bias2: bias2.sqrt() as f32,
-        eps: eps as f32,
-    };
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { adam_avx512(theta, grad, m, v, &k) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { adam_avx2(theta, grad, m, v, &k) };
-        }
-    }
-    adam_lanes(theta, grad, m, v, &k)
-}
-
-/// Adam's per-step scalars in f32.
-struct AdamConstants {
-    w1: f32,
-    b2: f32,
-    w2: f32,
-    step: f32,
-    sqrt_bias2: f32,
-    eps: f32,
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f")]
-unsafe fn adam_avx512(theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamConstants) {
-    adam_lanes(theta, grad, m, v, k)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn adam_avx2(theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamConstants) {
-    adam_lanes(theta, grad, m, v, k)
-}
-
-/// The Adam loop, branch-free (it vectorises). Moments that decay below the smallest normal f32 are set to
-/// 0: a parameter whose gradient stays 0 (a dead ReLU unit) would otherwise carry subnormal moments, on which
-/// x86 arithmetic is ~100× slower; the step they would give is < 1e-30.
-#[inline(always)]
-fn adam_lanes(theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamConstants) {
-    for (((th, &g), m), v) in theta.iter_mut().zip(grad).zip(m.iter_mut()).zip(v.iter_mut()) {
-        let mut m1 = *m + k.w1 * (g - *m);
-        let mut v1 = *v * k.b2 + g * (g * k.w2);
-        m1 = if m1.abs() < f32::MIN_POSITIVE { 0.0 } else { m1 };
-        v1 = if v1 < f32::MIN_POSITIVE { 0.0 } else { v1 };
-        *m = m1;
-        *v = v1;
-        *th += (m1 * k.step) / (v1.sqrt() / k.sqrt_bias2 + k.eps);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adam::adam_step;
     use crate::params::FlatParams;
     use tch::{Device, Kind, Tensor};
 

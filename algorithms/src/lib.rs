@@ -13,6 +13,7 @@
 //!
 //! The crate knows environments only through `flotilla_core` types and never touches files except in explicit
 //! save/load calls, tokio or the network.
+#![deny(missing_docs)]
 
 pub mod a2c;
 pub mod a2c_population;
@@ -37,6 +38,7 @@ pub mod frame_replay;
 pub mod gae;
 pub mod host_mlp;
 pub(crate) mod host_train;
+pub mod lanes;
 pub mod metrics;
 pub mod n_step;
 pub mod nets;
@@ -51,14 +53,20 @@ pub mod rollout;
 pub mod sum_tree;
 pub mod td3;
 pub mod td3_population;
+pub mod teaching;
+pub mod transition;
 pub mod vtrace;
+pub mod weights_file;
 
 pub use acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
-pub use algorithm::{Algorithm, Prepared, Progress, ReplayFeed, Transition, for_each_transition};
+pub use algorithm::{Algorithm, Prepared, ReplayFeed};
 pub use checkpoint::Checkpoint;
 pub use data_parallel::{DataParallel, GradientSync};
 pub use error::{Error, Result};
+pub use lanes::{LANES_VAR, host_lanes};
 pub use metrics::Metrics;
 pub use policy::{ActMode, ActOutput, Policy, f32_obs};
 pub use registry::{AlgorithmConfig, Family};
 pub use tch;
+pub use teaching::{Teaching, TeachingKind};
+pub use transition::{Progress, Transition, for_each_transition};

@@ -2,6 +2,7 @@
 //!
 //! Initialisation follows Stable-Baselines3 / CleanRL: orthogonal weights with gain √2 on hidden layers (a
 //! caller-chosen gain on the output layer, e.g. 0.01 for policy logits, 1 for values) and zero biases.
+use flotilla_core::{DType, Space};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 use tch::nn::{self, Init, LinearConfig};
@@ -465,6 +466,11 @@ pub(crate) fn select_task_heads_ending_at(x: &Tensor, end: i64, t: usize, out: &
     let (t, rows) = (t as i64, out.size()[0]);
     let hot = x.narrow(1, end - t, t);
     (out.view([rows, t, -1]) * hot.unsqueeze(2)).sum_dim_intlist(1, false, tch::Kind::Float)
+}
+
+/// Whether observations of this space are images for a convolutional body: a u8 box of shape `[C, H, W]`.
+pub fn is_image(space: &Space) -> bool {
+    matches!(space, Space::Box { shape, dtype: DType::U8, .. } if shape.len() == 3)
 }
 
 #[cfg(test)]

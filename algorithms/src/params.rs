@@ -445,7 +445,7 @@ impl FlatParams {
             .zip(&self.views)
             .map(|(e, v)| (e.name.as_str(), v.detach().to_device(Device::Cpu)))
             .collect();
-        crate::export::write_safetensors(path, &named, &self.metadata)
+        crate::weights_file::write_safetensors(path, &named, &self.metadata)
     }
 
     /// Read parameters saved by [`FlatParams::save`]; every name must be present with the same shape.

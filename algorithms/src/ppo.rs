@@ -31,16 +31,18 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
+pub use crate::actor_critic::LossCoefficients;
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance};
 use crate::actor_critic_host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::adam::Adam;
-use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data_parallel::DataParallel;
 use crate::nets::{Activation, CnnOptions};
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
+use crate::transition::{Progress, Transition};
 use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
@@ -237,21 +239,6 @@ impl PpoLoss {
     pub fn clip_fraction(&self, clip_range: f64) -> Tensor {
         tch::no_grad(|| (self.log_ratio.exp() - 1.0).abs().gt(clip_range).to_kind(Kind::Float).mean(Kind::Float))
     }
-}
-
-/// Coefficients of [`ppo_loss`].
-#[derive(Debug, Clone, Copy)]
-pub struct LossCoefficients {
-    /// Surrogate clipping ε.
-    pub clip_range: f64,
-    /// Value clipping range, if any.
-    pub clip_range_vf: Option<f64>,
-    /// Entropy coefficient.
-    pub ent_coef: f64,
-    /// Value loss coefficient.
-    pub vf_coef: f64,
-    /// Normalise the advantages of this minibatch.
-    pub normalize_advantage: bool,
 }
 
 /// The PPO loss from per-sample tensors (all `[B]`): new and old log-probs, advantages, entropies (optional),
@@ -658,12 +645,8 @@ impl Algorithm for Ppo {
         "ppo"
     }
 
-    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         self.pi.net.teach(obs)
-    }
-
-    fn as_ppo_mut(&mut self) -> Option<&mut Ppo> {
-        Some(self)
     }
 
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
@@ -721,20 +704,6 @@ impl Algorithm for Ppo {
     fn policy_params_mut(&mut self) -> &mut FlatParams {
         &mut self.pi.net.params
     }
-}
-
-/// `1 − Var(returns − values) / Var(returns)`: 1 is a perfect value function, ≤ 0 no better than a constant.
-pub fn explained_variance(values: &[f32], returns: &[f32]) -> f64 {
-    let var = |xs: &mut dyn Iterator<Item = f64>| {
-        let v: Vec<f64> = xs.collect();
-        let mean = v.iter().sum::<f64>() / v.len() as f64;
-        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64
-    };
-    let var_returns = var(&mut returns.iter().map(|&r| r as f64));
-    if var_returns == 0.0 {
-        return f64::NAN;
-    }
-    1.0 - var(&mut returns.iter().zip(values).map(|(&r, &v)| (r - v) as f64)) / var_returns
 }
 
 #[cfg(test)]

@@ -17,8 +17,9 @@ use rand::seq::SliceRandom;
 use tch::{Kind, Tensor};
 
 use crate::actor_critic::ActorCritic;
+use crate::actor_critic::explained_variance;
 use crate::distributions::LOG_SQRT_2PI;
-use crate::ppo::{Ppo, explained_variance};
+use crate::ppo::Ppo;
 use crate::rollout::Rollout;
 use crate::{Error, Metrics, Result};
 

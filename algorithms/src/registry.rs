@@ -9,6 +9,7 @@
 //!   .validate(num_envs) · .name() · .family() · .rollout_steps()
 //!   .build_learner(spaces, n_envs, device, seed)  ─► Box<dyn Algorithm>    (trainer, learner, eval)
 //!   .build_acting(&ActingSetup)                   ─► Acting                 (actor processes)
+//! update_members(&mut [&mut dyn Algorithm], progress)  a population's batched update, where its kind has one
 //! ```
 use flotilla_core::Space;
 use serde::{Deserialize, Serialize};
@@ -21,8 +22,11 @@ use crate::algorithm::Algorithm;
 use crate::distill::{Distill, DistillConfig, DistillPolicy};
 use crate::dqn::{Dqn, DqnConfig, DqnPolicy};
 use crate::export::Architecture;
+use crate::metrics::Metrics;
 use crate::ppo::{Ppo, PpoConfig};
+use crate::rollout::Rollout;
 use crate::td3::{DdpgConfig, Td3, Td3Config, Td3Policy};
+use crate::transition::Progress;
 use crate::{Error, Result};
 
 /// `[algorithm]`: `kind` picks the algorithm; the other keys are its config struct's fields.
@@ -138,6 +142,22 @@ impl AlgorithmConfig {
         }
     }
 
+    /// Whether the update can be spread over data-parallel learners or accumulated micro-batches (its gradient
+    /// steps sum gradients through [`crate::DataParallel`]); the reason where not.
+    pub fn check_data_parallel(&self) -> std::result::Result<(), String> {
+        match self {
+            AlgorithmConfig::Ppo(_)
+            | AlgorithmConfig::A2c(_)
+            | AlgorithmConfig::Dqn(_)
+            | AlgorithmConfig::Ddpg(_)
+            | AlgorithmConfig::Td3(_) => Ok(()),
+            AlgorithmConfig::A3c(_) | AlgorithmConfig::Distill(_) => Err(format!(
+                "{} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG and TD3 can)",
+                self.name()
+            )),
+        }
+    }
+
     /// The Nature CNN's options (`[algorithm.cnn]`) of the algorithms that have them.
     pub fn cnn_options(&self) -> Option<crate::nets::CnnOptions> {
         match self {
@@ -241,6 +261,69 @@ impl AlgorithmConfig {
             _ => &[],
         }
     }
+}
+
+/// One batched update for a population's members where their kind has one (members batching: PPO and A2C
+/// once every member's rollout is complete, DQN, DDPG and TD3 when their training phases fall due), each
+/// member's metrics in order (`None` where no update was due). `None` where the members cannot batch (one
+/// member, mixed kinds, or a kind without a batched update): then each updates alone.
+pub fn update_members(members: &mut [&mut dyn Algorithm], progress: &Progress) -> Result<Option<Vec<Option<Metrics>>>> {
+    if members.len() < 2 {
+        return Ok(None);
+    }
+    if let Some(mut dqns) = all_of::<Dqn>(members) {
+        return crate::dqn_population::update_population(&mut dqns, progress).map(Some);
+    }
+    if let Some(mut td3s) = all_of::<Td3>(members) {
+        return crate::td3_population::update_population(&mut td3s, progress).map(Some);
+    }
+    if let Some(ppos) = all_of::<Ppo>(members) {
+        let update = crate::ppo_population::update_population;
+        return update_rollouts("PPO", ppos, Ppo::finish_rollout, Ppo::recycle, update, progress).map(Some);
+    }
+    if let Some(a2cs) = all_of::<A2c>(members) {
+        let update = crate::a2c_population::update_population;
+        return update_rollouts("A2C", a2cs, A2c::finish_rollout, A2c::recycle, update, progress).map(Some);
+    }
+    Ok(None)
+}
+
+/// Every member as an `A`, or `None` if any is another kind.
+fn all_of<'a, A: Algorithm>(members: &'a mut [&mut dyn Algorithm]) -> Option<Vec<&'a mut A>> {
+    // `(**m)`: the agent itself, not the reference to it (which is `Any` too).
+    if !members.iter_mut().all(|m| (**m).as_any_mut().is::<A>()) {
+        return None;
+    }
+    Some(members.iter_mut().map(|m| (**m).as_any_mut().downcast_mut::<A>().expect("checked just above")).collect())
+}
+
+/// [`update_members`] for on-policy members: once every member's rollout is complete (`finish`), one batched
+/// `update` of them all, then each rollout's storage back to its member (`recycle`); nothing before.
+fn update_rollouts<A>(
+    kind: &str,
+    mut members: Vec<&mut A>,
+    finish: impl Fn(&mut A) -> Result<Option<Rollout>>,
+    recycle: impl Fn(&mut A, Rollout),
+    update: impl FnOnce(&mut [&mut A], &[&Rollout], f64) -> Result<Vec<Metrics>>,
+    progress: &Progress,
+) -> Result<Vec<Option<Metrics>>> {
+    let mut rollouts = Vec::with_capacity(members.len());
+    for m in members.iter_mut() {
+        rollouts.push(finish(m)?);
+    }
+    if rollouts.iter().all(Option::is_none) {
+        return Ok(vec![None; members.len()]);
+    }
+    let Some(rollouts) = rollouts.into_iter().collect::<Option<Vec<_>>>() else {
+        return Err(Error::Unsupported(format!(
+            "a population's {kind} members completed their rollouts at different steps"
+        )));
+    };
+    let metrics = update(&mut members, &rollouts.iter().collect::<Vec<_>>(), progress.remaining())?;
+    for (m, r) in members.iter_mut().zip(rollouts) {
+        recycle(m, r);
+    }
+    Ok(metrics.into_iter().map(Some).collect())
 }
 
 #[cfg(test)]
@@ -357,13 +440,13 @@ mod tests {
         assert_eq!(grad.len() + n_frozen, learner.policy_params().numel() as usize, "trainable values only");
         // The learner's side: the same chunk through its own rollout, then its gradient.
         let params_before = flat(learner.as_ref());
-        let m = learner.apply_gradient(&grad, &crate::algorithm::Progress { env_steps: 1, total_env_steps: 2 });
+        let m = learner.apply_gradient(&grad, &crate::transition::Progress { env_steps: 1, total_env_steps: 2 });
         assert!(m.is_ok(), "the parameter server takes the worker's gradient");
         assert_ne!(flat(learner.as_ref()), params_before, "and steps with it");
         assert_eq!(flat(learner.as_ref())[..n_frozen], params_before[..n_frozen], "frozen layers stay");
         assert!(
             learner
-                .apply_gradient(&grad[1..], &crate::algorithm::Progress { env_steps: 1, total_env_steps: 2 })
+                .apply_gradient(&grad[1..], &crate::transition::Progress { env_steps: 1, total_env_steps: 2 })
                 .is_err(),
             "short"
         );

@@ -20,10 +20,10 @@ use flotilla_core::{Chunk, DType, ObsBuf, ObsRef};
 
 use tch::Tensor;
 
-use crate::algorithm::Transition;
 use crate::checkpoint::Checkpoint;
 use crate::gae::gae;
 use crate::nets::ObsLayout;
+use crate::transition::Transition;
 use crate::{Error, Result};
 
 /// A rollout's observations already on the learner's device, in the network's input layout

@@ -40,7 +40,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 use crate::acting::ActingPolicy;
 use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::adam::Adam;
-use crate::algorithm::{Algorithm, Progress, Transition};
+use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data_parallel::DataParallel;
 use crate::host_mlp::HostScratch;
@@ -48,6 +48,7 @@ use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed
 use crate::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::replay::{Experience, ReplayBuffer, ReplaySample};
+use crate::transition::{Progress, Transition};
 use crate::{Error, Metrics, Result};
 
 /// TD3 hyperparameters. `Default` is RL Zoo's Pendulum-v1 TD3.
@@ -846,12 +847,12 @@ impl Algorithm for Td3 {
     }
 
     /// The actor's deterministic actions, in env units.
-    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::distill::Teaching> {
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         let mut out = ActOutput::default();
         let x = f32_obs(self.name, obs)?;
         self.pi.act(&self.actor, x, false, None, &mut self.rng, &mut self.host, &mut out)?;
         let rows = (x.len() / self.obs_dim) as i64;
-        Ok(crate::distill::Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
+        Ok(crate::teaching::Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
     }
 
     fn policy_params_mut(&mut self) -> &mut FlatParams {
@@ -860,10 +861,6 @@ impl Algorithm for Td3 {
 
     fn policy_params_changed(&mut self) {
         self.actor_target.polyak_from(&self.actor, 1.0);
-    }
-
-    fn as_td3_mut(&mut self) -> Option<&mut Td3> {
-        Some(self)
     }
 }
 

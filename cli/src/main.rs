@@ -293,6 +293,8 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    // A developer switch the fused host kernels read on their first step: refuse a bad value here, by name.
+    flotilla_algorithms::host_lanes()?;
     let mut command = cli.command;
     if let Command::Train { population: Some(n), overrides, .. } = &mut command {
         overrides.push(format!("population.size={n}"));

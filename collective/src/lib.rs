@@ -10,6 +10,8 @@
 //! - [`codec`]: gradient compression (fp16/bf16 casts, top-k with error feedback).
 //!
 //! The C++ side is one file, `shim/c10d_shim.cpp`, compiled by build.rs against the libtorch tch uses.
+#![deny(missing_docs)]
+
 pub mod codec;
 mod ffi;
 pub mod group;

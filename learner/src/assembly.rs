@@ -39,7 +39,6 @@ use flotilla_core::{Chunk, EpisodeStats};
 use tokio::sync::mpsc;
 use tracing::error;
 
-use crate::distributed::guarded;
 use crate::hub::{Delivery, Hub, next_delivery};
 use crate::{Error, Result};
 
@@ -358,5 +357,19 @@ impl Worker {
                 return;
             }
         }
+    }
+}
+
+/// Run one learning step; an error from it — a libtorch error (which tch raises as a panic), or an `Err`
+/// such as a non-finite loss — comes back as a message instead of ending the learner.
+pub(crate) fn guarded<T>(step: impl FnOnce() -> flotilla_algorithms::Result<T>) -> std::result::Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic without a message".into())),
     }
 }

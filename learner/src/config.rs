@@ -64,7 +64,7 @@ pub struct ExperimentConfig {
     pub tasks: Vec<TaskConfig>,
     /// Many members of this config trained as one run (`[population]`: seeds, sweeps, PBT); none: one run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub population: Option<crate::population::PopulationConfig>,
+    pub population: Option<crate::population::config::PopulationConfig>,
 }
 
 /// `[[tasks]]`: one task of a multi-task run. Its env is `id` (default `[env] id`) with `kwargs`; when it
@@ -921,19 +921,8 @@ impl ExperimentConfig {
             } else {
                 format!("accumulate = {}", l.accumulate)
             };
-            match &self.algorithm {
-                AlgorithmConfig::Ppo(_)
-                | AlgorithmConfig::A2c(_)
-                | AlgorithmConfig::Dqn(_)
-                | AlgorithmConfig::Ddpg(_)
-                | AlgorithmConfig::Td3(_) => {}
-                other => {
-                    return bad(format!(
-                        "[learner] {what}: {} updates cannot be spread over learners or micro-batches (PPO, A2C, \
-                         DQN, DDPG and TD3 can)",
-                        other.name()
-                    ));
-                }
+            if let Err(why) = self.algorithm.check_data_parallel() {
+                return bad(format!("[learner] {what}: {why}"));
             }
         }
         if l.backend == CollectiveBackend::Nccl && !self.run.device.resolve().is_ok_and(|d| d.is_cuda()) {
@@ -1035,53 +1024,6 @@ impl ExperimentConfig {
         toml::to_string(self).expect("an experiment config always serialises")
     }
 
-    /// Apply `[init]` to a freshly built `agent`: with `fresh`, copy the `from` run's policy weights (all but
-    /// the `reinit` layers); always freeze the `freeze` layers (a resumed run restores its weights from its
-    /// checkpoint, but its frozen layers must stay frozen).
-    /// A distillation's teachers are loaded from their run directories and handed over, fresh or resumed.
-    pub fn init_agent(&self, agent: &mut dyn Algorithm, fresh: bool) -> Result<()> {
-        let teachers = self.algorithm.teachers();
-        if !teachers.is_empty() {
-            let device = agent.policy_params().flat().device();
-            let loaded = teachers.iter().map(|dir| load_teacher(dir, device)).collect::<Result<Vec<_>>>()?;
-            agent
-                .set_teachers(loaded)
-                .map_err(|e| Error::Config(format!("[algorithm] with teachers {teachers:?}: {e}")))?;
-        }
-        let init = &self.init;
-        let source = match (&init.from, fresh) {
-            (Some(dir), true) => {
-                let path = Path::new(dir).join("model.safetensors");
-                if !path.is_file() {
-                    return Err(Error::Config(format!(
-                        "[init] from = {dir:?}: no {} (a run directory written by `flotilla train` holds one)",
-                        path.display()
-                    )));
-                }
-                tch::Tensor::read_safetensors(&path)
-                    .map_err(|e| Error::Config(format!("[init] from = {dir:?}: reading {}: {e}", path.display())))?
-            }
-            _ => Vec::new(),
-        };
-        if source.is_empty() && init.freeze.is_empty() {
-            return Ok(());
-        }
-        let what = format!("[init] from = {:?}", init.from.as_deref().unwrap_or(""));
-        let (copied, frozen) =
-            agent.transfer(&what, &source, &init.reinit, &init.freeze).map_err(|e| Error::Config(e.to_string()))?;
-        if fresh && let Some(dir) = &init.from {
-            tracing::info!(
-                "started from {dir}: {copied} parameter tensors copied, {:?} reinitialised; {frozen} of {} \
-                 parameters frozen",
-                init.reinit,
-                agent.policy_params().numel()
-            );
-        } else if frozen > 0 {
-            tracing::info!("{frozen} of {} parameters frozen ({:?})", agent.policy_params().numel(), init.freeze);
-        }
-        Ok(())
-    }
-
     /// Short algorithm name (`"ppo"`).
     pub fn algorithm_name(&self) -> &'static str {
         self.algorithm.name()
@@ -1097,26 +1039,6 @@ impl ExperimentConfig {
     ) -> Result<Box<dyn Algorithm>> {
         Ok(self.algorithm.build_learner(observation_space, action_space, self.env.num_envs, device, self.run.seed)?)
     }
-}
-
-/// A trained agent from the run directory `dir` (its `config.toml` and `model.safetensors`), on `device`.
-fn load_teacher(dir: &str, device: tch::Device) -> Result<Box<dyn Algorithm>> {
-    let what = |e: &dyn std::fmt::Display| Error::Config(format!("[algorithm] teachers: {dir:?}: {e}"));
-    let (run, config) = crate::run_dir::RunDir::open(Path::new(dir)).map_err(|e| what(&e))?;
-    let model = run.model_path();
-    if !model.is_file() {
-        return Err(what(&format!("no {} (the run has not saved a model yet)", model.display())));
-    }
-    let (obs, act) = config.env.spaces().map_err(|e| what(&e))?;
-    let mut teacher = config.build_agent(&obs, &act, device).map_err(|e| what(&e))?;
-    teacher.load_weights(&model).map_err(|e| what(&e))?;
-    tracing::info!(
-        "teacher {dir}: {} on {}, {} parameters",
-        config.algorithm_name(),
-        config.env.id,
-        teacher.policy_params().numel()
-    );
-    Ok(teacher)
 }
 
 /// Apply one `a.b.c=value` override; `value` is read as a TOML value, or as a string if it is not one.

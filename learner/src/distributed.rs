@@ -30,7 +30,7 @@ use flotilla_transport::tls::ServerTls;
 use tch::Device;
 use tracing::{error, info, warn};
 
-use crate::assembly::{Assembly, AssemblySpec, Intake, PreparedChunk, Ready, Staged, add_lag, merge_lag};
+use crate::assembly::{Assembly, AssemblySpec, Intake, PreparedChunk, Ready, Staged, add_lag, guarded, merge_lag};
 use crate::config::{ExperimentConfig, Family, Plan};
 use crate::data_parallel::Replicas;
 use crate::eval::evaluate;
@@ -42,20 +42,6 @@ use crate::{Error, Result};
 fn params_vec(agent: &dyn Algorithm) -> Result<Vec<f32>> {
     let flat = agent.policy_params().flat().to_device(Device::Cpu);
     Ok(Vec::<f32>::try_from(flat.view([-1])).map_err(flotilla_algorithms::Error::from)?)
-}
-
-/// Run one learning step; an error from it — a libtorch error (which tch raises as a panic), or an `Err`
-/// such as a non-finite loss — comes back as a message instead of ending the learner.
-pub(crate) fn guarded<T>(step: impl FnOnce() -> flotilla_algorithms::Result<T>) -> std::result::Result<T, String> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(panic) => Err(panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic without a message".into())),
-    }
 }
 
 /// Progress counters of a distributed run (saved in its checkpoints): the single-process ones, plus policy lag
@@ -131,7 +117,7 @@ impl DistributedLearner {
             Family::OffPolicy | Family::Gradients => plan.envs_per_actor,
         };
         let mut agent = config.algorithm.build_learner(&obs_space, &act_space, rows, device, seed)?;
-        config.init_agent(agent.as_mut(), fresh)?;
+        crate::init::init_agent(config, agent.as_mut(), fresh)?;
         let replicas = crate::data_parallel::join(config, agent.as_mut(), device)?;
         // Each learner of a group seeds its own actors' envs: rank r's actors draw from seed + r·2³², far from
         // the seed + 1000·(k + 1) its k-th actor registration adds, so no two learners step the same episodes.

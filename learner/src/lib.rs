@@ -22,6 +22,7 @@ mod env_replay;
 pub mod error;
 pub mod eval;
 pub mod hub;
+pub mod init;
 pub mod population;
 pub mod progress;
 pub mod run_dir;

@@ -21,7 +21,6 @@ use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
-use flotilla_algorithms::rollout::Rollout;
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
 use flotilla_core::ObsBuf;
 use flotilla_envs::{EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
@@ -66,7 +65,7 @@ impl Trainer {
         let mut envs = config.env.make_vector(config.env.num_envs, EnvRole::Training)?;
         let mut agent = config.build_agent(envs.observation_space(), envs.action_space(), device)?;
         crate::data_parallel::accumulate_alone(config, agent.as_mut())?;
-        config.init_agent(agent.as_mut(), fresh)?;
+        crate::init::init_agent(config, agent.as_mut(), fresh)?;
         let obs = envs.reset(Some(config.run.seed))?.to_buf();
         let counters = RunCounters::new(config);
         let replay = match envs.snapshot() {
@@ -439,64 +438,15 @@ fn run_lockstep(
     Ok(())
 }
 
-/// The update due after a lockstep env step: one batched update for PPO and A2C members whose rollouts are
-/// complete and for DQN, DDPG and TD3 members whose training phases are due, else each member's own.
+/// The update due after a lockstep env step: one batched update of the members where their kind has one
+/// ([`flotilla_algorithms::registry::update_members`]), else each member's own.
 fn update_group(group: &mut [Trainer]) -> Result<Vec<Option<Metrics>>> {
-    use flotilla_algorithms::{a2c::A2c, a2c_population, ppo::Ppo, ppo_population};
     let progress = group[0].progress();
-    if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_dqn_mut().is_some()) {
-        let mut members: Vec<&mut flotilla_algorithms::dqn::Dqn> =
-            group.iter_mut().map(|t| t.agent.as_dqn_mut().expect("checked")).collect();
-        return Ok(flotilla_algorithms::dqn_population::update_population(&mut members, &progress)?);
+    let mut members: Vec<&mut dyn Algorithm> = group.iter_mut().map(|t| t.agent.as_mut()).collect();
+    if let Some(metrics) = flotilla_algorithms::registry::update_members(&mut members, &progress)? {
+        return Ok(metrics);
     }
-    if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_td3_mut().is_some()) {
-        let mut members: Vec<&mut flotilla_algorithms::td3::Td3> =
-            group.iter_mut().map(|t| t.agent.as_td3_mut().expect("checked")).collect();
-        return Ok(flotilla_algorithms::td3_population::update_population(&mut members, &progress)?);
-    }
-    if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_ppo_mut().is_some()) {
-        let (finish, recycle) = (Ppo::finish_rollout, Ppo::recycle);
-        let member: fn(&mut Trainer) -> &mut Ppo = |t| t.agent.as_ppo_mut().expect("checked");
-        return update_rollouts("PPO", group, member, finish, recycle, ppo_population::update_population);
-    }
-    if group.len() > 1 && group.iter_mut().all(|t| t.agent.as_a2c_mut().is_some()) {
-        let (finish, recycle) = (A2c::finish_rollout, A2c::recycle);
-        let member: fn(&mut Trainer) -> &mut A2c = |t| t.agent.as_a2c_mut().expect("checked");
-        return update_rollouts("A2C", group, member, finish, recycle, a2c_population::update_population);
-    }
-    group.iter_mut().map(|t| Ok(t.agent.update(&progress)?)).collect()
-}
-
-/// [`update_group`] for on-policy members (`kind`, reached through `member`): once every member's rollout is
-/// complete (`finish`), one batched `update` of them all, then each rollout's storage back to its member
-/// (`recycle`); nothing before.
-fn update_rollouts<A>(
-    kind: &str,
-    group: &mut [Trainer],
-    member: impl Fn(&mut Trainer) -> &mut A,
-    finish: impl Fn(&mut A) -> flotilla_algorithms::Result<Option<Rollout>>,
-    recycle: impl Fn(&mut A, Rollout),
-    update: impl FnOnce(&mut [&mut A], &[&Rollout], f64) -> flotilla_algorithms::Result<Vec<Metrics>>,
-) -> Result<Vec<Option<Metrics>>> {
-    let progress = group[0].progress();
-    let mut rollouts = Vec::with_capacity(group.len());
-    for t in group.iter_mut() {
-        rollouts.push(finish(member(t))?);
-    }
-    if rollouts.iter().all(Option::is_none) {
-        return Ok(vec![None; group.len()]);
-    }
-    let Some(rollouts) = rollouts.into_iter().collect::<Option<Vec<_>>>() else {
-        return Err(Error::Config(format!(
-            "a population's {kind} members completed their rollouts at different steps"
-        )));
-    };
-    let mut members: Vec<&mut A> = group.iter_mut().map(&member).collect();
-    let metrics = update(&mut members, &rollouts.iter().collect::<Vec<_>>(), progress.remaining())?;
-    for (m, r) in members.iter_mut().zip(rollouts) {
-        recycle(m, r);
-    }
-    Ok(metrics.into_iter().map(Some).collect())
+    members.into_iter().map(|a| Ok(a.update(&progress)?)).collect()
 }
 
 /// Train as `config` says, calling `on_log` with each metrics row. Returns the trained agent and a report

@@ -1,7 +1,7 @@
 //! Flotilla's outputs for people watching a run: TensorBoard event files ([`tensorboard`]) beside a run
 //! directory's `metrics.csv`, and the learner's Prometheus endpoint ([`prometheus`]). Knows no algorithm and no
 //! config: callers hand it names and numbers.
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod prometheus;
 pub mod tensorboard;

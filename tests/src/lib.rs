@@ -1,4 +1,5 @@
 //! Shared helpers for Flotilla's integration tests and benchmarks.
+#![deny(missing_docs)]
 pub mod cnn_bench;
 
 use flotilla_learner::config::ExperimentConfig;
