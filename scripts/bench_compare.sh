@@ -10,7 +10,43 @@
 #   mkdir -p /tmp/base-bin && cp ~/.cache/flotilla/target/release/{flotilla,flotilla-bench-distributed} /tmp/base-bin/
 # Rounds alternate before/after so slow drifts in the machine's load hit both. Output: one log per round and
 # binary under $FLOTILLA_BENCH_LOGS (default /tmp/flotilla-bench-compare), outside the clone.
+#
+#   bash scripts/bench_compare.sh --train BEFORE_BIN_DIR AFTER_BIN_DIR ROUNDS 'CONFIG [--set k=v ...]' ...
+#
+# times `flotilla train` of each config (its "trained ... in X s": training seconds, evaluation excluded) with
+# the two binaries, rounds alternating, on one core (taskset -c 0) unless the config's own threads are kept
+# (give `--set run.torch_threads=2` and FLOTILLA_BENCH_CPUS=0,1), and prints a Markdown table of the medians.
 set -euo pipefail
+if [[ "${1:-}" == --train ]]; then
+  before="$2"; after="$3"; rounds="$4"; shift 4
+  logs="${FLOTILLA_BENCH_LOGS:-/tmp/flotilla-bench-compare}"
+  cpus="${FLOTILLA_BENCH_CPUS:-0}"
+  mkdir -p "$logs"
+  echo "| run | before s (each round) | after s (each round) | after / before (medians) |"
+  echo "|---|---|---|---:|"
+  for run in "$@"; do
+    declare -A secs=([before]="" [after]="")
+    for round in $(seq 1 "$rounds"); do
+      for side in before after; do
+        dir=$before; [[ $side == after ]] && dir=$after
+        out="$logs/train-$side-$round-$RANDOM"
+        # shellcheck disable=SC2086  # the run is a config followed by its own arguments
+        line=$(taskset -c "$cpus" "$dir/flotilla" train $run --out "$out" 2>/dev/null | grep -m1 '^trained ') || {
+          echo "bench_compare: $side failed on: $run" >&2; exit 1; }
+        rm -rf "$out"
+        s=$(sed -E 's/.* in ([0-9.]+) s.*/\1/' <<<"$line")
+        secs[$side]="${secs[$side]} $s"
+      done
+    done
+    python3 - "$run" "${secs[before]}" "${secs[after]}" <<'PY'
+import statistics, sys
+run, b, a = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
+print(f"| `{run}` | {', '.join(f'{x:.2f}' for x in b)} | {', '.join(f'{x:.2f}' for x in a)} | "
+      f"{statistics.median(a) / statistics.median(b):.3f} |")
+PY
+  done
+  exit 0
+fi
 before="$1"; after="$2"; rounds="${3:-2}"; only="${4:-ppo,scaling}"
 logs="${FLOTILLA_BENCH_LOGS:-/tmp/flotilla-bench-compare}"
 mkdir -p "$logs"
