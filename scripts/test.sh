@@ -17,17 +17,12 @@ cargo test --release --workspace --no-fail-fast
 # machine. Forcing AVX2 on an AVX-512 CPU runs the other kernels here (on a CPU without AVX-512 it changes
 # nothing: that machine already runs them), so such a test fails on every machine.
 lower=(ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 FLOTILLA_HOST_LANES=8)
-failed=()
-second() {  # cargo test arguments of one package's test targets
-  echo "test.sh: with ${lower[*]}: cargo test --release $*" >&2
-  env "${lower[@]}" cargo test --release --no-fail-fast "$@" || failed+=("$*")
-}
-second -p flotilla-algorithms --lib
-second -p flotilla-learner --test data_parallel --test local_transport --test transfer
-second -p flotilla-tests --test reproducibility
-second -p flotilla-cli --test population --test resume
-if ((${#failed[@]})); then
-  printf 'test.sh: failed with the CPU dispatch forced to AVX2: cargo test --release %s\n' "${failed[@]}" >&2
+# One invocation over the workspace: the same packages and features as the first pass, so nothing is rebuilt.
+echo "test.sh: again with ${lower[*]}" >&2
+if ! env "${lower[@]}" cargo test --release --workspace --no-fail-fast --lib \
+  --test data_parallel --test local_transport --test transfer --test reproducibility --test population --test resume
+then
+  echo "test.sh: the tests above failed with the CPU dispatch forced to AVX2" >&2
   exit 1
 fi
 echo "test.sh: every test passed, and the equivalence tests again with the CPU dispatch forced to AVX2" >&2

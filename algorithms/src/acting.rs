@@ -14,7 +14,7 @@
 //! never sees a libtorch type.
 use flotilla_core::{Chunk, Space};
 
-use crate::params::FlatParams;
+use crate::nn::params::FlatParams;
 use crate::policy::Policy;
 use crate::transition::Progress;
 use crate::{Error, Metrics, Result};

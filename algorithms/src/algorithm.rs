@@ -16,10 +16,10 @@ use std::path::Path;
 use flotilla_core::{Chunk, ObsRef};
 
 use crate::checkpoint::Checkpoint;
-use crate::data_parallel::DataParallel;
-use crate::params::FlatParams;
+use crate::data::rollout::{Rollout, RolloutLayout};
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::params::FlatParams;
 use crate::policy::Policy;
-use crate::rollout::{Rollout, RolloutLayout};
 use crate::teaching::Teaching;
 use crate::transition::{Progress, Transition, for_each_transition};
 use crate::{Metrics, Result};

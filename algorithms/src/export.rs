@@ -37,12 +37,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
-use crate::activation::Activation;
 use crate::actor_critic::NetConfig;
 use crate::distill::DistillConfig;
 use crate::dqn::DqnConfig;
-use crate::nets::is_image;
-use crate::nets::mlp_input_dim;
+use crate::nn::activation::Activation;
+use crate::nn::nets::is_image;
+use crate::nn::nets::mlp_input_dim;
 use crate::td3::Td3Config;
 pub use crate::weights_file::{read_safetensors, write_safetensors};
 use crate::{Error, Result};
@@ -797,7 +797,7 @@ mod tests {
             // Non-zero biases and log-std, so the check covers them.
             tch::no_grad(|| {
                 let flat = agent.policy_params().flat().shallow_clone();
-                let r = crate::nets::with_torch_seed(60 + i as u64, || {
+                let r = crate::nn::nets::with_torch_seed(60 + i as u64, || {
                     Tensor::randn(flat.size(), (Kind::Float, Device::Cpu))
                 });
                 let _ = flat.shallow_clone().g_add_(&(r * 0.05));

@@ -19,12 +19,12 @@ use crate::a2c::{A2c, A2cConfig, A3cWorker};
 use crate::acting::{Acting, ActingSetup};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::algorithm::Algorithm;
+use crate::data::rollout::Rollout;
 use crate::distill::{Distill, DistillConfig, DistillPolicy};
 use crate::dqn::{Dqn, DqnConfig, DqnPolicy};
 use crate::export::Architecture;
 use crate::metrics::Metrics;
 use crate::ppo::{Ppo, PpoConfig};
-use crate::rollout::Rollout;
 use crate::td3::{DdpgConfig, Td3, Td3Config, Td3Policy};
 use crate::transition::Progress;
 use crate::{Error, Result};
@@ -159,7 +159,7 @@ impl AlgorithmConfig {
     }
 
     /// The Nature CNN's options (`[algorithm.cnn]`) of the algorithms that have them.
-    pub fn cnn_options(&self) -> Option<crate::nets::CnnOptions> {
+    pub fn cnn_options(&self) -> Option<crate::nn::nets::CnnOptions> {
         match self {
             AlgorithmConfig::Ppo(c) => Some(c.cnn),
             AlgorithmConfig::A2c(c) | AlgorithmConfig::A3c(c) => Some(c.cnn),
@@ -272,17 +272,17 @@ pub fn update_members(members: &mut [&mut dyn Algorithm], progress: &Progress) -
         return Ok(None);
     }
     if let Some(mut dqns) = all_of::<Dqn>(members) {
-        return crate::dqn_population::update_population(&mut dqns, progress).map(Some);
+        return crate::dqn::population::update_population(&mut dqns, progress).map(Some);
     }
     if let Some(mut td3s) = all_of::<Td3>(members) {
-        return crate::td3_population::update_population(&mut td3s, progress).map(Some);
+        return crate::td3::population::update_population(&mut td3s, progress).map(Some);
     }
     if let Some(ppos) = all_of::<Ppo>(members) {
-        let update = crate::ppo_population::update_population;
+        let update = crate::ppo::population::update_population;
         return update_rollouts("PPO", ppos, Ppo::finish_rollout, Ppo::recycle, update, progress).map(Some);
     }
     if let Some(a2cs) = all_of::<A2c>(members) {
-        let update = crate::a2c_population::update_population;
+        let update = crate::a2c::population::update_population;
         return update_rollouts("A2C", a2cs, A2c::finish_rollout, A2c::recycle, update, progress).map(Some);
     }
     Ok(None)
@@ -452,7 +452,7 @@ mod tests {
         );
         let mut a2c = crate::a2c::A2c::new(&obs_space, &act_space, e, a2c_config.clone(), Device::Cpu, 1).unwrap();
         a2c.transfer("test", &[], &[], frozen).unwrap();
-        let mut collector = crate::rollout::RolloutCollector::new(e, t, 4, 1);
+        let mut collector = crate::data::rollout::RolloutCollector::new(e, t, 4, 1);
         collector.push_chunks(std::slice::from_ref(&chunk), |o| a2c.values(o)).unwrap();
         let (gamma, lambda) = (a2c_config.gamma as f32, a2c_config.gae_lambda as f32);
         let rollout = collector.finish(|o| a2c.values(o), gamma, lambda).unwrap().unwrap();

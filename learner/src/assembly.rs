@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
-use flotilla_algorithms::rollout::{Rollout, RolloutLayout};
+use flotilla_algorithms::data::rollout::{Rollout, RolloutLayout};
 use flotilla_algorithms::{Prepared, Progress, ReplayFeed, for_each_transition};
 use flotilla_core::{Chunk, EpisodeStats};
 use tokio::sync::mpsc;

@@ -263,7 +263,7 @@ pub enum AssembleAhead {
 /// Log what this config will do badly on this machine: bf16 convolutions on a CPU that only emulates bf16.
 pub(crate) fn warn_about_the_machine(config: &ExperimentConfig, device: tch::Device) {
     let bf16 = config.algorithm.cnn_options().is_some_and(|c| c.bf16);
-    if bf16 && device == tch::Device::Cpu && !flotilla_algorithms::nets::cpu_has_native_bf16() {
+    if bf16 && device == tch::Device::Cpu && !flotilla_algorithms::nn::nets::cpu_has_native_bf16() {
         tracing::warn!(
             "[algorithm.cnn] bf16 = true, but this CPU has no AVX512-BF16: libtorch emulates bf16 and the update \
              runs several times slower than f32 (measured > 8x on Pong PPO); set bf16 = false here"

@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use flotilla_algorithms::data::frame_replay::FrameReplay;
+use flotilla_algorithms::data::n_step::NStep;
+use flotilla_algorithms::data::replay::ReplaySample;
 use flotilla_algorithms::for_each_transition;
-use flotilla_algorithms::frame_replay::FrameReplay;
-use flotilla_algorithms::n_step::NStep;
-use flotilla_algorithms::replay::ReplaySample;
 use flotilla_core::{Chunk, ChunkSpec, DType, ObsBuf, ObsRef};
 use flotilla_envs::{EnvRole, Kwargs, VecActions, make_vector};
 use flotilla_learner::config::Family;

@@ -23,7 +23,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use flotilla_algorithms::nets::CnnOptions;
+use flotilla_algorithms::nn::nets::CnnOptions;
 use flotilla_envs::{EnvRole, Kwargs, VecActions, make_vector};
 use flotilla_tests::cnn_bench::{PongPpoUpdate, matmul_peak, nature_cnn_gflops};
 use tch::Kind;

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flotilla_algorithms::DataParallel;
-use flotilla_algorithms::nets::CnnOptions;
+use flotilla_algorithms::nn::nets::CnnOptions;
 use flotilla_collective::codec::{Compression, GradientCodec};
 use flotilla_collective::{GroupOptions, ProcessGroup, Rendezvous};
 use flotilla_learner::data_parallel::CollectiveSync;

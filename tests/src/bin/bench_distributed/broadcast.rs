@@ -6,7 +6,7 @@ use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::Instant;
 
-use flotilla_algorithms::nets::NatureCnn;
+use flotilla_algorithms::nn::nets::NatureCnn;
 use flotilla_transport::LearnerClient;
 use flotilla_transport::grpc::Limits;
 

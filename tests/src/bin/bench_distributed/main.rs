@@ -34,7 +34,7 @@
 //!
 //! [`Hub`]: flotilla_learner::hub::Hub
 //! [`LocalClient`]: flotilla_transport::local::LocalClient
-//! [`NatureCnn`]: flotilla_algorithms::nets::NatureCnn
+//! [`NatureCnn`]: flotilla_algorithms::nn::nets::NatureCnn
 mod broadcast;
 mod cpu_accounting;
 mod hub;

@@ -23,6 +23,8 @@
 //!
 //! Metrics: `losses/td_loss`, `losses/q_values`, `charts/epsilon`, `charts/learning_rate`, `charts/gradient_steps`,
 //! `charts/per_beta`.
+mod host;
+pub mod population;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use flotilla_core::{ObsRef, Space};
@@ -32,19 +34,21 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::acting::ActingPolicy;
-use crate::adam::Adam;
 use crate::algorithm::{Algorithm, Prepared, ReplayFeed};
 use crate::checkpoint::Checkpoint;
-use crate::data_parallel::DataParallel;
-use crate::dqn_host::DqnHost;
-use crate::frame_replay::FrameReplay;
-use crate::host_mlp::HostScratch;
-use crate::n_step::NStep;
-use crate::nets::is_image;
-use crate::nets::{Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, mlp_input_dim, with_torch_seed};
-use crate::params::FlatParams;
+use crate::data::frame_replay::FrameReplay;
+use crate::data::n_step::NStep;
+use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
+use crate::dqn::host::DqnHost;
+use crate::nn::adam::Adam;
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::host_mlp::HostScratch;
+use crate::nn::nets::is_image;
+use crate::nn::nets::{
+    Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, mlp_input_dim, with_torch_seed,
+};
+use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
-use crate::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
 use crate::transition::{Progress, Transition};
 use crate::{Error, Metrics, Result};
 
@@ -113,7 +117,7 @@ pub struct DqnConfig {
     #[serde(skip)]
     pub tasks: usize,
     /// Run each gradient step of an MLP Q-network on the CPU as one fused step without libtorch
-    /// ([`crate::host_train`]), several times faster for small networks. Same maths, same results to float
+    /// ([`crate::nn::host_train`]), several times faster for small networks. Same maths, same results to float
     /// rounding. Used only where it applies (CPU, MLP without dueling or task heads, f32 observations, no
     /// data-parallel replicas or accumulation, nothing frozen; the single-process training loop); `false`
     /// runs every step on libtorch.
@@ -538,7 +542,7 @@ impl QNet {
         };
         if self.heads > 1 {
             // Each row's own task's head: weights 1 on its task, 0 on the others (the one-hot).
-            out = crate::nets::select_task_heads_tensor(obs, self.heads, &out);
+            out = crate::nn::nets::select_task_heads_tensor(obs, self.heads, &out);
         }
         if self.dueling {
             let value = out.narrow(1, 0, 1);
@@ -551,7 +555,7 @@ impl QNet {
 
     /// The MLP body's layer weight indices and nonlinearity (`None` for the CNN), for a population's batched
     /// update.
-    pub(crate) fn mlp_layout(&self) -> Option<(&[usize], crate::nets::Activation)> {
+    pub(crate) fn mlp_layout(&self) -> Option<(&[usize], crate::nn::nets::Activation)> {
         match &self.body {
             QBody::Mlp(net) => Some(net.layout()),
             QBody::Cnn(_) => None,
@@ -581,7 +585,7 @@ impl QNet {
             q_values.clear();
             if self.heads > 1 {
                 let ObsRef::F32(x) = obs else { unreachable!("the host path takes f32 rows") };
-                crate::nets::select_task_heads(x, self.obs_dim, self.heads, raw);
+                crate::nn::nets::select_task_heads(x, self.obs_dim, self.heads, raw);
             }
             for row in raw.chunks_exact(raw.len() / rows) {
                 if self.dueling {

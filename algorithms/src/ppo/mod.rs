@@ -2,7 +2,7 @@
 //!
 //! Implementation details that matter (Huang et al. 2022, "The 37 Implementation Details of PPO"; SB3):
 //! * separate policy and value MLPs (64-64 tanh), orthogonal init (√2 hidden, 0.01 policy head, 1 value head);
-//! * GAE advantages with truncation bootstrapped from the true final observation ([`crate::gae`]);
+//! * GAE advantages with truncation bootstrapped from the true final observation ([`crate::data::gae`]);
 //! * advantages normalised per minibatch; clipped surrogate objective; value loss optionally clipped around
 //!   the old values; entropy bonus; global gradient-norm clipping; Adam with ε = 1e-5;
 //! * learning rate and clip range annealed linearly to 0 over training (`progress_remaining` from the caller);
@@ -12,7 +12,7 @@
 //!   with parameters a few versions old, as IMPALA (Espeholt et al. 2018) and APPO: before the update the
 //!   current parameters (no gradient) recompute `ln π(a|x)` of the stored actions, `V(x_t)` and `V(x_{t+1})`
 //!   (from the kept final and bootstrap observations), and the advantages and value targets become V-trace's
-//!   `ρ^pg (r + γ v_{t+1} − V(x_t))` and `v_t` ([`crate::vtrace`]; `gae_lambda` is then unused). The ratio
+//!   `ρ^pg (r + γ v_{t+1} − V(x_t))` and `v_t` ([`crate::data::vtrace`]; `gae_lambda` is then unused). The ratio
 //!   stays `π_θ / μ` against the behaviour log-probs, and value clipping is around the recomputed values.
 //!
 //! Defaults follow RL Zoo's tuned CartPole-v1 PPO (with `[env] num_envs = 8`): `n_steps` 32, batch 256,
@@ -23,6 +23,7 @@
 //! `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean `min(ρ̄, π/μ)`),
 //! `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with `π/μ > ρ̄`) and
 //! `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)), all before the update.
+pub mod population;
 
 use flotilla_core::{ObsRef, Space};
 use rand::SeedableRng;
@@ -32,18 +33,18 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 pub use crate::actor_critic::LossCoefficients;
+use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance};
-use crate::actor_critic_host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
-use crate::adam::Adam;
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::data_parallel::DataParallel;
-use crate::nets::{Activation, CnnOptions};
-use crate::params::FlatParams;
+use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
+use crate::data::vtrace::VtraceConfig;
+use crate::nn::adam::Adam;
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::nets::{Activation, CnnOptions};
+use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::transition::{Progress, Transition};
-use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
 
@@ -102,7 +103,7 @@ pub struct PpoConfig {
     #[serde(skip)]
     pub tasks: usize,
     /// Run each minibatch step of an MLP on the CPU as one fused step without libtorch
-    /// ([`crate::host_train`]: hand-written forward/backward over `sgemm`, host Adam), several times faster for
+    /// ([`crate::nn::host_train`]: hand-written forward/backward over `sgemm`, host Adam), several times faster for
     /// small networks. Same maths, same results to float rounding. Used only where it applies (CPU, MLP, one
     /// head, no data-parallel replicas or accumulation, nothing frozen); `false` runs every step on libtorch.
     pub fused_cpu: bool,
@@ -709,9 +710,9 @@ impl Algorithm for Ppo {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::params::assert_params_close;
-    use crate::rollout::Rollout;
-    use crate::vtrace::VtraceConfig;
+    use crate::data::rollout::Rollout;
+    use crate::data::vtrace::VtraceConfig;
+    use crate::nn::params::assert_params_close;
     use rand::{Rng, SeedableRng};
 
     /// The PPO loss in the paper's notation, sample by sample, in f64.

@@ -3,10 +3,10 @@
 //! A batch-of-one (or of eight) CartPole forward pass is a few thousand multiply-adds, which plain Rust does in
 //! about a microsecond; through libtorch it is a dozen dispatched ops, tens of microseconds. Acting is where
 //! that matters: an actor process spends nearly all its CPU there, so this decides how many actors a core
-//! carries. The networks keep their parameters in [`FlatParams`](crate::params::FlatParams); on the CPU these
+//! carries. The networks keep their parameters in [`FlatParams`](crate::nn::params::FlatParams); on the CPU these
 //! functions read the same buffer in place (no copy, so new weights show at once). Training still runs on
 //! libtorch. Results agree with the libtorch forward pass to float rounding (tests in `nets`).
-use crate::activation::Activation;
+use crate::nn::activation::Activation;
 
 /// Buffers reused between forward passes (hidden activations), so acting does not allocate.
 #[derive(Debug, Default, Clone)]
@@ -37,7 +37,7 @@ impl Activation {
     /// Apply in place.
     pub(crate) fn apply_host(self, h: &mut [f32]) {
         match self {
-            Activation::Tanh => crate::host_train::tanh_in_place(h),
+            Activation::Tanh => crate::nn::host_train::tanh_in_place(h),
             Activation::Relu => h.iter_mut().for_each(|v| *v = v.max(0.0)),
         }
     }

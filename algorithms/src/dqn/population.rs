@@ -8,13 +8,13 @@
 //! from its own replay with its own RNG, the `N` MLPs (online, target and, for double-Q, the online net on the
 //! next observations) run as batched matmuls, each member's Huber loss is a mean over its own minibatch, one
 //! backward of the summed losses gives each member its own gradient, clipped to its own limit, and one Adam
-//! step with per-member learning rates and ε follows (`crate::ppo_population::{clip_per_member, StackedAdam}`).
+//! step with per-member learning rates and ε follows (`crate::ppo::population::{clip_per_member, StackedAdam}`).
 //! Elementwise maths is the single-member code's; reductions may add in another order.
 use tch::{Kind, Reduction, Tensor};
 
 use crate::algorithm::Algorithm;
 use crate::dqn::{Dqn, Memory, lock};
-use crate::ppo_population::{StackedAdam, backward_into, clip_per_member, member_views};
+use crate::ppo::population::{StackedAdam, backward_into, clip_per_member, member_views};
 use crate::transition::Progress;
 use crate::{Error, Metrics, Result};
 
@@ -154,7 +154,7 @@ pub(crate) fn mlp_operands(views: &[Tensor]) -> Vec<Tensor> {
     views.iter().map(|v| if v.dim() == 3 { v.contiguous() } else { v.unsqueeze(1) }).collect()
 }
 
-/// The members' MLPs on `x` (`[N, B, in]`) → `[N, B, out]`: `crate::nets::FlatMlp::forward` as batched
+/// The members' MLPs on `x` (`[N, B, in]`) → `[N, B, out]`: `crate::nn::nets::FlatMlp::forward` as batched
 /// matmuls, with `params` from [`mlp_operands`] and `layers` the weights' indices (each bias follows its
 /// weight); `activate` runs between layers (the single-member code's own nonlinearity, op for op).
 pub(crate) fn batched_mlp(
@@ -184,7 +184,7 @@ mod tests {
     use super::*;
     use crate::dqn::DqnConfig;
     use crate::policy::{ActMode, ActOutput, Policy};
-    use crate::ppo_population::tests::rel_diff;
+    use crate::ppo::population::tests::rel_diff;
     use crate::transition::Transition;
 
     /// Members trained together match twins (same seeds, configs and transitions) trained alone: every phase's

@@ -1,5 +1,5 @@
-//! Hidden-layer nonlinearities, shared by the libtorch networks ([`crate::nets`]) and their host forward
-//! pass ([`crate::host_mlp`]).
+//! Hidden-layer nonlinearities, shared by the libtorch networks ([`crate::nn::nets`]) and their host forward
+//! pass ([`crate::nn::host_mlp`]).
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 

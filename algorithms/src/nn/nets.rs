@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use tch::Tensor;
 use tch::nn::{self, Init, LinearConfig};
 
-pub use crate::activation::Activation;
-use crate::host_mlp::{self, HostScratch};
+pub use crate::nn::activation::Activation;
+use crate::nn::host_mlp::{self, HostScratch};
 
 /// Run `build` with libtorch's global generator seeded with `seed`, holding a process-wide lock, so that
 /// networks built on several threads at once still get the same weights for the same seed.
@@ -106,7 +106,7 @@ impl LayerInit {
     }
 }
 
-/// An MLP over [`FlatParams`](crate::params::FlatParams): layer `k` is `weight` `[in, out]` and `bias`
+/// An MLP over [`FlatParams`](crate::nn::params::FlatParams): layer `k` is `weight` `[in, out]` and `bias`
 /// `[out]`, applied as one `addmm`. Several networks of the same layout (online and target) share one
 /// `FlatMlp` and differ only in the parameter buffer they are run with.
 #[derive(Debug, Clone)]
@@ -150,7 +150,7 @@ impl FlatMlp {
     }
 
     /// The network on `x` `[B, inputs]` with the parameters in `params`.
-    pub fn forward(&self, params: &crate::params::FlatParams, x: &Tensor) -> Tensor {
+    pub fn forward(&self, params: &crate::nn::params::FlatParams, x: &Tensor) -> Tensor {
         let last = self.layers.len() - 1;
         let mut h = x.shallow_clone();
         for (k, &i) in self.layers.iter().enumerate() {
@@ -168,7 +168,7 @@ impl FlatMlp {
 fn host_layers<'a>(
     layers: &'a [usize],
     widths: &'a [usize],
-    params: &'a crate::params::FlatParams,
+    params: &'a crate::nn::params::FlatParams,
     v: &'a [f32],
     j: usize,
 ) -> impl ExactSizeIterator<Item = (&'a [f32], &'a [f32])> + 'a {
@@ -184,7 +184,7 @@ impl FlatMlp {
     /// when `params` live on the CPU; returns false (and leaves `out` alone) when they do not.
     pub fn forward_host(
         &self,
-        params: &crate::params::FlatParams,
+        params: &crate::nn::params::FlatParams,
         x: &[f32],
         rows: usize,
         scratch: &mut HostScratch,
@@ -197,7 +197,7 @@ impl FlatMlp {
 }
 
 /// Two MLPs of the same hidden widths (e.g. a policy and a value network) evaluated together as one chain of
-/// batched matmuls over [`FlatParams`](crate::params::FlatParams): half the dispatches of two separate MLPs, identical maths. Layer `k`
+/// batched matmuls over [`FlatParams`](crate::nn::params::FlatParams): half the dispatches of two separate MLPs, identical maths. Layer `k`
 /// holds `weight` `[2, in, out]` and `bias` `[2, 1, out]`; the output layer is padded to the wider of the
 /// two outputs (padding columns stay zero and get no gradient).
 #[derive(Debug, Clone)]
@@ -211,7 +211,7 @@ pub struct TwinMlp {
 }
 
 impl TwinMlp {
-    /// Initial parameters, named `{prefix}.{k}.weight` / `.bias`, to place in a [`FlatParams`](crate::params::FlatParams) at index
+    /// Initial parameters, named `{prefix}.{k}.weight` / `.bias`, to place in a [`FlatParams`](crate::nn::params::FlatParams) at index
     /// `first_index` onwards; each net's layers are orthogonal (gain √2, then `out_gains[j]` on the output).
     pub fn init(
         prefix: &str,
@@ -252,7 +252,7 @@ impl TwinMlp {
     }
 
     /// Both nets on the same input `[B, inputs]`: `([B, outputs[0]], [B, outputs[1]])`.
-    pub fn forward(&self, params: &crate::params::FlatParams, x: &Tensor) -> (Tensor, Tensor) {
+    pub fn forward(&self, params: &crate::nn::params::FlatParams, x: &Tensor) -> (Tensor, Tensor) {
         let mut h = x.unsqueeze(0).expand([2, -1, -1], false);
         let last = self.layers.len() - 1;
         for (k, &i) in self.layers.iter().enumerate() {
@@ -278,7 +278,7 @@ impl TwinMlp {
     /// when `params` live on the CPU; returns false (and leaves `outs` alone) when they do not.
     pub fn forward_host(
         &self,
-        params: &crate::params::FlatParams,
+        params: &crate::nn::params::FlatParams,
         x: &[f32],
         rows: usize,
         scratch: &mut HostScratch,
@@ -337,7 +337,7 @@ fn channels_last(t: &Tensor) -> Tensor {
 /// The convolutional torso of Mnih et al. (2015), "Human-level control through deep reinforcement learning":
 /// 32×8×8 stride 4, 64×4×4 stride 2, 64×3×3 stride 1, then a 512-unit linear layer, all ReLU; then an output
 /// layer of `outputs` units (e.g. `n_actions` logits and one value for an actor-critic, or `n_actions`
-/// Q-values), all over one [`FlatParams`](crate::params::FlatParams) buffer.
+/// Q-values), all over one [`FlatParams`](crate::nn::params::FlatParams) buffer.
 ///
 /// It takes u8 frames `[B, C, H, W]` (or floats 0–255) and divides by 255 on the parameters' device, so frames
 /// travel as bytes up to there. Initialisation is CleanRL's `layer_init`: orthogonal, gain √2, zero biases;
@@ -412,7 +412,7 @@ impl NatureCnn {
     }
 
     /// The output layer on frames `[B, C, H, W]` (u8 or float 0–255): `[B, outputs]`.
-    pub fn forward(&self, params: &crate::params::FlatParams, frames: &Tensor) -> Tensor {
+    pub fn forward(&self, params: &crate::nn::params::FlatParams, frames: &Tensor) -> Tensor {
         let CnnOptions { channels_last: nhwc, bf16 } = self.options;
         let kind = if bf16 { tch::Kind::BFloat16 } else { tch::Kind::Float };
         let cast = |t: &Tensor| if bf16 { t.to_kind(kind) } else { t.shallow_clone() };
@@ -485,7 +485,7 @@ mod tests {
             with_torch_seed(11, || TwinMlp::init("t", 3, &[5, 4], [2, 1], Activation::Tanh, [0.01, 1.0], 0));
         let names: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["t.0.weight", "t.0.bias", "t.1.weight", "t.1.bias", "t.2.weight", "t.2.bias"]);
-        let params = crate::params::FlatParams::new(named, Device::Cpu);
+        let params = crate::nn::params::FlatParams::new(named, Device::Cpu);
         // Random biases, so the check covers them too.
         tch::no_grad(|| {
             for i in [1, 3, 5] {
@@ -514,7 +514,7 @@ mod tests {
         assert_eq!(f64::try_from(params.view(4).get(1).narrow(1, 1, 1).abs().sum(Kind::Float)).unwrap(), 0.0);
     }
 
-    fn randomise_biases(params: &crate::params::FlatParams, biases: &[usize]) {
+    fn randomise_biases(params: &crate::nn::params::FlatParams, biases: &[usize]) {
         tch::no_grad(|| {
             for &i in biases {
                 let r =
@@ -535,7 +535,7 @@ mod tests {
                 // FlatMlp, as DQN and TD3 use it (torch init has non-zero biases).
                 let (mlp, named) =
                     with_torch_seed(40, || FlatMlp::init("q", 4, &[64, 32], 3, activation, LayerInit::Torch, 0));
-                let params = crate::params::FlatParams::new(named, Device::Cpu);
+                let params = crate::nn::params::FlatParams::new(named, Device::Cpu);
                 let want = Vec::<f32>::try_from(mlp.forward(&params, &x).flatten(0, -1)).unwrap();
                 let mut got = Vec::new();
                 assert!(mlp.forward_host(&params, &xs, rows, &mut scratch, &mut got));
@@ -545,7 +545,7 @@ mod tests {
                 // TwinMlp, as PPO and A2C use it: a 2-wide head and a padded 1-wide value.
                 let (twin, named) =
                     with_torch_seed(41, || TwinMlp::init("t", 4, &[64, 64], [2, 1], activation, [0.01, 1.0], 0));
-                let params = crate::params::FlatParams::new(named, Device::Cpu);
+                let params = crate::nn::params::FlatParams::new(named, Device::Cpu);
                 randomise_biases(&params, &[1, 3, 5]);
                 let (h, v) = twin.forward(&params, &x);
                 let (mut gh, mut gv) = (Vec::new(), Vec::new());
@@ -570,7 +570,7 @@ mod tests {
     fn nature_cnn_shape_size_and_init() {
         let (cnn, named) =
             with_torch_seed(50, || NatureCnn::init("cnn", &[4, 84, 84], &[(6, 0.01), (1, 1.0)], 0)).unwrap();
-        let params = crate::params::FlatParams::new(named, Device::Cpu);
+        let params = crate::nn::params::FlatParams::new(named, Device::Cpu);
         let frames = Tensor::zeros([2, 4, 84, 84], (Kind::Uint8, Device::Cpu));
         assert_eq!(cnn.forward(&params, &frames).size(), vec![2, 7]);
         assert_eq!(params.numel(), 8_224 + 32_832 + 36_928 + 1_606_144 + 512 * 7 + 7);
@@ -598,10 +598,10 @@ mod tests {
             let built = NatureCnn::init("cnn", &[4, 84, 84], &[(6, 0.01), (1, 1.0)], 0).unwrap();
             (built, Tensor::randint(256, [5, 4, 84, 84], (Kind::Int64, Device::Cpu)).to_kind(Kind::Uint8))
         });
-        let params = crate::params::FlatParams::new(named, Device::Cpu);
+        let params = crate::nn::params::FlatParams::new(named, Device::Cpu);
         let run = |options: CnnOptions| {
             let named = params.names().enumerate().map(|(i, n)| (n.to_string(), params.view(i).detach().copy()));
-            let mut params = crate::params::FlatParams::new(named.collect(), Device::Cpu);
+            let mut params = crate::nn::params::FlatParams::new(named.collect(), Device::Cpu);
             let y = cnn.clone().with_options(options).forward(&params, &frames);
             params.backward(&y.square().sum(Kind::Float));
             (y.detach(), params.flat().grad().copy())

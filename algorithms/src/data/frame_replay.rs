@@ -2,7 +2,7 @@
 //!
 //! An Atari observation is a stack of `K` frames (4 × 84 × 84 bytes), and consecutive observations of one game
 //! share `K − 1` of them; a transition's `next_obs` shares `K − 1` with its `obs`. Storing both stacks per
-//! transition (what [`crate::replay::ReplayBuffer`] does) keeps each frame up to `2K` = 8 times. Here a frame is
+//! transition (what [`crate::data::replay::ReplayBuffer`] does) keeps each frame up to `2K` = 8 times. Here a frame is
 //! written once into a ring of frames and a transition holds `2K` frame ids; the stacks are rebuilt from the ids
 //! when a batch is sampled.
 //!
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::replay::{Experience, ReplaySample, take_checked};
+use crate::data::replay::{Experience, ReplaySample, take_checked};
 use crate::{Error, Result};
 
 /// The saved sizes and counters of a [`FrameReplay`] (checkpoint metadata).

@@ -1,12 +1,12 @@
-//! DQN's gradient step on the fused CPU path ([`crate::host_train`]): the same TD target, Huber loss,
+//! DQN's gradient step on the fused CPU path ([`crate::nn::host_train`]): the same TD target, Huber loss,
 //! gradient clipping and Adam step as [`crate::dqn::Dqn`]'s libtorch step, for MLP Q-networks on the CPU
 //! (no dueling head, no task heads). Agreement with the libtorch step is tested in `dqn`
 //! (`fused_cpu_steps_match_libtorch`).
-use crate::activation::Activation;
-use crate::adam::Adam;
-use crate::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
-use crate::params::FlatParams;
-use crate::replay::ReplaySample;
+use crate::data::replay::ReplaySample;
+use crate::nn::activation::Activation;
+use crate::nn::adam::Adam;
+use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
+use crate::nn::params::FlatParams;
 use crate::{Error, Result};
 
 /// The fused DQN step's layout and reusable buffers.

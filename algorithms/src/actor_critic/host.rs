@@ -1,4 +1,4 @@
-//! PPO's and A2C's gradient step on the fused CPU path ([`crate::host_train`]): the same loss, gradient,
+//! PPO's and A2C's gradient step on the fused CPU path ([`crate::nn::host_train`]): the same loss, gradient,
 //! clipping and optimiser step as [`crate::ppo::Ppo::update_from`]'s and [`crate::a2c::A2c::update_from`]'s
 //! libtorch code, for MLP actor-critics on the CPU.
 //!
@@ -6,14 +6,14 @@
 //! equal branches (`minimum`/`maximum` split the gradient half and half on ties; `clamp` passes it on its
 //! bounds), so the two paths agree to float rounding (`ppo::tests::fused_cpu_update_matches_libtorch`,
 //! `a2c::tests::fused_cpu_update_matches_libtorch`).
-use crate::activation::Activation;
 use crate::actor_critic::ActorCritic;
 use crate::actor_critic::LossCoefficients;
-use crate::adam::Adam;
-use crate::data_parallel::DataParallel;
-use crate::distributions::LOG_SQRT_2PI;
-use crate::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
-use crate::params::FlatParams;
+use crate::nn::activation::Activation;
+use crate::nn::adam::Adam;
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::distributions::LOG_SQRT_2PI;
+use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
+use crate::nn::params::FlatParams;
 use crate::{Error, Result};
 
 const LOG_SQRT_2PI_F32: f32 = LOG_SQRT_2PI as f32;

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::replay::{Element, Experience, take_checked};
+use crate::data::replay::{Element, Experience, take_checked};
 use crate::{Error, Result};
 
 /// Per-env queues of the last `n` steps, turned into n-step [`Experience`]s.

@@ -7,20 +7,20 @@
 //! * short rollouts (`n_steps` 5 per env) and **one** gradient step on all `n_steps × n_envs` samples: no
 //!   epochs, no minibatches, no importance ratio;
 //! * returns from GAE with λ = 1, which is the n-step return bootstrapped from `V(s_{t+n})`; truncated episodes
-//!   bootstrap from `V(true final observation)` ([`crate::gae`]);
+//!   bootstrap from `V(true final observation)` ([`crate::data::gae`]);
 //! * loss `−E[Â log π(a|s)] + vf_coef · E[(R − V)²] − ent_coef · E[H]`; advantages not normalised; global
 //!   gradient-norm clipping at 0.5;
-//! * `torch.optim.RMSprop` (α 0.99, ε 1e-5, ε outside the square root: [`crate::rmsprop`]) at a constant
+//! * `torch.optim.RMSprop` (α 0.99, ε 1e-5, ε outside the square root: [`crate::nn::rmsprop`]) at a constant
 //!   learning rate 7e-4;
 //! * the gradient is computed and applied in two calls ([`A2c::compute_gradients`], [`A2c::apply_gradients`]),
 //!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server);
 //! * on the CPU, an MLP's update runs as one fused step without libtorch (`fused_cpu`,
-//!   [`crate::actor_critic_host`]): the same loss, gradient, clipping and optimiser step, to float rounding;
+//!   [`crate::actor_critic::host`]): the same loss, gradient, clipping and optimiser step, to float rounding;
 //! * optional V-trace correction (`vtrace`, `[algorithm.vtrace]` in TOML) for rollouts that actors collected
 //!   with parameters a few versions old, which makes the update IMPALA's (Espeholt et al. 2018): the current
 //!   parameters (no gradient) recompute `V(x_t)` and `V(x_{t+1})` (from the kept final and bootstrap
 //!   observations) and `ln π(a|x)` for the importance weights, and the advantages and value targets become
-//!   V-trace's `ρ^pg (r + γ v_{t+1} − V(x_t))` and `v_t` ([`crate::vtrace`]; `gae_lambda` is then unused).
+//!   V-trace's `ρ^pg (r + γ v_{t+1} − V(x_t))` and `v_t` ([`crate::data::vtrace`]; `gae_lambda` is then unused).
 //!
 //! Defaults follow RL Zoo's CartPole-v1 A2C (with `[env] num_envs = 8`): SB3's defaults with no entropy bonus.
 //!
@@ -28,6 +28,7 @@
 //! `charts/learning_rate`, `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean
 //! `min(ρ̄, π/μ)`), `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with
 //! `π/μ > ρ̄`) and `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)).
+pub mod population;
 
 use flotilla_core::{ObsRef, Space};
 use rand::SeedableRng;
@@ -37,20 +38,20 @@ use tch::{Device, Kind, Tensor};
 
 use crate::acting::{ActingPolicy, GradientWorker};
 use crate::actor_critic::explained_variance;
+use crate::actor_critic::host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, Targets};
-use crate::actor_critic_host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
-use crate::adam::Adam;
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::data_parallel::DataParallel;
-use crate::host_train::clip_grad_norm;
-use crate::nets::{Activation, CnnOptions};
-use crate::params::FlatParams;
+use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
+use crate::data::vtrace::VtraceConfig;
+use crate::nn::adam::Adam;
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::host_train::clip_grad_norm;
+use crate::nn::nets::{Activation, CnnOptions};
+use crate::nn::params::FlatParams;
+use crate::nn::rmsprop::RmsProp;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::rmsprop::RmsProp;
-use crate::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::transition::{Progress, Transition};
-use crate::vtrace::VtraceConfig;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
 
@@ -110,7 +111,7 @@ pub struct A2cConfig {
     /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
     #[serde(skip)]
     pub tasks: usize,
-    /// Run each update of an MLP on the CPU as one fused step without libtorch ([`crate::host_train`]:
+    /// Run each update of an MLP on the CPU as one fused step without libtorch ([`crate::nn::host_train`]:
     /// hand-written forward/backward over `sgemm`, host RMSprop or Adam), several times faster for small
     /// networks. Same maths, same results to float rounding. Used only where it applies (CPU, MLP, one head,
     /// no data-parallel replicas or accumulation, nothing frozen, a local update: an A3C gradient from an actor
@@ -762,8 +763,8 @@ impl GradientWorker for A3cWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::assert_params_close;
-    use crate::vtrace::VtraceConfig;
+    use crate::data::vtrace::VtraceConfig;
+    use crate::nn::params::assert_params_close;
     use rand::Rng;
 
     /// The A2C loss in the paper's notation, sample by sample, in f64: (policy, value, total).

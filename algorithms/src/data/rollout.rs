@@ -15,14 +15,14 @@
 //!
 //! The final and bootstrap observations are kept so that a learner whose parameters moved on since the
 //! rollout was collected can recompute every `V(x_{t+1})` with its own ([`Rollout::next_values_under`]), as
-//! the V-trace correction does ([`crate::vtrace`]).
+//! the V-trace correction does ([`crate::data::vtrace`]).
 use flotilla_core::{Chunk, DType, ObsBuf, ObsRef};
 
 use tch::Tensor;
 
 use crate::checkpoint::Checkpoint;
-use crate::gae::gae;
-use crate::nets::ObsLayout;
+use crate::data::gae::gae;
+use crate::nn::nets::ObsLayout;
 use crate::transition::Transition;
 use crate::{Error, Result};
 

@@ -8,7 +8,7 @@
 //!   `[−1, 1]` action** (SB3's `buffer_action`): [`Algorithm::observe`] rescales the env-unit action it is
 //!   given with [`scale_action`], so the critics always see `[−1, 1]` actions, from replay and from the actor;
 //! * exploration: uniformly random actions before `learning_starts` env steps, then the actor's action; in
-//!   both cases plus Gaussian or Ornstein–Uhlenbeck noise ([`crate::action_noise`], σ in `[−1, 1]` units, OU
+//!   both cases plus Gaussian or Ornstein–Uhlenbeck noise ([`crate::td3::action_noise`], σ in `[−1, 1]` units, OU
 //!   state per env, reset when its episode ends), clipped to `[−1, 1]`;
 //! * every `train_freq` vectorised steps once more than `learning_starts` env steps were taken,
 //!   `gradient_steps` updates, each: critic target `y = r + γ (1 − terminated) min_j Q̄_j(s', clip(π̄(s') + ε,
@@ -30,6 +30,8 @@
 //! when the delay skipped them all, so every row has the same columns; NaN before the first),
 //! `losses/q_values` (mean `Q_j(s, a)` over critics and batch), `charts/learning_rate`,
 //! `charts/gradient_steps` (critic updates in this call).
+pub mod action_noise;
+pub mod population;
 
 use flotilla_core::{ObsRef, Space};
 use rand::{Rng, SeedableRng};
@@ -38,16 +40,16 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
 use crate::acting::ActingPolicy;
-use crate::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
-use crate::adam::Adam;
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::data_parallel::DataParallel;
-use crate::host_mlp::HostScratch;
-use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
-use crate::params::FlatParams;
+use crate::data::replay::{Experience, ReplayBuffer, ReplaySample};
+use crate::nn::adam::Adam;
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::host_mlp::HostScratch;
+use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
+use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
-use crate::replay::{Experience, ReplayBuffer, ReplaySample};
+use crate::td3::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::transition::{Progress, Transition};
 use crate::{Error, Metrics, Result};
 
@@ -339,7 +341,7 @@ impl Critics {
 
     /// Each row's own task's Q head of one critic's output `[B, heads]` → `[B, 1]`.
     fn own_head(&self, x: &Tensor, q: Tensor) -> Tensor {
-        if self.heads > 1 { crate::nets::select_task_heads_ending_at(x, self.obs_dim, self.heads, &q) } else { q }
+        if self.heads > 1 { crate::nn::nets::select_task_heads_ending_at(x, self.obs_dim, self.heads, &q) } else { q }
     }
 
     /// Every critic on the same input `[B, inputs]`: `[B, n]`.
@@ -925,7 +927,11 @@ impl ActorNet {
     /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target parameters.
     fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
         let out = self.net.forward(params, obs);
-        if self.heads > 1 { crate::nets::select_task_heads_tensor(obs, self.heads, &out).tanh() } else { out.tanh() }
+        if self.heads > 1 {
+            crate::nn::nets::select_task_heads_tensor(obs, self.heads, &out).tanh()
+        } else {
+            out.tanh()
+        }
     }
 
     /// Actions for a batch in the env's bounds: `π(obs)`, or uniformly random with `random`, plus `noise`
@@ -958,7 +964,7 @@ impl ActorNet {
             if self.net.forward_host(params, obs, rows, scratch, raw) {
                 // The network without libtorch (CPU parameters), its task heads, then `forward`'s tanh.
                 if self.heads > 1 {
-                    crate::nets::select_task_heads(obs, self.obs_dim, self.heads, raw);
+                    crate::nn::nets::select_task_heads(obs, self.obs_dim, self.heads, raw);
                 }
                 for (a, r) in out.actions.iter_mut().zip(raw.iter()) {
                     *a = r.tanh();
@@ -1056,7 +1062,7 @@ impl ActingPolicy for Td3Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::assert_params_close;
+    use crate::nn::params::assert_params_close;
 
     /// The synthetic task: 2-D random observations, a 1-D action in the asymmetric box `[−1, 2]`, reward
     /// `−(a − 0.3)²` whatever the observation. Episodes end every `episode` steps (`terminal`: terminated, so

@@ -8,9 +8,9 @@
 //! here and in `ppo`); libtorch stays the path for GPUs, CNNs and everything this module does not cover.
 //!
 //! Layout: a twin MLP's layer `k` is a weight `[2, fan_in, fan_out]` and a bias `[2, 1, fan_out]` in the
-//! buffer ([`crate::nets::TwinMlp`]); net `j`'s slice of each is contiguous, row-major, as `addmm` takes it.
-use crate::activation::Activation;
-use crate::lanes::widest_lanes;
+//! buffer ([`crate::nn::nets::TwinMlp`]); net `j`'s slice of each is contiguous, row-major, as `addmm` takes it.
+use crate::nn::activation::Activation;
+use crate::nn::lanes::widest_lanes;
 
 /// One dense layer of a twin MLP: where its weight and bias start in the flat buffer, and its widths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub(crate) struct TwinLayer {
 impl TwinLayer {
     /// Layer `i` of `params` (`i` its weight, `i + 1` its bias): a twin's `[2, fan_in, fan_out]` or a plain
     /// MLP's `[fan_in, fan_out]`.
-    pub(crate) fn of(params: &crate::params::FlatParams, i: usize) -> Self {
+    pub(crate) fn of(params: &crate::nn::params::FlatParams, i: usize) -> Self {
         let shape = params.view(i).size();
         let n = shape.len();
         TwinLayer {
@@ -153,7 +153,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The first `nets` (1 or 2) nets of a twin MLP on `x` (`rows × layers[0].fan_in`), saving what
-/// [`twin_backward`] needs; the outputs are [`TwinTape::out`]. A plain MLP ([`crate::nets::FlatMlp`]: weight
+/// [`twin_backward`] needs; the outputs are [`TwinTape::out`]. A plain MLP ([`crate::nn::nets::FlatMlp`]: weight
 /// `[fan_in, fan_out]`, bias `[fan_out]`) is net 0 of a "twin" with one net.
 pub(crate) fn twin_forward(
     layers: &[TwinLayer],
@@ -358,7 +358,7 @@ fn expm1_lane(y: f32) -> f32 {
 }
 
 /// The global L2 norm of `grad` and, when it is above `max_norm`, `grad` scaled to it — as
-/// `torch.nn.utils.clip_grad_norm_` (and [`crate::params::FlatParams::clip_grad_norm`]): scale
+/// `torch.nn.utils.clip_grad_norm_` (and [`crate::nn::params::FlatParams::clip_grad_norm`]): scale
 /// `max_norm / (norm + 1e-6)` when below 1. Returns the norm before clipping.
 pub(crate) fn clip_grad_norm(grad: &mut [f32], max_norm: f64) -> f64 {
     widest_lanes(
@@ -393,7 +393,7 @@ fn clip_lanes(grad: &mut [f32], max_norm: f64) -> f64 {
 pub(crate) fn clip_and_step(
     theta: &mut [f32],
     grad: &mut [f32],
-    opt: &mut crate::adam::Adam,
+    opt: &mut crate::nn::adam::Adam,
     max_grad_norm: f64,
     algorithm: &str,
 ) -> crate::Result<()> {
@@ -414,8 +414,8 @@ pub(crate) fn clip_and_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adam::adam_step;
-    use crate::params::FlatParams;
+    use crate::nn::adam::adam_step;
+    use crate::nn::params::FlatParams;
     use tch::{Device, Kind, Tensor};
 
     #[test]
@@ -444,7 +444,7 @@ mod tests {
     /// Standard normal draws from libtorch's global generator, under the lock every seeded draw in this crate
     /// holds (other tests build networks on other threads at the same time).
     fn randn(shape: &[i64], seed: u64) -> Tensor {
-        crate::nets::with_torch_seed(seed, || Tensor::randn(shape, (Kind::Float, Device::Cpu)))
+        crate::nn::nets::with_torch_seed(seed, || Tensor::randn(shape, (Kind::Float, Device::Cpu)))
     }
 
     /// A random twin MLP in a FlatParams buffer (as `TwinMlp` lays it out) and its TwinLayer list.
@@ -510,7 +510,7 @@ mod tests {
     fn adam_and_clipping_match_the_libtorch_path() {
         let (mut params, _) = random_twin(&[3, 4, 2], 3);
         let mut theta = params.host_values().unwrap().to_vec();
-        let mut adam = crate::adam::Adam::new(&params, 3e-3, 1e-5);
+        let mut adam = crate::nn::adam::Adam::new(&params, 3e-3, 1e-5);
         let (mut m, mut v) = (vec![0.0; theta.len()], vec![0.0; theta.len()]);
         for t in 1..=5u64 {
             let g = randn(&[theta.len() as i64], 9000 + t) * 2.0;

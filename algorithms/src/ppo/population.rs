@@ -18,9 +18,9 @@ use tch::{Kind, Tensor};
 
 use crate::actor_critic::ActorCritic;
 use crate::actor_critic::explained_variance;
-use crate::distributions::LOG_SQRT_2PI;
+use crate::data::rollout::Rollout;
+use crate::nn::distributions::LOG_SQRT_2PI;
 use crate::ppo::Ppo;
-use crate::rollout::Rollout;
 use crate::{Error, Metrics, Result};
 
 /// Why these members cannot share one batched update (`None`: they can). Members that cannot are updated one
@@ -54,7 +54,7 @@ pub fn unbatchable(members: &[&Ppo]) -> Option<String> {
 pub(crate) struct MemberNet<'a> {
     pub(crate) net: &'a ActorCritic,
     pub(crate) fused_cpu: bool,
-    pub(crate) parallel: &'a crate::data_parallel::DataParallel,
+    pub(crate) parallel: &'a crate::nn::data_parallel::DataParallel,
     /// Optimiser steps taken.
     pub(crate) steps: u64,
 }
@@ -166,7 +166,7 @@ impl StackedRollouts {
 pub(crate) struct StackedActorCritic {
     n_members: i64,
     layers: Vec<usize>,
-    activation: crate::nets::Activation,
+    activation: crate::nn::nets::Activation,
     outputs: [i64; 2],
     log_std: Option<usize>,
     /// Every member's parameters, `[N, P]`, requiring grad.
@@ -277,7 +277,7 @@ impl StackedActorCritic {
     }
 
     /// Copy member `k`'s row of the parameters into its own buffer.
-    pub(crate) fn write_back(&self, k: usize, params: &crate::params::FlatParams) {
+    pub(crate) fn write_back(&self, k: usize, params: &crate::nn::params::FlatParams) {
         tch::no_grad(|| {
             let mut flat = params.flat().shallow_clone();
             flat.copy_(&self.params.get(k as i64));
@@ -443,7 +443,7 @@ pub fn update_population(
 
 /// Each parameter of `layout` (a member's buffer) as a view `[N, shape…]` of `stacked` (`[N, P]`, the members'
 /// buffers as rows).
-pub(crate) fn member_views(stacked: &Tensor, layout: &crate::params::FlatParams) -> Vec<Tensor> {
+pub(crate) fn member_views(stacked: &Tensor, layout: &crate::nn::params::FlatParams) -> Vec<Tensor> {
     let n_members = stacked.size()[0];
     (0..layout.names().count())
         .map(|i| {
@@ -494,7 +494,7 @@ pub(crate) fn clip_per_member(grad: &Tensor, max_norms: &[f64], algorithm: &str)
     Ok(())
 }
 
-/// The members' Adam states ([`crate::adam::Adam`]) stacked on the member axis for one batched step of all:
+/// The members' Adam states ([`crate::nn::adam::Adam`]) stacked on the member axis for one batched step of all:
 /// moments `[N, P]`, the shared step count and betas, per-member ε (`[N, 1]`). Moments of another size than the
 /// parameters (made while layers were frozen) start afresh at step 0, as `Adam::step` restarts them.
 pub(crate) struct StackedAdam {
@@ -507,10 +507,10 @@ pub(crate) struct StackedAdam {
 
 impl StackedAdam {
     /// `opts[k]` is the optimiser of row `k` of `params` (`[N, P]`).
-    pub(crate) fn new(opts: &[&crate::adam::Adam], params: &Tensor) -> Self {
+    pub(crate) fn new(opts: &[&crate::nn::adam::Adam], params: &Tensor) -> Self {
         let first = opts[0];
         let fresh = opts.iter().any(|o| o.exp_avg.numel() as i64 != params.size()[1]);
-        let stack = |pick: fn(&crate::adam::Adam) -> &Tensor| {
+        let stack = |pick: fn(&crate::nn::adam::Adam) -> &Tensor| {
             if fresh {
                 params.zeros_like().detach()
             } else {
@@ -547,7 +547,7 @@ impl StackedAdam {
     }
 
     /// Member `k`'s moments and step count back into its optimiser.
-    pub(crate) fn write_back(&self, k: usize, opt: &mut crate::adam::Adam) {
+    pub(crate) fn write_back(&self, k: usize, opt: &mut crate::nn::adam::Adam) {
         opt.exp_avg = self.exp_avg.get(k as i64).copy();
         opt.exp_avg_sq = self.exp_avg_sq.get(k as i64).copy();
         opt.steps = self.steps;

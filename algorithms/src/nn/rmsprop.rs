@@ -8,7 +8,7 @@ use tch::Tensor;
 
 use crate::Result;
 use crate::checkpoint::Checkpoint;
-use crate::params::FlatParams;
+use crate::nn::params::FlatParams;
 
 /// RMSprop state for one flat parameter buffer.
 #[derive(Debug)]
@@ -60,7 +60,7 @@ impl RmsProp {
         });
     }
 
-    /// [`RmsProp::step`] on host slices (the fused CPU training step, [`crate::host_train`]): `grad` for every
+    /// [`RmsProp::step`] on host slices (the fused CPU training step, [`crate::nn::host_train`]): `grad` for every
     /// scalar of `theta`, the running mean read and written in place. Needs a CPU f32 running mean covering
     /// all of `theta` (nothing frozen); returns false, changing nothing, when it does not.
     pub(crate) fn step_host(&mut self, theta: &mut [f32], grad: &[f32]) -> bool {

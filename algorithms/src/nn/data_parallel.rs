@@ -13,7 +13,7 @@
 //! as one batch, at a k-th of the activation memory.
 use tch::Tensor;
 
-use crate::params::FlatParams;
+use crate::nn::params::FlatParams;
 use crate::{Error, Result};
 
 /// Averages gradients and sums statistics over the replicas of a data-parallel group.

@@ -7,21 +7,22 @@
 //!
 //! It also re-evaluates a rollout that older parameters collected, for the V-trace correction both algorithms
 //! can apply ([`ActorCritic::vtrace_targets`]).
+pub(crate) mod host;
 use flotilla_core::{ObsRef, Space};
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
 use crate::acting::ActingPolicy;
-use crate::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
-use crate::host_mlp::HostScratch;
-use crate::nets::{
+use crate::data::rollout::Rollout;
+use crate::data::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
+use crate::nn::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
+use crate::nn::host_mlp::HostScratch;
+use crate::nn::nets::{
     Activation, CnnOptions, NatureCnn, TwinMlp, is_image, mlp_input_dim, select_task_heads, select_task_heads_tensor,
     with_torch_seed,
 };
-use crate::params::FlatParams;
+use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::rollout::Rollout;
-use crate::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
 use crate::{Error, Result};
 
 /// Buffers [`ActorCritic::act`] reuses between calls.
@@ -190,7 +191,7 @@ impl ActorCritic {
 
     /// The twin MLP's layout (layer weight indices, nonlinearity, output widths) and the log-std's index, for a
     /// population's batched update; `None` for the CNN body or task heads, which it does not batch.
-    pub(crate) fn twin_layout(&self) -> Option<(&[usize], crate::nets::Activation, [i64; 2], Option<usize>)> {
+    pub(crate) fn twin_layout(&self) -> Option<(&[usize], crate::nn::nets::Activation, [i64; 2], Option<usize>)> {
         match &self.body {
             Body::Mlp(twin) if self.heads == 1 => {
                 let (layers, activation, outputs) = twin.layout();
@@ -220,12 +221,12 @@ impl ActorCritic {
     }
 
     /// How this network takes observations (for a batch-assembly thread).
-    pub fn obs_layout(&self) -> crate::nets::ObsLayout {
+    pub fn obs_layout(&self) -> crate::nn::nets::ObsLayout {
         let image = match &self.body {
             Body::Mlp(_) => None,
             Body::Cnn(cnn) => Some(cnn.shape()),
         };
-        crate::nets::ObsLayout { obs_dim: self.obs_dim, image, device: self.device }
+        crate::nn::nets::ObsLayout { obs_dim: self.obs_dim, image, device: self.device }
     }
 
     /// A rollout's observations as the network's input: the device copy an assembly thread made
@@ -278,7 +279,7 @@ impl ActorCritic {
 
     /// Sample (or, with `deterministic`, take the mode of) the policy for a batch; fills actions, their
     /// log-probs and the values. `scratch` is reused between calls. On the CPU, MLPs on f32 observations run
-    /// without libtorch ([`crate::host_mlp`]).
+    /// without libtorch ([`crate::nn::host_mlp`]).
     pub fn act(
         &self,
         obs: ObsRef<'_>,

@@ -3,7 +3,7 @@
 //! Small RL networks are dispatch-bound: libtorch spends a few microseconds per op whatever the tensor size,
 //! so an optimiser that loops over a dozen weight tensors costs more than the maths. Keeping every parameter
 //! in one flat leaf tensor makes zeroing gradients, clipping the global gradient norm and an Adam step a
-//! handful of ops in total ([`crate::adam`]), and makes broadcasting the weights one buffer copy.
+//! handful of ops in total ([`crate::nn::adam`]), and makes broadcasting the weights one buffer copy.
 //!
 //! The views are made once, with gradient tracking on, so gradients of a forward pass that uses them
 //! accumulate into the flat tensor's `.grad()`. Updates write the flat tensor in place under `no_grad`.
@@ -107,7 +107,7 @@ impl FlatParams {
     }
 
     /// The buffer's values as a slice of host memory, when it lives on the CPU (`None` on a GPU). Acting
-    /// reads the weights through this without a libtorch call ([`crate::host_mlp`]).
+    /// reads the weights through this without a libtorch call ([`crate::nn::host_mlp`]).
     ///
     /// Crate-private because of its one rule: nothing may write the buffer while the slice is alive. Callers
     /// use it for one forward pass inside a `&self` method and drop it before returning.
@@ -124,7 +124,7 @@ impl FlatParams {
     }
 
     /// The buffer's values as a mutable host slice (CPU, f32, contiguous; else `None`), for the fused CPU
-    /// training step ([`crate::host_train`]), which writes the updated weights through it. The `&mut self`
+    /// training step ([`crate::nn::host_train`]), which writes the updated weights through it. The `&mut self`
     /// borrow keeps every other reader out while the slice is alive.
     pub(crate) fn host_values_mut(&mut self) -> Option<&mut [f32]> {
         let n = self.host_values()?.len();
@@ -529,7 +529,7 @@ mod tests {
         let mut p = two_layers(0.5, 1);
         // Adam made before freezing (as an algorithm builds its optimiser before `[init]` applies) re-sizes
         // its moments to the trainable scalars at its first step.
-        let mut adam = crate::adam::Adam::new(&p, 0.1, 1e-8);
+        let mut adam = crate::nn::adam::Adam::new(&p, 0.1, 1e-8);
         assert_eq!(adam.state_numel(), 11);
         assert_eq!(p.freeze("test", &["l.0".into()]).unwrap(), 8);
         assert_eq!((p.trainable_numel(), p.has_frozen()), (3, true));
@@ -559,11 +559,11 @@ mod tests {
         // The moments round-trip through a checkpoint; a network with other frozen layers refuses them.
         let mut c = crate::checkpoint::Checkpoint::new();
         adam.write_to(&mut c, "adam").unwrap();
-        let mut back = crate::adam::Adam::new(&p, 0.1, 1e-8);
+        let mut back = crate::nn::adam::Adam::new(&p, 0.1, 1e-8);
         back.read_from(&mut c, "adam", &p).unwrap();
         assert_eq!((back.steps(), back.state_numel()), (3, 3));
         adam.write_to(&mut c, "adam").unwrap();
-        let e = crate::adam::Adam::new(&p, 0.1, 1e-8).read_from(&mut c, "adam", &two_layers(0.5, 1)).unwrap_err();
+        let e = crate::nn::adam::Adam::new(&p, 0.1, 1e-8).read_from(&mut c, "adam", &two_layers(0.5, 1)).unwrap_err();
         assert!(e.to_string().contains("adam.exp_avg") && e.to_string().contains("expected 11"), "{e}");
     }
 

@@ -11,14 +11,14 @@
 //!
 //! `ρ̄` sets the fixed point (the value of a policy between `μ` and `π`, `π` itself when `ρ̄ = ∞`); `c̄` only
 //! the speed of contraction and the variance. On-policy with `ρ̄, c̄ ≥ 1`, `v_s` is the n-step bootstrapped
-//! return, i.e. GAE with `λ = 1` plus `V(x_s)` ([`crate::gae`]).
+//! return, i.e. GAE with `λ = 1` plus `V(x_s)` ([`crate::data::gae`]).
 //!
-//! Episode boundaries follow [`crate::gae`]: `x_{t+1}` is the observation that truly followed step `t`, so at a
+//! Episode boundaries follow [`crate::data::gae`]: `x_{t+1}` is the observation that truly followed step `t`, so at a
 //! truncation the caller passes `V(final observation)` in `next_values`; the bootstrap stays (`terminated` is
 //! false) while the correction carry is cut (`done` is true), and `v_{t+1}` there is that plain value. After
 //! the rollout's last step `v_{T}` is the bootstrap value `next_values` itself.
 //!
-//! PPO and A2C apply it to a [`crate::rollout::Rollout`] collected with stale parameters when their config
+//! PPO and A2C apply it to a [`crate::data::rollout::Rollout`] collected with stale parameters when their config
 //! sets `vtrace` ([`crate::actor_critic::ActorCritic::vtrace_targets`]), logging [`ImportanceWeights`] as
 //! `losses/vtrace_mean_rho`, `losses/vtrace_mean_ratio`, `losses/vtrace_rho_clip_fraction` and
 //! `losses/vtrace_behaviour_kl`.
@@ -197,7 +197,7 @@ impl ImportanceWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gae::gae;
+    use crate::data::gae::gae;
     use rand::{Rng, SeedableRng};
     use rand_pcg::Pcg64;
 

@@ -2,7 +2,7 @@
 //! deep reinforcement learning") and proportional prioritized replay on top of it (Schaul et al. 2016,
 //! "Prioritized Experience Replay").
 //!
-//! The loop it lives in (DQN-style, with [`crate::n_step::NStep`] in front for multi-step returns):
+//! The loop it lives in (DQN-style, with [`crate::data::n_step::NStep`] in front for multi-step returns):
 //!
 //! ```text
 //! nstep.push(obs, actions, rewards, terminated, truncated, next_obs, |e| replay.push(e))?;
@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::sum_tree::SumTree;
+use crate::data::sum_tree::SumTree;
 use crate::{Error, Result};
 
 /// An observation element type stored as is: `f32` for vector observations, `u8` for image frames.
@@ -52,7 +52,7 @@ pub trait Element: tch::kind::Element + Copy + Default + Send + Sync + 'static {
 impl Element for f32 {}
 impl Element for u8 {}
 
-/// One transition, borrowed: what [`ReplayBuffer::push`] stores and [`crate::n_step::NStep`] emits.
+/// One transition, borrowed: what [`ReplayBuffer::push`] stores and [`crate::data::n_step::NStep`] emits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Experience<'a, O> {
     /// The observation the action was taken in (`obs_dim` values).

@@ -10,20 +10,20 @@
 //! `r + γ (1 − terminated) min_j Q̄_j(s', a')` (γ is the member's, stored with its transitions); each member's
 //! critic loss is its own sum over critics and mean over its minibatch; one backward of the summed losses gives
 //! each member its own gradient, and one Adam step with per-member learning rates and ε follows
-//! (`crate::ppo_population::StackedAdam`). On the policy-delay steps the actor loss `−mean Q_1(s, π(s))` (critic
+//! (`crate::ppo::population::StackedAdam`). On the policy-delay steps the actor loss `−mean Q_1(s, π(s))` (critic
 //! 1 just updated, its weights detached) goes the same way, then the Polyak updates of both targets, with each
 //! member's τ (`lerp_` with a per-member weight, as [`Td3`]'s `FlatParams::polyak_from`). The MLPs run as
-//! batched matmuls (`crate::dqn_population::batched_mlp`). TD3 clips no gradients, so neither does this.
+//! batched matmuls (`crate::dqn::population::batched_mlp`). TD3 clips no gradients, so neither does this.
 //!
 //! Elementwise maths is the single-member code's, op for op; only reductions (matmuls, the losses' means) may
 //! add in another order, so a member matches its run alone to float rounding (tests: within 1e-6 relative).
 use tch::{Kind, Reduction, Tensor};
 
-use crate::adam::Adam;
 use crate::algorithm::Algorithm;
-use crate::dqn_population::{batched_mlp, mlp_operands};
-use crate::params::FlatParams;
-use crate::ppo_population::{StackedAdam, backward_into, member_views, per_member};
+use crate::dqn::population::{batched_mlp, mlp_operands};
+use crate::nn::adam::Adam;
+use crate::nn::params::FlatParams;
+use crate::ppo::population::{StackedAdam, backward_into, member_views, per_member};
 use crate::td3::{Td3, activate};
 use crate::transition::Progress;
 use crate::{Error, Metrics, Result};
@@ -40,7 +40,7 @@ pub fn unbatchable(members: &[&Td3]) -> Option<String> {
         return Some("the actor or critics are not plain MLPs (task heads)".into());
     }
     let layout = |m: &Td3| {
-        let net = |(l, a): (&[usize], crate::nets::Activation)| (l.to_vec(), a);
+        let net = |(l, a): (&[usize], crate::nn::nets::Activation)| (l.to_vec(), a);
         (net(m.pi.net.layout()), m.critic_net.nets.iter().map(|n| net(n.layout())).collect::<Vec<_>>())
     };
     let schedule = |m: &Td3| {
@@ -256,7 +256,7 @@ mod tests {
 
     use super::*;
     use crate::policy::{ActMode, ActOutput, Policy};
-    use crate::ppo_population::tests::rel_diff;
+    use crate::ppo::population::tests::rel_diff;
     use crate::td3::{Counters, DdpgConfig, Td3Config};
     use crate::transition::Transition;
 

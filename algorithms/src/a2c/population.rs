@@ -18,17 +18,17 @@
 //! (tests: within 1e-6 relative after 6 updates, ~1e-7 seen with libtorch's multi-threaded reductions, so not
 //! bit-identical in general; `cli/tests/population.rs`, on one torch thread, came out bit-identical after 50
 //! updates). The shared machinery (stacked networks and rollouts, per-member clipping, the Adam step) is
-//! [`crate::ppo_population`]'s.
+//! [`crate::ppo::population`]'s.
 use tch::{Kind, Tensor};
 
 use crate::a2c::{A2c, Optimizer};
 use crate::actor_critic::ActorCritic;
-use crate::adam::Adam;
-use crate::ppo_population::{
+use crate::data::rollout::Rollout;
+use crate::nn::adam::Adam;
+use crate::ppo::population::{
     MemberNet, StackedActorCritic, StackedAdam, StackedRollouts, actor_critics_unbatchable, clip_per_member, host,
     normalize_rows, per_member,
 };
-use crate::rollout::Rollout;
 use crate::{Error, Metrics, Result};
 
 /// Why these members cannot share one batched update (`None`: they can). Members that cannot are updated one
@@ -193,7 +193,7 @@ pub fn update_population(
         .collect())
 }
 
-/// One RMSprop step ([`crate::rmsprop::RmsProp::step`], op for op) of every member's parameters (rows of
+/// One RMSprop step ([`crate::nn::rmsprop::RmsProp::step`], op for op) of every member's parameters (rows of
 /// `params`, `[N, P]`) from its gradient, with per-member decay α, learning rate and ε; `square_avg` (`[N, P]`)
 /// is updated in place.
 pub(crate) fn rmsprop_step(
@@ -229,9 +229,9 @@ mod tests {
 
     use super::*;
     use crate::a2c::{A2cConfig, OptimizerKind};
-    use crate::nets::Activation;
-    use crate::ppo_population::tests::{cartpole, rel_diff, twin_rollout};
-    use crate::vtrace::VtraceConfig;
+    use crate::data::vtrace::VtraceConfig;
+    use crate::nn::nets::Activation;
+    use crate::ppo::population::tests::{cartpole, rel_diff, twin_rollout};
 
     /// A member's optimiser state as one flat tensor: RMSprop's running mean, or Adam's two moments.
     fn optimiser_state(a: &A2c) -> Tensor {

@@ -30,13 +30,13 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::acting::ActingPolicy;
-use crate::adam::Adam;
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::distributions::{sample_categorical, sample_diag_gaussian};
-use crate::host_mlp::HostScratch;
-use crate::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
-use crate::params::FlatParams;
+use crate::nn::adam::Adam;
+use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
+use crate::nn::host_mlp::HostScratch;
+use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
+use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 pub use crate::teaching::{Teaching, TeachingKind};
 use crate::transition::{Progress, Transition};

@@ -6,8 +6,8 @@ use tch::Tensor;
 
 use crate::Result;
 use crate::checkpoint::Checkpoint;
-use crate::lanes::widest_lanes;
-use crate::params::FlatParams;
+use crate::nn::lanes::widest_lanes;
+use crate::nn::params::FlatParams;
 
 /// Adam state for one flat parameter buffer.
 #[derive(Debug)]
@@ -74,7 +74,7 @@ impl Adam {
         });
     }
 
-    /// [`Adam::step`] on host slices (the fused CPU training step, [`crate::host_train`]): `grad` for every
+    /// [`Adam::step`] on host slices (the fused CPU training step, [`crate::nn::host_train`]): `grad` for every
     /// scalar of `theta`, the moments read and written in place. Needs CPU f32 moments covering all of
     /// `theta` (nothing frozen); returns false, changing nothing, when they do not.
     pub(crate) fn step_host(&mut self, theta: &mut [f32], grad: &[f32]) -> bool {

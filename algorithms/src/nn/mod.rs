@@ -1,0 +1,14 @@
+//! Networks and what trains them, shared by every algorithm: the flat parameter buffer ([`params`]), networks
+//! over it ([`nets`], [`host_mlp`], [`activation`]), the fused host training step ([`host_train`], vector width
+//! [`lanes`]), the optimisers ([`adam`], [`rmsprop`]: each with its tensor and host form), action distributions
+//! ([`distributions`]) and gradient averaging over replicas ([`data_parallel`]). Knows no algorithm.
+pub mod activation;
+pub mod adam;
+pub mod data_parallel;
+pub mod distributions;
+pub mod host_mlp;
+pub(crate) mod host_train;
+pub mod lanes;
+pub mod nets;
+pub mod params;
+pub mod rmsprop;
