@@ -13,9 +13,9 @@
 #
 #   bash scripts/bench_compare.sh --train BEFORE_BIN_DIR AFTER_BIN_DIR ROUNDS 'CONFIG [--set k=v ...]' ...
 #
-# times `flotilla train` of each config (its "trained ... in X s": training seconds, evaluation excluded) with
-# the two binaries, rounds alternating, on one core (taskset -c 0) unless the config's own threads are kept
-# (give `--set run.torch_threads=2` and FLOTILLA_BENCH_CPUS=0,1), and prints a Markdown table of the medians.
+# times `flotilla train` of each run (a config and its own arguments) with the two binaries, rounds alternating,
+# pinned to FLOTILLA_BENCH_CPUS (default 0: one core), and prints a Markdown table: the wall-clock seconds of each
+# whole command (start-up and evaluations included, the same for both) and the ratio of the medians.
 set -euo pipefail
 if [[ "${1:-}" == --train ]]; then
   before="$2"; after="$3"; rounds="$4"; shift 4
@@ -30,12 +30,13 @@ if [[ "${1:-}" == --train ]]; then
       for side in before after; do
         dir=$before; [[ $side == after ]] && dir=$after
         out="$logs/train-$side-$round-$RANDOM"
+        start=$(date +%s.%N)
         # shellcheck disable=SC2086  # the run is a config followed by its own arguments
-        line=$(taskset -c "$cpus" "$dir/flotilla" train $run --out "$out" 2>/dev/null | grep -m1 '^trained ') || {
-          echo "bench_compare: $side failed on: $run" >&2; exit 1; }
+        taskset -c "$cpus" "$dir/flotilla" train $run --out "$out" > "$out.log" 2>&1 || {
+          echo "bench_compare: $side failed on: $run (log: $out.log)" >&2; exit 1; }
+        end=$(date +%s.%N)
         rm -rf "$out"
-        s=$(sed -E 's/.* in ([0-9.]+) s.*/\1/' <<<"$line")
-        secs[$side]="${secs[$side]} $s"
+        secs[$side]="${secs[$side]} $(python3 -c "print($end - $start)")"
       done
     done
     python3 - "$run" "${secs[before]}" "${secs[after]}" <<'PY'
