@@ -39,7 +39,7 @@ impl<T: std::any::Any> AsAny for T {
 
 /// Work an off-policy agent's [`ReplayFeed`] prepared ahead of its update (a replay minibatch already on the
 /// device, or a target-network sync), to be applied in the order it was made with
-/// [`Algorithm::train_prepared`]. Opaque: only the agent that made it reads it (the kind's own type inside).
+/// [`crate::algorithm::ReplayAhead::train_prepared`]. Opaque: only the agent that made it reads it (the kind's own type inside).
 /// `Send`, so a learner's batch-assembly thread can hand it to the update thread.
 #[derive(Debug)]
 pub struct Prepared(pub(crate) Box<dyn PreparedWork>);
@@ -56,10 +56,10 @@ impl<T: std::any::Any + Send + std::fmt::Debug> PreparedWork for T {
     }
 }
 
-/// An off-policy agent's data side, run on a learner's batch-assembly thread ([`Algorithm::replay_feed`]): it
+/// An off-policy agent's data side, run on a learner's batch-assembly thread ([`crate::algorithm::ReplayAhead::replay_feed`]): it
 /// observes transitions into the agent's replay and prepares the minibatches each due training phase draws,
 /// while the agent trains on earlier ones. Observing a transition here and then applying its work with
-/// [`Algorithm::train_prepared`] trains exactly as [`Algorithm::observe`] + [`Algorithm::update`] do.
+/// [`crate::algorithm::ReplayAhead::train_prepared`] trains exactly as [`Algorithm::observe`] + [`Algorithm::update`] do.
 pub trait ReplayFeed: Send {
     /// Record one vectorised step at `progress` (env steps including this one); append the work it makes due.
     fn observe(&mut self, step: &Transition<'_>, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()>;
@@ -113,57 +113,31 @@ pub trait Algorithm: Policy + AsAny {
         }
         Ok(())
     }
-    /// An on-policy learner fed by actors' chunks: the layout of its rollouts, so that the learner's
-    /// batch-assembly thread can stack chunks ([`Rollout::stack_chunks`]) and put their observations on the
-    /// device ([`Rollout::put_obs_on_device`]) while this agent updates on the previous batch. `None` (the
-    /// default): batches go through [`Algorithm::observe_chunks`] on the update thread.
-    fn rollout_layout(&self) -> Option<RolloutLayout> {
+    /// Distillation: what this agent's policy says about `obs` (no gradient), the target a student learns —
+    /// logits, Q-values, a Gaussian or deterministic actions ([`Teaching`]). Every kind has a policy to teach.
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching>;
+    /// The capabilities only some kinds have, each asked for here: the agent as that capability, `None` (the
+    /// default) where its kind does not have it. The registry says in advance which kinds have which
+    /// (`AlgorithmConfig::family`, `check_data_parallel`, `check_assemble_ahead`); callers name the capability
+    /// they need when it is missing.
+    fn on_policy(&mut self) -> Option<&mut dyn OnPolicy> {
         None
     }
-    /// Take a whole rollout stacked as [`Algorithm::rollout_layout`] says (the next [`Algorithm::update`]
-    /// trains on it), handing back the agent's empty buffer to stack a later batch into. Algorithms without a
-    /// layout refuse.
-    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
-        let _ = rollout;
-        Err(crate::Error::Unsupported(format!("{} takes no stacked rollouts", self.name())))
+    /// See [`Algorithm::on_policy`]: replay fed and sampled on another thread.
+    fn replay_ahead(&mut self) -> Option<&mut dyn ReplayAhead> {
+        None
     }
-    /// An off-policy agent whose replay can be fed and sampled on another thread: a [`ReplayFeed`] sharing
-    /// this agent's replay. Others (the default), and samplers that depend on the update before (prioritized
-    /// replay), refuse with the reason.
-    fn replay_feed(&mut self) -> Result<Box<dyn ReplayFeed>> {
-        Err(crate::Error::Unsupported(format!("{} has no replay feed for another thread", self.name())))
+    /// See [`Algorithm::on_policy`]: updates spread over data-parallel replicas and micro-batches.
+    fn replicated(&mut self) -> Option<&mut dyn Replicated> {
+        None
     }
-    /// Apply work this agent's [`ReplayFeed`] prepared, in order; returns a training phase's metrics after its
-    /// last gradient step, else `None`.
-    fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>> {
-        let _ = work;
-        Err(crate::Error::Unsupported(format!("{} takes no prepared work", self.name())))
+    /// See [`Algorithm::on_policy`]: A3C's parameter server.
+    fn parameter_server(&mut self) -> Option<&mut dyn ParameterServer> {
+        None
     }
-    /// Spread this algorithm's updates over the replicas of a data-parallel group and/or over micro-batches
-    /// ([`DataParallel`]). Algorithms whose updates cannot be split that way refuse, naming why.
-    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
-        let _ = parallel;
-        Err(crate::Error::Unsupported(format!("{} has no data-parallel or accumulated updates", self.name())))
-    }
-    /// A3C's parameter server: one optimiser step with a flat gradient an actor computed (in
-    /// [`Algorithm::policy_params`]' layout, frozen layers left out: [`FlatParams::trainable_grad`]).
-    /// Algorithms without that role refuse.
-    fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
-        let _ = (gradient, progress);
-        Err(crate::Error::Unsupported(format!("{} does not apply actors' gradients", self.name())))
-    }
-    /// Distillation: what this agent's policy says about `obs` (no gradient), the target a student learns —
-    /// logits, Q-values, a Gaussian or deterministic actions ([`Teaching`]). Algorithms without a policy to
-    /// teach refuse.
-    fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
-        let _ = obs;
-        Err(crate::Error::Unsupported(format!("{} cannot teach", self.name())))
-    }
-    /// Distillation: hand the student its teachers (trained agents, loaded by the learner from their run
-    /// directories). Algorithms that learn from no teacher refuse.
-    fn set_teachers(&mut self, teachers: Vec<Box<dyn Algorithm>>) -> Result<()> {
-        let _ = teachers;
-        Err(crate::Error::Unsupported(format!("{} learns from no teachers", self.name())))
+    /// See [`Algorithm::on_policy`]: a distillation student.
+    fn student(&mut self) -> Option<&mut dyn Student> {
+        None
     }
     /// Save the policy weights alone ([`Algorithm::policy_params`]: what `flotilla eval` loads), atomically.
     fn save_weights(&self, path: &Path) -> Result<()> {
@@ -175,4 +149,46 @@ pub trait Algorithm: Policy + AsAny {
         self.policy_params_changed();
         Ok(())
     }
+}
+
+/// Capability: an on-policy learner fed by actors' chunks (PPO, A2C), which lets the learner's batch-assembly
+/// thread stack chunks ([`Rollout::stack_chunks`]) and put their observations on the device
+/// ([`Rollout::put_obs_on_device`]) while the agent updates on the previous batch. Without it, batches go
+/// through [`Algorithm::observe_chunks`] on the update thread.
+pub trait OnPolicy {
+    /// The layout of this agent's rollouts.
+    fn rollout_layout(&self) -> RolloutLayout;
+    /// Take a whole rollout stacked as [`OnPolicy::rollout_layout`] says (the next [`Algorithm::update`] trains
+    /// on it), handing back the agent's empty buffer to stack a later batch into.
+    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout>;
+}
+
+/// Capability: an off-policy agent whose replay can be fed and sampled on another thread (DQN).
+pub trait ReplayAhead {
+    /// A [`ReplayFeed`] sharing this agent's replay. Samplers that depend on the update before (prioritized
+    /// replay) refuse with the reason.
+    fn replay_feed(&mut self) -> Result<Box<dyn ReplayFeed>>;
+    /// Apply work this agent's [`ReplayFeed`] prepared, in order; returns a training phase's metrics after its
+    /// last gradient step, else `None`.
+    fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>>;
+}
+
+/// Capability: updates spread over the replicas of a data-parallel group and/or over micro-batches
+/// ([`DataParallel`]) (PPO, A2C, DQN, DDPG, TD3).
+pub trait Replicated {
+    /// Take the group (or the micro-batch count); a batch that does not split refuses, naming why.
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()>;
+}
+
+/// Capability: A3C's parameter server (the A2C learner of an A3C run).
+pub trait ParameterServer {
+    /// One optimiser step with a flat gradient an actor computed (in [`Algorithm::policy_params`]' layout,
+    /// frozen layers left out: [`FlatParams::trainable_grad`]).
+    fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics>;
+}
+
+/// Capability: a distillation student.
+pub trait Student {
+    /// Hand the student its teachers (trained agents, loaded by the learner from their run directories).
+    fn set_teachers(&mut self, teachers: Vec<Box<dyn Algorithm>>) -> Result<()>;
 }

@@ -169,7 +169,7 @@ impl AlgorithmConfig {
     }
 
     /// Whether a distributed learner can assemble this algorithm's batches on a thread of its own (stack
-    /// on-policy chunks, or feed and sample replay through [`Algorithm::replay_feed`]); the reason where not.
+    /// on-policy chunks, or feed and sample replay through [`crate::algorithm::ReplayAhead::replay_feed`]); the reason where not.
     pub fn check_assemble_ahead(&self) -> std::result::Result<(), String> {
         match self {
             AlgorithmConfig::Ppo(_) | AlgorithmConfig::A2c(_) => Ok(()),
@@ -254,7 +254,7 @@ impl AlgorithmConfig {
     }
 
     /// The run directories of a distillation's teachers (empty for every other kind): the learner loads them
-    /// and hands them over with [`Algorithm::set_teachers`].
+    /// and hands them over with [`crate::algorithm::Student::set_teachers`].
     pub fn teachers(&self) -> &[String] {
         match self {
             AlgorithmConfig::Distill(c) => &c.teachers,
@@ -440,12 +440,17 @@ mod tests {
         assert_eq!(grad.len() + n_frozen, learner.policy_params().numel() as usize, "trainable values only");
         // The learner's side: the same chunk through its own rollout, then its gradient.
         let params_before = flat(learner.as_ref());
-        let m = learner.apply_gradient(&grad, &crate::transition::Progress { env_steps: 1, total_env_steps: 2 });
+        let m = learner
+            .parameter_server()
+            .expect("A3C's learner is a parameter server")
+            .apply_gradient(&grad, &crate::transition::Progress { env_steps: 1, total_env_steps: 2 });
         assert!(m.is_ok(), "the parameter server takes the worker's gradient");
         assert_ne!(flat(learner.as_ref()), params_before, "and steps with it");
         assert_eq!(flat(learner.as_ref())[..n_frozen], params_before[..n_frozen], "frozen layers stay");
         assert!(
             learner
+                .parameter_server()
+                .unwrap()
                 .apply_gradient(&grad[1..], &crate::transition::Progress { env_steps: 1, total_env_steps: 2 })
                 .is_err(),
             "short"

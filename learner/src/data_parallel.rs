@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flotilla_algorithms::algorithm::Replicated;
 use flotilla_algorithms::{Algorithm, DataParallel, Error as AlgorithmError, GradientSync, Metrics};
 use flotilla_collective::codec::{Compression, GradientCodec};
 use flotilla_collective::{Backend, GroupOptions, ProcessGroup, Rendezvous};
@@ -193,7 +194,7 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
     let clock = CollectiveClock::default();
     if l.average_every == 0 {
         let sync = CollectiveSync::new(group.clone(), compression, clock.clone());
-        agent.set_data_parallel(DataParallel::new(Some(Box::new(sync)), l.accumulate)?)?;
+        replicated(agent)?.set_data_parallel(DataParallel::new(Some(Box::new(sync)), l.accumulate)?)?;
     } else {
         // Local SGD: each learner's updates are its own until the next average.
         accumulate_alone(config, agent)?;
@@ -233,7 +234,7 @@ pub(crate) fn join(config: &ExperimentConfig, agent: &mut dyn Algorithm, device:
 /// trainer's and a lone distributed learner's setting).
 pub(crate) fn accumulate_alone(config: &ExperimentConfig, agent: &mut dyn Algorithm) -> Result<()> {
     if config.learner.accumulate > 1 {
-        agent.set_data_parallel(DataParallel::new(None, config.learner.accumulate)?)?;
+        replicated(agent)?.set_data_parallel(DataParallel::new(None, config.learner.accumulate)?)?;
     }
     Ok(())
 }
@@ -312,6 +313,15 @@ impl Replicas {
             .check_identical("the learners' parameters", agent.policy_params().flat())
             .map_err(|e| Error::Runtime(e.to_string()))
     }
+}
+
+/// The agent as [`Replicated`], or an error naming its kind (config validation refuses such settings first:
+/// `AlgorithmConfig::check_data_parallel`).
+fn replicated(agent: &mut dyn Algorithm) -> Result<&mut dyn Replicated> {
+    let name = agent.name();
+    agent
+        .replicated()
+        .ok_or_else(|| Error::Config(format!("{name} updates cannot be spread over learners or micro-batches")))
 }
 
 #[cfg(test)]

@@ -324,7 +324,7 @@ impl DistributedLearner {
             return Ok(());
         }
         let spec = match self.plan.family {
-            Family::OnPolicy => match self.agent.rollout_layout() {
+            Family::OnPolicy => match self.agent.on_policy().map(|a| a.rollout_layout()) {
                 Some(layout) => AssemblySpec::OnPolicy {
                     layout,
                     chunks_per_batch: self.plan.chunks_per_batch,
@@ -332,14 +332,22 @@ impl DistributedLearner {
                 },
                 None => return Ok(()),
             },
-            Family::OffPolicy => match self.agent.replay_feed() {
-                Ok(feed) => AssemblySpec::OffPolicy {
-                    feed,
-                    env_steps: self.counters.run.env_steps,
-                    stop_after: self.config.run.total_env_steps.min(self.stop_at),
-                    total_env_steps: self.config.run.total_env_steps,
+            Family::OffPolicy => match self.agent.replay_ahead().map(|a| a.replay_feed()) {
+                None => {
+                    return Err(Error::Runtime(format!(
+                        "assemble_ahead: {} has no replay feed for another thread",
+                        self.agent.name()
+                    )));
+                }
+                Some(feed) => match feed {
+                    Ok(feed) => AssemblySpec::OffPolicy {
+                        feed,
+                        env_steps: self.counters.run.env_steps,
+                        stop_after: self.config.run.total_env_steps.min(self.stop_at),
+                        total_env_steps: self.config.run.total_env_steps,
+                    },
+                    Err(e) => return Err(Error::Runtime(format!("assemble_ahead: {e}"))),
                 },
-                Err(e) => return Err(Error::Runtime(format!("assemble_ahead: {e}"))),
             },
             Family::Gradients => return Ok(()),
         };
@@ -479,7 +487,11 @@ impl DistributedLearner {
         let agent = &mut self.agent;
         let updated = rollout.and_then(|rollout| {
             guarded(|| {
-                let spare = agent.observe_rollout(rollout)?;
+                let name = agent.name();
+                let on_policy = agent.on_policy().ok_or_else(|| {
+                    flotilla_algorithms::Error::Unsupported(format!("{name} takes no stacked rollouts"))
+                })?;
+                let spare = on_policy.observe_rollout(rollout)?;
                 Ok((spare, agent.update(&progress)?))
             })
         });
@@ -502,7 +514,11 @@ impl DistributedLearner {
         let mut last = None;
         let trained = guarded(|| {
             for w in work {
-                if let Some(m) = agent.train_prepared(w)? {
+                let name = agent.name();
+                let replay = agent
+                    .replay_ahead()
+                    .ok_or_else(|| flotilla_algorithms::Error::Unsupported(format!("{name} takes no prepared work")))?;
+                if let Some(m) = replay.train_prepared(w)? {
                     counters.run.count_update(&m);
                     last = Some(m);
                 }
@@ -630,7 +646,14 @@ impl DistributedLearner {
             Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
         let started = Instant::now();
         let agent = &mut self.agent;
-        match guarded(|| agent.apply_gradient(&g.values, &progress)) {
+        let applied = guarded(|| {
+            let name = agent.name();
+            let server = agent.parameter_server().ok_or_else(|| {
+                flotilla_algorithms::Error::Unsupported(format!("{name} does not apply actors' gradients"))
+            })?;
+            server.apply_gradient(&g.values, &progress)
+        });
+        match applied {
             Ok(m) => {
                 self.counters.run.count_update(&m);
                 self.publish(m, started)

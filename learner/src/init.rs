@@ -17,7 +17,11 @@ pub fn init_agent(config: &ExperimentConfig, agent: &mut dyn Algorithm, fresh: b
     if !teachers.is_empty() {
         let device = agent.policy_params().flat().device();
         let loaded = teachers.iter().map(|dir| load_teacher(dir, device)).collect::<Result<Vec<_>>>()?;
-        agent
+        let name = agent.name();
+        let student = agent.student().ok_or_else(|| {
+            Error::Config(format!("[algorithm] with teachers {teachers:?}: {name} learns from no teachers"))
+        })?;
+        student
             .set_teachers(loaded)
             .map_err(|e| Error::Config(format!("[algorithm] with teachers {teachers:?}: {e}")))?;
     }

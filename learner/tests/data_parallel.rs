@@ -1,6 +1,7 @@
 //! Data-parallel exactness over real c10d (Gloo on 127.0.0.1, ranks as threads): L learners, each training on
 //! its own batch of B with the gradient all-reduced, end with the same parameters as one learner training on
 //! the L·B samples together (relative 1e-5: only the summation order differs).
+use flotilla_algorithms::algorithm::Replicated;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -155,7 +156,7 @@ fn on_policy_ranks_and_one_frozen(
         let initial = agent.policy_params().flat().copy();
         let scalars = Arc::new(AtomicUsize::new(0));
         let counting = Counting { inner: sync, scalars: scalars.clone() };
-        agent.set_data_parallel(DataParallel::new(Some(Box::new(counting)), 1).unwrap()).unwrap();
+        agent.replicated().unwrap().set_data_parallel(DataParallel::new(Some(Box::new(counting)), 1).unwrap()).unwrap();
         let mut recorded = Vec::new();
         let mut updates = 0;
         for t in 0..steps {

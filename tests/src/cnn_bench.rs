@@ -3,6 +3,7 @@
 //! backward, gradient clipping, Adam), and the machine's matmul peak to set it against.
 use std::time::Instant;
 
+use flotilla_algorithms::algorithm::Replicated;
 use flotilla_algorithms::nn::nets::CnnOptions;
 use flotilla_algorithms::ppo::{Ppo, PpoConfig};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, DataParallel, Policy, Progress, Transition};

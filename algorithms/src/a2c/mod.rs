@@ -630,6 +630,18 @@ impl Policy for A2c {
 }
 
 impl Algorithm for A2c {
+    fn on_policy(&mut self) -> Option<&mut dyn crate::algorithm::OnPolicy> {
+        Some(self)
+    }
+
+    fn replicated(&mut self) -> Option<&mut dyn crate::algorithm::Replicated> {
+        Some(self)
+    }
+
+    fn parameter_server(&mut self) -> Option<&mut dyn crate::algorithm::ParameterServer> {
+        Some(self)
+    }
+
     fn name(&self) -> &'static str {
         "a2c"
     }
@@ -638,37 +650,12 @@ impl Algorithm for A2c {
         self.pi.net.teach(obs)
     }
 
-    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
-        let layout = self.collector.layout(self.pi.net.obs_layout());
-        parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)?;
-        self.parallel = parallel;
-        Ok(())
-    }
-
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
         self.collector.observe(step, |obs| self.pi.net.values(obs))
     }
 
     fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
-    }
-
-    fn rollout_layout(&self) -> Option<RolloutLayout> {
-        Some(self.collector.layout(self.pi.net.obs_layout()))
-    }
-
-    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
-        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
-    }
-
-    /// A3C's parameter server step: the gradient an [`A3cWorker`] computed, at the annealed learning rate.
-    fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
-        let grad = Tensor::from_slice(gradient);
-        let lr = self.apply_gradients(&grad, progress.remaining())?;
-        let mut m = Metrics::default();
-        m.push("charts/learning_rate", lr);
-        m.push("charts/gradient_steps", 1.0);
-        Ok(m)
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
@@ -706,8 +693,39 @@ impl Algorithm for A2c {
     }
 }
 
+impl crate::algorithm::OnPolicy for A2c {
+    fn rollout_layout(&self) -> RolloutLayout {
+        self.collector.layout(self.pi.net.obs_layout())
+    }
+
+    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
+        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
+    }
+}
+
+impl crate::algorithm::Replicated for A2c {
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        let layout = self.collector.layout(self.pi.net.obs_layout());
+        parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)?;
+        self.parallel = parallel;
+        Ok(())
+    }
+}
+
+impl crate::algorithm::ParameterServer for A2c {
+    /// A3C's parameter server step: the gradient an [`A3cWorker`] computed, at the annealed learning rate.
+    fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
+        let grad = Tensor::from_slice(gradient);
+        let lr = self.apply_gradients(&grad, progress.remaining())?;
+        let mut m = Metrics::default();
+        m.push("charts/learning_rate", lr);
+        m.push("charts/gradient_steps", 1.0);
+        Ok(m)
+    }
+}
+
 /// A3C's actor side (Mnih et al. 2016): acts with a copy of the parameters and turns each chunk it collected
-/// into the clipped A2C loss gradient, which the learner applies ([`Algorithm::apply_gradient`] of an [`A2c`])
+/// into the clipped A2C loss gradient, which the learner applies ([`crate::algorithm::ParameterServer::apply_gradient`] of an [`A2c`])
 /// before broadcasting. No optimiser lives here.
 #[derive(Debug)]
 pub struct A3cWorker {

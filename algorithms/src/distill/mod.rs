@@ -18,7 +18,7 @@
 //! - `mse`: `‖s − t‖²` on the raw outputs (Q-values, logits, means, actions), averaged over outputs.
 //!
 //! Teachers are loaded by the learner (from run directories) and handed over with
-//! [`Algorithm::set_teachers`]; they are not part of a checkpoint (a resumed run reloads them). Several
+//! [`crate::algorithm::Student::set_teachers`]; they are not part of a checkpoint (a resumed run reloads them). Several
 //! teachers (Rusu's multi-task distillation) come one per task of a `[[tasks]]` run, whose observations end
 //! with the task's one-hot: each row is labelled by its task's teacher (one-hot stripped) and the student
 //! shares its hidden layers between the tasks, with one output head per task.
@@ -624,7 +624,7 @@ impl std::fmt::Debug for Distill {
 }
 
 impl Distill {
-    /// A fresh student for these spaces (it cannot learn until [`Algorithm::set_teachers`] gives it a teacher).
+    /// A fresh student for these spaces (it cannot learn until [`crate::algorithm::Student::set_teachers`] gives it a teacher).
     pub fn new(obs: &Space, act: &Space, config: DistillConfig, device: Device, seed: u64) -> Result<Self> {
         config.validate()?;
         let net = StudentNet::new(obs, act, &config, device, seed)?;
@@ -751,6 +751,10 @@ impl Policy for Distill {
 }
 
 impl Algorithm for Distill {
+    fn student(&mut self) -> Option<&mut dyn crate::algorithm::Student> {
+        Some(self)
+    }
+
     fn name(&self) -> &'static str {
         "distill"
     }
@@ -809,6 +813,41 @@ impl Algorithm for Distill {
         Ok(Some(m))
     }
 
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
+        self.pi.net.teach(f32_obs("distill", obs)?)
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("params", self.pi.net.params.flat());
+        self.opt.write_to(&mut c, "adam")?;
+        self.replay.write_to(&mut c, "replay")?;
+        c.put_meta("rng", &self.rng)?;
+        c.put_meta("acting_rng", &self.pi.rng)?;
+        c.put_meta("counters", &(self.steps, self.phases, self.labelled))?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        c.copy_into("params", self.pi.net.params.flat())?;
+        self.opt.read_from(c, "adam", &self.pi.net.params)?;
+        self.replay.read_from(c, "replay")?;
+        self.rng = c.meta("rng")?;
+        self.pi.rng = c.meta("acting_rng")?;
+        (self.steps, self.phases, self.labelled) = c.meta("counters")?;
+        Ok(())
+    }
+
+    fn policy_params(&self) -> &FlatParams {
+        &self.pi.net.params
+    }
+
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.pi.net.params
+    }
+}
+
+impl crate::algorithm::Student for Distill {
     /// One teacher per head (task), in task order; each must take the task's observations (the student's
     /// without the one-hot) and give the kind of teaching the student's head and loss can learn.
     fn set_teachers(&mut self, mut teachers: Vec<Box<dyn Algorithm>>) -> Result<()> {
@@ -865,44 +904,12 @@ impl Algorithm for Distill {
         self.kind = kind;
         Ok(())
     }
-
-    fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
-        self.pi.net.teach(f32_obs("distill", obs)?)
-    }
-
-    fn checkpoint(&self) -> Result<Checkpoint> {
-        let mut c = Checkpoint::new();
-        c.put_tensor("params", self.pi.net.params.flat());
-        self.opt.write_to(&mut c, "adam")?;
-        self.replay.write_to(&mut c, "replay")?;
-        c.put_meta("rng", &self.rng)?;
-        c.put_meta("acting_rng", &self.pi.rng)?;
-        c.put_meta("counters", &(self.steps, self.phases, self.labelled))?;
-        Ok(c)
-    }
-
-    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
-        c.copy_into("params", self.pi.net.params.flat())?;
-        self.opt.read_from(c, "adam", &self.pi.net.params)?;
-        self.replay.read_from(c, "replay")?;
-        self.rng = c.meta("rng")?;
-        self.pi.rng = c.meta("acting_rng")?;
-        (self.steps, self.phases, self.labelled) = c.meta("counters")?;
-        Ok(())
-    }
-
-    fn policy_params(&self) -> &FlatParams {
-        &self.pi.net.params
-    }
-
-    fn policy_params_mut(&mut self) -> &mut FlatParams {
-        &mut self.pi.net.params
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Student;
     use crate::dqn::{Dqn, DqnConfig};
     use crate::ppo::{Ppo, PpoConfig};
 

@@ -393,7 +393,7 @@ impl DataSide {
     }
 }
 
-/// DQN's data side for a learner's batch-assembly thread ([`Algorithm::replay_feed`]): it observes transitions
+/// DQN's data side for a learner's batch-assembly thread ([`crate::algorithm::ReplayAhead::replay_feed`]): it observes transitions
 /// into the agent's replay and, whenever a training phase is due, samples its minibatches onto the device,
 /// handing them on as [`Prepared`] work — exactly the draws [`Algorithm::update`] would make at that point,
 /// so training on them gives the same result. Uniform and frame replay only: prioritized sampling needs the
@@ -981,6 +981,14 @@ impl Policy for Dqn {
 }
 
 impl Algorithm for Dqn {
+    fn replay_ahead(&mut self) -> Option<&mut dyn crate::algorithm::ReplayAhead> {
+        Some(self)
+    }
+
+    fn replicated(&mut self) -> Option<&mut dyn crate::algorithm::Replicated> {
+        Some(self)
+    }
+
     fn name(&self) -> &'static str {
         "dqn"
     }
@@ -990,12 +998,6 @@ impl Algorithm for Dqn {
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         let x = self.q.obs_tensor(obs)?;
         Ok(crate::teaching::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))
-    }
-
-    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
-        parallel.check_batch("dqn", "batch_size", self.config.batch_size)?;
-        self.parallel = parallel;
-        Ok(())
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
@@ -1030,6 +1032,52 @@ impl Algorithm for Dqn {
         Ok(Some(self.phase_metrics(&steps, epsilon, beta)?))
     }
 
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("q.online", self.online.flat());
+        c.put_tensor("q.target", self.target.flat());
+        self.opt.write_to(&mut c, "adam")?;
+        let side = lock(&self.side);
+        match &side.memory {
+            Memory::Uniform(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
+            Memory::Prioritized(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
+            Memory::Frames(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
+        };
+        c.put_meta("rng", &side.rng)?;
+        c.put_meta("counters", &side.counters)?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        c.copy_into("q.online", self.online.flat())?;
+        c.copy_into("q.target", self.target.flat())?;
+        self.opt.read_from(c, "adam", &self.online)?;
+        let side = &mut *lock(&self.side);
+        match &mut side.memory {
+            Memory::Uniform(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
+            Memory::Prioritized(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
+            Memory::Frames(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
+        };
+        side.rng = c.meta("rng")?;
+        side.counters = c.meta("counters")?;
+        self.phase.clear();
+        Ok(())
+    }
+
+    fn policy_params(&self) -> &FlatParams {
+        &self.online
+    }
+
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.online
+    }
+
+    fn policy_params_changed(&mut self) {
+        self.target.polyak_from(&self.online, 1.0);
+    }
+}
+
+impl crate::algorithm::ReplayAhead for Dqn {
     /// Uniform and frame replay: a [`DqnFeed`] sharing this agent's replay. Prioritized replay refuses (each
     /// draw needs the priorities the update before it sets).
     fn replay_feed(&mut self) -> Result<Box<dyn ReplayFeed>> {
@@ -1084,49 +1132,13 @@ impl Algorithm for Dqn {
             }
         }
     }
+}
 
-    fn checkpoint(&self) -> Result<Checkpoint> {
-        let mut c = Checkpoint::new();
-        c.put_tensor("q.online", self.online.flat());
-        c.put_tensor("q.target", self.target.flat());
-        self.opt.write_to(&mut c, "adam")?;
-        let side = lock(&self.side);
-        match &side.memory {
-            Memory::Uniform(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
-            Memory::Prioritized(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
-            Memory::Frames(n, r) => (n.write_to(&mut c, "n_step")?, r.write_to(&mut c, "replay")?),
-        };
-        c.put_meta("rng", &side.rng)?;
-        c.put_meta("counters", &side.counters)?;
-        Ok(c)
-    }
-
-    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
-        c.copy_into("q.online", self.online.flat())?;
-        c.copy_into("q.target", self.target.flat())?;
-        self.opt.read_from(c, "adam", &self.online)?;
-        let side = &mut *lock(&self.side);
-        match &mut side.memory {
-            Memory::Uniform(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
-            Memory::Prioritized(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
-            Memory::Frames(n, r) => (n.read_from(c, "n_step")?, r.read_from(c, "replay")?),
-        };
-        side.rng = c.meta("rng")?;
-        side.counters = c.meta("counters")?;
-        self.phase.clear();
+impl crate::algorithm::Replicated for Dqn {
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        parallel.check_batch("dqn", "batch_size", self.config.batch_size)?;
+        self.parallel = parallel;
         Ok(())
-    }
-
-    fn policy_params(&self) -> &FlatParams {
-        &self.online
-    }
-
-    fn policy_params_mut(&mut self) -> &mut FlatParams {
-        &mut self.online
-    }
-
-    fn policy_params_changed(&mut self) {
-        self.target.polyak_from(&self.online, 1.0);
     }
 }
 
@@ -1168,6 +1180,7 @@ mod apex_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::ReplayAhead;
 
     /// Four stacked 36×36 u8 frames: small enough for a test, large enough for the Nature CNN's strides.
     fn frame_stack_space() -> Space {

@@ -163,7 +163,11 @@ mod tests {
         let n_envs = 4;
         let build = || config.build_learner(&obs_space, &act_space, n_envs, Device::Cpu, 7).unwrap();
         let (mut one, mut split) = (build(), build());
-        split.set_data_parallel(DataParallel::new(None, k).unwrap()).unwrap();
+        split
+            .replicated()
+            .expect("a kind with data-parallel updates")
+            .set_data_parallel(DataParallel::new(None, k).unwrap())
+            .unwrap();
         let (mut out, mut scratch) = (ActOutput::default(), ActOutput::default());
         let mut updates = 0;
         let obs_at =
@@ -248,7 +252,8 @@ mod tests {
         let (obs_space, act_space) = (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2));
         let ppo = PpoConfig { n_steps: 16, batch_size: 30, ..Default::default() };
         let mut agent = AlgorithmConfig::Ppo(ppo).build_learner(&obs_space, &act_space, 15, Device::Cpu, 1).unwrap();
-        let e = agent.set_data_parallel(DataParallel::new(None, 4).unwrap()).unwrap_err().to_string();
+        let e =
+            agent.replicated().unwrap().set_data_parallel(DataParallel::new(None, 4).unwrap()).unwrap_err().to_string();
         assert!(e.contains("batch_size = 30") && e.contains("accumulate = 4"), "{e}");
         assert!(DataParallel::new(None, 0).is_err());
     }

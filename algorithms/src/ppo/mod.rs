@@ -642,6 +642,14 @@ impl Policy for Ppo {
 }
 
 impl Algorithm for Ppo {
+    fn on_policy(&mut self) -> Option<&mut dyn crate::algorithm::OnPolicy> {
+        Some(self)
+    }
+
+    fn replicated(&mut self) -> Option<&mut dyn crate::algorithm::Replicated> {
+        Some(self)
+    }
+
     fn name(&self) -> &'static str {
         "ppo"
     }
@@ -650,26 +658,12 @@ impl Algorithm for Ppo {
         self.pi.net.teach(obs)
     }
 
-    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
-        parallel.check_batch("ppo", "batch_size", self.config.batch_size)?;
-        self.parallel = parallel;
-        Ok(())
-    }
-
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
         self.collector.observe(step, |obs| self.pi.net.values(obs))
     }
 
     fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
-    }
-
-    fn rollout_layout(&self) -> Option<RolloutLayout> {
-        Some(self.collector.layout(self.pi.net.obs_layout()))
-    }
-
-    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
-        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
@@ -704,6 +698,24 @@ impl Algorithm for Ppo {
 
     fn policy_params_mut(&mut self) -> &mut FlatParams {
         &mut self.pi.net.params
+    }
+}
+
+impl crate::algorithm::OnPolicy for Ppo {
+    fn rollout_layout(&self) -> RolloutLayout {
+        self.collector.layout(self.pi.net.obs_layout())
+    }
+
+    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
+        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
+    }
+}
+
+impl crate::algorithm::Replicated for Ppo {
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        parallel.check_batch("ppo", "batch_size", self.config.batch_size)?;
+        self.parallel = parallel;
+        Ok(())
     }
 }
 

@@ -747,14 +747,12 @@ impl Policy for Td3 {
 }
 
 impl Algorithm for Td3 {
-    fn name(&self) -> &'static str {
-        self.name
+    fn replicated(&mut self) -> Option<&mut dyn crate::algorithm::Replicated> {
+        Some(self)
     }
 
-    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
-        parallel.check_batch(self.name, "batch_size", self.config.batch_size)?;
-        self.parallel = parallel;
-        Ok(())
+    fn name(&self) -> &'static str {
+        self.name
     }
 
     fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
@@ -863,6 +861,14 @@ impl Algorithm for Td3 {
 
     fn policy_params_changed(&mut self) {
         self.actor_target.polyak_from(&self.actor, 1.0);
+    }
+}
+
+impl crate::algorithm::Replicated for Td3 {
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        parallel.check_batch(self.name, "batch_size", self.config.batch_size)?;
+        self.parallel = parallel;
+        Ok(())
     }
 }
 
