@@ -25,7 +25,8 @@ use crate::transition::{Progress, Transition, for_each_transition};
 use crate::{Metrics, Result};
 
 /// The concrete agent behind a `dyn Algorithm`, for the registry alone: it batches a population's members of
-/// one kind into one update ([`crate::registry::update_members`]). Every `'static` type has it.
+/// one kind into one update ([`crate::registry::update_members`]). Every `'static` type has it — a
+/// `Box<dyn Algorithm>` too, so call it on the agent itself (`(*boxed).as_any_mut()`), not on its box.
 pub trait AsAny: std::any::Any {
     /// `self` as [`std::any::Any`].
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
@@ -39,7 +40,8 @@ impl<T: std::any::Any> AsAny for T {
 
 /// Work an off-policy agent's [`ReplayFeed`] prepared ahead of its update (a replay minibatch already on the
 /// device, or a target-network sync), to be applied in the order it was made with
-/// [`crate::algorithm::ReplayAhead::train_prepared`]. Opaque: only the agent that made it reads it (the kind's own type inside).
+/// [`crate::algorithm::ReplayAhead::train_prepared`]. Opaque: only the agent that made it reads it (the kind's own type
+/// inside).
 /// `Send`, so a learner's batch-assembly thread can hand it to the update thread.
 #[derive(Debug)]
 pub struct Prepared(pub(crate) Box<dyn PreparedWork>);
@@ -56,10 +58,12 @@ impl<T: std::any::Any + Send + std::fmt::Debug> PreparedWork for T {
     }
 }
 
-/// An off-policy agent's data side, run on a learner's batch-assembly thread ([`crate::algorithm::ReplayAhead::replay_feed`]): it
+/// An off-policy agent's data side, run on a learner's batch-assembly thread
+/// ([`crate::algorithm::ReplayAhead::replay_feed`]): it
 /// observes transitions into the agent's replay and prepares the minibatches each due training phase draws,
 /// while the agent trains on earlier ones. Observing a transition here and then applying its work with
-/// [`crate::algorithm::ReplayAhead::train_prepared`] trains exactly as [`Algorithm::observe`] + [`Algorithm::update`] do.
+/// [`crate::algorithm::ReplayAhead::train_prepared`] trains exactly as [`Algorithm::observe`] + [`Algorithm::update`]
+/// do.
 pub trait ReplayFeed: Send {
     /// Record one vectorised step at `progress` (env steps including this one); append the work it makes due.
     fn observe(&mut self, step: &Transition<'_>, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()>;

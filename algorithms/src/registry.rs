@@ -169,7 +169,8 @@ impl AlgorithmConfig {
     }
 
     /// Whether a distributed learner can assemble this algorithm's batches on a thread of its own (stack
-    /// on-policy chunks, or feed and sample replay through [`crate::algorithm::ReplayAhead::replay_feed`]); the reason where not.
+    /// on-policy chunks, or feed and sample replay through [`crate::algorithm::ReplayAhead::replay_feed`]); the reason
+    /// where not.
     pub fn check_assemble_ahead(&self) -> std::result::Result<(), String> {
         match self {
             AlgorithmConfig::Ppo(_) | AlgorithmConfig::A2c(_) => Ok(()),

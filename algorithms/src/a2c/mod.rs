@@ -725,7 +725,8 @@ impl crate::algorithm::ParameterServer for A2c {
 }
 
 /// A3C's actor side (Mnih et al. 2016): acts with a copy of the parameters and turns each chunk it collected
-/// into the clipped A2C loss gradient, which the learner applies ([`crate::algorithm::ParameterServer::apply_gradient`] of an [`A2c`])
+/// into the clipped A2C loss gradient, which the learner applies ([`crate::algorithm::ParameterServer::apply_gradient`]
+/// of an [`A2c`])
 /// before broadcasting. No optimiser lives here.
 #[derive(Debug)]
 pub struct A3cWorker {

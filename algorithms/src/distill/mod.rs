@@ -624,7 +624,8 @@ impl std::fmt::Debug for Distill {
 }
 
 impl Distill {
-    /// A fresh student for these spaces (it cannot learn until [`crate::algorithm::Student::set_teachers`] gives it a teacher).
+    /// A fresh student for these spaces (it cannot learn until [`crate::algorithm::Student::set_teachers`] gives it a
+    /// teacher).
     pub fn new(obs: &Space, act: &Space, config: DistillConfig, device: Device, seed: u64) -> Result<Self> {
         config.validate()?;
         let net = StudentNet::new(obs, act, &config, device, seed)?;

@@ -393,7 +393,8 @@ impl DataSide {
     }
 }
 
-/// DQN's data side for a learner's batch-assembly thread ([`crate::algorithm::ReplayAhead::replay_feed`]): it observes transitions
+/// DQN's data side for a learner's batch-assembly thread ([`crate::algorithm::ReplayAhead::replay_feed`]): it observes
+/// transitions
 /// into the agent's replay and, whenever a training phase is due, samples its minibatches onto the device,
 /// handing them on as [`Prepared`] work — exactly the draws [`Algorithm::update`] would make at that point,
 /// so training on them gives the same result. Uniform and frame replay only: prioritized sampling needs the

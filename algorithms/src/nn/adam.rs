@@ -6,7 +6,7 @@ use tch::Tensor;
 
 use crate::Result;
 use crate::checkpoint::Checkpoint;
-use crate::nn::lanes::widest_lanes;
+use crate::nn::lanes::{Lanes, lanes};
 use crate::nn::params::FlatParams;
 
 /// Adam state for one flat parameter buffer.
@@ -143,7 +143,28 @@ pub(crate) fn adam_step(
         sqrt_bias2: bias2.sqrt() as f32,
         eps: eps as f32,
     };
-    widest_lanes(|| adam_lanes(theta, grad, m, v, &k))
+    // Not `widest_lanes(|| …)`: slices captured by a closure lose `noalias`, and the loop then stays scalar.
+    match lanes().unwrap_or_else(|e| panic!("{e}")) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX-512 only where the CPU has AVX-512F.
+        Lanes::Avx512 => unsafe { adam_avx512(theta, grad, m, v, &k) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX2 only where the CPU has it.
+        Lanes::Avx2 => unsafe { adam_avx2(theta, grad, m, v, &k) },
+        _ => adam_lanes(theta, grad, m, v, &k),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn adam_avx512(theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamConstants) {
+    adam_lanes(theta, grad, m, v, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn adam_avx2(theta: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], k: &AdamConstants) {
+    adam_lanes(theta, grad, m, v, k)
 }
 
 /// Adam's per-step scalars in f32.

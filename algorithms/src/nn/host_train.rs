@@ -322,7 +322,29 @@ fn activation_backward(activation: Activation, y: &[f32], d: &mut [f32]) {
 /// value (absolute error < 1.5e-7 everywhere; tested against `f64::tanh`); same results with and without
 /// AVX (no fused multiply-adds).
 pub(crate) fn tanh_in_place(h: &mut [f32]) {
-    widest_lanes(|| h.iter_mut().for_each(|v| *v = tanh_lane(*v)));
+    match crate::nn::lanes::lanes().unwrap_or_else(|e| panic!("{e}")) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX-512 only where the CPU has AVX-512F.
+        crate::nn::lanes::Lanes::Avx512 => unsafe { tanh_avx512(h) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX2 only where the CPU has it.
+        crate::nn::lanes::Lanes::Avx2 => unsafe { tanh_avx2(h) },
+        _ => h.iter_mut().for_each(|v| *v = tanh_lane(*v)),
+    }
+}
+
+// The same loop compiled for wider vectors; lane for lane the same operations (no fused multiply-adds), so
+// the same results on every CPU.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn tanh_avx512(h: &mut [f32]) {
+    h.iter_mut().for_each(|v| *v = tanh_lane(*v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tanh_avx2(h: &mut [f32]) {
+    h.iter_mut().for_each(|v| *v = tanh_lane(*v));
 }
 
 /// One lane of [`tanh_in_place`], branch-free so loops over it vectorise: `tanh a = m / (m + 2)` with

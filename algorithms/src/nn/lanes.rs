@@ -10,7 +10,7 @@ pub const LANES_VAR: &str = "FLOTILLA_HOST_LANES";
 
 /// Vector widths [`LANES_VAR`] may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lanes {
+pub(crate) enum Lanes {
     Avx512,
     Avx2,
     Baseline,
@@ -26,7 +26,7 @@ pub fn host_lanes() -> crate::error::Result<usize> {
     })
 }
 
-fn lanes() -> crate::error::Result<Lanes> {
+pub(crate) fn lanes() -> crate::error::Result<Lanes> {
     static CHOSEN: std::sync::OnceLock<std::result::Result<Lanes, String>> = std::sync::OnceLock::new();
     CHOSEN
         .get_or_init(|| choose_lanes(std::env::var(LANES_VAR).ok().as_deref()))
@@ -65,7 +65,9 @@ fn choose_lanes(cap: Option<&str>) -> std::result::Result<Lanes, String> {
 /// so every width computes the same floats in the same order (Rust never fuses a multiply and an add). With
 /// the branch-free ReLU backward, this took those loops from ~14 % of CartPole's DQN run to ~6 % (perf). `f`
 /// must be `#[inline(always)]` (and what it calls that should be vectorised), or it is compiled once, for the
-/// baseline. Panics if [`LANES_VAR`] is unreadable (binaries check [`host_lanes`] at start-up, naming it).
+/// baseline. A loop over several `&mut` slices captured by the closure may not vectorise (the closure's
+/// captures carry no `noalias`): such a loop takes its slices as arguments of a `#[target_feature]` function of
+/// its own, chosen by [`lanes`] (`nn::adam`'s step does). Panics if [`LANES_VAR`] is unreadable (binaries check [`host_lanes`] at start-up, naming it).
 #[inline(always)]
 pub(crate) fn widest_lanes<R>(f: impl FnOnce() -> R) -> R {
     let lanes = lanes().unwrap_or_else(|e| panic!("{e}"));

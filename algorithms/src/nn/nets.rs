@@ -197,7 +197,8 @@ impl FlatMlp {
 }
 
 /// Two MLPs of the same hidden widths (e.g. a policy and a value network) evaluated together as one chain of
-/// batched matmuls over [`FlatParams`](crate::nn::params::FlatParams): half the dispatches of two separate MLPs, identical maths. Layer `k`
+/// batched matmuls over [`FlatParams`](crate::nn::params::FlatParams): half the dispatches of two separate MLPs,
+/// identical maths. Layer `k`
 /// holds `weight` `[2, in, out]` and `bias` `[2, 1, out]`; the output layer is padded to the wider of the
 /// two outputs (padding columns stay zero and get no gradient).
 #[derive(Debug, Clone)]
@@ -211,7 +212,8 @@ pub struct TwinMlp {
 }
 
 impl TwinMlp {
-    /// Initial parameters, named `{prefix}.{k}.weight` / `.bias`, to place in a [`FlatParams`](crate::nn::params::FlatParams) at index
+    /// Initial parameters, named `{prefix}.{k}.weight` / `.bias`, to place in a
+    /// [`FlatParams`](crate::nn::params::FlatParams) at index
     /// `first_index` onwards; each net's layers are orthogonal (gain √2, then `out_gains[j]` on the output).
     pub fn init(
         prefix: &str,

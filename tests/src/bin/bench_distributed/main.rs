@@ -25,7 +25,8 @@
 //!    payload per second at the median).
 //!
 //! 4. **PPO to 475, single-process vs actors** (`ppo`). `flotilla train examples/configs/cartpole_ppo.toml`
-//!    without and with `--actors 2` / `--actors 4` (and 4 with `learner.synchronous = true`), seeds 1–3, one after another in this run: training seconds
+//!    without and with `--actors 2` / `--actors 4` (and 4 with `learner.synchronous = true`), seeds 1–3, one after
+//! another in this run: training seconds
 //!    (wall-clock minus evaluations; for actor runs from the learner's start, actor start-up included) and
 //!    env steps at the first evaluation ≥ 475 (every 5 K steps), and whether the last two evaluations held it.
 //!
