@@ -44,6 +44,11 @@ fn params_vec(agent: &dyn Algorithm) -> Result<Vec<f32>> {
     Ok(Vec::<f32>::try_from(flat.view([-1])).map_err(flotilla_algorithms::Error::from)?)
 }
 
+/// The error for an agent of kind `name` that lacks the capability a step needs (`what` it cannot do).
+fn lacks(name: &str, what: &str) -> flotilla_algorithms::Error {
+    flotilla_algorithms::Error::Unsupported(format!("{name} {what}"))
+}
+
 /// Progress counters of a distributed run (saved in its checkpoints): the single-process ones, plus policy lag
 /// and the time spent evaluating (training time is wall-clock minus that).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -332,23 +337,19 @@ impl DistributedLearner {
                 },
                 None => return Ok(()),
             },
-            Family::OffPolicy => match self.agent.replay_ahead().map(|a| a.replay_feed()) {
-                None => {
-                    return Err(Error::Runtime(format!(
-                        "assemble_ahead: {} has no replay feed for another thread",
-                        self.agent.name()
-                    )));
+            Family::OffPolicy => {
+                let name = self.agent.name();
+                let replay =
+                    self.agent.replay_ahead().ok_or_else(|| lacks(name, "has no replay feed for another thread"));
+                let feed =
+                    replay.and_then(|r| r.replay_feed()).map_err(|e| Error::Runtime(format!("assemble_ahead: {e}")))?;
+                AssemblySpec::OffPolicy {
+                    feed,
+                    env_steps: self.counters.run.env_steps,
+                    stop_after: self.config.run.total_env_steps.min(self.stop_at),
+                    total_env_steps: self.config.run.total_env_steps,
                 }
-                Some(feed) => match feed {
-                    Ok(feed) => AssemblySpec::OffPolicy {
-                        feed,
-                        env_steps: self.counters.run.env_steps,
-                        stop_after: self.config.run.total_env_steps.min(self.stop_at),
-                        total_env_steps: self.config.run.total_env_steps,
-                    },
-                    Err(e) => return Err(Error::Runtime(format!("assemble_ahead: {e}"))),
-                },
-            },
+            }
             Family::Gradients => return Ok(()),
         };
         let Some(rx) = self.rx.take() else { return Ok(()) };
@@ -488,10 +489,10 @@ impl DistributedLearner {
         let updated = rollout.and_then(|rollout| {
             guarded(|| {
                 let name = agent.name();
-                let on_policy = agent.on_policy().ok_or_else(|| {
-                    flotilla_algorithms::Error::Unsupported(format!("{name} takes no stacked rollouts"))
-                })?;
-                let spare = on_policy.observe_rollout(rollout)?;
+                let spare = agent
+                    .on_policy()
+                    .ok_or_else(|| lacks(name, "takes no stacked rollouts"))?
+                    .observe_rollout(rollout)?;
                 Ok((spare, agent.update(&progress)?))
             })
         });
@@ -513,11 +514,9 @@ impl DistributedLearner {
         let (agent, counters) = (&mut self.agent, &mut self.counters);
         let mut last = None;
         let trained = guarded(|| {
+            let name = agent.name();
+            let replay = agent.replay_ahead().ok_or_else(|| lacks(name, "takes no prepared work"))?;
             for w in work {
-                let name = agent.name();
-                let replay = agent
-                    .replay_ahead()
-                    .ok_or_else(|| flotilla_algorithms::Error::Unsupported(format!("{name} takes no prepared work")))?;
                 if let Some(m) = replay.train_prepared(w)? {
                     counters.run.count_update(&m);
                     last = Some(m);
@@ -648,10 +647,10 @@ impl DistributedLearner {
         let agent = &mut self.agent;
         let applied = guarded(|| {
             let name = agent.name();
-            let server = agent.parameter_server().ok_or_else(|| {
-                flotilla_algorithms::Error::Unsupported(format!("{name} does not apply actors' gradients"))
-            })?;
-            server.apply_gradient(&g.values, &progress)
+            agent
+                .parameter_server()
+                .ok_or_else(|| lacks(name, "does not apply actors' gradients"))?
+                .apply_gradient(&g.values, &progress)
         });
         match applied {
             Ok(m) => {

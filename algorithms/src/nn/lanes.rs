@@ -67,23 +67,20 @@ fn choose_lanes(cap: Option<&str>) -> std::result::Result<Lanes, String> {
 /// must be `#[inline(always)]` (and what it calls that should be vectorised), or it is compiled once, for the
 /// baseline. A loop over several `&mut` slices captured by the closure may not vectorise (the closure's
 /// captures carry no `noalias`): such a loop takes its slices as arguments of a `#[target_feature]` function of
-/// its own, chosen by [`lanes`] (`nn::adam`'s step does). Panics if [`LANES_VAR`] is unreadable (binaries check [`host_lanes`] at start-up, naming it).
+/// its own, chosen by [`lanes`] (`nn::adam`'s step does). Panics if [`LANES_VAR`] is unreadable (binaries
+/// check [`host_lanes`] at start-up, naming it).
 #[inline(always)]
 pub(crate) fn widest_lanes<R>(f: impl FnOnce() -> R) -> R {
     let lanes = lanes().unwrap_or_else(|e| panic!("{e}"));
-    #[cfg(target_arch = "x86_64")]
-    {
-        if lanes == Lanes::Avx512 {
-            // SAFETY: `lanes` chose AVX-512 only where the CPU has AVX-512F.
-            return unsafe { on_avx512(f) };
-        }
-        if lanes == Lanes::Avx2 {
-            // SAFETY: `lanes` chose AVX2 only where the CPU has it.
-            return unsafe { on_avx2(f) };
-        }
+    match lanes {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX-512 only where the CPU has AVX-512F.
+        Lanes::Avx512 => unsafe { on_avx512(f) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX2 only where the CPU has it.
+        Lanes::Avx2 => unsafe { on_avx2(f) },
+        _ => f(),
     }
-    let _ = lanes;
-    f()
 }
 
 #[cfg(target_arch = "x86_64")]
