@@ -279,11 +279,11 @@ pub fn update_members(members: &mut [&mut dyn Algorithm], progress: &Progress) -
         return crate::td3::population::update_population(&mut td3s, progress).map(Some);
     }
     if let Some(ppos) = all_of::<Ppo>(members) {
-        let update = crate::ppo::population::update_population;
+        let update = crate::ppo::update_members;
         return update_rollouts("PPO", ppos, Ppo::finish_rollout, Ppo::recycle, update, progress).map(Some);
     }
     if let Some(a2cs) = all_of::<A2c>(members) {
-        let update = crate::a2c::population::update_population;
+        let update = crate::a2c::update_members;
         return update_rollouts("A2C", a2cs, A2c::finish_rollout, A2c::recycle, update, progress).map(Some);
     }
     Ok(None)

@@ -8,6 +8,7 @@
 //! It also re-evaluates a rollout that older parameters collected, for the V-trace correction both algorithms
 //! can apply ([`ActorCritic::vtrace_targets`]).
 pub(crate) mod host;
+pub(crate) mod members;
 use flotilla_core::{ObsRef, Space};
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
@@ -68,7 +69,7 @@ enum Body {
     Cnn(NatureCnn),
 }
 
-/// Coefficients of the PPO loss ([`crate::ppo::ppo_loss`], and the fused host step's PPO objective).
+/// Coefficients of the fused host step's PPO objective (the libtorch loss takes them per member).
 #[derive(Debug, Clone, Copy)]
 pub struct LossCoefficients {
     /// Surrogate clipping ε.
@@ -79,8 +80,6 @@ pub struct LossCoefficients {
     pub ent_coef: f64,
     /// Value loss coefficient.
     pub vf_coef: f64,
-    /// Normalise the advantages of this minibatch.
-    pub normalize_advantage: bool,
 }
 
 /// `1 − Var(returns − values) / Var(returns)`: 1 is a perfect value function, ≤ 0 no better than a constant.

@@ -8,13 +8,14 @@
 //! from its own replay with its own RNG, the `N` MLPs (online, target and, for double-Q, the online net on the
 //! next observations) run as batched matmuls, each member's Huber loss is a mean over its own minibatch, one
 //! backward of the summed losses gives each member its own gradient, clipped to its own limit, and one Adam
-//! step with per-member learning rates and ε follows (`crate::ppo::population::{clip_per_member, StackedAdam}`).
+//! step with per-member learning rates and ε follows (`crate::nn::members::clip_per_member`, `crate::nn::adam::StackedAdam`).
 //! Elementwise maths is the single-member code's; reductions may add in another order.
 use tch::{Kind, Reduction, Tensor};
 
 use crate::algorithm::Algorithm;
 use crate::dqn::{Dqn, Memory, lock};
-use crate::ppo::population::{StackedAdam, backward_into, clip_per_member, member_views};
+use crate::nn::adam::StackedAdam;
+use crate::nn::members::{backward_into, clip_per_member, member_views};
 use crate::transition::Progress;
 use crate::{Error, Metrics, Result};
 
@@ -183,8 +184,8 @@ mod tests {
 
     use super::*;
     use crate::dqn::DqnConfig;
+    use crate::nn::members::rel_diff;
     use crate::policy::{ActMode, ActOutput, Policy};
-    use crate::ppo::population::tests::rel_diff;
     use crate::transition::Transition;
 
     /// Members trained together match twins (same seeds, configs and transitions) trained alone: every phase's

@@ -7,6 +7,7 @@ use tch::Tensor;
 use crate::Result;
 use crate::checkpoint::Checkpoint;
 use crate::nn::lanes::{Lanes, lanes};
+use crate::nn::members::{Coef, per_member};
 use crate::nn::params::FlatParams;
 
 /// Adam state for one flat parameter buffer.
@@ -57,14 +58,11 @@ impl Adam {
             self.steps = 0;
         }
         self.steps += 1;
-        let t = self.steps as i32;
-        let bias1 = 1.0 - self.beta1.powi(t);
-        let bias2 = 1.0 - self.beta2.powi(t);
+        let step = Coef::One(-self.lr / bias(self.beta1, self.steps));
+        let (betas, eps) = ((self.beta1, self.beta2), Coef::One(self.eps));
         tch::no_grad(|| {
-            let _ = self.exp_avg.lerp_(&grad, 1.0 - self.beta1);
-            let _ = self.exp_avg_sq.g_mul_scalar_(self.beta2).addcmul_(&grad, &grad.g_mul_scalar(1.0 - self.beta2));
-            let denom = (self.exp_avg_sq.sqrt() / bias2.sqrt()) + self.eps;
-            let scaled = &self.exp_avg * (-self.lr / bias1);
+            let (m, v) = (&mut self.exp_avg, &mut self.exp_avg_sq);
+            let (scaled, denom) = moments_step(m, v, &grad, self.steps, betas, &step, &eps);
             if params.has_frozen() {
                 params.add_to_trainable(&(scaled / denom)).expect("moments sized to the trainable scalars");
             } else {
@@ -120,6 +118,78 @@ impl Adam {
     }
 }
 
+/// The members' Adam states stacked on the member axis ([`crate::nn::members`]) for one step of all: moments
+/// `[N, P]`, per-member ε, the shared step count and betas. Moments of another size than the parameters (made
+/// while layers were frozen) start afresh at step 0, as [`Adam::step`] restarts them.
+pub(crate) struct StackedAdam {
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    steps: u64,
+    betas: (f64, f64),
+    eps: Coef,
+}
+
+impl StackedAdam {
+    /// `opts[k]` is the optimiser of row `k` of `params` (`[N, P]`).
+    pub(crate) fn new(opts: &[&Adam], params: &Tensor) -> Self {
+        let fresh = opts.iter().any(|o| o.exp_avg.numel() as i64 != params.size()[1]);
+        let stack = |pick: fn(&Adam) -> &Tensor| match fresh {
+            true => params.zeros_like().detach(),
+            false => Tensor::stack(&opts.iter().map(|o| pick(o).shallow_clone()).collect::<Vec<_>>(), 0),
+        };
+        StackedAdam {
+            exp_avg: stack(|o| &o.exp_avg),
+            exp_avg_sq: stack(|o| &o.exp_avg_sq),
+            steps: if fresh { 0 } else { opts[0].steps },
+            betas: (opts[0].beta1, opts[0].beta2),
+            eps: Coef::Each(per_member(opts.iter().map(|o| o.eps), params.device())),
+        }
+    }
+
+    /// One Adam step ([`Adam::step`]'s ops) of every member's parameters (rows of `params`) from its gradient
+    /// (rows of `grad`), with per-member learning rates.
+    pub(crate) fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
+        self.steps += 1;
+        let bias1 = bias(self.betas.0, self.steps);
+        let step = Coef::Each(per_member(lrs.iter().map(|lr| -lr / bias1), params.device()));
+        tch::no_grad(|| {
+            let (m, v) = (&mut self.exp_avg, &mut self.exp_avg_sq);
+            let (scaled, denom) = moments_step(m, v, grad, self.steps, self.betas, &step, &self.eps);
+            let mut theta = params.shallow_clone();
+            let _ = theta.addcdiv_(&scaled, &denom);
+        });
+    }
+
+    /// Member `k`'s moments and step count back into its optimiser.
+    pub(crate) fn write_back(&self, k: usize, opt: &mut Adam) {
+        opt.exp_avg = self.exp_avg.get(k as i64).copy();
+        opt.exp_avg_sq = self.exp_avg_sq.get(k as i64).copy();
+        opt.steps = self.steps;
+    }
+}
+
+/// Adam's tensor arithmetic (`torch.optim.Adam`, op for op), one member or many: the moments `m`, `v` move
+/// towards step `t`'s gradient in place; returns `(scaled, denom)`, the step being `θ += scaled / denom`.
+/// `step` is `−lr / (1 − β₁ᵗ)`.
+fn moments_step(
+    m: &mut Tensor,
+    v: &mut Tensor,
+    grad: &Tensor,
+    t: u64,
+    (beta1, beta2): (f64, f64),
+    step: &Coef,
+    eps: &Coef,
+) -> (Tensor, Tensor) {
+    let _ = m.lerp_(grad, 1.0 - beta1);
+    let _ = v.g_mul_scalar_(beta2).addcmul_(grad, &grad.g_mul_scalar(1.0 - beta2));
+    (step.mul(m), eps.add(&(v.sqrt() / bias(beta2, t).sqrt())))
+}
+
+/// Adam's bias correction `1 − βᵗ`.
+fn bias(beta: f64, t: u64) -> f64 {
+    1.0 - beta.powi(t as i32)
+}
+
 /// One Adam step on host slices, the same arithmetic as [`Adam::step`] (`torch.optim.Adam`):
 /// `m ← m + (1−β₁)(g − m)`, `v ← β₂v + (1−β₂)g²`, `θ ← θ − (lr/(1−β₁ᵗ)) · m / (√v/√(1−β₂ᵗ) + ε)`, with `t`
 /// the step number (from 1).
@@ -133,8 +203,7 @@ pub(crate) fn adam_step(
     lr: f64,
     (beta1, beta2, eps): (f64, f64, f64),
 ) {
-    let bias1 = 1.0 - beta1.powi(t as i32);
-    let bias2 = 1.0 - beta2.powi(t as i32);
+    let (bias1, bias2) = (bias(beta1, t), bias(beta2, t));
     let k = AdamConstants {
         w1: (1.0 - beta1) as f32,
         b2: beta2 as f32,

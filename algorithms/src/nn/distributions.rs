@@ -26,11 +26,12 @@ pub enum ActionDist {
 pub(crate) const LOG_SQRT_2PI: f64 = 0.918_938_533_204_672_7; // ln(√(2π))
 
 impl ActionDist {
-    /// Log-probability of `actions` (`[B]` i64 indices or `[B, D]` floats), shape `[B]`.
+    /// Log-probability of `actions` (`[B]` i64 indices or `[B, D]` floats), shape `[B]` (with leading axes,
+    /// `[N, B]` from `[N, B]` or `[N, B, D]`: a population's members).
     pub fn log_prob(&self, actions: &Tensor) -> Tensor {
         match self {
             ActionDist::Categorical { logits } => {
-                logits.log_softmax(-1, Kind::Float).gather(1, &actions.unsqueeze(1), false).squeeze_dim(1)
+                logits.log_softmax(-1, Kind::Float).gather(-1, &actions.unsqueeze(-1), false).squeeze_dim(-1)
             }
             ActionDist::DiagGaussian { mean, log_std } => {
                 let z = (actions - mean) * (-log_std).exp();
@@ -39,7 +40,7 @@ impl ActionDist {
         }
     }
 
-    /// Entropy per row, shape `[B]`.
+    /// Entropy per row, shape `[B]` (or `[N, B]`).
     pub fn entropy(&self) -> Tensor {
         match self {
             ActionDist::Categorical { logits } => {

@@ -9,6 +9,7 @@ pub mod distributions;
 pub mod host_mlp;
 pub(crate) mod host_train;
 pub mod lanes;
+pub(crate) mod members;
 pub mod nets;
 pub mod params;
 pub mod rmsprop;

@@ -8,6 +8,7 @@ use tch::Tensor;
 
 use crate::Result;
 use crate::checkpoint::Checkpoint;
+use crate::nn::members::{Coef, per_member};
 use crate::nn::params::FlatParams;
 
 /// RMSprop state for one flat parameter buffer.
@@ -47,10 +48,10 @@ impl RmsProp {
             self.steps = 0;
         }
         self.steps += 1;
+        let (alpha, weight) = (Coef::One(self.alpha), Coef::One(1.0 - self.alpha));
+        let (step, eps) = (Coef::One(-self.lr), Coef::One(self.eps));
         tch::no_grad(|| {
-            let _ = self.square_avg.g_mul_scalar_(self.alpha).addcmul_(&grad, &grad.g_mul_scalar(1.0 - self.alpha));
-            let denom = self.square_avg.sqrt() + self.eps;
-            let scaled = &grad * -self.lr;
+            let (scaled, denom) = square_avg_step(&mut self.square_avg, &grad, (&alpha, &weight), &step, &eps);
             if params.has_frozen() {
                 params.add_to_trainable(&(scaled / denom)).expect("state sized to the trainable scalars");
             } else {
@@ -105,6 +106,69 @@ impl RmsProp {
         self.square_avg = params.take_optimiser_state(c, &format!("{prefix}.square_avg"), self.steps)?;
         Ok(())
     }
+}
+
+/// The members' RMSprop states stacked on the member axis ([`crate::nn::members`]) for one step of all: running
+/// means `[N, P]`, per-member α and ε, the shared step count. A running mean of another size than the
+/// parameters (made while layers were frozen) starts afresh at step 0, as [`RmsProp::step`] restarts it.
+pub(crate) struct StackedRmsProp {
+    square_avg: Tensor,
+    steps: u64,
+    alpha: Coef,
+    weight: Coef,
+    eps: Coef,
+}
+
+impl StackedRmsProp {
+    /// `opts[k]` is the optimiser of row `k` of `params` (`[N, P]`).
+    pub(crate) fn new(opts: &[&RmsProp], params: &Tensor) -> Self {
+        let fresh = opts.iter().any(|o| o.square_avg.numel() as i64 != params.size()[1]);
+        let d = params.device();
+        StackedRmsProp {
+            square_avg: match fresh {
+                true => params.zeros_like().detach(),
+                false => Tensor::stack(&opts.iter().map(|o| o.square_avg.shallow_clone()).collect::<Vec<_>>(), 0),
+            },
+            steps: if fresh { 0 } else { opts[0].steps },
+            alpha: Coef::Each(per_member(opts.iter().map(|o| o.alpha), d)),
+            weight: Coef::Each(per_member(opts.iter().map(|o| 1.0 - o.alpha), d)),
+            eps: Coef::Each(per_member(opts.iter().map(|o| o.eps), d)),
+        }
+    }
+
+    /// One RMSprop step ([`RmsProp::step`]'s ops) of every member's parameters (rows of `params`) from its
+    /// gradient (rows of `grad`), with per-member learning rates.
+    pub(crate) fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
+        self.steps += 1;
+        let step = Coef::Each(per_member(lrs.iter().map(|lr| -lr), params.device()));
+        tch::no_grad(|| {
+            let alpha = (&self.alpha, &self.weight);
+            let (scaled, denom) = square_avg_step(&mut self.square_avg, grad, alpha, &step, &self.eps);
+            let mut theta = params.shallow_clone();
+            let _ = theta.addcdiv_(&scaled, &denom);
+        });
+    }
+
+    /// Member `k`'s running mean and step count back into its optimiser.
+    pub(crate) fn write_back(&self, k: usize, opt: &mut RmsProp) {
+        opt.square_avg = self.square_avg.get(k as i64).copy();
+        opt.steps = self.steps;
+    }
+}
+
+/// RMSprop's tensor arithmetic (`torch.optim.RMSprop`, op for op), one member or many: the running mean `v`
+/// moves towards `grad²` in place (`v·α + g·(g·(1−α))`, `weight` being `1 − α`); returns `(scaled, denom)`,
+/// the step being `θ += scaled / denom`, for `step` = `−lr`.
+fn square_avg_step(
+    v: &mut Tensor,
+    grad: &Tensor,
+    (alpha, weight): (&Coef, &Coef),
+    step: &Coef,
+    eps: &Coef,
+) -> (Tensor, Tensor) {
+    alpha.mul_(v);
+    let _ = v.addcmul_(grad, &weight.mul(grad));
+    (step.mul(grad), eps.add(&v.sqrt()))
 }
 
 #[cfg(test)]

@@ -23,8 +23,6 @@
 //! `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean `min(ρ̄, π/μ)`),
 //! `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with `π/μ > ρ̄`) and
 //! `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)), all before the update.
-pub mod population;
-
 use flotilla_core::{ObsRef, Space};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -34,13 +32,15 @@ use tch::{Device, Kind, Tensor};
 
 pub use crate::actor_critic::LossCoefficients;
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
+use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::data::vtrace::VtraceConfig;
-use crate::nn::adam::Adam;
+use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
+use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
@@ -195,7 +195,7 @@ impl PpoConfig {
     }
 }
 
-/// The loss terms of one minibatch (scalars, differentiable where it matters).
+/// The loss terms of one minibatch, one per member (`[N]`, differentiable where it matters).
 #[derive(Debug)]
 pub struct PpoLoss {
     /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
@@ -206,7 +206,7 @@ pub struct PpoLoss {
     pub value: Tensor,
     /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
     pub entropy: Option<Tensor>,
-    /// `ln ρ` per sample, for diagnostics.
+    /// `ln ρ` per sample (`[N, B]`), for diagnostics.
     pub log_ratio: Tensor,
 }
 
@@ -226,26 +226,46 @@ impl PpoLoss {
         let value = mean(&|l| l.value.detach());
         let entropy =
             parts[0].0.entropy.is_some().then(|| mean(&|l| l.entropy.as_ref().expect("all or none").detach()));
-        let log_ratio = Tensor::cat(&parts.iter().map(|(l, _)| l.log_ratio.detach()).collect::<Vec<_>>(), 0);
+        let log_ratio = Tensor::cat(&parts.iter().map(|(l, _)| l.log_ratio.detach()).collect::<Vec<_>>(), -1);
         let (_, dist) = parts.pop().expect("k > 1 parts");
         (PpoLoss { total, policy, value, entropy, log_ratio }, dist)
     }
 
     /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance estimate of KL(old ‖ new) (Schulman 2020), no gradient.
     pub fn approx_kl(&self) -> Tensor {
-        tch::no_grad(|| (self.log_ratio.exp() - 1.0 - &self.log_ratio).mean(Kind::Float))
+        tch::no_grad(|| (self.log_ratio.exp() - 1.0 - &self.log_ratio).mean_dim(-1, false, Kind::Float))
     }
 
     /// Fraction of samples whose ratio left `[1 − ε, 1 + ε]`, no gradient.
-    pub fn clip_fraction(&self, clip_range: f64) -> Tensor {
-        tch::no_grad(|| (self.log_ratio.exp() - 1.0).abs().gt(clip_range).to_kind(Kind::Float).mean(Kind::Float))
+    pub(crate) fn clip_fraction(&self, clip_range: &Coef) -> Tensor {
+        let outside = |x: &Tensor| match clip_range {
+            Coef::One(c) => x.gt(*c),
+            Coef::Each(c) => x.gt_tensor(&c.unsqueeze(1)),
+        };
+        tch::no_grad(|| {
+            outside(&(self.log_ratio.exp() - 1.0).abs()).to_kind(Kind::Float).mean_dim(-1, false, Kind::Float)
+        })
     }
 }
 
-/// The PPO loss from per-sample tensors (all `[B]`): new and old log-probs, advantages, entropies (optional),
-/// new and old values, and value targets.
+/// The coefficients of [`ppo_loss`], each one value or one per member.
+#[derive(Debug)]
+pub(crate) struct Coefficients {
+    /// Surrogate clipping ε.
+    pub(crate) clip_range: Coef,
+    /// Value clipping range, if any.
+    pub(crate) clip_range_vf: Option<Coef>,
+    /// Entropy coefficient.
+    pub(crate) ent_coef: Coef,
+    /// Value loss coefficient.
+    pub(crate) vf_coef: Coef,
+}
+
+/// The PPO loss of each member from per-sample tensors (all `[N, B]`, or `[B]` for one): new and old
+/// log-probs, advantages (normalised already, where asked), entropies (optional), new and old values, and value
+/// targets.
 #[allow(clippy::too_many_arguments)]
-pub fn ppo_loss(
+pub(crate) fn ppo_loss(
     log_prob: &Tensor,
     old_log_prob: &Tensor,
     advantages: &Tensor,
@@ -253,38 +273,222 @@ pub fn ppo_loss(
     values: &Tensor,
     old_values: &Tensor,
     returns: &Tensor,
-    c: LossCoefficients,
+    c: &Coefficients,
 ) -> PpoLoss {
-    let advantages = if c.normalize_advantage && advantages.size()[0] > 1 {
-        normalize(advantages)
-    } else {
-        advantages.shallow_clone()
-    };
+    let mean = |t: Tensor| t.mean_dim(-1, false, Kind::Float);
     let log_ratio = log_prob - old_log_prob;
     let ratio = log_ratio.exp();
-    let surrogate = &advantages * &ratio;
-    let clipped = &advantages * ratio.clamp(1.0 - c.clip_range, 1.0 + c.clip_range);
-    let policy = -surrogate.min_other(&clipped).mean(Kind::Float);
-    let value = match c.clip_range_vf {
-        None => (returns - values).square().mean(Kind::Float),
+    let surrogate = advantages * &ratio;
+    let clipped = advantages * c.clip_range.clamp_around(&ratio, 1.0);
+    let policy = -mean(surrogate.min_other(&clipped));
+    let value = match &c.clip_range_vf {
+        None => mean((returns - values).square()),
         Some(eps) => {
-            let clipped_values = old_values + (values - old_values).clamp(-eps, eps);
+            let clipped_values = old_values + eps.clamp_around(&(values - old_values), 0.0);
             let unclipped = (returns - values).square();
             let clipped = (returns - clipped_values).square();
-            unclipped.max_other(&clipped).mean(Kind::Float)
+            mean(unclipped.max_other(&clipped))
         }
     };
-    let mut total = &policy + &value * c.vf_coef;
-    let entropy = entropy.map(|e| e.mean(Kind::Float));
+    let mut total = &policy + c.vf_coef.mul(&value);
+    let entropy = entropy.map(|e| mean(e.shallow_clone()));
     if let Some(e) = &entropy {
-        total -= e * c.ent_coef;
+        total -= c.ent_coef.mul(e);
     }
     PpoLoss { total, policy, value, entropy, log_ratio }
 }
 
-/// `(x − mean) / (std + 1e-8)` with the unbiased std, as SB3.
-fn normalize(x: &Tensor) -> Tensor {
-    (x - x.mean(Kind::Float)) / (x.std(true) + 1e-8)
+/// Why these PPO members cannot be stacked into one update (`None`: they can). Members that cannot are
+/// updated one by one, with the same results, only slower.
+pub fn unbatchable(members: &[&Ppo]) -> Option<String> {
+    let first = members.first()?;
+    let c0 = &first.config;
+    let nets: Vec<MemberNet> = members
+        .iter()
+        .map(|m| MemberNet { net: &m.pi.net, fused_cpu: m.config.fused_cpu, parallel: &m.parallel, steps: m.opt.steps })
+        .collect();
+    if let Some(why) = stacking_refused(&nets) {
+        return Some(why);
+    }
+    for m in members {
+        let c = &m.config;
+        if c.vtrace.is_some() || c.target_kl.is_some() {
+            return Some("V-trace or a KL early stop".into());
+        }
+        if (c.n_epochs, c.batch_size, c.normalize_advantage, c.anneal_lr, c.anneal_clip_range)
+            != (c0.n_epochs, c0.batch_size, c0.normalize_advantage, c0.anneal_lr, c0.anneal_clip_range)
+            || c.clip_range_vf.is_some() != c0.clip_range_vf.is_some()
+        {
+            return Some("members' update schedules differ".into());
+        }
+    }
+    None
+}
+
+/// One PPO update of every member on its finished rollout (GAE computed): stacked into one batched program
+/// where [`unbatchable`] allows, else one by one ([`Ppo::update_from`]). `progress_remaining` (1 → 0) anneals
+/// each member's learning rate and clip range. Returns each member's metrics.
+pub fn update_members(
+    members: &mut [&mut Ppo],
+    rollouts: &[&Rollout],
+    progress_remaining: f64,
+) -> Result<Vec<Metrics>> {
+    if members.len() != rollouts.len() {
+        let (got, expected) = (rollouts.len(), members.len());
+        return Err(Error::BadLength { what: "population rollouts".into(), got, expected });
+    }
+    let refs: Vec<&Ppo> = members.iter().map(|m| &**m).collect();
+    if members.len() == 1 || unbatchable(&refs).is_some() {
+        return members.iter_mut().zip(rollouts).map(|(m, r)| m.update_from(r, progress_remaining)).collect();
+    }
+    update_torch(members, rollouts, progress_remaining)
+}
+
+/// PPO's update on libtorch, written once over the member axis: a member alone (any network, replicas,
+/// micro-batches, V-trace, a KL early stop) or several stacked ([`Nets`]).
+fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remaining: f64) -> Result<Vec<Metrics>> {
+    let c0 = members[0].config.clone();
+    let n = rollouts[0].len();
+    for r in rollouts {
+        if r.len() != n || n == 0 || !n.is_multiple_of(c0.batch_size) {
+            let what = "rollout transitions (equal for every member, a multiple of batch_size)".into();
+            return Err(Error::BadLength { what, got: r.len(), expected: c0.batch_size });
+        }
+    }
+    let progress = progress_remaining.clamp(0.0, 1.0);
+    let anneal = |on: bool, x: f64| if on { x * progress } else { x };
+    let lrs: Vec<f64> = members.iter().map(|m| anneal(m.config.anneal_lr, m.config.learning_rate)).collect();
+    let clips: Vec<f64> = members.iter().map(|m| anneal(m.config.anneal_clip_range, m.config.clip_range)).collect();
+    let device = members[0].pi.net.device;
+    let each = |f: fn(&PpoConfig) -> f64| Coef::of(members.iter().map(|m| f(&m.config)), device);
+    let coefficients = Coefficients {
+        clip_range: Coef::of(clips.iter().copied(), device),
+        clip_range_vf: c0.clip_range_vf.map(|_| each(|c| c.clip_range_vf.expect("all or none"))),
+        ent_coef: each(|c| c.ent_coef),
+        vf_coef: each(|c| c.vf_coef),
+    };
+    let need_entropy = members.iter().any(|m| m.config.ent_coef != 0.0);
+    let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
+    let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
+    let batch = Batch::new(&nets, rollouts, c0.gamma as f32, c0.vtrace.as_ref())?;
+    let stacked = (members.len() > 1).then(|| {
+        let net = StackedActorCritic::new(&nets);
+        let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
+        (net, opt)
+    });
+
+    // Each member's shuffling RNG, and the networks: a member alone lends its own.
+    let mut rngs = Vec::with_capacity(members.len());
+    let mut nets = stacked.map(|(net, opt)| Nets::Stacked(net, opt));
+    for (m, &lr) in members.iter_mut().zip(&lrs) {
+        let Ppo { pi, opt, parallel, .. } = &mut **m;
+        opt.lr = lr;
+        rngs.push(&mut pi.rng);
+        if nets.is_none() {
+            nets = Some(Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) });
+        }
+    }
+    let mut nets = nets.expect("at least one member");
+
+    let Batch { obs, actions, old_log_prob, returns, old_values, explained, vtrace, mut advantages } = batch;
+    let full_batch = c0.batch_size == n;
+    if c0.normalize_advantage && full_batch {
+        // One minibatch holds every sample, so its normalisation is the same in every epoch: done once.
+        advantages = nets.normalize(&advantages)?;
+    }
+    let normalize_minibatch = c0.normalize_advantage && !full_batch && c0.batch_size > 1;
+    let mut orders: Vec<Vec<i64>> = (0..rngs.len()).map(|_| (0..n as i64).collect()).collect();
+    let mut gradient_steps = 0usize;
+    let mut last = None;
+    'epochs: for _ in 0..c0.n_epochs {
+        for (rng, order) in rngs.iter_mut().zip(orders.iter_mut()) {
+            order.shuffle(*rng);
+        }
+        for start in (0..n).step_by(c0.batch_size) {
+            // A full-batch "minibatch" needs no gather: each member's loss is a mean over its samples.
+            let idx = (!full_batch).then(|| {
+                let rows = orders
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(k, o)| o[start..start + c0.batch_size].iter().map(move |&i| i + (k * n) as i64));
+                Tensor::from_slice(&rows.collect::<Vec<_>>()).to_device(device)
+            });
+            let pick = |t: &Tensor| idx.as_ref().map_or_else(|| t.shallow_clone(), |i| pick(t, i));
+            let mut mb_advantages = pick(&advantages);
+            if normalize_minibatch {
+                mb_advantages = nets.normalize(&mb_advantages)?;
+            }
+            let (mb_obs, mb_actions, mb_old_log_prob) = (pick(&obs), pick(&actions), pick(&old_log_prob));
+            let (mb_old_values, mb_returns) = (pick(&old_values), pick(&returns));
+            let (micro_batches, scale) = nets.micro_batches(c0.batch_size as i64);
+            let mut parts = Vec::with_capacity(micro_batches.len());
+            for (j, &(start, len)) in micro_batches.iter().enumerate() {
+                let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
+                let (dist, values) = nets.forward(&micro(&mb_obs));
+                let entropy = need_entropy.then(|| dist.entropy());
+                let loss = ppo_loss(
+                    &dist.log_prob(&micro(&mb_actions)),
+                    &micro(&mb_old_log_prob),
+                    &micro(&mb_advantages),
+                    entropy.as_ref(),
+                    &values,
+                    &micro(&mb_old_values),
+                    &micro(&mb_returns),
+                    &coefficients,
+                );
+                nets.backward(&loss.total, scale, j > 0);
+                parts.push((loss, dist));
+            }
+            nets.reduce_and_clip(&max_norms, "ppo")?;
+            nets.step(&lrs);
+            gradient_steps += 1;
+            let (loss, dist) = PpoLoss::merge(parts);
+            let stop = match c0.target_kl {
+                None => false,
+                Some(t) => {
+                    nets.replica_mean(f64::try_from(loss.approx_kl().sum(Kind::Float)).unwrap_or(0.0))? > 1.5 * t
+                }
+            };
+            last = Some((loss, dist));
+            if stop {
+                break 'epochs;
+            }
+        }
+    }
+    drop(rngs);
+    if let Nets::Stacked(net, opt) = &nets {
+        tch::no_grad(|| {
+            for (k, m) in members.iter_mut().enumerate() {
+                net.write_back(k, &m.pi.net.params);
+                opt.write_back(k, &mut m.opt);
+            }
+        });
+    }
+
+    let (loss, dist) = last.expect("at least one minibatch");
+    let entropy = match &loss.entropy {
+        Some(e) => e.shallow_clone(),
+        None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
+    };
+    let (approx_kl, clip_fraction) = (loss.approx_kl(), loss.clip_fraction(&coefficients.clip_range));
+    let [policy, value, entropy, approx_kl, clip_fraction] =
+        [loss.policy, loss.value, entropy, approx_kl, clip_fraction].map(|t| host(&t));
+    let (policy, value, entropy, approx_kl, clip_fraction) = (policy?, value?, entropy?, approx_kl?, clip_fraction?);
+    Ok((0..members.len())
+        .map(|k| {
+            let step = StepLoss {
+                policy: policy[k],
+                value: value[k],
+                entropy: entropy[k],
+                approx_kl: approx_kl[k],
+                clip_fraction: clip_fraction[k],
+            };
+            let mut m = Metrics::default();
+            push_update_metrics(&mut m, &step, explained[k], (lrs[k], clips[k]), gradient_steps);
+            m.0.extend(vtrace[k].iter().copied());
+            m
+        })
+        .collect())
 }
 
 /// A PPO agent: the actor-critic network, its optimiser and the RNG used to act and shuffle.
@@ -358,140 +562,31 @@ impl Ppo {
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under the current parameters (the rollout itself is left as the behaviour policy's record).
     pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        let fused = self.fused_path();
+        let Some(mut host) = self.fused_path() else {
+            let mut metrics = update_torch(&mut [self], &[rollout], progress_remaining)?;
+            return Ok(metrics.pop().expect("one member"));
+        };
         let c = &self.config;
         let n = rollout.len();
         if n == 0 || !n.is_multiple_of(c.batch_size) {
-            return Err(Error::BadLength {
-                what: "rollout transitions (a multiple of batch_size)".into(),
-                got: n,
-                expected: c.batch_size,
-            });
+            self.host = Some(host);
+            let what = "rollout transitions (a multiple of batch_size)".into();
+            return Err(Error::BadLength { what, got: n, expected: c.batch_size });
         }
         let progress = progress_remaining.clamp(0.0, 1.0);
         let lr = if c.anneal_lr { c.learning_rate * progress } else { c.learning_rate };
         let clip_range = if c.anneal_clip_range { c.clip_range * progress } else { c.clip_range };
         self.opt.lr = lr;
-        let coefficients = LossCoefficients {
-            clip_range,
-            clip_range_vf: c.clip_range_vf,
-            ent_coef: c.ent_coef,
-            vf_coef: c.vf_coef,
-            normalize_advantage: c.normalize_advantage,
-        };
-        // Off-policy correction: advantages, value targets and the values to clip around, all recomputed.
-        let obs = self.pi.net.rollout_obs(rollout)?;
-        let targets = self.pi.net.targets(rollout, &obs, c.gamma as f32, c.vtrace.as_ref())?;
+        let coefficients =
+            LossCoefficients { clip_range, clip_range_vf: c.clip_range_vf, ent_coef: c.ent_coef, vf_coef: c.vf_coef };
+        let targets = self.pi.net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
-        if let Some(mut host) = fused {
-            let fused = self.update_fused(&mut host, rollout, (advantages, returns, values), coefficients);
-            self.host = Some(host);
-            let (loss, gradient_steps) = fused?;
-            let mut m = Metrics::default();
-            push_update_metrics(&mut m, &loss, explained_var, (lr, clip_range), gradient_steps);
-            if let Some(t) = &targets.vtrace {
-                t.weights.push_metrics(&mut m);
-            }
-            return Ok(m);
-        }
-        let d = self.pi.net.device;
-        let actions = self.pi.net.actions_tensor(&rollout.actions);
-        let old_log_prob = Tensor::from_slice(&rollout.log_probs).to_device(d);
-        let mut advantages = Tensor::from_slice(advantages).to_device(d);
-        let mut coefficients = coefficients;
-        if coefficients.normalize_advantage {
-            // Normalised per minibatch here (over every replica's minibatch), never inside the loss, which
-            // may see only a micro-batch.
-            coefficients.normalize_advantage = false;
-            if c.batch_size == n {
-                // One minibatch holds every sample, so its normalisation is the same in every epoch: do it once.
-                advantages = self.parallel.normalize(&advantages)?;
-            }
-        }
-        let normalize_minibatch = c.normalize_advantage && c.batch_size != n;
-        let returns = Tensor::from_slice(returns).to_device(d);
-        let old_values = Tensor::from_slice(values).to_device(d);
-
-        let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
-        let mut order: Vec<i64> = (0..n as i64).collect();
-        let need_entropy = c.ent_coef != 0.0;
-        let mut last = None;
-        let mut gradient_steps = 0usize;
-        'epochs: for _ in 0..n_epochs {
-            order.shuffle(&mut self.pi.rng);
-            for minibatch in order.chunks(batch_size) {
-                // A full-batch "minibatch" needs no gather: the loss is a mean, so order does not matter.
-                let idx = (batch_size != n).then(|| Tensor::from_slice(minibatch).to_device(d));
-                let pick = |t: &Tensor| match &idx {
-                    None => t.shallow_clone(),
-                    Some(i) => t.index_select(0, i),
-                };
-                let mut mb_advantages = pick(&advantages);
-                if normalize_minibatch && minibatch.len() > 1 {
-                    mb_advantages = self.parallel.normalize(&mb_advantages)?;
-                }
-                let (mb_obs, mb_actions, mb_old_log_prob) = (pick(&obs), pick(&actions), pick(&old_log_prob));
-                let (mb_old_values, mb_returns) = (pick(&old_values), pick(&returns));
-                let scale = self.parallel.micro_scale();
-                let mut parts = Vec::with_capacity(self.parallel.accumulate());
-                for (j, (start, len)) in self.parallel.micro_batches(minibatch.len() as i64).enumerate() {
-                    let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(0, start, len) };
-                    let (head, values) = self.pi.net.forward(&micro(&mb_obs));
-                    let dist = self.pi.net.dist(head);
-                    let entropy = need_entropy.then(|| dist.entropy());
-                    let loss = ppo_loss(
-                        &dist.log_prob(&micro(&mb_actions)),
-                        &micro(&mb_old_log_prob),
-                        &micro(&mb_advantages),
-                        entropy.as_ref(),
-                        &values,
-                        &micro(&mb_old_values),
-                        &micro(&mb_returns),
-                        coefficients,
-                    );
-                    if j == 0 {
-                        self.pi.net.params.backward(&(&loss.total * scale));
-                    } else {
-                        self.pi.net.params.backward_add(&(&loss.total * scale));
-                    }
-                    parts.push((loss, dist));
-                }
-                self.parallel.reduce(&mut self.pi.net.params)?;
-                let norm = self.pi.net.params.clip_grad_norm(max_grad_norm);
-                if !norm.is_finite() {
-                    return Err(Error::NonFinite(format!(
-                        "ppo: gradient norm {norm} (non-finite loss); step not taken"
-                    )));
-                }
-                self.opt.step(&mut self.pi.net.params);
-                gradient_steps += 1;
-                let (loss, dist) = PpoLoss::merge(parts);
-                let stop = match target_kl {
-                    None => false,
-                    Some(t) => self.parallel.mean(f64::try_from(loss.approx_kl()).unwrap_or(0.0))? > 1.5 * t,
-                };
-                last = Some((loss, dist));
-                if stop {
-                    break 'epochs;
-                }
-            }
-        }
-        let (loss, dist) = last.expect("at least one minibatch");
-        let entropy = match &loss.entropy {
-            Some(e) => e.shallow_clone(),
-            None => tch::no_grad(|| dist.entropy().mean(Kind::Float)),
-        };
-        let scalar = |t: &Tensor| f64::try_from(t).map_err(Error::from);
-        let step = StepLoss {
-            policy: scalar(&loss.policy)?,
-            value: scalar(&loss.value)?,
-            entropy: scalar(&entropy)?,
-            approx_kl: scalar(&loss.approx_kl())?,
-            clip_fraction: scalar(&loss.clip_fraction(clip_range))?,
-        };
+        let fused = self.update_fused(&mut host, rollout, (advantages, returns, values), coefficients);
+        self.host = Some(host);
+        let (loss, gradient_steps) = fused?;
         let mut m = Metrics::default();
-        push_update_metrics(&mut m, &step, explained_var, (lr, clip_range), gradient_steps);
+        push_update_metrics(&mut m, &loss, explained_var, (lr, clip_range), gradient_steps);
         if let Some(t) = &targets.vtrace {
             t.weights.push_metrics(&mut m);
         }
@@ -514,7 +609,7 @@ impl Ppo {
         host: &mut ActorCriticHost,
         rollout: &Rollout,
         (advantages, returns, values): (&[f32], &[f32], &[f32]),
-        mut coefficients: LossCoefficients,
+        coefficients: LossCoefficients,
     ) -> Result<(StepLoss, usize)> {
         let c = &self.config;
         let n = rollout.len();
@@ -527,7 +622,6 @@ impl Ppo {
         if c.normalize_advantage && c.batch_size == n {
             normalize_host(&mut adv);
         }
-        coefficients.normalize_advantage = false;
         let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
         let mut order: Vec<usize> = (0..n).collect();
         let mut gathered = Gathered::default();
@@ -727,6 +821,16 @@ pub(crate) mod tests {
     use crate::nn::params::assert_params_close;
     use rand::{Rng, SeedableRng};
 
+    /// One member's [`Coefficients`].
+    fn coefficients(c: LossCoefficients) -> Coefficients {
+        Coefficients {
+            clip_range: Coef::One(c.clip_range),
+            clip_range_vf: c.clip_range_vf.map(Coef::One),
+            ent_coef: Coef::One(c.ent_coef),
+            vf_coef: Coef::One(c.vf_coef),
+        }
+    }
+
     /// The PPO loss in the paper's notation, sample by sample, in f64.
     fn reference_loss(
         lp: &[f64],
@@ -736,6 +840,7 @@ pub(crate) mod tests {
         old_v: &[f64],
         ret: &[f64],
         c: LossCoefficients,
+        normalize_advantage: bool,
     ) -> (f64, f64) {
         let n = adv.len() as f64;
         let mean = adv.iter().sum::<f64>() / n;
@@ -743,7 +848,7 @@ pub(crate) mod tests {
         let mut l_clip = 0.0;
         let mut l_vf = 0.0;
         for i in 0..adv.len() {
-            let a = if c.normalize_advantage { (adv[i] - mean) / (std + 1e-8) } else { adv[i] };
+            let a = if normalize_advantage { (adv[i] - mean) / (std + 1e-8) } else { adv[i] };
             let r = (lp[i] - old[i]).exp();
             l_clip += (r * a).min(r.clamp(1.0 - c.clip_range, 1.0 + c.clip_range) * a);
             l_vf += match c.clip_range_vf {
@@ -765,15 +870,23 @@ pub(crate) mod tests {
             (draw(-3.0, 3.0), draw(-1.0, 1.0), draw(-1.0, 1.0), draw(-2.0, 2.0), draw(0.0, 0.7));
         let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
         for (normalize, vf_clip) in [(true, None), (false, Some(0.2)), (true, Some(0.05))] {
-            let c = LossCoefficients {
-                clip_range: 0.2,
-                clip_range_vf: vf_clip,
-                ent_coef: 0.01,
-                vf_coef: 0.5,
-                normalize_advantage: normalize,
+            let c = LossCoefficients { clip_range: 0.2, clip_range_vf: vf_clip, ent_coef: 0.01, vf_coef: 0.5 };
+            // Advantages are normalised by the update, per member, before the loss.
+            let advantages = match normalize {
+                true => crate::nn::members::normalize_rows(&t(&adv).unsqueeze(0)).squeeze_dim(0),
+                false => t(&adv),
             };
-            let loss = ppo_loss(&t(&lp), &t(&old), &t(&adv), Some(&t(&ent)), &t(&v), &t(&old_v), &t(&ret), c);
-            let (want_pg, want_vf) = reference_loss(&lp, &old, &adv, &v, &old_v, &ret, c);
+            let loss = ppo_loss(
+                &t(&lp),
+                &t(&old),
+                &advantages,
+                Some(&t(&ent)),
+                &t(&v),
+                &t(&old_v),
+                &t(&ret),
+                &coefficients(c),
+            );
+            let (want_pg, want_vf) = reference_loss(&lp, &old, &adv, &v, &old_v, &ret, c, normalize);
             let got = |x: &Tensor| f64::try_from(x).unwrap();
             assert!((got(&loss.policy) - want_pg).abs() < 1e-5, "{} vs {want_pg}", got(&loss.policy));
             assert!((got(&loss.value) - want_vf).abs() < 1e-5, "{} vs {want_vf}", got(&loss.value));
@@ -782,7 +895,7 @@ pub(crate) mod tests {
             assert!((got(&loss.total) - want_total).abs() < 1e-5);
             let frac =
                 lp.iter().zip(&old).filter(|(a, b)| ((*a - *b).exp() - 1.0).abs() > 0.2).count() as f64 / n as f64;
-            assert!((got(&loss.clip_fraction(0.2)) - frac).abs() < 1e-6);
+            assert!((got(&loss.clip_fraction(&Coef::One(0.2))) - frac).abs() < 1e-6);
             let kl: f64 = lp.iter().zip(&old).map(|(a, b)| (a - b).exp() - 1.0 - (a - b)).sum::<f64>() / n as f64;
             assert!((got(&loss.approx_kl()) - kl).abs() < 1e-6);
         }
@@ -793,14 +906,8 @@ pub(crate) mod tests {
         // Ratio 1.5 with a positive advantage: the clipped branch is active, so d loss / d log_prob = 0.
         let lp = Tensor::from_slice(&[1.5f32.ln()]).set_requires_grad(true);
         let zero = Tensor::from_slice(&[0.0f32]);
-        let c = LossCoefficients {
-            clip_range: 0.2,
-            clip_range_vf: None,
-            ent_coef: 0.0,
-            vf_coef: 0.0,
-            normalize_advantage: false,
-        };
-        let loss = ppo_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), None, &zero, &zero, &zero, c);
+        let c = coefficients(LossCoefficients { clip_range: 0.2, clip_range_vf: None, ent_coef: 0.0, vf_coef: 0.0 });
+        let loss = ppo_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), None, &zero, &zero, &zero, &c);
         loss.total.backward();
         assert_eq!(f64::try_from(lp.grad()).unwrap(), 0.0);
     }
@@ -1103,5 +1210,126 @@ pub(crate) mod tests {
         assert!(e.contains("vtrace") && e.contains("clip_c_threshold") && e.contains("> 0"), "{e}");
         let (obs_space, act_space) = cartpole_spaces();
         assert!(Ppo::new(&obs_space, &act_space, 8, bad, Device::Cpu, 0).is_err());
+    }
+}
+
+#[cfg(test)]
+mod member_tests {
+    use flotilla_core::Space;
+    use rand::SeedableRng;
+    use rand_pcg::Pcg64;
+    use tch::Device;
+
+    use super::*;
+    use crate::actor_critic::members::tests::{cartpole, twin_rollout};
+    use crate::nn::members::rel_diff;
+
+    /// Members updated together match twins (same seeds, same configs, same rollouts) updated alone, after
+    /// several updates: parameters and Adam moments within 1e-6 relative (only reductions may add in another
+    /// order), and the sampling RNG streams exactly.
+    fn check_matches_alone(obs_space: Space, act_space: Space, configs: Vec<PpoConfig>, n_envs: usize) {
+        let obs_dim = obs_space.flat_dim();
+        // The libtorch path on both sides (the fused CPU step is never batched).
+        let build = |c: &PpoConfig, k: usize| {
+            let c = PpoConfig { fused_cpu: false, ..c.clone() };
+            Ppo::new(&obs_space, &act_space, n_envs, c, Device::Cpu, 100 + k as u64).unwrap()
+        };
+        let mut together: Vec<Ppo> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
+        let mut alone: Vec<Ppo> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
+        let n_steps = configs[0].n_steps;
+        let mut rng = Pcg64::seed_from_u64(7);
+        for update in 0..4 {
+            let rollouts: Vec<Rollout> = together
+                .iter_mut()
+                .zip(alone.iter_mut())
+                .map(|(m, twin)| twin_rollout(m, twin, &mut rng, n_envs, n_steps, obs_dim))
+                .collect();
+            let progress = 1.0 - update as f64 / 8.0;
+            let mut refs: Vec<&mut Ppo> = together.iter_mut().collect();
+            let batched = update_members(&mut refs, &rollouts.iter().collect::<Vec<_>>(), progress).unwrap();
+            for (k, (m, r)) in alone.iter_mut().zip(&rollouts).enumerate() {
+                let single = m.update_from(r, progress).unwrap();
+                for key in ["losses/policy_loss", "losses/value_loss", "charts/learning_rate", "charts/gradient_steps"]
+                {
+                    let (a, b) = (batched[k].get(key).unwrap(), single.get(key).unwrap());
+                    assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "update {update} member {k} {key}: {a} vs {b}");
+                }
+            }
+            for (k, (a, b)) in together.iter().zip(&alone).enumerate() {
+                let d = rel_diff(a.params().flat(), b.params().flat());
+                assert!(d <= 1e-6, "update {update} member {k}: parameters differ by {d:e} (relative)");
+                let d = rel_diff(&a.opt.exp_avg_sq, &b.opt.exp_avg_sq);
+                assert!(d <= 1e-5, "update {update} member {k}: Adam moments differ by {d:e}");
+                assert_eq!(a.opt.steps, b.opt.steps);
+                assert_eq!(a.pi.rng, b.pi.rng, "member {k}: the shuffles drew the same numbers");
+            }
+        }
+    }
+
+    #[test]
+    fn full_batch_members_match_their_runs_alone() {
+        // The zoo config: one minibatch of the whole rollout; swept learning rates and entropy coefficients.
+        let configs: Vec<PpoConfig> = [(1e-3, 0.0), (3e-4, 0.01), (2e-3, 0.0)]
+            .into_iter()
+            .map(|(lr, ent)| PpoConfig {
+                n_steps: 16,
+                batch_size: 64,
+                n_epochs: 5,
+                learning_rate: lr,
+                ent_coef: ent,
+                ..PpoConfig::default()
+            })
+            .collect();
+        let (o, a) = cartpole();
+        check_matches_alone(o, a, configs, 4);
+    }
+
+    #[test]
+    fn minibatched_members_with_value_clipping_match_their_runs_alone() {
+        let configs: Vec<PpoConfig> = [(0.2, 0.5, 0.5), (0.1, 0.2, 1.0)]
+            .into_iter()
+            .map(|(clip, vf, grad)| PpoConfig {
+                n_steps: 16,
+                batch_size: 16,
+                n_epochs: 3,
+                clip_range: clip,
+                clip_range_vf: Some(vf),
+                max_grad_norm: grad,
+                ..PpoConfig::default()
+            })
+            .collect();
+        let (o, a) = cartpole();
+        check_matches_alone(o, a, configs, 4);
+    }
+
+    #[test]
+    fn gaussian_members_match_their_runs_alone() {
+        let configs: Vec<PpoConfig> = [0.0, -0.5]
+            .into_iter()
+            .map(|ls| PpoConfig {
+                n_steps: 8,
+                batch_size: 16,
+                n_epochs: 4,
+                log_std_init: ls,
+                ent_coef: 0.001,
+                ..PpoConfig::default()
+            })
+            .collect();
+        let obs = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
+        let act = Space::box1d(vec![-2.0], vec![2.0]);
+        check_matches_alone(obs, act, configs, 4);
+    }
+
+    #[test]
+    fn members_that_cannot_batch_are_named() {
+        let (o, a) = cartpole();
+        let torch = PpoConfig { n_steps: 16, fused_cpu: false, ..PpoConfig::default() };
+        let x = Ppo::new(&o, &a, 4, PpoConfig { batch_size: 64, ..torch.clone() }, Device::Cpu, 1).unwrap();
+        let y = Ppo::new(&o, &a, 4, PpoConfig { batch_size: 32, ..torch.clone() }, Device::Cpu, 2).unwrap();
+        assert!(unbatchable(&[&x, &y]).unwrap().contains("schedules"));
+        assert!(unbatchable(&[&x, &x]).is_none());
+        let fused = PpoConfig { batch_size: 64, fused_cpu: true, ..torch };
+        let fused = Ppo::new(&o, &a, 4, fused, Device::Cpu, 1).unwrap();
+        assert!(unbatchable(&[&fused, &fused]).unwrap().contains("fused"));
     }
 }

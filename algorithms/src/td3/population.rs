@@ -10,7 +10,7 @@
 //! `r + γ (1 − terminated) min_j Q̄_j(s', a')` (γ is the member's, stored with its transitions); each member's
 //! critic loss is its own sum over critics and mean over its minibatch; one backward of the summed losses gives
 //! each member its own gradient, and one Adam step with per-member learning rates and ε follows
-//! (`crate::ppo::population::StackedAdam`). On the policy-delay steps the actor loss `−mean Q_1(s, π(s))` (critic
+//! (`crate::nn::adam::StackedAdam`). On the policy-delay steps the actor loss `−mean Q_1(s, π(s))` (critic
 //! 1 just updated, its weights detached) goes the same way, then the Polyak updates of both targets, with each
 //! member's τ (`lerp_` with a per-member weight, as [`Td3`]'s `FlatParams::polyak_from`). The MLPs run as
 //! batched matmuls (`crate::dqn::population::batched_mlp`). TD3 clips no gradients, so neither does this.
@@ -22,8 +22,9 @@ use tch::{Kind, Reduction, Tensor};
 use crate::algorithm::Algorithm;
 use crate::dqn::population::{batched_mlp, mlp_operands};
 use crate::nn::adam::Adam;
+use crate::nn::adam::StackedAdam;
+use crate::nn::members::{backward_into, member_views, per_member};
 use crate::nn::params::FlatParams;
-use crate::ppo::population::{StackedAdam, backward_into, member_views, per_member};
 use crate::td3::{Td3, activate};
 use crate::transition::Progress;
 use crate::{Error, Metrics, Result};
@@ -255,8 +256,8 @@ mod tests {
     use tch::Device;
 
     use super::*;
+    use crate::nn::members::rel_diff;
     use crate::policy::{ActMode, ActOutput, Policy};
-    use crate::ppo::population::tests::rel_diff;
     use crate::td3::{Counters, DdpgConfig, Td3Config};
     use crate::transition::Transition;
 

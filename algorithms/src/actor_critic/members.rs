@@ -1,0 +1,367 @@
+//! The member axis of PPO's and A2C's libtorch updates: each update is written once over `N` members (`[N, …]`
+//! tensors, `[N]` losses), and a single run is a population of one.
+//!
+//! [`Nets`] is the one interface the update loops see: a member alone ([`Nets::Alone`]: its own network, any
+//! body — MLP, CNN, task heads — with data-parallel replicas, micro-batches and frozen layers), or plain twin
+//! MLPs of one layout stacked into one `[N, P]` leaf ([`Nets::Stacked`]: the `2N` MLPs run as one chain of
+//! batched matmuls, one backward pass of the members' summed losses gives each its own gradient, each clipped
+//! to its own limit, one optimiser step for all). Members that cannot be stacked are updated one by one through
+//! [`Nets::Alone`] — the same loss, not a copy of it. A stacked member matches its update alone to float
+//! rounding: elementwise maths is the same ops; only reductions (matmuls, means, norms) may add in another order
+//! (tests in `ppo` and `a2c`: within 1e-6 relative after several updates).
+use tch::{Device, Kind, Tensor};
+
+use crate::actor_critic::{ActorCritic, explained_variance};
+use crate::data::rollout::Rollout;
+use crate::data::vtrace::VtraceConfig;
+use crate::nn::adam::{Adam, StackedAdam};
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::distributions::ActionDist;
+use crate::nn::members::{backward_into, clip_per_member, member_views, normalize_rows, stack};
+use crate::nn::params::FlatParams;
+use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
+use crate::{Error, Metrics, Result};
+
+/// An optimiser of one member's [`FlatParams`] (its learning rate set by the caller).
+pub(crate) trait Optimiser {
+    /// One step from the gradient in `params`.
+    fn step(&mut self, params: &mut FlatParams);
+}
+
+impl Optimiser for Adam {
+    fn step(&mut self, params: &mut FlatParams) {
+        Adam::step(self, params)
+    }
+}
+
+impl Optimiser for RmsProp {
+    fn step(&mut self, params: &mut FlatParams) {
+        RmsProp::step(self, params)
+    }
+}
+
+/// An optimiser of stacked members' rows (`[N, P]`), with per-member learning rates.
+pub(crate) trait StackedOptimiser {
+    /// One step of every row of `params` from its row of `grad`.
+    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]);
+}
+
+impl StackedOptimiser for StackedAdam {
+    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
+        StackedAdam::step(self, params, grad, lrs)
+    }
+}
+
+impl StackedOptimiser for StackedRmsProp {
+    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
+        StackedRmsProp::step(self, params, grad, lrs)
+    }
+}
+
+/// The networks (and optimisers) an actor-critic update trains, on the member axis.
+pub(crate) enum Nets<'a, S> {
+    /// One member with its own network, replicas and optimiser.
+    Alone {
+        /// The network.
+        net: &'a mut ActorCritic,
+        /// Its replicas and micro-batches.
+        parallel: &'a mut DataParallel,
+        /// Its optimiser (`None` for a gradient worker, which computes gradients and takes no step).
+        opt: Option<&'a mut dyn Optimiser>,
+    },
+    /// Plain twin MLPs of one layout, stacked, with their optimiser states stacked.
+    Stacked(StackedActorCritic, S),
+}
+
+impl<S: StackedOptimiser> Nets<'_, S> {
+    /// The members' policies (`[N, B, …]` heads) and values `[N, B]` on their own observations `[N, B, …]`.
+    pub(crate) fn forward(&self, obs: &Tensor) -> (ActionDist, Tensor) {
+        match self {
+            Nets::Alone { net, .. } => {
+                let (head, values) = net.forward(&obs.squeeze_dim(0));
+                (net.dist(head.unsqueeze(0)), values.unsqueeze(0))
+            }
+            Nets::Stacked(net, _) => net.forward(obs),
+        }
+    }
+
+    /// Each member's advantages `[N, B]` to zero mean and unit variance (a member alone: over every replica's).
+    pub(crate) fn normalize(&mut self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Nets::Alone { parallel, .. } => parallel.normalize(x),
+            Nets::Stacked(..) => Ok(normalize_rows(x)),
+        }
+    }
+
+    /// A minibatch of `len` samples as micro-batches `(start, len)`, and the scale of each one's loss.
+    pub(crate) fn micro_batches(&self, len: i64) -> (Vec<(i64, i64)>, f64) {
+        match self {
+            Nets::Alone { parallel, .. } => (parallel.micro_batches(len).collect(), parallel.micro_scale()),
+            Nets::Stacked(..) => (vec![(0, len)], 1.0),
+        }
+    }
+
+    /// The gradient of `scale ·` each member's loss (`losses`, `[N]`) into its buffer, added to what is there
+    /// with `add` (micro-batches after the first).
+    pub(crate) fn backward(&mut self, losses: &Tensor, scale: f64, add: bool) {
+        match self {
+            Nets::Alone { net, .. } => {
+                let loss = losses.sum(Kind::Float) * scale;
+                if add { net.params.backward_add(&loss) } else { net.params.backward(&loss) }
+            }
+            Nets::Stacked(net, _) => backward_into(losses, &net.views, &net.grad_views),
+        }
+    }
+
+    /// Average the gradients over replicas and clip each member's to its limit; a non-finite norm is an error
+    /// naming `algorithm` (the step is not taken).
+    pub(crate) fn reduce_and_clip(&mut self, max_norms: &[f64], algorithm: &str) -> Result<()> {
+        match self {
+            Nets::Alone { net, parallel, .. } => {
+                parallel.reduce(&mut net.params)?;
+                let norm = net.params.clip_grad_norm(max_norms[0]);
+                if !norm.is_finite() {
+                    return Err(Error::NonFinite(format!(
+                        "{algorithm}: gradient norm {norm} (non-finite loss); step not taken"
+                    )));
+                }
+                Ok(())
+            }
+            Nets::Stacked(net, _) => clip_per_member(&net.grad, max_norms, algorithm),
+        }
+    }
+
+    /// One optimiser step of every member (learning rates `lrs`; a member alone has its own set already).
+    pub(crate) fn step(&mut self, lrs: &[f64]) {
+        match self {
+            Nets::Alone { net, opt: Some(opt), .. } => opt.step(&mut net.params),
+            Nets::Alone { opt: None, .. } => {}
+            Nets::Stacked(net, opt) => opt.step(&net.params, &net.grad, lrs),
+        }
+    }
+
+    /// The mean of `x` over a member alone's replicas (members stacked have none).
+    pub(crate) fn replica_mean(&mut self, x: f64) -> Result<f64> {
+        match self {
+            Nets::Alone { parallel, .. } => parallel.mean(x),
+            Nets::Stacked(..) => Ok(x),
+        }
+    }
+}
+
+/// What [`stacking_refused`] reads of one PPO or A2C member.
+pub(crate) struct MemberNet<'a> {
+    pub(crate) net: &'a ActorCritic,
+    pub(crate) fused_cpu: bool,
+    pub(crate) parallel: &'a DataParallel,
+    /// Optimiser steps taken.
+    pub(crate) steps: u64,
+}
+
+/// Why actor-critic members cannot be stacked, whatever their algorithm: not plain MLPs of one layout, the
+/// fused CPU step, data-parallel replicas, accumulation or frozen layers, or different parameter counts,
+/// optimiser steps or devices. `None`: nothing here stops them.
+pub(crate) fn stacking_refused(members: &[MemberNet]) -> Option<String> {
+    let first = members.first()?;
+    let layout = |m: &MemberNet| {
+        m.net
+            .twin_layout()
+            .map(|(layers, activation, outputs, log_std)| (layers.to_vec(), activation, outputs, log_std))
+    };
+    let l0 = layout(first);
+    if l0.is_none() {
+        return Some("the network is not a plain MLP (a CNN, or task heads)".into());
+    }
+    for m in members {
+        if layout(m) != l0 {
+            return Some("members' networks differ".into());
+        }
+        if m.fused_cpu && m.net.device == Device::Cpu {
+            // One fused step per minibatch has no per-op dispatch for a batch to share, and one member's
+            // activations stay in the caches: members update in turn, each exactly as alone.
+            return Some("members take the fused CPU step (`fused_cpu`)".into());
+        }
+        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.net.params.has_frozen() {
+            return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
+        }
+        if m.net.params.numel() != first.net.params.numel()
+            || m.steps != first.steps
+            || m.net.device != first.net.device
+        {
+            return Some("members' parameter counts, optimiser steps or devices differ".into());
+        }
+    }
+    None
+}
+
+/// The members' rollouts (equal lengths) and their training targets, stacked on the member axis.
+pub(crate) struct Batch {
+    /// Observations as the networks take them, `[N, n, …]`.
+    pub(crate) obs: Tensor,
+    /// Actions taken, `[N, n]` indices or `[N, n, D]` floats.
+    pub(crate) actions: Tensor,
+    /// Their log-probabilities under the policy that collected them, `[N, n]`.
+    pub(crate) old_log_prob: Tensor,
+    /// Advantages `[N, n]` (GAE, or V-trace's).
+    pub(crate) advantages: Tensor,
+    /// Value targets `[N, n]`.
+    pub(crate) returns: Tensor,
+    /// The values the targets were computed with `[N, n]`.
+    pub(crate) old_values: Tensor,
+    /// Each member's explained variance of its value targets by its values.
+    pub(crate) explained: Vec<f64>,
+    /// Each member's V-trace importance-weight metrics (empty without V-trace).
+    pub(crate) vtrace: Vec<Metrics>,
+}
+
+impl Batch {
+    /// `rollouts[k]` for `nets[k]`, with V-trace's targets recomputed under each member's parameters where
+    /// `vtrace` is set (else the rollouts' own).
+    pub(crate) fn new(
+        nets: &[&ActorCritic],
+        rollouts: &[&Rollout],
+        gamma: f32,
+        vtrace: Option<&VtraceConfig>,
+    ) -> Result<Batch> {
+        let mut cols: [Vec<Tensor>; 6] = Default::default();
+        let (mut explained, mut weights) = (Vec::new(), Vec::new());
+        for (net, r) in nets.iter().zip(rollouts) {
+            let obs = net.rollout_obs(r)?;
+            let targets = net.targets(r, &obs, gamma, vtrace)?;
+            let (advantages, returns, values) = targets.advantages_returns_values();
+            explained.push(explained_variance(values, returns));
+            let mut m = Metrics::default();
+            if let Some(t) = &targets.vtrace {
+                t.weights.push_metrics(&mut m);
+            }
+            weights.push(m);
+            let d = net.device;
+            let values =
+                [advantages, returns, values, &r.log_probs[..r.len()]].map(|v| Tensor::from_slice(v).to_device(d));
+            for (col, t) in cols.iter_mut().zip([obs, net.actions_tensor(&r.actions)].into_iter().chain(values)) {
+                col.push(t);
+            }
+        }
+        let [obs, actions, advantages, returns, old_values, old_log_prob] = cols.map(stack);
+        Ok(Batch { obs, actions, old_log_prob, advantages, returns, old_values, explained, vtrace: weights })
+    }
+}
+
+/// Rows `idx` (`[N · B]`, member `k`'s rows numbered from `k · n`) of `t` (`[N, n, …]`), as `[N, B, …]`.
+pub(crate) fn pick(t: &Tensor, idx: &Tensor) -> Tensor {
+    let mut shape = t.size();
+    shape[1] = -1;
+    t.flatten(0, 1).index_select(0, idx).view(shape.as_slice())
+}
+
+/// The members' actor-critic networks (plain twin MLPs of one layout) as one: their parameter buffers stacked
+/// into one `[N, P]` leaf, seen as each layer's `[N, …]` shapes, with a `[N, P]` gradient buffer beside it.
+pub(crate) struct StackedActorCritic {
+    n_members: i64,
+    layers: Vec<usize>,
+    activation: crate::nn::nets::Activation,
+    outputs: [i64; 2],
+    log_std: Option<usize>,
+    /// Every member's parameters, `[N, P]`, requiring grad.
+    params: Tensor,
+    /// Every member's gradient after a backward pass, `[N, P]`.
+    grad: Tensor,
+    views: Vec<Tensor>,
+    grad_views: Vec<Tensor>,
+}
+
+impl StackedActorCritic {
+    /// Gather the members' current parameters (their layouts must match: [`stacking_refused`] checks).
+    pub(crate) fn new(nets: &[&ActorCritic]) -> Self {
+        let first = &nets[0];
+        let (layers, activation, outputs, log_std) = {
+            let (l, a, o, s) = first.twin_layout().expect("checked by stacking_refused");
+            (l.to_vec(), a, o, s)
+        };
+        let flats: Vec<Tensor> = nets.iter().map(|m| m.params.flat().detach()).collect();
+        let params = Tensor::stack(&flats, 0).set_requires_grad(true);
+        let grad = params.zeros_like().detach();
+        let views = member_views(&params, &first.params);
+        let grad_views = member_views(&grad, &first.params);
+        let n_members = nets.len() as i64;
+        StackedActorCritic { n_members, layers, activation, outputs, log_std, params, grad, views, grad_views }
+    }
+
+    /// The stacked parameters `[N, P]` (for the optimiser's stacked state).
+    pub(crate) fn params(&self) -> &Tensor {
+        &self.params
+    }
+
+    /// Every member's policy `[N, B, A]` and values `[N, B]` on its own observations `x` (`[N, B, obs]`): the
+    /// `2N` MLPs as one chain of batched matmuls (`TwinMlp::forward`'s ops).
+    fn forward(&self, x: &Tensor) -> (ActionDist, Tensor) {
+        let (n_members, views) = (self.n_members, &self.views);
+        let b = x.size()[1];
+        let mut h = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
+        let last = self.layers.len() - 1;
+        for (k, &i) in self.layers.iter().enumerate() {
+            let w = views[i].reshape([2 * n_members, views[i].size()[2], views[i].size()[3]]);
+            let bias = views[i + 1].reshape([2 * n_members, 1, -1]);
+            h = bias.baddbmm(&h, &w, 1.0, 1.0);
+            if k < last {
+                h = self.activation.apply(&h);
+            }
+        }
+        let h = h.view([n_members, 2, b, -1]);
+        let head = h.select(1, 0).narrow(2, 0, self.outputs[0]);
+        let dist = match self.log_std {
+            None => ActionDist::Categorical { logits: head },
+            Some(i) => ActionDist::DiagGaussian { mean: head, log_std: views[i].unsqueeze(1) },
+        };
+        (dist, h.select(1, 1).narrow(2, 0, self.outputs[1]).squeeze_dim(2))
+    }
+
+    /// Copy member `k`'s row of the parameters into its own buffer.
+    pub(crate) fn write_back(&self, k: usize, params: &FlatParams) {
+        tch::no_grad(|| {
+            let mut flat = params.flat().shallow_clone();
+            flat.copy_(&self.params.get(k as i64));
+        });
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use flotilla_core::{ObsRef, Space};
+    use rand::Rng;
+    use rand_pcg::Pcg64;
+
+    use crate::data::rollout::Rollout;
+    use crate::policy::{ActMode, ActOutput, Policy};
+
+    /// A finished rollout (`n_envs × n_steps`, random observations, rewards and episode ends from `rng`) that
+    /// `member` collects; its `twin` acts on the same observations, so that its sampling stream stays in step.
+    pub(crate) fn twin_rollout(
+        member: &mut dyn Policy,
+        twin: &mut dyn Policy,
+        rng: &mut Pcg64,
+        n_envs: usize,
+        n_steps: usize,
+        obs_dim: usize,
+    ) -> Rollout {
+        let act_dim = member.act_dim();
+        let (mut out, mut twin_out) = (ActOutput::default(), ActOutput::default());
+        let mut rollout = Rollout::new(n_envs, n_steps, obs_dim, act_dim);
+        for _ in 0..n_steps {
+            let obs: Vec<f32> = (0..n_envs * obs_dim).map(|_| rng.random_range(-1.0..1.0)).collect();
+            member.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
+            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
+            let rewards: Vec<f32> =
+                out.actions.chunks(act_dim).map(|a| a[0].tanh() + rng.random_range(-0.1..0.1)).collect();
+            let done: Vec<bool> = (0..n_envs).map(|_| rng.random_bool(0.1)).collect();
+            rollout.push_outcome(&rewards, &done, &vec![false; n_envs]).unwrap();
+        }
+        rollout.finish(&vec![0.0; n_envs], 0.98, 0.8).unwrap();
+        rollout
+    }
+
+    pub(crate) fn cartpole() -> (Space, Space) {
+        (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(2))
+    }
+}
