@@ -10,11 +10,13 @@
 //! ```text
 //! registry, export          the kinds: config enum, building learners and acting policies, batching a
 //!                           population's members; the acting policy in PyTorch's layout
-//! ppo/ a2c/ dqn/ td3/       one folder per kind: config, loss, update, acting policy, and population.rs (the
-//! distill/ actor_critic/    members' batched update); actor_critic/ is PPO's and A2C's network and host step
+//! ppo/ a2c/ dqn/ td3/       one folder per kind: config, loss, its one update over the member axis (a run is a
+//! distill/ actor_critic/    population of one), acting policy; actor_critic/ is PPO's and A2C's network, host
+//!                           step and member axis
 //! algorithm, acting         the traits a learner and an actor run (Algorithm, ActingPolicy, GradientWorker)
 //! data/                     rollouts, replay, frame replay, n-step, GAE, V-trace, sum tree
-//! nn/                       flat parameters, networks, host kernels, Adam, RMSprop, distributions, replicas
+//! nn/                       flat parameters, networks, host kernels, Adam, RMSprop, distributions, replicas,
+//!                           the member axis
 //! policy, transition,       plain data and files: Policy, Transition, Progress, Teaching, Checkpoint,
 //! teaching, checkpoint, …   safetensors weights, atomic writes, Metrics, Error
 //! ```

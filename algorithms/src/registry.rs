@@ -273,10 +273,10 @@ pub fn update_members(members: &mut [&mut dyn Algorithm], progress: &Progress) -
         return Ok(None);
     }
     if let Some(mut dqns) = all_of::<Dqn>(members) {
-        return crate::dqn::population::update_population(&mut dqns, progress).map(Some);
+        return crate::dqn::update_members(&mut dqns, progress).map(Some);
     }
     if let Some(mut td3s) = all_of::<Td3>(members) {
-        return crate::td3::population::update_population(&mut td3s, progress).map(Some);
+        return crate::td3::update_members(&mut td3s, progress).map(Some);
     }
     if let Some(ppos) = all_of::<Ppo>(members) {
         let update = crate::ppo::update_members;

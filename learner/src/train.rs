@@ -366,8 +366,9 @@ impl StepScratch {
 /// as one N×E batch (`JointEnvs`; each member's own batch where they cannot join) and each member observes
 /// its share as [`Trainer::run`] does; when the members are PPO or A2C agents whose rollouts complete together,
 /// or DQN, DDPG or TD3 agents whose training phases fall due together, one batched update trains them all
-/// ([`flotilla_algorithms::ppo::population`], [`flotilla_algorithms::a2c::population`],
-/// [`flotilla_algorithms::dqn::population`], [`flotilla_algorithms::td3::population`]), else each updates alone.
+/// ([`flotilla_algorithms::ppo::update_members`], [`flotilla_algorithms::a2c::update_members`],
+/// [`flotilla_algorithms::dqn::update_members`], [`flotilla_algorithms::td3::update_members`]: each algorithm's
+/// one update over the member axis), else each updates alone.
 /// Then each
 /// evaluates, logs (`on_log(position in group, row)`) and checkpoints on its own schedule. Collection and update
 /// seconds are shared out equally.

@@ -9,7 +9,7 @@
 //! [`Nets::Alone`] — the same loss, not a copy of it. A stacked member matches its update alone to float
 //! rounding: elementwise maths is the same ops; only reductions (matmuls, means, norms) may add in another order
 //! (tests in `ppo` and `a2c`: within 1e-6 relative after several updates).
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::actor_critic::{ActorCritic, explained_variance};
 use crate::data::rollout::Rollout;
@@ -17,10 +17,10 @@ use crate::data::vtrace::VtraceConfig;
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::ActionDist;
-use crate::nn::members::{backward_into, clip_per_member, member_views, normalize_rows, stack};
+use crate::nn::members::{Rows, backward_alone, clip_per_member, normalize_rows, reduce_and_clip_alone, stack};
 use crate::nn::params::FlatParams;
 use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
-use crate::{Error, Metrics, Result};
+use crate::{Metrics, Result};
 
 /// An optimiser of one member's [`FlatParams`] (its learning rate set by the caller).
 pub(crate) trait Optimiser {
@@ -105,11 +105,8 @@ impl<S: StackedOptimiser> Nets<'_, S> {
     /// with `add` (micro-batches after the first).
     pub(crate) fn backward(&mut self, losses: &Tensor, scale: f64, add: bool) {
         match self {
-            Nets::Alone { net, .. } => {
-                let loss = losses.sum(Kind::Float) * scale;
-                if add { net.params.backward_add(&loss) } else { net.params.backward(&loss) }
-            }
-            Nets::Stacked(net, _) => backward_into(losses, &net.views, &net.grad_views),
+            Nets::Alone { net, .. } => backward_alone(&mut net.params, losses, scale, add),
+            Nets::Stacked(net, _) => net.rows.backward(losses),
         }
     }
 
@@ -118,16 +115,9 @@ impl<S: StackedOptimiser> Nets<'_, S> {
     pub(crate) fn reduce_and_clip(&mut self, max_norms: &[f64], algorithm: &str) -> Result<()> {
         match self {
             Nets::Alone { net, parallel, .. } => {
-                parallel.reduce(&mut net.params)?;
-                let norm = net.params.clip_grad_norm(max_norms[0]);
-                if !norm.is_finite() {
-                    return Err(Error::NonFinite(format!(
-                        "{algorithm}: gradient norm {norm} (non-finite loss); step not taken"
-                    )));
-                }
-                Ok(())
+                reduce_and_clip_alone(&mut net.params, parallel, max_norms[0], algorithm)
             }
-            Nets::Stacked(net, _) => clip_per_member(&net.grad, max_norms, algorithm),
+            Nets::Stacked(net, _) => clip_per_member(&net.rows.grad, max_norms, algorithm),
         }
     }
 
@@ -136,7 +126,7 @@ impl<S: StackedOptimiser> Nets<'_, S> {
         match self {
             Nets::Alone { net, opt: Some(opt), .. } => opt.step(&mut net.params),
             Nets::Alone { opt: None, .. } => {}
-            Nets::Stacked(net, opt) => opt.step(&net.params, &net.grad, lrs),
+            Nets::Stacked(net, opt) => opt.step(&net.rows.params, &net.rows.grad, lrs),
         }
     }
 
@@ -262,40 +252,27 @@ pub(crate) struct StackedActorCritic {
     activation: crate::nn::nets::Activation,
     outputs: [i64; 2],
     log_std: Option<usize>,
-    /// Every member's parameters, `[N, P]`, requiring grad.
-    params: Tensor,
-    /// Every member's gradient after a backward pass, `[N, P]`.
-    grad: Tensor,
-    views: Vec<Tensor>,
-    grad_views: Vec<Tensor>,
+    rows: Rows,
 }
 
 impl StackedActorCritic {
     /// Gather the members' current parameters (their layouts must match: [`stacking_refused`] checks).
     pub(crate) fn new(nets: &[&ActorCritic]) -> Self {
-        let first = &nets[0];
-        let (layers, activation, outputs, log_std) = {
-            let (l, a, o, s) = first.twin_layout().expect("checked by stacking_refused");
-            (l.to_vec(), a, o, s)
-        };
-        let flats: Vec<Tensor> = nets.iter().map(|m| m.params.flat().detach()).collect();
-        let params = Tensor::stack(&flats, 0).set_requires_grad(true);
-        let grad = params.zeros_like().detach();
-        let views = member_views(&params, &first.params);
-        let grad_views = member_views(&grad, &first.params);
+        let (l, activation, outputs, log_std) = nets[0].twin_layout().expect("checked by stacking_refused");
+        let rows = Rows::new(&nets.iter().map(|n| &n.params).collect::<Vec<_>>());
         let n_members = nets.len() as i64;
-        StackedActorCritic { n_members, layers, activation, outputs, log_std, params, grad, views, grad_views }
+        StackedActorCritic { n_members, layers: l.to_vec(), activation, outputs, log_std, rows }
     }
 
     /// The stacked parameters `[N, P]` (for the optimiser's stacked state).
     pub(crate) fn params(&self) -> &Tensor {
-        &self.params
+        &self.rows.params
     }
 
     /// Every member's policy `[N, B, A]` and values `[N, B]` on its own observations `x` (`[N, B, obs]`): the
     /// `2N` MLPs as one chain of batched matmuls (`TwinMlp::forward`'s ops).
     fn forward(&self, x: &Tensor) -> (ActionDist, Tensor) {
-        let (n_members, views) = (self.n_members, &self.views);
+        let (n_members, views) = (self.n_members, &self.rows.views);
         let b = x.size()[1];
         let mut h = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
         let last = self.layers.len() - 1;
@@ -318,10 +295,7 @@ impl StackedActorCritic {
 
     /// Copy member `k`'s row of the parameters into its own buffer.
     pub(crate) fn write_back(&self, k: usize, params: &FlatParams) {
-        tch::no_grad(|| {
-            let mut flat = params.flat().shallow_clone();
-            flat.copy_(&self.params.get(k as i64));
-        });
+        self.rows.write_back(k, params)
     }
 }
 

@@ -24,7 +24,6 @@
 //! Metrics: `losses/td_loss`, `losses/q_values`, `charts/epsilon`, `charts/learning_rate`, `charts/gradient_steps`,
 //! `charts/per_beta`.
 mod host;
-pub mod population;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use flotilla_core::{ObsRef, Space};
@@ -40,9 +39,10 @@ use crate::data::frame_replay::FrameReplay;
 use crate::data::n_step::NStep;
 use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
 use crate::dqn::host::DqnHost;
-use crate::nn::adam::Adam;
+use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
+use crate::nn::members::{Rows, backward_alone, batched_mlp, clip_per_member, mlp_operands, reduce_and_clip_alone};
 use crate::nn::nets::is_image;
 use crate::nn::nets::{
     Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, mlp_input_dim, with_torch_seed,
@@ -391,6 +391,251 @@ impl DataSide {
             Memory::Frames(_, r) => r.len(),
         }
     }
+}
+
+impl DqnBatch {
+    /// This batch on the member axis, as one member's (`[1, B, …]`).
+    fn one_member(&self) -> DqnBatch {
+        let one = |t: &Tensor| t.unsqueeze(0);
+        DqnBatch {
+            obs: one(&self.obs),
+            next_obs: one(&self.next_obs),
+            actions: one(&self.actions),
+            rewards: one(&self.rewards),
+            bootstrap: one(&self.bootstrap),
+            prioritized: self.prioritized.as_ref().map(|(w, i)| (one(w), i.clone())),
+            host: None,
+        }
+    }
+
+    /// The members' batches (one shape, uniform replay) stacked on the member axis.
+    fn stack(batches: &[DqnBatch]) -> DqnBatch {
+        let stack = |f: fn(&DqnBatch) -> &Tensor| Tensor::stack(&batches.iter().map(f).collect::<Vec<_>>(), 0);
+        DqnBatch {
+            obs: stack(|b| &b.obs),
+            next_obs: stack(|b| &b.next_obs),
+            actions: stack(|b| &b.actions),
+            rewards: stack(|b| &b.rewards),
+            bootstrap: stack(|b| &b.bootstrap),
+            prioritized: None,
+            host: None,
+        }
+    }
+}
+
+/// The Q-networks a DQN gradient step trains, on the member axis ([`crate::nn::members`]): one agent's own
+/// (any network — MLP, CNN, dueling, task heads — with replicas and micro-batches), or the plain MLPs of a
+/// population's members stacked into `[N, P]` rows.
+enum QNets<'a> {
+    Alone {
+        q: &'a QNet,
+        online: &'a mut FlatParams,
+        target: &'a FlatParams,
+        opt: &'a mut Adam,
+        parallel: &'a mut DataParallel,
+    },
+    Stacked {
+        online: Rows,
+        /// The target networks' rows as [`mlp_operands`].
+        target: Vec<Tensor>,
+        layers: Vec<usize>,
+        activation: crate::nn::nets::Activation,
+        opt: StackedAdam,
+    },
+}
+
+impl QNets<'_> {
+    /// `Q(obs, ·)` `[N, B, n_actions]` on the members' observations `[N, B, …]`, with the online parameters or
+    /// (`target`) the target network's.
+    fn q(&self, obs: &Tensor, target: bool) -> Tensor {
+        match self {
+            QNets::Alone { q, online, target: t, .. } => {
+                q.forward(if target { t } else { online }, &obs.squeeze_dim(0)).unsqueeze(0)
+            }
+            QNets::Stacked { online, target: t, layers, activation, .. } => {
+                let online_operands;
+                let params = if target {
+                    t
+                } else {
+                    online_operands = mlp_operands(&online.views);
+                    &online_operands
+                };
+                batched_mlp(params, layers, &|h| activation.apply(h), obs)
+            }
+        }
+    }
+
+    /// A minibatch of `len` samples as micro-batches `(start, len)`, and the scale of each one's loss.
+    fn micro_batches(&self, len: i64) -> (Vec<(i64, i64)>, f64) {
+        match self {
+            QNets::Alone { parallel, .. } => (parallel.micro_batches(len).collect(), parallel.micro_scale()),
+            QNets::Stacked { .. } => (vec![(0, len)], 1.0),
+        }
+    }
+
+    /// Each member's gradient of `scale ·` its loss (`[N]`), added with `add`.
+    fn backward(&mut self, losses: &Tensor, scale: f64, add: bool) {
+        match self {
+            QNets::Alone { online, .. } => backward_alone(online, losses, scale, add),
+            QNets::Stacked { online, .. } => online.backward(losses),
+        }
+    }
+
+    /// Average over replicas, clip each member's gradient to its limit, and take one Adam step (`lrs`: each
+    /// member's learning rate; one alone has its own set).
+    fn clip_and_step(&mut self, max_norms: &[f64], lrs: &[f64]) -> Result<()> {
+        match self {
+            QNets::Alone { online, opt, parallel, .. } => {
+                reduce_and_clip_alone(online, parallel, max_norms[0], "dqn")?;
+                opt.step(online);
+            }
+            QNets::Stacked { online, opt, .. } => {
+                clip_per_member(&online.grad, max_norms, "dqn")?;
+                opt.step(&online.params, &online.grad, lrs);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// DQN's gradient step, written once over the member axis: every member's Huber TD loss on its minibatch (`b`,
+/// `[N, B, …]`) against the (double-)Q target from its target network, a mean over its samples
+/// (importance-weighted with prioritized replay), averaged over replicas, clipped to its limit, and one Adam
+/// step. Returns each member's loss `[N]`, the Q-values of the actions taken `[N, B]` and their targets.
+fn td_step(
+    nets: &mut QNets,
+    b: &DqnBatch,
+    double_q: bool,
+    max_norms: &[f64],
+    lrs: &[f64],
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let target = tch::no_grad(|| {
+        let next_q = nets.q(&b.next_obs, true);
+        let next = if double_q {
+            let best = nets.q(&b.next_obs, false).argmax(-1, true);
+            next_q.gather(-1, &best, false).squeeze_dim(-1)
+        } else {
+            next_q.amax(-1, false)
+        };
+        &b.rewards + &b.bootstrap * next
+    });
+    // The loss is a mean over the batch: each micro-batch's mean, scaled by 1/k, adds up to it.
+    let (micro_batches, scale) = nets.micro_batches(b.actions.size()[1]);
+    let (mut qs, mut losses) = (vec![], vec![]);
+    for (j, &(start, len)) in micro_batches.iter().enumerate() {
+        let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
+        let q = nets.q(&micro(&b.obs), false).gather(-1, &micro(&b.actions), false).squeeze_dim(-1);
+        let huber = q.smooth_l1_loss(&micro(&target), Reduction::None, 1.0);
+        let loss = match &b.prioritized {
+            None => huber,
+            Some((weights, _)) => huber * micro(weights),
+        }
+        .mean_dim(-1, false, Kind::Float);
+        nets.backward(&loss, scale, j > 0);
+        qs.push(q.detach());
+        losses.push(loss.detach());
+    }
+    let (q, loss) = if qs.len() == 1 {
+        (qs.pop().expect("one"), losses.pop().expect("one"))
+    } else {
+        (Tensor::cat(&qs, 1), Tensor::stack(&losses, 0).mean_dim(0, false, Kind::Float))
+    };
+    nets.clip_and_step(max_norms, lrs)?;
+    Ok((loss, q, target))
+}
+
+/// Why these members cannot share one batched training phase (`None`: they can): batching takes plain-MLP
+/// Q-networks (no dueling, CNN or task heads) with uniform replay and no data-parallel replicas, and the same
+/// training schedule. Members that cannot are updated one by one with the same results.
+pub fn unbatchable(members: &[&Dqn]) -> Option<String> {
+    let first = members.first()?;
+    let c0 = &first.config;
+    let layout = |m: &Dqn| m.q.mlp_layout().map(|(l, a)| (l.to_vec(), a));
+    if layout(first).is_none() || first.q.dueling || first.q.heads > 1 {
+        return Some("the Q-network is not a plain MLP (a CNN, dueling or task heads)".into());
+    }
+    for m in members {
+        let c = &m.config;
+        if layout(m) != layout(first) || m.online.numel() != first.online.numel() || m.q.device != first.q.device {
+            return Some("members' networks differ".into());
+        }
+        if !matches!(lock(&m.side).memory, Memory::Uniform(..)) {
+            return Some("prioritized or frame replay".into());
+        }
+        if c.fused_cpu && m.q.device == tch::Device::Cpu {
+            // The fused step has no per-op dispatch for a batch to share: members step in turn, each as alone.
+            return Some("members take the fused CPU step (`fused_cpu`)".into());
+        }
+        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.online.has_frozen() {
+            return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
+        }
+        if (c.train_freq, c.gradient_steps, c.learning_starts, c.batch_size, c.double_q, c.anneal_lr)
+            != (c0.train_freq, c0.gradient_steps, c0.learning_starts, c0.batch_size, c0.double_q, c0.anneal_lr)
+            || m.opt.steps != first.opt.steps
+        {
+            return Some("members' training schedules or optimiser steps differ".into());
+        }
+    }
+    None
+}
+
+/// The training due after a lockstep env step, for every member: one batched phase of [`td_step`]s when all
+/// are due together (each member's metrics), `None` for members with nothing due; members [`unbatchable`]
+/// refuses update alone.
+pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<Vec<Option<Metrics>>> {
+    let refs: Vec<&Dqn> = members.iter().map(|m| &**m).collect();
+    if members.len() == 1 || unbatchable(&refs).is_some() {
+        return members.iter_mut().map(|m| m.update(progress)).collect();
+    }
+    let mut dues = Vec::with_capacity(members.len());
+    for m in members.iter_mut() {
+        m.set_learning_rate(progress);
+        let config = m.config.clone();
+        dues.push(lock(&m.side).phase_due(&config, progress));
+    }
+    if dues.iter().all(|&d| d == 0) {
+        return Ok(vec![None; members.len()]);
+    }
+    if dues.iter().any(|&d| d != dues[0]) {
+        return Err(Error::Unsupported(format!(
+            "dqn population: members' training phases fell due apart ({dues:?} gradient steps)"
+        )));
+    }
+    let (layers, activation) = members[0].q.mlp_layout().expect("checked by unbatchable");
+    let online = Rows::new(&members.iter().map(|m| &m.online).collect::<Vec<_>>());
+    let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
+    let target =
+        tch::no_grad(|| mlp_operands(&Rows::new(&members.iter().map(|m| &m.target).collect::<Vec<_>>()).views));
+    let mut nets = QNets::Stacked { online, target, layers: layers.to_vec(), activation, opt };
+    let lrs: Vec<f64> = members.iter().map(|m| m.opt.lr).collect();
+    let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
+    let (layout, batch, double_q) = (members[0].q.layout(), members[0].config.batch_size, members[0].config.double_q);
+    let mut phase = Vec::with_capacity(dues[0]);
+    for _ in 0..dues[0] {
+        let samples = members.iter().map(|m| lock(&m.side).sample(batch, &layout)).collect::<Result<Vec<_>>>()?;
+        let (loss, q, _) = td_step(&mut nets, &DqnBatch::stack(&samples), double_q, &max_norms, &lrs)?;
+        for m in members.iter() {
+            lock(&m.side).counters.gradient_steps += 1;
+        }
+        phase.push((loss, q.mean_dim(1, false, Kind::Float)));
+    }
+    let QNets::Stacked { online, opt, .. } = &nets else { unreachable!("stacked above") };
+    for (k, m) in members.iter_mut().enumerate() {
+        online.write_back(k, &m.online);
+        opt.write_back(k, &mut m.opt);
+    }
+    members
+        .iter()
+        .enumerate()
+        .map(|(k, m)| {
+            let own: Vec<(Tensor, Tensor)> = phase.iter().map(|(l, q)| (l.get(k as i64), q.get(k as i64))).collect();
+            let (epsilon, beta) = {
+                let c = &lock(&m.side).counters;
+                (c.epsilon, c.beta)
+            };
+            m.phase_metrics(&own, epsilon, beta).map(Some)
+        })
+        .collect()
 }
 
 /// DQN's data side for a learner's batch-assembly thread ([`crate::algorithm::ReplayAhead::replay_feed`]): it observes
@@ -777,11 +1022,6 @@ impl Dqn {
         })
     }
 
-    /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
-    fn q_values(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        self.q.forward(params, obs)
-    }
-
     /// The online network's parameters.
     pub fn params(&self) -> &FlatParams {
         &self.online
@@ -837,57 +1077,20 @@ impl Dqn {
         Ok(f64::try_from(loss)?)
     }
 
-    /// One gradient step on a replay sample; returns (loss, mean Q) as tensors.
+    /// One gradient step on a replay sample ([`td_step`] of this agent alone), then the new priorities
+    /// (prioritized replay) and the step count; returns (loss, mean Q) as tensors.
     fn gradient_step(&mut self, b: &DqnBatch) -> Result<(Tensor, Tensor)> {
-        let c = &self.config;
-        let target = tch::no_grad(|| {
-            let next_q = self.q_values(&self.target, &b.next_obs);
-            let next = if c.double_q {
-                let best = self.q_values(&self.online, &b.next_obs).argmax(1, true);
-                next_q.gather(1, &best, false).squeeze_dim(1)
-            } else {
-                next_q.amax(1, false)
-            };
-            &b.rewards + &b.bootstrap * next
-        });
-        // The loss is a mean over the batch: each micro-batch's mean, scaled by 1/k, adds up to it.
-        let scale = self.parallel.micro_scale();
-        let (mut qs, mut losses) = (vec![], vec![]);
-        for (j, (start, len)) in self.parallel.micro_batches(b.actions.size()[0]).enumerate() {
-            let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(0, start, len) };
-            let q = self.q_values(&self.online, &micro(&b.obs)).gather(1, &micro(&b.actions), false).squeeze_dim(1);
-            let loss = match &b.prioritized {
-                None => q.smooth_l1_loss(&micro(&target), Reduction::Mean, 1.0),
-                Some((weights, _)) => {
-                    (q.smooth_l1_loss(&micro(&target), Reduction::None, 1.0) * micro(weights)).mean(Kind::Float)
-                }
-            };
-            if j == 0 {
-                self.online.backward(&(&loss * scale));
-            } else {
-                self.online.backward_add(&(&loss * scale));
-            }
-            qs.push(q.detach());
-            losses.push(loss.detach());
-        }
-        let (q, loss) = if qs.len() == 1 {
-            (qs.pop().expect("one"), losses.pop().expect("one"))
-        } else {
-            (Tensor::cat(&qs, 0), Tensor::stack(&losses, 0).mean(Kind::Float))
-        };
-        self.parallel.reduce(&mut self.online)?;
-        let norm = self.online.clip_grad_norm(c.max_grad_norm);
-        if !norm.is_finite() {
-            return Err(Error::NonFinite(format!("dqn: gradient norm {norm} (non-finite loss); step not taken")));
-        }
-        self.opt.step(&mut self.online);
+        let lr = self.opt.lr;
+        let Dqn { q, online, target, opt, parallel, config, .. } = self;
+        let mut nets = QNets::Alone { q, online, target, opt, parallel };
+        let (loss, q, target) = td_step(&mut nets, &b.one_member(), config.double_q, &[config.max_grad_norm], &[lr])?;
         let mut side = lock(&self.side);
         if let (Some((_, indices)), Memory::Prioritized(_, r)) = (&b.prioritized, &mut side.memory) {
-            let td: Vec<f32> = Vec::try_from((&q - &target).to_device(Device::Cpu))?;
+            let td: Vec<f32> = Vec::try_from((&q - &target).to_device(Device::Cpu).view([-1]))?;
             r.update_priorities(indices, &td)?;
         }
         side.counters.gradient_steps += 1;
-        Ok((loss, q.mean(Kind::Float)))
+        Ok((loss.squeeze_dim(0), q.mean(Kind::Float)))
     }
 
     /// The fused CPU step's state when this agent's steps can take it ([`DqnConfig::fused_cpu`]: an MLP
@@ -1661,5 +1864,127 @@ mod tests {
         let obs = Space::box1d(vec![-1.0; 3], vec![1.0; 3]);
         let e = Dqn::new(&obs, &obs, 1, DqnConfig::default(), Device::Cpu, 0).unwrap_err().to_string();
         assert!(e.contains("discrete"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod member_tests {
+    use flotilla_core::{ObsRef, Space};
+    use rand::{Rng, SeedableRng};
+    use rand_pcg::Pcg64;
+    use tch::Device;
+
+    use super::*;
+    use crate::nn::members::rel_diff;
+    use crate::policy::{ActMode, ActOutput, Policy};
+    use crate::transition::Transition;
+
+    /// Members trained together match twins (same seeds, configs and transitions) trained alone: every phase's
+    /// metrics, and the online and target parameters within 1e-6 relative after ~40 gradient steps.
+    fn check(configs: Vec<DqnConfig>) {
+        let obs_space = Space::box1d(vec![-1.0; 4], vec![1.0; 4]);
+        let act_space = Space::discrete(3);
+        let n_envs = 2;
+        // The libtorch path on both sides (the fused CPU step is never batched).
+        let build = |c: &DqnConfig, k: usize| {
+            let c = DqnConfig { fused_cpu: false, ..c.clone() };
+            Dqn::new(&obs_space, &act_space, n_envs, c, Device::Cpu, 40 + k as u64).unwrap()
+        };
+        let mut together: Vec<Dqn> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
+        let mut alone: Vec<Dqn> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
+        let mut rng = Pcg64::seed_from_u64(3);
+        let total = 400u64;
+        let mut phases = 0;
+        for step in 1..=(total / n_envs as u64) {
+            let obs: Vec<f32> = (0..n_envs * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let next: Vec<f32> = (0..n_envs * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let rewards: Vec<f32> = (0..n_envs).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let done: Vec<bool> = (0..n_envs).map(|_| rng.random_bool(0.05)).collect();
+            for (m, twin) in together.iter_mut().zip(alone.iter_mut()) {
+                let (mut out, mut twin_out) = (ActOutput::default(), ActOutput::default());
+                m.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+                twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
+                let t = Transition {
+                    obs: ObsRef::F32(&obs),
+                    act: &out,
+                    rewards: &rewards,
+                    terminated: &done,
+                    truncated: &vec![false; n_envs],
+                    next_obs: ObsRef::F32(&next),
+                };
+                m.observe(&t).unwrap();
+                twin.observe(&t).unwrap();
+            }
+            let progress = Progress { env_steps: step * n_envs as u64, total_env_steps: total };
+            let mut refs: Vec<&mut Dqn> = together.iter_mut().collect();
+            let batched = update_members(&mut refs, &progress).unwrap();
+            for (k, (twin, b)) in alone.iter_mut().zip(&batched).enumerate() {
+                let single = twin.update(&progress).unwrap();
+                assert_eq!(single.is_some(), b.is_some(), "step {step} member {k}: phases fall due together");
+                if let (Some(a), Some(s)) = (b, &single) {
+                    phases += 1;
+                    for key in ["losses/td_loss", "losses/q_values", "charts/epsilon", "charts/learning_rate"] {
+                        let (x, y) = (a.get(key).unwrap(), s.get(key).unwrap());
+                        assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "step {step} member {k} {key}: {x} vs {y}");
+                    }
+                }
+            }
+        }
+        assert!(phases >= 6 * configs.len(), "{phases} training phases");
+        for (k, (a, b)) in together.iter().zip(&alone).enumerate() {
+            let d = rel_diff(a.params().flat(), b.params().flat());
+            assert!(d <= 1e-6, "member {k}: online parameters differ by {d:e} (relative)");
+            let d = rel_diff(a.target.flat(), b.target.flat());
+            assert!(d <= 1e-6, "member {k}: target parameters differ by {d:e} (relative)");
+            assert_eq!(a.opt.steps, b.opt.steps);
+        }
+    }
+
+    fn small(lr: f64, gamma: f64, target_update_interval: u64, double_q: bool) -> DqnConfig {
+        DqnConfig {
+            learning_rate: lr,
+            gamma,
+            target_update_interval,
+            double_q,
+            batch_size: 16,
+            buffer_size: 1000,
+            learning_starts: 60,
+            train_freq: 20,
+            gradient_steps: 5,
+            hidden_sizes: vec![32, 32],
+            exploration_fraction: 0.5,
+            max_grad_norm: 0.5,
+            ..DqnConfig::default()
+        }
+    }
+
+    #[test]
+    fn members_match_their_runs_alone() {
+        check(vec![small(1e-3, 0.99, 30, false), small(3e-3, 0.9, 50, false), small(5e-4, 0.95, 10, false)]);
+    }
+
+    #[test]
+    fn double_q_members_match_their_runs_alone() {
+        check(vec![small(1e-3, 0.99, 30, true), small(2e-3, 0.98, 20, true)]);
+    }
+
+    #[test]
+    fn dueling_members_are_not_batched() {
+        let obs = Space::box1d(vec![-1.0; 4], vec![1.0; 4]);
+        let a = Dqn::new(
+            &obs,
+            &Space::discrete(2),
+            1,
+            DqnConfig { dueling: true, ..small(1e-3, 0.99, 30, false) },
+            Device::Cpu,
+            1,
+        )
+        .unwrap();
+        assert!(unbatchable(&[&a, &a]).unwrap().contains("dueling"));
+        let fused = Dqn::new(&obs, &Space::discrete(2), 1, small(1e-3, 0.99, 30, false), Device::Cpu, 1).unwrap();
+        assert!(unbatchable(&[&fused, &fused]).unwrap().contains("fused"));
+        let torch = DqnConfig { fused_cpu: false, ..small(1e-3, 0.99, 30, false) };
+        let torch = Dqn::new(&obs, &Space::discrete(2), 1, torch, Device::Cpu, 1).unwrap();
+        assert!(unbatchable(&[&torch, &torch]).is_none());
     }
 }

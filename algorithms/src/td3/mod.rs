@@ -31,7 +31,6 @@
 //! `losses/q_values` (mean `Q_j(s, a)` over critics and batch), `charts/learning_rate`,
 //! `charts/gradient_steps` (critic updates in this call).
 pub mod action_noise;
-pub mod population;
 
 use flotilla_core::{ObsRef, Space};
 use rand::{Rng, SeedableRng};
@@ -43,9 +42,10 @@ use crate::acting::ActingPolicy;
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::replay::{Experience, ReplayBuffer, ReplaySample};
-use crate::nn::adam::Adam;
+use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
+use crate::nn::members::{Rows, backward_alone, batched_mlp, member_views, mlp_operands, per_member};
 use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
@@ -629,78 +629,379 @@ impl Td3 {
         Ok(m)
     }
 
-    /// The gradient step on the `batch` rows laid out in `self.batch` (`width` floats each).
+    /// The gradient step on the `batch` rows laid out in `self.batch` (`width` floats each): [`td3_step`] of
+    /// this agent alone.
     fn step_on_batch(
         &mut self,
         width: usize,
         batch: usize,
         update_actor: bool,
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let (od, ad, b) = (self.obs_dim as i64, self.act_dim as i64, batch as i64);
-        let x = Tensor::f_from_slice(&self.batch)?.f_view([b, width as i64])?.to_device(self.device);
-        let obs = x.narrow(1, 0, od);
-        let next_obs = x.narrow(1, od + ad, od);
-        let target = tch::no_grad(|| {
-            let mut next_action = self.policy(&self.actor_target, &next_obs);
-            if self.config.smoothing() {
-                next_action = (next_action + x.narrow(1, 2 * od + ad + 2, ad)).clamp(-1.0, 1.0);
-            }
-            let next_q = self.critic_net.forward(&self.critic_target, &Tensor::cat(&[&next_obs, &next_action], 1));
-            // r + γ (1 − terminated) min_j Q̄_j(s', a'), `[B, 1]`.
-            x.narrow(1, 2 * od + ad, 1).addcmul(&x.narrow(1, 2 * od + ad + 1, 1), &next_q.amin(1, true))
-        });
-        // Σ_j MSE(Q_j, y): the squared errors of all critics summed, over the batch size. With micro-batches
-        // (accumulate = k), each one's sum over the batch size adds up to that loss.
-        let micro =
-            |t: &Tensor, (start, len): (i64, i64)| if len == b { t.shallow_clone() } else { t.narrow(0, start, len) };
-        let (mut critic_losses, mut qs) = (Vec::new(), Vec::new());
-        for (j, part) in self.parallel.micro_batches(b).enumerate() {
-            let q = self.critic_net.forward(&self.critic, &micro(&x, part).narrow(1, 0, od + ad));
-            let loss = q.mse_loss(&micro(&target, part).expand_as(&q), Reduction::Sum) / b as f64;
-            if j == 0 {
-                self.critic.backward(&loss);
-            } else {
-                self.critic.backward_add(&loss);
-            }
-            critic_losses.push(loss.detach());
-            qs.push(q.detach());
-        }
-        self.parallel.reduce_slot(0, &mut self.critic)?;
-        let fused = self.config.fused_cpu;
-        adam_step(&mut self.critic_opt, &mut self.critic, fused);
+        let x = Tensor::f_from_slice(&self.batch)?.f_view([1, batch as i64, width as i64])?.to_device(self.device);
+        let (critic_loss, q, actor_loss) = td3_step(&mut Td3Nets::Alone(self), &x, update_actor)?;
         self.counters.critic_updates += 1;
-        let actor_loss = if update_actor {
-            // −mean Q₁(s, π(s)): each micro-batch's mean, scaled by 1/k, adds up to it.
-            let scale = self.parallel.micro_scale();
-            let mut losses = Vec::new();
-            for (j, part) in self.parallel.micro_batches(b).enumerate() {
-                let obs = micro(&obs, part);
-                let action = self.policy(&self.actor, &obs);
-                let q1 = self.critic_net.forward_first(&self.critic_first, &Tensor::cat(&[&obs, &action], 1));
-                let mut loss = -q1.mean(Kind::Float);
-                if scale != 1.0 {
-                    loss = loss * scale;
-                }
-                if j == 0 {
-                    self.actor.backward(&loss);
-                } else {
-                    self.actor.backward_add(&loss);
-                }
-                losses.push(loss.detach());
-            }
-            self.parallel.reduce_slot(1, &mut self.actor)?;
-            adam_step(&mut self.actor_opt, &mut self.actor, fused);
-            let loss = sum_of(losses);
-            polyak(&mut self.critic_target, &self.critic, self.config.tau, fused);
-            polyak(&mut self.actor_target, &self.actor, self.config.tau, fused);
-            self.counters.actor_updates += 1;
-            Some(loss)
-        } else {
-            None
-        };
-        let q = if qs.len() == 1 { qs.pop().expect("one") } else { Tensor::cat(&qs, 0) };
-        Ok((sum_of(critic_losses), q.mean(Kind::Float), actor_loss))
+        self.counters.actor_updates += u64::from(update_actor);
+        let one = |t: Tensor| t.squeeze_dim(0);
+        Ok((one(critic_loss), one(q), actor_loss.map(one)))
     }
+}
+
+/// TD3's (and DDPG's) networks on the member axis ([`crate::nn::members`]): one agent's own (task heads,
+/// replicas, micro-batches, the host Adam and Polyak loops of `fused_cpu`), or a population's plain MLPs
+/// stacked.
+enum Td3Nets<'a> {
+    Alone(&'a mut Td3),
+    Stacked(Box<StackedTd3>),
+}
+
+/// The actor or the critics.
+#[derive(Clone, Copy)]
+enum Net {
+    Actor,
+    Critic,
+}
+
+impl Td3Nets<'_> {
+    /// The first member (all share shapes and schedules).
+    fn dims(&self) -> (i64, i64, bool) {
+        match self {
+            Td3Nets::Alone(m) => (m.obs_dim as i64, m.act_dim as i64, m.config.smoothing()),
+            Td3Nets::Stacked(s) => s.dims,
+        }
+    }
+
+    /// `π(obs)` `[N, B, act_dim]` in `[−1, 1]` on `[N, B, obs_dim]`, online or (`target`) the target actor.
+    fn actor(&self, obs: &Tensor, target: bool) -> Tensor {
+        match self {
+            Td3Nets::Alone(m) => {
+                m.policy(if target { &m.actor_target } else { &m.actor }, &obs.squeeze_dim(0)).unsqueeze(0)
+            }
+            Td3Nets::Stacked(s) => {
+                let views = if target { &s.actor.target_views } else { &s.actor.online.views };
+                batched_mlp(&mlp_operands(views), &s.actor_layers, &|h| s.activation.apply(h), obs).tanh()
+            }
+        }
+    }
+
+    /// Every critic on `[N, B, obs + act]`: `[N, B, n_critics]`, online or (`target`) the targets.
+    fn critics(&self, x: &Tensor, target: bool) -> Tensor {
+        match self {
+            Td3Nets::Alone(m) => {
+                m.critic_net.forward(if target { &m.critic_target } else { &m.critic }, &x.squeeze_dim(0)).unsqueeze(0)
+            }
+            Td3Nets::Stacked(s) => {
+                let views = if target { &s.critic.target_views } else { &s.critic.online.views };
+                let (params, hidden) = (mlp_operands(views), |h: &Tensor| s.activation.apply(h));
+                match s.critic_layers.as_slice() {
+                    [one] => batched_mlp(&params, one, &hidden, x),
+                    all => Tensor::cat(&all.iter().map(|l| batched_mlp(&params, l, &hidden, x)).collect::<Vec<_>>(), 2),
+                }
+            }
+        }
+    }
+
+    /// Critic 1 on `[N, B, obs + act]` with its weights detached (the actor loss's): `[N, B, 1]`.
+    fn first_critic(&self, x: &Tensor) -> Tensor {
+        match self {
+            Td3Nets::Alone(m) => m.critic_net.forward_first(&m.critic_first, &x.squeeze_dim(0)).unsqueeze(0),
+            Td3Nets::Stacked(s) => {
+                let activation = s.activation;
+                let first = |h: &Tensor| activate(activation, h.shallow_clone());
+                batched_mlp(&mlp_operands(&s.first_views), &s.critic_layers[0], &first, x)
+            }
+        }
+    }
+
+    /// A minibatch of `len` rows as micro-batches `(start, len)`, and the scale of each one's mean.
+    fn micro_batches(&self, len: i64) -> (Vec<(i64, i64)>, f64) {
+        match self {
+            Td3Nets::Alone(m) => (m.parallel.micro_batches(len).collect(), m.parallel.micro_scale()),
+            Td3Nets::Stacked(_) => (vec![(0, len)], 1.0),
+        }
+    }
+
+    /// Each member's gradient of its loss (`[N]`) for `net`, added with `add`.
+    fn backward(&mut self, net: Net, losses: &Tensor, add: bool) {
+        match (self, net) {
+            (Td3Nets::Alone(m), Net::Actor) => backward_alone(&mut m.actor, losses, 1.0, add),
+            (Td3Nets::Alone(m), Net::Critic) => backward_alone(&mut m.critic, losses, 1.0, add),
+            (Td3Nets::Stacked(s), Net::Actor) => s.actor.online.backward(losses),
+            (Td3Nets::Stacked(s), Net::Critic) => s.critic.online.backward(losses),
+        }
+    }
+
+    /// `net`'s gradients averaged over replicas, then one Adam step of every member (TD3 clips nothing).
+    fn step(&mut self, net: Net) -> Result<()> {
+        match self {
+            Td3Nets::Alone(m) => {
+                let fused = m.config.fused_cpu;
+                let (params, opt, slot) = match net {
+                    Net::Actor => (&mut m.actor, &mut m.actor_opt, 1),
+                    Net::Critic => (&mut m.critic, &mut m.critic_opt, 0),
+                };
+                m.parallel.reduce_slot(slot, params)?;
+                adam_step(opt, params, fused);
+            }
+            Td3Nets::Stacked(s) => match net {
+                Net::Actor => s.actor.adam_step(),
+                Net::Critic => s.critic.adam_step(),
+            },
+        }
+        Ok(())
+    }
+
+    /// The Polyak updates of both targets, each member with its τ.
+    fn polyak(&mut self) {
+        match self {
+            Td3Nets::Alone(m) => {
+                let (tau, fused) = (m.config.tau, m.config.fused_cpu);
+                polyak(&mut m.critic_target, &m.critic, tau, fused);
+                polyak(&mut m.actor_target, &m.actor, tau, fused);
+            }
+            Td3Nets::Stacked(s) => {
+                s.critic.polyak(&s.taus);
+                s.actor.polyak(&s.taus);
+            }
+        }
+    }
+}
+
+/// TD3's gradient step, written once over the member axis, on each member's minibatch `x` (`[N, B, width]`
+/// rows `[obs | action | next_obs | reward | bootstrap | target noise]`): the critics' loss Σ_j MSE(Q_j, y)
+/// against `y = r + γ (1 − terminated) min_j Q̄_j(s', ã')` (ã' the target actor's action, smoothed by the noise
+/// where configured), summed over critics and a mean over the batch, and an Adam step; with `update_actor`,
+/// the actor's loss `−mean Q₁(s, π(s))` (critic 1 just updated, its weights detached), its Adam step and both
+/// Polyak updates. Returns each member's critic loss `[N]`, mean Q `[N]` and actor loss.
+fn td3_step(nets: &mut Td3Nets, x: &Tensor, update_actor: bool) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let ((od, ad, smoothing), b) = (nets.dims(), x.size()[1]);
+    let obs = x.narrow(2, 0, od);
+    let next_obs = x.narrow(2, od + ad, od);
+    let target = tch::no_grad(|| {
+        let mut next_action = nets.actor(&next_obs, true);
+        if smoothing {
+            next_action = (next_action + x.narrow(2, 2 * od + ad + 2, ad)).clamp(-1.0, 1.0);
+        }
+        let next_q = nets.critics(&Tensor::cat(&[&next_obs, &next_action], 2), true);
+        x.narrow(2, 2 * od + ad, 1).addcmul(&x.narrow(2, 2 * od + ad + 1, 1), &next_q.amin(2, true))
+    });
+    // With micro-batches (accumulate = k), each one's sum over the batch size adds up to the loss.
+    let micro =
+        |t: &Tensor, (start, len): (i64, i64)| if len == b { t.shallow_clone() } else { t.narrow(1, start, len) };
+    let (micro_batches, scale) = nets.micro_batches(b);
+    let dims = [1i64, 2];
+    let (mut critic_losses, mut qs) = (Vec::new(), Vec::new());
+    for (j, &part) in micro_batches.iter().enumerate() {
+        let q = nets.critics(&micro(x, part).narrow(2, 0, od + ad), false);
+        let squared = q.mse_loss(&micro(&target, part).expand_as(&q), Reduction::None);
+        let loss = squared.sum_dim_intlist(dims.as_slice(), false, Kind::Float) / b as f64;
+        nets.backward(Net::Critic, &loss, j > 0);
+        critic_losses.push(loss.detach());
+        qs.push(q.detach());
+    }
+    nets.step(Net::Critic)?;
+    let actor_loss = if update_actor {
+        let mut losses = Vec::new();
+        for (j, &part) in micro_batches.iter().enumerate() {
+            let obs = micro(&obs, part);
+            let action = nets.actor(&obs, false);
+            let q1 = nets.first_critic(&Tensor::cat(&[&obs, &action], 2));
+            let mut loss = -q1.mean_dim(dims.as_slice(), false, Kind::Float);
+            if scale != 1.0 {
+                loss = loss * scale;
+            }
+            nets.backward(Net::Actor, &loss, j > 0);
+            losses.push(loss.detach());
+        }
+        nets.step(Net::Actor)?;
+        nets.polyak();
+        Some(sum_of(losses))
+    } else {
+        None
+    };
+    let q = if qs.len() == 1 { qs.pop().expect("one") } else { Tensor::cat(&qs, 1) };
+    Ok((sum_of(critic_losses), q.mean_dim(dims.as_slice(), false, Kind::Float), actor_loss))
+}
+
+/// A population's actors and critics (plain MLPs of one layout) stacked on the member axis.
+struct StackedTd3 {
+    actor: StackedNet,
+    critic: StackedNet,
+    actor_layers: Vec<usize>,
+    critic_layers: Vec<Vec<usize>>,
+    activation: Activation,
+    /// Critic 1's weights and biases as detached views of the stacked critics.
+    first_views: Vec<Tensor>,
+    taus: Vec<f64>,
+    /// Observation and action widths, target smoothing.
+    dims: (i64, i64, bool),
+}
+
+/// One network of every member (the actors, or the critics) stacked on the member axis: online rows (one
+/// leaf, with their gradients), targets and Adam moments.
+struct StackedNet {
+    online: Rows,
+    target: Tensor,
+    target_views: Vec<Tensor>,
+    adam: StackedAdam,
+    lrs: Vec<f64>,
+}
+
+impl StackedNet {
+    /// The members' `(online, target, optimiser)` that `pick` names, stacked.
+    fn new(members: &[&mut Td3], pick: fn(&Td3) -> (&FlatParams, &FlatParams, &Adam)) -> Self {
+        let picked: Vec<_> = members.iter().map(|m| pick(m)).collect();
+        let online = Rows::new(&picked.iter().map(|p| p.0).collect::<Vec<_>>());
+        let target = Tensor::stack(&picked.iter().map(|p| p.1.flat().detach()).collect::<Vec<_>>(), 0);
+        StackedNet {
+            target_views: member_views(&target, picked[0].0),
+            adam: StackedAdam::new(&picked.iter().map(|p| p.2).collect::<Vec<_>>(), &online.params),
+            lrs: picked.iter().map(|p| p.2.lr).collect(),
+            online,
+            target,
+        }
+    }
+
+    /// One Adam step of every member from its gradient.
+    fn adam_step(&mut self) {
+        self.adam.step(&self.online.params, &self.online.grad, &self.lrs);
+    }
+
+    /// The Polyak update of every member's target with its own τ, as `FlatParams::polyak_from`: `lerp_`
+    /// (the weight a per-member column), a copy for τ ≥ 1.
+    fn polyak(&mut self, taus: &[f64]) {
+        let online = &self.online.params;
+        tch::no_grad(|| {
+            let weight = per_member(taus.iter().copied(), online.device()).unsqueeze(1);
+            let _ = self.target.lerp_tensor_(online, &weight);
+            for (k, _) in taus.iter().enumerate().filter(|(_, tau)| **tau >= 1.0) {
+                self.target.get(k as i64).copy_(&online.get(k as i64));
+            }
+        });
+    }
+
+    /// Member `k`'s results back into its buffers and optimiser.
+    fn scatter(&self, k: usize, online: &FlatParams, target: &FlatParams, opt: &mut Adam) {
+        self.online.write_back(k, online);
+        tch::no_grad(|| target.flat().shallow_clone().copy_(&self.target.get(k as i64)));
+        self.adam.write_back(k, opt);
+    }
+}
+
+/// Why these members cannot share one batched training phase (`None`: they can): batching takes plain-MLP
+/// actors and critics (no task heads) of one shape on one device, no data-parallel replicas, accumulation or
+/// frozen layers, the libtorch step (on the CPU `fused_cpu` takes its Adam and Polyak steps as host loops, one
+/// member at a time), one algorithm (DDPG or TD3) and one training schedule, at the same optimiser step.
+/// Members that cannot are updated one by one with the same results.
+pub fn unbatchable(members: &[&Td3]) -> Option<String> {
+    let first = members.first()?;
+    let c0 = &first.config;
+    if first.pi.heads > 1 || first.critic_net.heads > 1 {
+        return Some("the actor or critics are not plain MLPs (task heads)".into());
+    }
+    let layout = |m: &Td3| {
+        let net = |(l, a): (&[usize], crate::nn::nets::Activation)| (l.to_vec(), a);
+        (net(m.pi.net.layout()), m.critic_net.nets.iter().map(|n| net(n.layout())).collect::<Vec<_>>())
+    };
+    let schedule = |m: &Td3| {
+        let c = &m.config;
+        let s = (c.train_freq, c.gradient_steps, c.learning_starts, c.batch_size, c.policy_delay);
+        (m.name(), s, c.smoothing(), m.counters.calls)
+    };
+    let l0 = layout(first);
+    for m in members {
+        if schedule(m) != schedule(first) {
+            return Some(
+                "members' training schedules differ (algorithm, train_freq, gradient_steps, \
+                         learning_starts, batch_size, policy_delay or target smoothing)"
+                    .into(),
+            );
+        }
+        let c = &m.config;
+        if layout(m) != l0
+            || c.hidden_sizes != c0.hidden_sizes
+            || (m.obs_dim, m.act_dim) != (first.obs_dim, first.act_dim)
+            || (m.actor.numel(), m.critic.numel()) != (first.actor.numel(), first.critic.numel())
+            || m.device != first.device
+        {
+            return Some("members' networks, parameter counts or devices differ".into());
+        }
+        if c.fused_cpu && m.device == tch::Device::Cpu {
+            // Host Adam and Polyak loops have no per-op dispatch for a batch to share: members step in turn,
+            // each as alone.
+            return Some("members take the fused CPU step (`fused_cpu`)".into());
+        }
+        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.actor.has_frozen() || m.critic.has_frozen() {
+            return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
+        }
+        let steps = |m: &Td3| (m.actor_opt.steps, m.critic_opt.steps, m.counters.critic_updates);
+        if steps(m) != steps(first) {
+            return Some("members' optimiser steps differ".into());
+        }
+    }
+    None
+}
+
+/// The training due after a lockstep env step, for every member: one batched phase of [`td3_step`]s when all
+/// are due together (each member's metrics, as its own update reports them), `None` for members with nothing
+/// due; members [`unbatchable`] refuses update alone.
+pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<Vec<Option<Metrics>>> {
+    let refs: Vec<&Td3> = members.iter().map(|m| &**m).collect();
+    if members.len() == 1 || unbatchable(&refs).is_some() {
+        return members.iter_mut().map(|m| m.update(progress)).collect();
+    }
+    let dues: Vec<bool> = members.iter().map(|m| m.phase_due(progress)).collect();
+    if dues.iter().all(|&d| !d) {
+        return Ok(vec![None; members.len()]);
+    }
+    if dues.iter().any(|&d| !d) {
+        let name = members[0].name();
+        return Err(Error::Unsupported(format!("{name} population: members' training phases fell due apart {dues:?}")));
+    }
+    let m0 = &members[0];
+    let critic = StackedNet::new(members, |m| (&m.critic, &m.critic_target, &m.critic_opt));
+    let mut first_views = member_views(&critic.online.params.detach(), &m0.critic);
+    first_views.truncate(2 * m0.critic_net.layers);
+    let stacked = StackedTd3 {
+        actor: StackedNet::new(members, |m| (&m.actor, &m.actor_target, &m.actor_opt)),
+        critic,
+        actor_layers: m0.pi.net.layout().0.to_vec(),
+        critic_layers: m0.critic_net.nets.iter().map(|n| n.layout().0.to_vec()).collect(),
+        activation: m0.config.activation,
+        first_views,
+        taus: members.iter().map(|m| m.config.tau).collect(),
+        dims: (m0.obs_dim as i64, m0.act_dim as i64, m0.config.smoothing()),
+    };
+    let (device, b) = (m0.device, m0.config.batch_size as i64);
+    let mut nets = Td3Nets::Stacked(Box::new(stacked));
+    let (mut critic_losses, mut qs, mut actor_losses) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..members[0].config.gradient_steps {
+        let update_actor = members[0].actor_step_due();
+        let mut rows = Vec::with_capacity(members.len());
+        for m in members.iter_mut() {
+            let width = m.fill_batch()?;
+            rows.push(Tensor::f_from_slice(&m.batch)?.f_view([b, width as i64])?);
+        }
+        let (critic_loss, q, actor_loss) =
+            td3_step(&mut nets, &Tensor::stack(&rows, 0).to_device(device), update_actor)?;
+        for m in members.iter_mut() {
+            m.counters.critic_updates += 1;
+            m.counters.actor_updates += u64::from(update_actor);
+        }
+        critic_losses.push(critic_loss);
+        qs.push(q);
+        actor_losses.extend(actor_loss);
+    }
+    let Td3Nets::Stacked(s) = &nets else { unreachable!("stacked above") };
+    members
+        .iter_mut()
+        .enumerate()
+        .map(|(k, m)| {
+            s.actor.scatter(k, &m.actor, &m.actor_target, &mut m.actor_opt);
+            s.critic.scatter(k, &m.critic, &m.critic_target, &mut m.critic_opt);
+            let own = |ts: &[Tensor]| ts.iter().map(|t| t.get(k as i64)).collect::<Vec<_>>();
+            m.phase_metrics(&own(&critic_losses), &own(&qs), &own(&actor_losses)).map(Some)
+        })
+        .collect()
 }
 
 /// One Adam step on `params` from its gradient: one host loop where `fused` and the buffers allow
@@ -723,9 +1024,13 @@ fn polyak(target: &mut FlatParams, online: &FlatParams, tau: f64, fused: bool) {
     }
 }
 
-/// The sum of scalar tensors (the one itself when there is one).
+/// The sum of `[N]` tensors (the one itself when there is one).
 fn sum_of(mut parts: Vec<Tensor>) -> Tensor {
-    if parts.len() == 1 { parts.pop().expect("one") } else { Tensor::stack(&parts, 0).sum(Kind::Float) }
+    if parts.len() == 1 {
+        parts.pop().expect("one")
+    } else {
+        Tensor::stack(&parts, 0).sum_dim_intlist(0, false, Kind::Float)
+    }
 }
 
 impl Policy for Td3 {
@@ -1508,5 +1813,197 @@ mod tests {
         for bad in [Space::discrete(3), Space::box1d(vec![f32::NEG_INFINITY], vec![1.0])] {
             assert!(Td3::td3(&obs_space, &bad, 1, tiny_td3(), Device::Cpu, 0).is_err());
         }
+    }
+}
+
+#[cfg(test)]
+mod member_tests {
+    use flotilla_core::{ObsRef, Space};
+    use rand::{Rng, SeedableRng};
+    use rand_pcg::Pcg64;
+    use tch::Device;
+
+    use super::*;
+    use crate::nn::members::rel_diff;
+    use crate::policy::{ActMode, ActOutput, Policy};
+    use crate::td3::{Counters, DdpgConfig, Td3Config};
+    use crate::transition::Transition;
+
+    fn spaces() -> (Space, Space) {
+        (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::box1d(vec![-1.0, 0.0], vec![2.0, 1.0]))
+    }
+
+    /// Members trained together match twins (same seeds, configs and transitions) trained alone: every
+    /// phase's metrics within 1e-5, and after the run actors, critics, both targets and both Adam states within
+    /// 1e-6 relative, step counts, counters and RNG streams exactly. Returns the largest relative difference
+    /// seen (0: bit for bit).
+    fn check(build: &dyn Fn(usize) -> Td3) -> f64 {
+        const N: usize = 3;
+        let n_envs = 2;
+        let mut together: Vec<Td3> = (0..N).map(build).collect();
+        let mut alone: Vec<Td3> = (0..N).map(build).collect();
+        let refs: Vec<&Td3> = together.iter().collect();
+        assert_eq!(unbatchable(&refs), None, "the batched path is taken");
+        let (od, ad) = (together[0].obs_dim, together[0].act_dim);
+        let mut rng = Pcg64::seed_from_u64(11);
+        let total = 220u64;
+        let mut phases = 0;
+        for step in 1..=(total / n_envs as u64) {
+            let obs: Vec<f32> = (0..n_envs * od).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let next: Vec<f32> = (0..n_envs * od).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let done: Vec<bool> = (0..n_envs).map(|_| rng.random_bool(0.1)).collect();
+            let truncated: Vec<bool> = (0..n_envs).map(|_| rng.random_bool(0.05)).collect();
+            for (m, twin) in together.iter_mut().zip(alone.iter_mut()) {
+                let (mut out, mut twin_out) = (ActOutput::default(), ActOutput::default());
+                m.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+                twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
+                let rewards: Vec<f32> = out.actions.chunks(ad).map(|a| -(a[0] - 0.3).powi(2) + 0.1 * a[1]).collect();
+                let t = Transition {
+                    obs: ObsRef::F32(&obs),
+                    act: &out,
+                    rewards: &rewards,
+                    terminated: &done,
+                    truncated: &truncated,
+                    next_obs: ObsRef::F32(&next),
+                };
+                m.observe(&t).unwrap();
+                twin.observe(&t).unwrap();
+            }
+            let progress = Progress { env_steps: step * n_envs as u64, total_env_steps: total };
+            let mut refs: Vec<&mut Td3> = together.iter_mut().collect();
+            let batched = update_members(&mut refs, &progress).unwrap();
+            for (k, (twin, b)) in alone.iter_mut().zip(&batched).enumerate() {
+                let single = twin.update(&progress).unwrap();
+                assert_eq!(single.is_some(), b.is_some(), "step {step} member {k}: phases fall due together");
+                if let (Some(a), Some(s)) = (b, &single) {
+                    phases += 1;
+                    for &(key, y) in s.iter() {
+                        let x = a.get(key).unwrap();
+                        let close = (x - y).abs() <= 1e-5 * y.abs().max(1.0) || (x.is_nan() && y.is_nan());
+                        assert!(close, "step {step} member {k} {key}: {x} vs {y}");
+                    }
+                }
+            }
+        }
+        let mut worst = 0.0f64;
+        for (k, (a, b)) in together.iter().zip(&alone).enumerate() {
+            assert!(a.counters.actor_updates >= 2 * a.config.policy_delay, "member {k}: {:?}", a.counters);
+            for (what, x, y) in [
+                ("actor", a.actor.flat(), b.actor.flat()),
+                ("actor target", a.actor_target.flat(), b.actor_target.flat()),
+                ("critics", a.critic.flat(), b.critic.flat()),
+                ("critic targets", a.critic_target.flat(), b.critic_target.flat()),
+                ("actor Adam m", &a.actor_opt.exp_avg, &b.actor_opt.exp_avg),
+                ("actor Adam v", &a.actor_opt.exp_avg_sq, &b.actor_opt.exp_avg_sq),
+                ("critic Adam m", &a.critic_opt.exp_avg, &b.critic_opt.exp_avg),
+                ("critic Adam v", &a.critic_opt.exp_avg_sq, &b.critic_opt.exp_avg_sq),
+            ] {
+                let d = rel_diff(x, y);
+                assert!(d <= 1e-6, "{} member {k}: {what} differ by {d:e} (relative)", a.name());
+                worst = worst.max(d);
+            }
+            // A phase moved everything (so the comparison above can fail): the targets left their start.
+            let start = build(k);
+            assert!(
+                rel_diff(a.actor_target.flat(), start.actor_target.flat()) > 1e-3,
+                "member {k}: actor target moved"
+            );
+            assert!(
+                rel_diff(a.critic_target.flat(), start.critic_target.flat()) > 1e-3,
+                "member {k}: critic target moved"
+            );
+            assert_eq!((a.actor_opt.steps, a.critic_opt.steps), (b.actor_opt.steps, b.critic_opt.steps));
+            // The step counters exactly; the last actor loss is a float of another kernel (batched vs alone),
+            // within the 1e-5 relative the phases' metrics are held to above.
+            let loss = |c: &Counters| c.last_actor_loss;
+            let (ca, cb) = (
+                Counters { last_actor_loss: None, ..a.counters.clone() },
+                Counters { last_actor_loss: None, ..b.counters.clone() },
+            );
+            assert_eq!(ca, cb, "member {k}");
+            match (loss(&a.counters), loss(&b.counters)) {
+                (Some(x), Some(y)) => {
+                    assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "member {k}: last actor loss {x} vs {y}")
+                }
+                (x, y) => assert_eq!(x.is_some(), y.is_some(), "member {k}: last actor loss {x:?} vs {y:?}"),
+            }
+            assert_eq!(a.rng, b.rng, "member {k}: minibatches and target noise drew the same numbers");
+        }
+        assert!(phases >= 10 * N, "{phases} training phases");
+        worst
+    }
+
+    fn small_td3(k: usize) -> Td3Config {
+        Td3Config {
+            learning_rate: [1e-3, 3e-3, 5e-4][k],
+            tau: [0.05, 0.1, 0.02][k],
+            gamma: [0.9, 0.99, 0.95][k],
+            noise_std: [0.1, 0.3, 0.2][k],
+            target_policy_noise: [0.2, 0.1, 0.3][k],
+            adam_eps: [1e-8, 1e-6, 1e-7][k],
+            batch_size: 16,
+            buffer_size: 500,
+            learning_starts: 40,
+            train_freq: 4,
+            gradient_steps: 3,
+            hidden_sizes: vec![16, 16],
+            fused_cpu: false,
+            ..Td3Config::default()
+        }
+    }
+
+    fn small_ddpg(k: usize) -> DdpgConfig {
+        let t = small_td3(k);
+        DdpgConfig {
+            learning_rate: t.learning_rate,
+            tau: t.tau,
+            gamma: t.gamma,
+            noise_std: t.noise_std,
+            batch_size: t.batch_size,
+            buffer_size: t.buffer_size,
+            learning_starts: t.learning_starts,
+            train_freq: t.train_freq,
+            gradient_steps: t.gradient_steps,
+            hidden_sizes: t.hidden_sizes,
+            fused_cpu: false,
+            ..DdpgConfig::default()
+        }
+    }
+
+    #[test]
+    fn td3_members_match_their_runs_alone() {
+        let (o, a) = spaces();
+        let worst = check(&|k| Td3::td3(&o, &a, 2, small_td3(k), Device::Cpu, 30 + k as u64).unwrap());
+        eprintln!("td3 population: largest relative difference {worst:e}");
+    }
+
+    #[test]
+    fn ddpg_members_match_their_runs_alone() {
+        let (o, a) = spaces();
+        let worst = check(&|k| Td3::ddpg(&o, &a, 2, small_ddpg(k), Device::Cpu, 50 + k as u64).unwrap());
+        eprintln!("ddpg population: largest relative difference {worst:e}");
+    }
+
+    #[test]
+    fn members_that_cannot_batch_are_named() {
+        let (o, a) = spaces();
+        let td3 = |c: Td3Config| Td3::td3(&o, &a, 1, c, Device::Cpu, 1).unwrap();
+        let x = td3(small_td3(0));
+        assert!(unbatchable(&[&x, &td3(small_td3(1))]).is_none(), "per-member hyperparameters batch");
+        let fused = td3(Td3Config { fused_cpu: true, ..small_td3(0) });
+        assert!(unbatchable(&[&fused, &fused]).unwrap().contains("fused"));
+        for other in [
+            Td3Config { policy_delay: 3, ..small_td3(0) },
+            Td3Config { train_freq: 2, ..small_td3(0) },
+            Td3Config { gradient_steps: 1, ..small_td3(0) },
+            Td3Config { learning_starts: 10, ..small_td3(0) },
+            Td3Config { batch_size: 8, ..small_td3(0) },
+        ] {
+            assert!(unbatchable(&[&x, &td3(other.clone())]).unwrap().contains("schedules"), "{other:?}");
+        }
+        let ddpg = Td3::ddpg(&o, &a, 1, small_ddpg(0), Device::Cpu, 1).unwrap();
+        assert!(unbatchable(&[&x, &ddpg]).unwrap().contains("schedules"), "DDPG and TD3 do not batch together");
+        let wider = td3(Td3Config { hidden_sizes: vec![16, 8], ..small_td3(0) });
+        assert!(unbatchable(&[&x, &wider]).unwrap().contains("networks"));
     }
 }

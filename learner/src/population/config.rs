@@ -16,7 +16,7 @@ pub struct PopulationConfig {
     #[serde(default)]
     pub threads: usize,
     /// Train each thread's members in lockstep with one batched update for all of them where the algorithm
-    /// has one (PPO: `flotilla_algorithms::ppo::population`; a member then matches its run alone to float
+    /// has one (PPO: `flotilla_algorithms::ppo::update_members`; a member then matches its run alone to float
     /// rounding, ~1e-8 relative per update); `false`: each member trains as its own run, bit for bit.
     #[serde(default = "default_batched")]
     pub batched: bool,
