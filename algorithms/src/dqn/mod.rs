@@ -1418,7 +1418,7 @@ mod tests {
         let x = Tensor::from_slice(&[0.1f32, -0.3, 0.7, 0.2, 0.2, -0.9]).view([2, 3]);
         let QBody::Mlp(net) = &dqn.q.body else { panic!("vector observations get an MLP") };
         let raw = net.forward(&dqn.online, &x);
-        let q = dqn.q_values(&dqn.online, &x);
+        let q = dqn.q.forward(&dqn.online, &x);
         // Q = V + A − mean(A), so mean_a Q(s, a) = V(s), the first output.
         let mean_q = q.mean_dim(1, false, Kind::Float);
         assert!(mean_q.allclose(&raw.narrow(1, 0, 1).squeeze_dim(1), 1e-6, 1e-6, false));
@@ -1444,7 +1444,7 @@ mod tests {
             let raw = net.forward(&dqn.online, &xt);
             let per = 2 + i64::from(dueling);
             assert_eq!(raw.size(), [6, 3 * per], "dueling {dueling}");
-            let q = dqn.q_values(&dqn.online, &xt);
+            let q = dqn.q.forward(&dqn.online, &xt);
             for r in 0..6 {
                 let own = raw.get(r).narrow(0, (r % 3) * per, per);
                 let want = if dueling {
@@ -1471,7 +1471,7 @@ mod tests {
             let config = DqnConfig { dueling, hidden_sizes: vec![16, 16], ..Default::default() };
             let mut dqn = Dqn::new(&obs, &act, 1, config, Device::Cpu, 0).unwrap();
             let rows = [0.1f32, -0.3, 0.7, 0.2, 0.2, -0.9];
-            let want = dqn.q_values(&dqn.online, &Tensor::from_slice(&rows).view([2, 3]));
+            let want = dqn.q.forward(&dqn.online, &Tensor::from_slice(&rows).view([2, 3]));
             let want = Vec::<f32>::try_from(want.flatten(0, -1)).unwrap();
             let mut out = ActOutput::default();
             dqn.act(ObsRef::F32(&rows), ActMode::Deterministic, &mut out).unwrap();
