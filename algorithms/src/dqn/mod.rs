@@ -42,7 +42,9 @@ use crate::dqn::host::DqnHost;
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
-use crate::nn::members::{Rows, backward_alone, batched_mlp, clip_per_member, mlp_operands, reduce_and_clip_alone};
+use crate::nn::members::{
+    Rows, backward_alone, batched_mlp, clip_per_member, member_views, mlp_operands, reduce_and_clip_alone,
+};
 use crate::nn::nets::is_image;
 use crate::nn::nets::{
     Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, mlp_input_dim, with_torch_seed,
@@ -604,8 +606,8 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
     let (layers, activation) = members[0].q.mlp_layout().expect("checked by unbatchable");
     let online = Rows::new(&members.iter().map(|m| &m.online).collect::<Vec<_>>());
     let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
-    let target =
-        tch::no_grad(|| mlp_operands(&Rows::new(&members.iter().map(|m| &m.target).collect::<Vec<_>>()).views));
+    let targets = Tensor::stack(&members.iter().map(|m| m.target.flat().detach()).collect::<Vec<_>>(), 0);
+    let target = tch::no_grad(|| mlp_operands(&member_views(&targets, &members[0].target)));
     let mut nets = QNets::Stacked { online, target, layers: layers.to_vec(), activation, opt };
     let lrs: Vec<f64> = members.iter().map(|m| m.opt.lr).collect();
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
