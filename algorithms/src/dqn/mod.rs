@@ -1200,7 +1200,6 @@ impl Algorithm for Dqn {
     }
 
     /// The online network's Q-values.
-
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         let x = self.q.obs_tensor(obs)?;
         Ok(crate::teaching::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))

@@ -832,6 +832,7 @@ pub(crate) mod tests {
     }
 
     /// The PPO loss in the paper's notation, sample by sample, in f64.
+    #[allow(clippy::too_many_arguments)]
     fn reference_loss(
         lp: &[f64],
         old: &[f64],
