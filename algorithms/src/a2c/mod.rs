@@ -440,6 +440,12 @@ pub fn update_members(
     if members.len() == 1 || unbatchable(&refs).is_some() {
         return members.iter_mut().zip(rollouts).map(|(m, r)| m.update_from(r, progress_remaining)).collect();
     }
+    update_torch(members, rollouts, progress_remaining)
+}
+
+/// A2C's update on libtorch, written once over the member axis: a member alone (any network, replicas,
+/// micro-batches, V-trace) or several stacked ([`Nets`]): [`a2c_gradient`], then one optimiser step.
+fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remaining: f64) -> Result<Vec<Metrics>> {
     for (m, r) in members.iter().zip(rollouts) {
         check_rollout(&m.pi.net, r)?;
         if r.len() != rollouts[0].len() {
@@ -447,25 +453,42 @@ pub fn update_members(
             return Err(Error::BadLength { what, got: r.len(), expected: rollouts[0].len() });
         }
     }
-    let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
-    let net = StackedActorCritic::new(&nets);
-    let opts: Vec<&Optimizer> = members.iter().map(|m| &m.opt).collect();
-    let opt = StackedOptimizer::new(&opts, net.params()).expect("unbatchable saw one optimiser kind");
-    let c0 = &members[0].config;
-    let batch = Batch::new(&nets, rollouts, c0.gamma as f32, None)?;
-    let mut nets = Nets::Stacked(net, opt);
-    let configs: Vec<&A2cConfig> = members.iter().map(|m| &m.config).collect();
-    let mut metrics = a2c_gradient(&mut nets, &configs, batch)?;
     let lrs: Vec<f64> = members.iter().map(|m| m.config.learning_rate_at(progress_remaining)).collect();
-    nets.step(&lrs);
-    let Nets::Stacked(net, opt) = &nets else { unreachable!("stacked above") };
-    tch::no_grad(|| {
-        for (k, m) in members.iter_mut().enumerate() {
-            net.write_back(k, &m.pi.net.params);
-            m.opt.set_lr(lrs[k]);
-            opt.write_back(k, &mut m.opt);
-        }
+    let c0 = members[0].config.clone();
+    let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
+    let batch = Batch::new(&nets, rollouts, c0.gamma as f32, c0.vtrace.as_ref())?;
+    let stacked = (members.len() > 1).then(|| {
+        let net = StackedActorCritic::new(&nets);
+        let opts: Vec<&Optimizer> = members.iter().map(|m| &m.opt).collect();
+        let opt = StackedOptimizer::new(&opts, net.params()).expect("unbatchable saw one optimiser kind");
+        Nets::Stacked(net, opt)
     });
+    for (m, &lr) in members.iter_mut().zip(&lrs) {
+        m.opt.set_lr(lr);
+    }
+    let configs: Vec<A2cConfig> = members.iter().map(|m| m.config.clone()).collect();
+    let configs: Vec<&A2cConfig> = configs.iter().collect();
+    let mut metrics = match stacked {
+        Some(mut nets) => {
+            let metrics = a2c_gradient(&mut nets, &configs, batch)?;
+            nets.step(&lrs);
+            let Nets::Stacked(net, opt) = &nets else { unreachable!("stacked above") };
+            tch::no_grad(|| {
+                for (k, m) in members.iter_mut().enumerate() {
+                    net.write_back(k, &m.pi.net.params);
+                    opt.write_back(k, &mut m.opt);
+                }
+            });
+            metrics
+        }
+        None => {
+            let A2c { pi, parallel, opt, .. } = &mut *members[0];
+            let mut nets: Nets<StackedOptimizer> = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
+            let metrics = a2c_gradient(&mut nets, &configs, batch)?;
+            nets.step(&lrs);
+            metrics
+        }
+    };
     for (m, lr) in metrics.iter_mut().zip(lrs) {
         m.push("charts/learning_rate", lr);
         m.push("charts/gradient_steps", 1.0);
@@ -627,21 +650,19 @@ impl A2c {
         Ok(lr)
     }
 
-    /// One A2C update on a finished rollout: [`A2c::compute_gradients`] then [`A2c::apply_gradients`].
+    /// One A2C update on a finished rollout: the fused CPU step where it applies, else the libtorch update over
+    /// the member axis as a population of one (the same loss and step as [`A2c::compute_gradients`] followed by
+    /// [`A2c::apply_gradients`], without the gradient leaving the buffer).
     /// [`Algorithm::update`] calls this on the rollout [`Algorithm::observe`] collected.
     pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        let (mut metrics, lr) =
-            match ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net) {
-                Some(mut host) => {
-                    let update = self.update_fused(&mut host, rollout, progress_remaining);
-                    self.host = Some(host);
-                    update?
-                }
-                None => {
-                    let (grad, metrics) = self.compute_gradients(rollout)?;
-                    (metrics, self.apply_gradients(&grad, progress_remaining)?)
-                }
-            };
+        let Some(mut host) =
+            ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net)
+        else {
+            return Ok(update_torch(&mut [self], &[rollout], progress_remaining)?.pop().expect("one member"));
+        };
+        let update = self.update_fused(&mut host, rollout, progress_remaining);
+        self.host = Some(host);
+        let (mut metrics, lr) = update?;
         metrics.push("charts/learning_rate", lr);
         metrics.push("charts/gradient_steps", 1.0);
         Ok(metrics)
