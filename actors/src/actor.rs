@@ -6,8 +6,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use flotilla_algorithms::{ActMode, ActOutput, Acting, Progress};
-use flotilla_core::{Chunk, Gradient, ObsBuf, Params};
-use flotilla_envs::VectorEnv;
+use flotilla_core::{Chunk, Gradient, Params};
+use flotilla_envs::{ChunkRecorder, VectorEnv};
 use flotilla_envs::env_actions::EnvActions;
 use flotilla_transport::grpc::backoff;
 use flotilla_transport::{Code, LearnerClient, Registered, Registration, RpcError, RunInfo};
@@ -198,10 +198,10 @@ fn act_loop(
     options: &ActorOptions,
     report: &mut ActorReport,
 ) -> Result<()> {
-    let (e, d) = (envs.num_envs(), envs.obs_dim());
+    let e = envs.num_envs();
     let action_space = envs.action_space().clone();
     let mut obs = envs.reset(Some(seed))?.to_buf();
-    let dtype = obs.dtype();
+    let mut recorder = ChunkRecorder::new(chunk_steps);
     let mut out = ActOutput::default();
     let mut env_actions = EnvActions::default();
     let mut run = 0;
@@ -221,50 +221,15 @@ fn act_loop(
             agent.policy().set_progress(&Progress { env_steps, total_env_steps });
         }
         let n = chunk_steps * e;
-        let mut c = Chunk {
-            actor_id: 0,
-            policy_version: version,
-            n_steps: chunk_steps,
-            n_envs: e,
-            obs: ObsBuf::with_capacity(dtype, n * d),
-            bootstrap_obs: ObsBuf::empty(dtype),
-            actions: Vec::with_capacity(n * agent.policy().act_dim()),
-            rewards: Vec::with_capacity(n),
-            terminated: Vec::with_capacity(n),
-            truncated: Vec::with_capacity(n),
-            log_probs: Vec::with_capacity(n),
-            values: Vec::with_capacity(n),
-            final_index: Vec::new(),
-            final_obs: ObsBuf::empty(dtype),
-            episodes: Vec::new(),
-        };
-        // One dtype per batch: the env's, which every buffer here was made with.
-        let mut same = true;
-        for t in 0..chunk_steps {
-            same &= c.obs.extend(obs.as_ref());
+        for _ in 0..chunk_steps {
             agent.policy().act(obs.as_ref(), ActMode::Explore, &mut out)?;
             let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
-            // Where an episode ended, the observation that truly followed is kept beside the reset one.
-            for i in 0..e {
-                if step.terminated[i] || step.truncated[i] {
-                    let last = step.final_obs(i).ok_or_else(|| {
-                        Error::Setup(format!("env {i} ended an episode without reporting its final observation"))
-                    })?;
-                    c.final_index.push((t * e + i) as u32);
-                    same &= c.final_obs.extend(last);
-                }
-            }
-            c.episodes.extend_from_slice(step.episodes);
-            c.actions.extend_from_slice(&out.actions);
-            c.log_probs.extend_from_slice(&out.log_probs);
-            c.values.extend_from_slice(&out.values);
-            c.rewards.extend_from_slice(step.rewards);
-            c.terminated.extend_from_slice(step.terminated);
-            c.truncated.extend_from_slice(step.truncated);
-            same &= obs.write_at(0, step.obs);
+            recorder.record(obs.as_ref(), &out.actions, &out.log_probs, &out.values, &step)?;
+            let same = obs.write_at(0, step.obs);
+            debug_assert!(same, "one dtype per batch");
         }
-        debug_assert!(same, "one dtype per batch");
-        c.bootstrap_obs = obs.clone();
+        let mut c = recorder.take();
+        c.policy_version = version;
         report.env_steps += n as u64;
         let message = match agent {
             Acting::Chunks(_) => Outgoing::Chunk(c),

@@ -240,6 +240,42 @@ impl Chunk {
             self.bootstrap_obs.slice(e * obs_dim..(e + 1) * obs_dim)
         }
     }
+
+    /// The observations that truly followed step `t` of all `E` envs ([`Chunk::next_obs`] row by row): the
+    /// next step's (or the bootstrap) observations as they stand in the chunk where no episode ended at `t`,
+    /// else those copied into `scratch` with the final observations in the rows that ended. `final_cursor`
+    /// walks `final_index` as in [`Chunk::next_obs`], for steps taken in increasing `t`.
+    pub fn next_obs_rows<'a>(
+        &'a self,
+        t: usize,
+        obs_dim: usize,
+        scratch: &'a mut ObsBuf,
+        final_cursor: &mut usize,
+    ) -> ObsRef<'a> {
+        let e = self.n_envs;
+        let after = if t + 1 < self.n_steps {
+            self.obs.slice((t + 1) * e * obs_dim..(t + 2) * e * obs_dim)
+        } else {
+            self.bootstrap_obs.as_ref()
+        };
+        let ends = |cursor: usize| self.final_index.get(cursor).is_some_and(|&i| (i as usize) < (t + 1) * e);
+        if !ends(*final_cursor) {
+            return after;
+        }
+        if scratch.dtype() != after.dtype() {
+            *scratch = ObsBuf::with_capacity(after.dtype(), after.len());
+        }
+        scratch.clear();
+        let mut same = scratch.extend(after);
+        while ends(*final_cursor) {
+            let k = *final_cursor;
+            let env = self.final_index[k] as usize - t * e;
+            same &= scratch.write_at(env * obs_dim, self.final_obs.slice(k * obs_dim..(k + 1) * obs_dim));
+            *final_cursor += 1;
+        }
+        debug_assert!(same, "one dtype per chunk");
+        scratch.as_ref()
+    }
 }
 
 fn abbreviate(v: &[u32]) -> Vec<u32> {
@@ -378,6 +414,12 @@ mod tests {
             }
         }
         assert_eq!(out, vec![1.0, 11.0, 2.0, 21.0]);
+        // Whole steps: the same rows, copied only at the step where an episode ended.
+        let (mut rows, mut scratch, mut cursor) = (Vec::new(), ObsBuf::empty(DType::F32), 0);
+        for t in 0..2 {
+            c.next_obs_rows(t, 1, &mut scratch, &mut cursor).to_f32(&mut rows);
+        }
+        assert_eq!(rows, vec![1.0, 11.0, 2.0, 21.0]);
     }
 
     #[test]
