@@ -1,8 +1,8 @@
 //! DQN on CartPole-v1 using the crates directly: `cargo run --release -p flotilla-examples --bin cartpole_dqn`
 use flotilla_algorithms::dqn::{Dqn, DqnConfig};
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Policy, Progress, Transition};
-use flotilla_core::{Action, DType, ObsBuf};
-use flotilla_envs::{Kwargs, VecActions, VecEnv, make};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Policy, Progress};
+use flotilla_core::Action;
+use flotilla_envs::{ChunkRecorder, Kwargs, VecActions, VecEnv, make};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let total_env_steps = 50_000; // RL Zoo's budget; DqnConfig::default() is RL Zoo's CartPole-v1 DQN
@@ -11,21 +11,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Seed 2 holds 500 at the end; seed 1 ends near 200 (DQN on CartPole is unstable: see BENCHMARKS.md).
     let mut agent = Dqn::new(&obs_space, &act_space, 1, DqnConfig::default(), tch::Device::Cpu, 2)?;
     let (mut obs, mut out) = (envs.reset(Some(2))?.to_buf(), ActOutput::default());
-    let mut next_obs = ObsBuf::empty(DType::F32);
+    let mut recorder = ChunkRecorder::new(1); // each step as a one-step chunk, the form agents take data in
     for env_steps in 1..=total_env_steps {
         agent.act(obs.as_ref(), ActMode::Explore, &mut out)?; // ε-greedy
         let actions: Vec<i64> = out.actions.iter().map(|&a| a as i64).collect();
         let step = envs.step(&VecActions::Discrete(&actions))?;
-        step.true_next_obs(&mut next_obs); // the final observation where an episode ended, not the reset one
-        let (rewards, terminated, truncated) = (step.rewards, step.terminated, step.truncated);
-        agent.observe(&Transition {
-            obs: obs.as_ref(),
-            act: &out,
-            rewards,
-            terminated,
-            truncated,
-            next_obs: next_obs.as_ref(),
-        })?;
+        if recorder.record(obs.as_ref(), &out.actions, &out.log_probs, &out.values, &step)? {
+            agent.observe(std::slice::from_ref(recorder.chunk()))?;
+        }
         obs = step.obs.to_buf();
         if let Some(m) = agent.update(&Progress { env_steps, total_env_steps })?
             && env_steps % 10 == 9

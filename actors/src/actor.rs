@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use flotilla_algorithms::{ActMode, ActOutput, Acting, Progress};
 use flotilla_core::{Chunk, Gradient, Params};
-use flotilla_envs::{ChunkRecorder, VectorEnv};
 use flotilla_envs::env_actions::EnvActions;
+use flotilla_envs::{ChunkRecorder, VectorEnv};
 use flotilla_transport::grpc::backoff;
 use flotilla_transport::{Code, LearnerClient, Registered, Registration, RpcError, RunInfo};
 use tracing::{info, warn};

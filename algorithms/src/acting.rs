@@ -16,7 +16,7 @@ use flotilla_core::{Chunk, Space};
 
 use crate::nn::params::FlatParams;
 use crate::policy::Policy;
-use crate::transition::Progress;
+use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 
 /// The acting half of an algorithm, as an actor holds it.

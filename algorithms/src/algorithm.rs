@@ -1,11 +1,16 @@
-//! The learning half of an agent: observe transitions, update when there is enough data, save everything.
+//! The learning half of an agent: take trajectory chunks, update when there is enough data, save everything.
+//!
+//! Chunks ([`flotilla_core::Chunk`]) are the one way data enters an algorithm: the single-process trainer
+//! records each env step as a one-step chunk (`flotilla_envs::ChunkRecorder`), actors send whole ones.
 //!
 //! ```text
-//! let mut obs = envs.reset(Some(seed))?.to_vec();
+//! let mut obs = envs.reset(Some(seed))?.to_buf();
 //! while progress.env_steps < progress.total_env_steps {
-//!     agent.act(&obs, ActMode::Explore, &mut out)?;
+//!     agent.act(obs.as_ref(), ActMode::Explore, &mut out)?;
 //!     let step = envs.step(..)?;                         // same-step auto-reset
-//!     agent.observe(&Transition { obs: &obs, act: &out, rewards, terminated, truncated, next_obs })?;
+//!     if recorder.record(obs.as_ref(), &out.actions, &out.log_probs, &out.values, &step)? {
+//!         agent.observe(std::slice::from_ref(recorder.chunk()))?;
+//!     }
 //!     progress.env_steps += n_envs;
 //!     if let Some(metrics) = agent.update(&progress)? { log(metrics) }   // PPO: full rollout; DQN: train_freq
 //!     obs = step.obs;
@@ -20,8 +25,8 @@ use crate::data::rollout::{Rollout, RolloutLayout};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::params::FlatParams;
 use crate::policy::Policy;
+use crate::progress::Progress;
 use crate::teaching::Teaching;
-use crate::transition::{Progress, Transition, for_each_transition};
 use crate::{Metrics, Result};
 
 /// The concrete agent behind a `dyn Algorithm`, for the registry alone: it batches a population's members of
@@ -59,22 +64,25 @@ impl<T: std::any::Any + Send + std::fmt::Debug> PreparedWork for T {
 }
 
 /// An off-policy agent's data side, run on a learner's batch-assembly thread
-/// ([`crate::algorithm::ReplayAhead::replay_feed`]): it
-/// observes transitions into the agent's replay and prepares the minibatches each due training phase draws,
-/// while the agent trains on earlier ones. Observing a transition here and then applying its work with
-/// [`crate::algorithm::ReplayAhead::train_prepared`] trains exactly as [`Algorithm::observe`] + [`Algorithm::update`]
-/// do.
+/// ([`crate::algorithm::ReplayAhead::replay_feed`]): it observes chunks into the agent's replay and prepares
+/// the minibatches each due training phase draws, while the agent trains on earlier ones. Observing a chunk
+/// here and then applying its work with [`crate::algorithm::ReplayAhead::train_prepared`] trains exactly as
+/// [`Algorithm::observe`] + [`Algorithm::update`] do.
 pub trait ReplayFeed: Send {
-    /// Record one vectorised step at `progress` (env steps including this one); append the work it makes due.
-    fn observe(&mut self, step: &Transition<'_>, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()>;
+    /// Record a chunk at `progress` (env steps including the chunk's); append the work it makes due.
+    fn observe(&mut self, chunk: &Chunk, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()>;
 }
 
 /// A learning algorithm: a [`Policy`] that also learns from what it observes and can save its whole state.
 pub trait Algorithm: Policy + AsAny {
     /// Short name, as in configs (`"ppo"`, `"dqn"`, ...).
     fn name(&self) -> &'static str;
-    /// Record one vectorised step (into a rollout or a replay buffer).
-    fn observe(&mut self, step: &Transition<'_>) -> Result<()>;
+    /// Take in trajectory chunks, the one way data enters an algorithm: on-policy kinds append them, stacked
+    /// row-wise (chunk `k`'s env `j` is row `k · E + j`; the chunks' envs add up to the rollout's rows), to
+    /// their rollout; off-policy kinds put each chunk's steps, in order, into their replay, with the true next
+    /// observations from the chunk's final-observation index. The single-process trainer passes one-step
+    /// chunks; a learner passes its actors' chunks.
+    fn observe(&mut self, chunks: &[Chunk]) -> Result<()>;
     /// Learn if it is time to (a full rollout, every `train_freq` steps after `learning_starts`, ...);
     /// returns the metrics of the updates made, `None` if none were.
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>>;
@@ -106,16 +114,6 @@ pub trait Algorithm: Policy + AsAny {
         let frozen = self.policy_params_mut().freeze(what, freeze)?;
         self.policy_params_changed();
         Ok((copied, frozen))
-    }
-    /// Observe whole trajectory chunks of the envs of several actors, stacked row-wise (chunk `k`'s env `j` is
-    /// row `k · E + j` of the update), for on-policy learners fed by actors. The default observes each chunk's
-    /// steps in order (true next observations restored), which suits algorithms whose `n_envs` is one
-    /// chunk's `E`; PPO and A2C write the chunks' columns straight into their rollout.
-    fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
-        for chunk in chunks {
-            for_each_transition(chunk, |step| self.observe(step))?;
-        }
-        Ok(())
     }
     /// Distillation: what this agent's policy says about `obs` (no gradient), the target a student learns —
     /// logits, Q-values, a Gaussian or deterministic actions ([`Teaching`]). Every kind has a policy to teach.
@@ -158,7 +156,7 @@ pub trait Algorithm: Policy + AsAny {
 /// Capability: an on-policy learner fed by actors' chunks (PPO, A2C), which lets the learner's batch-assembly
 /// thread stack chunks ([`Rollout::stack_chunks`]) and put their observations on the device
 /// ([`Rollout::put_obs_on_device`]) while the agent updates on the previous batch. Without it, batches go
-/// through [`Algorithm::observe_chunks`] on the update thread.
+/// through [`Algorithm::observe`] on the update thread.
 pub trait OnPolicy {
     /// The layout of this agent's rollouts.
     fn rollout_layout(&self) -> RolloutLayout;

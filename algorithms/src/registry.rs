@@ -25,8 +25,8 @@ use crate::dqn::{Dqn, DqnConfig, DqnPolicy};
 use crate::export::Architecture;
 use crate::metrics::Metrics;
 use crate::ppo::{Ppo, PpoConfig};
+use crate::progress::Progress;
 use crate::td3::{DdpgConfig, Td3, Td3Config, Td3Policy};
-use crate::transition::Progress;
 use crate::{Error, Result};
 
 /// `[algorithm]`: `kind` picks the algorithm; the other keys are its config struct's fields.
@@ -444,7 +444,7 @@ mod tests {
         let m = learner
             .parameter_server()
             .expect("A3C's learner is a parameter server")
-            .apply_gradient(&grad, &crate::transition::Progress { env_steps: 1, total_env_steps: 2 });
+            .apply_gradient(&grad, &crate::progress::Progress { env_steps: 1, total_env_steps: 2 });
         assert!(m.is_ok(), "the parameter server takes the worker's gradient");
         assert_ne!(flat(learner.as_ref()), params_before, "and steps with it");
         assert_eq!(flat(learner.as_ref())[..n_frozen], params_before[..n_frozen], "frozen layers stay");
@@ -452,7 +452,7 @@ mod tests {
             learner
                 .parameter_server()
                 .unwrap()
-                .apply_gradient(&grad[1..], &crate::transition::Progress { env_steps: 1, total_env_steps: 2 })
+                .apply_gradient(&grad[1..], &crate::progress::Progress { env_steps: 1, total_env_steps: 2 })
                 .is_err(),
             "short"
         );

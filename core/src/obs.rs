@@ -80,9 +80,14 @@ impl ObsBuf {
 
     /// Forget the contents, keeping the allocation and the dtype.
     pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Keep the first `len` elements.
+    pub fn truncate(&mut self, len: usize) {
         match self {
-            ObsBuf::F32(v) => v.clear(),
-            ObsBuf::U8(v) => v.clear(),
+            ObsBuf::F32(v) => v.truncate(len),
+            ObsBuf::U8(v) => v.truncate(len),
         }
     }
 

@@ -92,6 +92,49 @@ pub struct ChunkSpec {
 }
 
 impl Chunk {
+    /// One vectorised step of `rewards.len()` envs as a one-step chunk, for code that steps its own envs:
+    /// `obs` the policy acted on, its `actions` (and `log_probs`, `values`, or empty), what followed.
+    /// `next_obs` is the observation that truly followed each env's action; the chunk keeps it as the final
+    /// observation where an episode ended, and all of it as the bootstrap rows. (A `VecEnv`'s steps go
+    /// through `flotilla_envs::ChunkRecorder`, which keeps the auto-reset observations as the bootstrap.)
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_step(
+        obs: ObsRef<'_>,
+        actions: &[f32],
+        log_probs: &[f32],
+        values: &[f32],
+        rewards: &[f32],
+        terminated: &[bool],
+        truncated: &[bool],
+        next_obs: ObsRef<'_>,
+    ) -> Chunk {
+        let e = rewards.len();
+        let d = obs.len() / e.max(1);
+        let ended: Vec<usize> = (0..e).filter(|&i| terminated[i] || truncated[i]).collect();
+        let mut final_obs = ObsBuf::empty(obs.dtype());
+        for &i in &ended {
+            let same = final_obs.extend(next_obs.slice(i * d..(i + 1) * d));
+            debug_assert!(same, "one dtype per chunk");
+        }
+        Chunk {
+            actor_id: 0,
+            policy_version: 0,
+            n_steps: 1,
+            n_envs: e,
+            obs: obs.to_buf(),
+            bootstrap_obs: next_obs.to_buf(),
+            actions: actions.to_vec(),
+            rewards: rewards.to_vec(),
+            terminated: terminated.to_vec(),
+            truncated: truncated.to_vec(),
+            log_probs: log_probs.to_vec(),
+            values: values.to_vec(),
+            final_index: ended.iter().map(|&i| i as u32).collect(),
+            final_obs,
+            episodes: Vec::new(),
+        }
+    }
+
     /// Transitions in the chunk (`T · E`).
     pub fn transitions(&self) -> usize {
         self.n_steps * self.n_envs

@@ -19,7 +19,7 @@
 //!
 //! Off-policy (DQN with uniform or frame replay):
 //! ```text
-//!  hub queue ─► assembly thread: each step of a chunk into the agent's replay (ReplayFeed::observe), and
+//!  hub queue ─► assembly thread: each chunk into the agent's replay (ReplayFeed::observe), and
 //!               each due training phase's minibatches sampled and put on the device
 //!                  ─► ready (bounded, 1 chunk's work) ─► update thread: train_prepared, publish
 //! ```
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use flotilla_algorithms::data::rollout::{Rollout, RolloutLayout};
-use flotilla_algorithms::{Prepared, Progress, ReplayFeed, for_each_transition};
+use flotilla_algorithms::{Prepared, Progress, ReplayFeed};
 use flotilla_core::{Chunk, EpisodeStats};
 use tokio::sync::mpsc;
 use tracing::error;
@@ -272,7 +272,7 @@ impl Worker {
         true
     }
 
-    /// Off-policy: each chunk's steps into the replay through `feed`, its work handed over chunk by chunk.
+    /// Off-policy: each chunk into the replay through `feed`, its work handed over chunk by chunk.
     fn feed_replay(&mut self, mut feed: Box<dyn ReplayFeed>, mut env_steps: u64, stop_after: u64, total: u64) {
         while !self.stopped() {
             if self.pause.swap(false, Ordering::SeqCst) {
@@ -302,15 +302,11 @@ impl Worker {
             let mut intake = Intake::default();
             intake.count_chunk(&chunk);
             add_lag(&mut intake.lag, self.hub.version().saturating_sub(chunk.policy_version));
-            let (mut work, before, e) = (Vec::new(), env_steps, chunk.n_envs as u64);
-            let observed = guarded(|| {
-                for_each_transition(&chunk, |step| {
-                    env_steps += e;
-                    feed.observe(step, &Progress { env_steps, total_env_steps: total }, &mut work)
-                })
-            });
             // Every step of the chunk counts, whether or not the agent could learn from all of it.
-            env_steps = before + chunk.transitions() as u64;
+            env_steps += chunk.transitions() as u64;
+            let mut work = Vec::new();
+            let progress = Progress { env_steps, total_env_steps: total };
+            let observed = guarded(|| feed.observe(&chunk, &progress, &mut work));
             intake.assemble_secs = started.elapsed().as_secs_f64();
             let prepared = PreparedChunk { work, error: observed.err(), actor: chunk.actor_id, intake };
             if !self.hand_over(Ready::Replay(prepared)) {

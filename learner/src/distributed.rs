@@ -7,7 +7,7 @@
 //!     on-policy (PPO, A2C):  policy lag = newest version − chunk version; lag > max_policy_lag ─► skipped,
 //!                            counted in charts/stale_chunks; else kept until chunks_per_batch are in, then
 //!                            their T steps are stacked row-wise (num_envs rows), observed, and one update runs
-//!     off-policy (DQN, DDPG, TD3): each step of the chunk is observed (into replay) and update() is asked,
+//!     off-policy (DQN, DDPG, TD3): the chunk is observed (into replay) and update() is asked,
 //!                            as in single-process training; any training publishes
 //!     A3C:                   gradient staleness as above; else applied by the parameter server's optimiser,
 //!                            then the actor's call is answered and it fetches the new version (A3C's sync)
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flotilla_algorithms::{Algorithm, Metrics, Progress, for_each_transition};
+use flotilla_algorithms::{Algorithm, Metrics, Progress};
 use flotilla_core::{Chunk, ChunkSpec, DType, EpisodeStats, Gradient};
 use flotilla_transport::RunInfo;
 use flotilla_transport::grpc::{Limits, ServerHandle, serve_with};
@@ -675,39 +675,28 @@ impl DistributedLearner {
         Ok(())
     }
 
-    /// Observe each step of a chunk into the off-policy agent, asking it to update after each, as the
-    /// single-process trainer does.
+    /// Observe a chunk into the off-policy agent's replay and let it train the phases the chunk's steps made
+    /// due, as the single-process trainer does after each of its one-step chunks.
     fn feed_off_policy(&mut self, chunk: &Chunk) -> Result<()> {
-        let total = self.config.run.total_env_steps;
         // With L learners, each transition stands for L: every learner takes in the same number per chunk.
         let world = self.replicas.as_ref().map_or(1, |r| r.world as u64);
-        let e = chunk.n_envs as u64 * world;
         let started = Instant::now();
-        let before = self.counters.run.env_steps;
-        let mut last = None;
-        let (agent, counters) = (&mut self.agent, &mut self.counters);
-        let fed = guarded(|| {
-            for_each_transition(chunk, |step| {
-                agent.observe(step)?;
-                counters.run.env_steps += e;
-                let progress = Progress { env_steps: counters.run.env_steps, total_env_steps: total };
-                if let Some(m) = agent.update(&progress)? {
-                    counters.run.count_update(&m);
-                    last = Some(m);
-                }
-                Ok(())
-            })
-        });
         // Every step of the chunk counts, whether or not the agent could learn from all of it.
-        self.counters.run.env_steps = before + chunk.transitions() as u64 * world;
-        if let Err(error) = fed {
-            self.update_failed(&error, &[chunk.actor_id])?;
+        self.counters.run.env_steps += chunk.transitions() as u64 * world;
+        let progress =
+            Progress { env_steps: self.counters.run.env_steps, total_env_steps: self.config.run.total_env_steps };
+        let agent = &mut self.agent;
+        match guarded(|| {
+            agent.observe(std::slice::from_ref(chunk))?;
+            agent.update(&progress)
+        }) {
+            Err(error) => self.update_failed(&error, &[chunk.actor_id]),
+            Ok(None) => Ok(()),
+            Ok(Some(m)) => {
+                self.counters.run.count_update(&m);
+                self.publish(m, started)
+            }
         }
-        // One publication per chunk, however many updates it triggered.
-        if let Some(m) = last {
-            self.publish(m, started)?;
-        }
-        Ok(())
     }
 
     /// Push `batch`'s chunks into the agent's rollout (chunk k's env j is row k·E + j) and update.
@@ -719,7 +708,7 @@ impl DistributedLearner {
         let (agent, assemble_secs) = (&mut self.agent, &mut self.counters.run.assemble_secs);
         let updated = guarded(|| {
             let assembling = Instant::now();
-            agent.observe_chunks(batch)?;
+            agent.observe(batch)?;
             *assemble_secs += assembling.elapsed().as_secs_f64();
             agent.update(&progress)
         });

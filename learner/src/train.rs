@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! reset envs (seed) ─► loop until total_env_steps:
-//!     act (batched, exploring) ─► step envs (same-step auto-reset) ─► observe (obs, actions, rewards, flags,
-//!     true next obs) ─► update if the algorithm is ready (PPO: full rollout; DQN: every train_freq steps)
+//!     act (batched, exploring) ─► step envs (same-step auto-reset) ─► observe the step as a one-step chunk
+//!     (the form actors send) ─► update if the algorithm is ready (PPO: full rollout; DQN: every train_freq steps)
 //!     every log interval: metrics row + progress line; every eval interval: deterministic evaluation;
 //!     every checkpoint interval: the whole state (agent, envs, counters) to RUN_DIR/checkpoint.safetensors
 //! ```
@@ -21,9 +21,9 @@ use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress, Transition};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress};
 use flotilla_core::ObsBuf;
-use flotilla_envs::{EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
+use flotilla_envs::{ChunkRecorder, EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
 use tracing::{info, warn};
 
 /// A training run in progress: config, envs, agent, counters. [`Trainer::run`] advances it; a checkpoint
@@ -209,14 +209,14 @@ impl Trainer {
 
     /// One vectorised env step: act, step the envs, count finished episodes, let the agent observe.
     fn collect(&mut self, scratch: &mut StepScratch) -> Result<()> {
-        let StepScratch { out, env_actions, next_obs, action_space } = scratch;
+        let StepScratch { out, env_actions, recorder, action_space } = scratch;
         self.agent.act(self.obs.as_ref(), ActMode::Explore, out)?;
         let actions = env_actions.convert(action_space, &out.actions);
         let step = self.envs.step(&actions)?;
         if let Some(replay) = &mut self.replay {
             replay.record(&actions)?;
         }
-        observe_step(self.agent.as_mut(), &mut self.obs, &mut self.counters, out, next_obs, &step)
+        observe_step(self.agent.as_mut(), &mut self.obs, &mut self.counters, out, recorder, &step)
     }
 
     /// Evaluation, logging and checkpoints due after a step.
@@ -248,32 +248,24 @@ impl Trainer {
 }
 
 /// The second half of an env step, after the envs stepped with the actions in `out`: count finished
-/// episodes, let the agent observe the transition, move on to the step's observations.
+/// episodes, let the agent observe the step as a one-step chunk, move on to the step's observations.
 fn observe_step(
     agent: &mut dyn Algorithm,
     obs: &mut ObsBuf,
     counters: &mut RunCounters,
     out: &ActOutput,
-    next_obs: &mut ObsBuf,
+    recorder: &mut ChunkRecorder,
     step: &VecStep<'_>,
 ) -> Result<()> {
-    // The observation that truly followed: the final one where an episode ended, not the reset one.
-    step.true_next_obs(next_obs);
     for ep in step.episodes {
         counters.count_episode(ep.episode_return, ep.length);
         if let Some(task) = ep.task {
             counters.count_task_return(task as usize, ep.episode_return, 1);
         }
     }
-    let transition = Transition {
-        obs: obs.as_ref(),
-        act: out,
-        rewards: step.rewards,
-        terminated: step.terminated,
-        truncated: step.truncated,
-        next_obs: next_obs.as_ref(),
-    };
-    agent.observe(&transition)?;
+    if recorder.record(obs.as_ref(), &out.actions, &out.log_probs, &out.values, step)? {
+        agent.observe(std::slice::from_ref(recorder.chunk()))?;
+    }
     let same = obs.write_at(0, step.obs);
     debug_assert!(same, "one dtype per batch");
     counters.env_steps += step.rewards.len() as u64;
@@ -329,7 +321,7 @@ impl JointEnvs {
         let mut start = 0;
         for ((t, s), &n) in group.iter_mut().zip(scratch.iter_mut()).zip(&self.sizes) {
             let share = step.slice(start..start + n);
-            observe_step(t.agent.as_mut(), &mut t.obs, &mut t.counters, &s.out, &mut s.next_obs, &share)?;
+            observe_step(t.agent.as_mut(), &mut t.obs, &mut t.counters, &s.out, &mut s.recorder, &share)?;
             start += n;
         }
         Ok(())
@@ -346,7 +338,8 @@ impl JointEnvs {
 struct StepScratch {
     out: ActOutput,
     env_actions: EnvActions,
-    next_obs: ObsBuf,
+    /// The step as the one-step chunk the agent observes.
+    recorder: ChunkRecorder,
     action_space: flotilla_core::Space,
 }
 
@@ -355,7 +348,7 @@ impl StepScratch {
         StepScratch {
             out: ActOutput::default(),
             env_actions: EnvActions::default(),
-            next_obs: ObsBuf::with_capacity(t.obs.dtype(), t.obs.len()),
+            recorder: ChunkRecorder::new(1),
             action_space: t.envs.action_space().clone(),
         }
     }

@@ -11,12 +11,10 @@ use flotilla_algorithms::a2c::A2cConfig;
 use flotilla_algorithms::dqn::{Dqn, DqnConfig};
 use flotilla_algorithms::ppo::PpoConfig;
 use flotilla_algorithms::td3::{DdpgConfig, Td3, Td3Config};
-use flotilla_algorithms::{
-    ActMode, ActOutput, Algorithm, AlgorithmConfig, DataParallel, GradientSync, Progress, Transition,
-};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, DataParallel, GradientSync, Progress};
 use flotilla_collective::codec::Compression;
 use flotilla_collective::{GroupOptions, ProcessGroup, Rendezvous};
-use flotilla_core::{ObsRef, Space};
+use flotilla_core::{Chunk, ObsRef, Space};
 use flotilla_learner::data_parallel::CollectiveSync;
 use tch::{Device, Tensor};
 
@@ -68,15 +66,17 @@ struct Step {
 }
 
 impl Step {
-    fn transition(&self) -> Transition<'_> {
-        Transition {
-            obs: ObsRef::F32(&self.obs),
-            act: &self.act,
-            rewards: &self.rewards,
-            terminated: &self.terminated,
-            truncated: &self.truncated,
-            next_obs: ObsRef::F32(&self.next_obs),
-        }
+    fn transition(&self) -> Chunk {
+        Chunk::from_step(
+            ObsRef::F32(&self.obs),
+            &self.act.actions,
+            &self.act.log_probs,
+            &self.act.values,
+            &self.rewards,
+            &self.terminated,
+            &self.truncated,
+            ObsRef::F32(&self.next_obs),
+        )
     }
 
     /// Rank steps side by side: envs of rank 0, then rank 1, ….
@@ -173,7 +173,7 @@ fn on_policy_ranks_and_one_frozen(
                 act,
                 next_obs,
             };
-            agent.observe(&step.transition()).unwrap();
+            agent.observe(&[step.transition()]).unwrap();
             let progress = Progress { env_steps: (t + 1) * envs as u64, total_env_steps: steps * envs as u64 };
             updates += agent.update(&progress).unwrap().is_some() as usize;
             recorded.push(step);
@@ -190,7 +190,7 @@ fn on_policy_ranks_and_one_frozen(
     one.transfer("test", &[], &[], &freeze).unwrap();
     for t in 0..steps as usize {
         let parts: Vec<&Step> = results.iter().map(|(_, r, _)| &r[t]).collect();
-        one.observe(&Step::concat(&parts).transition()).unwrap();
+        one.observe(&[Step::concat(&parts).transition()]).unwrap();
         let progress = Progress {
             env_steps: (t as u64 + 1) * (world * envs) as u64,
             total_env_steps: steps * (world * envs) as u64,

@@ -6,8 +6,8 @@ use std::time::Instant;
 use flotilla_algorithms::algorithm::Replicated;
 use flotilla_algorithms::nn::nets::CnnOptions;
 use flotilla_algorithms::ppo::{Ppo, PpoConfig};
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, DataParallel, Policy, Progress, Transition};
-use flotilla_core::ObsRef;
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, DataParallel, Policy, Progress};
+use flotilla_core::{Chunk, ObsRef};
 use tch::{Device, Kind, Tensor};
 
 /// Multiply-adds of one Nature-CNN forward pass on 4×84×84 frames with a 7-unit output (6 logits + value).
@@ -94,15 +94,17 @@ impl PongPpoUpdate {
         let mut out = ActOutput::default();
         for _ in 0..Self::N_STEPS {
             self.ppo.act(ObsRef::U8(&self.frames), ActMode::Explore, &mut out)?;
-            let step = Transition {
-                obs: ObsRef::U8(&self.frames),
-                act: &out,
-                rewards: &rewards,
-                terminated: &flags,
-                truncated: &flags,
-                next_obs: ObsRef::U8(&self.frames),
-            };
-            self.ppo.observe(&step)?;
+            let step = Chunk::from_step(
+                ObsRef::U8(&self.frames),
+                &out.actions,
+                &out.log_probs,
+                &out.values,
+                &rewards,
+                &flags,
+                &flags,
+                ObsRef::U8(&self.frames),
+            );
+            self.ppo.observe(std::slice::from_ref(&step))?;
         }
         let start = Instant::now();
         let updated = self.ppo.update(&Progress { env_steps: 0, total_env_steps: 1 })?;

@@ -1,5 +1,6 @@
 //! u8 frames end to end: Atari observations stepped through `make_vector` (as actors step them) are packed into
-//! a chunk, sent over loopback gRPC to a learner hub, validated there, unpacked into transitions and pushed
+//! a chunk, sent over loopback gRPC to a learner hub, validated there, read step by step (true next observations
+//! from the chunk's final-observation index) and pushed
 //! through DQN's n-step accumulator into the frame replay; every stack sampled back equals, byte for byte, the
 //! observation and true next observation the env produced. No f32 copy of a frame is made on the way.
 use std::net::SocketAddr;
@@ -9,7 +10,6 @@ use std::time::Duration;
 use flotilla_algorithms::data::frame_replay::FrameReplay;
 use flotilla_algorithms::data::n_step::NStep;
 use flotilla_algorithms::data::replay::ReplaySample;
-use flotilla_algorithms::for_each_transition;
 use flotilla_core::{Chunk, ChunkSpec, DType, ObsBuf, ObsRef};
 use flotilla_envs::{EnvRole, Kwargs, VecActions, make_vector};
 use flotilla_learner::config::Family;
@@ -126,12 +126,17 @@ fn u8_frames_survive_vec_env_chunk_grpc_and_replay_unchanged() {
     // Into the replay as the DQN learner puts it there: transitions, n-step (n = 1), frame replay.
     let mut n_step = NStep::<u8>::new(1, n_envs, d, 1, 0.99).unwrap();
     let mut replay = FrameReplay::new(4 * n_steps * n_envs, 4, 84 * 84, 1).unwrap();
-    for_each_transition(&received, |step| {
-        let (ObsRef::U8(o), ObsRef::U8(n)) = (step.obs, step.next_obs) else { panic!("frames are u8") };
-        let (a, r, te, tr) = (&step.act.actions, step.rewards, step.terminated, step.truncated);
-        n_step.push(o, a, r, te, tr, n, |e| replay.push(e)).map_err(Into::into)
-    })
-    .unwrap();
+    let (mut scratch, mut cursor) = (ObsBuf::empty(DType::U8), 0);
+    for t in 0..received.n_steps {
+        let rows = t * n_envs..(t + 1) * n_envs;
+        let next = received.next_obs_rows(t, d, &mut scratch, &mut cursor);
+        let (ObsRef::U8(o), ObsRef::U8(n)) = (received.obs.slice(rows.start * d..rows.end * d), next) else {
+            panic!("frames are u8")
+        };
+        let (a, r) = (&received.actions[rows.clone()], &received.rewards[rows.clone()]);
+        let (te, tr) = (&received.terminated[rows.clone()], &received.truncated[rows]);
+        n_step.push(o, a, r, te, tr, n, |e| replay.push(e)).unwrap();
+    }
     assert_eq!(replay.len(), expected.len());
     // Far fewer frames than 8 per transition: each distinct frame once.
     assert!((replay.frames_written() as usize) < 2 * expected.len(), "{} frames", replay.frames_written());

@@ -53,7 +53,7 @@ use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
 use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::transition::{Progress, Transition};
+use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
 
@@ -761,11 +761,7 @@ impl Algorithm for A2c {
         self.pi.net.teach(obs)
     }
 
-    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        self.collector.observe(step, |obs| self.pi.net.values(obs))
-    }
-
-    fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
+    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
         self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
     }
 
@@ -1151,15 +1147,17 @@ mod tests {
             let rewards: Vec<f32> = out.actions.iter().map(|a| 1.0 - a).collect();
             let terminated = [k % 7 == 6, false];
             let truncated = [false, k % 5 == 4];
-            let step = Transition {
-                obs: ObsRef::F32(&obs),
-                act: &out,
-                rewards: &rewards,
-                terminated: &terminated,
-                truncated: &truncated,
-                next_obs: ObsRef::F32(&next_obs),
-            };
-            agent.observe(&step).unwrap();
+            let step = Chunk::from_step(
+                ObsRef::F32(&obs),
+                &out.actions,
+                &out.log_probs,
+                &out.values,
+                &rewards,
+                &terminated,
+                &truncated,
+                ObsRef::F32(&next_obs),
+            );
+            agent.observe(std::slice::from_ref(&step)).unwrap();
             agent.update(&Progress { env_steps: (k + 1) * 2, total_env_steps: total }).unwrap();
         }
         actions

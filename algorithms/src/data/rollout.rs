@@ -9,9 +9,8 @@
 //! Then [`Rollout::set_bootstrap_obs`] with the observations after the last step, and [`Rollout::finish`] with
 //! their values, computes GAE advantages and returns. Buffers are allocated once and reused.
 //!
-//! [`RolloutCollector`] does this for the single-process trainer's per-step [`Transition`]s
-//! ([`RolloutCollector::observe`]) and, for a learner fed by actors, straight from their trajectory chunks
-//! ([`RolloutCollector::push_chunks`]: the columns are copied once, no per-step transitions).
+//! [`RolloutCollector`] fills it straight from trajectory chunks ([`RolloutCollector::push_chunks`]: the
+//! columns are copied once) — the single-process trainer's one-step chunks and actors' whole ones alike.
 //!
 //! The final and bootstrap observations are kept so that a learner whose parameters moved on since the
 //! rollout was collected can recompute every `V(x_{t+1})` with its own ([`Rollout::next_values_under`]), as
@@ -23,7 +22,6 @@ use tch::Tensor;
 use crate::checkpoint::Checkpoint;
 use crate::data::gae::gae;
 use crate::nn::nets::ObsLayout;
-use crate::transition::Transition;
 use crate::{Error, Result};
 
 /// A rollout's observations already on the learner's device, in the network's input layout
@@ -137,16 +135,27 @@ impl Rollout {
 
     /// Forget the stored transitions, keeping the allocations.
     pub fn clear(&mut self) {
-        for v in [&mut self.actions, &mut self.log_probs, &mut self.values, &mut self.rewards] {
-            v.clear();
+        self.truncate(0);
+    }
+
+    /// Keep the first `steps` steps (and the final observations of their truncated episodes); the bootstrap
+    /// observations go unless the rollout stays full.
+    fn truncate(&mut self, steps: usize) {
+        let n = steps * self.n_envs;
+        for v in [&mut self.log_probs, &mut self.values, &mut self.rewards] {
+            v.truncate(n);
         }
-        for v in [&mut self.obs, &mut self.final_obs, &mut self.bootstrap_obs] {
-            v.clear();
+        self.actions.truncate(n * self.act_dim);
+        self.obs.truncate(n * self.obs_dim);
+        self.terminated.truncate(n);
+        self.truncated.truncate(n);
+        let finals = self.final_obs_steps.partition_point(|&i| i < n);
+        self.final_obs_steps.truncate(finals);
+        self.final_obs.truncate(finals * self.obs_dim);
+        self.steps = steps;
+        if !self.is_full() {
+            self.bootstrap_obs.clear();
         }
-        self.final_obs_steps.clear();
-        self.terminated.clear();
-        self.truncated.clear();
-        self.steps = 0;
         self.device_obs = None;
     }
 
@@ -357,22 +366,41 @@ impl Rollout {
 }
 
 impl Rollout {
-    /// Overwrite this rollout with actors' chunks stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j`
-    /// (so the chunks' envs add up to `n_envs`, and each covers `n_steps`). Columns are written once, straight
-    /// from the chunks; observations keep their dtype (frames stay u8); the true final observations of
-    /// truncated episodes are kept for [`Rollout::bootstrap_truncated`]. Chunks carry behaviour log-probs and
-    /// values (a learner validates them on arrival). Needs no network, so the learner's batch-assembly thread
-    /// runs it; only a complete stack marks the rollout full.
+    /// Overwrite this rollout with actors' chunks of `n_steps` steps, stacked row-wise
+    /// ([`Rollout::append_chunks`] to an empty rollout). Needs no network, so the learner's batch-assembly
+    /// thread runs it.
     pub fn stack_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         // Columns an earlier use or a failed stack may have left behind.
         self.clear();
+        let steps = chunks.first().map_or(0, |c| c.n_steps);
+        check_len("chunk steps", steps, self.n_steps)?;
+        self.append_chunks(chunks)
+    }
+
+    /// Append chunks of the same `T` steps stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j` (so
+    /// the chunks' envs add up to `n_envs`) of the next `T` steps. Columns are written once, straight from the
+    /// chunks; observations keep their dtype (frames stay u8); the true final observations of truncated
+    /// episodes are kept for [`Rollout::bootstrap_truncated`]; the step that fills the rollout brings the
+    /// bootstrap observations. Chunks carry behaviour log-probs and values (a learner validates them on
+    /// arrival). After an error the rollout holds what it held before.
+    pub fn append_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
+        let before = self.steps;
+        let appended = self.append_unchecked(chunks);
+        if appended.is_err() {
+            self.truncate(before);
+        }
+        appended
+    }
+
+    fn append_unchecked(&mut self, chunks: &[Chunk]) -> Result<()> {
+        self.device_obs = None;
         let r = self;
-        let e = chunks.first().map_or(0, |c| c.n_envs);
+        let (e, steps) = chunks.first().map_or((0, 0), |c| (c.n_envs, c.n_steps));
         let (d, a) = (r.obs_dim, r.act_dim);
         check_len("rows of the stacked chunks", chunks.len() * e, r.n_envs)?;
         for c in chunks {
             let k = c.transitions();
-            check_len("chunk steps", c.n_steps, r.n_steps)?;
+            check_len("chunk steps", c.n_steps, steps)?;
             check_len("chunk envs", c.n_envs, e)?;
             check_len("chunk observations", c.obs.len(), k * d)?;
             check_len("chunk bootstrap observations", c.bootstrap_obs.len(), e * d)?;
@@ -384,8 +412,15 @@ impl Rollout {
             check_len("chunk truncated flags", c.truncated.len(), k)?;
             check_len("chunk final observations", c.final_obs.len(), c.final_index.len() * d)?;
         }
+        if r.steps + steps > r.n_steps {
+            return Err(Error::BadLength {
+                what: "rollout steps after the chunks (it holds n_steps)".into(),
+                got: r.steps + steps,
+                expected: r.n_steps,
+            });
+        }
         let mut cursors = vec![0usize; chunks.len()];
-        for t in 0..r.n_steps {
+        for t in 0..steps {
             for (k, (c, cursor)) in chunks.iter().zip(&mut cursors).enumerate() {
                 let rows = t * e..(t + 1) * e;
                 append("chunk observations", &mut r.obs, c.obs.slice(rows.start * d..rows.end * d))?;
@@ -402,7 +437,7 @@ impl Rollout {
                         break;
                     }
                     if c.truncated[i] && !c.terminated[i] {
-                        r.final_obs_steps.push(t * r.n_envs + k * e + (i - rows.start));
+                        r.final_obs_steps.push((r.steps + t) * r.n_envs + k * e + (i - rows.start));
                         let row = c.final_obs.slice(*cursor * d..(*cursor + 1) * d);
                         append("chunk final observations", &mut r.final_obs, row)?;
                     }
@@ -410,23 +445,31 @@ impl Rollout {
                 }
             }
         }
-        for c in chunks {
-            append("chunk bootstrap observations", &mut r.bootstrap_obs, c.bootstrap_obs.as_ref())?;
+        r.steps += steps;
+        if r.is_full() {
+            r.bootstrap_obs.clear();
+            for c in chunks {
+                append("chunk bootstrap observations", &mut r.bootstrap_obs, c.bootstrap_obs.as_ref())?;
+            }
         }
-        debug_assert_eq!(r.rewards.len(), r.n_envs * r.n_steps);
-        r.steps = r.n_steps;
+        debug_assert_eq!(r.rewards.len(), r.n_envs * r.steps);
         Ok(())
     }
 
-    /// Bootstrap the truncated episodes of a stacked rollout from their true final observations: `values`
-    /// computes `V` of all of them in one batched call.
-    pub fn bootstrap_truncated(&mut self, values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>) -> Result<()> {
-        if self.final_obs_steps.is_empty() {
+    /// Bootstrap the truncated episodes of a stacked rollout from their true final observations, those from
+    /// the `from`-th on: `values` computes `V` of all of them in one batched call.
+    pub fn bootstrap_truncated(
+        &mut self,
+        from: usize,
+        values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
+    ) -> Result<()> {
+        let steps = &self.final_obs_steps[from.min(self.final_obs_steps.len())..];
+        if steps.is_empty() {
             return Ok(());
         }
-        let final_values = values(self.final_obs.as_ref())?;
-        check_len("values of the final observations", final_values.len(), self.final_obs_steps.len())?;
-        for (&i, v) in self.final_obs_steps.iter().zip(final_values) {
+        let final_values = values(self.final_obs.slice(from * self.obs_dim..self.final_obs.len()))?;
+        check_len("values of the final observations", final_values.len(), steps.len())?;
+        for (&i, v) in steps.iter().zip(final_values) {
             self.next_values[i] = v;
         }
         Ok(())
@@ -478,7 +521,8 @@ impl Rollout {
     }
 }
 
-/// A [`Rollout`] filled from the trainer's [`Transition`]s, as PPO and A2C collect it: truncated episodes are
+/// A [`Rollout`] filled from trajectory chunks, as PPO and A2C collect it — the single-process trainer's
+/// one-step chunks one after another, or actors' whole chunks stacked row-wise: truncated episodes are
 /// bootstrapped from `V(true final observation)`, and the rollout is finished with `V` of the observations
 /// after its last step. Both kinds of observation are kept in the rollout.
 #[derive(Debug, Clone)]
@@ -492,45 +536,15 @@ impl RolloutCollector {
         RolloutCollector { rollout: Rollout::new(n_envs, n_steps, obs_dim, act_dim) }
     }
 
-    /// Store one vectorised step; `values` computes `V` for a batch of observations.
-    pub fn observe(
-        &mut self,
-        step: &Transition<'_>,
-        values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
-    ) -> Result<()> {
-        let r = &mut self.rollout;
-        r.push_policy(step.obs, &step.act.actions, &step.act.log_probs, &step.act.values)?;
-        r.push_outcome(step.rewards, step.terminated, step.truncated)?;
-        // Bootstrap truncated episodes from their true final observation, in one batched call.
-        let d = r.obs_dim;
-        let cut: Vec<usize> = (0..r.n_envs).filter(|&i| step.truncated[i] && !step.terminated[i]).collect();
-        if !cut.is_empty() {
-            let mut rows = ObsBuf::with_capacity(step.next_obs.dtype(), cut.len() * d);
-            for &i in &cut {
-                append("final observations", &mut rows, step.next_obs.slice(i * d..(i + 1) * d))?;
-            }
-            for (&i, v) in cut.iter().zip(values(rows.as_ref())?) {
-                r.set_final_value(i, v);
-            }
-            for (k, &i) in cut.iter().enumerate() {
-                r.set_final_obs(i, rows.slice(k * d..(k + 1) * d))?;
-            }
-        }
-        if r.is_full() {
-            r.set_bootstrap_obs(step.next_obs)?;
-        }
-        Ok(())
-    }
-
-    /// Fill the whole rollout from actors' chunks, stacked row-wise ([`Rollout::stack_chunks`]), and compute
-    /// `V` of the true final observations of truncated episodes in one batched call (`values`). The rollout
-    /// must be empty; then [`RolloutCollector::finish`] computes the targets. After an error the rollout is
-    /// empty again.
+    /// Append chunks stacked row-wise ([`Rollout::append_chunks`]) and compute `V` of the true final
+    /// observations of their truncated episodes in one batched call (`values`); then, once the rollout is
+    /// full, [`RolloutCollector::finish`] computes the targets. After an error the rollout holds what it held
+    /// before.
     pub fn push_chunks(&mut self, chunks: &[Chunk], values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>) -> Result<()> {
-        self.check_empty("push_chunks")?;
-        self.rollout.stack_chunks(chunks)?;
-        if let Err(e) = self.rollout.bootstrap_truncated(values) {
-            self.rollout.clear();
+        let (steps, finals) = (self.rollout.steps, self.rollout.final_obs_steps.len());
+        self.rollout.append_chunks(chunks)?;
+        if let Err(e) = self.rollout.bootstrap_truncated(finals, values) {
+            self.rollout.truncate(steps);
             return Err(e);
         }
         Ok(())
@@ -551,7 +565,7 @@ impl RolloutCollector {
         check_len("stacked rollout observation size", r.obs_dim, mine.obs_dim)?;
         check_len("stacked rollout action size", r.act_dim, mine.act_dim)?;
         check_len("stacked rollout filled steps", r.steps, r.n_steps)?;
-        rollout.bootstrap_truncated(values)?;
+        rollout.bootstrap_truncated(0, values)?;
         Ok(std::mem::replace(&mut self.rollout, rollout))
     }
 
@@ -779,15 +793,17 @@ mod tests {
                 terminated.extend_from_slice(&c.terminated[r.clone()]);
                 truncated.extend_from_slice(&c.truncated[r]);
             }
-            let step = Transition {
-                obs: ObsRef::F32(&obs),
-                act: &act,
-                rewards: &rewards,
-                terminated: &terminated,
-                truncated: &truncated,
-                next_obs: ObsRef::F32(&next_obs),
-            };
-            by_step.observe(&step, value).unwrap();
+            let step = Chunk::from_step(
+                ObsRef::F32(&obs),
+                &act.actions,
+                &act.log_probs,
+                &act.values,
+                &rewards,
+                &terminated,
+                &truncated,
+                ObsRef::F32(&next_obs),
+            );
+            by_step.push_chunks(std::slice::from_ref(&step), value).unwrap();
         }
         let a = from_chunks.finish(value, 0.9, 0.8).unwrap().expect("full");
         let b = by_step.finish(value, 0.9, 0.8).unwrap().expect("full");

@@ -23,7 +23,7 @@
 //! with the task's one-hot: each row is labelled by its task's teacher (one-hot stripped) and the student
 //! shares its hidden layers between the tasks, with one output head per task.
 
-use flotilla_core::{ObsRef, Space};
+use flotilla_core::{Chunk, ObsRef, Space};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
@@ -38,8 +38,8 @@ use crate::nn::host_mlp::HostScratch;
 use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
+use crate::progress::Progress;
 pub use crate::teaching::{Teaching, TeachingKind};
-use crate::transition::{Progress, Transition};
 use crate::{Error, Metrics, Result};
 
 /// The distillation loss.
@@ -624,6 +624,23 @@ impl std::fmt::Debug for Distill {
 }
 
 impl Distill {
+    /// Label states, each by its task's teacher, and keep them.
+    fn label(&mut self, obs: &[f32]) -> Result<()> {
+        let Some(kind) = self.kind else {
+            return Err(Error::Unsupported("distill: no teacher loaded (set_teachers was not called)".into()));
+        };
+        let labels = if self.teachers.len() == 1 {
+            let teaching = self.teachers[0].teach(ObsRef::F32(obs))?;
+            check_kind(kind, &teaching)?;
+            Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?
+        } else {
+            self.label_by_task(obs, kind)?
+        };
+        self.replay.push(obs, &labels)?;
+        self.labelled += (obs.len() / self.pi.net.obs_dim) as u64;
+        Ok(())
+    }
+
     /// A fresh student for these spaces (it cannot learn until [`crate::algorithm::Student::set_teachers`] gives it a
     /// teacher).
     pub fn new(obs: &Space, act: &Space, config: DistillConfig, device: Device, seed: u64) -> Result<Self> {
@@ -761,21 +778,11 @@ impl Algorithm for Distill {
     }
 
     /// Label the observed states, each by its task's teacher, and keep them.
-    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        let obs = f32_obs("distill", step.obs)?;
-        let Some(kind) = self.kind else {
-            return Err(Error::Unsupported("distill: no teacher loaded (set_teachers was not called)".into()));
-        };
-        let labels = if self.teachers.len() == 1 {
-            let teaching = self.teachers[0].teach(ObsRef::F32(obs))?;
-            check_kind(kind, &teaching)?;
-            Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?
-        } else {
-            self.label_by_task(obs, kind)?
-        };
-        self.replay.push(obs, &labels)?;
-        self.steps += 1;
-        self.labelled += (obs.len() / self.pi.net.obs_dim) as u64;
+    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
+        for chunk in chunks {
+            self.label(f32_obs("distill", chunk.obs.as_ref())?)?;
+            self.steps += chunk.n_steps as u64;
+        }
         Ok(())
     }
 
@@ -1035,14 +1042,16 @@ mod tests {
     /// Observe one batch of states (8 rows of 4 floats; nothing else in the transition matters to a student).
     fn observe(student: &mut Distill, obs: &[f32]) -> Result<()> {
         let (act, zeros, flags) = (ActOutput::default(), [0.0f32; 8], [false; 8]);
-        student.observe(&Transition {
-            obs: ObsRef::F32(obs),
-            act: &act,
-            rewards: &zeros,
-            terminated: &flags,
-            truncated: &flags,
-            next_obs: ObsRef::F32(obs),
-        })
+        student.observe(&[Chunk::from_step(
+            ObsRef::F32(obs),
+            &act.actions,
+            &act.log_probs,
+            &act.values,
+            &zeros,
+            &flags,
+            &flags,
+            ObsRef::F32(obs),
+        )])
     }
 
     /// Feed `steps` batches of 8 random states (uniform in [-1, 1]⁴) to `student`, updating after each.

@@ -26,7 +26,7 @@
 mod host;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use flotilla_core::{ObsRef, Space};
+use flotilla_core::{Chunk, DType, ObsBuf, ObsRef, Space};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
@@ -51,7 +51,7 @@ use crate::nn::nets::{
 };
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
-use crate::transition::{Progress, Transition};
+use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 
 /// DQN hyperparameters. `Default` is RL Zoo's CartPole-v1 DQN.
@@ -266,6 +266,8 @@ pub(crate) struct DataSide {
     pub(crate) counters: Counters,
     sample: ReplaySample<f32>,
     frames_sample: ReplaySample<u8>,
+    /// A step's next observations where episodes ended in it ([`Chunk::next_obs_rows`]).
+    next: ObsBuf,
 }
 
 /// One gradient step's replay sample on the device.
@@ -296,49 +298,65 @@ pub(crate) struct PhaseStep {
 }
 
 impl DataSide {
-    /// Record one vectorised step; `true` when the target network is due to follow the online one.
-    fn observe(&mut self, step: &Transition<'_>, config: &DqnConfig, n_envs: usize) -> Result<bool> {
-        let (a, r, te, tr) = (&step.act.actions, step.rewards, step.terminated, step.truncated);
-        let f32_rows = || Ok::<_, Error>((f32_obs("dqn", step.obs)?, f32_obs("dqn", step.next_obs)?));
-        match &mut self.memory {
-            Memory::Frames(n_step, replay) => {
-                let (ObsRef::U8(obs), ObsRef::U8(next)) = (step.obs, step.next_obs) else {
-                    return Err(unsupported_obs(step.obs));
-                };
-                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e))?;
-            }
-            Memory::Uniform(n_step, replay) => {
-                let (obs, next) = f32_rows()?;
-                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?;
-            }
-            Memory::Prioritized(n_step, replay) => {
-                let (obs, next) = f32_rows()?;
-                n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?;
-            }
+    /// Record a chunk's steps in order (n-step windows, then replay); the number of times the target
+    /// network fell due to follow the online one.
+    fn observe(&mut self, chunk: &Chunk, config: &DqnConfig, n_envs: usize) -> Result<u64> {
+        let k = chunk.transitions();
+        if k == 0 {
+            return Ok(0);
         }
-        let c = &mut self.counters;
-        c.env_steps += n_envs as u64;
-        c.since_train += 1;
-        c.calls += 1;
+        if chunk.n_envs != n_envs {
+            return Err(Error::BadLength { what: "chunk envs".into(), got: chunk.n_envs, expected: n_envs });
+        }
+        let (e, d) = (n_envs, chunk.obs.len() / k);
         // SB3 counts the target interval in vectorised steps: every max(interval / n_envs, 1) calls.
         let every = (config.target_update_interval / n_envs as u64).max(1);
-        Ok(c.calls.is_multiple_of(every))
+        let (mut cursor, mut syncs) = (0, 0);
+        for t in 0..chunk.n_steps {
+            let rows = t * e..(t + 1) * e;
+            let (obs, next) =
+                (chunk.obs.slice(rows.start * d..rows.end * d), chunk.next_obs_rows(t, d, &mut self.next, &mut cursor));
+            let (a, r) = (&chunk.actions[rows.clone()], &chunk.rewards[rows.clone()]);
+            let (te, tr) = (&chunk.terminated[rows.clone()], &chunk.truncated[rows]);
+            match (&mut self.memory, obs, next) {
+                (Memory::Frames(n_step, replay), ObsRef::U8(obs), ObsRef::U8(next)) => {
+                    n_step.push(obs, a, r, te, tr, next, |e| replay.push(e))?
+                }
+                (Memory::Uniform(n_step, replay), ObsRef::F32(obs), ObsRef::F32(next)) => {
+                    n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?
+                }
+                (Memory::Prioritized(n_step, replay), ObsRef::F32(obs), ObsRef::F32(next)) => {
+                    n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?
+                }
+                (Memory::Frames(..), obs, _) => return Err(unsupported_obs(obs)),
+                (_, obs, _) => return Err(f32_obs("dqn", obs).err().unwrap_or_else(|| unsupported_obs(obs))),
+            }
+            let c = &mut self.counters;
+            c.env_steps += e as u64;
+            c.since_train += 1;
+            c.calls += 1;
+            syncs += u64::from(c.calls.is_multiple_of(every));
+        }
+        Ok(syncs)
     }
 
     /// Advance the schedules to `progress`; the number of gradient steps due now (0 if it is not time to
     /// train), starting a new training phase if any are.
     pub(crate) fn phase_due(&mut self, config: &DqnConfig, progress: &Progress) -> usize {
         let remaining = progress.remaining();
+        // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
+        let waiting = progress.env_steps <= config.learning_starts || self.replay_len() == 0;
         let c = &mut self.counters;
         c.epsilon = config.epsilon(remaining);
         c.beta = config.per_beta0 + (1.0 - remaining) * (config.per_beta_final - config.per_beta0);
-        let due = c.since_train >= config.train_freq;
-        // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
-        if !due || progress.env_steps <= config.learning_starts || self.replay_len() == 0 {
+        if waiting {
+            // Waiting to learn: the first phase falls due at the first step after it, once.
+            c.since_train = c.since_train.min(config.train_freq - 1);
             return 0;
         }
-        self.counters.since_train = 0;
-        config.gradient_steps
+        let phases = c.since_train / config.train_freq;
+        c.since_train %= config.train_freq;
+        phases as usize * config.gradient_steps
     }
 
     /// Draw one minibatch into the host sample buffers (frames into `frames_sample`, else `sample`).
@@ -669,9 +687,9 @@ enum DqnWork {
 }
 
 impl ReplayFeed for DqnFeed {
-    fn observe(&mut self, step: &Transition<'_>, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()> {
+    fn observe(&mut self, chunk: &Chunk, progress: &Progress, out: &mut Vec<Prepared>) -> Result<()> {
         let mut side = lock(&self.side);
-        if side.observe(step, &self.config, self.n_envs)? {
+        for _ in 0..side.observe(chunk, &self.config, self.n_envs)? {
             out.push(Prepared(Box::new(DqnWork::SyncTarget)));
         }
         let due = side.phase_due(&self.config, progress);
@@ -1006,6 +1024,7 @@ impl Dqn {
             counters,
             sample: ReplaySample::default(),
             frames_sample: ReplaySample::default(),
+            next: ObsBuf::empty(DType::F32),
         };
         Ok(Dqn {
             q,
@@ -1205,9 +1224,11 @@ impl Algorithm for Dqn {
         Ok(crate::teaching::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))
     }
 
-    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        if lock(&self.side).observe(step, &self.config, self.n_envs)? {
-            self.target.polyak_from(&self.online, self.config.tau);
+    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
+        for chunk in chunks {
+            for _ in 0..lock(&self.side).observe(chunk, &self.config, self.n_envs)? {
+                self.target.polyak_from(&self.online, self.config.tau);
+            }
         }
         Ok(())
     }
@@ -1517,15 +1538,17 @@ mod tests {
             }
             // Action 1 pays 1, action 0 pays 0; every step ends the episode.
             let reward = [out.actions[0]];
-            let step = Transition {
-                obs: ObsRef::F32(&obs),
-                act: &out,
-                rewards: &reward,
-                terminated: &[true],
-                truncated: &[false],
-                next_obs: ObsRef::F32(&obs),
-            };
-            dqn.observe(&step).unwrap();
+            let step = Chunk::from_step(
+                ObsRef::F32(&obs),
+                &out.actions,
+                &out.log_probs,
+                &out.values,
+                &reward,
+                &[true],
+                &[false],
+                ObsRef::F32(&obs),
+            );
+            dqn.observe(std::slice::from_ref(&step)).unwrap();
             dqn.update(&Progress { env_steps: t, total_env_steps: total }).unwrap();
         }
         assert!(early_actions.contains(&0.0) && early_actions.contains(&1.0), "uniform actions before learning");
@@ -1576,15 +1599,17 @@ mod tests {
                 dqn.act(ObsRef::U8(&obs), ActMode::Explore, &mut out).unwrap();
                 let rewards: Vec<f32> =
                     brights.iter().zip(&out.actions).map(|(&b, &a)| f32::from((a == 1.0) == b)).collect();
-                let step = Transition {
-                    obs: ObsRef::U8(&obs),
-                    act: &out,
-                    rewards: &rewards,
-                    terminated: &[true, true],
-                    truncated: &[false, false],
-                    next_obs: ObsRef::U8(&obs),
-                };
-                dqn.observe(&step).unwrap();
+                let step = Chunk::from_step(
+                    ObsRef::U8(&obs),
+                    &out.actions,
+                    &out.log_probs,
+                    &out.values,
+                    &rewards,
+                    &[true, true],
+                    &[false, false],
+                    ObsRef::U8(&obs),
+                );
+                dqn.observe(std::slice::from_ref(&step)).unwrap();
                 dqn.update(&Progress { env_steps: 2 * t, total_env_steps: 2 * total }).unwrap();
             }
         };
@@ -1610,7 +1635,7 @@ mod tests {
         steps: u64,
         obs_of: impl Fn(u64, usize) -> Vec<O>,
         wrap: for<'a> fn(&'a [O]) -> ObsRef<'a>,
-        mut f: impl FnMut(&Transition<'_>, Progress),
+        mut f: impl FnMut(&Chunk, Progress),
     ) {
         let mut rng = Pcg64::seed_from_u64(11);
         let mut act = ActOutput::default();
@@ -1620,14 +1645,16 @@ mod tests {
             act.actions = (0..2).map(|_| rng.random_range(0..2) as f32).collect();
             let rewards: Vec<f32> =
                 act.actions.iter().enumerate().map(|(e, a)| a * (t % 3) as f32 - e as f32).collect();
-            let step = Transition {
-                obs: wrap(&obs),
-                act: &act,
-                rewards: &rewards,
-                terminated: &[t % 7 == 0, false],
-                truncated: &[false, t % 11 == 0],
-                next_obs: wrap(&next),
-            };
+            let step = Chunk::from_step(
+                wrap(&obs),
+                &act.actions,
+                &act.log_probs,
+                &act.values,
+                &rewards,
+                &[t % 7 == 0, false],
+                &[false, t % 11 == 0],
+                wrap(&next),
+            );
             f(&step, Progress { env_steps: 2 * t, total_env_steps: 2 * steps });
         }
     }
@@ -1673,9 +1700,9 @@ mod tests {
                 vector,
                 |o| ObsRef::F32(o),
                 |step, progress| {
-                    fused.observe(step).unwrap();
+                    fused.observe(std::slice::from_ref(step)).unwrap();
                     mf.extend(fused.update(&progress).unwrap());
-                    torch.observe(step).unwrap();
+                    torch.observe(std::slice::from_ref(step)).unwrap();
                     mt.extend(torch.update(&progress).unwrap());
                 },
             );
@@ -1769,7 +1796,7 @@ mod tests {
                 vector,
                 |o| ObsRef::F32(o),
                 |step, progress| {
-                    dqn.observe(step).unwrap();
+                    dqn.observe(std::slice::from_ref(step)).unwrap();
                     metrics.extend(dqn.update(&progress).unwrap());
                 },
             );
@@ -1797,7 +1824,7 @@ mod tests {
         let mut inline = Dqn::new(&obs_space, &act_space, 2, config.clone(), Device::Cpu, 5).unwrap();
         let mut inline_metrics = Vec::new();
         fixed_stream(steps, obs_of, wrap, |step, progress| {
-            inline.observe(step).unwrap();
+            inline.observe(std::slice::from_ref(step)).unwrap();
             inline_metrics.extend(inline.update(&progress).unwrap());
         });
         let mut ahead = Dqn::new(&obs_space, &act_space, 2, config, Device::Cpu, 5).unwrap();
@@ -1878,7 +1905,7 @@ mod member_tests {
     use super::*;
     use crate::nn::members::rel_diff;
     use crate::policy::{ActMode, ActOutput, Policy};
-    use crate::transition::Transition;
+    use flotilla_core::Chunk;
 
     /// Members trained together match twins (same seeds, configs and transitions) trained alone: every phase's
     /// metrics, and the online and target parameters within 1e-6 relative after ~40 gradient steps.
@@ -1905,16 +1932,18 @@ mod member_tests {
                 let (mut out, mut twin_out) = (ActOutput::default(), ActOutput::default());
                 m.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
                 twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
-                let t = Transition {
-                    obs: ObsRef::F32(&obs),
-                    act: &out,
-                    rewards: &rewards,
-                    terminated: &done,
-                    truncated: &vec![false; n_envs],
-                    next_obs: ObsRef::F32(&next),
-                };
-                m.observe(&t).unwrap();
-                twin.observe(&t).unwrap();
+                let t = Chunk::from_step(
+                    ObsRef::F32(&obs),
+                    &out.actions,
+                    &out.log_probs,
+                    &out.values,
+                    &rewards,
+                    &done,
+                    &vec![false; n_envs],
+                    ObsRef::F32(&next),
+                );
+                m.observe(std::slice::from_ref(&t)).unwrap();
+                twin.observe(std::slice::from_ref(&t)).unwrap();
             }
             let progress = Progress { env_steps: step * n_envs as u64, total_env_steps: total };
             let mut refs: Vec<&mut Dqn> = together.iter_mut().collect();

@@ -152,9 +152,10 @@ mod tests {
     use crate::dqn::DqnConfig;
     use crate::policy::{ActMode, ActOutput};
     use crate::ppo::PpoConfig;
+    use crate::progress::Progress;
     use crate::registry::AlgorithmConfig;
     use crate::td3::{DdpgConfig, Td3Config};
-    use crate::transition::{Progress, Transition};
+    use flotilla_core::Chunk;
 
     /// Two agents of `config` (same seed), the second with `accumulate = k`, trained on the same stream: the
     /// first agent acts, both observe and update. Their parameters must agree to float rounding.
@@ -180,17 +181,19 @@ mod tests {
             split.act(ObsRef::F32(&obs), ActMode::Explore, &mut scratch).unwrap();
             let rewards: Vec<f32> = out.actions.iter().zip(&obs).map(|(a, o)| a * o).collect();
             let terminated: Vec<bool> = (0..n_envs).map(|e| (t + e as u64) % 13 == 0).collect();
-            let step = Transition {
-                obs: ObsRef::F32(&obs),
-                act: &out,
-                rewards: &rewards,
-                terminated: &terminated,
-                truncated: &[false; 4],
-                next_obs: ObsRef::F32(&next),
-            };
+            let step = Chunk::from_step(
+                ObsRef::F32(&obs),
+                &out.actions,
+                &out.log_probs,
+                &out.values,
+                &rewards,
+                &terminated,
+                &[false; 4],
+                ObsRef::F32(&next),
+            );
             let progress = Progress { env_steps: (t + 1) * n_envs as u64, total_env_steps: steps * n_envs as u64 };
-            one.observe(&step).unwrap();
-            split.observe(&step).unwrap();
+            one.observe(std::slice::from_ref(&step)).unwrap();
+            split.observe(std::slice::from_ref(&step)).unwrap();
             let (a, b) = (one.update(&progress).unwrap(), split.update(&progress).unwrap());
             assert_eq!(a.is_some(), b.is_some(), "both update at the same steps");
             updates += a.is_some() as usize;

@@ -44,7 +44,7 @@ use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::transition::{Progress, Transition};
+use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
 
@@ -752,11 +752,7 @@ impl Algorithm for Ppo {
         self.pi.net.teach(obs)
     }
 
-    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
-        self.collector.observe(step, |obs| self.pi.net.values(obs))
-    }
-
-    fn observe_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
+    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
         self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
     }
 
@@ -1107,15 +1103,17 @@ pub(crate) mod tests {
                     *x = ((k * 8 + j) as f32 * 0.53).cos();
                 }
             }
-            let step = Transition {
-                obs: ObsRef::F32(&obs),
-                act: &out,
-                rewards: &rewards,
-                terminated: &terminated,
-                truncated: &truncated,
-                next_obs: ObsRef::F32(&next_obs),
-            };
-            collector.observe(&step, |o| ppo.values(o)).unwrap();
+            let step = Chunk::from_step(
+                ObsRef::F32(&obs),
+                &out.actions,
+                &out.log_probs,
+                &out.values,
+                &rewards,
+                &terminated,
+                &truncated,
+                ObsRef::F32(&next_obs),
+            );
+            collector.push_chunks(std::slice::from_ref(&step), |o| ppo.values(o)).unwrap();
         }
         collector.finish(|o| ppo.values(o), ppo.config.gamma as f32, 1.0).unwrap().expect("a full rollout")
     }

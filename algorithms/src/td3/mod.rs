@@ -32,7 +32,7 @@
 //! `charts/gradient_steps` (critic updates in this call).
 pub mod action_noise;
 
-use flotilla_core::{ObsRef, Space};
+use flotilla_core::{Chunk, DType, ObsBuf, ObsRef, Space};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
@@ -49,8 +49,8 @@ use crate::nn::members::{Rows, backward_alone, batched_mlp, member_views, mlp_op
 use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
+use crate::progress::Progress;
 use crate::td3::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
-use crate::transition::{Progress, Transition};
 use crate::{Error, Metrics, Result};
 
 /// TD3 hyperparameters. `Default` is RL Zoo's Pendulum-v1 TD3.
@@ -386,6 +386,9 @@ pub(crate) struct Counters {
     pub(crate) actor_updates: u64,
     /// The latest actor loss, reported while the delay skips actor updates.
     pub(crate) last_actor_loss: Option<f64>,
+    /// Training phases fallen due (every `train_freq` vectorised steps) since the last update.
+    #[serde(default)]
+    pub(crate) phases: u64,
 }
 
 /// A DDPG or TD3 agent: actor and critics with their targets, optimisers, replay, exploration noise, RNG.
@@ -589,12 +592,13 @@ impl Td3 {
         Ok((f64::try_from(critic)?, actor.map(|a| f64::try_from(a)).transpose()?))
     }
 
-    /// Whether a training phase is due after the latest observed step ([`Algorithm::update`]'s trigger).
-    pub(crate) fn phase_due(&self, progress: &Progress) -> bool {
+    /// The gradient steps due now ([`Algorithm::update`]'s trigger): `gradient_steps` for each training phase
+    /// fallen due since the last update, none before `learning_starts` (those phases are dropped).
+    pub(crate) fn phase_due(&mut self, progress: &Progress) -> usize {
         let c = &self.config;
-        let due = self.counters.calls.is_multiple_of(c.train_freq);
+        let phases = std::mem::take(&mut self.counters.phases) as usize;
         // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
-        due && progress.env_steps > c.learning_starts && !self.replay.is_empty()
+        if progress.env_steps > c.learning_starts && !self.replay.is_empty() { phases * c.gradient_steps } else { 0 }
     }
 
     /// Whether the next critic update brings an actor and target update (the policy delay, counted over the
@@ -949,11 +953,11 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
     if members.len() == 1 || unbatchable(&refs).is_some() {
         return members.iter_mut().map(|m| m.update(progress)).collect();
     }
-    let dues: Vec<bool> = members.iter().map(|m| m.phase_due(progress)).collect();
-    if dues.iter().all(|&d| !d) {
+    let dues: Vec<usize> = members.iter_mut().map(|m| m.phase_due(progress)).collect();
+    if dues.iter().all(|&d| d == 0) {
         return Ok(vec![None; members.len()]);
     }
-    if dues.iter().any(|&d| !d) {
+    if dues.iter().any(|&d| d != dues[0]) {
         let name = members[0].name();
         return Err(Error::Unsupported(format!("{name} population: members' training phases fell due apart {dues:?}")));
     }
@@ -974,7 +978,7 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
     let (device, b) = (m0.device, m0.config.batch_size as i64);
     let mut nets = Td3Nets::Stacked(Box::new(stacked));
     let (mut critic_losses, mut qs, mut actor_losses) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..members[0].config.gradient_steps {
+    for _ in 0..dues[0] {
         let update_actor = members[0].actor_step_due();
         let mut rows = Vec::with_capacity(members.len());
         for m in members.iter_mut() {
@@ -1060,49 +1064,61 @@ impl Algorithm for Td3 {
         self.name
     }
 
-    fn observe(&mut self, step: &Transition<'_>) -> Result<()> {
+    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
         let (n, od, ad) = (self.n_envs, self.obs_dim, self.act_dim);
-        for (what, got, expected) in [
-            ("transition observations", step.obs.len(), n * od),
-            ("transition next observations", step.next_obs.len(), n * od),
-            ("transition actions", step.act.actions.len(), n * ad),
-            ("transition rewards", step.rewards.len(), n),
-            ("transition terminated flags", step.terminated.len(), n),
-            ("transition truncated flags", step.truncated.len(), n),
-        ] {
-            if got != expected {
-                return Err(Error::BadLength { what: what.into(), got, expected });
-            }
-        }
         let gamma = self.config.gamma as f32;
-        let (obs, next_obs) = (f32_obs("td3", step.obs)?, f32_obs("td3", step.next_obs)?);
-        for i in 0..n {
-            let action = &step.act.actions[i * ad..(i + 1) * ad];
-            for (((s, a), l), h) in self.scaled.iter_mut().zip(action).zip(&self.pi.low).zip(&self.pi.high) {
-                *s = scale_action(*a, *l, *h).clamp(-1.0, 1.0);
+        for chunk in chunks {
+            let k = chunk.transitions();
+            for (what, got, expected) in [
+                ("chunk envs", chunk.n_envs, n),
+                ("chunk observations", chunk.obs.len(), k * od),
+                ("chunk bootstrap observations", chunk.bootstrap_obs.len(), n * od),
+                ("chunk final observations", chunk.final_obs.len(), chunk.final_index.len() * od),
+                ("chunk actions", chunk.actions.len(), k * ad),
+                ("chunk rewards", chunk.rewards.len(), k),
+                ("chunk terminated flags", chunk.terminated.len(), k),
+                ("chunk truncated flags", chunk.truncated.len(), k),
+            ] {
+                if got != expected {
+                    return Err(Error::BadLength { what: what.into(), got, expected });
+                }
             }
-            self.replay.push(&Experience {
-                obs: &obs[i * od..(i + 1) * od],
-                action: &self.scaled,
-                reward: step.rewards[i],
-                next_obs: &next_obs[i * od..(i + 1) * od],
-                terminated: step.terminated[i],
-                discount: gamma,
-            })?;
-            if step.terminated[i] || step.truncated[i] {
-                self.noise.reset(i);
+            let (mut scratch, mut cursor) = (ObsBuf::empty(DType::F32), 0);
+            for t in 0..chunk.n_steps {
+                let obs = f32_obs("td3", chunk.obs.slice(t * n * od..(t + 1) * n * od))?;
+                let next_obs = f32_obs("td3", chunk.next_obs_rows(t, od, &mut scratch, &mut cursor))?;
+                for i in 0..n {
+                    let j = t * n + i;
+                    let action = &chunk.actions[j * ad..(j + 1) * ad];
+                    for (((s, a), l), h) in self.scaled.iter_mut().zip(action).zip(&self.pi.low).zip(&self.pi.high) {
+                        *s = scale_action(*a, *l, *h).clamp(-1.0, 1.0);
+                    }
+                    self.replay.push(&Experience {
+                        obs: &obs[i * od..(i + 1) * od],
+                        action: &self.scaled,
+                        reward: chunk.rewards[j],
+                        next_obs: &next_obs[i * od..(i + 1) * od],
+                        terminated: chunk.terminated[j],
+                        discount: gamma,
+                    })?;
+                    if chunk.terminated[j] || chunk.truncated[j] {
+                        self.noise.reset(i);
+                    }
+                }
+                let c = &mut self.counters;
+                c.env_steps += n as u64;
+                c.calls += 1;
+                c.phases += u64::from(c.calls.is_multiple_of(self.config.train_freq));
             }
         }
-        self.counters.env_steps += n as u64;
-        self.counters.calls += 1;
         Ok(())
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        if !self.phase_due(progress) {
+        let steps = self.phase_due(progress);
+        if steps == 0 {
             return Ok(None);
         }
-        let steps = self.config.gradient_steps;
         let (mut critic_losses, mut qs, mut actor_losses) = (Vec::with_capacity(steps), Vec::new(), Vec::new());
         for _ in 0..steps {
             let (critic_loss, q, actor_loss) = self.gradient_step(self.actor_step_due())?;
@@ -1443,15 +1459,17 @@ mod tests {
                 let terminated = vec![end && self.terminal; self.n_envs];
                 let truncated = vec![end && !self.terminal; self.n_envs];
                 let next_obs = self.draw();
-                let step = Transition {
-                    obs: ObsRef::F32(&self.obs),
-                    act: &out,
-                    rewards: &rewards,
-                    terminated: &terminated,
-                    truncated: &truncated,
-                    next_obs: ObsRef::F32(&next_obs),
-                };
-                agent.observe(&step).unwrap();
+                let step = Chunk::from_step(
+                    ObsRef::F32(&self.obs),
+                    &out.actions,
+                    &out.log_probs,
+                    &out.values,
+                    &rewards,
+                    &terminated,
+                    &truncated,
+                    ObsRef::F32(&next_obs),
+                );
+                agent.observe(std::slice::from_ref(&step)).unwrap();
                 let progress = Progress { env_steps: agent.counters.env_steps, total_env_steps: total };
                 metrics.extend(agent.update(&progress).unwrap());
                 self.obs = next_obs;
@@ -1514,15 +1532,17 @@ mod tests {
         assert!((out.actions[0] - 2.0 * raw[0]).abs() < 1e-6, "{:?} vs {raw:?}", out.actions);
         assert!((out.actions[1] - 5.0 * (raw[1] + 1.0)).abs() < 1e-5, "{:?} vs {raw:?}", out.actions);
         agent.act(ObsRef::F32(&[0.7]), ActMode::Explore, &mut out).unwrap();
-        let step = Transition {
-            obs: ObsRef::F32(&[0.7]),
-            act: &out,
-            rewards: &[0.0],
-            terminated: &[false],
-            truncated: &[false],
-            next_obs: ObsRef::F32(&[0.1]),
-        };
-        agent.observe(&step).unwrap();
+        let step = Chunk::from_step(
+            ObsRef::F32(&[0.7]),
+            &out.actions,
+            &out.log_probs,
+            &out.values,
+            &[0.0],
+            &[false],
+            &[false],
+            ObsRef::F32(&[0.1]),
+        );
+        agent.observe(std::slice::from_ref(&step)).unwrap();
         let stored = agent.replay.get(0).unwrap().action;
         assert!(stored.iter().zip(&raw).all(|(s, r)| (s - r).abs() < 1e-6), "{stored:?} vs {raw:?}");
     }
@@ -1827,7 +1847,7 @@ mod member_tests {
     use crate::nn::members::rel_diff;
     use crate::policy::{ActMode, ActOutput, Policy};
     use crate::td3::{Counters, DdpgConfig, Td3Config};
-    use crate::transition::Transition;
+    use flotilla_core::Chunk;
 
     fn spaces() -> (Space, Space) {
         (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::box1d(vec![-1.0, 0.0], vec![2.0, 1.0]))
@@ -1858,16 +1878,18 @@ mod member_tests {
                 m.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
                 twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
                 let rewards: Vec<f32> = out.actions.chunks(ad).map(|a| -(a[0] - 0.3).powi(2) + 0.1 * a[1]).collect();
-                let t = Transition {
-                    obs: ObsRef::F32(&obs),
-                    act: &out,
-                    rewards: &rewards,
-                    terminated: &done,
-                    truncated: &truncated,
-                    next_obs: ObsRef::F32(&next),
-                };
-                m.observe(&t).unwrap();
-                twin.observe(&t).unwrap();
+                let t = Chunk::from_step(
+                    ObsRef::F32(&obs),
+                    &out.actions,
+                    &out.log_probs,
+                    &out.values,
+                    &rewards,
+                    &done,
+                    &truncated,
+                    ObsRef::F32(&next),
+                );
+                m.observe(std::slice::from_ref(&t)).unwrap();
+                twin.observe(std::slice::from_ref(&t)).unwrap();
             }
             let progress = Progress { env_steps: step * n_envs as u64, total_env_steps: total };
             let mut refs: Vec<&mut Td3> = together.iter_mut().collect();
