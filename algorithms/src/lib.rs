@@ -1,6 +1,7 @@
 //! Flotilla's learning algorithms on libtorch.
 //!
-//! Two traits split every agent: [`Algorithm`] (observe, update, checkpoint: what a learner runs) and
+//! Two traits split every agent: [`Algorithm`] (observe trajectory chunks — the one way data enters —,
+//! update, checkpoint: what a learner runs) and
 //! [`ActingPolicy`] (weights and the forward pass: what an actor runs). [`registry`] is the one place that
 //! knows every algorithm kind and builds both from a config.
 //!
@@ -17,7 +18,7 @@
 //! data/                     rollouts, replay, frame replay, n-step, GAE, V-trace, sum tree
 //! nn/                       flat parameters, networks, host kernels, Adam, RMSprop, distributions, replicas,
 //!                           the member axis
-//! policy, transition,       plain data and files: Policy, Transition, Progress, Teaching, Checkpoint,
+//! policy, progress,         plain data and files: Policy, Progress, Teaching, Checkpoint,
 //! teaching, checkpoint, …   safetensors weights, atomic writes, Metrics, Error
 //! ```
 //!
