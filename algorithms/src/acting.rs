@@ -1,5 +1,5 @@
 //! What an actor process runs: an acting policy (weights and the forward pass, nothing a learner needs), or
-//! for A3C a gradient worker. Built by [`crate::registry::AlgorithmConfig::build_acting`].
+//! for A3C a gradient worker. Built by [`crate::kind::AlgorithmKind::build_acting`].
 //!
 //! ```text
 //! let mut acting = config.build_acting(&setup)?;                  // no optimiser, no replay, no rollout

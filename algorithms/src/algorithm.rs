@@ -120,7 +120,7 @@ pub trait Algorithm: Policy + AsAny {
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching>;
     /// The capabilities only some kinds have, each asked for here: the agent as that capability, `None` (the
     /// default) where its kind does not have it. The registry says in advance which kinds have which
-    /// (`AlgorithmConfig::family`, `check_data_parallel`, `check_assemble_ahead`); callers name the capability
+    /// (`AlgorithmKind::family`, `check_data_parallel`, `check_assemble_ahead`); callers name the capability
     /// they need when it is missing.
     fn on_policy(&mut self) -> Option<&mut dyn OnPolicy> {
         None

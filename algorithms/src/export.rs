@@ -37,13 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
-use crate::actor_critic::NetConfig;
-use crate::distill::DistillConfig;
-use crate::dqn::DqnConfig;
 use crate::nn::activation::Activation;
-use crate::nn::nets::is_image;
-use crate::nn::nets::mlp_input_dim;
-use crate::td3::Td3Config;
 pub use crate::weights_file::{read_safetensors, write_safetensors};
 use crate::{Error, Result};
 
@@ -53,7 +47,7 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const EXPORT_VERSION: u32 = 1;
 
 /// The Nature CNN's convolutions, `(out_channels, kernel, stride)` (as `nets::NatureCnn` builds them).
-const CNN_CONVS: [(usize, usize, usize); 3] = [(32, 8, 4), (64, 4, 2), (64, 3, 1)];
+pub(crate) const CNN_CONVS: [(usize, usize, usize); 3] = [(32, 8, 4), (64, 4, 2), (64, 3, 1)];
 /// Units of the Nature CNN's hidden linear layer.
 const CNN_FEATURES: usize = 512;
 
@@ -161,95 +155,9 @@ pub struct Architecture {
 }
 
 impl Architecture {
-    /// PPO / A2C / A3C's actor-critic (`actor_critic::ActorCritic`) for these spaces and network choices.
-    pub fn actor_critic(algorithm: &str, observation: &Space, action: &Space, net: &NetConfig<'_>) -> Result<Self> {
-        let heads = net.heads.max(1);
-        let policy = policy_head(action)?;
-        let n = policy_width(&policy);
-        let network = if is_image(observation) {
-            let shape = image_shape(observation)?;
-            Network::NatureCnn {
-                prefix: "cnn".into(),
-                shape,
-                convs: CNN_CONVS.to_vec(),
-                outputs: n + 1,
-                policy_outputs: n,
-            }
-        } else {
-            let inputs = mlp_input_dim("actor-critic", observation)?;
-            let (policy_outputs, value_outputs) = (n * heads, heads);
-            Network::TwinMlp {
-                prefix: "pi_vf".into(),
-                widths: widths(inputs, net.hidden, policy_outputs.max(value_outputs)),
-                activation: net.activation,
-                policy_outputs,
-                value_outputs,
-            }
-        };
-        Ok(Self::new(algorithm, network, policy, heads, observation, action))
-    }
-
-    /// DQN's Q-network (`dqn::QNet`).
-    pub fn dqn(observation: &Space, action: &Space, c: &DqnConfig) -> Result<Self> {
-        let Space::Discrete { n, .. } = *action else {
-            return Err(unsupported("dqn", format!("{action:?}: DQN needs discrete actions")));
-        };
-        let heads = if c.task_heads { c.tasks.max(1) } else { 1 };
-        let outputs = (n + usize::from(c.dueling)) * heads;
-        let network = if is_image(observation) {
-            let shape = image_shape(observation)?;
-            Network::NatureCnn {
-                prefix: "q".into(),
-                shape,
-                convs: CNN_CONVS.to_vec(),
-                outputs,
-                policy_outputs: outputs,
-            }
-        } else {
-            let inputs = mlp_input_dim("dqn", observation)?;
-            Network::Mlp {
-                prefix: "q".into(),
-                widths: widths(inputs, &c.hidden_sizes, outputs),
-                activation: c.activation,
-            }
-        };
-        let policy = PolicyOutput::QValues { n, dueling: c.dueling };
-        Ok(Self::new("dqn", network, policy, heads, observation, action))
-    }
-
-    /// DDPG's / TD3's actor (`td3::ActorNet`); `algorithm` is `ddpg` or `td3`.
-    pub fn td3(algorithm: &str, observation: &Space, action: &Space, c: &Td3Config) -> Result<Self> {
-        let Space::Box { low, high, shape, .. } = action else {
-            return Err(unsupported("td3", format!("{action:?}: needs a 1-D box")));
-        };
-        if shape.len() != 1 {
-            return Err(unsupported("td3", format!("{action:?}: needs a 1-D box")));
-        }
-        let heads = if c.task_heads { c.tasks.max(1) } else { 1 };
-        let inputs = mlp_input_dim("td3", observation)?;
-        let network = Network::Mlp {
-            prefix: "actor".into(),
-            widths: widths(inputs, &c.hidden_sizes, low.len() * heads),
-            activation: c.activation,
-        };
-        let policy = PolicyOutput::TanhScaled { low: low.clone(), high: high.clone() };
-        Ok(Self::new(algorithm, network, policy, heads, observation, action))
-    }
-
-    /// A distillation student (`distill::StudentNet`): one head per teacher.
-    pub fn distill(observation: &Space, action: &Space, c: &DistillConfig) -> Result<Self> {
-        let heads = c.teachers.len().max(1);
-        let policy = policy_head(action)?;
-        let inputs = mlp_input_dim("distill", observation)?;
-        let network = Network::Mlp {
-            prefix: "student".into(),
-            widths: widths(inputs, &c.hidden_sizes, policy_width(&policy) * heads),
-            activation: c.activation,
-        };
-        Ok(Self::new("distill", network, policy, heads, observation, action))
-    }
-
-    fn new(algorithm: &str, network: Network, policy: PolicyOutput, heads: usize, o: &Space, a: &Space) -> Self {
+    /// The architecture of `algorithm`'s acting `network` with `heads` task heads, whose output means
+    /// `policy`, for these spaces (each kind builds its own: `Kind::architecture`).
+    pub fn new(algorithm: &str, network: Network, policy: PolicyOutput, heads: usize, o: &Space, a: &Space) -> Self {
         Architecture {
             algorithm: algorithm.into(),
             network,
@@ -403,17 +311,17 @@ fn text<T: Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).expect("plain data serialises")
 }
 
-fn unsupported(algorithm: &'static str, detail: String) -> Error {
+pub(crate) fn unsupported(algorithm: &'static str, detail: String) -> Error {
     Error::UnsupportedSpace { which: "action", algorithm, detail }
 }
 
 /// Input width, hidden widths, output width.
-fn widths(inputs: usize, hidden: &[i64], outputs: usize) -> Vec<usize> {
+pub(crate) fn widths(inputs: usize, hidden: &[i64], outputs: usize) -> Vec<usize> {
     std::iter::once(inputs).chain(hidden.iter().map(|&h| h as usize)).chain([outputs]).collect()
 }
 
 /// Logits for discrete actions, a Gaussian for 1-D boxes (the actor-critic's and the student's heads).
-fn policy_head(action: &Space) -> Result<PolicyOutput> {
+pub(crate) fn policy_head(action: &Space) -> Result<PolicyOutput> {
     match action {
         Space::Discrete { n, .. } => Ok(PolicyOutput::Logits { n: *n }),
         Space::Box { shape, .. } if shape.len() == 1 => {
@@ -424,7 +332,7 @@ fn policy_head(action: &Space) -> Result<PolicyOutput> {
 }
 
 /// Output columns of one policy head.
-fn policy_width(policy: &PolicyOutput) -> usize {
+pub(crate) fn policy_width(policy: &PolicyOutput) -> usize {
     match policy {
         PolicyOutput::Logits { n } | PolicyOutput::QValues { n, .. } => *n,
         PolicyOutput::Gaussian { dim, .. } => *dim,
@@ -432,7 +340,7 @@ fn policy_width(policy: &PolicyOutput) -> usize {
     }
 }
 
-fn image_shape(space: &Space) -> Result<[usize; 3]> {
+pub(crate) fn image_shape(space: &Space) -> Result<[usize; 3]> {
     <[usize; 3]>::try_from(space.shape()).map_err(|_| Error::UnsupportedSpace {
         which: "observation",
         algorithm: "cnn",
@@ -736,10 +644,12 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::a2c::A2cConfig;
+    use crate::a2c::{A2cConfig, A3cConfig};
+    use crate::distill::DistillConfig;
+    use crate::dqn::DqnConfig;
     use crate::ppo::PpoConfig;
     use crate::registry::AlgorithmConfig;
-    use crate::td3::DdpgConfig;
+    use crate::td3::{DdpgConfig, Td3Config};
     use crate::{ActMode, ActOutput};
     use flotilla_core::ObsRef;
     use tch::Device;
@@ -776,7 +686,7 @@ mod tests {
             (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: small.clone(), ..Default::default() }), cartpole()),
             (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::A2c(A2cConfig::default()), cartpole()),
-            (AlgorithmConfig::A3c(A2cConfig::default()), pendulum()),
+            (AlgorithmConfig::A3c(A3cConfig(A2cConfig::default())), pendulum()),
             (AlgorithmConfig::Ppo(PpoConfig::default()), frames()),
             (AlgorithmConfig::Dqn(DqnConfig { hidden_sizes: small.clone(), ..Default::default() }), cartpole()),
             (

@@ -273,7 +273,7 @@ pub(crate) fn warn_about_the_machine(config: &ExperimentConfig, device: tch::Dev
 
 impl ExperimentConfig {
     /// Whether a distributed learner of this config assembles batches on a thread of its own (where its
-    /// algorithm can: [`AlgorithmConfig::check_assemble_ahead`]).
+    /// algorithm can: [`flotilla_algorithms::AlgorithmKind::check_assemble_ahead`]).
     pub fn assembles_ahead(&self) -> bool {
         let wanted = match self.learner.assemble_ahead {
             AssembleAhead::On => true,

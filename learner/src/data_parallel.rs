@@ -316,7 +316,7 @@ impl Replicas {
 }
 
 /// The agent as [`Replicated`], or an error naming its kind (config validation refuses such settings first:
-/// `AlgorithmConfig::check_data_parallel`).
+/// `AlgorithmKind::check_data_parallel`).
 fn replicated(agent: &mut dyn Algorithm) -> Result<&mut dyn Replicated> {
     let name = agent.name();
     agent

@@ -21,7 +21,7 @@ use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, Checkpoint, Metrics, Progress};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, Checkpoint, Metrics, Progress};
 use flotilla_core::ObsBuf;
 use flotilla_envs::{ChunkRecorder, EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
 use tracing::{info, warn};
@@ -359,8 +359,9 @@ impl StepScratch {
 /// as one N×E batch (`JointEnvs`; each member's own batch where they cannot join) and each member observes
 /// its share as [`Trainer::run`] does; when the members are PPO or A2C agents whose rollouts complete together,
 /// or DQN, DDPG or TD3 agents whose training phases fall due together, one batched update trains them all
-/// ([`flotilla_algorithms::ppo::update_members`], [`flotilla_algorithms::a2c::update_members`],
-/// [`flotilla_algorithms::dqn::update_members`], [`flotilla_algorithms::td3::update_members`]: each algorithm's
+/// ([`flotilla_algorithms::AlgorithmKind::update_members`]: [`flotilla_algorithms::ppo::update_members`],
+/// [`flotilla_algorithms::a2c::update_members`], [`flotilla_algorithms::dqn::update_members`],
+/// [`flotilla_algorithms::td3::update_members`]: each algorithm's
 /// one update over the member axis), else each updates alone.
 /// Then each
 /// evaluates, logs (`on_log(position in group, row)`) and checkpoints on its own schedule. Collection and update
@@ -398,6 +399,8 @@ fn run_lockstep(
     on_checkpoint: &mut dyn FnMut(usize, &Trainer) -> Result<()>,
 ) -> Result<()> {
     let share = 1.0 / group.len() as f64;
+    // The members' kind (one for all), for their batched update.
+    let kind = group[0].config.algorithm.clone();
     while group[0].counters.env_steps < stop {
         let started = Instant::now();
         match joint {
@@ -409,7 +412,7 @@ fn run_lockstep(
             }
         }
         let update_started = Instant::now();
-        let metrics = update_group(group)?;
+        let metrics = update_group(group, &kind)?;
         let update_secs = update_started.elapsed().as_secs_f64() * share;
         let secs = started.elapsed().as_secs_f64() * share;
         // A checkpoint saves each member's envs: they go back to the members first, and are joined again
@@ -433,11 +436,11 @@ fn run_lockstep(
 }
 
 /// The update due after a lockstep env step: one batched update of the members where their kind has one
-/// ([`flotilla_algorithms::registry::update_members`]), else each member's own.
-fn update_group(group: &mut [Trainer]) -> Result<Vec<Option<Metrics>>> {
+/// ([`flotilla_algorithms::AlgorithmKind::update_members`]), else each member's own.
+fn update_group(group: &mut [Trainer], kind: &AlgorithmConfig) -> Result<Vec<Option<Metrics>>> {
     let progress = group[0].progress();
     let mut members: Vec<&mut dyn Algorithm> = group.iter_mut().map(|t| t.agent.as_mut()).collect();
-    if let Some(metrics) = flotilla_algorithms::registry::update_members(&mut members, &progress)? {
+    if let Some(metrics) = kind.update_members(&mut members, &progress)? {
         return Ok(metrics);
     }
     members.into_iter().map(|a| Ok(a.update(&progress)?)).collect()

@@ -34,17 +34,19 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::acting::{ActingPolicy, GradientWorker};
+use crate::acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
 use crate::actor_critic::explained_variance;
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
 use crate::actor_critic::members::{
     Batch, MemberNet, Nets, Optimiser, StackedActorCritic, StackedOptimiser, stacking_refused,
 };
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, update_rollouts};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::data::vtrace::VtraceConfig;
+use crate::export::Architecture;
+use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_train::clip_grad_norm;
@@ -216,6 +218,112 @@ impl A2cConfig {
     /// The learning rate at `progress_remaining` (1 at the start of training, 0 at the end).
     pub fn learning_rate_at(&self, progress_remaining: f64) -> f64 {
         if self.anneal_lr { self.learning_rate * progress_remaining.clamp(0.0, 1.0) } else { self.learning_rate }
+    }
+}
+
+/// A3C's config: A2C's fields, for actors that compute gradients and a learner that applies them
+/// (`kind = "a3c"`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct A3cConfig(pub A2cConfig);
+
+impl AlgorithmKind for A2cConfig {
+    fn name(&self) -> &'static str {
+        "a2c"
+    }
+
+    fn family(&self) -> Family {
+        Family::OnPolicy
+    }
+
+    fn validate(&self, num_envs: usize) -> Result<()> {
+        A2cConfig::validate(self, num_envs)
+    }
+
+    fn set_tasks(&mut self, tasks: usize) {
+        self.tasks = tasks;
+    }
+
+    fn rollout_steps(&self) -> Option<usize> {
+        Some(self.n_steps)
+    }
+
+    fn cnn_options(&self) -> Option<CnnOptions> {
+        Some(self.cnn)
+    }
+
+    fn learner(&self, o: &Space, a: &Space, n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
+        Ok(Box::new(A2c::new(o, a, n_envs, self.clone(), device, seed)?))
+    }
+
+    fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
+        self.net().architecture(self.name(), o, a)
+    }
+
+    fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
+        self.net().acting("a2c", setup)
+    }
+
+    fn update_members(
+        &self,
+        members: &mut [&mut dyn Algorithm],
+        progress: &Progress,
+    ) -> Result<Option<Vec<Option<Metrics>>>> {
+        let Some(a2cs) = members_as::<A2c>(members) else { return Ok(None) };
+        update_rollouts("A2C", a2cs, A2c::finish_rollout, A2c::recycle, update_members, progress)
+    }
+}
+
+/// A3C: A2C's answers, but actors send gradients (a [`A3cWorker`] each) to an [`A2c`] learner applying them.
+impl AlgorithmKind for A3cConfig {
+    fn name(&self) -> &'static str {
+        "a3c"
+    }
+
+    fn family(&self) -> Family {
+        Family::Gradients
+    }
+
+    fn validate(&self, num_envs: usize) -> Result<()> {
+        self.0.validate(num_envs)
+    }
+
+    fn set_tasks(&mut self, tasks: usize) {
+        self.0.tasks = tasks;
+    }
+
+    fn rollout_steps(&self) -> Option<usize> {
+        Some(self.0.n_steps)
+    }
+
+    fn check_assemble_ahead(&self) -> std::result::Result<(), String> {
+        Err("a3c's learner applies actors' gradients; it assembles no batches".into())
+    }
+
+    fn check_data_parallel(&self) -> std::result::Result<(), String> {
+        Err(format!(
+            "{} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG and TD3 can)",
+            self.name()
+        ))
+    }
+
+    fn cnn_options(&self) -> Option<CnnOptions> {
+        Some(self.0.cnn)
+    }
+
+    fn learner(&self, o: &Space, a: &Space, n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
+        AlgorithmKind::learner(&self.0, o, a, n_envs, device, seed)
+    }
+
+    fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
+        self.0.net().architecture("a3c", o, a)
+    }
+
+    fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
+        let mut worker =
+            A3cWorker::new(setup.observation_space, setup.action_space, setup.n_envs, self.0.clone(), setup.seed)?;
+        worker.freeze(setup.frozen)?;
+        Ok(Acting::Gradients(Box::new(worker)))
     }
 }
 

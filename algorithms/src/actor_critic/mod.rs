@@ -13,9 +13,10 @@ use flotilla_core::{ObsRef, Space};
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
-use crate::acting::ActingPolicy;
+use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
+use crate::export::{Architecture, CNN_CONVS, Network, image_shape, policy_head, policy_width, widths};
 use crate::nn::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::nets::{
@@ -24,7 +25,8 @@ use crate::nn::nets::{
 };
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::{Error, Result};
+use crate::progress::Progress;
+use crate::{Error, Metrics, Result};
 
 /// Buffers [`ActorCritic::act`] reuses between calls.
 #[derive(Debug, Default, Clone)]
@@ -111,6 +113,73 @@ pub struct NetConfig<'a> {
     /// the task's one-hot (`[[tasks]]`), the MLP's output layer holds `T` policy heads and `T` values, and each
     /// row reads its task's: a shared torso with a head per task.
     pub heads: usize,
+}
+
+impl NetConfig<'_> {
+    /// The exported architecture of `algorithm`'s actor-critic ([`ActorCritic`]) for these spaces.
+    pub fn architecture(&self, algorithm: &str, observation: &Space, action: &Space) -> Result<Architecture> {
+        let heads = self.heads.max(1);
+        let policy = policy_head(action)?;
+        let n = policy_width(&policy);
+        let network = if is_image(observation) {
+            let shape = image_shape(observation)?;
+            Network::NatureCnn {
+                prefix: "cnn".into(),
+                shape,
+                convs: CNN_CONVS.to_vec(),
+                outputs: n + 1,
+                policy_outputs: n,
+            }
+        } else {
+            let inputs = mlp_input_dim("actor-critic", observation)?;
+            let (policy_outputs, value_outputs) = (n * heads, heads);
+            Network::TwinMlp {
+                prefix: "pi_vf".into(),
+                widths: widths(inputs, self.hidden, policy_outputs.max(value_outputs)),
+                activation: self.activation,
+                policy_outputs,
+                value_outputs,
+            }
+        };
+        Ok(Architecture::new(algorithm, network, policy, heads, observation, action))
+    }
+
+    /// What an actor runs for `algorithm`'s actor-critic: the acting policy on the CPU.
+    pub fn acting(&self, algorithm: &'static str, setup: &ActingSetup<'_>) -> Result<Acting> {
+        let net =
+            ActorCritic::new(algorithm, setup.observation_space, setup.action_space, self, Device::Cpu, setup.seed)?;
+        Ok(Acting::Chunks(Box::new(ActorCriticPolicy::new(net, setup.seed))))
+    }
+}
+
+/// A population's batched update for on-policy members (PPO, A2C): once every member's rollout is complete
+/// (`finish`), one `update` of them all over the member axis, then each rollout's storage back to its member
+/// (`recycle`); nothing before.
+pub(crate) fn update_rollouts<A>(
+    kind: &str,
+    mut members: Vec<&mut A>,
+    finish: impl Fn(&mut A) -> Result<Option<Rollout>>,
+    recycle: impl Fn(&mut A, Rollout),
+    update: impl FnOnce(&mut [&mut A], &[&Rollout], f64) -> Result<Vec<Metrics>>,
+    progress: &Progress,
+) -> Result<Option<Vec<Option<Metrics>>>> {
+    let mut rollouts = Vec::with_capacity(members.len());
+    for m in members.iter_mut() {
+        rollouts.push(finish(m)?);
+    }
+    if rollouts.iter().all(Option::is_none) {
+        return Ok(Some(vec![None; members.len()]));
+    }
+    let Some(rollouts) = rollouts.into_iter().collect::<Option<Vec<_>>>() else {
+        return Err(Error::Unsupported(format!(
+            "a population's {kind} members completed their rollouts at different steps"
+        )));
+    };
+    let metrics = update(&mut members, &rollouts.iter().collect::<Vec<_>>(), progress.remaining())?;
+    for (m, r) in members.iter_mut().zip(rollouts) {
+        recycle(m, r);
+    }
+    Ok(Some(metrics.into_iter().map(Some).collect()))
 }
 
 /// Policy and value networks over one parameter buffer.

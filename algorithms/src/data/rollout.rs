@@ -419,10 +419,11 @@ impl Rollout {
                 expected: r.n_steps,
             });
         }
-        let mut cursors = vec![0usize; chunks.len()];
         for t in 0..steps {
-            for (k, (c, cursor)) in chunks.iter().zip(&mut cursors).enumerate() {
+            for (k, c) in chunks.iter().enumerate() {
                 let rows = t * e..(t + 1) * e;
+                // Where this step's final observations start in the chunk.
+                let mut cursor = c.final_index.partition_point(|&i| (i as usize) < rows.start);
                 append("chunk observations", &mut r.obs, c.obs.slice(rows.start * d..rows.end * d))?;
                 r.actions.extend_from_slice(&c.actions[rows.start * a..rows.end * a]);
                 r.log_probs.extend_from_slice(&c.log_probs[rows.clone()]);
@@ -431,17 +432,17 @@ impl Rollout {
                 r.terminated.extend_from_slice(&c.terminated[rows.clone()]);
                 r.truncated.extend_from_slice(&c.truncated[rows.clone()]);
                 // The chunk's final observations in step order: keep those of truncated episodes.
-                while let Some(&i) = c.final_index.get(*cursor) {
+                while let Some(&i) = c.final_index.get(cursor) {
                     let i = i as usize;
                     if i >= rows.end {
                         break;
                     }
                     if c.truncated[i] && !c.terminated[i] {
                         r.final_obs_steps.push((r.steps + t) * r.n_envs + k * e + (i - rows.start));
-                        let row = c.final_obs.slice(*cursor * d..(*cursor + 1) * d);
+                        let row = c.final_obs.slice(cursor * d..(cursor + 1) * d);
                         append("chunk final observations", &mut r.final_obs, row)?;
                     }
-                    *cursor += 1;
+                    cursor += 1;
                 }
             }
         }

@@ -29,9 +29,11 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::acting::ActingPolicy;
+use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
+use crate::export::{Architecture, Network, policy_head, policy_width, widths};
+use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
@@ -138,6 +140,61 @@ impl Default for DistillConfig {
             max_grad_norm: 10.0,
             log_std_init: 0.0,
         }
+    }
+}
+
+impl AlgorithmKind for DistillConfig {
+    fn name(&self) -> &'static str {
+        "distill"
+    }
+
+    fn family(&self) -> Family {
+        Family::OffPolicy
+    }
+
+    fn validate(&self, _num_envs: usize) -> Result<()> {
+        DistillConfig::validate(self)
+    }
+
+    fn check_distributed(&self) -> Result<()> {
+        DistillConfig::check_distributed(self)
+    }
+
+    fn check_assemble_ahead(&self) -> std::result::Result<(), String> {
+        Err("distill labels states with its teacher and samples them on the update thread".into())
+    }
+
+    fn check_data_parallel(&self) -> std::result::Result<(), String> {
+        Err(format!(
+            "{} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG and TD3 can)",
+            self.name()
+        ))
+    }
+
+    fn learner(&self, o: &Space, a: &Space, _n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
+        Ok(Box::new(Distill::new(o, a, self.clone(), device, seed)?))
+    }
+
+    /// The student ([`StudentNet`]): one head per teacher.
+    fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
+        let heads = self.teachers.len().max(1);
+        let policy = policy_head(a)?;
+        let inputs = mlp_input_dim("distill", o)?;
+        let network = Network::Mlp {
+            prefix: "student".into(),
+            widths: widths(inputs, &self.hidden_sizes, policy_width(&policy) * heads),
+            activation: self.activation,
+        };
+        Ok(Architecture::new("distill", network, policy, heads, o, a))
+    }
+
+    fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
+        let policy = DistillPolicy::new(setup.observation_space, setup.action_space, self, setup.seed)?;
+        Ok(Acting::Chunks(Box::new(policy)))
+    }
+
+    fn teachers(&self) -> &[String] {
+        &self.teachers
     }
 }
 

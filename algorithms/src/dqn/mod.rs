@@ -32,13 +32,15 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::acting::ActingPolicy;
+use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::{Algorithm, Prepared, ReplayFeed};
 use crate::checkpoint::Checkpoint;
 use crate::data::frame_replay::FrameReplay;
 use crate::data::n_step::NStep;
 use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
 use crate::dqn::host::DqnHost;
+use crate::export::{Architecture, CNN_CONVS, Network, PolicyOutput, image_shape, unsupported, widths};
+use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
@@ -159,6 +161,96 @@ impl Default for DqnConfig {
             tasks: 0,
             fused_cpu: true,
         }
+    }
+}
+
+impl AlgorithmKind for DqnConfig {
+    fn name(&self) -> &'static str {
+        "dqn"
+    }
+
+    fn family(&self) -> Family {
+        Family::OffPolicy
+    }
+
+    fn validate(&self, _num_envs: usize) -> Result<()> {
+        DqnConfig::validate(self)
+    }
+
+    fn set_tasks(&mut self, tasks: usize) {
+        self.tasks = tasks;
+    }
+
+    fn check_distributed(&self) -> Result<()> {
+        if self.n_step > 1 {
+            return Err(Error::InvalidConfig {
+                algorithm: "dqn",
+                field: "n_step",
+                value: self.n_step.to_string(),
+                detail: "n-step returns need one queue per actor env, which the distributed learner does not keep \
+                         yet; use n_step = 1 with actors"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_assemble_ahead(&self) -> std::result::Result<(), String> {
+        if self.prioritized_replay {
+            return Err("dqn with prioritized_replay = true draws each minibatch by the priorities the update \
+                        before it sets, so it cannot be sampled ahead"
+                .into());
+        }
+        Ok(())
+    }
+
+    fn cnn_options(&self) -> Option<crate::nn::nets::CnnOptions> {
+        Some(self.cnn)
+    }
+
+    fn learner(&self, o: &Space, a: &Space, n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
+        Ok(Box::new(Dqn::new(o, a, n_envs, self.clone(), device, seed)?))
+    }
+
+    /// The Q-network ([`QNet`]).
+    fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
+        let Space::Discrete { n, .. } = *a else {
+            return Err(unsupported("dqn", format!("{a:?}: DQN needs discrete actions")));
+        };
+        let heads = if self.task_heads { self.tasks.max(1) } else { 1 };
+        let outputs = (n + usize::from(self.dueling)) * heads;
+        let network = if is_image(o) {
+            let shape = image_shape(o)?;
+            Network::NatureCnn {
+                prefix: "q".into(),
+                shape,
+                convs: CNN_CONVS.to_vec(),
+                outputs,
+                policy_outputs: outputs,
+            }
+        } else {
+            let inputs = mlp_input_dim("dqn", o)?;
+            Network::Mlp {
+                prefix: "q".into(),
+                widths: widths(inputs, &self.hidden_sizes, outputs),
+                activation: self.activation,
+            }
+        };
+        let policy = PolicyOutput::QValues { n, dueling: self.dueling };
+        Ok(Architecture::new("dqn", network, policy, heads, o, a))
+    }
+
+    fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
+        let ActingSetup { observation_space: o, action_space: a, seed, epsilon_floor, .. } = *setup;
+        Ok(Acting::Chunks(Box::new(DqnPolicy::new(o, a, self.clone(), epsilon_floor, seed)?)))
+    }
+
+    fn update_members(
+        &self,
+        members: &mut [&mut dyn Algorithm],
+        progress: &Progress,
+    ) -> Result<Option<Vec<Option<Metrics>>>> {
+        members_as::<Dqn>(members).map(|mut dqns| update_members(&mut dqns, progress)).transpose()
     }
 }
 

@@ -30,14 +30,17 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
+use crate::acting::{Acting, ActingSetup};
 pub use crate::actor_critic::LossCoefficients;
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance, update_rollouts};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
 use crate::data::vtrace::VtraceConfig;
+use crate::export::Architecture;
+use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::members::{Coef, host};
@@ -192,6 +195,53 @@ impl PpoConfig {
             vtrace.validate()?;
         }
         Ok(())
+    }
+}
+
+impl AlgorithmKind for PpoConfig {
+    fn name(&self) -> &'static str {
+        "ppo"
+    }
+
+    fn family(&self) -> Family {
+        Family::OnPolicy
+    }
+
+    fn validate(&self, num_envs: usize) -> Result<()> {
+        PpoConfig::validate(self, num_envs)
+    }
+
+    fn set_tasks(&mut self, tasks: usize) {
+        self.tasks = tasks;
+    }
+
+    fn rollout_steps(&self) -> Option<usize> {
+        Some(self.n_steps)
+    }
+
+    fn cnn_options(&self) -> Option<CnnOptions> {
+        Some(self.cnn)
+    }
+
+    fn learner(&self, o: &Space, a: &Space, n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
+        Ok(Box::new(Ppo::new(o, a, n_envs, self.clone(), device, seed)?))
+    }
+
+    fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
+        self.net().architecture("ppo", o, a)
+    }
+
+    fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
+        self.net().acting("ppo", setup)
+    }
+
+    fn update_members(
+        &self,
+        members: &mut [&mut dyn Algorithm],
+        progress: &Progress,
+    ) -> Result<Option<Vec<Option<Metrics>>>> {
+        let Some(ppos) = members_as::<Ppo>(members) else { return Ok(None) };
+        update_rollouts("PPO", ppos, Ppo::finish_rollout, Ppo::recycle, update_members, progress)
     }
 }
 

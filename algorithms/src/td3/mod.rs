@@ -38,10 +38,12 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::acting::ActingPolicy;
+use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::replay::{Experience, ReplayBuffer, ReplaySample};
+use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
+use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
@@ -205,6 +207,72 @@ impl From<DdpgConfig> for Td3Config {
             target_noise_clip: 0.0,
         }
     }
+}
+
+/// TD3's answers, for its config and DDPG's (`name`: which of the two; `learner` builds the agent).
+macro_rules! td3_kind {
+    ($config:ty, $name:literal, $td3:expr, $learner:path) => {
+        impl AlgorithmKind for $config {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn family(&self) -> Family {
+                Family::OffPolicy
+            }
+
+            fn validate(&self, _num_envs: usize) -> Result<()> {
+                <$config>::validate(self)
+            }
+
+            fn set_tasks(&mut self, tasks: usize) {
+                self.tasks = tasks;
+            }
+
+            fn learner(&self, o: &Space, a: &Space, n: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
+                Ok(Box::new($learner(o, a, n, self.clone(), device, seed)?))
+            }
+
+            fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
+                architecture(&$td3(self), $name, o, a)
+            }
+
+            fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
+                let ActingSetup { observation_space: o, action_space: a, n_envs, seed, .. } = *setup;
+                Ok(Acting::Chunks(Box::new(Td3Policy::new($name, o, a, n_envs, &$td3(self), seed)?)))
+            }
+
+            fn update_members(
+                &self,
+                members: &mut [&mut dyn Algorithm],
+                progress: &Progress,
+            ) -> Result<Option<Vec<Option<Metrics>>>> {
+                members_as::<Td3>(members).map(|mut m| update_members(&mut m, progress)).transpose()
+            }
+        }
+    };
+}
+
+td3_kind!(Td3Config, "td3", Td3Config::clone, Td3::td3);
+td3_kind!(DdpgConfig, "ddpg", |c: &DdpgConfig| Td3Config::from(c.clone()), Td3::ddpg);
+
+/// The exported architecture of the actor ([`ActorNet`]); `algorithm` is `ddpg` or `td3`.
+fn architecture(c: &Td3Config, algorithm: &str, o: &Space, a: &Space) -> Result<Architecture> {
+    let Space::Box { low, high, shape, .. } = a else {
+        return Err(unsupported("td3", format!("{a:?}: needs a 1-D box")));
+    };
+    if shape.len() != 1 {
+        return Err(unsupported("td3", format!("{a:?}: needs a 1-D box")));
+    }
+    let heads = if c.task_heads { c.tasks.max(1) } else { 1 };
+    let inputs = mlp_input_dim("td3", o)?;
+    let network = Network::Mlp {
+        prefix: "actor".into(),
+        widths: widths(inputs, &c.hidden_sizes, low.len() * heads),
+        activation: c.activation,
+    };
+    let policy = PolicyOutput::TanhScaled { low: low.clone(), high: high.clone() };
+    Ok(Architecture::new(algorithm, network, policy, heads, o, a))
 }
 
 impl DdpgConfig {
