@@ -1092,8 +1092,7 @@ mod tests {
         for _ in 0..n_steps {
             let obs: Vec<f32> = (0..32).map(|_| rng.random_range(-1.0..1.0)).collect();
             agent.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
-            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
-            rollout.push_outcome(&out.actions.clone(), &[true; 8], &[false; 8]).unwrap();
+            rollout.push_acted(&obs, &out, &out.actions.clone(), &[true; 8]);
         }
         rollout.finish(&[0.0; 8], agent.config.gamma as f32, agent.config.gae_lambda as f32).unwrap();
         rollout
@@ -1199,7 +1198,7 @@ mod tests {
             for u in 0..4 {
                 let mut rollout = crate::ppo::tests::varied_rollout(&mut actor, 4, 8, obs_dim, u * 8);
                 let last: Vec<f32> = (0..4 * obs_dim).map(|i| (i as f32 * 0.71 + u as f32).cos()).collect();
-                rollout.set_bootstrap_obs(ObsRef::F32(&last)).unwrap();
+                rollout.bootstrap_obs = flotilla_core::ObsBuf::F32(last);
                 let progress = 1.0 - u as f64 / 5.0;
                 let mf = fused.update_from(&rollout, progress).unwrap();
                 let mt = torch.update_from(&rollout, progress).unwrap();
@@ -1314,9 +1313,8 @@ mod tests {
         for _ in 0..5 {
             let obs = vec![0.5f32; 12];
             a2c.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
-            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
             let rewards: Vec<f32> = out.actions.iter().map(|a| -(a - 1.0).powi(2)).collect();
-            rollout.push_outcome(&rewards, &[true; 4], &[false; 4]).unwrap();
+            rollout.push_acted(&obs, &out, &rewards, &[true; 4]);
         }
         rollout.finish(&[0.0; 4], 0.99, 1.0).unwrap();
         let m = a2c.update_from(&rollout, 1.0).unwrap();

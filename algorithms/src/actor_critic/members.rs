@@ -325,11 +325,10 @@ pub(crate) mod tests {
             let obs: Vec<f32> = (0..n_envs * obs_dim).map(|_| rng.random_range(-1.0..1.0)).collect();
             member.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
             twin.act(ObsRef::F32(&obs), ActMode::Explore, &mut twin_out).unwrap();
-            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
             let rewards: Vec<f32> =
                 out.actions.chunks(act_dim).map(|a| a[0].tanh() + rng.random_range(-0.1..0.1)).collect();
             let done: Vec<bool> = (0..n_envs).map(|_| rng.random_bool(0.1)).collect();
-            rollout.push_outcome(&rewards, &done, &vec![false; n_envs]).unwrap();
+            rollout.push_acted(&obs, &out, &rewards, &done);
         }
         rollout.finish(&vec![0.0; n_envs], 0.98, 0.8).unwrap();
         rollout

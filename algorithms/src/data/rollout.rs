@@ -1,13 +1,9 @@
-//! Fixed-size, time-major storage for one on-policy rollout of `n_steps × n_envs` transitions.
-//!
-//! The collection loop, for each of `n_steps` steps:
-//! 1. [`Rollout::push_policy`] — observations the policy saw, the actions it took, their log-probs and values;
-//! 2. [`Rollout::push_outcome`] — rewards, `terminated`, `truncated` from the vectorised env;
-//! 3. [`Rollout::set_final_value`] — for each truncated env, `V(true final observation)`, and
-//!    [`Rollout::set_final_obs`] — that observation itself.
-//!
-//! Then [`Rollout::set_bootstrap_obs`] with the observations after the last step, and [`Rollout::finish`] with
-//! their values, computes GAE advantages and returns. Buffers are allocated once and reused.
+//! Fixed-size, time-major storage for one on-policy rollout of `n_steps × n_envs` transitions, filled from
+//! trajectory chunks ([`Rollout::append_chunks`]: observations, actions, behaviour log-probs and values,
+//! rewards and flags, the true final observations of truncated episodes, and with the last step the bootstrap
+//! observations); [`Rollout::bootstrap_truncated`] gives the truncated steps `V(final observation)`, and
+//! [`Rollout::finish`] with `V` of the bootstrap observations computes GAE advantages and returns. Buffers are
+//! allocated once and reused.
 //!
 //! [`RolloutCollector`] fills it straight from trajectory chunks ([`RolloutCollector::push_chunks`]: the
 //! columns are copied once) — the single-process trainer's one-step chunks and actors' whole ones alike.
@@ -85,7 +81,7 @@ pub struct Rollout {
     pub terminated: Vec<bool>,
     /// Episode cut by a time limit.
     pub truncated: Vec<bool>,
-    /// Value of the observation that truly followed each step (filled by `set_final_value` and `finish`).
+    /// Value of the observation that truly followed each step (filled by `bootstrap_truncated` and `finish`).
     pub next_values: Vec<f32>,
     /// GAE advantages (after `finish`).
     pub advantages: Vec<f32>,
@@ -187,79 +183,6 @@ impl Rollout {
         self.steps == self.n_steps
     }
 
-    /// Record what the policy saw and did at the current step.
-    pub fn push_policy(&mut self, obs: ObsRef<'_>, actions: &[f32], log_probs: &[f32], values: &[f32]) -> Result<()> {
-        self.device_obs = None;
-        check_len("rollout observations", obs.len(), self.n_envs * self.obs_dim)?;
-        check_len("rollout actions", actions.len(), self.n_envs * self.act_dim)?;
-        check_len("rollout log-probs", log_probs.len(), self.n_envs)?;
-        check_len("rollout values", values.len(), self.n_envs)?;
-        if self.steps == self.n_steps {
-            return Err(Error::BadLength {
-                what: "rollout steps (buffer full)".into(),
-                got: self.steps + 1,
-                expected: self.n_steps,
-            });
-        }
-        append("rollout observations", &mut self.obs, obs)?;
-        self.actions.extend_from_slice(actions);
-        self.log_probs.extend_from_slice(log_probs);
-        self.values.extend_from_slice(values);
-        Ok(())
-    }
-
-    /// Record the env's response to the current step's actions.
-    pub fn push_outcome(&mut self, rewards: &[f32], terminated: &[bool], truncated: &[bool]) -> Result<()> {
-        check_len("rollout rewards", rewards.len(), self.n_envs)?;
-        check_len("rollout terminated flags", terminated.len(), self.n_envs)?;
-        check_len("rollout truncated flags", truncated.len(), self.n_envs)?;
-        check_len("rollout outcomes (push_policy first)", self.rewards.len() + self.n_envs, self.values.len())?;
-        self.rewards.extend_from_slice(rewards);
-        self.terminated.extend_from_slice(terminated);
-        self.truncated.extend_from_slice(truncated);
-        self.steps += 1;
-        Ok(())
-    }
-
-    /// `V(final observation)` of env `env`, truncated at the step just pushed.
-    pub fn set_final_value(&mut self, env: usize, value: f32) {
-        let i = (self.steps - 1) * self.n_envs + env;
-        self.next_values[i] = value;
-    }
-
-    /// Keep the true final observation of env `env`, truncated at the step just pushed (the observation
-    /// [`Rollout::set_final_value`] gave the value of), so that its value can be recomputed later.
-    pub fn set_final_obs(&mut self, env: usize, obs: ObsRef<'_>) -> Result<()> {
-        check_len("rollout final observation", obs.len(), self.obs_dim)?;
-        if self.steps == 0 || env >= self.n_envs {
-            return Err(Error::BadLength {
-                what: format!("rollout final observation of env {env} at step {} (push_outcome first)", self.steps),
-                got: env,
-                expected: self.n_envs,
-            });
-        }
-        let i = (self.steps - 1) * self.n_envs + env;
-        match self.final_obs_steps.iter().position(|&j| j == i) {
-            Some(k) => {
-                if !self.final_obs.write_at(k * self.obs_dim, obs) {
-                    return Err(dtype_mismatch("rollout final observation", &self.final_obs, obs));
-                }
-            }
-            None => {
-                append("rollout final observation", &mut self.final_obs, obs)?;
-                self.final_obs_steps.push(i);
-            }
-        }
-        Ok(())
-    }
-
-    /// Keep the observations after the last step (the ones `finish`'s `last_values` are the values of).
-    pub fn set_bootstrap_obs(&mut self, obs: ObsRef<'_>) -> Result<()> {
-        check_len("rollout bootstrap observations", obs.len(), self.n_envs * self.obs_dim)?;
-        self.bootstrap_obs.clear();
-        append("rollout bootstrap observations", &mut self.bootstrap_obs, obs)
-    }
-
     /// `dones[i] = terminated[i] || truncated[i]`.
     pub fn dones(&self) -> Vec<bool> {
         self.terminated.iter().zip(&self.truncated).map(|(a, b)| *a || *b).collect()
@@ -309,7 +232,7 @@ impl Rollout {
     /// collected): `values` is its `V` of the stored observations, and `value_fn` computes it for a batch of
     /// the kept final and bootstrap observations (called once). 0 after a termination.
     ///
-    /// Needs [`Rollout::set_final_obs`] for every truncated step and [`Rollout::set_bootstrap_obs`] unless
+    /// Needs the final observation of every truncated step and the bootstrap observations unless
     /// every env's last step ended its episode; [`RolloutCollector`] records both.
     pub fn next_values_under(
         &self,
@@ -335,7 +258,7 @@ impl Rollout {
         }
         if self.final_obs_steps.len() != needed || self.final_obs.len() != needed * self.obs_dim {
             return Err(Error::BadLength {
-                what: "rollout final observations of truncated steps (record them with Rollout::set_final_obs)".into(),
+                what: "rollout final observations of truncated steps (chunks carry them)".into(),
                 got: self.final_obs_steps.len(),
                 expected: needed,
             });
@@ -343,7 +266,7 @@ impl Rollout {
         let need_bootstrap = (n - self.n_envs..n).any(|i| !self.terminated[i] && !self.truncated[i]);
         if need_bootstrap {
             check_len(
-                "rollout bootstrap observations (record them with Rollout::set_bootstrap_obs)",
+                "rollout bootstrap observations (the chunk of the last step carries them)",
                 self.bootstrap_obs.len(),
                 self.n_envs * self.obs_dim,
             )?;
@@ -647,16 +570,15 @@ fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::ActOutput;
 
     #[test]
     fn next_values_follow_time_and_truncation() {
         // 2 envs × 2 steps; env 1 is truncated at step 0 with V(final obs) = 7.
         let mut r = Rollout::new(2, 2, 1, 1);
-        r.push_policy(ObsRef::F32(&[0.0, 0.0]), &[0.0, 1.0], &[0.0, 0.0], &[1.0, 2.0]).unwrap();
-        r.push_outcome(&[1.0, 1.0], &[false, false], &[false, true]).unwrap();
-        r.set_final_value(1, 7.0);
-        r.push_policy(ObsRef::F32(&[0.0, 0.0]), &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).unwrap();
-        r.push_outcome(&[1.0, 1.0], &[true, false], &[false, false]).unwrap();
+        r.push_step(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[1.0, 2.0], &[false, false], &[false, true], &[0.0, 0.0]);
+        r.bootstrap_truncated(0, |rows| Ok(vec![7.0; rows.len()])).unwrap();
+        r.push_step(&[0.0, 0.0], &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0], &[true, false], &[false, false], &[0.0, 0.0]);
         assert!(r.is_full());
         r.finish(&[5.0, 6.0], 1.0, 1.0).unwrap();
         assert_eq!(r.next_values, vec![3.0, 7.0, 0.0, 6.0]);
@@ -666,10 +588,19 @@ mod tests {
         // env 0: step 1 terminated => Â = 1 - 3 = -2; step 0 => δ = 1 + 3 - 1 = 3, Â = 3 + (-2) = 1.
         assert_eq!(r.advantages[2], -2.0);
         assert_eq!(r.advantages[0], 1.0);
-        assert!(
-            r.push_policy(ObsRef::F32(&[0.0, 0.0]), &[0.0, 1.0], &[0.0, 0.0], &[3.0, 4.0]).is_err(),
-            "full buffer refuses"
+        let full = r.clone();
+        let more = Chunk::from_step(
+            ObsRef::F32(&[0.0, 0.0]),
+            &[0.0, 1.0],
+            &[0.0; 2],
+            &[3.0, 4.0],
+            &[1.0; 2],
+            &[false; 2],
+            &[false; 2],
+            ObsRef::F32(&[0.0; 2]),
         );
+        assert!(r.append_chunks(&[more]).is_err(), "full buffer refuses");
+        assert_eq!((r.len(), &r.bootstrap_obs), (full.len(), &full.bootstrap_obs), "and keeps what it held");
         assert!(matches!(r.finish(&[1.0], 1.0, 1.0), Err(Error::BadLength { .. })));
     }
 
@@ -677,14 +608,38 @@ mod tests {
     /// step 1, bootstrap observations (5, 6).
     fn cut_rollout() -> Rollout {
         let mut r = Rollout::new(2, 2, 1, 1);
-        r.push_policy(ObsRef::F32(&[1.0, 2.0]), &[0.0, 1.0], &[-0.1, -0.2], &[1.0, 2.0]).unwrap();
-        r.push_outcome(&[1.0, 1.0], &[false, false], &[false, true]).unwrap();
-        r.set_final_value(1, 7.0);
-        r.set_final_obs(1, ObsRef::F32(&[9.0])).unwrap();
-        r.push_policy(ObsRef::F32(&[3.0, 4.0]), &[0.0, 1.0], &[-0.3, -0.4], &[3.0, 4.0]).unwrap();
-        r.push_outcome(&[1.0, 1.0], &[true, false], &[false, false]).unwrap();
-        r.set_bootstrap_obs(ObsRef::F32(&[5.0, 6.0])).unwrap();
+        r.push_step(&[1.0, 2.0], &[0.0, 1.0], &[-0.1, -0.2], &[1.0, 2.0], &[false, false], &[false, true], &[3.0, 9.0]);
+        r.bootstrap_truncated(0, |rows| Ok(vec![7.0; rows.len()])).unwrap();
+        r.push_step(&[3.0, 4.0], &[0.0, 1.0], &[-0.3, -0.4], &[3.0, 4.0], &[true, false], &[false, false], &[5.0, 6.0]);
         r
+    }
+
+    impl Rollout {
+        /// Test data: one step of `obs` (1-D observations) with actions `a`, log-probs 0, values `v`, rewards 1,
+        /// its flags and the observations that truly followed (`next`, the bootstrap ones at the last step).
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn push_step(
+            &mut self,
+            obs: &[f32],
+            a: &[f32],
+            log_probs: &[f32],
+            v: &[f32],
+            terminated: &[bool],
+            truncated: &[bool],
+            next: &[f32],
+        ) {
+            let rewards = vec![1.0; v.len()];
+            let (obs, next) = (ObsRef::F32(obs), ObsRef::F32(next));
+            let chunk = Chunk::from_step(obs, a, log_probs, v, &rewards, terminated, truncated, next);
+            self.append_chunks(&[chunk]).unwrap();
+        }
+
+        /// Test data: one step acted as `out` says on `obs`, its rewards and terminations (no time limits).
+        pub(crate) fn push_acted(&mut self, obs: &[f32], out: &ActOutput, rewards: &[f32], terminated: &[bool]) {
+            let (truncated, obs) = (vec![false; rewards.len()], ObsRef::F32(obs));
+            let (a, lp, v) = (&out.actions, &out.log_probs, &out.values);
+            self.append_chunks(&[Chunk::from_step(obs, a, lp, v, rewards, terminated, &truncated, obs)]).unwrap();
+        }
     }
 
     #[test]
@@ -707,12 +662,11 @@ mod tests {
         bare.final_obs.clear();
         bare.final_obs_steps.clear();
         let e = bare.next_values_under(&[0.0; 4], |rows| Ok(vec![0.0; rows.len()])).unwrap_err().to_string();
-        assert!(e.contains("set_final_obs"), "{e}");
+        assert!(e.contains("final observations of truncated steps"), "{e}");
         let mut bare = r.clone();
         bare.bootstrap_obs.clear();
         let e = bare.next_values_under(&[0.0; 4], |rows| Ok(vec![0.0; rows.len()])).unwrap_err().to_string();
-        assert!(e.contains("set_bootstrap_obs"), "{e}");
-        assert!(r.clone().set_final_obs(2, ObsRef::F32(&[0.0])).is_err(), "no env 2");
+        assert!(e.contains("bootstrap observations"), "{e}");
     }
 
     #[test]

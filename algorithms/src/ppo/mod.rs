@@ -982,9 +982,8 @@ pub(crate) mod tests {
             for _ in 0..32 {
                 let obs: Vec<f32> = (0..32).map(|_| rng.random_range(-1.0..1.0)).collect();
                 ppo.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
-                rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
                 let rewards: Vec<f32> = out.actions.clone();
-                rollout.push_outcome(&rewards, &[true; 8], &[false; 8]).unwrap();
+                rollout.push_acted(&obs, &out, &rewards, &[true; 8]);
             }
             rollout.finish(&[0.0; 8], 0.98, 0.8).unwrap();
             let m = ppo.update_from(&rollout, 1.0 - update as f64 / 5.0).unwrap();
@@ -1028,9 +1027,8 @@ pub(crate) mod tests {
         for _ in 0..16 {
             let obs = vec![0.5f32; 12];
             ppo.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
-            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
             let rewards: Vec<f32> = out.actions.iter().map(|a| -(a - 1.0).powi(2)).collect();
-            rollout.push_outcome(&rewards, &[true; 4], &[false; 4]).unwrap();
+            rollout.push_acted(&obs, &out, &rewards, &[true; 4]);
         }
         rollout.finish(&[0.0; 4], 0.99, 0.95).unwrap();
         let m = ppo.update_from(&rollout, 1.0).unwrap();
@@ -1051,11 +1049,10 @@ pub(crate) mod tests {
         for k in 0..n_steps {
             let obs: Vec<f32> = (0..n_envs * obs_dim).map(|i| (((k0 + k) * 31 + i) as f32 * 0.37).sin()).collect();
             ppo.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
-            rollout.push_policy(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values).unwrap();
             let rewards: Vec<f32> =
                 (0..n_envs).map(|e| out.actions[e * ppo.act_dim()] * obs[e * obs_dim] + (e as f32) * 0.1).collect();
             let terminated: Vec<bool> = (0..n_envs).map(|e| (k + e) % 9 == 8).collect();
-            rollout.push_outcome(&rewards, &terminated, &vec![false; n_envs]).unwrap();
+            rollout.push_acted(&obs, &out, &rewards, &terminated);
         }
         rollout.finish(&vec![0.3; n_envs], 0.99, 0.95).unwrap();
         rollout
