@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
+use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind};
 use crate::actor_critic::explained_variance;
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
 use crate::actor_critic::members::{
@@ -43,7 +44,7 @@ use crate::actor_critic::members::{
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, update_rollouts};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
+use crate::data::rollout::{Rollout, RolloutCollector};
 use crate::data::vtrace::VtraceConfig;
 use crate::export::Architecture;
 use crate::kind::{AlgorithmKind, Family, members_as};
@@ -54,7 +55,6 @@ use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
 use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
-use crate::policy::{ActMode, ActOutput, Policy};
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
@@ -373,8 +373,10 @@ pub(crate) fn a2c_loss(
 
 /// The optimiser state, whichever was configured.
 #[derive(Debug)]
-pub(crate) enum Optimizer {
+pub enum Optimizer {
+    /// RMSprop (`optimizer = "rmsprop"`).
     RmsProp(RmsProp),
+    /// Adam (`optimizer = "adam"`).
     Adam(Adam),
 }
 
@@ -649,20 +651,43 @@ fn a2c_gradient<S: StackedOptimiser>(nets: &mut Nets<S>, configs: &[&A2cConfig],
         .collect())
 }
 
-/// An A2C agent: the actor-critic network, its optimiser and the RNG used to act.
+/// An A2C agent: the actor-critic network, its optimiser (RMSprop or Adam) and the RNG used to act.
+pub type A2c = OnPolicyAgent<A2cKind>;
+
+/// A2C as an [`OnPolicyKind`]: its config, optimiser and [`A2c::update_from`]; its learner is A3C's parameter
+/// server too.
 #[derive(Debug)]
-pub struct A2c {
-    /// Hyperparameters.
-    pub config: A2cConfig,
-    /// The acting half: network, sampling RNG (also drawing minibatch shuffles), buffers.
-    pub(crate) pi: ActorCriticPolicy,
-    pub(crate) opt: Optimizer,
-    /// The rollout being collected by [`Algorithm::observe`].
-    collector: RolloutCollector,
-    /// Replicas to average gradients with, and micro-batches per step.
-    pub(crate) parallel: DataParallel,
-    /// The fused CPU step's layout and buffers, once an update took that path ([`A2cConfig::fused_cpu`]).
-    host: Option<ActorCriticHost>,
+pub struct A2cKind;
+
+impl OnPolicyKind for A2cKind {
+    type Config = A2cConfig;
+    type Optimizer = Optimizer;
+    const NAME: &'static str = "a2c";
+
+    fn gamma_lambda(c: &A2cConfig) -> (f32, f32) {
+        (c.gamma as f32, c.gae_lambda as f32)
+    }
+
+    fn update_from(agent: &mut A2c, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
+        agent.update_from(rollout, progress_remaining)
+    }
+
+    fn write_optimizer(opt: &Optimizer, c: &mut Checkpoint) -> Result<()> {
+        opt.write_to(c)
+    }
+
+    fn read_optimizer(opt: &mut Optimizer, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
+        opt.read_from(c, params)
+    }
+
+    fn check_replicas(agent: &A2c, parallel: &DataParallel) -> Result<()> {
+        let layout = agent.collector.layout(agent.pi.net.obs_layout());
+        parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)
+    }
+
+    fn parameter_server(agent: &mut A2c) -> Option<&mut dyn crate::algorithm::ParameterServer> {
+        Some(agent)
+    }
 }
 
 impl A2c {
@@ -683,43 +708,14 @@ impl A2c {
             OptimizerKind::RmsProp => Optimizer::RmsProp(RmsProp::new(&net.params, lr, config.rmsprop_alpha, eps)),
             OptimizerKind::Adam => Optimizer::Adam(Adam::new(&net.params, lr, eps)),
         };
-        let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
-        let rng = Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c);
-        Ok(A2c {
-            config,
-            pi: ActorCriticPolicy::with_rng(net, rng),
-            opt,
-            collector,
-            parallel: DataParallel::default(),
-            host: None,
-        })
-    }
-
-    /// The network's parameters (for saving, broadcasting or inspecting).
-    pub fn params(&self) -> &FlatParams {
-        &self.pi.net.params
+        let pi = ActorCriticPolicy::with_rng(net, Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c));
+        let n_steps = config.n_steps;
+        Ok(A2c::with(config, pi, opt, n_envs, n_steps))
     }
 
     /// Overwrite the network's parameters, e.g. with a parameter server's broadcast.
     pub fn set_params(&mut self, flat: &Tensor) -> Result<()> {
         self.pi.net.params.copy_from(flat)
-    }
-
-    /// `V(obs)` for a batch of observations.
-    pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
-        self.pi.net.values(obs)
-    }
-
-    /// The collected rollout with its advantages, once it is complete (what [`Algorithm::update`] trains on);
-    /// `None` before. Hand it back with [`A2c::recycle`] after updating.
-    pub fn finish_rollout(&mut self) -> Result<Option<Rollout>> {
-        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)
-    }
-
-    /// Give a finished rollout's storage back for the next one.
-    pub fn recycle(&mut self, rollout: Rollout) {
-        self.collector.recycle(rollout);
     }
 
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
@@ -833,100 +829,6 @@ impl A2c {
     }
 }
 
-impl Policy for A2c {
-    fn obs_dim(&self) -> usize {
-        self.pi.net.obs_dim()
-    }
-
-    fn act_dim(&self) -> usize {
-        self.pi.net.act_dim()
-    }
-
-    /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
-    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.pi.act(obs, mode, out)
-    }
-}
-
-impl Algorithm for A2c {
-    fn on_policy(&mut self) -> Option<&mut dyn crate::algorithm::OnPolicy> {
-        Some(self)
-    }
-
-    fn replicated(&mut self) -> Option<&mut dyn crate::algorithm::Replicated> {
-        Some(self)
-    }
-
-    fn parameter_server(&mut self) -> Option<&mut dyn crate::algorithm::ParameterServer> {
-        Some(self)
-    }
-
-    fn name(&self) -> &'static str {
-        "a2c"
-    }
-
-    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
-        self.pi.net.teach(obs)
-    }
-
-    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
-        self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
-    }
-
-    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        let Some(rollout) = self.finish_rollout()? else {
-            return Ok(None);
-        };
-        let metrics = self.update_from(&rollout, progress.remaining());
-        self.recycle(rollout);
-        metrics.map(Some)
-    }
-
-    fn checkpoint(&self) -> Result<Checkpoint> {
-        let mut c = Checkpoint::new();
-        c.put_tensor("params", self.pi.net.params.flat());
-        self.opt.write_to(&mut c)?;
-        self.collector.write_to(&mut c, "rollout")?;
-        c.put_meta("rng", &self.pi.rng)?;
-        Ok(c)
-    }
-
-    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
-        c.copy_into("params", self.pi.net.params.flat())?;
-        self.opt.read_from(c, &self.pi.net.params)?;
-        self.collector.read_from(c, "rollout")?;
-        self.pi.rng = c.meta("rng")?;
-        Ok(())
-    }
-
-    fn policy_params(&self) -> &FlatParams {
-        &self.pi.net.params
-    }
-
-    fn policy_params_mut(&mut self) -> &mut FlatParams {
-        &mut self.pi.net.params
-    }
-}
-
-impl crate::algorithm::OnPolicy for A2c {
-    fn rollout_layout(&self) -> RolloutLayout {
-        self.collector.layout(self.pi.net.obs_layout())
-    }
-
-    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
-        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
-    }
-}
-
-impl crate::algorithm::Replicated for A2c {
-    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
-        let layout = self.collector.layout(self.pi.net.obs_layout());
-        parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)?;
-        self.parallel = parallel;
-        Ok(())
-    }
-}
-
 impl crate::algorithm::ParameterServer for A2c {
     /// A3C's parameter server step: the gradient an [`A3cWorker`] computed, at the annealed learning rate.
     fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
@@ -1006,6 +908,8 @@ mod tests {
     use super::*;
     use crate::data::vtrace::VtraceConfig;
     use crate::nn::params::assert_params_close;
+    use crate::policy::{ActMode, ActOutput, Policy};
+    use flotilla_core::Chunk;
     use rand::Rng;
 
     /// The A2C loss in the paper's notation, sample by sample, in f64: (policy, value, total).

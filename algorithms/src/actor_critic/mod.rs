@@ -7,6 +7,7 @@
 //!
 //! It also re-evaluates a rollout that older parameters collected, for the V-trace correction both algorithms
 //! can apply ([`ActorCritic::vtrace_targets`]).
+pub mod agent;
 pub(crate) mod host;
 pub(crate) mod members;
 use flotilla_core::{ObsRef, Space};

@@ -32,12 +32,13 @@ use tch::{Device, Kind, Tensor};
 
 use crate::acting::{Acting, ActingSetup};
 pub use crate::actor_critic::LossCoefficients;
+use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind};
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance, update_rollouts};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
+use crate::data::rollout::Rollout;
 use crate::data::vtrace::VtraceConfig;
 use crate::export::Architecture;
 use crate::kind::{AlgorithmKind, Family, members_as};
@@ -46,10 +47,8 @@ use crate::nn::data_parallel::DataParallel;
 use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
-use crate::policy::{ActMode, ActOutput, Policy};
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
-use flotilla_core::Chunk;
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -541,20 +540,37 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
         .collect())
 }
 
-/// A PPO agent: the actor-critic network, its optimiser and the RNG used to act and shuffle.
+/// A PPO agent: the actor-critic network, its Adam optimiser and the RNG used to act and shuffle.
+pub type Ppo = OnPolicyAgent<PpoKind>;
+
+/// PPO as an [`OnPolicyKind`]: its config, Adam, and [`Ppo::update_from`].
 #[derive(Debug)]
-pub struct Ppo {
-    /// Hyperparameters.
-    pub config: PpoConfig,
-    /// The acting half: network, sampling RNG (also drawing minibatch shuffles), buffers.
-    pub(crate) pi: ActorCriticPolicy,
-    pub(crate) opt: Adam,
-    /// The rollout being collected by [`Algorithm::observe`].
-    collector: RolloutCollector,
-    /// Replicas to average gradients with, and micro-batches per step.
-    pub(crate) parallel: DataParallel,
-    /// The fused CPU step's layout and buffers, once an update took that path ([`PpoConfig::fused_cpu`]).
-    host: Option<ActorCriticHost>,
+pub struct PpoKind;
+
+impl OnPolicyKind for PpoKind {
+    type Config = PpoConfig;
+    type Optimizer = Adam;
+    const NAME: &'static str = "ppo";
+
+    fn gamma_lambda(c: &PpoConfig) -> (f32, f32) {
+        (c.gamma as f32, c.gae_lambda as f32)
+    }
+
+    fn update_from(agent: &mut Ppo, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
+        agent.update_from(rollout, progress_remaining)
+    }
+
+    fn write_optimizer(opt: &Adam, c: &mut Checkpoint) -> Result<()> {
+        opt.write_to(c, "adam")
+    }
+
+    fn read_optimizer(opt: &mut Adam, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
+        opt.read_from(c, "adam", params)
+    }
+
+    fn check_replicas(agent: &Ppo, parallel: &DataParallel) -> Result<()> {
+        parallel.check_batch("ppo", "batch_size", agent.config.batch_size)
+    }
 }
 
 impl Ppo {
@@ -571,38 +587,9 @@ impl Ppo {
         config.validate(n_envs)?;
         let net = ActorCritic::new("ppo", observation_space, action_space, &config.net(), device, seed)?;
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
-        let collector = RolloutCollector::new(n_envs, config.n_steps, net.obs_dim(), net.act_dim());
-        let rng = Pcg64::seed_from_u64(seed ^ 0x5050_4f00);
-        Ok(Ppo {
-            config,
-            pi: ActorCriticPolicy::with_rng(net, rng),
-            opt,
-            collector,
-            parallel: DataParallel::default(),
-            host: None,
-        })
-    }
-
-    /// The network's parameters (for saving, broadcasting or inspecting).
-    pub fn params(&self) -> &FlatParams {
-        &self.pi.net.params
-    }
-
-    /// The collected rollout with its advantages, once it is complete (what [`Algorithm::update`] trains on);
-    /// `None` before. Hand it back with [`Ppo::recycle`] after updating.
-    pub fn finish_rollout(&mut self) -> Result<Option<Rollout>> {
-        let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)
-    }
-
-    /// Give a finished rollout's storage back for the next one.
-    pub fn recycle(&mut self, rollout: Rollout) {
-        self.collector.recycle(rollout);
-    }
-
-    /// `V(obs)` for a batch of observations.
-    pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
-        self.pi.net.values(obs)
+        let pi = ActorCriticPolicy::with_rng(net, Pcg64::seed_from_u64(seed ^ 0x5050_4f00));
+        let n_steps = config.n_steps;
+        Ok(Ppo::with(config, pi, opt, n_envs, n_steps))
     }
 
     /// One PPO update on a finished rollout (GAE already computed). `progress_remaining` goes from 1 (start of
@@ -770,101 +757,15 @@ fn push_update_metrics(
     m.push("charts/gradient_steps", steps as f64);
 }
 
-impl Policy for Ppo {
-    fn obs_dim(&self) -> usize {
-        self.pi.net.obs_dim()
-    }
-
-    fn act_dim(&self) -> usize {
-        self.pi.net.act_dim()
-    }
-
-    /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
-    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.pi.act(obs, mode, out)
-    }
-}
-
-impl Algorithm for Ppo {
-    fn on_policy(&mut self) -> Option<&mut dyn crate::algorithm::OnPolicy> {
-        Some(self)
-    }
-
-    fn replicated(&mut self) -> Option<&mut dyn crate::algorithm::Replicated> {
-        Some(self)
-    }
-
-    fn name(&self) -> &'static str {
-        "ppo"
-    }
-
-    fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
-        self.pi.net.teach(obs)
-    }
-
-    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
-        self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
-    }
-
-    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        let Some(rollout) = self.finish_rollout()? else {
-            return Ok(None);
-        };
-        let metrics = self.update_from(&rollout, progress.remaining());
-        self.collector.recycle(rollout);
-        metrics.map(Some)
-    }
-
-    fn checkpoint(&self) -> Result<Checkpoint> {
-        let mut c = Checkpoint::new();
-        c.put_tensor("params", self.pi.net.params.flat());
-        self.opt.write_to(&mut c, "adam")?;
-        self.collector.write_to(&mut c, "rollout")?;
-        c.put_meta("rng", &self.pi.rng)?;
-        Ok(c)
-    }
-
-    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
-        c.copy_into("params", self.pi.net.params.flat())?;
-        self.opt.read_from(c, "adam", &self.pi.net.params)?;
-        self.collector.read_from(c, "rollout")?;
-        self.pi.rng = c.meta("rng")?;
-        Ok(())
-    }
-
-    fn policy_params(&self) -> &FlatParams {
-        &self.pi.net.params
-    }
-
-    fn policy_params_mut(&mut self) -> &mut FlatParams {
-        &mut self.pi.net.params
-    }
-}
-
-impl crate::algorithm::OnPolicy for Ppo {
-    fn rollout_layout(&self) -> RolloutLayout {
-        self.collector.layout(self.pi.net.obs_layout())
-    }
-
-    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
-        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
-    }
-}
-
-impl crate::algorithm::Replicated for Ppo {
-    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
-        parallel.check_batch("ppo", "batch_size", self.config.batch_size)?;
-        self.parallel = parallel;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::data::rollout::Rollout;
+    use crate::data::rollout::RolloutCollector;
     use crate::data::vtrace::VtraceConfig;
     use crate::nn::params::assert_params_close;
+    use crate::policy::{ActMode, ActOutput, Policy};
+    use flotilla_core::Chunk;
     use rand::{Rng, SeedableRng};
 
     /// One member's [`Coefficients`].

@@ -1,0 +1,186 @@
+//! PPO's and A2C's agent, written once ([`OnPolicyAgent`]): the actor-critic network with its acting RNG, the
+//! rollout being collected, the optimiser, data-parallel replicas and the fused CPU step's state, and every
+//! trait a learner asks of them. What differs — the config, the optimiser, the update — is the kind's
+//! ([`OnPolicyKind`]: `ppo::PpoKind`, `a2c::A2cKind`).
+use flotilla_core::{Chunk, ObsRef};
+
+use crate::actor_critic::ActorCriticPolicy;
+use crate::actor_critic::host::ActorCriticHost;
+use crate::algorithm::{Algorithm, OnPolicy, ParameterServer, Replicated};
+use crate::checkpoint::Checkpoint;
+use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::params::FlatParams;
+use crate::policy::{ActMode, ActOutput, Policy};
+use crate::progress::Progress;
+use crate::teaching::Teaching;
+use crate::{Metrics, Result};
+
+/// What makes an on-policy actor-critic agent PPO or A2C.
+pub trait OnPolicyKind: Sized + std::fmt::Debug + Send + 'static {
+    /// Its hyperparameters.
+    type Config: Clone + std::fmt::Debug + Send + 'static;
+    /// Its optimiser.
+    type Optimizer: std::fmt::Debug + Send + 'static;
+    /// The kind's name, as in configs.
+    const NAME: &'static str;
+    /// The discount and GAE λ of `config`.
+    fn gamma_lambda(config: &Self::Config) -> (f32, f32);
+    /// One update on a finished rollout; `progress_remaining` goes from 1 to 0 over the run.
+    fn update_from(agent: &mut OnPolicyAgent<Self>, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics>;
+    /// Save the optimiser's state.
+    fn write_optimizer(opt: &Self::Optimizer, c: &mut Checkpoint) -> Result<()>;
+    /// Restore what [`OnPolicyKind::write_optimizer`] saved, for `params`.
+    fn read_optimizer(opt: &mut Self::Optimizer, c: &mut Checkpoint, params: &FlatParams) -> Result<()>;
+    /// Refuse replicas that cannot split this agent's batches.
+    fn check_replicas(agent: &OnPolicyAgent<Self>, parallel: &DataParallel) -> Result<()>;
+    /// A3C's parameter server (A2C only).
+    fn parameter_server(_agent: &mut OnPolicyAgent<Self>) -> Option<&mut dyn ParameterServer> {
+        None
+    }
+}
+
+/// A PPO or A2C agent (`ppo::Ppo`, `a2c::A2c`).
+#[derive(Debug)]
+pub struct OnPolicyAgent<K: OnPolicyKind> {
+    /// Hyperparameters.
+    pub config: K::Config,
+    /// The acting half: network, sampling RNG (also drawing minibatch shuffles), buffers.
+    pub(crate) pi: ActorCriticPolicy,
+    pub(crate) opt: K::Optimizer,
+    /// The rollout being collected by [`Algorithm::observe`].
+    pub(crate) collector: RolloutCollector,
+    /// Replicas to average gradients with, and micro-batches per step.
+    pub(crate) parallel: DataParallel,
+    /// The fused CPU step's layout and buffers, once an update took that path.
+    pub(crate) host: Option<ActorCriticHost>,
+}
+
+impl<K: OnPolicyKind> OnPolicyAgent<K> {
+    /// An agent acting with `pi`, collecting `n_envs × n_steps` rollouts.
+    pub(crate) fn with(
+        config: K::Config,
+        pi: ActorCriticPolicy,
+        opt: K::Optimizer,
+        n_envs: usize,
+        n_steps: usize,
+    ) -> Self {
+        let collector = RolloutCollector::new(n_envs, n_steps, pi.net.obs_dim(), pi.net.act_dim());
+        OnPolicyAgent { config, pi, opt, collector, parallel: DataParallel::default(), host: None }
+    }
+
+    /// The network's parameters (for saving, broadcasting or inspecting).
+    pub fn params(&self) -> &FlatParams {
+        &self.pi.net.params
+    }
+
+    /// `V(obs)` for a batch of observations.
+    pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
+        self.pi.net.values(obs)
+    }
+
+    /// The collected rollout with its advantages, once it is complete (what [`Algorithm::update`] trains on);
+    /// `None` before. Hand it back with [`OnPolicyAgent::recycle`] after updating.
+    pub fn finish_rollout(&mut self) -> Result<Option<Rollout>> {
+        let (gamma, lambda) = K::gamma_lambda(&self.config);
+        self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)
+    }
+
+    /// Give a finished rollout's storage back for the next one.
+    pub fn recycle(&mut self, rollout: Rollout) {
+        self.collector.recycle(rollout);
+    }
+}
+
+impl<K: OnPolicyKind> Policy for OnPolicyAgent<K> {
+    fn obs_dim(&self) -> usize {
+        self.pi.net.obs_dim()
+    }
+
+    fn act_dim(&self) -> usize {
+        self.pi.net.act_dim()
+    }
+
+    /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.pi.act(obs, mode, out)
+    }
+}
+
+impl<K: OnPolicyKind> Algorithm for OnPolicyAgent<K> {
+    fn on_policy(&mut self) -> Option<&mut dyn OnPolicy> {
+        Some(self)
+    }
+
+    fn replicated(&mut self) -> Option<&mut dyn Replicated> {
+        Some(self)
+    }
+
+    fn parameter_server(&mut self) -> Option<&mut dyn ParameterServer> {
+        K::parameter_server(self)
+    }
+
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
+        self.pi.net.teach(obs)
+    }
+
+    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
+        self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
+    }
+
+    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
+        let Some(rollout) = self.finish_rollout()? else {
+            return Ok(None);
+        };
+        let metrics = K::update_from(self, &rollout, progress.remaining());
+        self.recycle(rollout);
+        metrics.map(Some)
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("params", self.pi.net.params.flat());
+        K::write_optimizer(&self.opt, &mut c)?;
+        self.collector.write_to(&mut c, "rollout")?;
+        c.put_meta("rng", &self.pi.rng)?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        c.copy_into("params", self.pi.net.params.flat())?;
+        K::read_optimizer(&mut self.opt, c, &self.pi.net.params)?;
+        self.collector.read_from(c, "rollout")?;
+        self.pi.rng = c.meta("rng")?;
+        Ok(())
+    }
+
+    fn policy_params(&self) -> &FlatParams {
+        &self.pi.net.params
+    }
+
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.pi.net.params
+    }
+}
+
+impl<K: OnPolicyKind> OnPolicy for OnPolicyAgent<K> {
+    fn rollout_layout(&self) -> RolloutLayout {
+        self.collector.layout(self.pi.net.obs_layout())
+    }
+
+    fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
+        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
+    }
+}
+
+impl<K: OnPolicyKind> Replicated for OnPolicyAgent<K> {
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        K::check_replicas(self, &parallel)?;
+        self.parallel = parallel;
+        Ok(())
+    }
+}
