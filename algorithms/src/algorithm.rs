@@ -29,8 +29,9 @@ use crate::progress::Progress;
 use crate::teaching::Teaching;
 use crate::{Metrics, Result};
 
-/// The concrete agent behind a `dyn Algorithm`, for the registry alone: it batches a population's members of
-/// one kind into one update ([`crate::registry::update_members`]). Every `'static` type has it — a
+/// The concrete agent behind a `dyn Algorithm`, for a kind's own batched update alone: it takes a population's
+/// members as its own type ([`crate::kind::members_as`] in [`crate::kind::AlgorithmKind::update_members`]).
+/// Every `'static` type has it — a
 /// `Box<dyn Algorithm>` too, so call it on the agent itself (`(*boxed).as_any_mut()`), not on its box.
 pub trait AsAny: std::any::Any {
     /// `self` as [`std::any::Any`].

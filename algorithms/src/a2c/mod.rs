@@ -35,19 +35,19 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
-use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind};
+use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::explained_variance;
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
 use crate::actor_critic::members::{
     Batch, MemberNet, Nets, Optimiser, StackedActorCritic, StackedOptimiser, stacking_refused,
 };
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, update_rollouts};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector};
 use crate::data::vtrace::VtraceConfig;
 use crate::export::Architecture;
-use crate::kind::{AlgorithmKind, Family, members_as};
+use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_train::clip_grad_norm;
@@ -227,52 +227,7 @@ impl A2cConfig {
 #[serde(transparent)]
 pub struct A3cConfig(pub A2cConfig);
 
-impl AlgorithmKind for A2cConfig {
-    fn name(&self) -> &'static str {
-        "a2c"
-    }
-
-    fn family(&self) -> Family {
-        Family::OnPolicy
-    }
-
-    fn validate(&self, num_envs: usize) -> Result<()> {
-        A2cConfig::validate(self, num_envs)
-    }
-
-    fn set_tasks(&mut self, tasks: usize) {
-        self.tasks = tasks;
-    }
-
-    fn rollout_steps(&self) -> Option<usize> {
-        Some(self.n_steps)
-    }
-
-    fn cnn_options(&self) -> Option<CnnOptions> {
-        Some(self.cnn)
-    }
-
-    fn learner(&self, o: &Space, a: &Space, n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
-        Ok(Box::new(A2c::new(o, a, n_envs, self.clone(), device, seed)?))
-    }
-
-    fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
-        self.net().architecture(self.name(), o, a)
-    }
-
-    fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
-        self.net().acting("a2c", setup)
-    }
-
-    fn update_members(
-        &self,
-        members: &mut [&mut dyn Algorithm],
-        progress: &Progress,
-    ) -> Result<Option<Vec<Option<Metrics>>>> {
-        let Some(a2cs) = members_as::<A2c>(members) else { return Ok(None) };
-        update_rollouts("A2C", a2cs, A2c::finish_rollout, A2c::recycle, update_members, progress)
-    }
-}
+on_policy_kind!(A2cConfig, A2cKind, update_members);
 
 /// A3C: A2C's answers, but actors send gradients (a [`A3cWorker`] each) to an [`A2c`] learner applying them.
 impl AlgorithmKind for A3cConfig {

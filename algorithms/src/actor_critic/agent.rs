@@ -184,3 +184,72 @@ impl<K: OnPolicyKind> Replicated for OnPolicyAgent<K> {
         Ok(())
     }
 }
+
+/// `impl AlgorithmKind` for an on-policy kind's config (`$config`, the config of `$kind`): the answers PPO and
+/// A2C share, with `$update` their batched update over the member axis.
+macro_rules! on_policy_kind {
+    ($config:ty, $kind:ty, $update:path) => {
+        impl $crate::kind::AlgorithmKind for $config {
+            fn name(&self) -> &'static str {
+                <$kind as $crate::actor_critic::agent::OnPolicyKind>::NAME
+            }
+
+            fn family(&self) -> $crate::kind::Family {
+                $crate::kind::Family::OnPolicy
+            }
+
+            fn validate(&self, num_envs: usize) -> $crate::Result<()> {
+                <$config>::validate(self, num_envs)
+            }
+
+            fn set_tasks(&mut self, tasks: usize) {
+                self.tasks = tasks;
+            }
+
+            fn rollout_steps(&self) -> Option<usize> {
+                Some(self.n_steps)
+            }
+
+            fn cnn_options(&self) -> Option<$crate::nn::nets::CnnOptions> {
+                Some(self.cnn)
+            }
+
+            fn learner(
+                &self,
+                o: &flotilla_core::Space,
+                a: &flotilla_core::Space,
+                n_envs: usize,
+                device: tch::Device,
+                seed: u64,
+            ) -> $crate::Result<Box<dyn $crate::algorithm::Algorithm>> {
+                let agent =
+                    $crate::actor_critic::agent::OnPolicyAgent::<$kind>::new(o, a, n_envs, self.clone(), device, seed);
+                Ok(Box::new(agent?))
+            }
+
+            fn architecture(
+                &self,
+                o: &flotilla_core::Space,
+                a: &flotilla_core::Space,
+            ) -> $crate::Result<$crate::export::Architecture> {
+                self.net().architecture(self.name(), o, a)
+            }
+
+            fn build_acting(&self, setup: &$crate::acting::ActingSetup<'_>) -> $crate::Result<$crate::acting::Acting> {
+                self.net().acting(<$kind as $crate::actor_critic::agent::OnPolicyKind>::NAME, setup)
+            }
+
+            fn update_members(
+                &self,
+                members: &mut [&mut dyn $crate::algorithm::Algorithm],
+                progress: &$crate::progress::Progress,
+            ) -> $crate::Result<Option<Vec<Option<$crate::Metrics>>>> {
+                type Agent = $crate::actor_critic::agent::OnPolicyAgent<$kind>;
+                let Some(agents) = $crate::kind::members_as::<Agent>(members) else { return Ok(None) };
+                let (finish, recycle) = (Agent::finish_rollout, Agent::recycle);
+                $crate::actor_critic::update_rollouts(self.name(), agents, finish, recycle, $update, progress)
+            }
+        }
+    };
+}
+pub(crate) use on_policy_kind;

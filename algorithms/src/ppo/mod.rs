@@ -30,24 +30,19 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::acting::{Acting, ActingSetup};
 pub use crate::actor_critic::LossCoefficients;
-use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind};
+use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance, update_rollouts};
-use crate::algorithm::Algorithm;
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance};
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::VtraceConfig;
-use crate::export::Architecture;
-use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
-use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
@@ -197,52 +192,7 @@ impl PpoConfig {
     }
 }
 
-impl AlgorithmKind for PpoConfig {
-    fn name(&self) -> &'static str {
-        "ppo"
-    }
-
-    fn family(&self) -> Family {
-        Family::OnPolicy
-    }
-
-    fn validate(&self, num_envs: usize) -> Result<()> {
-        PpoConfig::validate(self, num_envs)
-    }
-
-    fn set_tasks(&mut self, tasks: usize) {
-        self.tasks = tasks;
-    }
-
-    fn rollout_steps(&self) -> Option<usize> {
-        Some(self.n_steps)
-    }
-
-    fn cnn_options(&self) -> Option<CnnOptions> {
-        Some(self.cnn)
-    }
-
-    fn learner(&self, o: &Space, a: &Space, n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
-        Ok(Box::new(Ppo::new(o, a, n_envs, self.clone(), device, seed)?))
-    }
-
-    fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
-        self.net().architecture("ppo", o, a)
-    }
-
-    fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
-        self.net().acting("ppo", setup)
-    }
-
-    fn update_members(
-        &self,
-        members: &mut [&mut dyn Algorithm],
-        progress: &Progress,
-    ) -> Result<Option<Vec<Option<Metrics>>>> {
-        let Some(ppos) = members_as::<Ppo>(members) else { return Ok(None) };
-        update_rollouts("PPO", ppos, Ppo::finish_rollout, Ppo::recycle, update_members, progress)
-    }
-}
+on_policy_kind!(PpoConfig, PpoKind, update_members);
 
 /// The loss terms of one minibatch, one per member (`[N]`, differentiable where it matters).
 #[derive(Debug)]
@@ -762,6 +712,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::data::rollout::Rollout;
     use crate::data::rollout::RolloutCollector;
+    use crate::algorithm::Algorithm;
     use crate::data::vtrace::VtraceConfig;
     use crate::nn::params::assert_params_close;
     use crate::policy::{ActMode, ActOutput, Policy};
