@@ -69,3 +69,9 @@ pub enum Error {
 
 /// `Result` with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<flotilla_core::LengthMismatch> for Error {
+    fn from(m: flotilla_core::LengthMismatch) -> Self {
+        Error::BadLength { what: m.what.into(), got: m.got, expected: m.expected }
+    }
+}

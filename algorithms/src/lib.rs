@@ -36,6 +36,7 @@ pub mod actor_critic;
 pub mod algorithm;
 pub mod atomic_write;
 pub mod checkpoint;
+pub mod continuous;
 pub mod data;
 pub mod distill;
 pub mod dqn;

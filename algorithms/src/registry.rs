@@ -119,21 +119,50 @@ mod tests {
         (0..rows * dim).map(|i| (i as f32 * 0.37).sin() * 0.5).collect()
     }
 
+    /// Small configs of every kind that learns from chunks, each with the spaces it runs on (CartPole's or
+    /// Pendulum's).
+    fn chunk_learners() -> Vec<(AlgorithmConfig, (Space, Space))> {
+        let cartpole = (Space::box1d(vec![-4.8, -9.0, -0.42, -9.0], vec![4.8, 9.0, 0.42, 9.0]), Space::discrete(2));
+        let pendulum = (Space::box1d(vec![-1.0, -1.0, -8.0], vec![1.0, 1.0, 8.0]), Space::box1d(vec![-2.0], vec![2.0]));
+        vec![
+            (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: vec![16], ..Default::default() }), cartpole.clone()),
+            (AlgorithmConfig::Ppo(PpoConfig::default()), pendulum.clone()),
+            (AlgorithmConfig::A2c(A2cConfig::default()), cartpole.clone()),
+            (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), cartpole),
+            (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: vec![32, 32], ..Default::default() }), pendulum.clone()),
+            (AlgorithmConfig::Td3(Td3Config { hidden_sizes: vec![32, 32], ..Default::default() }), pendulum),
+        ]
+    }
+
+    /// Every kind: a chunk whose fields are shorter than its shape says is refused with the field's name, and
+    /// the agent takes a good chunk after it.
+    #[test]
+    fn short_chunk_fields_are_refused_by_name() {
+        for (config, (obs_space, act_space)) in chunk_learners() {
+            let name = config.name();
+            let mut learner = config.build_learner(&obs_space, &act_space, 8, Device::Cpu, 1).unwrap();
+            let obs = observations(8, learner.obs_dim());
+            let mut out = ActOutput::default();
+            learner.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            let (lp, v, ended) = (out.log_probs.clone(), out.values.clone(), [1, 0, 0, 1, 0, 0, 0, 0].map(|x| x == 1));
+            let (rewards, next) = ([0.5; 8], ObsRef::F32(&obs[..]));
+            let good = Chunk::from_step(ObsRef::F32(&obs), &out.actions, &lp, &v, &rewards, &ended, &[false; 8], next);
+            let short_final = Chunk { final_obs: ObsBuf::F32(vec![0.0]), ..good.clone() };
+            let short_actions = Chunk { actions: good.actions[1..].to_vec(), ..good.clone() };
+            for (bad, field) in [(short_final, "chunk final observations"), (short_actions, "chunk actions")] {
+                let err = learner.observe(std::slice::from_ref(&bad)).unwrap_err().to_string();
+                assert!(err.contains(field), "{name}: {err}");
+            }
+            learner.observe(std::slice::from_ref(&good)).unwrap();
+        }
+    }
+
     /// Every kind: the acting policy an actor builds, given the learner's broadcast, picks the learner's greedy
     /// / mean actions — and it was built without an optimiser, a replay buffer or a rollout to fill.
     #[test]
     fn acting_policies_act_as_their_learner_after_a_broadcast() {
-        let cartpole = (Space::box1d(vec![-4.8, -9.0, -0.42, -9.0], vec![4.8, 9.0, 0.42, 9.0]), Space::discrete(2));
-        let pendulum = (Space::box1d(vec![-1.0, -1.0, -8.0], vec![1.0, 1.0, 8.0]), Space::box1d(vec![-2.0], vec![2.0]));
-        let configs = [
-            (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: vec![16], ..Default::default() }), &cartpole),
-            (AlgorithmConfig::Ppo(PpoConfig::default()), &pendulum),
-            (AlgorithmConfig::A2c(A2cConfig::default()), &cartpole),
-            (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), &cartpole),
-            (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: vec![32, 32], ..Default::default() }), &pendulum),
-            (AlgorithmConfig::Td3(Td3Config { hidden_sizes: vec![32, 32], ..Default::default() }), &pendulum),
-        ];
-        for (config, (obs_space, act_space)) in configs {
+        for (config, (obs_space, act_space)) in chunk_learners() {
+            let (obs_space, act_space) = (&obs_space, &act_space);
             let name = config.name();
             // Different seeds: the actor's own initial weights differ until the broadcast arrives.
             let mut learner = config.build_learner(obs_space, act_space, 8, Device::Cpu, 1).unwrap();

@@ -18,4 +18,4 @@ pub use error::{Error, Result};
 pub use obs::{ObsBuf, ObsRef};
 pub use snapshot::EnvSnapshot;
 pub use space::{DType, Space};
-pub use trajectory::{Chunk, ChunkSpec, EpisodeStats, Gradient, Params, Versioned};
+pub use trajectory::{Chunk, ChunkSpec, EpisodeStats, Gradient, LengthMismatch, Params, Versioned};

@@ -15,6 +15,17 @@ use std::sync::Arc;
 use crate::obs::{ObsBuf, ObsRef};
 use crate::space::{DType, Space};
 
+/// A field of a [`Chunk`] whose length disagrees with the chunk's shape or its reader's ([`Chunk::check_lengths`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LengthMismatch {
+    /// The field, e.g. `chunk actions`.
+    pub what: &'static str,
+    /// Its length.
+    pub got: usize,
+    /// The length the shape asks for.
+    pub expected: usize,
+}
+
 /// One finished episode, reported by the vectorised step that ended it (`VecEnv`) and carried in the chunk
 /// that holds that step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -133,6 +144,39 @@ impl Chunk {
             final_obs,
             episodes: Vec::new(),
         }
+    }
+
+    /// Check every length against the chunk's own shape (`T · E` steps) and the reader's `n_envs`, `obs_dim` and
+    /// `act_dim`; with `behaviour`, the behaviour log-probs and values must be there too. The first field that
+    /// disagrees comes back, so that no reader indexes past a short field. ([`Chunk::validate`] checks this and
+    /// more against the run's spaces; this is what every algorithm checks on any chunk it is handed.)
+    pub fn check_lengths(
+        &self,
+        n_envs: usize,
+        obs_dim: usize,
+        act_dim: usize,
+        behaviour: bool,
+    ) -> Result<(), LengthMismatch> {
+        let (k, e) = (self.transitions(), self.n_envs);
+        // Without `behaviour` the behaviour fields are not read: compare them with themselves.
+        let (log_probs, values) = if behaviour { (k, k) } else { (self.log_probs.len(), self.values.len()) };
+        for (what, got, expected) in [
+            ("chunk envs", e, n_envs),
+            ("chunk observations", self.obs.len(), k * obs_dim),
+            ("chunk bootstrap observations", self.bootstrap_obs.len(), e * obs_dim),
+            ("chunk actions", self.actions.len(), k * act_dim),
+            ("chunk rewards", self.rewards.len(), k),
+            ("chunk terminated flags", self.terminated.len(), k),
+            ("chunk truncated flags", self.truncated.len(), k),
+            ("chunk final observations", self.final_obs.len(), self.final_index.len() * obs_dim),
+            ("chunk behaviour log-probs", self.log_probs.len(), log_probs),
+            ("chunk behaviour values", self.values.len(), values),
+        ] {
+            if got != expected {
+                return Err(LengthMismatch { what, got, expected });
+            }
+        }
+        Ok(())
     }
 
     /// Transitions in the chunk (`T · E`).

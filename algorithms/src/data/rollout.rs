@@ -322,18 +322,8 @@ impl Rollout {
         let (d, a) = (r.obs_dim, r.act_dim);
         check_len("rows of the stacked chunks", chunks.len() * e, r.n_envs)?;
         for c in chunks {
-            let k = c.transitions();
             check_len("chunk steps", c.n_steps, steps)?;
-            check_len("chunk envs", c.n_envs, e)?;
-            check_len("chunk observations", c.obs.len(), k * d)?;
-            check_len("chunk bootstrap observations", c.bootstrap_obs.len(), e * d)?;
-            check_len("chunk actions", c.actions.len(), k * a)?;
-            check_len("chunk behaviour log-probs", c.log_probs.len(), k)?;
-            check_len("chunk behaviour values", c.values.len(), k)?;
-            check_len("chunk rewards", c.rewards.len(), k)?;
-            check_len("chunk terminated flags", c.terminated.len(), k)?;
-            check_len("chunk truncated flags", c.truncated.len(), k)?;
-            check_len("chunk final observations", c.final_obs.len(), c.final_index.len() * d)?;
+            c.check_lengths(e, d, a, true)?;
         }
         if r.steps + steps > r.n_steps {
             return Err(Error::BadLength {

@@ -360,6 +360,8 @@ pub(crate) struct DataSide {
     frames_sample: ReplaySample<u8>,
     /// A step's next observations where episodes ended in it ([`Chunk::next_obs_rows`]).
     next: ObsBuf,
+    /// Values per observation (a frame stack's pixels for frames).
+    obs_dim: usize,
 }
 
 /// One gradient step's replay sample on the device.
@@ -397,10 +399,8 @@ impl DataSide {
         if k == 0 {
             return Ok(0);
         }
-        if chunk.n_envs != n_envs {
-            return Err(Error::BadLength { what: "chunk envs".into(), got: chunk.n_envs, expected: n_envs });
-        }
-        let (e, d) = (n_envs, chunk.obs.len() / k);
+        chunk.check_lengths(n_envs, self.obs_dim, 1, false)?;
+        let (e, d) = (n_envs, self.obs_dim);
         // SB3 counts the target interval in vectorised steps: every max(interval / n_envs, 1) calls.
         let every = (config.target_update_interval / n_envs as u64).max(1);
         let (mut cursor, mut syncs) = (0, 0);
@@ -1117,6 +1117,7 @@ impl Dqn {
             sample: ReplaySample::default(),
             frames_sample: ReplaySample::default(),
             next: ObsBuf::empty(DType::F32),
+            obs_dim,
         };
         Ok(Dqn {
             q,

@@ -710,9 +710,9 @@ fn push_update_metrics(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
     use crate::data::rollout::Rollout;
     use crate::data::rollout::RolloutCollector;
-    use crate::algorithm::Algorithm;
     use crate::data::vtrace::VtraceConfig;
     use crate::nn::params::assert_params_close;
     use crate::policy::{ActMode, ActOutput, Policy};

@@ -8,7 +8,7 @@
 //!   `[−1, 1]` action** (SB3's `buffer_action`): [`Algorithm::observe`] rescales the env-unit action it is
 //!   given with [`scale_action`], so the critics always see `[−1, 1]` actions, from replay and from the actor;
 //! * exploration: uniformly random actions before `learning_starts` env steps, then the actor's action; in
-//!   both cases plus Gaussian or Ornstein–Uhlenbeck noise ([`crate::td3::action_noise`], σ in `[−1, 1]` units, OU
+//!   both cases plus Gaussian or Ornstein–Uhlenbeck noise ([`crate::continuous::action_noise`], σ in `[−1, 1]` units, OU
 //!   state per env, reset when its episode ends), clipped to `[−1, 1]`;
 //! * every `train_freq` vectorised steps once more than `learning_starts` env steps were taken,
 //!   `gradient_steps` updates, each: critic target `y = r + γ (1 − terminated) min_j Q̄_j(s', clip(π̄(s') + ε,
@@ -30,9 +30,8 @@
 //! when the delay skipped them all, so every row has the same columns; NaN before the first),
 //! `losses/q_values` (mean `Q_j(s, a)` over critics and batch), `charts/learning_rate`,
 //! `charts/gradient_steps` (critic updates in this call).
-pub mod action_noise;
 
-use flotilla_core::{Chunk, DType, ObsBuf, ObsRef, Space};
+use flotilla_core::{Chunk, ObsRef, Space};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
@@ -41,7 +40,10 @@ use tch::{Device, Kind, Reduction, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::data::replay::{Experience, ReplayBuffer, ReplaySample};
+use crate::continuous::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
+use crate::continuous::{
+    ActionReplay, Critics, Transitions, action_bounds, activate, adam_step, mean_of, polyak, sum_of, unscale_rows,
+};
 use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
 use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
@@ -52,7 +54,6 @@ use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
-use crate::td3::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::{Error, Metrics, Result};
 
 /// TD3 hyperparameters. `Default` is RL Zoo's Pendulum-v1 TD3.
@@ -346,117 +347,15 @@ impl Td3Config {
     }
 }
 
-/// `a ∈ [−1, 1]` → env units: `low + (a + 1)/2 · (high − low)` (SB3's `unscale_action`).
-pub fn unscale_action(a: f32, low: f32, high: f32) -> f32 {
-    low + 0.5 * (a + 1.0) * (high - low)
-}
-
-/// Env units → `[−1, 1]`: `2 (x − low)/(high − low) − 1` (SB3's `scale_action`), the inverse of
-/// [`unscale_action`].
-pub fn scale_action(x: f32, low: f32, high: f32) -> f32 {
-    2.0 * ((x - low) / (high - low)) - 1.0
-}
-
-pub(crate) fn activate(activation: Activation, x: Tensor) -> Tensor {
-    match activation {
-        Activation::Relu => x.relu(),
-        Activation::Tanh => x.tanh(),
-    }
-}
-
-/// `n` Q-networks `Q_j(s, a)` of one layout, all in one [`FlatParams`] (online or target): critic `j` is a
-/// [`FlatMlp`] named `{prefix}.{j}.{k}.weight` / `.bias`. Run one after the other: libtorch's batched matmul
-/// (and especially its transposed form in the backward pass) is slower on the CPU than separate `addmm`s.
-#[derive(Debug, Clone)]
-pub(crate) struct Critics {
-    pub(crate) nets: Vec<FlatMlp>,
-    pub(crate) layers: usize,
-    pub(crate) activation: Activation,
-    /// Q heads per critic (1 without task heads); a row reads its task's, by the one-hot that ends the
-    /// observation part of its input.
-    pub(crate) heads: usize,
-    /// Observation width: the one-hot ends at this column of `[obs | action]`.
-    obs_dim: i64,
-}
-
-impl Critics {
-    /// Initial parameters: each critic drawn as its own PyTorch-default MLP with one output per head, on
-    /// `[obs | action]` (`obs_dim + act_dim` inputs).
-    fn init(
-        prefix: &str,
-        (obs_dim, act_dim): (i64, i64),
-        c: &Td3Config,
-        heads: usize,
-    ) -> (Self, Vec<(String, Tensor)>) {
-        let mut named = Vec::new();
-        let mut nets = Vec::with_capacity(c.n_critics);
-        let (inputs, hidden) = (obs_dim + act_dim, &c.hidden_sizes);
-        for j in 0..c.n_critics {
-            let (net, params) = FlatMlp::init(
-                &format!("{prefix}.{j}"),
-                inputs,
-                hidden,
-                heads as i64,
-                c.activation,
-                LayerInit::Torch,
-                named.len(),
-            );
-            nets.push(net);
-            named.extend(params);
-        }
-        (Critics { nets, layers: hidden.len() + 1, activation: c.activation, heads, obs_dim }, named)
-    }
-
-    /// Each row's own task's Q head of one critic's output `[B, heads]` → `[B, 1]`.
-    fn own_head(&self, x: &Tensor, q: Tensor) -> Tensor {
-        if self.heads > 1 { crate::nn::nets::select_task_heads_ending_at(x, self.obs_dim, self.heads, &q) } else { q }
-    }
-
-    /// Every critic on the same input `[B, inputs]`: `[B, n]`.
-    fn forward(&self, params: &FlatParams, x: &Tensor) -> Tensor {
-        match self.nets.as_slice() {
-            [one] => self.own_head(x, one.forward(params, x)),
-            nets => {
-                Tensor::cat(&nets.iter().map(|net| self.own_head(x, net.forward(params, x))).collect::<Vec<_>>(), 1)
-            }
+/// Each replay row's target-action noise (TD3's smoothing; nothing for DDPG): `act_dim` draws of
+/// `clip(N(0, σ̃²), −c, c)`.
+fn target_noise(c: &Td3Config, act_dim: usize) -> impl Fn(&mut Pcg64, &mut Vec<f32>) + use<> {
+    let (smoothing, sigma, clip) = (c.smoothing(), c.target_policy_noise, c.target_noise_clip);
+    move |rng, out| {
+        if smoothing {
+            fill_standard_normal(rng, act_dim, |_, e| out.push((sigma * e).clamp(-clip, clip) as f32));
         }
     }
-
-    /// Critic 1's weights and biases as detached aliases of `params`' buffer: they follow every in-place
-    /// update of the buffer, and a loss through them puts no gradient into it.
-    fn first_detached(&self, params: &FlatParams) -> Vec<Tensor> {
-        (0..2 * self.layers).map(|i| params.view(i).detach()).collect()
-    }
-
-    /// Critic 1 alone on `[B, inputs]`, with weights from [`Critics::first_detached`]: `[B, 1]`.
-    fn forward_first(&self, weights: &[Tensor], x: &Tensor) -> Tensor {
-        let mut h = x.shallow_clone();
-        for k in 0..self.layers {
-            h = weights[2 * k + 1].addmm(&h, &weights[2 * k]);
-            if k + 1 < self.layers {
-                h = activate(self.activation, h);
-            }
-        }
-        self.own_head(x, h)
-    }
-}
-
-/// Counters that schedules and triggers depend on (saved in checkpoints).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Counters {
-    /// Env steps observed (all envs).
-    pub(crate) env_steps: u64,
-    /// Vectorised steps observed (SB3 counts `train_freq` in these).
-    pub(crate) calls: u64,
-    /// Critic updates (SB3's `_n_updates`, which times the delayed actor updates).
-    pub(crate) critic_updates: u64,
-    /// Actor (and target) updates.
-    pub(crate) actor_updates: u64,
-    /// The latest actor loss, reported while the delay skips actor updates.
-    pub(crate) last_actor_loss: Option<f64>,
-    /// Training phases fallen due (every `train_freq` vectorised steps) since the last update.
-    #[serde(default)]
-    pub(crate) phases: u64,
 }
 
 /// A DDPG or TD3 agent: actor and critics with their targets, optimisers, replay, exploration noise, RNG.
@@ -474,20 +373,16 @@ pub struct Td3 {
     critic_first: Vec<Tensor>,
     pub(crate) actor_opt: Adam,
     pub(crate) critic_opt: Adam,
-    replay: ReplayBuffer<f32>,
+    /// Replay of `[−1, 1]` actions and the schedule's counters.
+    pub(crate) data: ActionReplay,
     noise: ActionNoise,
     pub(crate) obs_dim: usize,
     pub(crate) act_dim: usize,
-    n_envs: usize,
     pub(crate) rng: Pcg64,
     pub(crate) device: Device,
-    pub(crate) counters: Counters,
-    sample: ReplaySample<f32>,
     /// One row per sampled transition, `[obs | action | next_obs | reward | bootstrap | target noise]`:
     /// the whole batch goes to the device as one tensor.
     pub(crate) batch: Vec<f32>,
-    /// One `[−1, 1]` action being stored.
-    scaled: Vec<f32>,
     /// Acting's host forward pass: hidden activations and the actor network's raw output.
     host: (HostScratch, Vec<f32>),
     /// Data-parallel replicas (critic and actor gradients averaged) and micro-batches per step.
@@ -535,7 +430,9 @@ impl Td3 {
         // The actor's draws first, then the critics', from one seeded stream.
         let (pi, actor, critic_net, critic) = with_torch_seed(seed, || -> Result<_> {
             let (pi, a) = ActorNet::init(name, observation_space, action_space, c, device)?;
-            let (critic_net, q) = Critics::init("critic", (pi.obs_dim as i64, pi.act_dim as i64), c, c.heads());
+            let dims = (pi.obs_dim as i64, pi.act_dim as i64);
+            let (critic_net, q) =
+                Critics::init("critic", dims, (c.n_critics, &c.hidden_sizes, c.activation), c.heads());
             Ok((pi, FlatParams::new(a, device), critic_net, FlatParams::new(q, device)))
         })?;
         let (obs_dim, act_dim) = (pi.obs_dim, pi.act_dim);
@@ -546,8 +443,15 @@ impl Td3 {
             host: Default::default(),
             actor_target: actor.target_copy(),
             critic_target: critic.target_copy(),
-            critic_first: critic_net.first_detached(&critic),
-            replay: ReplayBuffer::new(c.buffer_size, obs_dim, act_dim)?,
+            critic_first: critic_net.detached(&critic, 1),
+            data: ActionReplay::new(
+                c.buffer_size,
+                obs_dim,
+                (pi.low.clone(), pi.high.clone()),
+                n_envs,
+                c.gamma,
+                c.train_freq,
+            )?,
             noise: ActionNoise::new(c.noise_type, c.noise_std, n_envs, act_dim),
             pi,
             actor,
@@ -557,13 +461,9 @@ impl Td3 {
             critic_opt,
             obs_dim,
             act_dim,
-            n_envs,
             rng: Pcg64::seed_from_u64(seed ^ 0x7d3_0000),
             device,
-            counters: Counters::default(),
-            sample: ReplaySample::default(),
             batch: Vec::new(),
-            scaled: vec![0.0; act_dim],
             parallel: DataParallel::default(),
             config,
         })
@@ -589,23 +489,8 @@ impl Td3 {
     /// the row width.
     pub(crate) fn fill_batch(&mut self) -> Result<usize> {
         let c = &self.config;
-        self.replay.sample(c.batch_size, &mut self.rng, &mut self.sample)?;
-        let (od, ad, s) = (self.obs_dim, self.act_dim, &self.sample);
-        let smoothing = c.smoothing();
-        let width = 2 * od + ad + 2 + if smoothing { ad } else { 0 };
-        self.batch.clear();
-        for row in 0..c.batch_size {
-            self.batch.extend_from_slice(&s.obs[row * od..(row + 1) * od]);
-            self.batch.extend_from_slice(&s.actions[row * ad..(row + 1) * ad]);
-            self.batch.extend_from_slice(&s.next_obs[row * od..(row + 1) * od]);
-            self.batch.push(s.rewards[row]);
-            self.batch.push(if s.terminated[row] { 0.0 } else { s.discounts[row] });
-            if smoothing {
-                let (batch, sigma, clip) = (&mut self.batch, c.target_policy_noise, c.target_noise_clip);
-                fill_standard_normal(&mut self.rng, ad, |_, e| batch.push((sigma * e).clamp(-clip, clip) as f32));
-            }
-        }
-        Ok(width)
+        let noise = target_noise(c, self.act_dim);
+        self.data.sample_rows(c.batch_size, &mut self.rng, &mut self.batch, |rng, out| noise(rng, out))
     }
 
     /// One critic update, and with `update_actor` an actor update and Polyak target updates. Returns the
@@ -629,33 +514,12 @@ impl Td3 {
         next_obs: &[f32],
         update_actor: bool,
     ) -> Result<(f64, Option<f64>)> {
-        let (od, ad, b) = (self.obs_dim, self.act_dim, rewards.len());
-        for (what, got, expected) in [
-            ("obs", obs.len(), b * od),
-            ("next_obs", next_obs.len(), b * od),
-            ("actions", actions.len(), b * ad),
-            ("bootstrap", bootstrap.len(), b),
-        ] {
-            if got != expected {
-                return Err(Error::BadLength { what: format!("{} train_on {what}", self.name), got, expected });
-            }
-        }
+        let (dims, b) = ((self.obs_dim, self.act_dim), rewards.len());
+        let rows = Transitions { obs, actions, rewards, bootstrap, next_obs };
+        rows.check(&format!("{} train_on", self.name), dims)?;
         self.parallel.check_batch(self.name, "train_on batch", b)?;
-        let c = &self.config;
-        let smoothing = c.smoothing();
-        let width = 2 * od + ad + 2 + if smoothing { ad } else { 0 };
-        self.batch.clear();
-        for row in 0..b {
-            self.batch.extend_from_slice(&obs[row * od..(row + 1) * od]);
-            self.batch.extend_from_slice(&actions[row * ad..(row + 1) * ad]);
-            self.batch.extend_from_slice(&next_obs[row * od..(row + 1) * od]);
-            self.batch.push(rewards[row]);
-            self.batch.push(bootstrap[row]);
-            if smoothing {
-                let (batch, sigma, clip) = (&mut self.batch, c.target_policy_noise, c.target_noise_clip);
-                fill_standard_normal(&mut self.rng, ad, |_, e| batch.push((sigma * e).clamp(-clip, clip) as f32));
-            }
-        }
+        let (noise, rng) = (target_noise(&self.config, self.act_dim), &mut self.rng);
+        let width = rows.lay_out(dims, &mut self.batch, |out| noise(rng, out));
         let (critic, _, actor) = self.step_on_batch(width, b, update_actor)?;
         Ok((f64::try_from(critic)?, actor.map(|a| f64::try_from(a)).transpose()?))
     }
@@ -663,16 +527,13 @@ impl Td3 {
     /// The gradient steps due now ([`Algorithm::update`]'s trigger): `gradient_steps` for each training phase
     /// fallen due since the last update, none before `learning_starts` (those phases are dropped).
     pub(crate) fn phase_due(&mut self, progress: &Progress) -> usize {
-        let c = &self.config;
-        let phases = std::mem::take(&mut self.counters.phases) as usize;
-        // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
-        if progress.env_steps > c.learning_starts && !self.replay.is_empty() { phases * c.gradient_steps } else { 0 }
+        self.data.phase_due(self.config.learning_starts, self.config.gradient_steps, progress)
     }
 
     /// Whether the next critic update brings an actor and target update (the policy delay, counted over the
     /// whole run).
     pub(crate) fn actor_step_due(&self) -> bool {
-        (self.counters.critic_updates + 1).is_multiple_of(self.config.policy_delay)
+        (self.data.counters.critic_updates + 1).is_multiple_of(self.config.policy_delay)
     }
 
     /// A training phase's metrics from its gradient steps' critic losses, mean Q-values and actor losses
@@ -683,18 +544,13 @@ impl Td3 {
         qs: &[Tensor],
         actor_losses: &[Tensor],
     ) -> Result<Metrics> {
-        let mean = |ts: &[Tensor]| -> Result<f64> {
-            Ok(match ts {
-                [one] => f64::try_from(one)?,
-                _ => f64::try_from(Tensor::stack(ts, 0).mean(Kind::Float))?,
-            })
-        };
+        let mean = mean_of;
         if !actor_losses.is_empty() {
-            self.counters.last_actor_loss = Some(mean(actor_losses)?);
+            self.data.counters.last_actor_loss = Some(mean(actor_losses)?);
         }
         let mut m = Metrics::default();
         m.push("losses/critic_loss", mean(critic_losses)?);
-        m.push("losses/actor_loss", self.counters.last_actor_loss.unwrap_or(f64::NAN));
+        m.push("losses/actor_loss", self.data.counters.last_actor_loss.unwrap_or(f64::NAN));
         m.push("losses/q_values", mean(qs)?);
         m.push("charts/learning_rate", self.actor_opt.lr);
         m.push("charts/gradient_steps", critic_losses.len() as f64);
@@ -711,8 +567,8 @@ impl Td3 {
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let x = Tensor::f_from_slice(&self.batch)?.f_view([1, batch as i64, width as i64])?.to_device(self.device);
         let (critic_loss, q, actor_loss) = td3_step(&mut Td3Nets::Alone(self), &x, update_actor)?;
-        self.counters.critic_updates += 1;
-        self.counters.actor_updates += u64::from(update_actor);
+        self.data.counters.critic_updates += 1;
+        self.data.counters.actor_updates += u64::from(update_actor);
         let one = |t: Tensor| t.squeeze_dim(0);
         Ok((one(critic_loss), one(q), actor_loss.map(one)))
     }
@@ -775,7 +631,7 @@ impl Td3Nets<'_> {
     /// Critic 1 on `[N, B, obs + act]` with its weights detached (the actor loss's): `[N, B, 1]`.
     fn first_critic(&self, x: &Tensor) -> Tensor {
         match self {
-            Td3Nets::Alone(m) => m.critic_net.forward_first(&m.critic_first, &x.squeeze_dim(0)).unsqueeze(0),
+            Td3Nets::Alone(m) => m.critic_net.forward_detached(&m.critic_first, &x.squeeze_dim(0)).unsqueeze(0),
             Td3Nets::Stacked(s) => {
                 let activation = s.activation;
                 let first = |h: &Tensor| activate(activation, h.shallow_clone());
@@ -977,7 +833,7 @@ pub fn unbatchable(members: &[&Td3]) -> Option<String> {
     let schedule = |m: &Td3| {
         let c = &m.config;
         let s = (c.train_freq, c.gradient_steps, c.learning_starts, c.batch_size, c.policy_delay);
-        (m.name(), s, c.smoothing(), m.counters.calls)
+        (m.name(), s, c.smoothing(), m.data.counters.calls)
     };
     let l0 = layout(first);
     for m in members {
@@ -1005,7 +861,7 @@ pub fn unbatchable(members: &[&Td3]) -> Option<String> {
         if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.actor.has_frozen() || m.critic.has_frozen() {
             return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
         }
-        let steps = |m: &Td3| (m.actor_opt.steps, m.critic_opt.steps, m.counters.critic_updates);
+        let steps = |m: &Td3| (m.actor_opt.steps, m.critic_opt.steps, m.data.counters.critic_updates);
         if steps(m) != steps(first) {
             return Some("members' optimiser steps differ".into());
         }
@@ -1056,8 +912,8 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         let (critic_loss, q, actor_loss) =
             td3_step(&mut nets, &Tensor::stack(&rows, 0).to_device(device), update_actor)?;
         for m in members.iter_mut() {
-            m.counters.critic_updates += 1;
-            m.counters.actor_updates += u64::from(update_actor);
+            m.data.counters.critic_updates += 1;
+            m.data.counters.actor_updates += u64::from(update_actor);
         }
         critic_losses.push(critic_loss);
         qs.push(q);
@@ -1076,35 +932,6 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         .collect()
 }
 
-/// One Adam step on `params` from its gradient: one host loop where `fused` and the buffers allow
-/// ([`Td3Config::fused_cpu`]), else libtorch's ops.
-fn adam_step(opt: &mut Adam, params: &mut FlatParams, fused: bool) {
-    if fused
-        && let Some((theta, grad)) = params.host_values_and_grad_mut()
-        && opt.step_host(theta, grad)
-    {
-        return;
-    }
-    opt.step(params);
-}
-
-/// The Polyak update of `target` towards `online`: one host loop where `fused` and the buffers allow, else
-/// libtorch's `lerp_`.
-fn polyak(target: &mut FlatParams, online: &FlatParams, tau: f64, fused: bool) {
-    if !(fused && target.polyak_from_host(online, tau)) {
-        target.polyak_from(online, tau);
-    }
-}
-
-/// The sum of `[N]` tensors (the one itself when there is one).
-fn sum_of(mut parts: Vec<Tensor>) -> Tensor {
-    if parts.len() == 1 {
-        parts.pop().expect("one")
-    } else {
-        Tensor::stack(&parts, 0).sum_dim_intlist(0, false, Kind::Float)
-    }
-}
-
 impl Policy for Td3 {
     fn obs_dim(&self) -> usize {
         self.obs_dim
@@ -1117,7 +944,7 @@ impl Policy for Td3 {
     /// `π(obs)` scaled to the bounds; with `Explore`, plus noise (uniformly random before `learning_starts`).
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         let explore = mode == ActMode::Explore;
-        let random = explore && self.counters.env_steps < self.config.learning_starts;
+        let random = explore && self.data.counters.env_steps < self.config.learning_starts;
         let noise = explore.then_some(&mut self.noise);
         self.pi.act(&self.actor, f32_obs("td3", obs)?, random, noise, &mut self.rng, &mut self.host, out)
     }
@@ -1133,53 +960,8 @@ impl Algorithm for Td3 {
     }
 
     fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
-        let (n, od, ad) = (self.n_envs, self.obs_dim, self.act_dim);
-        let gamma = self.config.gamma as f32;
-        for chunk in chunks {
-            let k = chunk.transitions();
-            for (what, got, expected) in [
-                ("chunk envs", chunk.n_envs, n),
-                ("chunk observations", chunk.obs.len(), k * od),
-                ("chunk bootstrap observations", chunk.bootstrap_obs.len(), n * od),
-                ("chunk final observations", chunk.final_obs.len(), chunk.final_index.len() * od),
-                ("chunk actions", chunk.actions.len(), k * ad),
-                ("chunk rewards", chunk.rewards.len(), k),
-                ("chunk terminated flags", chunk.terminated.len(), k),
-                ("chunk truncated flags", chunk.truncated.len(), k),
-            ] {
-                if got != expected {
-                    return Err(Error::BadLength { what: what.into(), got, expected });
-                }
-            }
-            let (mut scratch, mut cursor) = (ObsBuf::empty(DType::F32), 0);
-            for t in 0..chunk.n_steps {
-                let obs = f32_obs("td3", chunk.obs.slice(t * n * od..(t + 1) * n * od))?;
-                let next_obs = f32_obs("td3", chunk.next_obs_rows(t, od, &mut scratch, &mut cursor))?;
-                for i in 0..n {
-                    let j = t * n + i;
-                    let action = &chunk.actions[j * ad..(j + 1) * ad];
-                    for (((s, a), l), h) in self.scaled.iter_mut().zip(action).zip(&self.pi.low).zip(&self.pi.high) {
-                        *s = scale_action(*a, *l, *h).clamp(-1.0, 1.0);
-                    }
-                    self.replay.push(&Experience {
-                        obs: &obs[i * od..(i + 1) * od],
-                        action: &self.scaled,
-                        reward: chunk.rewards[j],
-                        next_obs: &next_obs[i * od..(i + 1) * od],
-                        terminated: chunk.terminated[j],
-                        discount: gamma,
-                    })?;
-                    if chunk.terminated[j] || chunk.truncated[j] {
-                        self.noise.reset(i);
-                    }
-                }
-                let c = &mut self.counters;
-                c.env_steps += n as u64;
-                c.calls += 1;
-                c.phases += u64::from(c.calls.is_multiple_of(self.config.train_freq));
-            }
-        }
-        Ok(())
+        let noise = &mut self.noise;
+        self.data.observe(self.name, chunks, |env| noise.reset(env))
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
@@ -1205,10 +987,9 @@ impl Algorithm for Td3 {
         c.put_tensor("critic.target", self.critic_target.flat());
         self.actor_opt.write_to(&mut c, "actor_adam")?;
         self.critic_opt.write_to(&mut c, "critic_adam")?;
-        self.replay.write_to(&mut c, "replay")?;
+        self.data.write_to(&mut c)?;
         c.put_meta("noise", &self.noise.state())?;
         c.put_meta("rng", &self.rng)?;
-        c.put_meta("counters", &self.counters)?;
         Ok(c)
     }
 
@@ -1216,17 +997,16 @@ impl Algorithm for Td3 {
         // Read the metadata first: a checkpoint of another algorithm fails before anything changes.
         let noise: Vec<f64> = c.meta("noise")?;
         let rng = c.meta("rng")?;
-        let counters = c.meta("counters")?;
+        let counters = ActionReplay::counters_in(c)?;
         c.copy_into("actor.online", self.actor.flat())?;
         c.copy_into("actor.target", self.actor_target.flat())?;
         c.copy_into("critic.online", self.critic.flat())?;
         c.copy_into("critic.target", self.critic_target.flat())?;
         self.actor_opt.read_from(c, "actor_adam", &self.actor)?;
         self.critic_opt.read_from(c, "critic_adam", &self.critic)?;
-        self.replay.read_from(c, "replay")?;
+        self.data.read_from(c, counters)?;
         self.noise.set_state(&noise)?;
         self.rng = rng;
-        self.counters = counters;
         Ok(())
     }
 
@@ -1258,22 +1038,6 @@ impl crate::algorithm::Replicated for Td3 {
         parallel.check_batch(self.name, "batch_size", self.config.batch_size)?;
         self.parallel = parallel;
         Ok(())
-    }
-}
-
-/// The bounds of a 1-D `Box` action space with finite bounds, `low < high`; otherwise an error naming `name`.
-fn action_bounds(name: &'static str, action_space: &Space) -> Result<(Vec<f32>, Vec<f32>)> {
-    match action_space {
-        Space::Box { low, high, shape, .. }
-            if shape.len() == 1 && low.iter().zip(high).all(|(l, h)| l.is_finite() && h.is_finite() && l < h) =>
-        {
-            Ok((low.clone(), high.clone()))
-        }
-        other => Err(Error::UnsupportedSpace {
-            which: "action",
-            algorithm: name,
-            detail: format!("{other:?}: needs a 1-D box with finite bounds, low < high"),
-        }),
     }
 }
 
@@ -1378,11 +1142,7 @@ impl ActorNet {
                 *a = a.clamp(-1.0, 1.0);
             }
         }
-        for row in out.actions.chunks_exact_mut(self.act_dim) {
-            for ((a, l), h) in row.iter_mut().zip(&self.low).zip(&self.high) {
-                *a = unscale_action(*a, *l, *h);
-            }
-        }
+        unscale_rows(&mut out.actions, &self.low, &self.high);
         Ok(())
     }
 }
@@ -1457,6 +1217,7 @@ impl ActingPolicy for Td3Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::continuous::{Counters, scale_action, unscale_action};
     use crate::nn::params::assert_params_close;
 
     /// The synthetic task: 2-D random observations, a 1-D action in the asymmetric box `[−1, 2]`, reward
@@ -1538,7 +1299,7 @@ mod tests {
                     ObsRef::F32(&next_obs),
                 );
                 agent.observe(std::slice::from_ref(&step)).unwrap();
-                let progress = Progress { env_steps: agent.counters.env_steps, total_env_steps: total };
+                let progress = Progress { env_steps: agent.data.counters.env_steps, total_env_steps: total };
                 metrics.extend(agent.update(&progress).unwrap());
                 self.obs = next_obs;
             }
@@ -1611,7 +1372,7 @@ mod tests {
             ObsRef::F32(&[0.1]),
         );
         agent.observe(std::slice::from_ref(&step)).unwrap();
-        let stored = agent.replay.get(0).unwrap().action;
+        let stored = agent.data.replay.get(0).unwrap().action;
         assert!(stored.iter().zip(&raw).all(|(s, r)| (s - r).abs() < 1e-6), "{stored:?} vs {raw:?}");
     }
 
@@ -1680,8 +1441,8 @@ mod tests {
                 assert!(changed(2), "the critic learns every step");
                 let due = step.is_multiple_of(delay);
                 assert_eq!([changed(0), changed(1), changed(3)], [due; 3], "{} step {step}", agent.name());
-                assert_eq!(agent.counters.critic_updates, step);
-                assert_eq!(agent.counters.actor_updates, step / delay);
+                assert_eq!(agent.data.counters.critic_updates, step);
+                assert_eq!(agent.data.counters.actor_updates, step / delay);
                 assert_eq!(m[0].get("losses/actor_loss").unwrap().is_finite(), step >= delay);
             }
         }
@@ -1724,7 +1485,7 @@ mod tests {
                 );
             }
             let counts = |c: &Counters| (c.env_steps, c.calls, c.critic_updates, c.actor_updates);
-            assert_eq!(counts(&fused.counters), counts(&torch.counters));
+            assert_eq!(counts(&fused.data.counters), counts(&torch.data.counters));
             assert_eq!(
                 (fused.actor_opt.steps(), fused.critic_opt.steps()),
                 (torch.actor_opt.steps(), torch.critic_opt.steps())
@@ -1740,7 +1501,7 @@ mod tests {
         let mut env = Bandit::new(4, 2, 7, false);
         // 151 vectorised steps: past learning_starts, an odd number of critic updates, OU noise mid-episode.
         env.drive(&mut agent, 151, 1_000);
-        assert_eq!(agent.counters.critic_updates % 2, 1);
+        assert_eq!(agent.data.counters.critic_updates % 2, 1);
         assert!(agent.noise.state().iter().any(|x| *x != 0.0));
         let path = std::env::temp_dir().join(format!("flotilla-td3-ckpt-{}.safetensors", std::process::id()));
         agent.checkpoint().unwrap().save(&path).unwrap();
@@ -1759,7 +1520,7 @@ mod tests {
         ] {
             assert_eq!(values(x), values(y));
         }
-        assert_eq!(agent.counters, back.counters);
+        assert_eq!(agent.data.counters, back.data.counters);
         assert_eq!(agent.noise, back.noise);
         // A DDPG checkpoint (one critic) does not fit a TD3 agent.
         let ddpg = Td3::ddpg(&obs_space, &act_space, 2, tiny_ddpg(), Device::Cpu, 0).unwrap();
@@ -1831,7 +1592,7 @@ mod tests {
                 );
             }
         }
-        let first = agent.critic_net.forward_first(&agent.critic_first, &xa);
+        let first = agent.critic_net.forward_detached(&agent.critic_first, &xa);
         assert!(first.allclose(&q.narrow(1, 0, 1), 1e-6, 1e-6, false));
         // Train on task-0 rows only: task 0's output columns move, the other tasks' stay as they were.
         let rows: Vec<f32> = (0..4).flat_map(|r| row(3 * r)).collect();
@@ -1912,9 +1673,10 @@ mod member_tests {
     use tch::Device;
 
     use super::*;
+    use crate::continuous::Counters;
     use crate::nn::members::rel_diff;
     use crate::policy::{ActMode, ActOutput, Policy};
-    use crate::td3::{Counters, DdpgConfig, Td3Config};
+    use crate::td3::{DdpgConfig, Td3Config};
     use flotilla_core::Chunk;
 
     fn spaces() -> (Space, Space) {
@@ -1977,7 +1739,7 @@ mod member_tests {
         }
         let mut worst = 0.0f64;
         for (k, (a, b)) in together.iter().zip(&alone).enumerate() {
-            assert!(a.counters.actor_updates >= 2 * a.config.policy_delay, "member {k}: {:?}", a.counters);
+            assert!(a.data.counters.actor_updates >= 2 * a.config.policy_delay, "member {k}: {:?}", a.data.counters);
             for (what, x, y) in [
                 ("actor", a.actor.flat(), b.actor.flat()),
                 ("actor target", a.actor_target.flat(), b.actor_target.flat()),
@@ -2007,11 +1769,11 @@ mod member_tests {
             // within the 1e-5 relative the phases' metrics are held to above.
             let loss = |c: &Counters| c.last_actor_loss;
             let (ca, cb) = (
-                Counters { last_actor_loss: None, ..a.counters.clone() },
-                Counters { last_actor_loss: None, ..b.counters.clone() },
+                Counters { last_actor_loss: None, ..a.data.counters.clone() },
+                Counters { last_actor_loss: None, ..b.data.counters.clone() },
             );
             assert_eq!(ca, cb, "member {k}");
-            match (loss(&a.counters), loss(&b.counters)) {
+            match (loss(&a.data.counters), loss(&b.data.counters)) {
                 (Some(x), Some(y)) => {
                     assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "member {k}: last actor loss {x} vs {y}")
                 }

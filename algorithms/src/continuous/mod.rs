@@ -1,0 +1,390 @@
+//! What the continuous-control off-policy kinds share — DDPG and TD3 ([`crate::td3`]), SAC ([`crate::sac`]):
+//! actions moved between a 1-D `Box`'s bounds and `[−1, 1]`, the replay of chunks with their `[−1, 1]`
+//! actions and the counters the training schedule reads ([`ActionReplay`]), `n` critics `Q_j(s, a)` in one
+//! parameter buffer ([`Critics`]), and the Adam and Polyak steps that run as one host loop on the CPU.
+//!
+//! As in SB3, **replay stores the `[−1, 1]` action** (`buffer_action`): [`ActionReplay::observe`] rescales the
+//! env-unit action a chunk carries with [`scale_action`], so the critics always see `[−1, 1]` actions, from
+//! replay and from the actor; truncated episodes bootstrap from the true final observation.
+pub mod action_noise;
+
+use flotilla_core::{Chunk, DType, ObsBuf, Space};
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Tensor};
+
+use crate::checkpoint::Checkpoint;
+use crate::data::replay::{Experience, ReplayBuffer, ReplaySample};
+use crate::nn::adam::Adam;
+use crate::nn::nets::{Activation, FlatMlp, LayerInit};
+use crate::nn::params::FlatParams;
+use crate::policy::f32_obs;
+use crate::progress::Progress;
+use crate::{Error, Result};
+
+/// `a ∈ [−1, 1]` → env units: `low + (a + 1)/2 · (high − low)` (SB3's `unscale_action`).
+pub fn unscale_action(a: f32, low: f32, high: f32) -> f32 {
+    low + 0.5 * (a + 1.0) * (high - low)
+}
+
+/// Env units → `[−1, 1]`: `2 (x − low)/(high − low) − 1` (SB3's `scale_action`), the inverse of
+/// [`unscale_action`].
+pub fn scale_action(x: f32, low: f32, high: f32) -> f32 {
+    2.0 * ((x - low) / (high - low)) - 1.0
+}
+
+/// The bounds of a 1-D `Box` action space with finite bounds, `low < high`; otherwise an error naming `name`.
+pub(crate) fn action_bounds(name: &'static str, action_space: &Space) -> Result<(Vec<f32>, Vec<f32>)> {
+    match action_space {
+        Space::Box { low, high, shape, .. }
+            if shape.len() == 1 && low.iter().zip(high).all(|(l, h)| l.is_finite() && h.is_finite() && l < h) =>
+        {
+            Ok((low.clone(), high.clone()))
+        }
+        other => Err(Error::UnsupportedSpace {
+            which: "action",
+            algorithm: name,
+            detail: format!("{other:?}: needs a 1-D box with finite bounds, low < high"),
+        }),
+    }
+}
+
+/// `[−1, 1]` actions, row after row of `low.len()`, to env units in place.
+pub(crate) fn unscale_rows(actions: &mut [f32], low: &[f32], high: &[f32]) {
+    for row in actions.chunks_exact_mut(low.len()) {
+        for ((a, l), h) in row.iter_mut().zip(low).zip(high) {
+            *a = unscale_action(*a, *l, *h);
+        }
+    }
+}
+
+pub(crate) fn activate(activation: Activation, x: Tensor) -> Tensor {
+    match activation {
+        Activation::Relu => x.relu(),
+        Activation::Tanh => x.tanh(),
+    }
+}
+
+/// `n` Q-networks `Q_j(s, a)` of one layout, all in one [`FlatParams`] (online or target): critic `j` is a
+/// [`FlatMlp`] named `{prefix}.{j}.{k}.weight` / `.bias`. Run one after the other: libtorch's batched matmul
+/// (and especially its transposed form in the backward pass) is slower on the CPU than separate `addmm`s.
+#[derive(Debug, Clone)]
+pub(crate) struct Critics {
+    pub(crate) nets: Vec<FlatMlp>,
+    pub(crate) layers: usize,
+    pub(crate) activation: Activation,
+    /// Q heads per critic (1 without task heads); a row reads its task's, by the one-hot that ends the
+    /// observation part of its input.
+    pub(crate) heads: usize,
+    /// Observation width: the one-hot ends at this column of `[obs | action]`.
+    obs_dim: i64,
+}
+
+impl Critics {
+    /// Initial parameters: `n` critics, each drawn as its own PyTorch-default MLP of `hidden` widths with one
+    /// output per head, on `[obs | action]` (`obs_dim + act_dim` inputs).
+    pub(crate) fn init(
+        prefix: &str,
+        (obs_dim, act_dim): (i64, i64),
+        (n, hidden, activation): (usize, &[i64], Activation),
+        heads: usize,
+    ) -> (Self, Vec<(String, Tensor)>) {
+        let mut named = Vec::new();
+        let mut nets = Vec::with_capacity(n);
+        for j in 0..n {
+            let (net, params) = FlatMlp::init(
+                &format!("{prefix}.{j}"),
+                obs_dim + act_dim,
+                hidden,
+                heads as i64,
+                activation,
+                LayerInit::Torch,
+                named.len(),
+            );
+            nets.push(net);
+            named.extend(params);
+        }
+        (Critics { nets, layers: hidden.len() + 1, activation, heads, obs_dim }, named)
+    }
+
+    /// Each row's own task's Q head of one critic's output `[B, heads]` → `[B, 1]`.
+    fn own_head(&self, x: &Tensor, q: Tensor) -> Tensor {
+        if self.heads > 1 { crate::nn::nets::select_task_heads_ending_at(x, self.obs_dim, self.heads, &q) } else { q }
+    }
+
+    /// Every critic on the same input `[B, inputs]`: `[B, n]`.
+    pub(crate) fn forward(&self, params: &FlatParams, x: &Tensor) -> Tensor {
+        match self.nets.as_slice() {
+            [one] => self.own_head(x, one.forward(params, x)),
+            nets => {
+                Tensor::cat(&nets.iter().map(|net| self.own_head(x, net.forward(params, x))).collect::<Vec<_>>(), 1)
+            }
+        }
+    }
+
+    /// The first `critics` critics' weights and biases as detached aliases of `params`' buffer: they follow
+    /// every in-place update of the buffer, and a loss through them puts no gradient into it.
+    pub(crate) fn detached(&self, params: &FlatParams, critics: usize) -> Vec<Tensor> {
+        (0..2 * self.layers * critics).map(|i| params.view(i).detach()).collect()
+    }
+
+    /// The critics whose weights [`Critics::detached`] gave, on `[B, inputs]`: `[B, critics]`.
+    pub(crate) fn forward_detached(&self, weights: &[Tensor], x: &Tensor) -> Tensor {
+        let one = |weights: &[Tensor]| {
+            let mut h = x.shallow_clone();
+            for k in 0..self.layers {
+                h = weights[2 * k + 1].addmm(&h, &weights[2 * k]);
+                if k + 1 < self.layers {
+                    h = activate(self.activation, h);
+                }
+            }
+            self.own_head(x, h)
+        };
+        match weights.len() / (2 * self.layers) {
+            1 => one(weights),
+            _ => Tensor::cat(&weights.chunks(2 * self.layers).map(one).collect::<Vec<_>>(), 1),
+        }
+    }
+}
+
+/// Counters that schedules and triggers depend on (saved in checkpoints).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Counters {
+    /// Env steps observed (all envs).
+    pub(crate) env_steps: u64,
+    /// Vectorised steps observed (SB3 counts `train_freq` in these).
+    pub(crate) calls: u64,
+    /// Critic updates (SB3's `_n_updates`, which times delayed actor and target updates).
+    pub(crate) critic_updates: u64,
+    /// Actor (and target) updates.
+    pub(crate) actor_updates: u64,
+    /// The latest actor loss, reported while a delay skips actor updates.
+    pub(crate) last_actor_loss: Option<f64>,
+    /// Training phases fallen due (every `train_freq` vectorised steps) since the last update.
+    #[serde(default)]
+    pub(crate) phases: u64,
+}
+
+/// A minibatch of transitions as separate arrays (`B` rows): observations, `[−1, 1]` actions, rewards, the
+/// bootstrap factor (γ, 0 where the episode terminated) and the next observations.
+pub(crate) struct Transitions<'a> {
+    pub(crate) obs: &'a [f32],
+    pub(crate) actions: &'a [f32],
+    pub(crate) rewards: &'a [f32],
+    pub(crate) bootstrap: &'a [f32],
+    pub(crate) next_obs: &'a [f32],
+}
+
+impl Transitions<'_> {
+    /// The rows `[obs | action | next_obs | reward | bootstrap | extra]` into `out` (cleared first), `extra`
+    /// appending each row's own floats (noise drawn per row); the row width.
+    pub(crate) fn lay_out(
+        &self,
+        (od, ad): (usize, usize),
+        out: &mut Vec<f32>,
+        mut extra: impl FnMut(&mut Vec<f32>),
+    ) -> usize {
+        out.clear();
+        for row in 0..self.rewards.len() {
+            out.extend_from_slice(&self.obs[row * od..(row + 1) * od]);
+            out.extend_from_slice(&self.actions[row * ad..(row + 1) * ad]);
+            out.extend_from_slice(&self.next_obs[row * od..(row + 1) * od]);
+            out.push(self.rewards[row]);
+            out.push(self.bootstrap[row]);
+            extra(out);
+        }
+        out.len() / self.rewards.len().max(1)
+    }
+
+    /// Every array's length against `B` rows of `od` / `ad`; errors name `what`.
+    pub(crate) fn check(&self, what: &str, (od, ad): (usize, usize)) -> Result<()> {
+        let b = self.rewards.len();
+        for (field, got, expected) in [
+            ("obs", self.obs.len(), b * od),
+            ("next_obs", self.next_obs.len(), b * od),
+            ("actions", self.actions.len(), b * ad),
+            ("bootstrap", self.bootstrap.len(), b),
+        ] {
+            if got != expected {
+                return Err(Error::BadLength { what: format!("{what} {field}"), got, expected });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The replay of a continuous-control agent and the counters its schedule reads: chunks go in with their
+/// actions scaled to `[−1, 1]` and each step's true next observation; minibatches come out as rows.
+#[derive(Debug)]
+pub(crate) struct ActionReplay {
+    pub(crate) replay: ReplayBuffer<f32>,
+    pub(crate) counters: Counters,
+    sample: ReplaySample<f32>,
+    bootstrap: Vec<f32>,
+    /// The action bounds of the env's `Box`.
+    pub(crate) low: Vec<f32>,
+    pub(crate) high: Vec<f32>,
+    /// One `[−1, 1]` action being stored.
+    scaled: Vec<f32>,
+    /// A step's next observations where episodes ended in it ([`Chunk::next_obs_rows`]).
+    next: ObsBuf,
+    obs_dim: usize,
+    n_envs: usize,
+    gamma: f32,
+    train_freq: u64,
+}
+
+impl ActionReplay {
+    /// Room for `capacity` transitions of `obs_dim` observations and actions in `low..high`, from `n_envs`
+    /// envs; every `train_freq` vectorised steps a training phase falls due.
+    pub(crate) fn new(
+        capacity: usize,
+        obs_dim: usize,
+        (low, high): (Vec<f32>, Vec<f32>),
+        n_envs: usize,
+        gamma: f64,
+        train_freq: u64,
+    ) -> Result<Self> {
+        let act_dim = low.len();
+        Ok(ActionReplay {
+            replay: ReplayBuffer::new(capacity, obs_dim, act_dim)?,
+            counters: Counters::default(),
+            sample: ReplaySample::default(),
+            bootstrap: Vec::new(),
+            scaled: vec![0.0; act_dim],
+            next: ObsBuf::empty(DType::F32),
+            low,
+            high,
+            obs_dim,
+            n_envs,
+            gamma: gamma as f32,
+            train_freq,
+        })
+    }
+
+    /// Store the chunks' steps in order (errors name `name`); `episode_end(env)` for every env whose episode
+    /// ended at a step.
+    pub(crate) fn observe(
+        &mut self,
+        name: &'static str,
+        chunks: &[Chunk],
+        mut episode_end: impl FnMut(usize),
+    ) -> Result<()> {
+        let (n, od, ad) = (self.n_envs, self.obs_dim, self.low.len());
+        for chunk in chunks {
+            chunk.check_lengths(n, od, ad, false)?;
+            let mut cursor = 0;
+            for t in 0..chunk.n_steps {
+                let obs = f32_obs(name, chunk.obs.slice(t * n * od..(t + 1) * n * od))?;
+                let next_obs = f32_obs(name, chunk.next_obs_rows(t, od, &mut self.next, &mut cursor))?;
+                for i in 0..n {
+                    let j = t * n + i;
+                    let action = &chunk.actions[j * ad..(j + 1) * ad];
+                    for (((s, a), l), h) in self.scaled.iter_mut().zip(action).zip(&self.low).zip(&self.high) {
+                        *s = scale_action(*a, *l, *h).clamp(-1.0, 1.0);
+                    }
+                    self.replay.push(&Experience {
+                        obs: &obs[i * od..(i + 1) * od],
+                        action: &self.scaled,
+                        reward: chunk.rewards[j],
+                        next_obs: &next_obs[i * od..(i + 1) * od],
+                        terminated: chunk.terminated[j],
+                        discount: self.gamma,
+                    })?;
+                    if chunk.terminated[j] || chunk.truncated[j] {
+                        episode_end(i);
+                    }
+                }
+                let c = &mut self.counters;
+                c.env_steps += n as u64;
+                c.calls += 1;
+                c.phases += u64::from(c.calls.is_multiple_of(self.train_freq));
+            }
+        }
+        Ok(())
+    }
+
+    /// The gradient steps due now (an update's trigger): `gradient_steps` for each training phase fallen due
+    /// since the last update, none before `learning_starts` (those phases are dropped).
+    pub(crate) fn phase_due(&mut self, learning_starts: u64, gradient_steps: usize, progress: &Progress) -> usize {
+        let phases = std::mem::take(&mut self.counters.phases) as usize;
+        // The run's env steps (every data-parallel learner's, not only those in this replica's replay).
+        if progress.env_steps > learning_starts && !self.replay.is_empty() { phases * gradient_steps } else { 0 }
+    }
+
+    /// Draw `batch` transitions with `rng` and lay them out in `out` ([`Transitions::lay_out`]); the width.
+    pub(crate) fn sample_rows<R: rand::Rng>(
+        &mut self,
+        batch: usize,
+        rng: &mut R,
+        out: &mut Vec<f32>,
+        mut extra: impl FnMut(&mut R, &mut Vec<f32>),
+    ) -> Result<usize> {
+        self.replay.sample(batch, rng, &mut self.sample)?;
+        let s = &self.sample;
+        self.bootstrap.clear();
+        self.bootstrap.extend(s.discounts.iter().zip(&s.terminated).map(|(g, t)| if *t { 0.0 } else { *g }));
+        let rows = Transitions {
+            obs: &s.obs,
+            actions: &s.actions,
+            rewards: &s.rewards,
+            bootstrap: &self.bootstrap,
+            next_obs: &s.next_obs,
+        };
+        Ok(rows.lay_out((self.obs_dim, self.low.len()), out, |out| extra(rng, out)))
+    }
+
+    /// The replay and counters into a checkpoint.
+    pub(crate) fn write_to(&self, c: &mut Checkpoint) -> Result<()> {
+        self.replay.write_to(c, "replay")?;
+        c.put_meta("counters", &self.counters)
+    }
+
+    /// The checkpoint's counters (read before anything changes).
+    pub(crate) fn counters_in(c: &Checkpoint) -> Result<Counters> {
+        c.meta("counters")
+    }
+
+    /// The replay from a checkpoint, and `counters` ([`ActionReplay::counters_in`] of it).
+    pub(crate) fn read_from(&mut self, c: &mut Checkpoint, counters: Counters) -> Result<()> {
+        self.replay.read_from(c, "replay")?;
+        self.counters = counters;
+        Ok(())
+    }
+}
+
+/// One Adam step on `params` from its gradient: one host loop where `fused` and the buffers allow, else
+/// libtorch's ops.
+pub(crate) fn adam_step(opt: &mut Adam, params: &mut FlatParams, fused: bool) {
+    if fused
+        && let Some((theta, grad)) = params.host_values_and_grad_mut()
+        && opt.step_host(theta, grad)
+    {
+        return;
+    }
+    opt.step(params);
+}
+
+/// The Polyak update of `target` towards `online`: one host loop where `fused` and the buffers allow, else
+/// libtorch's `lerp_`.
+pub(crate) fn polyak(target: &mut FlatParams, online: &FlatParams, tau: f64, fused: bool) {
+    if !(fused && target.polyak_from_host(online, tau)) {
+        target.polyak_from(online, tau);
+    }
+}
+
+/// The sum of `[N]` tensors (the one itself when there is one).
+pub(crate) fn sum_of(mut parts: Vec<Tensor>) -> Tensor {
+    if parts.len() == 1 {
+        parts.pop().expect("one")
+    } else {
+        Tensor::stack(&parts, 0).sum_dim_intlist(0, false, Kind::Float)
+    }
+}
+
+/// The mean of scalar tensors as a number (the one itself when there is one).
+pub(crate) fn mean_of(ts: &[Tensor]) -> Result<f64> {
+    Ok(match ts {
+        [one] => f64::try_from(one)?,
+        _ => f64::try_from(Tensor::stack(ts, 0).mean(Kind::Float))?,
+    })
+}
