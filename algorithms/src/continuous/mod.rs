@@ -7,6 +7,8 @@
 //! env-unit action a chunk carries with [`scale_action`], so the critics always see `[−1, 1]` actions, from
 //! replay and from the actor; truncated episodes bootstrap from the true final observation.
 pub mod action_noise;
+#[cfg(test)]
+pub(crate) mod bandit;
 
 use flotilla_core::{Chunk, DType, ObsBuf, Space};
 use serde::{Deserialize, Serialize};

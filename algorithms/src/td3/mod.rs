@@ -1217,95 +1217,9 @@ impl ActingPolicy for Td3Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::continuous::bandit::{Bandit, OPTIMUM, spaces};
     use crate::continuous::{Counters, scale_action, unscale_action};
     use crate::nn::params::assert_params_close;
-
-    /// The synthetic task: 2-D random observations, a 1-D action in the asymmetric box `[−1, 2]`, reward
-    /// `−(a − 0.3)²` whatever the observation. Episodes end every `episode` steps (`terminal`: terminated, so
-    /// a bandit; else truncated, so the critics bootstrap).
-    #[derive(Clone)]
-    struct Bandit {
-        rng: Pcg64,
-        obs: Vec<f32>,
-        n_envs: usize,
-        t: usize,
-        episode: usize,
-        terminal: bool,
-        /// With `tasks` > 0, env e is of task e mod `tasks`: its observation ends in the task's one-hot and its
-        /// optimum is [`Bandit::optimum`].
-        tasks: usize,
-    }
-
-    const OPTIMUM: f32 = 0.3;
-
-    fn spaces() -> (Space, Space) {
-        (Space::box1d(vec![-1.0; 2], vec![1.0; 2]), Space::box1d(vec![-1.0], vec![2.0]))
-    }
-
-    impl Bandit {
-        fn new(seed: u64, n_envs: usize, episode: usize, terminal: bool) -> Self {
-            let rng = Pcg64::seed_from_u64(seed);
-            let mut b = Bandit { rng, obs: Vec::new(), n_envs, t: 0, episode, terminal, tasks: 0 };
-            b.obs = b.draw();
-            b
-        }
-
-        /// A bandit of `tasks` tasks whose optima differ.
-        fn tasked(seed: u64, n_envs: usize, tasks: usize) -> Self {
-            let mut b = Bandit { tasks, ..Bandit::new(seed, n_envs, 1, true) };
-            b.obs = b.draw();
-            b
-        }
-
-        /// The best action of env `e`: `OPTIMUM`, less 0.8 per task index.
-        fn optimum(&self, e: usize) -> f32 {
-            if self.tasks == 0 { OPTIMUM } else { OPTIMUM - 0.8 * (e % self.tasks) as f32 }
-        }
-
-        fn draw(&mut self) -> Vec<f32> {
-            let mut obs = Vec::new();
-            for e in 0..self.n_envs {
-                obs.extend((0..2).map(|_| self.rng.random_range(-1.0f32..1.0)));
-                obs.extend((0..self.tasks).map(|k| if k == e % self.tasks { 1.0 } else { 0.0 }));
-            }
-            obs
-        }
-
-        /// `steps` vectorised steps of act → observe → update, as the trainer runs them.
-        fn drive(&mut self, agent: &mut Td3, steps: usize, total: u64) -> Vec<Metrics> {
-            let mut out = ActOutput::default();
-            let mut metrics = Vec::new();
-            for _ in 0..steps {
-                agent.act(ObsRef::F32(&self.obs), ActMode::Explore, &mut out).unwrap();
-                let rewards: Vec<f32> = out
-                    .actions
-                    .iter()
-                    .enumerate()
-                    .map(|(e, a)| -(a.clamp(-1.0, 2.0) - self.optimum(e)).powi(2))
-                    .collect();
-                self.t += 1;
-                let end = self.t.is_multiple_of(self.episode);
-                let terminated = vec![end && self.terminal; self.n_envs];
-                let truncated = vec![end && !self.terminal; self.n_envs];
-                let next_obs = self.draw();
-                let step = Chunk::from_step(
-                    ObsRef::F32(&self.obs),
-                    &out.actions,
-                    &out.log_probs,
-                    &out.values,
-                    &rewards,
-                    &terminated,
-                    &truncated,
-                    ObsRef::F32(&next_obs),
-                );
-                agent.observe(std::slice::from_ref(&step)).unwrap();
-                let progress = Progress { env_steps: agent.data.counters.env_steps, total_env_steps: total };
-                metrics.extend(agent.update(&progress).unwrap());
-                self.obs = next_obs;
-            }
-            metrics
-        }
-    }
 
     fn tiny_td3() -> Td3Config {
         Td3Config {
