@@ -11,9 +11,9 @@
 //! ```text
 //! registry, export          the kinds: config enum, building learners and acting policies, batching a
 //!                           population's members; the acting policy in PyTorch's layout
-//! ppo/ a2c/ dqn/ td3/       one folder per kind: config, loss, its one update over the member axis (a run is a
+//! ppo/ a2c/ dqn/ td3/ sac/  one folder per kind: config, loss, its one update over the member axis (a run is a
 //! distill/ actor_critic/    population of one), acting policy; actor_critic/ is PPO's and A2C's network, host
-//!                           step and member axis
+//! continuous/               step and member axis; continuous/ is DDPG's, TD3's and SAC's replay and critics
 //! algorithm, acting         the traits a learner and an actor run (Algorithm, ActingPolicy, GradientWorker)
 //! data/                     rollouts, replay, frame replay, n-step, GAE, V-trace, sum tree
 //! nn/                       flat parameters, networks, host kernels, Adam, RMSprop, distributions, replicas,
@@ -23,7 +23,7 @@
 //! ```
 //!
 //! Algorithms: [`ppo`], [`dqn`] (double-Q, dueling, PER, n-step), [`a2c`] (and A3C's actor-side
-//! [`a2c::A3cWorker`]), [`td3`] (TD3, and DDPG as its special case), [`distill`] (policy distillation into a
+//! [`a2c::A3cWorker`]), [`td3`] (TD3, and DDPG as its special case), [`sac`], [`distill`] (policy distillation into a
 //! small student).
 //!
 //! The crate knows environments only through `flotilla_core` types and never touches files except in explicit
@@ -49,6 +49,7 @@ pub mod policy;
 pub mod ppo;
 pub mod progress;
 pub mod registry;
+pub mod sac;
 pub mod td3;
 pub mod teaching;
 pub mod weights_file;

@@ -23,6 +23,7 @@ use crate::distill::DistillConfig;
 use crate::dqn::DqnConfig;
 pub use crate::kind::{AlgorithmKind, Family};
 use crate::ppo::PpoConfig;
+use crate::sac::SacConfig;
 use crate::td3::{DdpgConfig, Td3Config};
 
 /// The kinds: `Variant(ConfigType)`, its TOML `kind` the variant's name in lower case.
@@ -67,6 +68,8 @@ kinds! {
     Ddpg(DdpgConfig),
     /// Twin Delayed DDPG.
     Td3(Td3Config),
+    /// Soft Actor-Critic (twin critics, learnt entropy coefficient).
+    Sac(SacConfig),
     /// Policy distillation: a student learns a trained teacher's outputs on the states it visits.
     Distill(DistillConfig),
 }
@@ -130,7 +133,8 @@ mod tests {
             (AlgorithmConfig::A2c(A2cConfig::default()), cartpole.clone()),
             (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), cartpole),
             (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: vec![32, 32], ..Default::default() }), pendulum.clone()),
-            (AlgorithmConfig::Td3(Td3Config { hidden_sizes: vec![32, 32], ..Default::default() }), pendulum),
+            (AlgorithmConfig::Td3(Td3Config { hidden_sizes: vec![32, 32], ..Default::default() }), pendulum.clone()),
+            (AlgorithmConfig::Sac(SacConfig { hidden_sizes: vec![32, 32], ..Default::default() }), pendulum),
         ]
     }
 

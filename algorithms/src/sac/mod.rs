@@ -1,0 +1,832 @@
+//! Soft Actor-Critic (Haarnoja et al. 2018, "Soft Actor-Critic Algorithms and Applications"), the version with
+//! twin critics and automatic entropy tuning, as SB3's `SAC` and CleanRL's `sac_continuous_action` run it.
+//!
+//! Implementation details that matter (SB3's `SAC`):
+//! * the actor is an MLP torso with two linear heads, the Gaussian's mean (`actor.{k}`, the torso's last layer)
+//!   and its log standard deviation (`log_std.0`, clamped to `[−20, 2]`); an action is `a = tanh(u)`,
+//!   `u = μ + σ ε`, with `log π(a|s) = Σ [log N(u; μ, σ) − log(1 − a² + 10⁻⁶)]`. The deterministic action (evaluation,
+//!   `flotilla export`) is `tanh(μ)`; actions live in `[−1, 1]` and are scaled to the Box bounds only when
+//!   handed to the env, replay stores them in `[−1, 1]` ([`crate::continuous`]);
+//! * uniformly random actions before `learning_starts` env steps, then samples of the current policy;
+//! * every `train_freq` vectorised steps once more than `learning_starts` env steps were taken,
+//!   `gradient_steps` updates, each on one minibatch: (1) with `α = exp(log α)` as it stands, the temperature
+//!   loss `−mean(log α · (log π(ã|s) + H̄))` (target entropy `H̄ = −|A|` by default) and its Adam step;
+//!   (2) the critic target `y = r + γ (1 − terminated) (min_j Q̄_j(s', ã') − α log π(ã'|s'))`, `ã' ~ π(·|s')`, the
+//!   loss `½ Σ_j MSE(Q_j(s, a), y)` and an Adam step; (3) the actor loss `mean(α log π(ã|s) − min_j Q_j(s, ã))`
+//!   through the critics just updated (their weights detached) and an Adam step; (4) every
+//!   `target_update_interval` updates, the Polyak update (τ) of the critics' targets. There is no target actor;
+//! * the Gaussian draws `ε` for `ã` and `ã'` are taken on the host from the agent's seeded generator and travel
+//!   in the minibatch rows, so a resumed run continues bit for bit;
+//! * separate Adam optimisers (PyTorch defaults) for actor, critics and `log α`, PyTorch's default `nn.Linear`
+//!   initialisation; on the CPU, `fused_cpu` takes the Adam and Polyak steps as host loops.
+//!
+//! Defaults are RL Zoo's Pendulum-v1 (`sac.yml`: lr 1e-3, SB3's defaults otherwise): 256-256 ReLU MLPs, batch
+//! 256, buffer 1 M, learning starts 100, γ 0.99, τ 0.005, one gradient step per env step, `α` learnt from 1.
+//!
+//! Metrics: `losses/critic_loss`, `losses/actor_loss`, `losses/ent_coef_loss`, `charts/ent_coef` (α after
+//! the update), `losses/q_values` (mean `Q_j(s, a)`), `charts/learning_rate`, `charts/gradient_steps`.
+use flotilla_core::{Chunk, ObsRef, Space};
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::acting::{Acting, ActingPolicy, ActingSetup};
+use crate::algorithm::{Algorithm, Replicated};
+use crate::checkpoint::Checkpoint;
+use crate::continuous::action_noise::fill_standard_normal;
+use crate::continuous::{ActionReplay, Critics, action_bounds, adam_step, mean_of, polyak, unscale_rows};
+use crate::export::{Architecture, Network, PolicyOutput, widths};
+use crate::kind::{AlgorithmKind, Family};
+use crate::nn::adam::Adam;
+use crate::nn::data_parallel::DataParallel;
+use crate::nn::host_mlp::HostScratch;
+use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
+use crate::nn::params::FlatParams;
+use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
+use crate::progress::Progress;
+use crate::teaching::Teaching;
+use crate::{Error, Metrics, Result};
+
+/// SB3's bounds on the policy's log standard deviation.
+const LOG_STD_RANGE: (f64, f64) = (-20.0, 2.0);
+
+/// SAC hyperparameters. `Default` is RL Zoo's Pendulum-v1 SAC.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SacConfig {
+    /// Adam learning rate (actor, critics and temperature).
+    pub learning_rate: f64,
+    /// Adam ε.
+    pub adam_eps: f64,
+    /// Transitions per gradient step.
+    pub batch_size: usize,
+    /// Replay capacity (transitions).
+    pub buffer_size: usize,
+    /// Env steps of uniformly random actions before learning starts.
+    pub learning_starts: u64,
+    /// Discount factor γ.
+    pub gamma: f64,
+    /// Polyak coefficient of the critics' target updates.
+    pub tau: f64,
+    /// Vectorised env steps between training phases.
+    pub train_freq: u64,
+    /// Gradient steps per training phase.
+    pub gradient_steps: usize,
+    /// The entropy coefficient α at the start (SB3's `ent_coef = "auto_<x>"`; `"auto"` is 1).
+    pub ent_coef: f64,
+    /// Learn α towards the target entropy (SB3's `"auto"`); `false` keeps `ent_coef` fixed.
+    pub learn_ent_coef: bool,
+    /// The target entropy `H̄`; unset: `−|A|` (the action dimension, negated).
+    pub target_entropy: Option<f64>,
+    /// Gradient steps between the critics' Polyak target updates.
+    pub target_update_interval: u64,
+    /// Hidden layer widths of the actor and of each critic.
+    pub hidden_sizes: Vec<i64>,
+    /// Hidden nonlinearity.
+    pub activation: Activation,
+    /// Critics; targets and the actor read the minimum of them.
+    pub n_critics: usize,
+    /// On the CPU, take each Adam step and each Polyak update as one host loop over the flat buffers instead
+    /// of libtorch's several elementwise ops (same maths to float rounding); `false` runs all on libtorch.
+    pub fused_cpu: bool,
+}
+
+impl Default for SacConfig {
+    fn default() -> Self {
+        SacConfig {
+            learning_rate: 1e-3,
+            adam_eps: 1e-8,
+            batch_size: 256,
+            buffer_size: 1_000_000,
+            learning_starts: 100,
+            gamma: 0.99,
+            tau: 0.005,
+            train_freq: 1,
+            gradient_steps: 1,
+            ent_coef: 1.0,
+            learn_ent_coef: true,
+            target_entropy: None,
+            target_update_interval: 1,
+            hidden_sizes: vec![256, 256],
+            activation: Activation::Relu,
+            n_critics: 2,
+            fused_cpu: true,
+        }
+    }
+}
+
+impl SacConfig {
+    /// Range checks serde cannot express.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field, value: String, detail: &str| {
+            Err(Error::InvalidConfig { algorithm: "sac", field, value, detail: detail.to_string() })
+        };
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        for (field, value) in [("learning_rate", self.learning_rate), ("adam_eps", self.adam_eps)] {
+            if !positive(value) {
+                return bad(field, value.to_string(), "must be finite and > 0");
+            }
+        }
+        if !positive(self.ent_coef) {
+            return bad("ent_coef", self.ent_coef.to_string(), "must be finite and > 0 (α, or its start)");
+        }
+        if self.target_entropy.is_some_and(|h| !h.is_finite()) {
+            return bad("target_entropy", format!("{:?}", self.target_entropy), "must be finite");
+        }
+        for (field, value) in [
+            ("batch_size", self.batch_size as u64),
+            ("train_freq", self.train_freq),
+            ("n_critics", self.n_critics as u64),
+            ("target_update_interval", self.target_update_interval),
+        ] {
+            if value == 0 {
+                return bad(field, "0".into(), "must be at least 1");
+            }
+        }
+        if self.buffer_size < self.batch_size {
+            return bad("buffer_size", self.buffer_size.to_string(), "must be at least batch_size");
+        }
+        if !(0.0..=1.0).contains(&self.gamma) {
+            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
+        }
+        if !(self.tau > 0.0 && self.tau <= 1.0) {
+            return bad("tau", self.tau.to_string(), "must be in (0, 1]");
+        }
+        if self.hidden_sizes.is_empty() || self.hidden_sizes.iter().any(|&h| h <= 0) {
+            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "one or more widths, each at least 1");
+        }
+        Ok(())
+    }
+}
+
+impl AlgorithmKind for SacConfig {
+    fn name(&self) -> &'static str {
+        "sac"
+    }
+
+    fn family(&self) -> Family {
+        Family::OffPolicy
+    }
+
+    fn validate(&self, _num_envs: usize) -> Result<()> {
+        SacConfig::validate(self)
+    }
+
+    fn learner(&self, o: &Space, a: &Space, n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
+        Ok(Box::new(Sac::new(o, a, n_envs, self.clone(), device, seed)?))
+    }
+
+    /// The mean's MLP (`actor.{k}`) and `tanh`, scaled to the bounds: the deterministic action.
+    fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
+        let (low, high) = action_bounds("sac", a)?;
+        let network = Network::Mlp {
+            prefix: "actor".into(),
+            widths: widths(mlp_input_dim("sac", o)?, &self.hidden_sizes, low.len()),
+            activation: self.activation,
+        };
+        Ok(Architecture::new("sac", network, PolicyOutput::TanhScaled { low, high }, 1, o, a))
+    }
+
+    fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
+        let ActingSetup { observation_space: o, action_space: a, seed, .. } = *setup;
+        Ok(Acting::Chunks(Box::new(SacPolicy::new(o, a, self, seed)?)))
+    }
+}
+
+/// The squashed Gaussian policy: the mean's MLP `actor.{k}` and the log-std head `log_std.0` on its last
+/// hidden layer, in one [`FlatParams`]; shared by the agent and its acting copy ([`SacPolicy`]).
+#[derive(Debug, Clone)]
+pub(crate) struct GaussianActor {
+    net: FlatMlp,
+    /// Index of the log-std head's weight (its bias follows).
+    log_std: usize,
+    low: Vec<f32>,
+    high: Vec<f32>,
+    obs_dim: usize,
+    act_dim: usize,
+    device: Device,
+}
+
+impl GaussianActor {
+    /// The actor for these spaces and its initial parameters, drawn from libtorch's generator.
+    fn init(o: &Space, a: &Space, c: &SacConfig, device: Device) -> Result<(Self, Vec<(String, Tensor)>)> {
+        let obs_dim = mlp_input_dim("sac", o)?;
+        let (low, high) = action_bounds("sac", a)?;
+        let act_dim = low.len();
+        let (od, ad, hidden) = (obs_dim as i64, act_dim as i64, &c.hidden_sizes);
+        let (net, mut named) = FlatMlp::init("actor", od, hidden, ad, c.activation, LayerInit::Torch, 0);
+        let last = *hidden.last().expect("validated: one or more hidden layers");
+        let log_std = named.len();
+        named.extend(FlatMlp::init("log_std", last, &[], ad, c.activation, LayerInit::Torch, log_std).1);
+        Ok((GaussianActor { net, log_std, low, high, obs_dim, act_dim, device }, named))
+    }
+
+    /// The Gaussian's mean and clamped log standard deviation on `obs` `[B, obs_dim]`: `([B, A], [B, A])`.
+    fn forward(&self, params: &FlatParams, obs: &Tensor) -> (Tensor, Tensor) {
+        let (layers, activation) = self.net.layout();
+        let (torso, out) = layers.split_at(layers.len() - 1);
+        let mut h = obs.shallow_clone();
+        for &i in torso {
+            h = activation.apply(&params.view(i + 1).addmm(&h, params.view(i)));
+        }
+        let mean = params.view(out[0] + 1).addmm(&h, params.view(out[0]));
+        let log_std = params.view(self.log_std + 1).addmm(&h, params.view(self.log_std));
+        (mean, log_std.clamp(LOG_STD_RANGE.0, LOG_STD_RANGE.1))
+    }
+
+    /// A reparameterised sample `tanh(μ + σ ε)` `[B, A]` for the standard-normal draws `eps` `[B, A]`, and its
+    /// log-probability `[B, 1]` (with the tanh correction).
+    fn sample(&self, params: &FlatParams, obs: &Tensor, eps: &Tensor) -> (Tensor, Tensor) {
+        let (mean, log_std) = self.forward(params, obs);
+        let action = (&mean + log_std.exp() * eps).tanh();
+        let gaussian = eps.square() * -0.5 - &log_std - 0.5 * (2.0 * std::f64::consts::PI).ln();
+        let squash = (action.square() * -1.0 + 1.0 + 1e-6).log();
+        let log_prob = (gaussian - squash).sum_dim_intlist(1, true, Kind::Float);
+        (action, log_prob)
+    }
+
+    /// Actions for a batch in the env's bounds: uniformly random with `random`, the mean's `tanh` with
+    /// `deterministic`, else a sample. The mean runs without libtorch on CPU parameters.
+    #[allow(clippy::too_many_arguments)]
+    fn act(
+        &self,
+        params: &FlatParams,
+        obs: &[f32],
+        (random, deterministic): (bool, bool),
+        rng: &mut Pcg64,
+        host: &mut (HostScratch, Vec<f32>),
+        out: &mut ActOutput,
+    ) -> Result<()> {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        let rows = obs.len() / self.obs_dim;
+        out.log_probs.clear();
+        out.values.clear();
+        out.q_values.clear();
+        out.actions.resize(rows * self.act_dim, 0.0);
+        let (scratch, raw) = host;
+        if random {
+            for a in &mut out.actions {
+                *a = rng.random_range(-1.0..1.0);
+            }
+        } else if deterministic && self.net.forward_host(params, obs, rows, scratch, raw) {
+            for (a, r) in out.actions.iter_mut().zip(raw.iter()) {
+                *a = r.tanh();
+            }
+        } else {
+            let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
+            let a = tch::no_grad(|| {
+                if deterministic {
+                    self.forward(params, &x).0.tanh()
+                } else {
+                    let mut eps = Vec::with_capacity(rows * self.act_dim);
+                    fill_standard_normal(rng, rows * self.act_dim, |_, e| eps.push(e as f32));
+                    let eps = Tensor::from_slice(&eps).view([rows as i64, -1]).to_device(self.device);
+                    self.sample(params, &x, &eps).0
+                }
+            });
+            a.to_device(Device::Cpu).f_copy_data(&mut out.actions, rows * self.act_dim)?;
+        }
+        unscale_rows(&mut out.actions, &self.low, &self.high);
+        Ok(())
+    }
+}
+
+/// A SAC agent: the actor, the critics and their targets, `log α`, three Adam optimisers, replay, RNG.
+#[derive(Debug)]
+pub struct Sac {
+    config: SacConfig,
+    pi: GaussianActor,
+    actor: FlatParams,
+    critic_net: Critics,
+    critic: FlatParams,
+    critic_target: FlatParams,
+    /// Every critic's weights, detached (the actor loss's).
+    critic_detached: Vec<Tensor>,
+    /// `log α`, one value.
+    log_alpha: FlatParams,
+    target_entropy: f64,
+    actor_opt: Adam,
+    critic_opt: Adam,
+    alpha_opt: Adam,
+    data: ActionReplay,
+    rng: Pcg64,
+    device: Device,
+    /// One row per sampled transition, `[obs | action | next_obs | reward | bootstrap | ε | ε']`.
+    batch: Vec<f32>,
+    host: (HostScratch, Vec<f32>),
+    parallel: DataParallel,
+}
+
+/// One gradient step's losses and mean Q, as scalar tensors (no device sync).
+struct StepLosses {
+    critic: Tensor,
+    q: Tensor,
+    actor: Tensor,
+    alpha: Tensor,
+}
+
+impl Sac {
+    /// A fresh agent for a bounded 1-D `Box` action space fed by `n_envs` envs.
+    pub fn new(o: &Space, a: &Space, n_envs: usize, config: SacConfig, device: Device, seed: u64) -> Result<Self> {
+        config.validate()?;
+        let c = &config;
+        // The actor's draws first, then the critics', from one seeded stream.
+        let (pi, actor, critic_net, critic) = with_torch_seed(seed, || -> Result<_> {
+            let (pi, actor) = GaussianActor::init(o, a, c, device)?;
+            let dims = (pi.obs_dim as i64, pi.act_dim as i64);
+            let (critic_net, q) = Critics::init("critic", dims, (c.n_critics, &c.hidden_sizes, c.activation), 1);
+            Ok((pi, FlatParams::new(actor, device), critic_net, FlatParams::new(q, device)))
+        })?;
+        let log_alpha =
+            FlatParams::new(vec![("log_ent_coef".into(), Tensor::from_slice(&[c.ent_coef.ln() as f32]))], device);
+        let data = ActionReplay::new(
+            c.buffer_size,
+            pi.obs_dim,
+            (pi.low.clone(), pi.high.clone()),
+            n_envs,
+            c.gamma,
+            c.train_freq,
+        )?;
+        Ok(Sac {
+            target_entropy: c.target_entropy.unwrap_or(-(pi.act_dim as f64)),
+            actor_opt: Adam::new(&actor, c.learning_rate, c.adam_eps),
+            critic_opt: Adam::new(&critic, c.learning_rate, c.adam_eps),
+            alpha_opt: Adam::new(&log_alpha, c.learning_rate, c.adam_eps),
+            critic_target: critic.target_copy(),
+            critic_detached: critic_net.detached(&critic, c.n_critics),
+            pi,
+            actor,
+            critic_net,
+            critic,
+            log_alpha,
+            data,
+            rng: Pcg64::seed_from_u64(seed ^ 0x5ac_0000),
+            device,
+            batch: Vec::new(),
+            host: Default::default(),
+            parallel: DataParallel::default(),
+            config,
+        })
+    }
+
+    /// The resolved config.
+    pub fn config(&self) -> &SacConfig {
+        &self.config
+    }
+
+    /// The entropy coefficient α now.
+    pub fn ent_coef(&self) -> f64 {
+        f64::try_from(self.log_alpha.flat().exp().sum(Kind::Float)).unwrap_or(f64::NAN)
+    }
+
+    /// The online critics' parameters (the policy's are [`Algorithm::policy_params`]).
+    pub fn critic_params(&self) -> &FlatParams {
+        &self.critic
+    }
+
+    /// Sample a minibatch into `self.batch` (with its Gaussian draws) and take one gradient step on it.
+    fn gradient_step(&mut self) -> Result<StepLosses> {
+        let ad = self.pi.act_dim;
+        let b = self.config.batch_size;
+        let width = self.data.sample_rows(b, &mut self.rng, &mut self.batch, |rng, out| {
+            fill_standard_normal(rng, 2 * ad, |_, e| out.push(e as f32))
+        })?;
+        let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.device);
+        self.step_on(&x)
+    }
+
+    /// SAC's update on the rows `x` `[B, width]` (one per transition: `[obs | action | next_obs | reward | bootstrap | ε | ε′]`): temperature, critics, actor, targets.
+    fn step_on(&mut self, x: &Tensor) -> Result<StepLosses> {
+        let (od, ad, b) = (self.pi.obs_dim as i64, self.pi.act_dim as i64, x.size()[0]);
+        let fused = self.config.fused_cpu;
+        let column = |start: i64, len: i64| x.narrow(1, start, len);
+        let (obs, action, next_obs) = (column(0, od), column(od, ad), column(od + ad, od));
+        let (reward, bootstrap) = (column(2 * od + ad, 1), column(2 * od + ad + 1, 1));
+        let (eps, next_eps) = (column(2 * od + ad + 2, ad), column(2 * od + 2 * ad + 2, ad));
+        let parts: Vec<(i64, i64)> = self.parallel.micro_batches(b).collect();
+        let part =
+            |t: &Tensor, (start, len): (i64, i64)| if len == b { t.shallow_clone() } else { t.narrow(0, start, len) };
+        // α as it stands before its own step weighs this step's losses (SB3).
+        let alpha = self.log_alpha.flat().exp().detach();
+        // (1) The policy at s, kept for the actor loss; the temperature's loss and step.
+        let (mut sampled, mut alpha_losses) = (Vec::with_capacity(parts.len()), Vec::new());
+        for (j, &p) in parts.iter().enumerate() {
+            let (a_pi, log_prob) = self.pi.sample(&self.actor, &part(&obs, p), &part(&eps, p));
+            if self.config.learn_ent_coef {
+                let loss =
+                    -(self.log_alpha.view(0) * (log_prob.detach() + self.target_entropy)).sum(Kind::Float) / b as f64;
+                if j == 0 {
+                    self.log_alpha.backward(&loss)
+                } else {
+                    self.log_alpha.backward_add(&loss)
+                }
+                alpha_losses.push(loss.detach());
+            }
+            sampled.push((a_pi, log_prob));
+        }
+        if self.config.learn_ent_coef {
+            self.parallel.reduce_slot(2, &mut self.log_alpha)?;
+            adam_step(&mut self.alpha_opt, &mut self.log_alpha, fused);
+        }
+        // (2) The critics against the soft target.
+        let target = tch::no_grad(|| {
+            let (next_action, next_log_prob) = self.pi.sample(&self.actor, &next_obs, &next_eps);
+            let next_q = self.critic_net.forward(&self.critic_target, &Tensor::cat(&[&next_obs, &next_action], 1));
+            reward.addcmul(&bootstrap, &(next_q.amin(1, true) - &alpha * next_log_prob))
+        });
+        let (mut critic_losses, mut qs) = (Vec::new(), Vec::new());
+        for (j, &p) in parts.iter().enumerate() {
+            let q = self.critic_net.forward(&self.critic, &Tensor::cat(&[part(&obs, p), part(&action, p)], 1));
+            let loss = (&q - part(&target, p)).square().sum(Kind::Float) * (0.5 / b as f64);
+            if j == 0 {
+                self.critic.backward(&loss)
+            } else {
+                self.critic.backward_add(&loss)
+            }
+            critic_losses.push(loss.detach());
+            qs.push(q.detach());
+        }
+        self.parallel.reduce_slot(0, &mut self.critic)?;
+        adam_step(&mut self.critic_opt, &mut self.critic, fused);
+        // (3) The actor through the updated critics (detached weights: no critic gradient).
+        let mut actor_losses = Vec::new();
+        for (j, (&p, (a_pi, log_prob))) in parts.iter().zip(sampled).enumerate() {
+            let q_pi = self.critic_net.forward_detached(&self.critic_detached, &Tensor::cat(&[part(&obs, p), a_pi], 1));
+            let loss = (&alpha * log_prob - q_pi.amin(1, true)).sum(Kind::Float) / b as f64;
+            if j == 0 {
+                self.actor.backward(&loss)
+            } else {
+                self.actor.backward_add(&loss)
+            }
+            actor_losses.push(loss.detach());
+        }
+        self.parallel.reduce_slot(1, &mut self.actor)?;
+        adam_step(&mut self.actor_opt, &mut self.actor, fused);
+        // (4) The critics' targets.
+        let counters = &mut self.data.counters;
+        if counters.critic_updates.is_multiple_of(self.config.target_update_interval) {
+            polyak(&mut self.critic_target, &self.critic, self.config.tau, fused);
+        }
+        counters.critic_updates += 1;
+        counters.actor_updates += 1;
+        let total = |ts: Vec<Tensor>| Tensor::stack(&ts, 0).sum(Kind::Float);
+        let alpha_loss = if alpha_losses.is_empty() { Tensor::from(0.0f32) } else { total(alpha_losses) };
+        let q = Tensor::cat(&qs, 0).mean(Kind::Float);
+        Ok(StepLosses { critic: total(critic_losses), q, actor: total(actor_losses), alpha: alpha_loss })
+    }
+}
+
+impl Policy for Sac {
+    fn obs_dim(&self) -> usize {
+        self.pi.obs_dim
+    }
+
+    fn act_dim(&self) -> usize {
+        self.pi.act_dim
+    }
+
+    /// A sample of the policy scaled to the bounds (uniformly random before `learning_starts`); `tanh(μ)`
+    /// unless exploring.
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        let explore = mode == ActMode::Explore;
+        let random = explore && self.data.counters.env_steps < self.config.learning_starts;
+        let obs = f32_obs("sac", obs)?;
+        self.pi.act(&self.actor, obs, (random, !explore), &mut self.rng, &mut self.host, out)
+    }
+}
+
+impl Algorithm for Sac {
+    fn replicated(&mut self) -> Option<&mut dyn Replicated> {
+        Some(self)
+    }
+
+    fn name(&self) -> &'static str {
+        "sac"
+    }
+
+    fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
+        self.data.observe("sac", chunks, |_| {})
+    }
+
+    fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
+        let c = &self.config;
+        let steps = self.data.phase_due(c.learning_starts, c.gradient_steps, progress);
+        if steps == 0 {
+            return Ok(None);
+        }
+        let mut losses = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            losses.push(self.gradient_step()?);
+        }
+        let of = |f: fn(&StepLosses) -> &Tensor| losses.iter().map(|l| f(l).shallow_clone()).collect::<Vec<_>>();
+        let mut m = Metrics::default();
+        m.push("losses/critic_loss", mean_of(&of(|l| &l.critic))?);
+        m.push("losses/actor_loss", mean_of(&of(|l| &l.actor))?);
+        m.push("losses/ent_coef_loss", mean_of(&of(|l| &l.alpha))?);
+        m.push("charts/ent_coef", self.ent_coef());
+        m.push("losses/q_values", mean_of(&of(|l| &l.q))?);
+        m.push("charts/learning_rate", self.actor_opt.lr);
+        m.push("charts/gradient_steps", steps as f64);
+        Ok(Some(m))
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut c = Checkpoint::new();
+        c.put_tensor("actor.online", self.actor.flat());
+        c.put_tensor("critic.online", self.critic.flat());
+        c.put_tensor("critic.target", self.critic_target.flat());
+        c.put_tensor("log_ent_coef", self.log_alpha.flat());
+        self.actor_opt.write_to(&mut c, "actor_adam")?;
+        self.critic_opt.write_to(&mut c, "critic_adam")?;
+        self.alpha_opt.write_to(&mut c, "ent_coef_adam")?;
+        self.data.write_to(&mut c)?;
+        c.put_meta("rng", &self.rng)?;
+        Ok(c)
+    }
+
+    fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
+        // The metadata first: a checkpoint of another algorithm fails before anything changes.
+        let rng = c.meta("rng")?;
+        let counters = ActionReplay::counters_in(c)?;
+        c.copy_into("actor.online", self.actor.flat())?;
+        c.copy_into("critic.online", self.critic.flat())?;
+        c.copy_into("critic.target", self.critic_target.flat())?;
+        c.copy_into("log_ent_coef", self.log_alpha.flat())?;
+        self.actor_opt.read_from(c, "actor_adam", &self.actor)?;
+        self.critic_opt.read_from(c, "critic_adam", &self.critic)?;
+        self.alpha_opt.read_from(c, "ent_coef_adam", &self.log_alpha)?;
+        self.data.read_from(c, counters)?;
+        self.rng = rng;
+        Ok(())
+    }
+
+    /// The actor (the mean's MLP and the log-std head).
+    fn policy_params(&self) -> &FlatParams {
+        &self.actor
+    }
+
+    fn policy_params_mut(&mut self) -> &mut FlatParams {
+        &mut self.actor
+    }
+
+    /// The deterministic actions `tanh(μ)`, in env units.
+    fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
+        let mut out = ActOutput::default();
+        let x = f32_obs("sac", obs)?;
+        self.pi.act(&self.actor, x, (false, true), &mut self.rng, &mut self.host, &mut out)?;
+        let rows = (x.len() / self.pi.obs_dim) as i64;
+        Ok(Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
+    }
+}
+
+impl Replicated for Sac {
+    fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        parallel.check_batch("sac", "batch_size", self.config.batch_size)?;
+        self.parallel = parallel;
+        Ok(())
+    }
+}
+
+/// SAC's acting policy in an actor process: the actor's weights (from the learner's broadcast) and a seeded
+/// generator for its samples; uniformly random actions while the learner has fewer than `learning_starts`
+/// env steps. No critics, no replay, no optimiser.
+#[derive(Debug)]
+pub struct SacPolicy {
+    pi: GaussianActor,
+    params: FlatParams,
+    learning_starts: u64,
+    learner_env_steps: u64,
+    rng: Pcg64,
+    host: (HostScratch, Vec<f32>),
+}
+
+impl SacPolicy {
+    /// An acting policy for these spaces; `seed` fixes its samples.
+    pub fn new(o: &Space, a: &Space, config: &SacConfig, seed: u64) -> Result<Self> {
+        config.validate()?;
+        let (pi, named) = with_torch_seed(seed, || GaussianActor::init(o, a, config, Device::Cpu))?;
+        Ok(SacPolicy {
+            pi,
+            params: FlatParams::new(named, Device::Cpu),
+            learning_starts: config.learning_starts,
+            learner_env_steps: 0,
+            rng: Pcg64::seed_from_u64(seed ^ 0x5ac_ac70),
+            host: Default::default(),
+        })
+    }
+}
+
+impl Policy for SacPolicy {
+    fn obs_dim(&self) -> usize {
+        self.pi.obs_dim
+    }
+
+    fn act_dim(&self) -> usize {
+        self.pi.act_dim
+    }
+
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        let explore = mode == ActMode::Explore;
+        let random = explore && self.learner_env_steps < self.learning_starts;
+        self.pi.act(&self.params, f32_obs("sac", obs)?, (random, !explore), &mut self.rng, &mut self.host, out)
+    }
+}
+
+impl ActingPolicy for SacPolicy {
+    fn params(&self) -> &FlatParams {
+        &self.params
+    }
+
+    fn set_progress(&mut self, progress: &Progress) {
+        self.learner_env_steps = progress.env_steps;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::continuous::bandit::{Bandit, OPTIMUM, spaces};
+    use crate::nn::params::assert_params_close;
+
+    fn tiny() -> SacConfig {
+        SacConfig {
+            batch_size: 32,
+            buffer_size: 1_000,
+            learning_starts: 64,
+            hidden_sizes: vec![32, 32],
+            gamma: 0.9,
+            tau: 0.05,
+            ..SacConfig::default()
+        }
+    }
+
+    fn values(p: &FlatParams) -> Vec<f32> {
+        Vec::try_from(p.flat().detach()).unwrap()
+    }
+
+    fn sac(config: SacConfig, n_envs: usize, seed: u64) -> Sac {
+        let (o, a) = spaces();
+        Sac::new(&o, &a, n_envs, config, Device::Cpu, seed).unwrap()
+    }
+
+    /// The log-probability of the squashed Gaussian against the change of variables done by hand, and the
+    /// deterministic action `tanh(μ)`.
+    #[test]
+    fn squashed_gaussian_log_probability() {
+        let agent = sac(tiny(), 1, 1);
+        let obs = Tensor::from_slice(&[0.2f32, -0.4, 0.9, 0.1]).view([2, 2]);
+        let eps = Tensor::from_slice(&[0.5f32, -1.5]).view([2, 1]);
+        let (action, log_prob) = agent.pi.sample(&agent.actor, &obs, &eps);
+        let (mean, log_std) = agent.pi.forward(&agent.actor, &obs);
+        for r in 0..2 {
+            let (m, s, e) =
+                (mean.double_value(&[r, 0]), log_std.double_value(&[r, 0]).exp(), eps.double_value(&[r, 0]));
+            let u = m + s * e;
+            let density = (-0.5 * e * e).exp() / (s * (2.0 * std::f64::consts::PI).sqrt());
+            let want = density.ln() - (1.0 - u.tanh().powi(2) + 1e-6).ln();
+            assert!((action.double_value(&[r, 0]) - u.tanh()).abs() < 1e-6);
+            assert!(
+                (log_prob.double_value(&[r, 0]) - want).abs() < 1e-4,
+                "{} vs {want}",
+                log_prob.double_value(&[r, 0])
+            );
+        }
+        let mut out = ActOutput::default();
+        let mut a = sac(tiny(), 1, 1);
+        a.act(ObsRef::F32(&[0.2, -0.4]), ActMode::Deterministic, &mut out).unwrap();
+        let want = crate::continuous::unscale_action(mean.double_value(&[0, 0]).tanh() as f32, -1.0, 2.0);
+        assert!((out.actions[0] - want).abs() < 1e-5);
+    }
+
+    #[test]
+    fn learns_the_bandit_optimum_and_lowers_its_entropy() {
+        let mut agent = sac(SacConfig { learning_starts: 200, ..tiny() }, 1, 5);
+        let mut env = Bandit::new(5, 1, 1, true);
+        let metrics = env.drive(&mut agent, 1_500, 1_500);
+        let obs = env.draw();
+        let mut out = ActOutput::default();
+        agent.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut out).unwrap();
+        assert!((out.actions[0] - OPTIMUM).abs() < 0.1, "action {:?}", out.actions);
+        // α falls from 1 as the policy's entropy comes down to the target.
+        let alpha = metrics.last().unwrap().get("charts/ent_coef").unwrap();
+        assert!(alpha < 0.5, "α {alpha}");
+        // Samples gather around the optimum.
+        let mut spread = 0.0;
+        for _ in 0..50 {
+            agent.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            spread += (out.actions[0] - OPTIMUM).abs() / 50.0;
+        }
+        // (Uniform actions in [−1, 2] lie 0.78 from it on average.)
+        assert!(spread < 0.45, "mean distance of samples {spread}");
+    }
+
+    #[test]
+    fn fused_cpu_steps_match_libtorch() {
+        let (mut fused, mut torch) = (sac(tiny(), 1, 3), sac(SacConfig { fused_cpu: false, ..tiny() }, 1, 3));
+        let (mut env_f, mut env_t) = (Bandit::new(6, 1, 10, false), Bandit::new(6, 1, 10, false));
+        let (mf, mt) = (env_f.drive(&mut fused, 104, 1_000), env_t.drive(&mut torch, 104, 1_000));
+        assert_eq!(mf.len(), 40);
+        for (a, b) in mf.iter().zip(&mt) {
+            for &(key, x) in a.iter() {
+                let y = b.get(key).unwrap();
+                assert!((x - y).abs() <= 1e-4 * y.abs().max(1e-2), "{key} {x} vs {y}");
+            }
+        }
+        for (what, x, y) in [
+            ("actor", &fused.actor, &torch.actor),
+            ("critic", &fused.critic, &torch.critic),
+            ("critic target", &fused.critic_target, &torch.critic_target),
+        ] {
+            let a = assert_params_close(what, x, y, 1e-5);
+            assert_ne!(a, values(y), "{what}: the host loops ran (float rounding tells the paths apart)");
+        }
+        assert_params_close("log α", &fused.log_alpha, &torch.log_alpha, 1e-5);
+        assert_eq!(fused.data.counters, torch.data.counters);
+    }
+
+    #[test]
+    fn checkpoint_round_trip_continues_bit_identically() {
+        let mut agent = sac(tiny(), 2, 4);
+        let mut env = Bandit::new(4, 2, 7, false);
+        env.drive(&mut agent, 151, 1_000);
+        let path = std::env::temp_dir().join(format!("flotilla-sac-ckpt-{}.safetensors", std::process::id()));
+        agent.checkpoint().unwrap().save(&path).unwrap();
+        let mut back = sac(tiny(), 2, 99);
+        back.restore(&mut Checkpoint::load(&path).unwrap()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut env_copy = env.clone();
+        let (a, b) = (env.drive(&mut agent, 60, 1_000), env_copy.drive(&mut back, 60, 1_000));
+        assert_eq!(a, b, "same metrics");
+        for (x, y) in [
+            (&agent.actor, &back.actor),
+            (&agent.critic, &back.critic),
+            (&agent.critic_target, &back.critic_target),
+            (&agent.log_alpha, &back.log_alpha),
+        ] {
+            assert_eq!(values(x), values(y));
+        }
+        assert_eq!(agent.data.counters, back.data.counters);
+        // Exploring draws continue from the same generator state too.
+        let (mut x, mut y) = (ActOutput::default(), ActOutput::default());
+        agent.act(ObsRef::F32(&[0.1, 0.2, 0.3, 0.4]), ActMode::Explore, &mut x).unwrap();
+        back.act(ObsRef::F32(&[0.1, 0.2, 0.3, 0.4]), ActMode::Explore, &mut y).unwrap();
+        assert_eq!(x.actions, y.actions);
+        // A TD3 checkpoint does not fit.
+        let (o, act) = spaces();
+        let td3 = crate::td3::Td3::td3(&o, &act, 2, Default::default(), Device::Cpu, 0).unwrap();
+        assert!(back.restore(&mut td3.checkpoint().unwrap()).is_err());
+    }
+
+    /// Two micro-batches accumulate the gradient of the whole minibatch.
+    #[test]
+    fn accumulated_micro_batches_step_as_one_batch() {
+        let mut one = sac(SacConfig { fused_cpu: false, ..tiny() }, 1, 8);
+        let mut two = sac(SacConfig { fused_cpu: false, ..tiny() }, 1, 8);
+        two.set_data_parallel(DataParallel::new(None, 2).unwrap()).unwrap();
+        let (mut e1, mut e2) = (Bandit::new(9, 1, 5, false), Bandit::new(9, 1, 5, false));
+        let (m1, m2) = (e1.drive(&mut one, 90, 1_000), e2.drive(&mut two, 90, 1_000));
+        assert_eq!(m1.len(), 26);
+        for (a, b) in m1.iter().zip(&m2) {
+            for &(key, x) in a.iter() {
+                let y = b.get(key).unwrap();
+                assert!((x - y).abs() <= 1e-4 * y.abs().max(1e-2), "{key} {x} vs {y}");
+            }
+        }
+        assert_params_close("actor", &one.actor, &two.actor, 1e-5);
+        assert_params_close("critic", &one.critic, &two.critic, 1e-5);
+    }
+
+    #[test]
+    fn random_warm_up_then_samples_within_bounds() {
+        let mut agent = sac(tiny(), 3, 2);
+        let mut out = ActOutput::default();
+        let obs = [0.3f32, -0.2, 0.5, 0.5, -0.9, 0.9];
+        agent.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+        let warm: Vec<f32> = out.actions.clone();
+        assert!(warm.iter().all(|a| (-1.0..=2.0).contains(a)));
+        agent.data.counters.env_steps = 64;
+        for _ in 0..20 {
+            agent.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            assert!(out.actions.iter().all(|a| (-1.0..=2.0).contains(a)), "{:?}", out.actions);
+        }
+        assert!(agent.act(ObsRef::F32(&obs[..5]), ActMode::Explore, &mut out).is_err());
+    }
+
+    #[test]
+    fn config_validation_names_the_field() {
+        for (bad, field) in [
+            (SacConfig { ent_coef: 0.0, ..tiny() }, "ent_coef"),
+            (SacConfig { batch_size: 0, ..tiny() }, "batch_size"),
+            (SacConfig { buffer_size: 8, ..tiny() }, "buffer_size"),
+            (SacConfig { tau: 0.0, ..tiny() }, "tau"),
+            (SacConfig { hidden_sizes: vec![], ..tiny() }, "hidden_sizes"),
+            (SacConfig { target_entropy: Some(f64::NAN), ..tiny() }, "target_entropy"),
+        ] {
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+    }
+}
