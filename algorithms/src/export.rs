@@ -650,6 +650,7 @@ mod tests {
     use crate::ppo::PpoConfig;
     use crate::registry::AlgorithmConfig;
     use crate::td3::{DdpgConfig, Td3Config};
+    use crate::sac::SacConfig;
     use crate::{ActMode, ActOutput};
     use flotilla_core::ObsRef;
     use tch::Device;
@@ -696,6 +697,7 @@ mod tests {
             (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), frames()),
             (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::Td3(Td3Config { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
+            (AlgorithmConfig::Sac(SacConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::Distill(DistillConfig { teachers: vec!["t".into()], ..Default::default() }), cartpole()),
             (AlgorithmConfig::Distill(DistillConfig { teachers: vec!["t".into()], ..Default::default() }), pendulum()),
         ];
@@ -714,12 +716,14 @@ mod tests {
             });
             let arch = config.architecture(o, a).unwrap();
             let params = agent.policy_params();
-            let have: Vec<(String, Vec<usize>)> = params
+            let (have, training_only): (Vec<(String, Vec<usize>)>, Vec<_>) = params
                 .names()
                 .enumerate()
                 .map(|(i, n)| (n.to_string(), params.view(i).size().iter().map(|&d| d as usize).collect()))
-                .collect();
+                .partition(|(n, _)| arch.tensor_shapes().iter().any(|(a, _)| a == n));
             assert_eq!(arch.tensor_shapes(), have, "{name}");
+            // The one head the deterministic policy does not read: SAC's log standard deviation.
+            assert!(training_only.iter().all(|(n, _)| n.starts_with("log_std.")), "{name}: {training_only:?}");
             // What save_weights writes carries the architecture.
             let path = dir.join(format!("model{i}.safetensors"));
             agent.save_weights(&path).unwrap();

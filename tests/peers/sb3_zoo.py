@@ -1,7 +1,7 @@
 """Peer for the population benchmarks: Stable-Baselines3 trained with RL Zoo's tuned hyperparameters, one seed after
 another (or in --procs parallel processes), each followed by a seeded deterministic 10-episode evaluation.
 
-    python tests/peers/sb3_zoo.py --algo {ppo,a2c,dqn,ddpg,td3} [--seeds 0 1 2] [--procs 1] [--steps N] [--threads 1]
+    python tests/peers/sb3_zoo.py --algo {ppo,a2c,dqn,ddpg,td3,sac} [--seeds 0 1 2] [--procs 1] [--steps N] [--threads 1]
 
 Prints one JSON line per seed on stdout, in completion order:
     {"algo", "env", "seed", "train_secs", "final_return", "steps"}
@@ -11,7 +11,7 @@ the first seed), no evaluation. final_return is the mean return of 10 determinis
 10_000 + seed. steps is the number of env steps SB3 took (it rounds a budget up to whole rollouts).
 
 The hyperparameters are written out in ZOO below. They were read from rl-baselines3-zoo's hyperparams/{ppo,a2c,dqn,
-ddpg,td3}.yml (entries CartPole-v1 / Pendulum-v1) at the zoo's commit 22e3ff2450fd (2026-04-23); everything the zoo
+ddpg,td3,sac}.yml (entries CartPole-v1 / Pendulum-v1) at the zoo's commit 22e3ff2450fd (2026-04-23); everything the zoo
 leaves out is SB3's default, as in the zoo. The budget (n_timesteps, n_envs) is the zoo's; the script compares it with
 examples/configs/<config>.toml's run.total_env_steps and env.num_envs and prints any difference to stderr.
 Installed by `bash scripts/setup_peers.sh --sb3` into $FLOTILLA_CACHE/peers-venv (see tests/peers/README.md).
@@ -54,6 +54,10 @@ ZOO = {
     "td3": dict(env="Pendulum-v1", config="pendulum_td3.toml", n_envs=1, n_timesteps=20_000, noise_std=0.1,
                 kwargs=dict(gamma=0.98, buffer_size=200_000, learning_starts=10_000, gradient_steps=1,
                             train_freq=1, learning_rate=1e-3, policy_kwargs=dict(net_arch=[400, 300]))),
+    # sac.yml, Pendulum-v1: learning_rate 1e-3, SB3's SAC defaults otherwise (buffer 1 M, learning_starts 100,
+    # batch 256, tau 0.005, gamma 0.99, train_freq 1, gradient_steps 1, ent_coef "auto", 256-256 ReLU).
+    "sac": dict(env="Pendulum-v1", config="pendulum_sac.toml", n_envs=1, n_timesteps=20_000,
+                kwargs=dict(learning_rate=1e-3)),
 }
 
 
