@@ -96,6 +96,12 @@ fn ddpg_resumes_exactly_with_ou_noise() {
     let _ = check_resume("ddpg", "pendulum_ddpg.toml", &sets, 701);
 }
 
+#[test]
+fn sac_resumes_exactly_with_its_learnt_entropy_coefficient() {
+    let sets = ["run.total_env_steps=1200", "algorithm.hidden_sizes=[64, 64]", "eval.interval_steps=600"];
+    let _ = check_resume("sac", "pendulum_sac.toml", &sets, 777);
+}
+
 /// Distillation: the student's parameters, Adam moments, labelled replay and both RNGs are checkpointed; the
 /// teacher is not (the resumed process reloads it from the run directory named in the config).
 #[test]

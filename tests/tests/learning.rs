@@ -59,3 +59,13 @@ fn td3_swings_up_pendulum_within_20k_steps() {
         train_seeds("pendulum_td3.toml", &["run.total_env_steps=20000", "eval.interval_steps=5000"], &SEEDS, -200.0);
     assert_solved("td3 pendulum", &r, -200.0, 2);
 }
+
+/// Half of RL Zoo's 20 K-step budget: SAC (from 100 random steps, one gradient step per env step) has swung up and
+/// holds the pole by then.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning tests run in release: bash scripts/test.sh")]
+fn sac_swings_up_pendulum_within_10k_steps() {
+    let sets = ["run.total_env_steps=10000", "eval.interval_steps=5000"];
+    let r = train_seeds("pendulum_sac.toml", &sets, &SEEDS, -200.0);
+    assert_solved("sac pendulum", &r, -200.0, 2);
+}
