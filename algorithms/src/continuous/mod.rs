@@ -7,8 +7,6 @@
 //! env-unit action a chunk carries with [`scale_action`], so the critics always see `[−1, 1]` actions, from
 //! replay and from the actor; truncated episodes bootstrap from the true final observation.
 pub mod action_noise;
-#[cfg(test)]
-pub(crate) mod bandit;
 
 use flotilla_core::{Chunk, DType, ObsBuf, Space};
 use serde::{Deserialize, Serialize};
@@ -390,3 +388,6 @@ pub(crate) fn mean_of(ts: &[Tensor]) -> Result<f64> {
         _ => f64::try_from(Tensor::stack(ts, 0).mean(Kind::Float))?,
     })
 }
+
+#[cfg(test)]
+pub(crate) mod bandit;
