@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 total=0
 code=0
 for f in $(git ls-tree -r --name-only "$rev" algorithms/src | grep '\.rs$'); do
-  lib=$( (git show "$rev:$f" || true) | awk '/#\[cfg\(test\)\]/ { exit } { print }')
+  lib=$( (git show "$rev:$f" || true) | awk '/#!?\[cfg\(test\)\]/ { exit } { print }')
   total=$((total + $(printf '%s\n' "$lib" | wc -l)))
   code=$((code + $(printf '%s\n' "$lib" | grep -v '^[[:space:]]*$' | grep -cv '^[[:space:]]*//' || true)))
 done

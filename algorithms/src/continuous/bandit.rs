@@ -1,4 +1,5 @@
 //! A synthetic continuous-control task for the tests of DDPG, TD3 and SAC.
+#![cfg(test)]
 use flotilla_core::{Chunk, ObsRef, Space};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
