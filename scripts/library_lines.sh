@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The algorithms crate's library lines at a git revision (default HEAD), tests excluded: every .rs file under
-# algorithms/src cut at its first `#[cfg(test)]` (test modules end the files here). Prints all such lines and
+# algorithms/src cut at its first `#[cfg(test)]` (test modules end the files here; a file under `#![cfg(test)]` is all test). Prints all such lines and
 # the code lines among them (no blank lines, no `//`, `///` or `//!` comment lines).
 #
 #   bash scripts/library_lines.sh [REV]
