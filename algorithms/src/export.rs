@@ -649,8 +649,8 @@ mod tests {
     use crate::dqn::DqnConfig;
     use crate::ppo::PpoConfig;
     use crate::registry::AlgorithmConfig;
-    use crate::td3::{DdpgConfig, Td3Config};
     use crate::sac::SacConfig;
+    use crate::td3::{DdpgConfig, Td3Config};
     use crate::{ActMode, ActOutput};
     use flotilla_core::ObsRef;
     use tch::Device;

@@ -102,6 +102,22 @@ fn sac_resumes_exactly_with_its_learnt_entropy_coefficient() {
     let _ = check_resume("sac", "pendulum_sac.toml", &sets, 777);
 }
 
+/// MuJoCo through the Gymnasium bridge (a smoke run of a few thousand steps): SAC trains on HalfCheetah-v5,
+/// evaluates, and resumes exactly by replaying the envs (Python envs cannot save their state).
+#[test]
+fn sac_on_halfcheetah_trains_evaluates_and_resumes_exactly() {
+    let sets = [
+        "run.total_env_steps=2500",
+        "algorithm.learning_starts=1000",
+        "algorithm.hidden_sizes=[64, 64]",
+        "eval.interval_steps=2500",
+        "eval.episodes=1",
+    ];
+    let resumed = check_resume("sac-halfcheetah", "halfcheetah_sac.toml", &sets, 1777);
+    assert!(resumed.contains("replayed 1777 env steps"), "{resumed}");
+    assert!(resumed.contains("evaluation return:"), "{resumed}");
+}
+
 /// Distillation: the student's parameters, Adam moments, labelled replay and both RNGs are checkpointed; the
 /// teacher is not (the resumed process reloads it from the run directory named in the config).
 #[test]

@@ -36,12 +36,16 @@ pub(crate) fn ensure_venv(py: Python<'_>) -> PyResult<()> {
 }
 
 /// A Python exception as an env error: the env's id, what was being done, and Python's own message. A
-/// missing package names the set-up script that installs it.
+/// missing package (a `ModuleNotFoundError`, or Gymnasium's `DependencyNotInstalled` for an env family's extra
+/// such as MuJoCo) names the set-up script that installs it.
 pub fn python_error(env: &str, doing: &str, e: PyErr) -> Error {
     let detail = Python::attach(|py| {
-        if e.is_instance_of::<pyo3::exceptions::PyModuleNotFoundError>(py) {
+        let missing = e.is_instance_of::<pyo3::exceptions::PyModuleNotFoundError>(py)
+            || e.get_type(py).name().is_ok_and(|n| n.to_string() == "DependencyNotInstalled");
+        if missing {
             format!(
-                "{doing}: {e} (run `bash scripts/setup.sh`, which installs gymnasium and ale-py into the cache venv)"
+                "{doing}: {e} (run `bash scripts/setup.sh`, which installs gymnasium, ale-py and mujoco into the \
+                 cache venv)"
             )
         } else {
             format!("{doing}: {e}")
