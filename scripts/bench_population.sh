@@ -3,7 +3,7 @@
 # two cores, DQN, A2C's fused CPU update vs libtorch and SB3, PBT vs a plain sweep), as markdown tables. Every
 # measurement is a taskset-pinned child process.
 #
-#   bash scripts/bench_population.sh [--peers] [--suite speed|dqn|a2c|pbt|all] [--quick]
+#   bash scripts/bench_population.sh [--peers] [--suite speed|dqn|a2c|sac|pbt|all] [--quick]
 #
 # --peers first installs the peers (bash scripts/setup_peers.sh --sb3 --jax; skipped when unchanged). Other
 # arguments go to flotilla-bench-population. The tables are teed to $HOME/logs/bench-population-DATE.md; run

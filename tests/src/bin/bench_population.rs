@@ -1,7 +1,7 @@
 //! `flotilla-bench-population`: populations against their peers, as markdown tables.
 //!
 //! ```text
-//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|a2c|pbt|all] [--quick]
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|a2c|sac|pbt|all] [--quick]
 //! ```
 //! Every measurement runs in a child process pinned with `taskset` (`taskset -c 0`: one core, `-c 0,1`: two):
 //! Flotilla as this binary re-executed (`--child train CONFIG OUT`: the config trained in-process, one JSON line
@@ -51,17 +51,18 @@ fn main() -> BenchResult<()> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--suite" => suite = it.next().ok_or("--suite speed|dqn|a2c|pbt|all")?.clone(),
+            "--suite" => suite = it.next().ok_or("--suite speed|dqn|a2c|sac|pbt|all")?.clone(),
             "--quick" => quick = true,
             other => {
-                return Err(
-                    format!("unknown argument {other:?}; usage: [--suite speed|dqn|a2c|pbt|all] [--quick]").into()
-                );
+                return Err(format!(
+                    "unknown argument {other:?}; usage: [--suite speed|dqn|a2c|sac|pbt|all] [--quick]"
+                )
+                .into());
             }
         }
     }
-    if !["speed", "dqn", "a2c", "pbt", "all"].contains(&suite.as_str()) {
-        return Err(format!("--suite {suite:?}: expected speed, dqn, a2c, pbt or all").into());
+    if !["speed", "dqn", "a2c", "sac", "pbt", "all"].contains(&suite.as_str()) {
+        return Err(format!("--suite {suite:?}: expected speed, dqn, a2c, sac, pbt or all").into());
     }
     let root = std::env::var_os("FLOTILLA_BENCH_DIR")
         .map(PathBuf::from)
@@ -89,6 +90,9 @@ fn main() -> BenchResult<()> {
     if suite == "a2c" || suite == "all" {
         bench.a2c(&peak)?;
     }
+    if suite == "sac" || suite == "all" {
+        bench.sac()?;
+    }
     if suite == "pbt" || suite == "all" {
         bench.pbt()?;
     }
@@ -102,7 +106,7 @@ fn main() -> BenchResult<()> {
 fn child(args: &[String]) -> BenchResult<()> {
     match args.first().map(String::as_str) {
         Some("peak") => {
-            tch::set_num_threads(1);
+            tch::set_num_threads(args.get(1).map_or(Ok(1), |t| t.parse())?);
             let (matmul, bmm) = peak_gflops();
             println!("{}", json!({ "matmul": matmul, "bmm": bmm }));
             Ok(())
@@ -135,7 +139,7 @@ fn child(args: &[String]) -> BenchResult<()> {
             println!("{}", json!({ "wall_secs": wall, "members": members }));
             Ok(())
         }
-        _ => Err("--child peak | --child train CONFIG OUT".into()),
+        _ => Err("--child peak [THREADS] | --child train CONFIG OUT".into()),
     }
 }
 
@@ -604,6 +608,86 @@ impl Bench {
         Ok(())
     }
 
+    /// SAC on Pendulum-v1 (RL Zoo's 20 K steps) on two cores and two threads, as RL Zoo users run it: the fused
+    /// CPU step, the libtorch step and SB3 (`sb3_zoo.py --threads 2`), one seed each, interleaved over `rounds`.
+    fn sac(&self) -> BenchResult<()> {
+        let steps: u64 = if self.quick { 2000 } else { 20_000 };
+        let exe = std::env::current_exe()?;
+        let (out, _) = pinned("0,1", &exe, &["--child".into(), "peak".into(), "2".into()], &[])?;
+        let peak = num(json_lines(&out).last().ok_or("peak: no JSON line")?, "matmul")?;
+        let text = example_text("pendulum_sac.toml", "")?;
+        let (flops, formula) = sac_flops_per_step(&ExperimentConfig::parse(&text, &[])?.to_toml())?;
+        let overrides = vec![
+            format!("run.total_env_steps={steps}"),
+            "run.torch_threads=2".to_string(),
+            "eval.interval_steps=1000000000".to_string(),
+        ];
+        let torch_overrides = [&overrides[..], &["algorithm.fused_cpu=false".to_string()]].concat();
+        println!("## SAC Pendulum-v1, {steps} env steps, two cores and two threads (taskset -c 0,1)\n");
+        println!(
+            "| run | round | train s | final return | gradient steps | update s | update GFLOP/s | % of peak | vs SB3 |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let rounds = if self.quick { 1 } else { 2 };
+        for round in 1..=rounds {
+            let fused = self.flotilla(&format!("sac-fused-{round}"), "0,1", &text, &overrides)?;
+            let torch = self.flotilla(&format!("sac-libtorch-{round}"), "0,1", &text, &torch_overrides)?;
+            let sb3 = self.sb3_threads("sac", round as u64, steps, "0,1", 2)?;
+            let vs = |secs: f64| sb3.as_ref().map_or("—".to_string(), |s| format!("{:.2}×", secs / s.train_secs));
+            for (label, r) in [("Flotilla (fused_cpu)", &fused), ("Flotilla (libtorch, fused_cpu = false)", &torch)] {
+                let m = &r.members[0];
+                let gflops = m.gradient_steps as f64 * flops / m.update_secs.max(1e-9) / 1e9;
+                println!(
+                    "| {label} | {round} | {:.1} | {:.1} | {} | {:.1} | {gflops:.1} | {:.1} % | {} |",
+                    m.train_secs,
+                    m.final_return,
+                    m.gradient_steps,
+                    m.update_secs,
+                    100.0 * gflops / peak,
+                    vs(m.train_secs)
+                );
+            }
+            match &sb3 {
+                None => println!("| SB3 | {round} | not installed: bash scripts/setup_peers.sh --sb3 | | | | | | |"),
+                Some(s) => {
+                    println!("| SB3 (RL Zoo) | {round} | {:.1} | {:.1} | | | | | 1.00× |", s.train_secs, s.returns[0])
+                }
+            }
+        }
+        println!(
+            "\nNotes: FLOPs per gradient step {formula} = {:.1} MFLOP; matmul peak {peak:.1} GFLOP/s (libtorch fp32, two \
+             threads on cores 0 and 1, best of 5). Train s: Flotilla's collection and updates (evaluation excluded), \
+             SB3's env and model construction and `learn()`; \"vs SB3\" is train s over SB3's in the same round.\n",
+            flops / 1e6
+        );
+        Ok(())
+    }
+
+    /// [`Bench::sb3`] of one seed with `threads` torch threads.
+    fn sb3_threads(
+        &self,
+        algo: &str,
+        seed: u64,
+        steps: u64,
+        cpus: &str,
+        threads: usize,
+    ) -> BenchResult<Option<PeerRun>> {
+        let python = cache_dir().join("peers-venv/bin/python");
+        if !python.is_file() {
+            return Ok(None);
+        }
+        eprintln!("[bench-population] sb3 {algo}: seed {seed}, {threads} threads (taskset -c {cpus})");
+        let args: Vec<String> = ["tests/peers/sb3_zoo.py", "--algo", algo, "--seeds", &seed.to_string()]
+            .into_iter()
+            .map(String::from)
+            .chain(["--steps".into(), steps.to_string(), "--threads".into(), threads.to_string()])
+            .collect();
+        let (stdout, process_secs) = pinned(cpus, &python, &args, &[])?;
+        let line = json_lines(&stdout).pop().ok_or("sb3_zoo.py: no result line")?;
+        let returns = vec![num(&line, "final_return")?];
+        Ok(Some(PeerRun { train_secs: num(&line, "train_secs")?, compile_secs: None, process_secs, returns }))
+    }
+
     fn a2c(&self, peak: &Peak) -> BenchResult<()> {
         let (steps, size): (u64, usize) = if self.quick { (100_000, 4) } else { (500_000, 10) };
         let overrides = timing_overrides(steps);
@@ -811,6 +895,25 @@ fn actor_critic_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
 /// FLOPs of one DQN gradient step: the online net's forward and backward (3 × 2 × batch × Σ in×out) plus one
 /// forward of the target net on the next observations (2 × batch × Σ), plus one more of the online net with
 /// double Q. Returns the formula too.
+/// FLOPs of one SAC gradient step: with `A` the actor's and `C` one critic's forward MAC count per row and `n`
+/// critics, 2 × batch × (4A + 6nC): the actor forward on s (kept for its backward, 2A) and on s', the target
+/// critics on s', the online critics forward and backward, the updated critics forward and back to the actions
+/// (no weight gradients). Returns the formula too.
+fn sac_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
+    let (a, obs, actions) = algorithm_shape(resolved)?;
+    let hidden = hidden_sizes(&a)?;
+    let batch = int(&a, "batch_size")? as f64;
+    let critics = int(&a, "n_critics")? as f64;
+    let actor = mlp_macs(obs, &hidden, actions) + (hidden.last().copied().unwrap_or(obs) * actions) as f64;
+    let critic = mlp_macs(obs + actions, &hidden, 1);
+    let formula = format!(
+        "2 × {batch} × (4A + 6 × {critics} × C) (A = {actor}: {obs}→{hidden:?}→{actions} and the log-std head; \
+         C = {critic}: {}→{hidden:?}→1)",
+        obs + actions
+    );
+    Ok((2.0 * batch * (4.0 * actor + 6.0 * critics * critic), formula))
+}
+
 fn dqn_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
     let (a, obs, actions) = algorithm_shape(resolved)?;
     let hidden = hidden_sizes(&a)?;
