@@ -86,7 +86,7 @@ pub struct ActingSetup<'a> {
 }
 
 /// Copy a broadcast into `params` in place (the views share its storage), checking its length.
-fn load_flat(params: &FlatParams, values: &[f32]) -> Result<()> {
+pub(crate) fn load_flat(params: &FlatParams, values: &[f32]) -> Result<()> {
     if values.len() as i64 != params.numel() {
         return Err(Error::BadLength {
             what: "broadcast parameters".into(),

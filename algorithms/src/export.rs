@@ -152,6 +152,19 @@ pub struct Architecture {
     pub observation_space: Space,
     /// The action space.
     pub action_space: Space,
+    /// Observations normalised by running statistics (`[normalize]`), held in the tensors `obs_rms.mean` and
+    /// `obs_rms.var` after the network's.
+    pub obs_norm: Option<ObsNorm>,
+}
+
+/// How observations are normalised before the network: `clamp((x − obs_rms.mean) / √(obs_rms.var + epsilon),
+/// −clip, clip)` ([`crate::normalize`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ObsNorm {
+    /// The clip of normalised observations.
+    pub clip: f64,
+    /// Added to the variance under the square root.
+    pub epsilon: f64,
 }
 
 impl Architecture {
@@ -165,6 +178,7 @@ impl Architecture {
             task_heads: heads,
             observation_space: o.clone(),
             action_space: a.clone(),
+            obs_norm: None,
         }
     }
 
@@ -199,6 +213,10 @@ impl Architecture {
         }
         if let PolicyOutput::Gaussian { dim, log_std } = &self.policy {
             out.push((log_std.clone(), vec![*dim]));
+        }
+        if self.obs_norm.is_some() {
+            let dim = self.observation_space.flat_dim();
+            out.extend([("obs_rms.mean".to_string(), vec![dim]), ("obs_rms.var".to_string(), vec![dim])]);
         }
         out
     }
@@ -257,7 +275,7 @@ impl Architecture {
             Network::NatureCnn { .. } => (Activation::Relu, vec![CNN_FEATURES]),
         };
         let tensors: Vec<String> = self.tensor_shapes().into_iter().map(|(name, _)| name).collect();
-        BTreeMap::from([
+        let mut meta = BTreeMap::from([
             ("flotilla_format".into(), "model".into()),
             ("flotilla_format_version".into(), FORMAT_VERSION.to_string()),
             ("algorithm".into(), self.algorithm.clone()),
@@ -270,7 +288,11 @@ impl Architecture {
             ("layout".into(), self.layout()),
             ("observation_space".into(), space_to_json(&self.observation_space)),
             ("action_space".into(), space_to_json(&self.action_space)),
-        ])
+        ]);
+        if let Some(norm) = &self.obs_norm {
+            meta.insert("obs_norm".into(), text(norm));
+        }
+        meta
     }
 
     /// Read [`Architecture::to_metadata`] back; `what` names the file in errors. `Ok(None)` when the metadata is
@@ -302,6 +324,10 @@ impl Architecture {
             task_heads,
             observation_space: space("observation_space")?,
             action_space: space("action_space")?,
+            obs_norm: match meta.get("obs_norm") {
+                None => None,
+                Some(_) => serde_json::from_value(parse("obs_norm")?).map_err(|e| bad(format!("\"obs_norm\": {e}")))?,
+            },
         }))
     }
 }
@@ -422,6 +448,8 @@ pub enum TorchLayer {
     Tanh,
     /// `nn.Flatten()` (dimensions 1 onwards).
     Flatten,
+    /// `nn.Hardtanh(−c, c)`: clamps to `[−c, c]`.
+    Hardtanh(f64),
 }
 
 impl TorchLayer {
@@ -432,6 +460,7 @@ impl TorchLayer {
             TorchLayer::Relu => json!(["ReLU", []]),
             TorchLayer::Tanh => json!(["Tanh", []]),
             TorchLayer::Flatten => json!(["Flatten", []]),
+            TorchLayer::Hardtanh(c) => json!(["Hardtanh", [-c, c]]),
         }
     }
 
@@ -476,6 +505,7 @@ impl PytorchPolicy {
                 TorchLayer::Relu => h.relu(),
                 TorchLayer::Tanh => h.tanh(),
                 TorchLayer::Flatten => h.flatten(1, -1),
+                TorchLayer::Hardtanh(c) => h.clamp(-c, c),
             };
         }
         h
@@ -571,6 +601,27 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
         }
     };
     let mut metadata = BTreeMap::new();
+    let input = match &arch.obs_norm {
+        None => input,
+        Some(norm) => {
+            // clamp((x − μ) / √(σ² + ε), −c, c): a diagonal Linear, then Hardtanh.
+            let (mean, var) = (get("obs_rms.mean".into()), get("obs_rms.var".into()));
+            let inv_std = (var + norm.epsilon).sqrt().reciprocal();
+            let d = mean.size()[0] as usize;
+            let bias = -(&mean * &inv_std);
+            layers.insert(0, (TorchLayer::Linear(d, d), Some((inv_std.diag(0), bias))));
+            layers.insert(1, (TorchLayer::Hardtanh(norm.clip), None));
+            metadata.insert(
+                "obs_norm".into(),
+                format!(
+                    "folded: layers 0-1 normalise raw observations, clamp((x - mean) / sqrt(var + {}), -{c}, {c})",
+                    norm.epsilon,
+                    c = norm.clip
+                ),
+            );
+            format!("{input}, raw (normalised by layers 0-1)")
+        }
+    };
     let mut extra = Vec::new();
     let (output, action) = match &arch.policy {
         PolicyOutput::Logits { .. } => ("logits", "argmax over the outputs (first maximum): the action's index"),

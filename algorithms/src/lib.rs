@@ -45,6 +45,7 @@ pub mod export;
 pub mod kind;
 pub mod metrics;
 pub mod nn;
+pub mod normalize;
 pub mod policy;
 pub mod ppo;
 pub mod progress;

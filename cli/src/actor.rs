@@ -68,7 +68,8 @@ impl ActorFactory for ConfigFactory {
             epsilon_floor,
             frozen: &config.init.freeze,
         };
-        Ok(config.algorithm.build_acting(&setup)?)
+        let acting = config.algorithm.build_acting(&setup)?;
+        Ok(flotilla_algorithms::normalize::wrap_acting(acting, config.normalize.as_ref(), envs.observation_space())?)
     }
 }
 

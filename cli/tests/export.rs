@@ -83,6 +83,15 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
         (
             train(
                 &dir,
+                "ppo-normalize",
+                "pendulum_ppo.toml",
+                &[&quick[..], &["run.total_env_steps=2048", "eval.interval_steps=2048", "normalize.obs=true"]].concat(),
+            ),
+            &pendulum,
+        ),
+        (
+            train(
+                &dir,
                 "dqn",
                 "cartpole_dqn.toml",
                 &[

@@ -118,6 +118,15 @@ fn sac_on_halfcheetah_trains_evaluates_and_resumes_exactly() {
     assert!(resumed.contains("evaluation return:"), "{resumed}");
 }
 
+/// `[normalize]` (observation and reward statistics, each env's discounted return) continues bit for bit: PPO on
+/// MuJoCo's HalfCheetah-v5, stopped mid-rollout.
+#[test]
+fn ppo_with_normalisation_on_halfcheetah_resumes_exactly() {
+    let sets = ["run.total_env_steps=2048", "eval.interval_steps=2048", "eval.episodes=1", "algorithm.n_epochs=2"];
+    let resumed = check_resume("ppo-normalize", "halfcheetah_ppo.toml", &sets, 1300);
+    assert!(resumed.contains("replayed 1300 env steps"), "{resumed}");
+}
+
 /// Distillation: the student's parameters, Adam moments, labelled replay and both RNGs are checkpointed; the
 /// teacher is not (the resumed process reloads it from the run directory named in the config).
 #[test]

@@ -65,6 +65,9 @@ pub struct ExperimentConfig {
     /// Many members of this config trained as one run (`[population]`: seeds, sweeps, PBT); none: one run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub population: Option<crate::population::config::PopulationConfig>,
+    /// Observation and reward normalisation around the agent (`[normalize]`, SB3's `VecNormalize`); none: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<flotilla_algorithms::normalize::NormalizeConfig>,
 }
 
 /// `[[tasks]]`: one task of a multi-task run. Its env is `id` (default `[env] id`) with `kwargs`; when it
@@ -812,6 +815,24 @@ impl ExperimentConfig {
             return Err(Error::Config("[eval] episodes = 0: need at least one episode".into()));
         }
         self.check_tasks()?;
+        if let Some(norm) = &self.normalize {
+            norm.validate().map_err(|e| Error::Config(e.to_string()))?;
+            let why = if !self.tasks.is_empty() && norm.obs {
+                Some("[[tasks]] (the task one-hot would be normalised too)".to_string())
+            } else if self.learner.learners > 1 {
+                Some(format!(
+                    "{} data-parallel learners (each would keep statistics of its own)",
+                    self.learner.learners
+                ))
+            } else if self.algorithm.family() == flotilla_algorithms::Family::Gradients {
+                Some("A3C (its actors compute gradients on observations the learner never sees)".to_string())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Error::Config(format!("[normalize] is not supported with {why}; drop [normalize]")));
+            }
+        }
         if let Some(population) = &self.population {
             population.check()?;
             if self.actors.count > 0 || self.learner.learners > 1 {
@@ -1037,7 +1058,9 @@ impl ExperimentConfig {
         action_space: &Space,
         device: tch::Device,
     ) -> Result<Box<dyn Algorithm>> {
-        Ok(self.algorithm.build_learner(observation_space, action_space, self.env.num_envs, device, self.run.seed)?)
+        let agent =
+            self.algorithm.build_learner(observation_space, action_space, self.env.num_envs, device, self.run.seed)?;
+        Ok(flotilla_algorithms::normalize::wrap_learner(agent, self.normalize.as_ref(), observation_space)?)
     }
 }
 
@@ -1099,6 +1122,27 @@ kind = "ppo"
         assert!(e.contains("learnin_rate"), "{e}");
         let e = ExperimentConfig::parse(BASE, &["no_equals_sign".into()]).unwrap_err().to_string();
         assert!(e.contains("key=value"), "{e}");
+    }
+
+    /// `[normalize]`: defaults as SB3's `VecNormalize`; refused, by name, where its statistics could not be the
+    /// one set the whole run shares, and with bad values.
+    #[test]
+    fn normalisation_defaults_and_refusals() {
+        let c = ExperimentConfig::parse(BASE, &["normalize.obs=true".into()]).unwrap();
+        assert_eq!(c.normalize, Some(flotilla_algorithms::normalize::NormalizeConfig::default()));
+        assert_eq!(ExperimentConfig::parse(&c.to_toml(), &[]).unwrap(), c);
+        let tasks = "\n[[tasks]]\nname = \"a\"\n\n[[tasks]]\nname = \"b\"\n";
+        for (text, sets, needle) in [
+            (format!("{BASE}{tasks}"), vec!["normalize.obs=true"], "[[tasks]]"),
+            (BASE.to_string(), vec!["normalize.obs=true", "learner.learners=2"], "data-parallel"),
+            (BASE.replace("\"ppo\"", "\"a3c\""), vec!["normalize.obs=true"], "A3C"),
+            (BASE.to_string(), vec!["normalize.clip_obs=0"], "clip_obs"),
+            (BASE.to_string(), vec!["normalize.gama=0.9"], "gama"),
+        ] {
+            let sets: Vec<String> = sets.into_iter().map(String::from).collect();
+            let e = ExperimentConfig::parse(&text, &sets).unwrap_err().to_string();
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
     }
 
     #[test]

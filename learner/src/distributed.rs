@@ -121,7 +121,8 @@ impl DistributedLearner {
             Family::OnPolicy => plan.envs_per_actor * plan.chunks_per_batch,
             Family::OffPolicy | Family::Gradients => plan.envs_per_actor,
         };
-        let mut agent = config.algorithm.build_learner(&obs_space, &act_space, rows, device, seed)?;
+        let agent = config.algorithm.build_learner(&obs_space, &act_space, rows, device, seed)?;
+        let mut agent = flotilla_algorithms::normalize::wrap_learner(agent, config.normalize.as_ref(), &obs_space)?;
         crate::init::init_agent(config, agent.as_mut(), fresh)?;
         let replicas = crate::data_parallel::join(config, agent.as_mut(), device)?;
         // Each learner of a group seeds its own actors' envs: rank r's actors draw from seed + r·2³², far from
