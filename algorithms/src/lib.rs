@@ -9,8 +9,9 @@
 //! (`tests/tests/layers.rs`):
 //!
 //! ```text
-//! registry, export          the kinds: config enum, building learners and acting policies, batching a
-//!                           population's members; the acting policy in PyTorch's layout
+//! registry, export,         the kinds: config enum, building learners and acting policies, batching a
+//! normalize                 population's members; the acting policy in PyTorch's layout; observation and
+//!                           reward normalisation around any agent and acting policy
 //! ppo/ a2c/ dqn/ td3/ sac/  one folder per kind: config, loss, its one update over the member axis (a run is a
 //! distill/ actor_critic/    population of one), acting policy; actor_critic/ is PPO's and A2C's network, host
 //! continuous/               step and member axis; continuous/ is DDPG's, TD3's and SAC's replay and critics
