@@ -10,6 +10,7 @@ use std::time::Duration;
 use flotilla_algorithms::a2c::A2cConfig;
 use flotilla_algorithms::dqn::{Dqn, DqnConfig};
 use flotilla_algorithms::ppo::PpoConfig;
+use flotilla_algorithms::sac::{Sac, SacConfig};
 use flotilla_algorithms::td3::{DdpgConfig, Td3, Td3Config};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, DataParallel, GradientSync, Progress};
 use flotilla_collective::codec::Compression;
@@ -349,4 +350,58 @@ fn ddpg_on_two_learners_steps_as_one_learner_on_both_batches() {
         let (obs, act) = continuous_spaces();
         Td3::ddpg(&obs, &act, 1, config, Device::Cpu, 5).unwrap()
     });
+}
+
+/// SAC on two ranks of batch `b` (critic, actor and entropy-coefficient gradients all-reduced: three slots)
+/// against one learner on both ranks' transitions and Gaussian draws: same actor, critics and α.
+#[test]
+fn sac_on_two_learners_steps_as_one_learner_on_both_batches() {
+    let (b, world, steps) = (16usize, 2usize, 12u64);
+    let build = |batch_size| {
+        let config = SacConfig { batch_size, hidden_sizes: vec![32], ..Default::default() };
+        let (obs, act) = continuous_spaces();
+        Sac::new(&obs, &act, 1, config, Device::Cpu, 5).unwrap()
+    };
+    let batch = move |rank: usize, t: u64| {
+        let obs: Vec<f32> = (0..b).flat_map(|i| obs_of(rank * b + i, t)).collect();
+        let next: Vec<f32> = (0..b).flat_map(|i| obs_of(rank * b + i, t + 1)).collect();
+        let draw = |salt: usize| -> Vec<f32> {
+            (0..2 * b).map(|i| (((i * 13 + rank * 7 + salt + t as usize) % 17) as f32 - 8.0) / 4.0).collect()
+        };
+        let actions: Vec<f32> = (0..2 * b).map(|i| ((i * 5 + rank * 3 + t as usize) % 11) as f32 / 5.0 - 1.0).collect();
+        let rewards: Vec<f32> = (0..b).map(|i| ((i * 7 + rank) % 5) as f32 * 0.3 - 0.5).collect();
+        let bootstrap: Vec<f32> = (0..b).map(|i| if (i + t as usize) % 9 == 0 { 0.0 } else { 0.99 }).collect();
+        (obs, actions, rewards, bootstrap, next, draw(1), draw(5))
+    };
+    let ranks = on_ranks(world, move |rank, sync| {
+        let mut agent = build(b);
+        agent.set_data_parallel(DataParallel::new(Some(sync), 1).unwrap()).unwrap();
+        for t in 0..steps {
+            let (o, a, r, g, n, e, e2) = batch(rank, t);
+            agent.train_on(&o, &a, &r, &g, &n, &e, &e2).unwrap();
+        }
+        (agent.policy_params().flat().copy(), agent.critic_params().flat().copy(), agent.ent_coef())
+    });
+    let mut one = build(2 * b);
+    for t in 0..steps {
+        let (mut x, y) = (batch(0, t), batch(1, t));
+        x.0.extend(y.0);
+        x.1.extend(y.1);
+        x.2.extend(y.2);
+        x.3.extend(y.3);
+        x.4.extend(y.4);
+        x.5.extend(y.5);
+        x.6.extend(y.6);
+        one.train_on(&x.0, &x.1, &x.2, &x.3, &x.4, &x.5, &x.6).unwrap();
+    }
+    for (rank, (actor, critic, alpha)) in ranks.iter().enumerate() {
+        assert_close(&format!("sac rank {rank} actor"), actor, one.policy_params().flat());
+        assert_close(&format!("sac rank {rank} critic"), critic, one.critic_params().flat());
+        assert!(
+            (alpha - one.ent_coef()).abs() <= 2e-6 * one.ent_coef(),
+            "sac rank {rank} α {alpha} vs {}",
+            one.ent_coef()
+        );
+    }
+    assert!(ranks[0].0.equal(&ranks[1].0) && ranks[0].1.equal(&ranks[1].1), "ranks hold bit-identical parameters");
 }

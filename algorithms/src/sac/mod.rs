@@ -35,7 +35,7 @@ use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::{Algorithm, Replicated};
 use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::fill_standard_normal;
-use crate::continuous::{ActionReplay, Critics, action_bounds, adam_step, mean_of, polyak, unscale_rows};
+use crate::continuous::{ActionReplay, Critics, Transitions, action_bounds, adam_step, mean_of, polyak, unscale_rows};
 use crate::export::{Architecture, Network, PolicyOutput, widths};
 use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
@@ -396,6 +396,41 @@ impl Sac {
         })?;
         let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.device);
         self.step_on(&x)
+    }
+
+    /// One gradient step on explicit transitions rather than a replay sample (offline data, tests): `obs` /
+    /// `next_obs` (`B` rows of `obs_dim`), `actions` in `[−1, 1]`, `rewards`, `bootstrap` (γ, 0 where the episode
+    /// terminated) and the standard-normal draws of the policy's samples at `obs` and at `next_obs` (`eps`,
+    /// `next_eps`: `B` rows of `act_dim` each). Returns the critic loss, the actor loss and α's loss.
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_on(
+        &mut self,
+        obs: &[f32],
+        actions: &[f32],
+        rewards: &[f32],
+        bootstrap: &[f32],
+        next_obs: &[f32],
+        eps: &[f32],
+        next_eps: &[f32],
+    ) -> Result<(f64, f64, f64)> {
+        let (dims, b) = ((self.pi.obs_dim, self.pi.act_dim), rewards.len());
+        let rows = Transitions { obs, actions, rewards, bootstrap, next_obs };
+        rows.check("sac train_on", dims)?;
+        for (what, got) in [("eps", eps.len()), ("next_eps", next_eps.len())] {
+            if got != b * dims.1 {
+                return Err(Error::BadLength { what: format!("sac train_on {what}"), got, expected: b * dims.1 });
+            }
+        }
+        self.parallel.check_batch("sac", "train_on batch", b)?;
+        let mut row = 0;
+        let width = rows.lay_out(dims, &mut self.batch, |out| {
+            out.extend_from_slice(&eps[row * dims.1..(row + 1) * dims.1]);
+            out.extend_from_slice(&next_eps[row * dims.1..(row + 1) * dims.1]);
+            row += 1;
+        });
+        let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.device);
+        let l = self.step_on(&x)?;
+        Ok((f64::try_from(&l.critic)?, f64::try_from(&l.actor)?, f64::try_from(&l.alpha)?))
     }
 
     /// SAC's update on the rows `x` `[B, width]` (one per transition: `[obs | action | next_obs | reward | bootstrap | ε | ε′]`): temperature, critics, actor, targets.
