@@ -264,13 +264,20 @@ impl Normalized {
     /// The mirror after the inner parameters or the statistics changed: the inner policy's values, then the
     /// f32 statistics, and acting's scale from those.
     fn sync(&mut self) -> Result<()> {
+        if let Some(mirror) = &self.mirror {
+            let inner = self.inner.policy_params().flat();
+            tch::no_grad(|| mirror.flat().narrow(0, 0, inner.numel() as i64).copy_(inner));
+        }
+        self.sync_stats()
+    }
+
+    /// The mirror's statistics after they changed (the inner parameters did not), and acting's scale from them.
+    fn sync_stats(&mut self) -> Result<()> {
         let (Some(mirror), Some(rms)) = (&self.mirror, &self.obs_rms) else { return Ok(()) };
-        let inner = self.inner.policy_params().flat();
         let stats: Vec<f32> = rms.mean.iter().chain(&rms.var).map(|&x| x as f32).collect();
         tch::no_grad(|| {
             let flat = mirror.flat();
-            flat.narrow(0, 0, inner.numel() as i64).copy_(inner);
-            flat.narrow(0, inner.numel() as i64, 2 * self.dim as i64)
+            flat.narrow(0, flat.numel() as i64 - 2 * self.dim as i64, 2 * self.dim as i64)
                 .copy_(&Tensor::from_slice(&stats).to_device(flat.device()));
         });
         let (mean, var) = mirror_stats(mirror, self.dim)?;
@@ -350,7 +357,7 @@ impl Algorithm for Normalized {
                 let x = f32_obs("normalize", c.obs.as_ref())?;
                 rms.update(x.len() / d, |r, k| f64::from(x[r * d + k]));
             }
-            self.sync()?;
+            self.sync_stats()?;
         }
         Ok(())
     }
