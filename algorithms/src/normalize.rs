@@ -158,12 +158,10 @@ impl ObsScale {
     /// `x` (rows of `mean.len()`) normalised into `out`.
     fn apply(&self, x: &[f32], out: &mut Vec<f32>) {
         out.clear();
-        let d = self.mean.len();
-        out.extend(
-            x.iter()
-                .enumerate()
-                .map(|(i, v)| ((v - self.mean[i % d]) * self.inv_std[i % d]).clamp(-self.clip, self.clip)),
-        );
+        for row in x.chunks_exact(self.mean.len()) {
+            let scaled = row.iter().zip(&self.mean).zip(&self.inv_std);
+            out.extend(scaled.map(|((v, m), s)| ((v - m) * s).clamp(-self.clip, self.clip)));
+        }
     }
 
     fn apply_buf(&self, buf: &ObsBuf) -> Result<ObsBuf> {
@@ -251,11 +249,6 @@ impl Normalized {
         Ok(agent)
     }
 
-    /// The agent inside.
-    pub fn inner(&self) -> &dyn Algorithm {
-        self.inner.as_ref()
-    }
-
     /// The observation statistics (with `obs`).
     pub fn obs_rms(&self) -> Option<&RunningMeanStd> {
         self.obs_rms.as_ref()
@@ -288,21 +281,27 @@ impl Normalized {
     /// A chunk as the inner agent takes it: observations normalised with the current statistics, rewards scaled
     /// by the return's (which take in this chunk's returns step by step).
     fn normalize_chunk(&mut self, chunk: &Chunk) -> Result<Chunk> {
-        let mut c = chunk.clone();
-        if self.mirror.is_some() {
-            c.obs = self.scale.apply_buf(&chunk.obs)?;
-            c.bootstrap_obs = self.scale.apply_buf(&chunk.bootstrap_obs)?;
-            c.final_obs = self.scale.apply_buf(&chunk.final_obs)?;
-        }
+        chunk.check_lengths(chunk.n_envs, self.dim, self.inner.act_dim(), false)?;
+        let obs = |buf: &ObsBuf| if self.mirror.is_some() { self.scale.apply_buf(buf) } else { Ok(buf.clone()) };
+        let mut c = Chunk {
+            obs: obs(&chunk.obs)?,
+            bootstrap_obs: obs(&chunk.bootstrap_obs)?,
+            final_obs: obs(&chunk.final_obs)?,
+            actor_id: chunk.actor_id,
+            policy_version: chunk.policy_version,
+            n_steps: chunk.n_steps,
+            n_envs: chunk.n_envs,
+            actions: chunk.actions.clone(),
+            rewards: chunk.rewards.clone(),
+            terminated: chunk.terminated.clone(),
+            truncated: chunk.truncated.clone(),
+            log_probs: chunk.log_probs.clone(),
+            values: chunk.values.clone(),
+            final_index: chunk.final_index.clone(),
+            episodes: chunk.episodes.clone(),
+        };
         if let Some(ret) = &mut self.ret_rms {
             let (e, gamma, clip, eps) = (c.n_envs, self.config.gamma, self.config.clip_reward, self.config.epsilon);
-            if c.rewards.len() != c.transitions() {
-                return Err(Error::BadLength {
-                    what: "chunk rewards".into(),
-                    got: c.rewards.len(),
-                    expected: c.transitions(),
-                });
-            }
             let mut step = vec![0.0; e];
             for t in 0..c.n_steps {
                 for (i, g) in step.iter_mut().enumerate() {
@@ -315,7 +314,7 @@ impl Normalized {
                 for i in 0..e {
                     let j = t * e + i;
                     c.rewards[j] = (f64::from(c.rewards[j]) / std).clamp(-clip, clip) as f32;
-                    if c.terminated.get(j).copied().unwrap_or(false) || c.truncated.get(j).copied().unwrap_or(false) {
+                    if c.terminated[j] || c.truncated[j] {
                         self.returns.insert((c.actor_id, i), 0.0);
                     }
                 }

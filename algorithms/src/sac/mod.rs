@@ -281,9 +281,10 @@ impl GaussianActor {
                 if deterministic {
                     self.forward(params, &x).0.tanh()
                 } else {
-                    let mut eps = Vec::with_capacity(rows * self.act_dim);
-                    fill_standard_normal(rng, rows * self.act_dim, |_, e| eps.push(e as f32));
-                    let eps = Tensor::from_slice(&eps).view([rows as i64, -1]).to_device(self.device);
+                    // The draws go through `raw`, the host forward's output buffer (unused on this path).
+                    raw.clear();
+                    fill_standard_normal(rng, rows * self.act_dim, |_, e| raw.push(e as f32));
+                    let eps = Tensor::from_slice(raw).view([rows as i64, -1]).to_device(self.device);
                     self.sample(params, &x, &eps).0
                 }
             });

@@ -423,8 +423,17 @@ impl Bench {
         Ok(FlotillaRun { process_secs, members, out })
     }
 
-    /// SB3 (`sb3_zoo.py`) on `seeds` in `procs` processes pinned to `cpus`; None without its venv.
-    fn sb3(&self, algo: &str, seeds: &[u64], procs: usize, steps: u64, cpus: &str) -> BenchResult<Option<PeerRun>> {
+    /// SB3 (`sb3_zoo.py`) on `seeds` in `procs` processes pinned to `cpus`, `threads` torch threads each; None
+    /// without its venv.
+    fn sb3(
+        &self,
+        algo: &str,
+        seeds: &[u64],
+        procs: usize,
+        steps: u64,
+        cpus: &str,
+        threads: usize,
+    ) -> BenchResult<Option<PeerRun>> {
         let python = cache_dir().join("peers-venv/bin/python");
         if !python.is_file() {
             return Ok(None);
@@ -433,6 +442,7 @@ impl Bench {
         let mut args = vec!["tests/peers/sb3_zoo.py".to_string(), "--algo".into(), algo.into(), "--seeds".into()];
         args.extend(seeds.iter().map(u64::to_string));
         args.extend(["--procs".into(), procs.to_string(), "--steps".into(), steps.to_string()]);
+        args.extend(["--threads".into(), threads.to_string()]);
         let (stdout, process_secs) = pinned(cpus, &python, &args, &[])?;
         let lines = json_lines(&stdout);
         if lines.len() != seeds.len() {
@@ -495,7 +505,7 @@ impl Bench {
         let pop_small = pop(small, true)?;
         let pop_large = pop(large, true)?;
         let pop_torch = pop(small, false)?;
-        let sb3 = self.sb3("ppo", &[1], 1, steps, "0")?;
+        let sb3 = self.sb3("ppo", &[1], 1, steps, "0", 1)?;
         let jax_one = self.jax(1, steps)?;
         let jax_many = self.jax(small, steps)?;
 
@@ -530,7 +540,7 @@ impl Bench {
         let text = example_text("cartpole_ppo.toml", &population(small, 2, true))?;
         let pop_two = self.flotilla(&format!("ppo-pop{small}-2threads"), "0,1", &text, &overrides(1))?;
         let seeds: Vec<u64> = (1..=small as u64).collect();
-        let sb3_two = self.sb3("ppo", &seeds, 2, steps, "0,1")?;
+        let sb3_two = self.sb3("ppo", &seeds, 2, steps, "0,1", 1)?;
         println!("| run | seeds | train s | s per seed | process wall s | solved | update GFLOP/s |");
         println!("|---|---:|---:|---:|---:|---:|---:|");
         let train = pop_two.train_secs(2);
@@ -574,7 +584,7 @@ impl Bench {
         let run = self.flotilla("dqn-1", "0", &text, &overrides)?;
         let torch_overrides = [&overrides[..], &["algorithm.fused_cpu=false".to_string()]].concat();
         let torch = self.flotilla("dqn-1-libtorch", "0", &text, &torch_overrides)?;
-        let sb3 = self.sb3("dqn", &[1], 1, steps, "0")?;
+        let sb3 = self.sb3("dqn", &[1], 1, steps, "0", 1)?;
         println!("| run | train s | final return | gradient steps | update s | update GFLOP/s | % of matmul peak |");
         println!("|---|---:|---:|---:|---:|---:|---:|");
         for (label, r) in [("Flotilla (fused CPU step)", &run), ("Flotilla (libtorch step, fused_cpu = false)", &torch)]
@@ -632,7 +642,7 @@ impl Bench {
         for round in 1..=rounds {
             let fused = self.flotilla(&format!("sac-fused-{round}"), "0,1", &text, &overrides)?;
             let torch = self.flotilla(&format!("sac-libtorch-{round}"), "0,1", &text, &torch_overrides)?;
-            let sb3 = self.sb3_threads("sac", round as u64, steps, "0,1", 2)?;
+            let sb3 = self.sb3("sac", &[round as u64], 1, steps, "0,1", 2)?;
             let vs = |secs: f64| sb3.as_ref().map_or("—".to_string(), |s| format!("{:.2}×", secs / s.train_secs));
             for (label, r) in [("Flotilla (fused_cpu)", &fused), ("Flotilla (libtorch, fused_cpu = false)", &torch)] {
                 let m = &r.members[0];
@@ -663,31 +673,6 @@ impl Bench {
         Ok(())
     }
 
-    /// [`Bench::sb3`] of one seed with `threads` torch threads.
-    fn sb3_threads(
-        &self,
-        algo: &str,
-        seed: u64,
-        steps: u64,
-        cpus: &str,
-        threads: usize,
-    ) -> BenchResult<Option<PeerRun>> {
-        let python = cache_dir().join("peers-venv/bin/python");
-        if !python.is_file() {
-            return Ok(None);
-        }
-        eprintln!("[bench-population] sb3 {algo}: seed {seed}, {threads} threads (taskset -c {cpus})");
-        let args: Vec<String> = ["tests/peers/sb3_zoo.py", "--algo", algo, "--seeds", &seed.to_string()]
-            .into_iter()
-            .map(String::from)
-            .chain(["--steps".into(), steps.to_string(), "--threads".into(), threads.to_string()])
-            .collect();
-        let (stdout, process_secs) = pinned(cpus, &python, &args, &[])?;
-        let line = json_lines(&stdout).pop().ok_or("sb3_zoo.py: no result line")?;
-        let returns = vec![num(&line, "final_return")?];
-        Ok(Some(PeerRun { train_secs: num(&line, "train_secs")?, compile_secs: None, process_secs, returns }))
-    }
-
     fn a2c(&self, peak: &Peak) -> BenchResult<()> {
         let (steps, size): (u64, usize) = if self.quick { (100_000, 4) } else { (500_000, 10) };
         let overrides = timing_overrides(steps);
@@ -703,7 +688,7 @@ impl Bench {
         // One worker thread on the one core: members take the fused step in turn (A2C has no batched update).
         let text = example_text("cartpole_a2c.toml", &population(size, 1, true))?;
         let pop = self.flotilla(&format!("a2c-pop{size}-fused"), "0", &text, &with_fused(true))?;
-        let sb3 = self.sb3("a2c", &[1], 1, steps, "0")?;
+        let sb3 = self.sb3("a2c", &[1], 1, steps, "0", 1)?;
 
         let table = SpeedTable { flops, peak: peak.matmul, sb3_per_seed: sb3.as_ref().map(|s| s.per_seed()) };
         table.header();
