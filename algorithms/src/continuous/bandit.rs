@@ -94,3 +94,23 @@ impl Bandit {
         metrics
     }
 }
+
+/// Random transition rows for one `train_on` step: `(obs, actions, rewards, bootstrap, next_obs)`, `b` rows of
+/// `obs_dim` observations and `act_dim` actions in `[−1, 1]`.
+pub(crate) fn random_rows(seed: u64, b: usize, obs_dim: usize, act_dim: usize) -> [Vec<f32>; 5] {
+    let mut rng = Pcg64::seed_from_u64(seed);
+    let mut draw = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+    let (obs, actions, rewards, next_obs) = (draw(b * obs_dim), draw(b * act_dim), draw(b), draw(b * obs_dim));
+    [obs, actions, rewards, vec![0.99; b], next_obs]
+}
+
+/// The cosine between two parameter changes from the same start, `a − before` and `b − before` (1: the same
+/// direction): how the tests tell that a mixed-precision step took the f32 step's direction.
+pub(crate) fn cosine_of_changes(before: &[f32], a: &[f32], b: &[f32]) -> f64 {
+    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
+    for ((x0, x), y) in before.iter().zip(a).zip(b) {
+        let (da, db) = (f64::from(x - x0), f64::from(y - x0));
+        (dot, na, nb) = (dot + da * db, na + da * da, nb + db * db);
+    }
+    dot / (na.sqrt() * nb.sqrt()).max(1e-30)
+}

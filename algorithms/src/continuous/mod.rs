@@ -77,6 +77,8 @@ pub(crate) struct Critics {
     pub(crate) heads: usize,
     /// Observation width: the one-hot ends at this column of `[obs | action]`.
     obs_dim: i64,
+    /// The hidden layers' matmuls in bf16 ([`Critics::with_bf16`]).
+    bf16: bool,
 }
 
 impl Critics {
@@ -103,7 +105,19 @@ impl Critics {
             nets.push(net);
             named.extend(params);
         }
-        (Critics { nets, layers: hidden.len() + 1, activation, heads, obs_dim }, named)
+        (Critics { nets, layers: hidden.len() + 1, activation, heads, obs_dim, bf16: false }, named)
+    }
+
+    /// These critics with their hidden layers' matmuls in bf16 (`on`) or f32 ([`crate::nn::mixed::dense`]):
+    /// critics run only in updates, so the setting is theirs; the update reads it for its actor too.
+    pub(crate) fn with_bf16(mut self, on: bool) -> Self {
+        self.bf16 = on;
+        self
+    }
+
+    /// Whether the hidden layers' matmuls run in bf16.
+    pub(crate) fn bf16(&self) -> bool {
+        self.bf16
     }
 
     /// Each row's own task's Q head of one critic's output `[B, heads]` → `[B, 1]`.
@@ -114,10 +128,11 @@ impl Critics {
     /// Every critic on the same input `[B, inputs]`: `[B, n]`.
     pub(crate) fn forward(&self, params: &FlatParams, x: &Tensor) -> Tensor {
         match self.nets.as_slice() {
-            [one] => self.own_head(x, one.forward(params, x)),
-            nets => {
-                Tensor::cat(&nets.iter().map(|net| self.own_head(x, net.forward(params, x))).collect::<Vec<_>>(), 1)
-            }
+            [one] => self.own_head(x, one.forward_in(params, x, self.bf16)),
+            nets => Tensor::cat(
+                &nets.iter().map(|net| self.own_head(x, net.forward_in(params, x, self.bf16))).collect::<Vec<_>>(),
+                1,
+            ),
         }
     }
 
@@ -129,10 +144,11 @@ impl Critics {
 
     /// The critics whose weights [`Critics::detached`] gave, on `[B, inputs]`: `[B, critics]`.
     pub(crate) fn forward_detached(&self, weights: &[Tensor], x: &Tensor) -> Tensor {
+        let bf16 = self.bf16;
         let one = |weights: &[Tensor]| {
             let mut h = x.shallow_clone();
             for k in 0..self.layers {
-                h = weights[2 * k + 1].addmm(&h, &weights[2 * k]);
+                h = crate::nn::mixed::dense(&h, &weights[2 * k], &weights[2 * k + 1], bf16 && k + 1 < self.layers);
                 if k + 1 < self.layers {
                     h = activate(self.activation, h);
                 }

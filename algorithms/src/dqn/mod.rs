@@ -572,7 +572,7 @@ impl QNets<'_> {
                     online_operands = mlp_operands(&online.views);
                     &online_operands
                 };
-                batched_mlp(params, layers, &|h| activation.apply(h), obs)
+                batched_mlp(params, layers, &|h| activation.apply(h), obs, false)
             }
         }
     }

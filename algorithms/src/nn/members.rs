@@ -219,17 +219,19 @@ pub(crate) fn mlp_operands(views: &[Tensor]) -> Vec<Tensor> {
 
 /// The members' MLPs on `x` (`[N, B, in]`) → `[N, B, out]`: `crate::nn::nets::FlatMlp::forward` as batched
 /// matmuls, with `params` from [`mlp_operands`] and `layers` the weights' indices (each bias follows its
-/// weight); `activate` runs between layers (the single-member code's own nonlinearity, op for op).
+/// weight); `activate` runs between layers (the single-member code's own nonlinearity, op for op); `bf16` as
+/// [`crate::nn::mixed::dense`] takes it, for the hidden layers.
 pub(crate) fn batched_mlp(
     params: &[Tensor],
     layers: &[usize],
     activate: &dyn Fn(&Tensor) -> Tensor,
     x: &Tensor,
+    bf16: bool,
 ) -> Tensor {
     let last = layers.len() - 1;
     let mut h = x.shallow_clone();
     for (k, &i) in layers.iter().enumerate() {
-        h = params[i + 1].baddbmm(&h, &params[i], 1.0, 1.0);
+        h = crate::nn::mixed::dense(&h, &params[i], &params[i + 1], bf16 && k < last);
         if k < last {
             h = activate(&h);
         }

@@ -1,5 +1,5 @@
 //! Networks and what trains them, shared by every algorithm: the flat parameter buffer ([`params`]), networks
-//! over it ([`nets`], [`host_mlp`], [`activation`]), the fused host training step (`host_train`, vector width
+//! over it ([`nets`], [`host_mlp`], [`activation`], `mixed`: bf16 training layers), the fused host training step (`host_train`, vector width
 //! [`lanes`]), the optimisers ([`adam`], [`rmsprop`]: each with its tensor and host form), action distributions
 //! ([`distributions`]) and gradient averaging over replicas ([`data_parallel`]). Knows no algorithm.
 pub mod activation;
@@ -10,6 +10,7 @@ pub mod host_mlp;
 pub(crate) mod host_train;
 pub mod lanes;
 pub(crate) mod members;
+pub(crate) mod mixed;
 pub mod nets;
 pub mod params;
 pub mod rmsprop;

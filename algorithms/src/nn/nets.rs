@@ -151,10 +151,16 @@ impl FlatMlp {
 
     /// The network on `x` `[B, inputs]` with the parameters in `params`.
     pub fn forward(&self, params: &crate::nn::params::FlatParams, x: &Tensor) -> Tensor {
+        self.forward_in(params, x, false)
+    }
+
+    /// [`FlatMlp::forward`] with the hidden layers' matmuls in bf16 where `bf16` ([`crate::nn::mixed::dense`]; an update's
+    /// choice, on a CPU with native bf16: [`cpu_has_native_bf16`]); the output is f32 either way.
+    pub(crate) fn forward_in(&self, params: &crate::nn::params::FlatParams, x: &Tensor, bf16: bool) -> Tensor {
         let last = self.layers.len() - 1;
         let mut h = x.shallow_clone();
         for (k, &i) in self.layers.iter().enumerate() {
-            h = params.view(i + 1).addmm(&h, params.view(i));
+            h = crate::nn::mixed::dense(&h, params.view(i), params.view(i + 1), bf16 && k < last);
             if k < last {
                 h = self.activation.apply(&h);
             }

@@ -50,7 +50,7 @@ use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::members::{Rows, backward_alone, batched_mlp, member_views, mlp_operands, per_member};
-use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
+use crate::nn::nets::{Activation, FlatMlp, LayerInit, cpu_has_native_bf16, mlp_input_dim, with_torch_seed};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
@@ -106,6 +106,11 @@ pub struct Td3Config {
     /// stay on libtorch (MKL's matmuls, compute-bound at these sizes). Same maths to float rounding; `false`
     /// runs everything on libtorch. Layers frozen or buffers off the CPU: libtorch.
     pub fused_cpu: bool,
+    /// Mixed precision for the update on the CPU: the hidden layers' matmuls in bf16 as PyTorch's CPU autocast
+    /// runs a linear layer, with the parameters, their gradients, the optimiser and the output layers in f32.
+    /// Default: on where the CPU computes bf16 natively (AVX512-BF16 or AMX; [`cpu_has_native_bf16`]), off
+    /// elsewhere (libtorch would emulate it, several times slower than f32). Acting stays f32; ignored on CUDA.
+    pub bf16: bool,
 }
 
 impl Default for Td3Config {
@@ -157,6 +162,11 @@ pub struct DdpgConfig {
     /// stay on libtorch (MKL's matmuls, compute-bound at these sizes). Same maths to float rounding; `false`
     /// runs everything on libtorch. Layers frozen or buffers off the CPU: libtorch.
     pub fused_cpu: bool,
+    /// Mixed precision for the update on the CPU: the hidden layers' matmuls in bf16 as PyTorch's CPU autocast
+    /// runs a linear layer, with the parameters, their gradients, the optimiser and the output layers in f32.
+    /// Default: on where the CPU computes bf16 natively (AVX512-BF16 or AMX; [`cpu_has_native_bf16`]), off
+    /// elsewhere (libtorch would emulate it, several times slower than f32). Acting stays f32; ignored on CUDA.
+    pub bf16: bool,
 }
 
 impl Default for DdpgConfig {
@@ -178,6 +188,7 @@ impl Default for DdpgConfig {
             task_heads: false,
             tasks: 0,
             fused_cpu: true,
+            bf16: cpu_has_native_bf16(),
         }
     }
 }
@@ -202,6 +213,7 @@ impl From<DdpgConfig> for Td3Config {
             task_heads: c.task_heads,
             tasks: c.tasks,
             fused_cpu: c.fused_cpu,
+            bf16: c.bf16,
             n_critics: 1,
             policy_delay: 1,
             target_policy_noise: 0.0,
@@ -433,6 +445,7 @@ impl Td3 {
             let dims = (pi.obs_dim as i64, pi.act_dim as i64);
             let (critic_net, q) =
                 Critics::init("critic", dims, (c.n_critics, &c.hidden_sizes, c.activation), c.heads());
+            let critic_net = critic_net.with_bf16(c.bf16 && device == Device::Cpu);
             Ok((pi, FlatParams::new(a, device), critic_net, FlatParams::new(q, device)))
         })?;
         let (obs_dim, act_dim) = (pi.obs_dim, pi.act_dim);
@@ -478,11 +491,6 @@ impl Td3 {
     /// The resolved config.
     pub fn config(&self) -> &Td3Config {
         &self.config
-    }
-
-    /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target actor.
-    fn policy(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        self.pi.forward(params, obs)
     }
 
     /// Sample a batch and lay it out in `self.batch` (see its doc), drawing the target-action noise. Returns
@@ -602,11 +610,12 @@ impl Td3Nets<'_> {
     fn actor(&self, obs: &Tensor, target: bool) -> Tensor {
         match self {
             Td3Nets::Alone(m) => {
-                m.policy(if target { &m.actor_target } else { &m.actor }, &obs.squeeze_dim(0)).unsqueeze(0)
+                let params = if target { &m.actor_target } else { &m.actor };
+                m.pi.forward_in(params, &obs.squeeze_dim(0), m.critic_net.bf16()).unsqueeze(0)
             }
             Td3Nets::Stacked(s) => {
                 let views = if target { &s.actor.target_views } else { &s.actor.online.views };
-                batched_mlp(&mlp_operands(views), &s.actor_layers, &|h| s.activation.apply(h), obs).tanh()
+                batched_mlp(&mlp_operands(views), &s.actor_layers, &|h| s.activation.apply(h), obs, s.bf16).tanh()
             }
         }
     }
@@ -621,8 +630,11 @@ impl Td3Nets<'_> {
                 let views = if target { &s.critic.target_views } else { &s.critic.online.views };
                 let (params, hidden) = (mlp_operands(views), |h: &Tensor| s.activation.apply(h));
                 match s.critic_layers.as_slice() {
-                    [one] => batched_mlp(&params, one, &hidden, x),
-                    all => Tensor::cat(&all.iter().map(|l| batched_mlp(&params, l, &hidden, x)).collect::<Vec<_>>(), 2),
+                    [one] => batched_mlp(&params, one, &hidden, x, s.bf16),
+                    all => Tensor::cat(
+                        &all.iter().map(|l| batched_mlp(&params, l, &hidden, x, s.bf16)).collect::<Vec<_>>(),
+                        2,
+                    ),
                 }
             }
         }
@@ -635,7 +647,7 @@ impl Td3Nets<'_> {
             Td3Nets::Stacked(s) => {
                 let activation = s.activation;
                 let first = |h: &Tensor| activate(activation, h.shallow_clone());
-                batched_mlp(&mlp_operands(&s.first_views), &s.critic_layers[0], &first, x)
+                batched_mlp(&mlp_operands(&s.first_views), &s.critic_layers[0], &first, x, s.bf16)
             }
         }
     }
@@ -757,6 +769,8 @@ struct StackedTd3 {
     actor_layers: Vec<usize>,
     critic_layers: Vec<Vec<usize>>,
     activation: Activation,
+    /// The hidden layers' matmuls in bf16 (every member's setting).
+    bf16: bool,
     /// Critic 1's weights and biases as detached views of the stacked critics.
     first_views: Vec<Tensor>,
     taus: Vec<f64>,
@@ -847,11 +861,12 @@ pub fn unbatchable(members: &[&Td3]) -> Option<String> {
         let c = &m.config;
         if layout(m) != l0
             || c.hidden_sizes != c0.hidden_sizes
+            || m.critic_net.bf16() != first.critic_net.bf16()
             || (m.obs_dim, m.act_dim) != (first.obs_dim, first.act_dim)
             || (m.actor.numel(), m.critic.numel()) != (first.actor.numel(), first.critic.numel())
             || m.device != first.device
         {
-            return Some("members' networks, parameter counts or devices differ".into());
+            return Some("members' networks, parameter counts, precisions (bf16) or devices differ".into());
         }
         if c.fused_cpu && m.device == tch::Device::Cpu {
             // Host Adam and Polyak loops have no per-op dispatch for a batch to share: members step in turn,
@@ -895,6 +910,7 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         actor_layers: m0.pi.net.layout().0.to_vec(),
         critic_layers: m0.critic_net.nets.iter().map(|n| n.layout().0.to_vec()).collect(),
         activation: m0.config.activation,
+        bf16: m0.critic_net.bf16(),
         first_views,
         taus: members.iter().map(|m| m.config.tau).collect(),
         dims: (m0.obs_dim as i64, m0.act_dim as i64, m0.config.smoothing()),
@@ -1085,7 +1101,12 @@ impl ActorNet {
 
     /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target parameters.
     fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        let out = self.net.forward(params, obs);
+        self.forward_in(params, obs, false)
+    }
+
+    /// [`ActorNet::forward`] with the hidden layers' matmuls in bf16 where `bf16` (an update's choice).
+    fn forward_in(&self, params: &FlatParams, obs: &Tensor, bf16: bool) -> Tensor {
+        let out = self.net.forward_in(params, obs, bf16);
         if self.heads > 1 {
             crate::nn::nets::select_task_heads_tensor(obs, self.heads, &out).tanh()
         } else {
@@ -1270,7 +1291,7 @@ mod tests {
         let mut agent = Td3::td3(&obs_space, &act_space, 1, config, Device::Cpu, 0).unwrap();
         let mut out = ActOutput::default();
         agent.act(ObsRef::F32(&[0.7]), ActMode::Deterministic, &mut out).unwrap();
-        let raw = tch::no_grad(|| agent.policy(&agent.actor, &Tensor::from_slice(&[0.7f32]).view([1, 1])));
+        let raw = tch::no_grad(|| agent.pi.forward(&agent.actor, &Tensor::from_slice(&[0.7f32]).view([1, 1])));
         let raw = Vec::<f32>::try_from(raw.flatten(0, -1)).unwrap();
         assert!((out.actions[0] - 2.0 * raw[0]).abs() < 1e-6, "{:?} vs {raw:?}", out.actions);
         assert!((out.actions[1] - 5.0 * (raw[1] + 1.0)).abs() < 1e-5, "{:?} vs {raw:?}", out.actions);
@@ -1326,7 +1347,7 @@ mod tests {
         let mut out = ActOutput::default();
         agent.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut out).unwrap();
         let x = Tensor::from_slice(&obs).view([2, agent.obs_dim as i64]);
-        let want = Vec::<f32>::try_from(agent.policy(&agent.actor, &x).flatten(0, -1)).unwrap();
+        let want = Vec::<f32>::try_from(agent.pi.forward(&agent.actor, &x).flatten(0, -1)).unwrap();
         assert_eq!(out.actions.len(), want.len());
         for (k, (got, w)) in out.actions.iter().zip(&want).enumerate() {
             let (l, h) = (agent.pi.low[k % agent.act_dim], agent.pi.high[k % agent.act_dim]);
@@ -1476,7 +1497,7 @@ mod tests {
         // The actor: 3 raw outputs per row (one per head); each row's action is tanh of its own task's.
         let raw = agent.pi.net.forward(&agent.actor, &xt);
         assert_eq!(raw.size(), [6, 3]);
-        let pi = tch::no_grad(|| agent.policy(&agent.actor, &xt));
+        let pi = tch::no_grad(|| agent.pi.forward(&agent.actor, &xt));
         for r in 0..6i64 {
             let want = raw.get(r).get(r % 3).tanh();
             assert!(pi.get(r).get(0).allclose(&want, 1e-6, 1e-6, false), "row {r}");
@@ -1497,7 +1518,7 @@ mod tests {
         let q = agent.critic_net.forward(&agent.critic, &xa);
         assert_eq!(q.size(), [6, 2]);
         for (j, net) in agent.critic_net.nets.iter().enumerate() {
-            let raw = net.forward(&agent.critic, &xa);
+            let raw = net.forward_in(&agent.critic, &xa, agent.critic_net.bf16());
             assert_eq!(raw.size(), [6, 3]);
             for r in 0..6i64 {
                 assert!(
@@ -1595,6 +1616,45 @@ mod member_tests {
 
     fn spaces() -> (Space, Space) {
         (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::box1d(vec![-1.0, 0.0], vec![2.0, 1.0]))
+    }
+
+    /// Mixed precision (bf16 hidden layers, forced here whatever the CPU) takes f32's step to bf16's rounding,
+    /// for TD3 and DDPG: the same losses within 2 %, and each network moved the same way (cosine of the
+    /// parameter changes over three steps above 0.95).
+    #[test]
+    fn a_bf16_step_follows_the_f32_step() {
+        use crate::continuous::bandit::{cosine_of_changes, random_rows};
+        let (o, a) = spaces();
+        let values = |p: &FlatParams| Vec::<f32>::try_from(p.flat().detach()).unwrap();
+        for ddpg in [false, true] {
+            let build = |bf16: bool| {
+                let c = Td3Config { bf16, hidden_sizes: vec![64, 64], ..small_td3(0) };
+                if ddpg {
+                    let d = DdpgConfig { bf16, hidden_sizes: vec![64, 64], ..small_ddpg(0) };
+                    Td3::ddpg(&o, &a, 2, d, Device::Cpu, 4).unwrap()
+                } else {
+                    Td3::td3(&o, &a, 2, c, Device::Cpu, 4).unwrap()
+                }
+            };
+            let (mut f32s, mut mixed) = (build(false), build(true));
+            assert!(mixed.critic_net.bf16() && !f32s.critic_net.bf16());
+            let before = [values(&f32s.actor), values(&f32s.critic)];
+            for step in 0..3 {
+                let [o, a, r, g, n] = random_rows(step, 32, f32s.obs_dim, f32s.act_dim);
+                let x = f32s.train_on(&o, &a, &r, &g, &n, true).unwrap();
+                let y = mixed.train_on(&o, &a, &r, &g, &n, true).unwrap();
+                for (what, p, q) in [("critic", x.0, y.0), ("actor", x.1.unwrap(), y.1.unwrap())] {
+                    let close = (p - q).abs() <= 0.02 * p.abs().max(1e-2);
+                    assert!(close, "{} step {step} {what} loss: f32 {p}, bf16 {q}", f32s.name());
+                }
+            }
+            for (k, (what, p, q)) in
+                [("actor", &f32s.actor, &mixed.actor), ("critic", &f32s.critic, &mixed.critic)].into_iter().enumerate()
+            {
+                let cos = cosine_of_changes(&before[k], &values(p), &values(q));
+                assert!(cos > 0.95, "{} {what}: bf16's change against f32's, cosine {cos}", f32s.name());
+            }
+        }
     }
 
     /// Members trained together match twins (same seeds, configs and transitions) trained alone: every
@@ -1714,6 +1774,8 @@ mod member_tests {
             gradient_steps: 3,
             hidden_sizes: vec![16, 16],
             fused_cpu: false,
+            // f32: stacked (baddbmm) and single (addmm) bf16 kernels round differently.
+            bf16: false,
             ..Td3Config::default()
         }
     }
@@ -1732,6 +1794,7 @@ mod member_tests {
             gradient_steps: t.gradient_steps,
             hidden_sizes: t.hidden_sizes,
             fused_cpu: false,
+            bf16: false,
             ..DdpgConfig::default()
         }
     }

@@ -51,18 +51,20 @@ fn main() -> BenchResult<()> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--suite" => suite = it.next().ok_or("--suite speed|dqn|a2c|sac|pbt|all")?.clone(),
+            "--suite" => suite = it.next().ok_or("--suite speed|dqn|a2c|sac|td3|ddpg|continuous|pbt|all")?.clone(),
             "--quick" => quick = true,
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; usage: [--suite speed|dqn|a2c|sac|pbt|all] [--quick]"
+                    "unknown argument {other:?}; usage: [--suite speed|dqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]"
                 )
                 .into());
             }
         }
     }
-    if !["speed", "dqn", "a2c", "sac", "pbt", "all"].contains(&suite.as_str()) {
-        return Err(format!("--suite {suite:?}: expected speed, dqn, a2c, sac, pbt or all").into());
+    if !["speed", "dqn", "a2c", "sac", "td3", "ddpg", "continuous", "pbt", "all"].contains(&suite.as_str()) {
+        return Err(
+            format!("--suite {suite:?}: expected speed, dqn, a2c, sac, td3, ddpg, continuous, pbt or all").into()
+        );
     }
     let root = std::env::var_os("FLOTILLA_BENCH_DIR")
         .map(PathBuf::from)
@@ -90,8 +92,10 @@ fn main() -> BenchResult<()> {
     if suite == "a2c" || suite == "all" {
         bench.a2c(&peak)?;
     }
-    if suite == "sac" || suite == "all" {
-        bench.sac()?;
+    for algo in ["sac", "td3", "ddpg"] {
+        if suite == algo || suite == "continuous" || suite == "all" {
+            bench.continuous(algo)?;
+        }
     }
     if suite == "pbt" || suite == "all" {
         bench.pbt()?;
@@ -620,31 +624,49 @@ impl Bench {
 
     /// SAC on Pendulum-v1 (RL Zoo's 20 K steps) on two cores and two threads, as RL Zoo users run it: the fused
     /// CPU step, the libtorch step and SB3 (`sb3_zoo.py --threads 2`), one seed each, interleaved over `rounds`.
-    fn sac(&self) -> BenchResult<()> {
-        let steps: u64 = if self.quick { 2000 } else { 20_000 };
+    /// `algo` (sac, td3 or ddpg) on Pendulum-v1 with RL Zoo's settings, two cores and two threads: Flotilla with
+    /// the hidden layers' matmuls in bf16 (where the CPU has native bf16) and in f32, against SB3, interleaved.
+    fn continuous(&self, algo: &str) -> BenchResult<()> {
+        // --quick: a few hundred gradient steps after the warm-up (SAC's is 100 steps, DDPG's and TD3's 10 K).
+        let steps: u64 = match (self.quick, algo) {
+            (false, _) => 20_000,
+            (true, "sac") => 2_000,
+            (true, _) => 12_000,
+        };
         let exe = std::env::current_exe()?;
         let (out, _) = pinned("0,1", &exe, &["--child".into(), "peak".into(), "2".into()], &[])?;
         let peak = num(json_lines(&out).last().ok_or("peak: no JSON line")?, "matmul")?;
-        let text = example_text("pendulum_sac.toml", "")?;
-        let (flops, formula) = sac_flops_per_step(&ExperimentConfig::parse(&text, &[])?.to_toml())?;
+        let text = example_text(&format!("pendulum_{algo}.toml"), "")?;
+        let (flops, formula) = off_policy_flops_per_step(algo, &ExperimentConfig::parse(&text, &[])?.to_toml())?;
         let overrides = vec![
             format!("run.total_env_steps={steps}"),
             "run.torch_threads=2".to_string(),
             "eval.interval_steps=1000000000".to_string(),
         ];
-        let torch_overrides = [&overrides[..], &["algorithm.fused_cpu=false".to_string()]].concat();
-        println!("## SAC Pendulum-v1, {steps} env steps, two cores and two threads (taskset -c 0,1)\n");
+        let with = |setting: &str| [&overrides[..], &[setting.to_string()]].concat();
+        let bf16 = flotilla_algorithms::nn::nets::cpu_has_native_bf16();
         println!(
-            "| run | round | train s | final return | gradient steps | update s | update GFLOP/s | % of peak | vs SB3 |"
+            "## {} Pendulum-v1, {steps} env steps, two cores and two threads (taskset -c 0,1)\n",
+            algo.to_uppercase()
+        );
+        println!(
+            "| run | round | train s | final return | gradient steps | update s | update GFLOP/s | % of f32 peak | vs SB3 |"
         );
         println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-        let rounds = if self.quick { 1 } else { 2 };
+        // FLOTILLA_BENCH_ROUNDS: more interleaved rounds where the machine is noisy (default 2).
+        let rounds =
+            if self.quick { 1 } else { std::env::var("FLOTILLA_BENCH_ROUNDS").map_or(Ok(2), |r| r.parse())? };
         for round in 1..=rounds {
-            let fused = self.flotilla(&format!("sac-fused-{round}"), "0,1", &text, &overrides)?;
-            let torch = self.flotilla(&format!("sac-libtorch-{round}"), "0,1", &text, &torch_overrides)?;
-            let sb3 = self.sb3("sac", &[round as u64], 1, steps, "0,1", 2)?;
+            let mut rows = Vec::new();
+            if bf16 {
+                let r = self.flotilla(&format!("{algo}-bf16-{round}"), "0,1", &text, &with("algorithm.bf16=true"))?;
+                rows.push(("Flotilla, bf16 hidden layers (the default here)", r));
+            }
+            let r = self.flotilla(&format!("{algo}-f32-{round}"), "0,1", &text, &with("algorithm.bf16=false"))?;
+            rows.push(("Flotilla, f32", r));
+            let sb3 = self.sb3(algo, &[round as u64], 1, steps, "0,1", 2)?;
             let vs = |secs: f64| sb3.as_ref().map_or("—".to_string(), |s| format!("{:.2}×", secs / s.train_secs));
-            for (label, r) in [("Flotilla (fused_cpu)", &fused), ("Flotilla (libtorch, fused_cpu = false)", &torch)] {
+            for (label, r) in &rows {
                 let m = &r.members[0];
                 let gflops = m.gradient_steps as f64 * flops / m.update_secs.max(1e-9) / 1e9;
                 println!(
@@ -664,8 +686,11 @@ impl Bench {
                 }
             }
         }
+        if !bf16 {
+            println!("\nThis CPU has no native bf16 (AVX512-BF16 or AMX): bf16 rows skipped, f32 is the default here.");
+        }
         println!(
-            "\nNotes: FLOPs per gradient step {formula} = {:.1} MFLOP; matmul peak {peak:.1} GFLOP/s (libtorch fp32, two \
+            "\nNotes: FLOPs per gradient step {formula} = {:.1} MFLOP; f32 matmul peak {peak:.1} GFLOP/s (libtorch, two \
              threads on cores 0 and 1, best of 5). Train s: Flotilla's collection and updates (evaluation excluded), \
              SB3's env and model construction and `learn()`; \"vs SB3\" is train s over SB3's in the same round.\n",
             flops / 1e6
@@ -884,19 +909,33 @@ fn actor_critic_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
 /// critics, 2 × batch × (4A + 6nC): the actor forward on s (kept for its backward, 2A) and on s', the target
 /// critics on s', the online critics forward and backward, the updated critics forward and back to the actions
 /// (no weight gradients). Returns the formula too.
-fn sac_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
+/// FLOPs of one gradient step of SAC, TD3 or DDPG (`algo`) from the resolved config, and the formula.
+fn off_policy_flops_per_step(algo: &str, resolved: &str) -> BenchResult<(f64, String)> {
     let (a, obs, actions) = algorithm_shape(resolved)?;
     let hidden = hidden_sizes(&a)?;
     let batch = int(&a, "batch_size")? as f64;
-    let critics = int(&a, "n_critics")? as f64;
-    let actor = mlp_macs(obs, &hidden, actions) + (hidden.last().copied().unwrap_or(obs) * actions) as f64;
     let critic = mlp_macs(obs + actions, &hidden, 1);
+    if algo == "sac" {
+        let critics = int(&a, "n_critics")? as f64;
+        let actor = mlp_macs(obs, &hidden, actions) + (hidden.last().copied().unwrap_or(obs) * actions) as f64;
+        let formula = format!(
+            "2 × {batch} × (4A + 6 × {critics} × C) (A = {actor}: {obs}→{hidden:?}→{actions} and the log-std head; \
+             C = {critic}: {}→{hidden:?}→1)",
+            obs + actions
+        );
+        return Ok((2.0 * batch * (4.0 * actor + 6.0 * critics * critic), formula));
+    }
+    // DDPG's config has neither key: one critic, an actor step every gradient step.
+    let critics = int(&a, "n_critics").unwrap_or(1) as f64;
+    let delay = int(&a, "policy_delay").unwrap_or(1) as f64;
+    let actor = mlp_macs(obs, &hidden, actions);
     let formula = format!(
-        "2 × {batch} × (4A + 6 × {critics} × C) (A = {actor}: {obs}→{hidden:?}→{actions} and the log-std head; \
-         C = {critic}: {}→{hidden:?}→1)",
+        "2 × {batch} × (A + 4 × {critics} × C + (3A + 2C) / {delay}) (target actor and critics forward, the critics \
+         forward and backward, every {delay}: the actor forward and backward through critic 1; A = {actor}: \
+         {obs}→{hidden:?}→{actions}, C = {critic}: {}→{hidden:?}→1)",
         obs + actions
     );
-    Ok((2.0 * batch * (4.0 * actor + 6.0 * critics * critic), formula))
+    Ok((2.0 * batch * (actor + 4.0 * critics * critic + (3.0 * actor + 2.0 * critic) / delay), formula))
 }
 
 fn dqn_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
