@@ -326,10 +326,17 @@ pub struct CnnOptions {
 /// Whether this CPU computes bf16 natively (AVX512-BF16, which AMX CPUs have too). Without it libtorch emulates
 /// bf16 and [`CnnOptions::bf16`] makes a CPU update several times slower than f32 (measured > 8× on a 2-core
 /// AMD Zen 3 for the Nature-CNN PPO update, against 1.2–1.5× faster than f32 on a Zen 4 with AVX512-BF16).
+///
+/// `ONEDNN_MAX_CPU_ISA` capped below bf16 (e.g. `AVX2`, as `scripts/test.sh`'s second pass sets it) counts as
+/// without: oneDNN, which runs libtorch's bf16 matmuls, would then emulate them.
 pub fn cpu_has_native_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512bf16")
+        let capped = std::env::var("ONEDNN_MAX_CPU_ISA").is_ok_and(|isa| {
+            let isa = isa.to_ascii_uppercase();
+            !(isa == "ALL" || isa == "DEFAULT" || isa.contains("BF16") || isa.contains("FP16") || isa.contains("AMX"))
+        });
+        std::arch::is_x86_feature_detected!("avx512bf16") && !capped
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
