@@ -118,6 +118,27 @@ fn sac_on_halfcheetah_trains_evaluates_and_resumes_exactly() {
     assert!(resumed.contains("evaluation return:"), "{resumed}");
 }
 
+/// The other MuJoCo tasks people start with, through the same bridge: SAC trains, evaluates and resumes exactly
+/// on Hopper-v5 and Walker2d-v5 (episodes that end when the robot falls: terminations and resets are replayed
+/// too) and Ant-v5 (105-wide observations).
+#[test]
+fn sac_on_hopper_walker_and_ant_trains_evaluates_and_resumes_exactly() {
+    for (name, id) in [("hopper", "Hopper-v5"), ("walker2d", "Walker2d-v5"), ("ant", "Ant-v5")] {
+        let env = format!("env.id=\"gymnasium:{id}\"");
+        let sets = [
+            env.as_str(),
+            "run.total_env_steps=1500",
+            "algorithm.learning_starts=500",
+            "algorithm.hidden_sizes=[32, 32]",
+            "eval.interval_steps=1500",
+            "eval.episodes=1",
+        ];
+        let resumed = check_resume(&format!("sac-{name}"), "halfcheetah_sac.toml", &sets, 900);
+        assert!(resumed.contains("replayed 900 env steps"), "{id}: {resumed}");
+        assert!(resumed.contains("evaluation return:"), "{id}: {resumed}");
+    }
+}
+
 /// `[normalize]` (observation and reward statistics, each env's discounted return) continues bit for bit: PPO on
 /// MuJoCo's HalfCheetah-v5, stopped mid-rollout.
 #[test]
