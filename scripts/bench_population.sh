@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Populations benchmark: Flotilla populations against Stable-Baselines3 and JAX PPO peers (PPO speed on one and
-# two cores, DQN, A2C's fused CPU update vs libtorch and SB3, PBT vs a plain sweep), as markdown tables. Every
-# measurement is a taskset-pinned child process.
+# two cores, DQN, A2C's fused CPU update vs libtorch and SB3, SAC/TD3/DDPG in bf16 and f32 vs SB3, PBT vs a plain
+# sweep), as markdown tables. Every measurement is a taskset-pinned child process.
 #
-#   bash scripts/bench_population.sh [--peers] [--suite speed|dqn|a2c|sac|pbt|all] [--quick]
+#   bash scripts/bench_population.sh [--peers] [--suite speed|dqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]
+#
+# FLOTILLA_BENCH_ROUNDS (default 2): interleaved rounds of the sac/td3/ddpg suites.
 #
 # --peers first installs the peers (bash scripts/setup_peers.sh --sb3 --jax; skipped when unchanged). Other
 # arguments go to flotilla-bench-population. The tables are teed to $HOME/logs/bench-population-DATE.md; run
