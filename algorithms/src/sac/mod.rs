@@ -849,6 +849,7 @@ mod tests {
         for (k, (what, p, q)) in
             [("actor", &f32s.actor, &mixed.actor), ("critic", &f32s.critic, &mixed.critic)].into_iter().enumerate()
         {
+            assert_ne!(values(p), values(q), "{what}: bf16 ran (its rounding shows)");
             let cos = crate::continuous::bandit::cosine_of_changes(&before[k], &values(p), &values(q));
             assert!(cos > 0.95, "{what}: bf16's change against f32's, cosine {cos}");
         }

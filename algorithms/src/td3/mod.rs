@@ -1628,11 +1628,11 @@ mod member_tests {
         let values = |p: &FlatParams| Vec::<f32>::try_from(p.flat().detach()).unwrap();
         for ddpg in [false, true] {
             let build = |bf16: bool| {
-                let c = Td3Config { bf16, hidden_sizes: vec![64, 64], ..small_td3(0) };
                 if ddpg {
                     let d = DdpgConfig { bf16, hidden_sizes: vec![64, 64], ..small_ddpg(0) };
                     Td3::ddpg(&o, &a, 2, d, Device::Cpu, 4).unwrap()
                 } else {
+                    let c = Td3Config { bf16, hidden_sizes: vec![64, 64], ..small_td3(0) };
                     Td3::td3(&o, &a, 2, c, Device::Cpu, 4).unwrap()
                 }
             };
@@ -1651,6 +1651,7 @@ mod member_tests {
             for (k, (what, p, q)) in
                 [("actor", &f32s.actor, &mixed.actor), ("critic", &f32s.critic, &mixed.critic)].into_iter().enumerate()
             {
+                assert_ne!(values(p), values(q), "{} {what}: bf16 ran (its rounding shows)", f32s.name());
                 let cos = cosine_of_changes(&before[k], &values(p), &values(q));
                 assert!(cos > 0.95, "{} {what}: bf16's change against f32's, cosine {cos}", f32s.name());
             }
