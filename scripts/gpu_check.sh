@@ -1,54 +1,115 @@
 #!/usr/bin/env bash
-# Runs on a lent GPU machine (device tool, `carry: [".gpu"]`, after `bash scripts/gpu_bundle.sh` here): trains
-# each algorithm on CUDA with its example config (shortened budgets), and populations whose updates take the
-# batched libtorch programs on the GPU, all at once; writes a summary to $OUT/gpu_check.md and the runs' metrics
-# to $OUT/runs.tar.xz.
+# Runs on a lent GPU machine (device tool, `carry: [".gpu"]`, after `bash scripts/gpu_bundle.sh` here). Writes a
+# summary to $OUT/gpu_check.md and the runs' metrics to $OUT/runs.tar.xz. Sections, in this order (all by
+# default, or a comma-separated selection as the first argument):
+#   cnn      the Nature-CNN PPO update's samples/s on the GPU, Flotilla f32 and bf16 against PyTorch f32, bf16
+#            and fp16 autocast (flotilla-bench-atari --device cuda; alone on the GPU, so the times count)
+#   learn    the MLP algorithms on CUDA with their example configs, and populations whose updates take the
+#            batched libtorch programs, all at once (so their seconds are shared and only indicative)
+#   continuous  SAC and its population, PPO Pendulum with [normalize], and `algorithm.bf16` on CUDA (ignored
+#            there by construction: a run with bf16 = true must equal the f32 run bit for bit), all at once
+#   resume   exact resume on CUDA: SAC, and PPO with observation and reward normalisation (one go vs
+#            --stop-at then --resume: the saved weights must be byte-identical)
+#   bash scripts/gpu_check.sh [cnn,learn,continuous,resume]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+sections=",${1:-cnn,learn,continuous,resume},"
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out" /tmp/gpu
 tar -C /tmp/gpu -xJf .gpu/bundle.tar.xz
 tl=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 export LD_LIBRARY_PATH="$tl:/tmp/gpu/bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FLOTILLA_PEERS_DIR=$PWD/tests/peers FLOTILLA_TORCH_PYTHON=python3
 bin=/tmp/gpu/bundle/flotilla
 runs=/tmp/gpu/runs
 mkdir -p "$runs"
+report="$out/gpu_check.md"
 {
-  echo "# GPU check $(date -u +%FT%TZ)"
+  echo "# GPU check $(date -u +%FT%TZ): sections ${sections//,/ }"
   nvidia-smi -L
   python3 -c 'import torch; print("device torch", torch.__version__)'
   echo "libraries the binary cannot find:"; ldd "$bin" | grep 'not found' || echo "(none)"
-} > "$out/gpu_check.md" 2>&1
+} > "$report" 2>&1
 cfg=examples/configs
-# name | config | extra arguments
-jobs=(
-  "ppo|$cfg/cartpole_ppo.toml|"
-  "a2c|$cfg/cartpole_a2c.toml|--set run.total_env_steps=200000"
-  "dqn|$cfg/cartpole_dqn.toml|"
-  "td3|$cfg/pendulum_td3.toml|"
-  "ddpg|$cfg/pendulum_ddpg.toml|"
-  "ppo-pop4|$cfg/cartpole_ppo.toml|--population 4 --set population.threads=1"
-  "a2c-pop4|$cfg/cartpole_a2c.toml|--population 4 --set population.threads=1 --set run.total_env_steps=200000"
-  "dqn-pop4|$cfg/cartpole_dqn.toml|--population 4 --set population.threads=1"
-  "td3-pop3|$cfg/pendulum_td3.toml|--population 3 --set population.threads=1 --set run.total_env_steps=8000"
-)
-pids=()
-for job in "${jobs[@]}"; do
-  IFS='|' read -r name config extra <<< "$job"
-  # shellcheck disable=SC2086
-  (timeout "${GPU_CHECK_SECONDS:-420}" "$bin" train "$config" --set run.device=cuda --set run.torch_threads=1 \
-     --out "$runs/$name" $extra > "$runs/$name.log" 2>&1; echo "exit $?" >> "$runs/$name.log") &
-  pids+=($!)
-done
-wait "${pids[@]}"
-for job in "${jobs[@]}"; do
-  name=${job%%|*}
-  {
-    echo; echo "## $name"; echo '```'
-    grep -v '^\s*$' "$runs/$name.log" | tail -6
-    echo '```'
-  } >> "$out/gpu_check.md"
-done
-nvidia-smi --query-gpu=name,memory.used --format=csv >> "$out/gpu_check.md" 2>&1
+
+# Runs "name|config|extra arguments" jobs at once on the GPU, then appends each log's tail to the report.
+run_jobs() {
+  local pids=() job name config extra
+  for job in "$@"; do
+    IFS='|' read -r name config extra <<< "$job"
+    # shellcheck disable=SC2086
+    (timeout "${GPU_CHECK_SECONDS:-300}" "$bin" train "$config" --set run.device=cuda --set run.torch_threads=1 \
+       --out "$runs/$name" $extra > "$runs/$name.log" 2>&1; echo "exit $?" >> "$runs/$name.log") &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  for job in "$@"; do
+    name=${job%%|*}
+    { echo; echo "## $name"; echo '```'; grep -v '^\s*$' "$runs/$name.log" | tail -6; echo '```'; } >> "$report"
+  done
+}
+
+# Whether two runs saved the same weights, byte for byte.
+same_weights() {
+  if cmp -s "$runs/$1/model.safetensors" "$runs/$2/model.safetensors"; then
+    echo "- $1 and $2: model.safetensors byte-identical" >> "$report"
+  else
+    echo "- $1 and $2: model.safetensors DIFFER (or one is missing)" >> "$report"
+  fi
+}
+
+if [[ $sections == *,cnn,* ]]; then
+  { echo; echo "## cnn: flotilla-bench-atari --only learner --device cuda"; } >> "$report"
+  timeout 240 /tmp/gpu/bundle/flotilla-bench-atari --only learner --device cuda --rounds 5 >> "$report" 2>&1 \
+    || echo "cnn bench exit $?" >> "$report"
+fi
+
+if [[ $sections == *,learn,* ]]; then
+  run_jobs \
+    "ppo|$cfg/cartpole_ppo.toml|" \
+    "a2c|$cfg/cartpole_a2c.toml|--set run.total_env_steps=200000" \
+    "dqn|$cfg/cartpole_dqn.toml|" \
+    "td3|$cfg/pendulum_td3.toml|" \
+    "ddpg|$cfg/pendulum_ddpg.toml|" \
+    "ppo-pop4|$cfg/cartpole_ppo.toml|--population 4 --set population.threads=1" \
+    "a2c-pop4|$cfg/cartpole_a2c.toml|--population 4 --set population.threads=1 --set run.total_env_steps=200000" \
+    "dqn-pop4|$cfg/cartpole_dqn.toml|--population 4 --set population.threads=1" \
+    "td3-pop3|$cfg/pendulum_td3.toml|--population 3 --set population.threads=1 --set run.total_env_steps=8000"
+fi
+
+if [[ $sections == *,continuous,* ]]; then
+  short="--set run.total_env_steps=3000 --set eval.interval_steps=1500"
+  run_jobs \
+    "sac|$cfg/pendulum_sac.toml|" \
+    "sac-pop3|$cfg/pendulum_sac.toml|--population 3 --set population.threads=1 --set run.total_env_steps=8000" \
+    "ppo-pendulum-normalize|$cfg/pendulum_ppo.toml|--set normalize.obs=true --set normalize.reward=true" \
+    "sac-bf16|$cfg/pendulum_sac.toml|$short --set algorithm.bf16=true" \
+    "sac-f32|$cfg/pendulum_sac.toml|$short --set algorithm.bf16=false" \
+    "td3-bf16|$cfg/pendulum_td3.toml|$short --set algorithm.bf16=true" \
+    "td3-f32|$cfg/pendulum_td3.toml|$short --set algorithm.bf16=false"
+  { echo; echo "## bf16 on CUDA (ignored: the same weights as f32)"; } >> "$report"
+  same_weights sac-bf16 sac-f32
+  same_weights td3-bf16 td3-f32
+fi
+
+if [[ $sections == *,resume,* ]]; then
+  { echo; echo "## resume on CUDA (one go vs --stop-at then --resume)"; } >> "$report"
+  # name | config | stop at | settings
+  for job in \
+    "sac|$cfg/pendulum_sac.toml|777|run.total_env_steps=1500 eval.interval_steps=750" \
+    "ppo-normalize|$cfg/pendulum_ppo.toml|1000|run.total_env_steps=4096 eval.interval_steps=2048 normalize.obs=true normalize.reward=true"; do
+    IFS='|' read -r name config stop sets <<< "$job"
+    args=(train "$config" --set run.device=cuda --set run.torch_threads=1)
+    for s in $sets; do args+=(--set "$s"); done
+    {
+      timeout 120 "$bin" "${args[@]}" --out "$runs/resume-$name-one" \
+        && timeout 120 "$bin" "${args[@]}" --out "$runs/resume-$name-two" --stop-at "$stop" \
+        && timeout 120 "$bin" train --resume "$runs/resume-$name-two"
+    } > "$runs/resume-$name.log" 2>&1 || echo "- resume $name: exit $? ($(tail -1 "$runs/resume-$name.log"))" >> "$report"
+    same_weights "resume-$name-one" "resume-$name-two"
+  done
+fi
+
+nvidia-smi --query-gpu=name,memory.used --format=csv >> "$report" 2>&1
 tar -C /tmp/gpu -cJf "$out/runs.tar.xz" --exclude='*.safetensors' --exclude='events.out*' runs
-cat "$out/gpu_check.md"
+cat "$report"

@@ -22,15 +22,29 @@ pub fn nature_cnn_gflops(samples_per_sec: f64) -> f64 {
 /// This machine's matmul peak in GFLOP/s for `kind` (f32 or bf16) on the current torch threads (best of a few
 /// 1024² products).
 pub fn matmul_peak(kind: Kind) -> f64 {
-    let n = 1024i64;
-    let (a, b) = (Tensor::randn([n, n], (kind, Device::Cpu)), Tensor::randn([n, n], (kind, Device::Cpu)));
+    matmul_peak_on(kind, Device::Cpu)
+}
+
+/// Waits for `device`'s queued kernels (CUDA runs asynchronously; a timer must not stop before they finish).
+pub fn synchronize(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
+
+/// [`matmul_peak`] on `device`: 1024² products on the CPU, 8192² on a GPU (large enough to fill it).
+pub fn matmul_peak_on(kind: Kind, device: Device) -> f64 {
+    let n = if device.is_cuda() { 8192i64 } else { 1024 };
+    let (a, b) = (Tensor::randn([n, n], (kind, device)), Tensor::randn([n, n], (kind, device)));
     let _ = a.matmul(&b);
+    synchronize(device);
     let mut best = 0.0f64;
     for _ in 0..5 {
         let start = Instant::now();
         for _ in 0..4 {
             let _ = a.matmul(&b);
         }
+        synchronize(device);
         best = best.max(4.0 * 2.0 * (n * n * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
     }
     best
@@ -40,6 +54,7 @@ pub fn matmul_peak(kind: Kind) -> f64 {
 pub struct PongPpoUpdate {
     ppo: Ppo,
     frames: Vec<u8>,
+    device: Device,
 }
 
 impl PongPpoUpdate {
@@ -50,8 +65,9 @@ impl PongPpoUpdate {
     /// Epochs per update: each sample is trained on this many times.
     pub const EPOCHS: usize = 4;
 
-    /// The agent (seed 1) with `cnn`'s options; `parallel` spreads its updates (data-parallel, accumulation).
-    pub fn new(cnn: CnnOptions, parallel: Option<DataParallel>) -> flotilla_algorithms::Result<Self> {
+    /// The agent (seed 1) with `cnn`'s options on `device`; `parallel` spreads its updates (data-parallel,
+    /// accumulation).
+    pub fn new(cnn: CnnOptions, parallel: Option<DataParallel>, device: Device) -> flotilla_algorithms::Result<Self> {
         let shape = vec![4usize, 84, 84];
         let dim: usize = shape.iter().product();
         let obs_space = flotilla_core::Space::Box {
@@ -75,12 +91,12 @@ impl PongPpoUpdate {
             ..PpoConfig::default()
         };
         let act_space = flotilla_core::Space::discrete(6);
-        let mut ppo = Ppo::new(&obs_space, &act_space, Self::N_ENVS, config, Device::Cpu, 1)?;
+        let mut ppo = Ppo::new(&obs_space, &act_space, Self::N_ENVS, config, device, 1)?;
         if let Some(parallel) = parallel {
             ppo.set_data_parallel(parallel)?;
         }
         let frames: Vec<u8> = (0..Self::N_ENVS * dim).map(|i| (i * 7 % 251) as u8).collect();
-        Ok(PongPpoUpdate { ppo, frames })
+        Ok(PongPpoUpdate { ppo, frames, device })
     }
 
     /// Samples one update trains on (each counted once per epoch).
@@ -106,8 +122,10 @@ impl PongPpoUpdate {
             );
             self.ppo.observe(std::slice::from_ref(&step))?;
         }
+        synchronize(self.device);
         let start = Instant::now();
         let updated = self.ppo.update(&Progress { env_steps: 0, total_env_steps: 1 })?;
+        synchronize(self.device);
         if updated.is_none() {
             return Err(flotilla_algorithms::Error::Unsupported("a full rollout did not update".into()));
         }

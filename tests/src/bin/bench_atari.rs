@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! cargo run --release -p flotilla-tests --bin flotilla-bench-atari [-- --only actors|learner --steps N
-//!     --games pong,breakout --rounds R]
+//!     --games pong,breakout --rounds R --device cpu|cuda]
 //! ```
+//! `--device cuda` runs the learner table on the GPU instead (Flotilla f32 and bf16 against PyTorch f32, bf16
+//! and fp16 autocast on the same GPU; `scripts/gpu_check.sh` runs it on a lent device).
 //! **Actors.** Both sides step ale-py's C++ `AtariVectorEnv` (v5 sticky actions, frame skip 4, 84×84 grey, 4
 //! stacked frames, noop and fire resets, one emulator thread, 8 envs) with uniformly random actions: Flotilla
 //! through `make_vector("atari:<game>")` and the `VectorEnv` contract exactly as the trainer and actors step it
@@ -25,8 +27,8 @@ use std::time::Instant;
 
 use flotilla_algorithms::nn::nets::CnnOptions;
 use flotilla_envs::{EnvRole, Kwargs, VecActions, make_vector};
-use flotilla_tests::cnn_bench::{PongPpoUpdate, matmul_peak, nature_cnn_gflops};
-use tch::Kind;
+use flotilla_tests::cnn_bench::{PongPpoUpdate, matmul_peak, matmul_peak_on, nature_cnn_gflops};
+use tch::{Device, Kind};
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -87,10 +89,14 @@ fn peer_sps(
     Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
 
-/// PyTorch's samples/s for the same update (`tests/peers/ppo_update_torch.py`), if the peers venv has torch.
-fn torch_samples_per_sec(python: &str, threads: i32, rounds: usize, variant: &str) -> BenchResult<f64> {
-    let script = format!("{}/peers/ppo_update_torch.py", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python).args([&script, &threads.to_string(), &rounds.to_string(), variant]).output()?;
+/// PyTorch's samples/s for the same update (`tests/peers/ppo_update_torch.py`) on `device` ("cpu" or "cuda").
+fn torch_samples_per_sec(python: &str, threads: i32, rounds: usize, variant: &str, device: &str) -> BenchResult<f64> {
+    let script = std::env::var("FLOTILLA_PEERS_DIR")
+        .map_or_else(|_| format!("{}/peers", env!("CARGO_MANIFEST_DIR")), |dir| dir)
+        + "/ppo_update_torch.py";
+    let out = Command::new(python)
+        .args([&script, &threads.to_string(), &rounds.to_string(), variant, device])
+        .output()?;
     if !out.status.success() {
         return Err(format!("{script} {variant}: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
@@ -121,13 +127,13 @@ fn learner_table(rounds: usize) -> BenchResult<()> {
         let peaks = (matmul_peak(Kind::Float), matmul_peak(Kind::BFloat16));
         for (i, (name, options)) in variants.iter().enumerate() {
             let peak = if options.bf16 { peaks.1 } else { peaks.0 };
-            let sps = PongPpoUpdate::new(*options, None)?.samples_per_sec(rounds)?;
+            let sps = PongPpoUpdate::new(*options, None, Device::Cpu)?.samples_per_sec(rounds)?;
             let gflops = nature_cnn_gflops(sps);
             // PyTorch's variants: as is, channels-last, bf16 autocast (channels-last + bf16 is not one of them).
             let peer = ["default", "channels_last", "bf16"].get(i).copied();
             let (peer_cell, ratio) = match (&torch, peer) {
                 (Some(python), Some(variant)) => {
-                    let theirs = torch_samples_per_sec(python, threads, rounds, variant)?;
+                    let theirs = torch_samples_per_sec(python, threads, rounds, variant, "cpu")?;
                     (format!("{theirs:.0}"), format!("**{:.2}**", sps / theirs))
                 }
                 (None, Some(_)) => ("not installed".to_string(), "—".to_string()),
@@ -138,6 +144,53 @@ fn learner_table(rounds: usize) -> BenchResult<()> {
                 100.0 * gflops / peak
             );
         }
+    }
+    Ok(())
+}
+
+/// The learner table on a GPU: Flotilla's update in f32 and bf16 (its `CnnOptions::bf16`: bf16 weights copies and
+/// activations, f32 parameters and Adam) against PyTorch's on the same GPU as is (f32; TF32 off, PyTorch's
+/// default for matmuls), under CUDA bf16 autocast, and under fp16 autocast with a `GradScaler` (PyTorch's AMP
+/// recipe). PyTorch is `$FLOTILLA_TORCH_PYTHON` (default `python3`, as on the lent GPU machines' image).
+fn gpu_learner_table(rounds: usize) -> BenchResult<()> {
+    if !tch::Cuda::is_available() {
+        return Err("--device cuda: libtorch sees no CUDA device".into());
+    }
+    let device = Device::Cuda(0);
+    let python = std::env::var("FLOTILLA_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let peaks = (matmul_peak_on(Kind::Float, device), matmul_peak_on(Kind::BFloat16, device));
+    println!("\n## Learner on the GPU: PPO update on u8 frames (8 × 128 rollout, 4 epochs × 4 minibatches of 256)\n");
+    println!(
+        "Samples/s; GFLOP/s ≈ 3 × the forward pass's FLOPs per sample; peak = measured 8192² matmul on the GPU in \
+         the variant's precision (f32 {:.0}, bf16 {:.0} GFLOP/s).\n",
+        peaks.0, peaks.1
+    );
+    println!("| variant | samples/s | GFLOP/s | share of peak | Flotilla / PyTorch (same precision) |");
+    println!("|---|---:|---:|---:|---:|");
+    let mut theirs = Vec::new();
+    for variant in ["default", "bf16", "fp16"] {
+        let sps = torch_samples_per_sec(&python, 1, rounds, variant, "cuda")
+            .map_err(|e| eprintln!("PyTorch {variant}: {e}"))
+            .ok();
+        theirs.push(sps);
+        let peak = if variant == "default" { peaks.0 } else { peaks.1 };
+        match sps {
+            Some(sps) => {
+                let g = nature_cnn_gflops(sps);
+                println!("| PyTorch {variant} | {sps:.0} | {g:.0} | {:.2} % | |", 100.0 * g / peak)
+            }
+            None => println!("| PyTorch {variant} | failed (stderr) | | | |"),
+        }
+    }
+    for (name, options, peer) in [
+        ("Flotilla f32", CnnOptions::default(), theirs[0]),
+        ("Flotilla bf16", CnnOptions { channels_last: false, bf16: true }, theirs[1]),
+    ] {
+        let sps = PongPpoUpdate::new(options, None, device)?.samples_per_sec(rounds)?;
+        let g = nature_cnn_gflops(sps);
+        let peak = if options.bf16 { peaks.1 } else { peaks.0 };
+        let ratio = peer.map_or("—".to_string(), |p| format!("**{:.2}**", sps / p));
+        println!("| {name} | {sps:.0} | {g:.0} | {:.2} % | {ratio} |", 100.0 * g / peak);
     }
     Ok(())
 }
@@ -192,6 +245,7 @@ fn main() -> BenchResult<()> {
     let mut steps = 2_000;
     let mut rounds = 3;
     let mut only: Option<String> = None;
+    let mut cuda = false;
     let mut games = vec!["pong".to_string(), "breakout".to_string()];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -199,10 +253,18 @@ fn main() -> BenchResult<()> {
             "--steps" => steps = args.next().ok_or("--steps N")?.parse()?,
             "--rounds" => rounds = args.next().ok_or("--rounds R")?.parse()?,
             "--only" => only = Some(args.next().ok_or("--only actors|learner")?),
+            "--device" => {
+                cuda = match args.next().as_deref() {
+                    Some("cuda") => true,
+                    Some("cpu") => false,
+                    other => return Err(format!("--device cpu|cuda, not {other:?}").into()),
+                }
+            }
             "--games" => games = args.next().ok_or("--games a,b")?.split(',').map(str::to_string).collect(),
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; usage: [--only actors|learner] [--steps N] [--rounds R] [--games a,b]"
+                    "unknown argument {other:?}; usage: [--only actors|learner] [--steps N] [--rounds R] [--games a,b] \
+                     [--device cpu|cuda]"
                 )
                 .into());
             }
@@ -213,7 +275,7 @@ fn main() -> BenchResult<()> {
         actors_table(&games, steps, rounds as u64)?;
     }
     if only.as_deref().is_none_or(|o| o == "learner") {
-        learner_table(rounds)?;
+        if cuda { gpu_learner_table(rounds)? } else { learner_table(rounds)? }
     }
     Ok(())
 }
