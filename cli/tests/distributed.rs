@@ -5,6 +5,8 @@
 //!   over the last two evaluations (A3C with under 5 % of gradients too stale to apply); DQN with 4 actors
 //!   reaches 475 within its budget but does not reliably hold it;
 //! * `kill -9` of an actor mid-run: the launcher restarts it and the run still ends solved;
+//! * MuJoCo through the Gymnasium bridge with 2 actor processes (SAC on Hopper, Walker2d and Ant; PPO with
+//!   `[normalize]` on HalfCheetah): trains on the actors' chunks, broadcasts reach them, evaluates, saves;
 //! * `--stop-at` writes a checkpoint and `train --resume` continues the run (metrics appended) to a solved end;
 //!
 //! Asynchronous actors make every run different, so each of those learning claims is checked on 2 of seeds 1–3
@@ -63,6 +65,56 @@ fn ppo_with_four_actor_processes_solves_cartpole() {
         assert!(header.contains("charts/policy_lag") && header.contains("charts/stale_chunks"), "{header}");
         solved(&out, &run)
     });
+}
+
+/// MuJoCo through the Gymnasium bridge with actor processes: SAC on Hopper-v5, Walker2d-v5 and Ant-v5, and PPO
+/// with observation and reward normalisation on HalfCheetah-v5, each with 2 actors (each embedding Python and
+/// stepping its own MuJoCo env): the run trains to its budget on the actors' data (every actor sent chunks and
+/// took parameter broadcasts), evaluates, and saves a policy. Mechanics only (a few thousand steps).
+#[test]
+#[cfg_attr(debug_assertions, ignore = "multi-process MuJoCo runs: run with --release")]
+fn mujoco_envs_train_with_actor_processes() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let sac = ["algorithm.learning_starts=500", "algorithm.hidden_sizes=[64, 64]", "algorithm.batch_size=64"];
+    let ppo = ["algorithm.n_steps=256", "algorithm.n_epochs=2", "algorithm.hidden_sizes=[64, 64]"];
+    for (env, kind, cfg, sets) in [
+        ("Hopper-v5", "sac", "halfcheetah_sac.toml", &sac),
+        ("Walker2d-v5", "sac", "halfcheetah_sac.toml", &sac),
+        ("Ant-v5", "sac", "halfcheetah_sac.toml", &sac),
+        ("HalfCheetah-v5", "ppo", "halfcheetah_ppo.toml", &ppo),
+    ] {
+        let id = format!("env.id=gymnasium:{env}");
+        let mut extra: Vec<&str> = vec!["--set", &id];
+        for s in sets.iter().chain(&[
+            "run.total_env_steps=2000",
+            "eval.interval_steps=1000",
+            "eval.episodes=2",
+            "run.torch_threads=1",
+        ]) {
+            extra.extend(["--set", s]);
+        }
+        let (out, run) = train_with_actors(cfg, 2, &format!("mujoco-{env}"), &extra);
+        let all = text(&out);
+        assert!(out.status.success(), "{env}: {all}");
+        assert!(all.contains(&format!("trained gymnasium:{env} with {kind} and 2 actors")), "{env}: {all}");
+        // Both actors streamed chunks and received parameter versions.
+        let done: Vec<&str> = all.lines().filter(|l| l.contains("actor done:")).collect();
+        assert_eq!(done.len(), 2, "{env}: {all}");
+        for line in done {
+            // "actor done: 94 messages, 3040 env steps, 33 parameter versions, 0 reconnects"
+            let number = |unit: &str| -> u64 {
+                let field =
+                    line.split([':', ',']).find(|p| p.trim_end().ends_with(unit)).unwrap_or_else(|| panic!("{line}"));
+                field.split_whitespace().next().unwrap().parse().unwrap()
+            };
+            assert!(number("messages") > 0 && number("env steps") > 0, "{env}: an actor sent nothing: {line}");
+            assert!(number("parameter versions") > 1, "{env}: an actor never got new parameters: {line}");
+        }
+        assert!(*metric(&run, "env_steps").last().unwrap() >= 2000.0, "{env}: {all}");
+        let evals = metric(&run, "eval/mean_return");
+        assert!(evals.len() >= 2 && evals.iter().all(|r| r.is_finite()), "{env}: evaluations {evals:?}");
+        assert!(run.join("model.safetensors").is_file(), "{env}: no saved policy");
+    }
 }
 
 /// Evaluations reached 475 at some point within the budget (the run need not hold it there).
