@@ -126,6 +126,13 @@ pub struct DqnConfig {
     /// data-parallel replicas or accumulation, nothing frozen; the single-process training loop); `false`
     /// runs every step on libtorch.
     pub fused_cpu: bool,
+    /// Mixed precision for an MLP Q-network's update on the CPU: the hidden layers' matmuls in bf16 as PyTorch's
+    /// CPU autocast ([`crate::nn::mixed::dense`]; parameters, gradients, Adam, targets' outputs and acting stay
+    /// f32). The fused host step has no bf16 kernel, so `true` trains on libtorch. Default `false`: DQN's MLPs
+    /// are too small for bf16 to pay — on CartPole's 256-256 network the fused f32 step is faster than
+    /// libtorch in either precision (docs/benchmarks/continuous.md, "DQN and bf16"). Image observations take
+    /// `cnn.bf16` instead.
+    pub bf16: bool,
 }
 
 impl Default for DqnConfig {
@@ -160,6 +167,7 @@ impl Default for DqnConfig {
             task_heads: false,
             tasks: 0,
             fused_cpu: true,
+            bf16: false,
         }
     }
 }
@@ -553,6 +561,8 @@ enum QNets<'a> {
         layers: Vec<usize>,
         activation: crate::nn::nets::Activation,
         opt: StackedAdam,
+        /// The hidden layers in bf16 (every member's [`QNet::bf16`]).
+        bf16: bool,
     },
 }
 
@@ -562,9 +572,9 @@ impl QNets<'_> {
     fn q(&self, obs: &Tensor, target: bool) -> Tensor {
         match self {
             QNets::Alone { q, online, target: t, .. } => {
-                q.forward(if target { t } else { online }, &obs.squeeze_dim(0)).unsqueeze(0)
+                q.train_forward(if target { t } else { online }, &obs.squeeze_dim(0)).unsqueeze(0)
             }
-            QNets::Stacked { online, target: t, layers, activation, .. } => {
+            QNets::Stacked { online, target: t, layers, activation, bf16, .. } => {
                 let online_operands;
                 let params = if target {
                     t
@@ -572,7 +582,7 @@ impl QNets<'_> {
                     online_operands = mlp_operands(&online.views);
                     &online_operands
                 };
-                batched_mlp(params, layers, &|h| activation.apply(h), obs, false)
+                batched_mlp(params, layers, &|h| activation.apply(h), obs, *bf16)
             }
         }
     }
@@ -668,8 +678,12 @@ pub fn unbatchable(members: &[&Dqn]) -> Option<String> {
     }
     for m in members {
         let c = &m.config;
-        if layout(m) != layout(first) || m.online.numel() != first.online.numel() || m.q.device != first.q.device {
-            return Some("members' networks differ".into());
+        if layout(m) != layout(first)
+            || m.online.numel() != first.online.numel()
+            || m.q.device != first.q.device
+            || m.q.bf16 != first.q.bf16
+        {
+            return Some("members' networks, precisions (bf16) or devices differ".into());
         }
         if !matches!(lock(&m.side).memory, Memory::Uniform(..)) {
             return Some("prioritized or frame replay".into());
@@ -718,7 +732,8 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
     let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
     let targets = Tensor::stack(&members.iter().map(|m| m.target.flat().detach()).collect::<Vec<_>>(), 0);
     let target = tch::no_grad(|| mlp_operands(&member_views(&targets, &members[0].target)));
-    let mut nets = QNets::Stacked { online, target, layers: layers.to_vec(), activation, opt };
+    let bf16 = members[0].q.bf16;
+    let mut nets = QNets::Stacked { online, target, layers: layers.to_vec(), activation, opt, bf16 };
     let lrs: Vec<f64> = members.iter().map(|m| m.opt.lr).collect();
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
     let (layout, batch, double_q) = (members[0].q.layout(), members[0].config.batch_size, members[0].config.double_q);
@@ -810,6 +825,9 @@ pub(crate) struct QNet {
     /// Q heads, one per task (1 without task heads); a row reads its task's, by the one-hot ending its input.
     pub(crate) heads: usize,
     pub(crate) device: Device,
+    /// The MLP's hidden layers in bf16 in training passes ([`QNet::train_forward`]; [`DqnConfig::bf16`] on the
+    /// CPU); acting passes are f32.
+    pub(crate) bf16: bool,
 }
 
 /// An MLP for vector observations, the Nature CNN for frame stacks.
@@ -874,7 +892,8 @@ impl QNet {
             });
             (obs_dim, QBody::Mlp(net), named)
         };
-        Ok((QNet { body, dueling: config.dueling, n_actions, obs_dim, heads, device: Device::Cpu }, named))
+        let q = QNet { body, dueling: config.dueling, n_actions, obs_dim, heads, device: Device::Cpu, bf16: false };
+        Ok((q, named))
     }
 
     /// Observations as the network takes them on the device: `[B, obs_dim]` floats, or `[B, C, H, W]` frames
@@ -894,8 +913,17 @@ impl QNet {
 
     /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
     fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
+        self.forward_in(params, obs, false)
+    }
+
+    /// [`QNet::forward`] as a gradient step computes it: an MLP's hidden layers in bf16 where [`QNet::bf16`].
+    fn train_forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
+        self.forward_in(params, obs, self.bf16)
+    }
+
+    fn forward_in(&self, params: &FlatParams, obs: &Tensor, bf16: bool) -> Tensor {
         let mut out = match &self.body {
-            QBody::Mlp(net) => net.forward(params, obs),
+            QBody::Mlp(net) => net.forward_in(params, obs, bf16),
             QBody::Cnn(cnn) => cnn.forward(params, obs),
         };
         if self.heads > 1 {
@@ -1075,6 +1103,7 @@ impl Dqn {
         config.validate()?;
         let (mut q, named) = QNet::init(observation_space, action_space, &config, seed)?;
         q.device = device;
+        q.bf16 = config.bf16 && device == Device::Cpu && q.mlp_layout().is_some();
         let (obs_dim, n_actions) = (q.obs_dim, q.n_actions);
         let online = FlatParams::new(named, device);
         let target = online.target_copy();
@@ -1207,13 +1236,13 @@ impl Dqn {
         Ok((loss.squeeze_dim(0), q.mean(Kind::Float)))
     }
 
-    /// The fused CPU step's state when this agent's steps can take it ([`DqnConfig::fused_cpu`]: an MLP
+    /// The fused CPU step's state when this agent's steps can take it ([`DqnConfig::fused_cpu`]: an f32 MLP
     /// without dueling or task heads on the CPU, uniform or prioritized replay of f32 observations, no
     /// data-parallel replicas or accumulation, nothing frozen), taken out of `self` for the phase.
     fn fused_path(&mut self) -> Option<DqnHost> {
         let single = self.parallel.replicas() == 1 && self.parallel.accumulate() == 1;
         let frames = matches!(lock(&self.side).memory, Memory::Frames(..));
-        if !self.config.fused_cpu || !single || frames || self.q.dueling || self.q.heads > 1 {
+        if !self.config.fused_cpu || !single || frames || self.q.dueling || self.q.heads > 1 || self.q.bf16 {
             return None;
         }
         let (layers, activation) = self.q.mlp_layout()?;
@@ -1514,6 +1543,34 @@ mod tests {
 
     fn spaces() -> (Space, Space) {
         (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::discrete(2))
+    }
+
+    /// `bf16 = true` (forced, so this runs on any CPU) trains the MLP on libtorch with bf16 hidden matmuls:
+    /// three gradient steps from one state follow the f32 libtorch steps (losses within 2 %, the parameter
+    /// change's direction within cosine 0.95) and differ from them (bf16 ran).
+    #[test]
+    fn a_bf16_step_follows_the_f32_step() {
+        use crate::continuous::bandit::{cosine_of_changes, random_rows};
+        let (o, a) = spaces();
+        let values = |p: &FlatParams| Vec::<f32>::try_from(p.flat().detach()).unwrap();
+        let build = |bf16: bool| {
+            let c = DqnConfig { bf16, fused_cpu: false, hidden_sizes: vec![64, 64], ..DqnConfig::default() };
+            Dqn::new(&o, &a, 2, c, Device::Cpu, 4).unwrap()
+        };
+        let (mut f32s, mut mixed) = (build(false), build(true));
+        assert!(mixed.q.bf16 && !f32s.q.bf16);
+        let before = values(&f32s.online);
+        for step in 0..3 {
+            let [x, u, r, g, n] = random_rows(step, 32, 3, 1);
+            let actions: Vec<i64> = u.iter().map(|&u| i64::from(u > 0.0)).collect();
+            let p = f32s.train_on(ObsRef::F32(&x), &actions, &r, &g, ObsRef::F32(&n)).unwrap();
+            let q = mixed.train_on(ObsRef::F32(&x), &actions, &r, &g, ObsRef::F32(&n)).unwrap();
+            assert!((p - q).abs() <= 0.02 * p.abs().max(1e-2), "step {step} loss: f32 {p}, bf16 {q}");
+        }
+        let (p, q) = (values(&f32s.online), values(&mixed.online));
+        assert_ne!(p, q, "bf16 ran (its rounding shows)");
+        let cos = cosine_of_changes(&before, &p, &q);
+        assert!(cos > 0.95, "bf16's change against f32's, cosine {cos}");
     }
 
     #[test]

@@ -94,9 +94,8 @@ fn torch_samples_per_sec(python: &str, threads: i32, rounds: usize, variant: &st
     let script = std::env::var("FLOTILLA_PEERS_DIR")
         .map_or_else(|_| format!("{}/peers", env!("CARGO_MANIFEST_DIR")), |dir| dir)
         + "/ppo_update_torch.py";
-    let out = Command::new(python)
-        .args([&script, &threads.to_string(), &rounds.to_string(), variant, device])
-        .output()?;
+    let out =
+        Command::new(python).args([&script, &threads.to_string(), &rounds.to_string(), variant, device]).output()?;
     if !out.status.success() {
         return Err(format!("{script} {variant}: {}", String::from_utf8_lossy(&out.stderr)).into());
     }

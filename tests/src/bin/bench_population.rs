@@ -588,11 +588,22 @@ impl Bench {
         let run = self.flotilla("dqn-1", "0", &text, &overrides)?;
         let torch_overrides = [&overrides[..], &["algorithm.fused_cpu=false".to_string()]].concat();
         let torch = self.flotilla("dqn-1-libtorch", "0", &text, &torch_overrides)?;
+        // bf16 hidden layers (libtorch: the fused step has no bf16 kernel), where the CPU has native bf16.
+        let bf16 = flotilla_algorithms::nn::nets::cpu_has_native_bf16()
+            .then(|| {
+                let o = [&overrides[..], &["algorithm.bf16=true".to_string()]].concat();
+                self.flotilla("dqn-1-bf16", "0", &text, &o)
+            })
+            .transpose()?;
         let sb3 = self.sb3("dqn", &[1], 1, steps, "0", 1)?;
         println!("| run | train s | final return | gradient steps | update s | update GFLOP/s | % of matmul peak |");
         println!("|---|---:|---:|---:|---:|---:|---:|");
-        for (label, r) in [("Flotilla (fused CPU step)", &run), ("Flotilla (libtorch step, fused_cpu = false)", &torch)]
-        {
+        let mut rows =
+            vec![("Flotilla (fused CPU step)", &run), ("Flotilla (libtorch step, fused_cpu = false)", &torch)];
+        if let Some(r) = &bf16 {
+            rows.push(("Flotilla (libtorch step, bf16 = true)", r));
+        }
+        for (label, r) in rows {
             let m = &r.members[0];
             let gflops = m.gradient_steps as f64 * flops / m.update_secs.max(1e-9) / 1e9;
             println!(
