@@ -119,12 +119,16 @@ pub enum PolicyOutput {
         log_std: String,
     },
     /// Q-values over `n` actions; the greedy action is their argmax (first maximum). `dueling`: the output
-    /// layer's first column is V, the next `n` are A, and `Q = V + A − mean(A)`.
+    /// layer's first column is V, the next `n` are A, and `Q = V + A − mean(A)`. With `quantiles` > 1 (QR-DQN)
+    /// every one of those columns is a group of that many return quantiles, and Q is each group's mean.
     QValues {
         /// Actions.
         n: usize,
         /// Dueling head.
         dueling: bool,
+        /// Return quantiles per output (1: expected values; absent in files written before QR-DQN).
+        #[serde(default = "one")]
+        quantiles: usize,
     },
     /// A deterministic actor: `a = tanh(net(obs))` in `[−1, 1]`, scaled to the bounds as
     /// `low + (a + 1)/2 · (high − low)`.
@@ -254,10 +258,15 @@ impl Architecture {
                 "output: Gaussian mean (the deterministic action, clipped to the action bounds by the env side); \
                  {log_std} [dim] is the state-independent log standard deviation"
             ),
-            PolicyOutput::QValues { dueling: false, .. } => "output: Q-values; greedy action = argmax".to_string(),
-            PolicyOutput::QValues { dueling: true, .. } => "output: [V, A_1..A_n]; Q = V + A - mean(A); greedy action \
-                 = argmax Q"
-                .to_string(),
+            PolicyOutput::QValues { dueling, quantiles, .. } => {
+                let q = if *dueling { "[V, A_1..A_n]; Q = V + A - mean(A)" } else { "Q-values" };
+                let z = if *quantiles > 1 {
+                    format!(" (each a group of {quantiles} return quantiles; its value = the group's mean)")
+                } else {
+                    String::new()
+                };
+                format!("output: {q}{z}; greedy action = argmax Q")
+            }
             PolicyOutput::TanhScaled { .. } => {
                 "output: a = tanh(y) in [-1, 1], action = low + (a + 1) / 2 * (high - low)".to_string()
             }
@@ -330,6 +339,11 @@ impl Architecture {
             },
         }))
     }
+}
+
+/// The default of [`PolicyOutput::QValues`]'s `quantiles`.
+fn one() -> usize {
+    1
 }
 
 /// JSON text of plain data.
@@ -636,23 +650,35 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
                 "the outputs (the Gaussian's mean), clipped to the action space's bounds before an env step",
             )
         }
-        PolicyOutput::QValues { n, dueling } => {
-            if *dueling {
-                // Q = M · [V, A]: M = [1 | I − 1/n], linear, so it folds into the last layer.
+        PolicyOutput::QValues { n, dueling, quantiles } => {
+            if *dueling || *quantiles > 1 {
+                // Q = M · y: the quantile means (1/N over each group of N), then Q = V + A − mean(A) with
+                // [1 | I − 1/n]; both linear, so M folds into the last layer.
                 let (layer, Some((w, b))) = layers.pop().expect("an output layer") else { unreachable!("affine") };
-                let n = *n as i64;
+                let (n, z) = (*n as i64, *quantiles as i64);
                 let opts = (Kind::Double, tch::Device::Cpu);
-                let m = Tensor::cat(&[Tensor::ones([n, 1], opts), Tensor::eye(n, opts) - 1.0 / n as f64], 1);
+                let groups = n + i64::from(*dueling);
+                let mut m = Tensor::eye(groups, opts).repeat_interleave_self_int(z, 1, None) / z as f64;
+                if *dueling {
+                    let combine = Tensor::cat(&[Tensor::ones([n, 1], opts), Tensor::eye(n, opts) - 1.0 / n as f64], 1);
+                    m = combine.matmul(&m);
+                    metadata.insert(
+                        "dueling".into(),
+                        "folded: the last layer outputs Q = V + A - mean(A) (Flotilla's output layer is [V, A_1..A_n])"
+                            .into(),
+                    );
+                }
+                if z > 1 {
+                    metadata.insert(
+                        "quantiles".into(),
+                        format!("folded: the last layer outputs Q, the mean of each action's {z} return quantiles"),
+                    );
+                }
                 let inputs = match layer {
                     TorchLayer::Linear(i, _) => i,
                     _ => unreachable!("the output layer is linear"),
                 };
                 layers.push((TorchLayer::Linear(inputs, n as usize), Some((m.matmul(&w), m.matmul(&b)))));
-                metadata.insert(
-                    "dueling".into(),
-                    "folded: the last layer outputs Q = V + A - mean(A) (Flotilla's output layer is [V, A_1..A_n])"
-                        .into(),
-                );
             }
             ("q_values", "argmax over the outputs (first maximum): the action's index")
         }
@@ -746,6 +772,20 @@ mod tests {
                 cartpole(),
             ),
             (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), frames()),
+            (
+                AlgorithmConfig::Dqn(DqnConfig { n_quantiles: 5, hidden_sizes: small.clone(), ..Default::default() }),
+                cartpole(),
+            ),
+            (
+                AlgorithmConfig::Dqn(DqnConfig {
+                    n_quantiles: 3,
+                    dueling: true,
+                    hidden_sizes: small.clone(),
+                    ..Default::default()
+                }),
+                cartpole(),
+            ),
+            (AlgorithmConfig::Dqn(DqnConfig { n_quantiles: 4, ..Default::default() }), frames()),
             (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::Td3(Td3Config { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::Sac(SacConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),

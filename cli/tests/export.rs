@@ -110,6 +110,19 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
         (
             train(
                 &dir,
+                "qrdqn",
+                "cartpole_qrdqn.toml",
+                &[
+                    &quick[..],
+                    &["run.total_env_steps=1500", "algorithm.learning_starts=500", "eval.interval_steps=1500"],
+                ]
+                .concat(),
+            ),
+            &cartpole,
+        ),
+        (
+            train(
+                &dir,
                 "td3",
                 "pendulum_td3.toml",
                 &[

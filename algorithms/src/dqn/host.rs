@@ -1,6 +1,6 @@
-//! DQN's gradient step on the fused CPU path ([`crate::nn::host_train`]): the same TD target, Huber loss,
-//! gradient clipping and Adam step as [`crate::dqn::Dqn`]'s libtorch step, for MLP Q-networks on the CPU
-//! (no dueling head, no task heads). Agreement with the libtorch step is tested in `dqn`
+//! DQN's gradient step on the fused CPU path ([`crate::nn::host_train`]): the same TD target, Huber loss (or
+//! QR-DQN's quantile Huber loss), gradient clipping and Adam step as [`crate::dqn::Dqn`]'s libtorch step, for MLP
+//! Q-networks on the CPU (no dueling head, no task heads). Agreement with the libtorch step is tested in `dqn`
 //! (`fused_cpu_steps_match_libtorch`).
 use crate::data::replay::ReplaySample;
 use crate::nn::activation::Activation;
@@ -15,6 +15,8 @@ pub(crate) struct DqnHost {
     layers: Vec<TwinLayer>,
     activation: Activation,
     n_actions: usize,
+    /// Return quantiles per action (1: DQN's expected values).
+    quantiles: usize,
     /// The online network's forward pass on the sample's observations (kept for the backward pass); with
     /// double Q, on the observations and then the next observations, stacked.
     tape: TwinTape,
@@ -44,19 +46,21 @@ impl DqnHost {
         layer_indices: &[usize],
         activation: Activation,
         n_actions: usize,
+        quantiles: usize,
     ) -> Option<Self> {
         online.host_values()?;
         if online.has_frozen() {
             return None;
         }
         let layers: Vec<TwinLayer> = layer_indices.iter().map(|&i| TwinLayer::of(online, i)).collect();
-        if layers.last()?.fan_out != n_actions {
+        if layers.last()?.fan_out != n_actions * quantiles {
             return None;
         }
         Some(DqnHost {
             layers,
             activation,
             n_actions,
+            quantiles,
             tape: TwinTape::default(),
             infer: TwinTape::default(),
             stacked: Vec::new(),
@@ -99,30 +103,55 @@ impl DqnHost {
         };
         twin_forward(&self.layers, self.activation, theta, x, x_rows, 1, &mut self.tape);
         let mut d_out = std::mem::take(&mut self.tape.d_out[0]);
-        let (q, next_online) = self.tape.out(0).split_at(rows * a);
-        // TD targets (no gradient).
+        let z = self.quantiles;
+        let (q, next_online) = self.tape.out(0).split_at(rows * a * z);
+        // TD targets (no gradient): with quantiles, the greedy action's z target quantiles per sample.
         self.targets.clear();
-        for (i, row) in self.infer.out(0).chunks_exact(a).enumerate() {
-            let best = if double_q { argmax(&next_online[i * a..][..a]) } else { argmax(row) };
+        for (i, row) in self.infer.out(0).chunks_exact(a * z).enumerate() {
+            let best = if double_q { greedy(&next_online[i * a * z..][..a * z], z) } else { greedy(row, z) };
             let bootstrap = if s.terminated[i] { 0.0 } else { s.discounts[i] };
-            self.targets.push(s.rewards[i] + bootstrap * row[best]);
+            self.targets.extend(row[best * z..][..z].iter().map(|v| s.rewards[i] + bootstrap * v));
         }
         // Q of the taken actions, the loss and its gradient.
         let inv = 1.0 / rows as f32;
         d_out.clear();
-        d_out.resize(rows * a, 0.0);
+        d_out.resize(rows * a * z, 0.0);
         self.td.clear();
         let (mut loss, mut q_sum) = (0f64, 0f64);
-        for (i, q_row) in q.chunks_exact(a).enumerate() {
+        for (i, q_row) in q.chunks_exact(a * z).enumerate() {
             let action = s.actions[i] as usize;
-            let x = q_row[action] - self.targets[i];
             let w = s.weights[i];
-            // smooth_l1 with β = 1, as libtorch: ½x² inside |x| < 1, |x| − ½ outside; gradient x or sign(x).
-            let (huber, slope) = if x.abs() < 1.0 { (0.5 * x * x, x) } else { (x.abs() - 0.5, x.signum()) };
-            loss += (huber * w) as f64;
-            d_out[i * a + action] = slope * w * inv;
-            q_sum += q_row[action] as f64;
-            self.td.push(x);
+            if z == 1 {
+                let x = q_row[action] - self.targets[i];
+                // smooth_l1 with β = 1, as libtorch: ½x² inside |x| < 1, |x| − ½ outside; gradient x or sign(x).
+                let (huber, slope) = huber(x);
+                loss += (huber * w) as f64;
+                d_out[i * a + action] = slope * w * inv;
+                q_sum += q_row[action] as f64;
+                self.td.push(x);
+            } else {
+                // The quantile Huber loss: δ_kj = t_j − z_k, weights |τ̂_k − 1{δ_kj < 0}|, summed over k, averaged
+                // over j; its gradient with respect to z_k is −Σ_j weight · huber′(δ_kj) / z.
+                let (current, targets) = (&q_row[action * z..][..z], &self.targets[i * z..][..z]);
+                let grad = &mut d_out[(i * a + action) * z..][..z];
+                let mut sample = 0f32;
+                for (k, (c, g)) in current.iter().zip(grad.iter_mut()).enumerate() {
+                    let tau = (k as f32 + 0.5) / z as f32;
+                    let mut slope_sum = 0f32;
+                    for t in targets {
+                        let delta = t - c;
+                        let weight = (tau - if delta < 0.0 { 1.0 } else { 0.0 }).abs();
+                        let (h, slope) = huber(delta);
+                        sample += weight * h;
+                        slope_sum += weight * slope;
+                    }
+                    *g = -slope_sum / z as f32 * w * inv;
+                }
+                loss += (sample / z as f32 * w) as f64;
+                let mean = |v: &[f32]| v.iter().sum::<f32>() / z as f32;
+                q_sum += mean(current) as f64;
+                self.td.push(mean(current) - mean(targets));
+            }
         }
         self.tape.d_out[0] = d_out;
         self.tape.keep_rows(rows);
@@ -137,6 +166,20 @@ impl DqnHost {
     pub(crate) fn td(&self) -> &[f32] {
         &self.td
     }
+}
+
+/// `smooth_l1` with β = 1 at `x` (libtorch's): ½x² inside |x| < 1, |x| − ½ outside; and its slope.
+fn huber(x: f32) -> (f32, f32) {
+    if x.abs() < 1.0 { (0.5 * x * x, x) } else { (x.abs() - 0.5, x.signum()) }
+}
+
+/// The greedy action of a row of Q-values, or (`z` > 1) of per-action groups of `z` quantiles by their means.
+fn greedy(row: &[f32], z: usize) -> usize {
+    if z == 1 {
+        return argmax(row);
+    }
+    let means: Vec<f32> = row.chunks_exact(z).map(|g| g.iter().sum::<f32>() / z as f32).collect();
+    argmax(&means)
 }
 
 /// The first index of the largest value (libtorch's `argmax` on ties).

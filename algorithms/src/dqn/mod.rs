@@ -13,6 +13,13 @@
 //!   become `(|δ| + ε)^α`; β anneals linearly from `per_beta0` to `per_beta_final`;
 //! * global gradient-norm clipping; Adam.
 //!
+//! **QR-DQN** (Dabney et al. 2018, "Distributional Reinforcement Learning with Quantile Regression", as
+//! SB3-contrib's `QRDQN`) is `n_quantiles = N`: the network gives N quantiles of the return per action at the
+//! fractions `τ̂_i = (2i + 1)/2N`, Q is their mean (acting, double-Q's choice, the target's greedy action), and the
+//! loss is the quantile Huber loss (κ = 1) between each sample's N current quantiles and its N target quantiles
+//! `r + γ^m z_j(s′, a*)`, summed over the current quantiles and averaged over the targets and the batch. Dueling
+//! combines per quantile; prioritized replay takes `|mean target − Q|` as the error. The fused CPU step takes it too.
+//!
 //! Image observations (u8 frame stacks `[C, H, W]`, e.g. Atari) get the Nature-DQN network ([`NatureCnn`],
 //! frames divided by 255 on the device) and a [`FrameReplay`] that stores each frame once; prioritized replay is
 //! available for vector observations only.
@@ -133,6 +140,9 @@ pub struct DqnConfig {
     /// libtorch in either precision (docs/benchmarks/continuous.md, "DQN and bf16"). Image observations take
     /// `cnn.bf16` instead.
     pub bf16: bool,
+    /// QR-DQN: the number of return quantiles per action (SB3-contrib's `n_quantiles`; its default is 200, RL
+    /// Zoo's CartPole 10); `0` is DQN's expected values.
+    pub n_quantiles: usize,
 }
 
 impl Default for DqnConfig {
@@ -168,6 +178,7 @@ impl Default for DqnConfig {
             tasks: 0,
             fused_cpu: true,
             bf16: false,
+            n_quantiles: 0,
         }
     }
 }
@@ -226,7 +237,7 @@ impl AlgorithmKind for DqnConfig {
             return Err(unsupported("dqn", format!("{a:?}: DQN needs discrete actions")));
         };
         let heads = if self.task_heads { self.tasks.max(1) } else { 1 };
-        let outputs = (n + usize::from(self.dueling)) * heads;
+        let outputs = (n + usize::from(self.dueling)) * self.n_quantiles.max(1) * heads;
         let network = if is_image(o) {
             let shape = image_shape(o)?;
             Network::NatureCnn {
@@ -244,7 +255,7 @@ impl AlgorithmKind for DqnConfig {
                 activation: self.activation,
             }
         };
-        let policy = PolicyOutput::QValues { n, dueling: self.dueling };
+        let policy = PolicyOutput::QValues { n, dueling: self.dueling, quantiles: self.n_quantiles.max(1) };
         Ok(Architecture::new("dqn", network, policy, heads, o, a))
     }
 
@@ -291,6 +302,9 @@ impl DqnConfig {
         }
         if !(0.0..=1.0).contains(&self.exploration_fraction) {
             return bad("exploration_fraction", self.exploration_fraction.to_string(), "must be in [0, 1]");
+        }
+        if self.n_quantiles > 1024 {
+            return bad("n_quantiles", self.n_quantiles.to_string(), "at most 1024 (0: DQN's expected values)");
         }
         Ok(())
     }
@@ -563,18 +577,20 @@ enum QNets<'a> {
         opt: StackedAdam,
         /// The hidden layers in bf16 (every member's [`QNet::bf16`]).
         bf16: bool,
+        /// Every member's [`QNet::quantiles`].
+        quantiles: usize,
     },
 }
 
 impl QNets<'_> {
-    /// `Q(obs, ·)` `[N, B, n_actions]` on the members' observations `[N, B, …]`, with the online parameters or
-    /// (`target`) the target network's.
+    /// The return quantiles `Z(obs, ·)` `[N, B, n_actions, quantiles]` (one quantile: the Q-values) on the
+    /// members' observations `[N, B, …]`, with the online parameters or (`target`) the target network's.
     fn q(&self, obs: &Tensor, target: bool) -> Tensor {
         match self {
             QNets::Alone { q, online, target: t, .. } => {
                 q.train_forward(if target { t } else { online }, &obs.squeeze_dim(0)).unsqueeze(0)
             }
-            QNets::Stacked { online, target: t, layers, activation, bf16, .. } => {
+            QNets::Stacked { online, target: t, layers, activation, bf16, quantiles, .. } => {
                 let online_operands;
                 let params = if target {
                     t
@@ -582,7 +598,9 @@ impl QNets<'_> {
                     online_operands = mlp_operands(&online.views);
                     &online_operands
                 };
-                batched_mlp(params, layers, &|h| activation.apply(h), obs, *bf16)
+                let z = batched_mlp(params, layers, &|h| activation.apply(h), obs, *bf16);
+                let size = z.size();
+                z.view([size[0], size[1], -1, *quantiles as i64])
             }
         }
     }
@@ -621,9 +639,10 @@ impl QNets<'_> {
 }
 
 /// DQN's gradient step, written once over the member axis: every member's Huber TD loss on its minibatch (`b`,
-/// `[N, B, …]`) against the (double-)Q target from its target network, a mean over its samples
-/// (importance-weighted with prioritized replay), averaged over replicas, clipped to its limit, and one Adam
-/// step. Returns each member's loss `[N]`, the Q-values of the actions taken `[N, B]` and their targets.
+/// `[N, B, …]`) against the (double-)Q target from its target network — or, with quantiles (QR-DQN), the quantile
+/// Huber loss against the target quantiles — a mean over its samples (importance-weighted with prioritized
+/// replay), averaged over replicas, clipped to its limit, and one Adam step. Returns each member's loss `[N]`, the
+/// Q-values of the actions taken `[N, B]` and their targets (with quantiles: their means).
 fn td_step(
     nets: &mut QNets,
     b: &DqnBatch,
@@ -631,30 +650,36 @@ fn td_step(
     max_norms: &[f64],
     lrs: &[f64],
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    // `[N, B, quantiles]`: the target network's quantiles (Q-values) of the greedy next action — greedy by the
+    // online network's Q with double-Q — discounted onto the reward.
     let target = tch::no_grad(|| {
-        let next_q = nets.q(&b.next_obs, true);
-        let next = if double_q {
-            let best = nets.q(&b.next_obs, false).argmax(-1, true);
-            next_q.gather(-1, &best, false).squeeze_dim(-1)
-        } else {
-            next_q.amax(-1, false)
-        };
-        &b.rewards + &b.bootstrap * next
+        let next_z = nets.q(&b.next_obs, true);
+        let q_of = |z: &Tensor| z.mean_dim(-1, false, Kind::Float);
+        let best = if double_q { q_of(&nets.q(&b.next_obs, false)) } else { q_of(&next_z) }.argmax(-1, true);
+        let next = next_z.gather(2, &best.unsqueeze(-1).expand_as(&next_z.narrow(2, 0, 1)), false).squeeze_dim(2);
+        b.rewards.unsqueeze(-1) + b.bootstrap.unsqueeze(-1) * next
     });
+    let quantiles = target.size()[2];
     // The loss is a mean over the batch: each micro-batch's mean, scaled by 1/k, adds up to it.
     let (micro_batches, scale) = nets.micro_batches(b.actions.size()[1]);
     let (mut qs, mut losses) = (vec![], vec![]);
     for (j, &(start, len)) in micro_batches.iter().enumerate() {
         let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
-        let q = nets.q(&micro(&b.obs), false).gather(-1, &micro(&b.actions), false).squeeze_dim(-1);
-        let huber = q.smooth_l1_loss(&micro(&target), Reduction::None, 1.0);
+        let z = nets.q(&micro(&b.obs), false);
+        let index = micro(&b.actions).unsqueeze(-1).expand_as(&z.narrow(2, 0, 1));
+        let z = z.gather(2, &index, false).squeeze_dim(2);
+        let per_sample = if quantiles == 1 {
+            z.smooth_l1_loss(&micro(&target), Reduction::None, 1.0).squeeze_dim(-1)
+        } else {
+            quantile_huber(&z, &micro(&target))
+        };
         let loss = match &b.prioritized {
-            None => huber,
-            Some((weights, _)) => huber * micro(weights),
+            None => per_sample,
+            Some((weights, _)) => per_sample * micro(weights),
         }
         .mean_dim(-1, false, Kind::Float);
         nets.backward(&loss, scale, j > 0);
-        qs.push(q.detach());
+        qs.push(z.detach().mean_dim(-1, false, Kind::Float));
         losses.push(loss.detach());
     }
     let (q, loss) = if qs.len() == 1 {
@@ -663,7 +688,19 @@ fn td_step(
         (Tensor::cat(&qs, 1), Tensor::stack(&losses, 0).mean_dim(0, false, Kind::Float))
     };
     nets.clip_and_step(max_norms, lrs)?;
-    Ok((loss, q, target))
+    Ok((loss, q, target.mean_dim(-1, false, Kind::Float)))
+}
+
+/// QR-DQN's quantile Huber loss per sample (κ = 1, as SB3-contrib's `quantile_huber_loss` with
+/// `sum_over_quantiles`): current quantiles `z` and target quantiles `t`, both `[…, N]`; pairs `δ_ij = t_j − z_i`
+/// weighted by `|τ̂_i − 1{δ_ij < 0}|` at the fractions `τ̂_i = (2i + 1)/2N`, summed over `i`, averaged over `j`.
+fn quantile_huber(z: &Tensor, t: &Tensor) -> Tensor {
+    let n = z.size()[z.dim() - 1];
+    let delta = t.unsqueeze(-2) - z.unsqueeze(-1); // [.., i, j]
+    let huber = delta.smooth_l1_loss(&delta.zeros_like(), Reduction::None, 1.0);
+    let tau = ((Tensor::arange(n, (Kind::Float, z.device())) + 0.5) / n as f64).unsqueeze(-1);
+    let weight = (tau - delta.detach().lt(0.0).to_kind(Kind::Float)).abs();
+    (weight * huber).sum_dim_intlist(-2, false, Kind::Float).mean_dim(-1, false, Kind::Float)
 }
 
 /// Why these members cannot share one batched training phase (`None`: they can): batching takes plain-MLP
@@ -682,6 +719,7 @@ pub fn unbatchable(members: &[&Dqn]) -> Option<String> {
             || m.online.numel() != first.online.numel()
             || m.q.device != first.q.device
             || m.q.bf16 != first.q.bf16
+            || m.q.quantiles != first.q.quantiles
         {
             return Some("members' networks, precisions (bf16) or devices differ".into());
         }
@@ -732,8 +770,8 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
     let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
     let targets = Tensor::stack(&members.iter().map(|m| m.target.flat().detach()).collect::<Vec<_>>(), 0);
     let target = tch::no_grad(|| mlp_operands(&member_views(&targets, &members[0].target)));
-    let bf16 = members[0].q.bf16;
-    let mut nets = QNets::Stacked { online, target, layers: layers.to_vec(), activation, opt, bf16 };
+    let (bf16, quantiles) = (members[0].q.bf16, members[0].q.quantiles);
+    let mut nets = QNets::Stacked { online, target, layers: layers.to_vec(), activation, opt, bf16, quantiles };
     let lrs: Vec<f64> = members.iter().map(|m| m.opt.lr).collect();
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
     let (layout, batch, double_q) = (members[0].q.layout(), members[0].config.batch_size, members[0].config.double_q);
@@ -828,6 +866,8 @@ pub(crate) struct QNet {
     /// The MLP's hidden layers in bf16 in training passes ([`QNet::train_forward`]; [`DqnConfig::bf16`] on the
     /// CPU); acting passes are f32.
     pub(crate) bf16: bool,
+    /// Return quantiles per action (1: DQN's expected value; [`DqnConfig::n_quantiles`]).
+    pub(crate) quantiles: usize,
 }
 
 /// An MLP for vector observations, the Nature CNN for frame stacks.
@@ -866,7 +906,8 @@ impl QNet {
                 ),
             });
         }
-        let outputs = ((n_actions + usize::from(config.dueling)) * heads) as i64;
+        let quantiles = config.n_quantiles.max(1);
+        let outputs = ((n_actions + usize::from(config.dueling)) * quantiles * heads) as i64;
         let (obs_dim, body, named) = if is_image(observation_space) {
             let shape = observation_space.shape();
             let built = with_torch_seed(seed, || NatureCnn::init("q", shape, &[(outputs, 1.0)], 0))
@@ -892,7 +933,8 @@ impl QNet {
             });
             (obs_dim, QBody::Mlp(net), named)
         };
-        let q = QNet { body, dueling: config.dueling, n_actions, obs_dim, heads, device: Device::Cpu, bf16: false };
+        let dueling = config.dueling;
+        let q = QNet { body, dueling, n_actions, obs_dim, heads, device: Device::Cpu, bf16: false, quantiles };
         Ok((q, named))
     }
 
@@ -911,16 +953,19 @@ impl QNet {
         ObsLayout { obs_dim: self.obs_dim, image, device: self.device }
     }
 
-    /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target).
+    /// `Q(obs, ·)` `[B, n_actions]` with the parameters `params` (online or target): with quantiles, their mean.
     fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        self.forward_in(params, obs, false)
+        let z = self.forward_in(params, obs, false);
+        if self.quantiles == 1 { z.squeeze_dim(-1) } else { z.mean_dim(-1, false, Kind::Float) }
     }
 
-    /// [`QNet::forward`] as a gradient step computes it: an MLP's hidden layers in bf16 where [`QNet::bf16`].
+    /// The return quantiles `[B, n_actions, quantiles]` (`quantiles` 1: the Q-values) as a gradient step computes
+    /// them: an MLP's hidden layers in bf16 where [`QNet::bf16`].
     fn train_forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
         self.forward_in(params, obs, self.bf16)
     }
 
+    /// `[B, n_actions, quantiles]`.
     fn forward_in(&self, params: &FlatParams, obs: &Tensor, bf16: bool) -> Tensor {
         let mut out = match &self.body {
             QBody::Mlp(net) => net.forward_in(params, obs, bf16),
@@ -930,6 +975,7 @@ impl QNet {
             // Each row's own task's head: weights 1 on its task, 0 on the others (the one-hot).
             out = crate::nn::nets::select_task_heads_tensor(obs, self.heads, &out);
         }
+        let out = out.view([out.size()[0], -1, self.quantiles as i64]);
         if self.dueling {
             let value = out.narrow(1, 0, 1);
             let advantage = out.narrow(1, 1, self.n_actions as i64);
@@ -973,13 +1019,19 @@ impl QNet {
                 let ObsRef::F32(x) = obs else { unreachable!("the host path takes f32 rows") };
                 crate::nn::nets::select_task_heads(x, self.obs_dim, self.heads, raw);
             }
+            let n = self.quantiles;
             for row in raw.chunks_exact(raw.len() / rows) {
+                // Q-values: each action's mean over its quantiles (itself with one).
+                let start = q_values.len();
+                q_values.extend(row.chunks_exact(n).map(|z| z.iter().sum::<f32>() / n as f32));
                 if self.dueling {
-                    let (value, advantage) = (row[0], &row[1..]);
+                    // [V, A_1..A_n] ─► Q_a = V + A_a − mean(A), in place.
+                    let value = q_values[start];
+                    q_values.copy_within(start + 1.., start);
+                    q_values.pop();
+                    let advantage = &mut q_values[start..];
                     let mean = advantage.iter().sum::<f32>() / advantage.len() as f32;
-                    q_values.extend(advantage.iter().map(|a| value + a - mean));
-                } else {
-                    q_values.extend_from_slice(row);
+                    advantage.iter_mut().for_each(|a| *a = value + *a - mean);
                 }
             }
         } else {
@@ -1246,7 +1298,9 @@ impl Dqn {
             return None;
         }
         let (layers, activation) = self.q.mlp_layout()?;
-        self.host_step.take().or_else(|| DqnHost::new(&self.online, layers, activation, self.n_actions))
+        self.host_step
+            .take()
+            .or_else(|| DqnHost::new(&self.online, layers, activation, self.n_actions, self.q.quantiles))
     }
 
     /// `due` gradient steps on the fused CPU path, each on a fresh replay sample (drawn as the libtorch path
@@ -1545,6 +1599,44 @@ mod tests {
         (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::discrete(2))
     }
 
+    /// The quantile Huber loss against SB3-contrib's definition, worked by hand: current quantiles (0, 1) at
+    /// τ̂ = (¼, ¾), targets (0.5, 3). Pairs δ = t_j − z_k: (0.5, 3) for k = 0 and (−0.5, 2) for k = 1; Huber
+    /// (0.125, 2.5) and (0.125, 1.5); weights |τ̂_k − 1{δ < 0}|: (¼, ¼) and (¼, ¾). Σ_k mean_j = (0.125·¼ +
+    /// 2.5·¼)/2 + (0.125·¼ + 1.5·¾)/2 = 0.328125 + 0.578125 = 0.90625. Its gradient in z_k is
+    /// −mean_j weight · clamp(δ, ±1): z_0 −(¼·0.5 + ¼·1)/2 = −0.1875, z_1 −(¼·(−0.5) + ¾·1)/2 = −0.3125.
+    #[test]
+    fn the_quantile_huber_loss_is_sb3_contribs() {
+        let z = Tensor::from_slice(&[0.0f32, 1.0]).view([1, 2]).set_requires_grad(true);
+        let t = Tensor::from_slice(&[0.5f32, 3.0]).view([1, 2]);
+        let loss = quantile_huber(&z, &t);
+        assert!((f64::try_from(&loss).unwrap() - 0.90625).abs() < 1e-6, "{loss}");
+        loss.sum(Kind::Float).backward();
+        let g = Vec::<f32>::try_from(z.grad().view([-1])).unwrap();
+        assert!((g[0] + 0.1875).abs() < 1e-6 && (g[1] + 0.3125).abs() < 1e-6, "{g:?}");
+    }
+
+    /// QR-DQN acts on the mean of each action's quantiles, on the host path and on libtorch, dueling too.
+    #[test]
+    fn qr_dqn_acts_on_the_mean_of_its_quantiles() {
+        let (o, a) = spaces();
+        for dueling in [false, true] {
+            let c = DqnConfig { n_quantiles: 4, dueling, hidden_sizes: vec![16], ..DqnConfig::default() };
+            let mut dqn = Dqn::new(&o, &a, 2, c, Device::Cpu, 3).unwrap();
+            let rows = [0.1f32, -0.4, 0.7, 0.9, 0.2, -0.3];
+            let x = Tensor::from_slice(&rows).view([2, 3]);
+            let z = dqn.q.train_forward(&dqn.online, &x);
+            assert_eq!(z.size(), [2, 2, 4], "[B, actions, quantiles]");
+            let want = Vec::<f32>::try_from(z.mean_dim(-1, false, Kind::Float).view([-1])).unwrap();
+            let mut out = ActOutput::default();
+            dqn.act(ObsRef::F32(&rows), ActMode::Deterministic, &mut out).unwrap();
+            for (g, w) in out.q_values.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "dueling {dueling}: host {:?} vs libtorch {want:?}", out.q_values);
+            }
+            let forward = Vec::<f32>::try_from(dqn.q.forward(&dqn.online, &x).view([-1])).unwrap();
+            assert_eq!(forward, want, "dueling {dueling}");
+        }
+    }
+
     /// `bf16 = true` (forced, so this runs on any CPU) trains the MLP on libtorch with bf16 hidden matmuls:
     /// three gradient steps from one state follow the f32 libtorch steps (losses within 2 %, the parameter
     /// change's direction within cosine 0.95) and differ from them (bf16 ran).
@@ -1834,6 +1926,9 @@ mod tests {
             ),
             ("unclipped", 300, DqnConfig { max_grad_norm: 10.0, ..base.clone() }),
             ("prioritized", 50, DqnConfig { prioritized_replay: true, ..base.clone() }),
+            ("qr-dqn", 300, DqnConfig { n_quantiles: 5, ..base.clone() }),
+            ("qr-dqn, double q, n-step", 300, DqnConfig { n_quantiles: 8, double_q: true, n_step: 3, ..base.clone() }),
+            ("qr-dqn, prioritized", 50, DqnConfig { n_quantiles: 5, prioritized_replay: true, ..base.clone() }),
         ];
         let vector =
             |t: u64, e: usize| (0..4).map(|i| ((t * 7 + i * 3 + e as u64) % 13) as f32 / 13.0).collect::<Vec<f32>>();
@@ -2070,6 +2165,7 @@ mod member_tests {
         };
         let mut together: Vec<Dqn> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
         let mut alone: Vec<Dqn> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
+        assert_eq!(unbatchable(&together.iter().collect::<Vec<_>>()), None, "the batched path is taken");
         let mut rng = Pcg64::seed_from_u64(3);
         let total = 400u64;
         let mut phases = 0;
@@ -2146,6 +2242,12 @@ mod member_tests {
     #[test]
     fn double_q_members_match_their_runs_alone() {
         check(vec![small(1e-3, 0.99, 30, true), small(2e-3, 0.98, 20, true)]);
+    }
+
+    #[test]
+    fn qr_dqn_members_match_their_runs_alone() {
+        let qr = |c: DqnConfig| DqnConfig { n_quantiles: 6, ..c };
+        check(vec![qr(small(1e-3, 0.99, 30, true)), qr(small(2e-3, 0.9, 20, true))]);
     }
 
     #[test]
