@@ -1,7 +1,7 @@
 """Peer for the population benchmarks: Stable-Baselines3 trained with RL Zoo's tuned hyperparameters, one seed after
 another (or in --procs parallel processes), each followed by a seeded deterministic 10-episode evaluation.
 
-    python tests/peers/sb3_zoo.py --algo {ppo,a2c,dqn,ddpg,td3,sac} [--seeds 0 1 2] [--procs 1] [--steps N] [--threads 1]
+    python tests/peers/sb3_zoo.py --algo {ppo,a2c,dqn,qrdqn,ddpg,td3,sac} [--seeds 0 1 2] [--procs 1] [--steps N] [--threads 1]
 
 Prints one JSON line per seed on stdout, in completion order:
     {"algo", "env", "seed", "train_secs", "final_return", "steps"}
@@ -11,7 +11,7 @@ the first seed), no evaluation. final_return is the mean return of 10 determinis
 10_000 + seed. steps is the number of env steps SB3 took (it rounds a budget up to whole rollouts).
 
 The hyperparameters are written out in ZOO below. They were read from rl-baselines3-zoo's hyperparams/{ppo,a2c,dqn,
-ddpg,td3,sac}.yml (entries CartPole-v1 / Pendulum-v1) at the zoo's commit 22e3ff2450fd (2026-04-23); everything the zoo
+qrdqn,ddpg,td3,sac}.yml (entries CartPole-v1 / Pendulum-v1) at the zoo's commit 22e3ff2450fd (2026-04-23); everything the zoo
 leaves out is SB3's default, as in the zoo. The budget (n_timesteps, n_envs) is the zoo's; the script compares it with
 examples/configs/<config>.toml's run.total_env_steps and env.num_envs and prints any difference to stderr.
 Installed by `bash scripts/setup_peers.sh --sb3` into $FLOTILLA_CACHE/peers-venv (see tests/peers/README.md).
@@ -44,6 +44,12 @@ ZOO = {
                             gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                             exploration_fraction=0.16, exploration_final_eps=0.04,
                             policy_kwargs=dict(net_arch=[256, 256]))),
+    # qrdqn.yml, CartPole-v1 ("# Tuned"): SB3-contrib's QRDQN (Adam eps 0.01 / batch_size, no gradient clipping).
+    "qrdqn": dict(env="CartPole-v1", config="cartpole_qrdqn.toml", n_envs=1, n_timesteps=50_000, module="sb3_contrib",
+                  kwargs=dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
+                              gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                              exploration_fraction=0.16, exploration_final_eps=0.04,
+                              policy_kwargs=dict(net_arch=[256, 256], n_quantiles=10))),
     # ddpg.yml, Pendulum-v1 (SB3's DDPG: TD3 with one critic, no policy delay, no target smoothing; batch 256, tau
     # 0.005 are SB3 defaults). noise_std is in the [-1, 1] units SB3 adds noise in.
     "ddpg": dict(env="Pendulum-v1", config="pendulum_ddpg.toml", n_envs=1, n_timesteps=20_000, noise_std=0.1,
@@ -111,7 +117,11 @@ def run_seed(algo, seed, steps, threads):
     if "noise_std" in zoo:
         n = env.action_space.shape[0]
         kwargs["action_noise"] = NormalActionNoise(mean=np.zeros(n), sigma=zoo["noise_std"] * np.ones(n))
-    cls = getattr(sb3, algo.upper())
+    if zoo.get("module") == "sb3_contrib":
+        import sb3_contrib
+        cls = getattr(sb3_contrib, algo.upper())
+    else:
+        cls = getattr(sb3, algo.upper())
     model = cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
     model.learn(total_timesteps=steps, progress_bar=False)
     train_secs = time.perf_counter() - t0

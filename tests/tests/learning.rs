@@ -38,6 +38,14 @@ fn dqn_solves_cartpole_within_50k_steps() {
 
 #[test]
 #[cfg_attr(debug_assertions, ignore = "learning tests run in release: bash scripts/test.sh")]
+fn qrdqn_solves_cartpole_within_50k_steps() {
+    let r =
+        train_seeds("cartpole_qrdqn.toml", &["run.total_env_steps=50000", "eval.interval_steps=10000"], &SEEDS, 475.0);
+    assert_solved("qr-dqn cartpole", &r, 475.0, 2);
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning tests run in release: bash scripts/test.sh")]
 fn a2c_solves_cartpole_within_500k_steps() {
     let r =
         train_seeds("cartpole_a2c.toml", &["run.total_env_steps=500000", "eval.interval_steps=50000"], &SEEDS, 475.0);

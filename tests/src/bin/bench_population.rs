@@ -1,7 +1,7 @@
 //! `flotilla-bench-population`: populations against their peers, as markdown tables.
 //!
 //! ```text
-//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|a2c|sac|pbt|all] [--quick]
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|qrdqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]
 //! ```
 //! Every measurement runs in a child process pinned with `taskset` (`taskset -c 0`: one core, `-c 0,1`: two):
 //! Flotilla as this binary re-executed (`--child train CONFIG OUT`: the config trained in-process, one JSON line
@@ -51,20 +51,23 @@ fn main() -> BenchResult<()> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--suite" => suite = it.next().ok_or("--suite speed|dqn|a2c|sac|td3|ddpg|continuous|pbt|all")?.clone(),
+            "--suite" => {
+                suite = it.next().ok_or("--suite speed|dqn|qrdqn|a2c|sac|td3|ddpg|continuous|pbt|all")?.clone()
+            }
             "--quick" => quick = true,
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; usage: [--suite speed|dqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]"
+                    "unknown argument {other:?}; usage: [--suite speed|dqn|qrdqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]"
                 )
                 .into());
             }
         }
     }
-    if !["speed", "dqn", "a2c", "sac", "td3", "ddpg", "continuous", "pbt", "all"].contains(&suite.as_str()) {
-        return Err(
-            format!("--suite {suite:?}: expected speed, dqn, a2c, sac, td3, ddpg, continuous, pbt or all").into()
-        );
+    if !["speed", "dqn", "qrdqn", "a2c", "sac", "td3", "ddpg", "continuous", "pbt", "all"].contains(&suite.as_str()) {
+        return Err(format!(
+            "--suite {suite:?}: expected speed, dqn, qrdqn, a2c, sac, td3, ddpg, continuous, pbt or all"
+        )
+        .into());
     }
     let root = std::env::var_os("FLOTILLA_BENCH_DIR")
         .map(PathBuf::from)
@@ -87,7 +90,10 @@ fn main() -> BenchResult<()> {
         bench.speed(&peak)?;
     }
     if suite == "dqn" || suite == "all" {
-        bench.dqn(&peak)?;
+        bench.dqn(&peak, "dqn")?;
+    }
+    if suite == "qrdqn" || suite == "all" {
+        bench.dqn(&peak, "qrdqn")?;
     }
     if suite == "a2c" || suite == "all" {
         bench.a2c(&peak)?;
@@ -579,23 +585,26 @@ impl Bench {
         Ok(())
     }
 
-    fn dqn(&self, peak: &Peak) -> BenchResult<()> {
+    /// DQN (`algo` "dqn": cartpole_dqn.toml against SB3's DQN) or QR-DQN ("qrdqn": cartpole_qrdqn.toml against
+    /// SB3-contrib's QRDQN) on CartPole-v1, one core: the fused CPU step, the libtorch step, bf16 (DQN) and the peer.
+    fn dqn(&self, peak: &Peak, algo: &str) -> BenchResult<()> {
         let steps: u64 = if self.quick { 4000 } else { 50_000 };
-        let text = example_text("cartpole_dqn.toml", "")?;
+        let text = example_text(&format!("cartpole_{algo}.toml"), "")?;
         let overrides = timing_overrides(steps);
         let (flops, formula) = dqn_flops_per_step(&ExperimentConfig::parse(&text, &[])?.to_toml())?;
-        println!("## DQN CartPole-v1, {steps} env steps, one core (taskset -c 0)\n");
-        let run = self.flotilla("dqn-1", "0", &text, &overrides)?;
+        let title = if algo == "qrdqn" { "QR-DQN" } else { "DQN" };
+        println!("## {title} CartPole-v1 (`cartpole_{algo}.toml`), {steps} env steps, one core (taskset -c 0)\n");
+        let run = self.flotilla(&format!("{algo}-1"), "0", &text, &overrides)?;
         let torch_overrides = [&overrides[..], &["algorithm.fused_cpu=false".to_string()]].concat();
-        let torch = self.flotilla("dqn-1-libtorch", "0", &text, &torch_overrides)?;
+        let torch = self.flotilla(&format!("{algo}-1-libtorch"), "0", &text, &torch_overrides)?;
         // bf16 hidden layers (libtorch: the fused step has no bf16 kernel), where the CPU has native bf16.
-        let bf16 = flotilla_algorithms::nn::nets::cpu_has_native_bf16()
+        let bf16 = (flotilla_algorithms::nn::nets::cpu_has_native_bf16() && algo == "dqn")
             .then(|| {
                 let o = [&overrides[..], &["algorithm.bf16=true".to_string()]].concat();
                 self.flotilla("dqn-1-bf16", "0", &text, &o)
             })
             .transpose()?;
-        let sb3 = self.sb3("dqn", &[1], 1, steps, "0", 1)?;
+        let sb3 = self.sb3(algo, &[1], 1, steps, "0", 1)?;
         println!("| run | train s | final return | gradient steps | update s | update GFLOP/s | % of matmul peak |");
         println!("|---|---:|---:|---:|---:|---:|---:|");
         let mut rows =
@@ -619,8 +628,13 @@ impl Bench {
         match &sb3 {
             None => println!("| SB3 | not installed: bash scripts/setup_peers.sh --sb3 --jax | | | | | |"),
             Some(s) => {
-                println!("| SB3 (RL Zoo) | {:.2} | {:.1} | | | — | — |", s.train_secs, s.returns[0]);
-                println!("\nFlotilla is {:.2}× SB3's speed (train s).", s.train_secs / m.train_secs);
+                let peer = if algo == "qrdqn" { "SB3-contrib QRDQN (RL Zoo)" } else { "SB3 (RL Zoo)" };
+                println!("| {peer} | {:.2} | {:.1} | | | — | — |", s.train_secs, s.returns[0]);
+                println!(
+                    "\nFlotilla takes {:.2}× the peer's train seconds ({:.2}× its speed).",
+                    m.train_secs / s.train_secs,
+                    s.train_secs / m.train_secs
+                );
             }
         }
         println!(
@@ -954,6 +968,9 @@ fn dqn_flops_per_step(resolved: &str) -> BenchResult<(f64, String)> {
     let hidden = hidden_sizes(&a)?;
     let batch = int(&a, "batch_size")? as f64;
     let double = a.get("double_q").and_then(|v| v.as_bool()).unwrap_or(false);
+    // QR-DQN: each action's output is a group of n_quantiles.
+    let quantiles = a.get("n_quantiles").and_then(|v| v.as_integer()).unwrap_or(0).max(1) as usize;
+    let actions = actions * quantiles;
     let macs = mlp_macs(obs, &hidden, actions);
     let forwards = if double { 2.0 } else { 1.0 };
     let formula = format!(
