@@ -184,6 +184,50 @@ fn python_gymnasium_envs_train_resume_and_evaluate() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `[env] observe` keeps chosen observation components on native and Python envs alike: CartPole-v1 without
+/// its velocities (`[0, 2]`) trains, stops, resumes and evaluates, the saved policy takes 2-component
+/// observations, and an index out of range fails naming `observe` before anything is written.
+#[test]
+fn observe_hides_components_of_native_and_python_envs() {
+    let dir = common::scratch("cli", "observe");
+    for id in ["CartPole-v1", "gymnasium:CartPole-v1"] {
+        let run = dir.join(id.replace(':', "_"));
+        let args = |extra: &[&str]| -> Vec<String> {
+            let mut a: Vec<String> = vec!["train".into(), CONFIG.into()];
+            for s in [format!("env.id={id}"), "env.observe=[0, 2]".into(), "run.total_env_steps=4096".into()]
+                .into_iter()
+                .chain(["eval.interval_steps=2048".into(), "eval.episodes=2".into()])
+            {
+                a.extend(["--set".into(), s]);
+            }
+            a.extend(extra.iter().map(|s| s.to_string()));
+            a
+        };
+        let run_arg = run.to_str().unwrap();
+        let a = args(&["--out", run_arg, "--stop-at", "2048"]);
+        let out = flotilla(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(out.status.success(), "{id}: {}", text(&out));
+        let out = flotilla(&["train", "--resume", run_arg]);
+        assert!(out.status.success() && text(&out).contains("for 4096 env steps"), "{id}: {}", text(&out));
+        let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+        assert!(resolved.contains("observe = [0, 2]"), "{id}: {resolved}");
+        // The saved policy's metadata: a 2-component observation space.
+        let bytes = std::fs::read(run.join("model.safetensors")).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let space = header["__metadata__"]["observation_space"].as_str().unwrap().to_string();
+        let space: serde_json::Value = serde_json::from_str(&space).unwrap();
+        assert_eq!(space["shape"], serde_json::json!([2]), "{id}: {space}");
+        let out = flotilla(&["eval", run_arg, "--episodes", "2"]);
+        assert!(out.status.success(), "{id}: {}", text(&out));
+    }
+    let bad = dir.join("bad");
+    let out = flotilla(&["train", CONFIG, "--set", "env.observe=[0, 7]", "--out", bad.to_str().unwrap()]);
+    assert!(!out.status.success() && text(&out).contains("observe") && text(&out).contains("7"), "{}", text(&out));
+    assert!(!bad.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `examples/configs/pong_ppo.toml` for a few thousand steps: PPO on u8 frames with the Nature CNN trains,
 /// stops, resumes (the agent exactly, the games anew: ale-py's vector env has no snapshot), evaluates whole
 /// games, and the run directory's resolved config records every Atari setting (sticky actions included).

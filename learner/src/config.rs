@@ -443,6 +443,10 @@ pub struct EnvConfig {
     /// How a multi-task run's observations meet the network's first layer (`[[tasks]]` only).
     #[serde(default, skip_serializing_if = "TaskInputsConfig::is_auto")]
     pub task_inputs: TaskInputsConfig,
+    /// Partial observability: keep only these components of each (1-D) observation, in this order — e.g.
+    /// `[0, 2]` is CartPole without its velocities ([`flotilla_envs::ObserveVecEnv`]). Absent: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observe: Option<Vec<usize>>,
     /// The run's `[[tasks]]` (copied here when the config is parsed, so that everything that builds envs from
     /// `[env]` builds the tasks' batch).
     #[serde(skip)]
@@ -494,8 +498,20 @@ impl EnvConfig {
     /// `n` envs as `[env]` (or `[[tasks]]`, `n / tasks` each) says: what trainers, actors and evaluation step.
     pub fn make_vector(&self, n: usize, role: EnvRole) -> Result<Box<dyn flotilla_envs::VectorEnv>> {
         if self.tasks.is_empty() {
-            return make_vector(&self.id, &self.registry_kwargs()?, n, role)
-                .map_err(|e| Error::Config(format!("[env]: {e}")));
+            let envs = make_vector(&self.id, &self.registry_kwargs()?, n, role)
+                .map_err(|e| Error::Config(format!("[env]: {e}")))?;
+            return match &self.observe {
+                None => Ok(envs),
+                Some(keep) => Ok(Box::new(
+                    flotilla_envs::ObserveVecEnv::new(envs, keep.clone())
+                        .map_err(|e| Error::Config(format!("[env] observe = {keep:?}: {e}")))?,
+                )),
+            };
+        }
+        if self.observe.is_some() {
+            return Err(Error::Config(
+                "[env] observe cannot be combined with [[tasks]] (each task's one-hot ends its observation)".into(),
+            ));
         }
         let t = self.tasks.len();
         if n == 0 || !n.is_multiple_of(t) {
