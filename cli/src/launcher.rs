@@ -9,6 +9,7 @@
 //!   every 50 ms, for each slot:
 //!     child exited?  warn!, wait the backoff (doubling up to 5 s), respawn, info!
 //!                    after max_restarts for that slot: error!, the slot stays empty
+//!                    with exit status 0 (the actor finished: the learner ended the run): info!, no restart
 //!     stop signal received?  exits are expected: no restarts
 //! ... the learner trains, polling the stop flag ...
 //! Launcher::stop(grace), or drop
@@ -254,6 +255,11 @@ fn check_slot(
             let pid = child.id();
             match child.try_wait() {
                 Ok(None) => {}
+                Ok(Some(status)) if status.success() => {
+                    // An actor exits 0 only when it is done: the learner told it the run is over.
+                    info!(slot = index, pid, "actor in slot {index} (pid {pid}) finished; not restarting it");
+                    slot.process = Process::Empty;
+                }
                 Ok(Some(status)) => slot.process = after_exit(index, slot.restarts, config, now, &exited(pid, status)),
                 Err(e) => warn!(slot = index, pid, "cannot poll the actor in slot {index} (pid {pid}): {e}"),
             }
@@ -561,6 +567,18 @@ mod tests {
         let pids: Vec<u32> = launcher.pids().into_iter().map(Option::unwrap).collect();
         drop(launcher);
         assert!(pids.iter().all(|&pid| is_gone(pid)), "{pids:?}");
+    }
+
+    #[test]
+    fn a_child_that_exits_0_has_finished_and_is_not_restarted() {
+        let mut launcher =
+            Launcher::start(2, |slot| sh(if slot == 0 { "exit 0" } else { "exec sleep 30" }), config(3)).unwrap();
+        assert!(eventually(|| launcher.pids()[0].is_none()));
+        // Backoffs are 10 ms and up: a (wrong) restart would have happened by now.
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(launcher.restarts(), 0);
+        assert!(launcher.pids()[0].is_none() && launcher.pids()[1].is_some());
+        launcher.stop(Duration::from_millis(100));
     }
 
     #[test]
