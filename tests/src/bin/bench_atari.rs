@@ -92,7 +92,7 @@ fn peer_sps(
 /// PyTorch's samples/s for the same update (`tests/peers/ppo_update_torch.py`) on `device` ("cpu" or "cuda").
 fn torch_samples_per_sec(python: &str, threads: i32, rounds: usize, variant: &str, device: &str) -> BenchResult<f64> {
     let script = std::env::var("FLOTILLA_PEERS_DIR")
-        .map_or_else(|_| format!("{}/peers", env!("CARGO_MANIFEST_DIR")), |dir| dir)
+        .unwrap_or_else(|_| format!("{}/peers", env!("CARGO_MANIFEST_DIR")))
         + "/ppo_update_torch.py";
     let out =
         Command::new(python).args([&script, &threads.to_string(), &rounds.to_string(), variant, device]).output()?;
