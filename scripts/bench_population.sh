@@ -3,7 +3,7 @@
 # two cores, DQN, A2C's fused CPU update vs libtorch and SB3, SAC/TD3/DDPG in bf16 and f32 vs SB3, PBT vs a plain
 # sweep), as markdown tables. Every measurement is a taskset-pinned child process.
 #
-#   bash scripts/bench_population.sh [--peers] [--suite speed|dqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]
+#   bash scripts/bench_population.sh [--peers] [--suite speed|dqn|qrdqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]
 #
 # FLOTILLA_BENCH_ROUNDS (default 2): interleaved rounds of the sac/td3/ddpg suites.
 #
