@@ -300,9 +300,7 @@ impl DistributedLearner {
         result?;
         // Actors waiting on a full queue get `finished` now, and every later message too.
         self.hub.finish();
-        if let Some(rx) = &mut self.rx {
-            rx.close();
-        }
+        self.account_for_untrained_data(total);
         if self.rank() == 0
             && !stop.load(Ordering::SeqCst)
             && self.counters.run.env_steps >= total
@@ -319,6 +317,31 @@ impl DistributedLearner {
             info!("{untold} actors were not told that the run is over (they will find the learner gone)");
         }
         Ok(self.report())
+    }
+
+    /// Close the hub's queue and say what data actors delivered that the run ends without training on: chunks
+    /// (and A3C gradients) queued when the budget was reached, and on-policy chunks waiting for a full batch.
+    /// Nothing is dropped without a line in the log.
+    fn account_for_untrained_data(&mut self, total: u64) {
+        let (mut messages, mut env_steps) = (self.pending.len(), 0u64);
+        env_steps += self.pending.iter().map(|c| c.transitions() as u64).sum::<u64>();
+        if let Some(rx) = &mut self.rx {
+            rx.close();
+            while let Ok(delivery) = rx.try_recv() {
+                messages += 1;
+                env_steps += match delivery {
+                    Delivery::Chunk(chunk) => chunk.transitions() as u64,
+                    Delivery::Gradient(g, _receipt) => g.env_steps,
+                };
+            }
+        }
+        if messages > 0 {
+            info!(
+                "{messages} actor messages ({env_steps} env steps) arrived after the run's {} of {total} env steps \
+                 and were not trained on",
+                self.counters.run.env_steps
+            );
+        }
     }
 
     /// Batches are assembled on a thread of their own ([`crate::assembly`]) as `[learner] assemble_ahead` says
