@@ -1,5 +1,5 @@
 //! The actor loop (see the crate docs for its shape).
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -44,10 +44,13 @@ pub struct ActorOptions {
 /// What an actor did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ActorReport {
-    /// Chunks (or gradients) delivered.
+    /// Chunks (or gradients) delivered: accepted by the learner into its queue (acknowledged, run not over).
     pub sent: u64,
-    /// Env steps taken (all envs).
+    /// Env steps taken (all envs), delivered or not.
     pub env_steps: u64,
+    /// The env steps of the delivered messages. The difference to `env_steps` was collected but never reached
+    /// the learner's queue: messages refused because the run was over, or left on the actor when it ended.
+    pub delivered_env_steps: u64,
     /// Parameter versions loaded.
     pub params_loaded: u64,
     /// Times the actor reconnected and re-registered.
@@ -77,6 +80,9 @@ struct Shared {
     progress: Mutex<(u64, u64)>,
     finished: AtomicBool,
     reconnects: AtomicU32,
+    /// Messages the learner accepted, and their env steps.
+    delivered: AtomicU64,
+    delivered_env_steps: AtomicU64,
 }
 
 /// Join the learner `connect` reaches and act until it says the run is over, `options.stop` is set, or the
@@ -157,6 +163,8 @@ pub fn run_actor(
     result?;
     io_result?;
     report.reconnects = shared.reconnects.load(Ordering::SeqCst);
+    report.sent = shared.delivered.load(Ordering::SeqCst);
+    report.delivered_env_steps = shared.delivered_env_steps.load(Ordering::SeqCst);
     report.finished = shared.finished.load(Ordering::SeqCst);
     Ok(report)
 }
@@ -248,7 +256,6 @@ fn act_loop(
         if tx.send(Tagged { run, message }).is_err() {
             return Ok(()); // The IO thread ended: finished, or failed (its result says which).
         }
-        report.sent += 1;
         // Synchronous mode (and A3C): the next chunk is collected with the parameters this one went into.
         if let Some(done) = done
             && done.recv().is_err()
@@ -327,9 +334,16 @@ impl Link {
         };
         *shared.progress.lock().expect("progress") = (ack.env_steps, ack.total_env_steps);
         if ack.finished {
+            // Refused: the run was already over.
             shared.finished.store(true, Ordering::SeqCst);
             return Ok(true);
         }
+        let steps = match &message {
+            Outgoing::Chunk(c) => c.transitions() as u64,
+            Outgoing::Gradient(g) => g.env_steps,
+        };
+        shared.delivered.fetch_add(1, Ordering::SeqCst);
+        shared.delivered_env_steps.fetch_add(steps, Ordering::SeqCst);
         if Some(ack.policy_version) != self.have {
             match self.client.params(self.actor_id, self.have) {
                 Ok(Some(p)) => {

@@ -95,8 +95,10 @@ pub fn actor_command(
     let options = ActorOptions { actor_index: index, reconnect_for: Duration::from_secs_f64(reconnect_secs), stop };
     let report = run_actor(connect, &mut ConfigFactory::default(), &options)?;
     tracing::info!(
-        "actor done: {} messages, {} env steps, {} parameter versions, {} reconnects",
+        "actor done: {} messages delivered, {} env steps delivered, {} env steps collected, {} parameter versions, \
+         {} reconnects",
         report.sent,
+        report.delivered_env_steps,
         report.env_steps,
         report.params_loaded,
         report.reconnects

@@ -80,6 +80,8 @@ pub struct DistributedLearner {
     metrics_server: Option<flotilla_observe::prometheus::MetricsServer>,
     counters: Counters,
     pending: Vec<Chunk>,
+    /// Env steps delivered into the queue that the run ended without taking in ([`TrainReport::untrained_env_steps`]).
+    untrained_env_steps: u64,
     last_metrics: Metrics,
     /// Where to write checkpoints (none: no checkpoints).
     checkpoint: Option<std::path::PathBuf>,
@@ -196,6 +198,7 @@ impl DistributedLearner {
             metrics_server,
             counters,
             pending: Vec::new(),
+            untrained_env_steps: 0,
             last_metrics: Metrics::default(),
             checkpoint: None,
             stop_at: u64::MAX,
@@ -323,23 +326,31 @@ impl DistributedLearner {
     /// (and A3C gradients) queued when the budget was reached, and on-policy chunks waiting for a full batch.
     /// Nothing is dropped without a line in the log.
     fn account_for_untrained_data(&mut self, total: u64) {
-        let (mut messages, mut env_steps) = (self.pending.len(), 0u64);
-        env_steps += self.pending.iter().map(|c| c.transitions() as u64).sum::<u64>();
+        let (mut queued, mut queued_steps) = (0usize, 0u64);
         if let Some(rx) = &mut self.rx {
             rx.close();
             while let Ok(delivery) = rx.try_recv() {
-                messages += 1;
-                env_steps += match delivery {
+                queued += 1;
+                queued_steps += match delivery {
                     Delivery::Chunk(chunk) => chunk.transitions() as u64,
                     Delivery::Gradient(g, _receipt) => g.env_steps,
                 };
             }
         }
-        if messages > 0 {
+        self.untrained_env_steps = queued_steps;
+        let done = self.counters.run.env_steps;
+        if queued > 0 {
             info!(
-                "{messages} actor messages ({env_steps} env steps) arrived after the run's {} of {total} env steps \
-                 and were not trained on",
-                self.counters.run.env_steps
+                "{queued} actor messages ({queued_steps} env steps) were still queued when the run ended at {done} of \
+                 {total} env steps: not trained on"
+            );
+        }
+        if !self.pending.is_empty() {
+            let steps: u64 = self.pending.iter().map(|c| c.transitions() as u64).sum();
+            info!(
+                "{} chunks ({steps} env steps, counted in the {done}) were waiting for a full batch when the run \
+                 ended: not trained on",
+                self.pending.len()
             );
         }
     }
@@ -467,7 +478,7 @@ impl DistributedLearner {
 
     /// What the run has done so far.
     pub fn report(&self) -> TrainReport {
-        self.counters.run.report()
+        TrainReport { untrained_env_steps: self.untrained_env_steps, ..self.counters.run.report() }
     }
 
     /// A checkpoint once its interval has passed, at an update boundary (no chunks waiting for a batch; an

@@ -94,6 +94,10 @@ pub struct TrainReport {
     pub wait_secs: f64,
     /// Evaluations during training, in order (the last one is the final policy's).
     pub evals: Vec<EvalPoint>,
+    /// A distributed learner: env steps actors delivered into its queue that the run ended without taking in
+    /// (not counted in `env_steps`). Every env step an actor delivered is in one of the two — except, for now,
+    /// with the batch-assembly thread, whose last partial batch is dropped uncounted at the end of a run.
+    pub untrained_env_steps: u64,
 }
 
 impl TrainReport {
@@ -263,6 +267,7 @@ impl RunCounters {
             wait_secs: self.wait_secs,
             assemble_secs: self.assemble_secs,
             evals: self.evals.clone(),
+            untrained_env_steps: 0,
         }
     }
 }

@@ -96,10 +96,21 @@ fn train_config_in_process(
             Ok(())
         })
         .unwrap();
+    let mut delivered = 0;
     for a in actors {
         let r = a.join().unwrap().unwrap();
         assert!(r.finished && r.sent > 0 && r.params_loaded > 1, "{r:?}");
+        assert!(r.delivered_env_steps <= r.env_steps, "{r:?}");
+        delivered += r.delivered_env_steps;
     }
+    // Nothing delivered is lost: every env step the learner accepted was counted, or reported as untrained.
+    // (Not yet with the batch-assembly thread, which drops a batch it had not handed out when the run ends.)
+    assert!(
+        config.assembles_ahead() || delivered == report.env_steps + report.untrained_env_steps,
+        "actors delivered {delivered} env steps; the learner counted {} and left {} untrained",
+        report.env_steps,
+        report.untrained_env_steps
+    );
     (learner, config, report, rows)
 }
 
