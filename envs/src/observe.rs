@@ -4,7 +4,7 @@
 //! agent sees (observations, final observations, the observation space) is cut.
 use flotilla_core::{Error, ObsRef, Result, Space};
 
-use crate::vec_env::{EpisodeStats, VecActions, VecEnvSnapshot, VecStep, VectorEnv};
+use crate::vec_env::{VecActions, VecEnvSnapshot, VecStep, VectorEnv};
 
 /// A vector env whose observations keep only the components `keep` of the wrapped env's (in that order).
 pub struct ObserveVecEnv {
@@ -14,10 +14,6 @@ pub struct ObserveVecEnv {
     obs: Vec<f32>,
     final_obs: Vec<f32>,
     has_final: Vec<bool>,
-    rewards: Vec<f32>,
-    terminated: Vec<bool>,
-    truncated: Vec<bool>,
-    episodes: Vec<EpisodeStats>,
 }
 
 fn bad(inner: &dyn VectorEnv, detail: String) -> Error {
@@ -56,10 +52,6 @@ impl ObserveVecEnv {
             obs: vec![0.0; n * keep.len()],
             final_obs: vec![0.0; n * keep.len()],
             has_final: vec![false; n],
-            rewards: Vec::with_capacity(n),
-            terminated: Vec::with_capacity(n),
-            truncated: Vec::with_capacity(n),
-            episodes: Vec::new(),
             inner,
             keep,
         })
@@ -118,20 +110,13 @@ impl VectorEnv for ObserveVecEnv {
                 None => false,
             };
         }
-        self.rewards.clear();
-        self.rewards.extend_from_slice(step.rewards);
-        self.terminated.clear();
-        self.terminated.extend_from_slice(step.terminated);
-        self.truncated.clear();
-        self.truncated.extend_from_slice(step.truncated);
-        self.episodes.clear();
-        self.episodes.extend_from_slice(step.episodes);
+        // Rewards, flags and episodes are the wrapped env's own, borrowed as they are; only observations are cut.
         Ok(VecStep::new(
             ObsRef::F32(&self.obs),
-            &self.rewards,
-            &self.terminated,
-            &self.truncated,
-            &self.episodes,
+            step.rewards,
+            step.terminated,
+            step.truncated,
+            step.episodes,
             ObsRef::F32(&self.final_obs),
             &self.has_final,
             k,

@@ -173,13 +173,21 @@ fn huber(x: f32) -> (f32, f32) {
     if x.abs() < 1.0 { (0.5 * x * x, x) } else { (x.abs() - 0.5, x.signum()) }
 }
 
-/// The greedy action of a row of Q-values, or (`z` > 1) of per-action groups of `z` quantiles by their means.
+/// The greedy action of a row of Q-values, or (`z` > 1) of per-action groups of `z` quantiles by their means
+/// (first maximum, as [`argmax`]), without allocating: it runs per sample in every gradient step.
 fn greedy(row: &[f32], z: usize) -> usize {
     if z == 1 {
         return argmax(row);
     }
-    let means: Vec<f32> = row.chunks_exact(z).map(|g| g.iter().sum::<f32>() / z as f32).collect();
-    argmax(&means)
+    let mean = |g: &[f32]| g.iter().sum::<f32>() / z as f32;
+    let (mut best, mut best_q) = (0, f32::NEG_INFINITY);
+    for (i, g) in row.chunks_exact(z).enumerate() {
+        let q = mean(g);
+        if i == 0 || q > best_q {
+            (best, best_q) = (i, q);
+        }
+    }
+    best
 }
 
 /// The first index of the largest value (libtorch's `argmax` on ties).
