@@ -1,6 +1,6 @@
 //! Networks and what trains them, shared by every algorithm: the flat parameter buffer ([`params`]), networks
 //! over it ([`nets`], [`host_mlp`], [`activation`], `mixed`: bf16 training layers), the fused host training step (`host_train`, vector width
-//! [`lanes`]), the optimisers ([`adam`], [`rmsprop`]: each with its tensor and host form), action distributions
+//! [`lanes`]), recurrent cores ([`recurrent`]), the optimisers ([`adam`], [`rmsprop`]: each with its tensor and host form), action distributions
 //! ([`distributions`]) and gradient averaging over replicas ([`data_parallel`]). Knows no algorithm.
 pub mod activation;
 pub mod adam;
@@ -13,4 +13,5 @@ pub(crate) mod members;
 pub(crate) mod mixed;
 pub mod nets;
 pub mod params;
+pub mod recurrent;
 pub mod rmsprop;
