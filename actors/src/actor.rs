@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use flotilla_algorithms::{ActMode, ActOutput, Acting, Progress};
+use flotilla_algorithms::{ActMode, ActOutput, Acting, Memory, Progress};
 use flotilla_core::{Chunk, Gradient, Params};
 use flotilla_envs::env_actions::EnvActions;
 use flotilla_envs::{ChunkRecorder, VectorEnv};
@@ -210,6 +210,8 @@ fn act_loop(
     let action_space = envs.action_space().clone();
     let mut obs = envs.reset(Some(seed))?.to_buf();
     let mut recorder = ChunkRecorder::new(chunk_steps);
+    // Each env's recurrent state (empty for feed-forward policies), sent with every chunk as its initial state.
+    let mut memory = Memory::new(agent.policy(), e);
     let mut out = ActOutput::default();
     let mut env_actions = EnvActions::default();
     let mut run = 0;
@@ -229,10 +231,14 @@ fn act_loop(
             agent.policy().set_progress(&Progress { env_steps, total_env_steps });
         }
         let n = chunk_steps * e;
+        if memory.dim() > 0 {
+            recorder.set_initial_state(memory.state());
+        }
         for _ in 0..chunk_steps {
-            agent.policy().act(obs.as_ref(), ActMode::Explore, &mut out)?;
+            memory.act(agent.policy(), obs.as_ref(), ActMode::Explore, &mut out)?;
             let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
             recorder.record(obs.as_ref(), &out.actions, &out.log_probs, &out.values, &step)?;
+            memory.end_episodes(step.terminated, step.truncated);
             let same = obs.write_at(0, step.obs);
             debug_assert!(same, "one dtype per batch");
         }

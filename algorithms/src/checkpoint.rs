@@ -90,6 +90,11 @@ impl Checkpoint {
         Vec::<f32>::try_from(t.to_kind(Kind::Float).flatten(0, -1)).map_err(Error::from)
     }
 
+    /// Whether there is a tensor named `name` (for parts only some agents save).
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.tensors.iter().any(|(n, _)| n == name)
+    }
+
     /// Whether the metadata has a value named `name` (for parts older checkpoints lack).
     pub fn has_meta(&self, name: &str) -> bool {
         self.meta.contains_key(name)

@@ -159,6 +159,26 @@ pub struct Architecture {
     /// Observations normalised by running statistics (`[normalize]`), held in the tensors `obs_rms.mean` and
     /// `obs_rms.var` after the network's.
     pub obs_norm: Option<ObsNorm>,
+    /// A recurrent core between the observations and `network` (`[algorithm] recurrent`): its tensors come
+    /// first, and `network` takes the core's output.
+    pub recurrent: Option<RecurrentLayout>,
+}
+
+/// A recurrent core's layout: `torch.nn.LSTM` / `torch.nn.GRU` (one layer) tensors `{prefix}.weight_ih_l0`
+/// `[G·hidden, inputs]`, `.weight_hh_l0` `[G·hidden, hidden]`, `.bias_ih_l0`, `.bias_hh_l0` (`G` = 4 or 3).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RecurrentLayout {
+    /// The cell.
+    pub cell: crate::nn::recurrent::Recurrence,
+    /// Input width (the observation size).
+    pub inputs: usize,
+    /// Hidden units.
+    pub hidden: usize,
+}
+
+impl RecurrentLayout {
+    /// The core's tensor prefix.
+    pub const PREFIX: &'static str = "core";
 }
 
 /// How observations are normalised before the network: `clamp((x − obs_rms.mean) / √(obs_rms.var + epsilon),
@@ -183,12 +203,21 @@ impl Architecture {
             observation_space: o.clone(),
             action_space: a.clone(),
             obs_norm: None,
+            recurrent: None,
         }
     }
 
     /// Names and shapes of every tensor `model.safetensors` holds for this architecture, in order.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
+        if let Some(r) = &self.recurrent {
+            let g = if r.cell == crate::nn::recurrent::Recurrence::Lstm { 4 } else { 3 };
+            let p = RecurrentLayout::PREFIX;
+            out.push((format!("{p}.weight_ih_l0"), vec![g * r.hidden, r.inputs]));
+            out.push((format!("{p}.weight_hh_l0"), vec![g * r.hidden, r.hidden]));
+            out.push((format!("{p}.bias_ih_l0"), vec![g * r.hidden]));
+            out.push((format!("{p}.bias_hh_l0"), vec![g * r.hidden]));
+        }
         match &self.network {
             Network::TwinMlp { prefix, widths, .. } => {
                 for (k, w) in widths.windows(2).enumerate() {
@@ -301,6 +330,9 @@ impl Architecture {
         if let Some(norm) = &self.obs_norm {
             meta.insert("obs_norm".into(), text(norm));
         }
+        if let Some(r) = &self.recurrent {
+            meta.insert("recurrent".into(), text(r));
+        }
         meta
     }
 
@@ -336,6 +368,12 @@ impl Architecture {
             obs_norm: match meta.get("obs_norm") {
                 None => None,
                 Some(_) => serde_json::from_value(parse("obs_norm")?).map_err(|e| bad(format!("\"obs_norm\": {e}")))?,
+            },
+            recurrent: match meta.get("recurrent") {
+                None => None,
+                Some(_) => {
+                    serde_json::from_value(parse("recurrent")?).map_err(|e| bad(format!("\"recurrent\": {e}")))?
+                }
             },
         }))
     }
@@ -531,6 +569,12 @@ impl PytorchPolicy {
 /// do not have the shapes the architecture says.
 pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<PytorchPolicy> {
     let refuse = |detail: String| Error::Unsupported(format!("cannot export this {} policy: {detail}", arch.algorithm));
+    if let Some(r) = &arch.recurrent {
+        return Err(refuse(format!(
+            "it has a recurrent core ({:?}); exporting recurrent policies (state in, state out) is not built yet",
+            r.cell
+        )));
+    }
     if arch.task_heads > 1 {
         return Err(refuse(format!(
             "it has {} task heads (each row reads the head of the task its observation's one-hot names), which \

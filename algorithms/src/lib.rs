@@ -64,7 +64,7 @@ pub use kind::{AlgorithmKind, Family};
 pub use metrics::Metrics;
 pub use nn::data_parallel::{DataParallel, GradientSync};
 pub use nn::lanes::{LANES_VAR, host_lanes};
-pub use policy::{ActMode, ActOutput, Policy, f32_obs};
+pub use policy::{ActMode, ActOutput, Memory, Policy, f32_obs};
 pub use progress::Progress;
 pub use registry::AlgorithmConfig;
 pub use tch;

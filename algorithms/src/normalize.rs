@@ -297,6 +297,7 @@ impl Normalized {
             truncated: chunk.truncated.clone(),
             log_probs: chunk.log_probs.clone(),
             values: chunk.values.clone(),
+            initial_state: chunk.initial_state.clone(),
             final_index: chunk.final_index.clone(),
             episodes: chunk.episodes.clone(),
         };
@@ -339,6 +340,18 @@ impl Policy for Normalized {
         }
         self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
         self.inner.act(ObsRef::F32(&self.scratch), mode, out)
+    }
+
+    fn state_dim(&self) -> usize {
+        self.inner.state_dim()
+    }
+
+    fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        if self.mirror.is_none() {
+            return self.inner.act_with_state(obs, state, mode, out);
+        }
+        self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
+        self.inner.act_with_state(ObsRef::F32(&self.scratch), state, mode, out)
     }
 }
 
@@ -471,6 +484,15 @@ impl Policy for NormalizedPolicy {
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
         self.inner.act(ObsRef::F32(&self.scratch), mode, out)
+    }
+
+    fn state_dim(&self) -> usize {
+        self.inner.state_dim()
+    }
+
+    fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
+        self.inner.act_with_state(ObsRef::F32(&self.scratch), state, mode, out)
     }
 }
 

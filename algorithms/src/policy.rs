@@ -41,8 +41,98 @@ pub trait Policy {
     fn obs_dim(&self) -> usize;
     /// f32 values per action: 1 for discrete actions, `D` for boxes.
     fn act_dim(&self) -> usize;
-    /// Act on `obs` (`rows × obs_dim`, row-major, in the observation space's dtype), filling `out`.
+    /// Act on `obs` (`rows × obs_dim`, row-major, in the observation space's dtype), filling `out`. A
+    /// recurrent policy refuses: it acts through [`Policy::act_with_state`] (callers hold a [`Memory`]).
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()>;
+    /// Floats of recurrent state each env row carries (`[algorithm] recurrent`); 0, the default, for
+    /// feed-forward policies.
+    fn state_dim(&self) -> usize {
+        0
+    }
+    /// Act from each row's recurrent `state` (`rows × state_dim`: the state before this step, zeros where an
+    /// episode starts), overwriting it with the state after. A feed-forward policy takes an empty `state`.
+    fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        if !state.is_empty() {
+            return Err(crate::Error::BadLength { what: "recurrent state of a feed-forward policy".into(), got: state.len(), expected: 0 });
+        }
+        self.act(obs, mode, out)
+    }
+}
+
+/// What a caller that steps a batch of envs keeps for a policy with memory: each env's recurrent state, reset
+/// where an episode ends. With a feed-forward policy it is empty and [`Memory::act`] is [`Policy::act`].
+///
+/// ```text
+/// let mut memory = Memory::new(&policy, n_envs);
+/// loop {
+///     memory.act(&mut policy, obs, mode, &mut out)?;        // memory.initial_state(): the state before
+///     let step = envs.step(..)?;
+///     memory.end_episodes(step.terminated, step.truncated);  // zero the rows whose episode ended
+/// }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Memory {
+    dim: usize,
+    state: Vec<f32>,
+    before: Vec<f32>,
+}
+
+impl Memory {
+    /// Zero state for `rows` envs of `policy`.
+    pub fn new(policy: &dyn Policy, rows: usize) -> Self {
+        Self::with_dim(policy.state_dim(), rows)
+    }
+
+    /// Zero state of `dim` floats for `rows` envs.
+    pub fn with_dim(dim: usize, rows: usize) -> Self {
+        Memory { dim, state: vec![0.0; dim * rows], before: vec![0.0; dim * rows] }
+    }
+
+    /// Floats of state per env (0: feed-forward).
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Act on `obs` from the envs' states, moving them on (feed-forward: [`Policy::act`]).
+    pub fn act(&mut self, policy: &mut dyn Policy, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        if self.dim == 0 {
+            return policy.act(obs, mode, out);
+        }
+        self.before.copy_from_slice(&self.state);
+        policy.act_with_state(obs, &mut self.state, mode, out)
+    }
+
+    /// Zero the state of every env whose episode ended (`terminated` or `truncated`): its next observation
+    /// starts a new episode.
+    pub fn end_episodes(&mut self, terminated: &[bool], truncated: &[bool]) {
+        if self.dim == 0 {
+            return;
+        }
+        for (k, row) in self.state.chunks_mut(self.dim).enumerate() {
+            if terminated[k] || truncated[k] {
+                row.fill(0.0);
+            }
+        }
+    }
+
+    /// The envs' states now (`rows × dim`): what the next [`Memory::act`] starts from.
+    pub fn state(&self) -> &[f32] {
+        &self.state
+    }
+
+    /// The envs' states before the last [`Memory::act`]: a one-step chunk's initial state.
+    pub fn initial_state(&self) -> &[f32] {
+        if self.dim == 0 { &[] } else { &self.before }
+    }
+
+    /// Restore states saved from [`Memory::state`] (a checkpoint); a wrong length is an error naming it.
+    pub fn set_state(&mut self, state: Vec<f32>) -> Result<()> {
+        if state.len() != self.state.len() {
+            return Err(crate::Error::BadLength { what: "saved recurrent state".into(), got: state.len(), expected: self.state.len() });
+        }
+        self.state = state;
+        Ok(())
+    }
 }
 
 /// The floats of `obs`, for networks that take f32 observations (MLPs): frames are refused with an error naming

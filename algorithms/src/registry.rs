@@ -243,6 +243,7 @@ mod tests {
             truncated,
             log_probs: out.log_probs.clone(),
             values: out.values.clone(),
+            initial_state: Vec::new(),
             final_index: vec![(e + 1) as u32],
             final_obs: ObsBuf::F32(vec![0.1, -0.2, 0.3, -0.4]),
             episodes: vec![EpisodeStats { episode_return: 2.0, length: 2, env_index: 1, truncated: true, task: None }],

@@ -371,6 +371,7 @@ fn chunk(actor_id: u64, n_envs: usize) -> Chunk {
         truncated: vec![false; n],
         log_probs: vec![-0.69; n],
         values: vec![0.0; n],
+        initial_state: Vec::new(),
         final_index: vec![],
         final_obs: ObsBuf::F32(vec![]),
         episodes: vec![EpisodeStats { episode_return: 10.0, length: 10, env_index: 0, truncated: false, task: None }],

@@ -69,6 +69,9 @@ pub struct Chunk {
     pub log_probs: Vec<f32>,
     /// Behaviour values `V(obs)`, `T · E`, or empty.
     pub values: Vec<f32>,
+    /// Recurrent policies: each env's state before the chunk's first step, `E · state_dim` (zeros where an
+    /// episode starts there); empty for feed-forward policies.
+    pub initial_state: Vec<f32>,
     /// Index `t · E + e` of each step where an episode ended (terminated or truncated), increasing.
     pub final_index: Vec<u32>,
     /// The true final observation of each of those episodes, `final_index.len() · obs_dim`.
@@ -97,6 +100,8 @@ pub struct ChunkSpec {
     pub n_steps: usize,
     /// Whether behaviour log-probs and values are required (actor-critic algorithms).
     pub needs_behaviour: bool,
+    /// Floats of recurrent state per env each chunk carries (`initial_state`); 0 for feed-forward policies.
+    pub state_dim: usize,
     /// Tasks of a multi-task run (`[[tasks]]`; 0 without): every finished episode names one below this, and
     /// without tasks none names one.
     pub n_tasks: usize,
@@ -140,6 +145,7 @@ impl Chunk {
             truncated: truncated.to_vec(),
             log_probs: log_probs.to_vec(),
             values: values.to_vec(),
+            initial_state: Vec::new(),
             final_index: ended.iter().map(|&i| i as u32).collect(),
             final_obs,
             episodes: Vec::new(),
@@ -229,11 +235,13 @@ impl Chunk {
                 }
             }
         }
+        len("initial recurrent state", self.initial_state.len(), e * spec.state_dim)?;
         for (what, v) in [
             ("actions", &self.actions),
             ("rewards", &self.rewards),
             ("behaviour log-probs", &self.log_probs),
             ("behaviour values", &self.values),
+            ("initial recurrent state", &self.initial_state),
         ] {
             if let Some(i) = v.iter().position(|x| !x.is_finite()) {
                 return Err(format!("{what}[{i}] is {}, must be finite", v[i]));
@@ -465,6 +473,7 @@ mod tests {
             truncated: vec![false; 4],
             log_probs: vec![-0.7; 4],
             values: vec![0.5; 4],
+            initial_state: Vec::new(),
             final_index: vec![1],
             final_obs: ObsBuf::F32(vec![11.0]),
             episodes: vec![EpisodeStats {
@@ -485,6 +494,7 @@ mod tests {
             n_steps: 2,
             needs_behaviour: true,
             n_tasks: 0,
+            state_dim: 0,
         };
         (c, spec)
     }

@@ -75,6 +75,18 @@ impl ChunkRecorder {
         Ok(true)
     }
 
+    /// Set the chunk's initial recurrent state (each env's state before its first step; see
+    /// [`Chunk::initial_state`]), kept until the next call. Feed-forward policies never call it.
+    pub fn set_initial_state(&mut self, state: &[f32]) {
+        self.chunk.initial_state.clear();
+        self.chunk.initial_state.extend_from_slice(state);
+    }
+
+    /// Steps recorded into the chunk being built (0: the next [`ChunkRecorder::record`] starts a new one).
+    pub fn recorded(&self) -> usize {
+        self.recorded
+    }
+
     /// The chunk being recorded: complete right after [`ChunkRecorder::record`] returned `true`.
     pub fn chunk(&self) -> &Chunk {
         &self.chunk
@@ -123,6 +135,7 @@ fn empty_chunk(n_steps: usize) -> Chunk {
         truncated: Vec::new(),
         log_probs: Vec::new(),
         values: Vec::new(),
+        initial_state: Vec::new(),
         final_index: Vec::new(),
         final_obs: empty(),
         episodes: Vec::new(),

@@ -144,6 +144,7 @@ impl DistributedLearner {
                 n_envs: plan.envs_per_actor,
                 n_steps: plan.chunk_steps,
                 needs_behaviour: plan.family == Family::OnPolicy,
+                state_dim: agent.state_dim(),
                 n_tasks: config.env.tasks.len(),
             },
             family: plan.family,

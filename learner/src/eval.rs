@@ -1,5 +1,5 @@
 //! Deterministic evaluation: run the greedy policy for whole episodes and report the returns.
-use flotilla_algorithms::{ActMode, ActOutput, Policy};
+use flotilla_algorithms::{ActMode, ActOutput, Memory, Policy};
 use flotilla_envs::env_actions::EnvActions;
 use flotilla_envs::{EnvRole, VectorEnv};
 use serde::{Deserialize, Serialize};
@@ -74,10 +74,12 @@ fn evaluate_on(agent: &mut dyn Policy, envs: &mut dyn VectorEnv, episodes: usize
     let (mut returns, mut lengths) = (vec![0.0; episodes], vec![0usize; episodes]);
     let mut out = ActOutput::default();
     let mut env_actions = EnvActions::default();
+    let mut memory = Memory::new(agent, episodes);
     let mut left = episodes;
     while left > 0 {
-        agent.act(obs.as_ref(), ActMode::Deterministic, &mut out)?;
+        memory.act(agent, obs.as_ref(), ActMode::Deterministic, &mut out)?;
         let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
+        memory.end_episodes(step.terminated, step.truncated);
         for ep in step.episodes {
             if !std::mem::replace(&mut done[ep.env_index], true) {
                 returns[ep.env_index] = ep.episode_return;

@@ -21,7 +21,7 @@ use crate::eval::evaluate;
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
-use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, Checkpoint, Metrics, Progress};
+use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, Checkpoint, Memory, Metrics, Progress};
 use flotilla_core::ObsBuf;
 use flotilla_envs::{ChunkRecorder, EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
 use tracing::{info, warn};
@@ -33,6 +33,8 @@ pub struct Trainer {
     envs: Box<dyn VectorEnv>,
     agent: Box<dyn Algorithm>,
     obs: ObsBuf,
+    /// Each env's recurrent state (empty for feed-forward policies).
+    memory: Memory,
     counters: RunCounters,
     last_metrics: Metrics,
     /// The actions the envs were stepped with, where they cannot save their state (exact resume by replay).
@@ -67,6 +69,7 @@ impl Trainer {
         crate::data_parallel::accumulate_alone(config, agent.as_mut())?;
         crate::init::init_agent(config, agent.as_mut(), fresh)?;
         let obs = envs.reset(Some(config.run.seed))?.to_buf();
+        let memory = Memory::new(agent.as_ref(), envs.num_envs());
         let counters = RunCounters::new(config);
         let replay = match envs.snapshot() {
             Err(flotilla_core::Error::Unsupported { .. }) if config.checkpoint.replay_envs => {
@@ -79,6 +82,7 @@ impl Trainer {
             envs,
             agent,
             obs,
+            memory,
             counters,
             last_metrics: Metrics::default(),
             replay,
@@ -96,6 +100,9 @@ impl Trainer {
         let mut c = Checkpoint::load(path)?;
         t.agent.restore(&mut c)?;
         t.counters = c.meta("trainer.counters")?;
+        if t.memory.dim() > 0 {
+            t.memory.set_state(c.take_f32("trainer.memory")?)?;
+        }
         let replay = EnvReplay::read_from(&mut c)?;
         match (c.meta::<Option<VecEnvSnapshot>>("trainer.envs")?, replay) {
             (Some(envs), _) => {
@@ -121,6 +128,7 @@ impl Trainer {
                 let seed = config.run.seed.wrapping_add(t.counters.env_steps);
                 warn!("{}: the envs had no saved state; resuming with new episodes (seed {seed})", config.env.id);
                 t.obs = t.envs.reset(Some(seed))?.to_buf();
+                t.memory = Memory::new(t.agent.as_ref(), t.envs.num_envs());
                 // A recording from here on would not start at the run's seed: there is nothing to replay.
                 t.replay = None;
             }
@@ -143,6 +151,9 @@ impl Trainer {
             replay.write_to(&mut c)?;
         }
         c.put_obs("trainer.obs", &self.obs);
+        if self.memory.dim() > 0 {
+            c.put_f32("trainer.memory", self.memory.state());
+        }
         c.save(path)?;
         Ok(())
     }
@@ -210,13 +221,14 @@ impl Trainer {
     /// One vectorised env step: act, step the envs, count finished episodes, let the agent observe.
     fn collect(&mut self, scratch: &mut StepScratch) -> Result<()> {
         let StepScratch { out, env_actions, recorder, action_space } = scratch;
-        self.agent.act(self.obs.as_ref(), ActMode::Explore, out)?;
+        self.memory.act(self.agent.as_mut(), self.obs.as_ref(), ActMode::Explore, out)?;
         let actions = env_actions.convert(action_space, &out.actions);
         let step = self.envs.step(&actions)?;
         if let Some(replay) = &mut self.replay {
             replay.record(&actions)?;
         }
-        observe_step(self.agent.as_mut(), &mut self.obs, &mut self.counters, out, recorder, &step)
+        let Trainer { agent, obs, memory, counters, .. } = self;
+        observe_step(agent.as_mut(), obs, memory, counters, out, recorder, &step)
     }
 
     /// Evaluation, logging and checkpoints due after a step.
@@ -252,6 +264,7 @@ impl Trainer {
 fn observe_step(
     agent: &mut dyn Algorithm,
     obs: &mut ObsBuf,
+    memory: &mut Memory,
     counters: &mut RunCounters,
     out: &ActOutput,
     recorder: &mut ChunkRecorder,
@@ -264,8 +277,11 @@ fn observe_step(
         }
     }
     if recorder.record(obs.as_ref(), &out.actions, &out.log_probs, &out.values, step)? {
+        // A one-step chunk: its initial state is the one the policy acted from.
+        recorder.set_initial_state(memory.initial_state());
         agent.observe(std::slice::from_ref(recorder.chunk()))?;
     }
+    memory.end_episodes(step.terminated, step.truncated);
     let same = obs.write_at(0, step.obs);
     debug_assert!(same, "one dtype per batch");
     counters.env_steps += step.rewards.len() as u64;
@@ -307,7 +323,7 @@ impl JointEnvs {
         discrete.clear();
         continuous.clear();
         for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
-            t.agent.act(t.obs.as_ref(), ActMode::Explore, &mut s.out)?;
+            t.memory.act(t.agent.as_mut(), t.obs.as_ref(), ActMode::Explore, &mut s.out)?;
             match s.env_actions.convert(&s.action_space, &s.out.actions) {
                 VecActions::Discrete(a) => discrete.extend_from_slice(a),
                 VecActions::Continuous(a) => continuous.extend_from_slice(a),
@@ -321,7 +337,7 @@ impl JointEnvs {
         let mut start = 0;
         for ((t, s), &n) in group.iter_mut().zip(scratch.iter_mut()).zip(&self.sizes) {
             let share = step.slice(start..start + n);
-            observe_step(t.agent.as_mut(), &mut t.obs, &mut t.counters, &s.out, &mut s.recorder, &share)?;
+            observe_step(t.agent.as_mut(), &mut t.obs, &mut t.memory, &mut t.counters, &s.out, &mut s.recorder, &share)?;
             start += n;
         }
         Ok(())

@@ -54,6 +54,7 @@ use crate::nn::host_train::clip_grad_norm;
 use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
+use crate::nn::recurrent::Recurrence;
 use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
@@ -121,6 +122,13 @@ pub struct A2cConfig {
     /// no data-parallel replicas or accumulation, nothing frozen, a local update: an A3C gradient from an actor
     /// is applied on libtorch); `false` runs every update on libtorch.
     pub fused_cpu: bool,
+    /// A recurrent core (`"lstm"` or `"gru"`) between the observations and the policy and value MLPs, for
+    /// tasks whose observations do not hold the whole state; `"none"` (the default) is feed-forward. Actors
+    /// keep each env's state and send it with every chunk; the learner re-runs whole env sequences from it
+    /// (truncated BPTT over the rollout, states zeroed where episodes start).
+    pub recurrent: Recurrence,
+    /// Hidden units of the recurrent core.
+    pub recurrent_hidden: i64,
 }
 
 impl Default for A2cConfig {
@@ -146,6 +154,8 @@ impl Default for A2cConfig {
             task_heads: false,
             tasks: 0,
             fused_cpu: true,
+            recurrent: Recurrence::None,
+            recurrent_hidden: 64,
         }
     }
 }
@@ -159,6 +169,8 @@ impl A2cConfig {
             log_std_init: self.log_std_init,
             cnn: self.cnn,
             heads: if self.task_heads { self.tasks.max(1) } else { 1 },
+            recurrent: self.recurrent,
+            recurrent_hidden: self.recurrent_hidden,
         }
     }
 
@@ -208,6 +220,9 @@ impl A2cConfig {
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+        }
+        if self.recurrent.is_some() && self.recurrent_hidden <= 0 {
+            return bad("recurrent_hidden", self.recurrent_hidden.to_string(), "must be at least 1");
         }
         if let Some(vtrace) = &self.vtrace {
             vtrace.validate()?;
@@ -569,7 +584,7 @@ fn a2c_gradient<S: StackedOptimiser>(nets: &mut Nets<S>, configs: &[&A2cConfig],
     let each = |f: fn(&A2cConfig) -> f64| Coef::of(configs.iter().map(|c| f(c)), d);
     let coefficients = Coefficients { ent_coef: each(|c| c.ent_coef), vf_coef: each(|c| c.vf_coef) };
     let need_entropy = configs.iter().any(|c| c.ent_coef != 0.0);
-    let Batch { obs, actions, mut advantages, returns, explained, vtrace, .. } = batch;
+    let Batch { obs, actions, mut advantages, returns, explained, vtrace, sequences, .. } = batch;
     // Normalised here, over every replica's rollout, never inside the loss (which may see a micro-batch).
     if configs[0].normalize_advantage {
         advantages = nets.normalize(&advantages)?;
@@ -578,7 +593,14 @@ fn a2c_gradient<S: StackedOptimiser>(nets: &mut Nets<S>, configs: &[&A2cConfig],
     let mut parts = Vec::with_capacity(micro_batches.len());
     for (j, &(start, len)) in micro_batches.iter().enumerate() {
         let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
-        let (dist, values) = nets.forward(&micro(&obs));
+        let (dist, values) = match &sequences {
+            // A recurrent policy: every env's whole sequence (replicas and micro-batches are refused).
+            Some(s) => {
+                let (starts, state0) = s.of(None, None);
+                nets.forward_sequence(&obs, &starts, &state0)
+            }
+            None => nets.forward(&micro(&obs)),
+        };
         let entropy = need_entropy.then(|| dist.entropy());
         let log_prob = dist.log_prob(&micro(&actions));
         let loss = a2c_loss(&log_prob, &micro(&advantages), entropy.as_ref(), &values, &micro(&returns), &coefficients);
@@ -636,6 +658,7 @@ impl OnPolicyKind for A2cKind {
     }
 
     fn check_replicas(agent: &A2c, parallel: &DataParallel) -> Result<()> {
+        crate::actor_critic::refuse_recurrent_replicas("a2c", &agent.pi.net, parallel)?;
         let layout = agent.collector.layout(agent.pi.net.obs_layout());
         parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)
     }

@@ -83,7 +83,32 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
     /// `None` before. Hand it back with [`OnPolicyAgent::recycle`] after updating.
     pub fn finish_rollout(&mut self) -> Result<Option<Rollout>> {
         let (gamma, lambda) = K::gamma_lambda(&self.config);
-        self.collector.finish(|obs| self.pi.net.values(obs), gamma, lambda)
+        let net = &self.pi.net;
+        if net.state_dim() > 0 {
+            // Next-state values from the states the rollout's sequences reach.
+            let next_values = |r: &Rollout| Ok(net.sequence_eval(r, &net.rollout_obs(r)?)?.2);
+            return self.collector.finish_recurrent(next_values, gamma, lambda);
+        }
+        self.collector.finish(|obs| net.values(obs), gamma, lambda)
+    }
+
+    /// A recurrent agent's check of the chunks it is handed: each carries a finite initial state of the
+    /// network's size for each of its envs (the hub checks actors' chunks on arrival too).
+    fn check_initial_states(&self, chunks: &[Chunk]) -> Result<()> {
+        let s = self.pi.net.state_dim();
+        for c in chunks {
+            if c.initial_state.len() != c.n_envs * s {
+                let what = "chunk initial recurrent state (recurrent policies send it with every chunk)".into();
+                return Err(crate::Error::BadLength { what, got: c.initial_state.len(), expected: c.n_envs * s });
+            }
+            if let Some(i) = c.initial_state.iter().position(|x| !x.is_finite()) {
+                return Err(crate::Error::Unsupported(format!(
+                    "chunk initial recurrent state [{i}] is {}, must be finite",
+                    c.initial_state[i]
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Give a finished rollout's storage back for the next one.
@@ -104,6 +129,14 @@ impl<K: OnPolicyKind> Policy for OnPolicyAgent<K> {
     /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.pi.act(obs, mode, out)
+    }
+
+    fn state_dim(&self) -> usize {
+        self.pi.state_dim()
+    }
+
+    fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        self.pi.act_with_state(obs, state, mode, out)
     }
 }
 
@@ -129,6 +162,10 @@ impl<K: OnPolicyKind> Algorithm for OnPolicyAgent<K> {
     }
 
     fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
+        if self.pi.net.state_dim() > 0 {
+            self.check_initial_states(chunks)?;
+            return self.collector.push_chunks_unbootstrapped(chunks);
+        }
         self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
     }
 
@@ -173,6 +210,15 @@ impl<K: OnPolicyKind> OnPolicy for OnPolicyAgent<K> {
     }
 
     fn observe_rollout(&mut self, rollout: Rollout) -> Result<Rollout> {
+        if self.pi.net.state_dim() > 0 {
+            // Truncated episodes' values come with the sequences' states at `finish_rollout`.
+            let s = self.pi.net.state_dim() * rollout.n_envs;
+            if rollout.initial_state.len() != s || rollout.initial_state.iter().any(|x| !x.is_finite()) {
+                let what = "stacked rollout's initial recurrent state (finite)".into();
+                return Err(crate::Error::BadLength { what, got: rollout.initial_state.len(), expected: s });
+            }
+            return self.collector.push_stacked_unbootstrapped(rollout);
+        }
         self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
     }
 }

@@ -85,6 +85,18 @@ impl<S: StackedOptimiser> Nets<'_, S> {
         }
     }
 
+    /// A recurrent member alone on whole env sequences: observations `[1, T · M, …]` (time-major rows),
+    /// `starts` `[T, M]` and the states before the first step `[M, S]` (`ActorCritic::forward_sequence`).
+    pub(crate) fn forward_sequence(&self, obs: &Tensor, starts: &Tensor, state: &Tensor) -> (ActionDist, Tensor) {
+        match self {
+            Nets::Alone { net, .. } => {
+                let (head, values, _) = net.forward_sequence(&obs.squeeze_dim(0), starts, state);
+                (net.dist(head.unsqueeze(0)), values.unsqueeze(0))
+            }
+            Nets::Stacked(..) => unreachable!("recurrent members are not stacked (stacking_refused)"),
+        }
+    }
+
     /// Each member's advantages `[N, B]` to zero mean and unit variance (a member alone: over every replica's).
     pub(crate) fn normalize(&mut self, x: &Tensor) -> Result<Tensor> {
         match self {
@@ -202,6 +214,32 @@ pub(crate) struct Batch {
     pub(crate) explained: Vec<f64>,
     /// Each member's V-trace importance-weight metrics (empty without V-trace).
     pub(crate) vtrace: Vec<Metrics>,
+    /// A recurrent member alone: its rollout's sequences.
+    pub(crate) sequences: Option<Sequences>,
+}
+
+/// A recurrent member's rollout as sequences: one per env, `n_steps` long.
+pub(crate) struct Sequences {
+    /// Envs `E` (one sequence each).
+    pub(crate) n_envs: usize,
+    /// Episode starts `[1, n]` (0/1 per transition, `Rollout::episode_starts`).
+    pub(crate) starts: Tensor,
+    /// Each env's state before the rollout `[E, S]`.
+    pub(crate) state0: Tensor,
+}
+
+impl Sequences {
+    /// The starts `[T, M]` and initial states `[M, S]` of the envs `envs` (their rows `idx` picked time-major,
+    /// `None`: every env in order).
+    pub(crate) fn of(&self, envs: Option<&[i64]>, idx: Option<&Tensor>) -> (Tensor, Tensor) {
+        let m = envs.map_or(self.n_envs as i64, |e| e.len() as i64);
+        let starts = idx.map_or_else(|| self.starts.shallow_clone(), |i| pick(&self.starts, i));
+        let state0 = match envs {
+            None => self.state0.shallow_clone(),
+            Some(e) => self.state0.index_select(0, &Tensor::from_slice(e).to_device(self.state0.device())),
+        };
+        (starts.view([-1, m]), state0)
+    }
 }
 
 impl Batch {
@@ -233,7 +271,18 @@ impl Batch {
             }
         }
         let [obs, actions, advantages, returns, old_values, old_log_prob] = cols.map(stack);
-        Ok(Batch { obs, actions, old_log_prob, advantages, returns, old_values, explained, vtrace: weights })
+        let sequences = match (nets, rollouts) {
+            ([net], [r]) if net.state_dim() > 0 => {
+                let (d, s) = (net.device, net.state_dim() as i64);
+                Some(Sequences {
+                    n_envs: r.n_envs,
+                    starts: Tensor::from_slice(&r.episode_starts()).to_device(d).unsqueeze(0),
+                    state0: Tensor::from_slice(&r.initial_state).view([-1, s]).to_device(d),
+                })
+            }
+            _ => None,
+        };
+        Ok(Batch { obs, actions, old_log_prob, advantages, returns, old_values, explained, vtrace: weights, sequences })
     }
 }
 

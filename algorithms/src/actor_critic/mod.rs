@@ -17,7 +17,10 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
-use crate::export::{Architecture, CNN_CONVS, Network, image_shape, policy_head, policy_width, widths};
+use crate::export::{
+    Architecture, CNN_CONVS, Network, RecurrentLayout, image_shape, policy_head, policy_width, widths,
+};
+use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::nets::{
@@ -25,6 +28,7 @@ use crate::nn::nets::{
     with_torch_seed,
 };
 use crate::nn::params::FlatParams;
+use crate::nn::recurrent::{Recurrence, RecurrentCore};
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
@@ -68,6 +72,9 @@ pub(crate) enum ActionKind {
 enum Body {
     /// Separate policy and value MLPs, for 1-D observations.
     Mlp(TwinMlp),
+    /// A recurrent core (LSTM or GRU) on the observations, then the policy and value MLPs on its output, for
+    /// 1-D observations (SB3-contrib's `RecurrentPPO` with one LSTM shared by the policy and the value).
+    Recurrent(RecurrentCore, TwinMlp),
     /// One Nature-CNN torso whose output layer is `[policy head | value]`, for image observations.
     Cnn(NatureCnn),
 }
@@ -114,6 +121,10 @@ pub struct NetConfig<'a> {
     /// the task's one-hot (`[[tasks]]`), the MLP's output layer holds `T` policy heads and `T` values, and each
     /// row reads its task's: a shared torso with a head per task.
     pub heads: usize,
+    /// A recurrent core before the MLPs (`Recurrence::None`: feed-forward).
+    pub recurrent: Recurrence,
+    /// Its hidden units.
+    pub recurrent_hidden: i64,
 }
 
 impl NetConfig<'_> {
@@ -132,7 +143,8 @@ impl NetConfig<'_> {
                 policy_outputs: n,
             }
         } else {
-            let inputs = mlp_input_dim("actor-critic", observation)?;
+            let obs_dim = mlp_input_dim("actor-critic", observation)?;
+            let inputs = if self.recurrent.is_some() { self.recurrent_hidden as usize } else { obs_dim };
             let (policy_outputs, value_outputs) = (n * heads, heads);
             Network::TwinMlp {
                 prefix: "pi_vf".into(),
@@ -142,7 +154,13 @@ impl NetConfig<'_> {
                 value_outputs,
             }
         };
-        Ok(Architecture::new(algorithm, network, policy, heads, observation, action))
+        let mut arch = Architecture::new(algorithm, network, policy, heads, observation, action);
+        if self.recurrent.is_some() {
+            let inputs = observation.flat_dim();
+            let hidden = self.recurrent_hidden as usize;
+            arch.recurrent = Some(RecurrentLayout { cell: self.recurrent, inputs, hidden });
+        }
+        Ok(arch)
     }
 
     /// What an actor runs for `algorithm`'s actor-critic: the acting policy on the CPU.
@@ -151,6 +169,18 @@ impl NetConfig<'_> {
             ActorCritic::new(algorithm, setup.observation_space, setup.action_space, self, Device::Cpu, setup.seed)?;
         Ok(Acting::Chunks(Box::new(ActorCriticPolicy::new(net, setup.seed))))
     }
+}
+
+/// Data-parallel replicas and gradient accumulation split minibatches by transitions; a recurrent policy's are
+/// whole sequences, which that split would cut: refused, naming `algorithm`.
+pub(crate) fn refuse_recurrent_replicas(algorithm: &str, net: &ActorCritic, parallel: &DataParallel) -> Result<()> {
+    if net.state_dim() > 0 && (parallel.replicas() > 1 || parallel.accumulate() > 1) {
+        return Err(Error::Unsupported(format!(
+            "{algorithm} with `recurrent`: data-parallel learners and gradient accumulation are not built for \
+             recurrent policies (they split minibatches by transitions, not by env sequences)"
+        )));
+    }
+    Ok(())
 }
 
 /// A population's batched update for on-policy members (PPO, A2C): once every member's rollout is complete
@@ -210,7 +240,7 @@ impl ActorCritic {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        let NetConfig { hidden, activation, log_std_init, cnn: cnn_options, heads } = *net;
+        let NetConfig { hidden, activation, log_std_init, cnn: cnn_options, heads, recurrent, recurrent_hidden } = *net;
         let heads = heads.max(1);
         let action = match action_space {
             Space::Discrete { n, .. } => ActionKind::Discrete(*n),
@@ -230,7 +260,27 @@ impl ActorCritic {
                 ),
             });
         }
-        let (obs_dim, body, mut named) = if is_image(observation_space) {
+        if recurrent.is_some() && (is_image(observation_space) || heads > 1) {
+            return Err(Error::UnsupportedSpace {
+                which: "observation",
+                algorithm,
+                detail: format!(
+                    "{observation_space:?}: a recurrent core takes vector observations without task heads (frames \
+                     and task heads with `recurrent` are not built)"
+                ),
+            });
+        }
+        let (obs_dim, body, mut named) = if recurrent.is_some() {
+            let obs_dim = mlp_input_dim(algorithm, observation_space)?;
+            let (core, twin, named) = with_torch_seed(seed, || {
+                let (core, mut named) = RecurrentCore::init("core", recurrent, obs_dim as i64, recurrent_hidden, 0);
+                let (twin, more) =
+                    TwinMlp::init("pi_vf", recurrent_hidden, hidden, [outputs, 1], activation, [0.01, 1.0], named.len());
+                named.extend(more);
+                (core, twin, named)
+            });
+            (obs_dim, Body::Recurrent(core, twin), named)
+        } else if is_image(observation_space) {
             let shape = observation_space.shape();
             let built = with_torch_seed(seed, || NatureCnn::init("cnn", shape, &[(outputs, 0.01), (1, 1.0)], 0));
             let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
@@ -292,7 +342,7 @@ impl ActorCritic {
     /// How this network takes observations (for a batch-assembly thread).
     pub fn obs_layout(&self) -> crate::nn::nets::ObsLayout {
         let image = match &self.body {
-            Body::Mlp(_) => None,
+            Body::Mlp(_) | Body::Recurrent(..) => None,
             Body::Cnn(cnn) => Some(cnn.shape()),
         };
         crate::nn::nets::ObsLayout { obs_dim: self.obs_dim, image, device: self.device }
@@ -335,7 +385,98 @@ impl ActorCritic {
                 let n = out.size()[1] - 1;
                 (out.narrow(1, 0, n), out.narrow(1, n, 1).squeeze_dim(1))
             }
+            Body::Recurrent(core, _) => {
+                // An episode's first step: from zero state.
+                let state = Tensor::zeros([obs.size()[0], core.state_dim() as i64], (Kind::Float, self.device));
+                let (head, values, _) = self.forward_with_state(obs, &state);
+                (head, values)
+            }
         }
+    }
+
+    /// Floats of recurrent state per env (0: feed-forward).
+    pub fn state_dim(&self) -> usize {
+        match &self.body {
+            Body::Recurrent(core, _) => core.state_dim(),
+            _ => 0,
+        }
+    }
+
+    /// One step of the recurrent policy: observations `[B, obs_dim]` and each row's state `[B, S]` → policy
+    /// head, values `[B]` and the new state. (A feed-forward network ignores the state and returns it.)
+    pub fn forward_with_state(&self, obs: &Tensor, state: &Tensor) -> (Tensor, Tensor, Tensor) {
+        match &self.body {
+            Body::Recurrent(core, twin) => {
+                let (h, next) = core.step(&self.params, obs, state);
+                let (head, value) = twin.forward(&self.params, &h);
+                (head, value.squeeze_dim(1), next)
+            }
+            _ => {
+                let (head, values) = self.forward(obs);
+                (head, values, state.shallow_clone())
+            }
+        }
+    }
+
+    /// The recurrent policy over sequences: observations `[T · B, obs_dim]` (time-major rows `t · B + b`),
+    /// `starts` `[T, B]` (1 where an episode starts: the state is zeroed before that step) and the state before
+    /// the first step `[B, S]` → policy heads `[T · B, …]`, values `[T · B]` and the state after each step
+    /// `[T, B, S]`. Step for step the arithmetic of [`ActorCritic::forward_with_state`].
+    pub fn forward_sequence(&self, obs: &Tensor, starts: &Tensor, state: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let Body::Recurrent(core, twin) = &self.body else {
+            let (head, values) = self.forward(obs);
+            return (head, values, state.shallow_clone());
+        };
+        let (t, b) = (starts.size()[0], starts.size()[1]);
+        let (h, states) = core.sequence(&self.params, &obs.view([t, b, -1]), starts, state);
+        let (head, value) = twin.forward(&self.params, &h.view([t * b, -1]));
+        (head, value.squeeze_dim(1), states)
+    }
+
+    /// Re-run a rollout's sequences under the current parameters, from the state each env had when the rollout
+    /// began ([`Rollout::initial_state`]) with resets where episodes started: the log-probabilities of the
+    /// stored actions, the values, and every `V(x_{t+1})` — a truncated episode's final observation from the
+    /// state its last step left, the bootstrap observations from the state after the last step (zero where an
+    /// episode just ended). No gradient. `obs` is the rollout's observations as the network's input.
+    pub fn sequence_eval(&self, rollout: &Rollout, obs: &Tensor) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let (s, e) = (self.state_dim(), rollout.n_envs);
+        let n = rollout.len();
+        let t = n / e.max(1);
+        if rollout.initial_state.len() != e * s {
+            return Err(Error::BadLength {
+                what: "rollout initial recurrent state (chunks carry it as initial_state)".into(),
+                got: rollout.initial_state.len(),
+                expected: e * s,
+            });
+        }
+        let d = self.device;
+        let starts = Tensor::from_slice(&rollout.episode_starts()).view([t as i64, e as i64]).to_device(d);
+        let state0 = Tensor::from_slice(&rollout.initial_state).view([e as i64, s as i64]).to_device(d);
+        let a = self.actions_tensor(&rollout.actions);
+        let (log_probs, values, states) = tch::no_grad(|| {
+            let (head, values, states) = self.forward_sequence(obs, &starts, &state0);
+            (self.dist(head).log_prob(&a), values, states)
+        });
+        let cpu = |t: Tensor| Vec::<f32>::try_from(t.to_device(Device::Cpu));
+        let (log_probs, values) = (cpu(log_probs)?, cpu(values)?);
+        let states = states.view([n as i64, s as i64]);
+        let next_values = rollout.next_values_under(&values, |rows| {
+            // Rows: the final observations of truncated steps (in `final_obs_steps` order), then the
+            // bootstrap observations where they are needed.
+            let finals = rollout.final_obs_steps.len();
+            let steps: Vec<i64> = rollout.final_obs_steps.iter().map(|&i| i as i64).collect();
+            let mut parts = vec![states.index_select(0, &Tensor::from_slice(&steps).to_device(d))];
+            if rows.len() / self.obs_dim > finals {
+                let dones: Vec<f32> =
+                    (n - e..n).map(|i| if rollout.terminated[i] || rollout.truncated[i] { 0.0 } else { 1.0 }).collect();
+                let keep = Tensor::from_slice(&dones).to_device(d).unsqueeze(1);
+                parts.push(states.narrow(0, (n - e) as i64, e as i64) * keep);
+            }
+            let x = self.obs_tensor(rows)?;
+            let (_, v, _) = tch::no_grad(|| self.forward_with_state(&x, &Tensor::cat(&parts, 0)));
+            Ok(cpu(v)?)
+        })?;
+        Ok((log_probs, values, next_values))
     }
 
     /// The action distribution for a policy head output.
@@ -361,6 +502,12 @@ impl ActorCritic {
             return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
         }
         let rows = obs.len() / self.obs_dim;
+        if self.state_dim() > 0 {
+            return Err(Error::Unsupported(
+                "a recurrent policy acts from each env's state: call act_with_state (flotilla_algorithms::Memory)"
+                    .into(),
+            ));
+        }
         out.q_values.clear();
         let ActScratch { samples, host, head } = scratch;
         let on_host = match (&self.body, obs) {
@@ -380,6 +527,55 @@ impl ActorCritic {
             out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
             *head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
         }
+        self.sample(deterministic, rng, samples, head, out)
+    }
+
+    /// [`ActorCritic::act`] for a recurrent policy: `state` (`rows × state_dim`) is each row's state before
+    /// the step and is overwritten with the state after.
+    pub fn act_with_state(
+        &self,
+        obs: ObsRef<'_>,
+        state: &mut [f32],
+        deterministic: bool,
+        rng: &mut impl Rng,
+        scratch: &mut ActScratch,
+        out: &mut ActOutput,
+    ) -> Result<()> {
+        let s = self.state_dim();
+        if s == 0 {
+            if !state.is_empty() {
+                return Err(Error::BadLength { what: "state of a feed-forward policy".into(), got: state.len(), expected: 0 });
+            }
+            return self.act(obs, deterministic, rng, scratch, out);
+        }
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+        }
+        let rows = obs.len() / self.obs_dim;
+        if state.len() != rows * s {
+            return Err(Error::BadLength { what: "recurrent state rows".into(), got: state.len(), expected: rows * s });
+        }
+        out.q_values.clear();
+        let x = self.obs_tensor(obs)?;
+        let before = Tensor::from_slice(state).view([rows as i64, s as i64]).to_device(self.device);
+        let (h, values, after) = tch::no_grad(|| self.forward_with_state(&x, &before));
+        out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
+        scratch.head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
+        let after = Vec::<f32>::try_from(after.flatten(0, -1).to_device(Device::Cpu))?;
+        state.copy_from_slice(&after);
+        let ActScratch { samples, head, .. } = scratch;
+        self.sample(deterministic, rng, samples, head, out)
+    }
+
+    /// Sample (or take the mode of) the policy heads in `head` into `out`'s actions and log-probs.
+    fn sample(
+        &self,
+        deterministic: bool,
+        rng: &mut impl Rng,
+        samples: &mut Vec<(i64, f32)>,
+        head: &mut [f32],
+        out: &mut ActOutput,
+    ) -> Result<()> {
         match self.action {
             ActionKind::Discrete(n) => {
                 sample_categorical(head, n, deterministic, rng, samples);
@@ -497,8 +693,13 @@ impl ActorCritic {
                 return Err(Error::BadLength { what: what.into(), got, expected });
             }
         }
-        let (target_log_probs, values) = self.evaluate_input(obs, &rollout.actions)?;
-        let next_values = rollout.next_values_under(&values, |rows| self.values(rows))?;
+        let (target_log_probs, values, next_values) = if self.state_dim() > 0 {
+            self.sequence_eval(rollout, obs)?
+        } else {
+            let (target_log_probs, values) = self.evaluate_input(obs, &rollout.actions)?;
+            let next_values = rollout.next_values_under(&values, |rows| self.values(rows))?;
+            (target_log_probs, values, next_values)
+        };
         let (mut vs, mut pg_advantages) = (vec![0.0; n], vec![0.0; n]);
         vtrace(
             &rollout.log_probs,
@@ -553,6 +754,15 @@ impl Policy for ActorCriticPolicy {
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
     }
+
+    fn state_dim(&self) -> usize {
+        self.net.state_dim()
+    }
+
+    fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        let deterministic = mode == ActMode::Deterministic;
+        self.net.act_with_state(obs, state, deterministic, &mut self.rng, &mut self.scratch, out)
+    }
 }
 
 impl ActingPolicy for ActorCriticPolicy {
@@ -571,7 +781,15 @@ mod tests {
     fn net(heads: usize) -> ActorCritic {
         let obs = Space::box1d(vec![-5.0; 7], vec![5.0; 7]);
         let cnn = CnnOptions::default();
-        let net = NetConfig { hidden: &[8], activation: Activation::Tanh, log_std_init: 0.0, cnn, heads };
+        let net = NetConfig {
+            hidden: &[8],
+            activation: Activation::Tanh,
+            log_std_init: 0.0,
+            cnn,
+            heads,
+            recurrent: Recurrence::None,
+            recurrent_hidden: 0,
+        };
         ActorCritic::new("ppo", &obs, &Space::discrete(2), &net, Device::Cpu, 1).unwrap()
     }
 
@@ -629,6 +847,8 @@ mod tests {
             log_std_init: 0.0,
             cnn: CnnOptions::default(),
             heads: 3,
+            recurrent: Recurrence::None,
+            recurrent_hidden: 0,
         };
         let obs = Space::box1d(vec![0.0; 3], vec![1.0; 3]);
         let e = ActorCritic::new("ppo", &obs, &Space::discrete(2), &net, Device::Cpu, 1).unwrap_err().to_string();

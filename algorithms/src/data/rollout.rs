@@ -94,6 +94,9 @@ pub struct Rollout {
     pub final_obs_steps: Vec<usize>,
     /// The observations after the rollout's last step, `n_envs × obs_dim` (empty until set).
     pub bootstrap_obs: ObsBuf,
+    /// Recurrent policies: each env's state before the rollout's first step, `n_envs × state_dim`, from the
+    /// chunks of that step ([`Chunk::initial_state`]); empty for feed-forward policies.
+    pub initial_state: Vec<f32>,
     steps: usize,
     /// `obs` on the device, where an assembly thread put it there ahead of the update.
     device_obs: Option<DeviceObs>,
@@ -124,6 +127,7 @@ impl Rollout {
             final_obs: ObsBuf::empty(DType::F32),
             final_obs_steps: Vec::new(),
             bootstrap_obs: ObsBuf::empty(DType::F32),
+            initial_state: Vec::new(),
             steps: 0,
             device_obs: None,
         }
@@ -151,6 +155,9 @@ impl Rollout {
         self.steps = steps;
         if !self.is_full() {
             self.bootstrap_obs.clear();
+        }
+        if steps == 0 {
+            self.initial_state.clear();
         }
         self.device_obs = None;
     }
@@ -186,6 +193,36 @@ impl Rollout {
     /// `dones[i] = terminated[i] || truncated[i]`.
     pub fn dones(&self) -> Vec<bool> {
         self.terminated.iter().zip(&self.truncated).map(|(a, b)| *a || *b).collect()
+    }
+
+    /// Where a recurrent policy's state was zeroed before a step, `[len]` as 0/1: 1 at step `t ≥ 1` of an env
+    /// whose episode ended at step `t − 1` (the state at step 0 is [`Rollout::initial_state`]).
+    pub fn episode_starts(&self) -> Vec<f32> {
+        let (n, e) = (self.len(), self.n_envs);
+        (0..n).map(|i| if i >= e && (self.terminated[i - e] || self.truncated[i - e]) { 1.0 } else { 0.0 }).collect()
+    }
+
+    /// [`Rollout::finish`] with every next-state value given (a recurrent policy's, which
+    /// `ActorCritic::sequence_eval` computes from the states its sequences reach): GAE advantages and returns.
+    pub fn finish_with_next_values(&mut self, next_values: &[f32], gamma: f32, lambda: f32) -> Result<()> {
+        let n = self.len();
+        check_len("rollout next values", next_values.len(), n)?;
+        self.next_values[..n].copy_from_slice(next_values);
+        let dones = self.dones();
+        let (adv, ret) = (&mut self.advantages[..n], &mut self.returns[..n]);
+        gae(
+            &self.rewards,
+            &self.values,
+            &self.next_values[..n],
+            &self.terminated,
+            &dones,
+            self.n_envs,
+            gamma,
+            lambda,
+            adv,
+            ret,
+        );
+        Ok(())
     }
 
     /// Fill `next_values` where it follows from `values` (inside an episode), `last_values` (after the last
@@ -332,6 +369,21 @@ impl Rollout {
                 expected: r.n_steps,
             });
         }
+        if r.steps == 0 {
+            // The state each env had before the rollout began (recurrent policies): all chunks carry it or none.
+            let with = chunks.iter().filter(|c| !c.initial_state.is_empty()).count();
+            if with != 0 && with != chunks.len() {
+                return Err(Error::BadLength {
+                    what: "chunks carrying an initial recurrent state (all or none)".into(),
+                    got: with,
+                    expected: chunks.len(),
+                });
+            }
+            r.initial_state.clear();
+            for c in chunks {
+                r.initial_state.extend_from_slice(&c.initial_state);
+            }
+        }
         for t in 0..steps {
             for (k, c) in chunks.iter().enumerate() {
                 let rows = t * e..(t + 1) * e;
@@ -404,6 +456,9 @@ impl Rollout {
             c.put_obs(format!("{prefix}.{name}"), v);
         }
         c.put_meta(format!("{prefix}.final_obs_steps"), &self.final_obs_steps)?;
+        if !self.initial_state.is_empty() {
+            c.put_f32(format!("{prefix}.initial_state"), &self.initial_state);
+        }
         c.put_meta(format!("{prefix}.terminated"), &self.terminated)?;
         c.put_meta(format!("{prefix}.truncated"), &self.truncated)?;
         c.put_meta(format!("{prefix}.shape"), &[self.n_envs, self.n_steps, self.obs_dim, self.act_dim, self.steps])
@@ -429,6 +484,8 @@ impl Rollout {
         self.final_obs = c.take_obs(&format!("{prefix}.final_obs"))?;
         self.bootstrap_obs = c.take_obs(&format!("{prefix}.bootstrap_obs"))?;
         self.final_obs_steps = c.meta(&format!("{prefix}.final_obs_steps"))?;
+        let key = format!("{prefix}.initial_state");
+        self.initial_state = if c.has_tensor(&key) { c.take_f32(&key)? } else { Vec::new() };
         self.terminated = c.meta(&format!("{prefix}.terminated"))?;
         self.truncated = c.meta(&format!("{prefix}.truncated"))?;
         Ok(())
@@ -464,6 +521,30 @@ impl RolloutCollector {
         Ok(())
     }
 
+    /// [`RolloutCollector::push_chunks`] for a recurrent policy: the truncated episodes' values need the states
+    /// their sequences reach, so they are left to [`RolloutCollector::finish_recurrent`].
+    pub fn push_chunks_unbootstrapped(&mut self, chunks: &[Chunk]) -> Result<()> {
+        self.rollout.append_chunks(chunks)
+    }
+
+    /// When the rollout is full: every next-state value from `next_values` (the rollout's sequences re-run
+    /// from their initial states), then GAE advantages and returns, as [`RolloutCollector::finish`].
+    pub fn finish_recurrent(
+        &mut self,
+        next_values: impl FnOnce(&Rollout) -> Result<Vec<f32>>,
+        gamma: f32,
+        lambda: f32,
+    ) -> Result<Option<Rollout>> {
+        if !self.rollout.is_full() {
+            return Ok(None);
+        }
+        let next = next_values(&self.rollout)?;
+        let empty = Rollout::new(self.rollout.n_envs, self.rollout.n_steps, self.rollout.obs_dim, self.rollout.act_dim);
+        let mut rollout = std::mem::replace(&mut self.rollout, empty);
+        rollout.finish_with_next_values(&next, gamma, lambda)?;
+        Ok(Some(rollout))
+    }
+
     /// Take a whole rollout stacked elsewhere ([`Rollout::stack_chunks`] on the learner's batch-assembly
     /// thread), compute `V` of its truncated episodes' final observations (`values`), and hand back the
     /// collector's empty buffer for the next one. The rollout must match the collector's shape.
@@ -472,15 +553,26 @@ impl RolloutCollector {
         mut rollout: Rollout,
         values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
     ) -> Result<Rollout> {
+        self.check_stacked(&rollout)?;
+        rollout.bootstrap_truncated(0, values)?;
+        Ok(std::mem::replace(&mut self.rollout, rollout))
+    }
+
+    /// [`RolloutCollector::push_stacked`] for a recurrent policy (truncated episodes' values are left to
+    /// [`RolloutCollector::finish_recurrent`]).
+    pub fn push_stacked_unbootstrapped(&mut self, rollout: Rollout) -> Result<Rollout> {
+        self.check_stacked(&rollout)?;
+        Ok(std::mem::replace(&mut self.rollout, rollout))
+    }
+
+    fn check_stacked(&self, rollout: &Rollout) -> Result<()> {
         self.check_empty("push_stacked")?;
-        let (r, mine) = (&rollout, &self.rollout);
+        let (r, mine) = (rollout, &self.rollout);
         check_len("stacked rollout envs", r.n_envs, mine.n_envs)?;
         check_len("stacked rollout steps", r.n_steps, mine.n_steps)?;
         check_len("stacked rollout observation size", r.obs_dim, mine.obs_dim)?;
         check_len("stacked rollout action size", r.act_dim, mine.act_dim)?;
-        check_len("stacked rollout filled steps", r.steps, r.n_steps)?;
-        rollout.bootstrap_truncated(0, values)?;
-        Ok(std::mem::replace(&mut self.rollout, rollout))
+        check_len("stacked rollout filled steps", r.steps, r.n_steps)
     }
 
     /// The layout of the rollouts this collector takes from [`RolloutCollector::push_stacked`], for a network
@@ -695,6 +787,7 @@ mod tests {
             truncated,
             log_probs: (0..6).map(|i| -0.1 * i as f32).collect(),
             values: (0..6).map(|i| base + 0.5 * i as f32).collect(),
+            initial_state: Vec::new(),
             final_index,
             final_obs: ObsBuf::F32(finals),
             episodes: vec![EpisodeStats { episode_return: 3.0, length: 3, env_index: 0, truncated: false, task: None }],

@@ -43,6 +43,7 @@ use crate::nn::data_parallel::DataParallel;
 use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
+use crate::nn::recurrent::Recurrence;
 use crate::{Error, Metrics, Result};
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
@@ -104,6 +105,14 @@ pub struct PpoConfig {
     /// small networks. Same maths, same results to float rounding. Used only where it applies (CPU, MLP, one
     /// head, no data-parallel replicas or accumulation, nothing frozen); `false` runs every step on libtorch.
     pub fused_cpu: bool,
+    /// A recurrent core (`"lstm"` or `"gru"`) between the observations and the policy and value MLPs, for
+    /// tasks whose observations do not hold the whole state; `"none"` (the default) is feed-forward. Actors
+    /// keep each env's state and send it with every chunk; the learner re-runs whole env sequences from it
+    /// (truncated BPTT over the rollout, states zeroed where episodes start). Minibatches are whole env
+    /// sequences: `batch_size` must be a multiple of `n_steps`.
+    pub recurrent: Recurrence,
+    /// Hidden units of the recurrent core.
+    pub recurrent_hidden: i64,
 }
 
 impl Default for PpoConfig {
@@ -133,6 +142,8 @@ impl Default for PpoConfig {
             task_heads: false,
             tasks: 0,
             fused_cpu: true,
+            recurrent: Recurrence::None,
+            recurrent_hidden: 64,
         }
     }
 }
@@ -146,6 +157,8 @@ impl PpoConfig {
             log_std_init: self.log_std_init,
             cnn: self.cnn,
             heads: if self.task_heads { self.tasks.max(1) } else { 1 },
+            recurrent: self.recurrent,
+            recurrent_hidden: self.recurrent_hidden,
         }
     }
 }
@@ -184,6 +197,18 @@ impl PpoConfig {
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+        }
+        if self.recurrent.is_some() {
+            if self.recurrent_hidden <= 0 {
+                return bad("recurrent_hidden", self.recurrent_hidden.to_string(), "must be at least 1");
+            }
+            if !self.batch_size.is_multiple_of(self.n_steps) {
+                return bad(
+                    "batch_size",
+                    self.batch_size.to_string(),
+                    &format!("with `recurrent`, minibatches are whole env sequences: a multiple of n_steps = {}", self.n_steps),
+                );
+            }
         }
         if let Some(vtrace) = &self.vtrace {
             vtrace.validate()?;
@@ -389,28 +414,41 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
     }
     let mut nets = nets.expect("at least one member");
 
-    let Batch { obs, actions, old_log_prob, returns, old_values, explained, vtrace, mut advantages } = batch;
+    let Batch { obs, actions, old_log_prob, returns, old_values, explained, vtrace, mut advantages, sequences } = batch;
+    // What a minibatch draws: transitions, or for a recurrent policy whole env sequences (`T` rows each).
+    let (units, unit_rows) = match &sequences {
+        Some(s) => (s.n_envs, n / s.n_envs),
+        None => (n, 1),
+    };
+    let per_minibatch = c0.batch_size / unit_rows;
     let full_batch = c0.batch_size == n;
     if c0.normalize_advantage && full_batch {
         // One minibatch holds every sample, so its normalisation is the same in every epoch: done once.
         advantages = nets.normalize(&advantages)?;
     }
     let normalize_minibatch = c0.normalize_advantage && !full_batch && c0.batch_size > 1;
-    let mut orders: Vec<Vec<i64>> = (0..rngs.len()).map(|_| (0..n as i64).collect()).collect();
+    let mut orders: Vec<Vec<i64>> = (0..rngs.len()).map(|_| (0..units as i64).collect()).collect();
     let mut gradient_steps = 0usize;
     let mut last = None;
     'epochs: for _ in 0..c0.n_epochs {
         for (rng, order) in rngs.iter_mut().zip(orders.iter_mut()) {
             order.shuffle(*rng);
         }
-        for start in (0..n).step_by(c0.batch_size) {
+        for first in (0..units).step_by(per_minibatch) {
             // A full-batch "minibatch" needs no gather: each member's loss is a mean over its samples.
             let idx = (!full_batch).then(|| {
-                let rows = orders
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(k, o)| o[start..start + c0.batch_size].iter().map(move |&i| i + (k * n) as i64));
-                Tensor::from_slice(&rows.collect::<Vec<_>>()).to_device(device)
+                let rows: Vec<i64> = match &sequences {
+                    // Whole env sequences, time-major: row t · E + e for each step t of each drawn env e.
+                    Some(s) => (0..unit_rows as i64)
+                        .flat_map(|t| orders[0][first..first + per_minibatch].iter().map(move |&e| t * s.n_envs as i64 + e))
+                        .collect(),
+                    None => orders
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(k, o)| o[first..first + per_minibatch].iter().map(move |&i| i + (k * n) as i64))
+                        .collect(),
+                };
+                Tensor::from_slice(&rows).to_device(device)
             });
             let pick = |t: &Tensor| idx.as_ref().map_or_else(|| t.shallow_clone(), |i| pick(t, i));
             let mut mb_advantages = pick(&advantages);
@@ -423,7 +461,14 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
             let mut parts = Vec::with_capacity(micro_batches.len());
             for (j, &(start, len)) in micro_batches.iter().enumerate() {
                 let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
-                let (dist, values) = nets.forward(&micro(&mb_obs));
+                let (dist, values) = match &sequences {
+                    Some(s) => {
+                        let envs = (!full_batch).then(|| &orders[0][first..first + per_minibatch]);
+                        let (starts, state0) = s.of(envs, idx.as_ref());
+                        nets.forward_sequence(&mb_obs, &starts, &state0)
+                    }
+                    None => nets.forward(&micro(&mb_obs)),
+                };
                 let entropy = need_entropy.then(|| dist.entropy());
                 let loss = ppo_loss(
                     &dist.log_prob(&micro(&mb_actions)),
@@ -519,6 +564,7 @@ impl OnPolicyKind for PpoKind {
     }
 
     fn check_replicas(agent: &Ppo, parallel: &DataParallel) -> Result<()> {
+        crate::actor_critic::refuse_recurrent_replicas("ppo", &agent.pi.net, parallel)?;
         parallel.check_batch("ppo", "batch_size", agent.config.batch_size)
     }
 }

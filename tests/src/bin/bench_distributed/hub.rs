@@ -48,6 +48,7 @@ pub(crate) fn cartpole_hub(n_actors: usize, params: Vec<f32>) -> BenchResult<(Ar
             n_steps: STEPS,
             needs_behaviour: true,
             n_tasks: 0,
+            state_dim: 0,
         },
         family: Family::OnPolicy,
         n_actors,

@@ -44,6 +44,7 @@ fn cartpole_chunk() -> Chunk {
         truncated,
         log_probs: (0..n).map(|i| -0.69 + wave(i, 0.01)).collect(),
         values: (0..n).map(|i| 10.0 + wave(i, 5.0)).collect(),
+        initial_state: Vec::new(),
         final_index: ends.iter().map(|&i| i as u32).collect(),
         final_obs: ObsBuf::F32((0..ends.len() * OBS_DIM).map(|i| wave(i + 7, 0.25)).collect()),
         episodes: ends
