@@ -60,6 +60,27 @@ fn ppo_resumes_exactly_mid_rollout() {
     let _ = check_resume("ppo", "cartpole_ppo.toml", &["run.total_env_steps=2048", "eval.interval_steps=1024"], 1000);
 }
 
+/// Recurrent PPO (LSTM) on masked CartPole: the checkpoint carries each env's recurrent state and the partly
+/// filled rollout's initial states; the stop falls mid-rollout.
+#[test]
+fn recurrent_ppo_resumes_exactly_mid_rollout() {
+    let sets = ["run.total_env_steps=1536", "eval.interval_steps=768"];
+    let _ = check_resume("ppo-lstm", "cartpole_masked_ppo_lstm.toml", &sets, 1000);
+}
+
+/// Recurrent A2C (GRU) on masked CartPole, stopped mid-rollout.
+#[test]
+fn recurrent_a2c_resumes_exactly_mid_rollout() {
+    let sets = [
+        "run.total_env_steps=1200",
+        "eval.interval_steps=600",
+        "algorithm.recurrent=\"gru\"",
+        "algorithm.recurrent_hidden=16",
+        "env.observe=[0, 2]",
+    ];
+    let _ = check_resume("a2c-gru", "cartpole_a2c.toml", &sets, 608);
+}
+
 #[test]
 fn dqn_resumes_exactly_with_prioritized_n_step_replay() {
     let sets = [

@@ -10,6 +10,8 @@
 pub mod agent;
 pub(crate) mod host;
 pub(crate) mod members;
+#[cfg(test)]
+mod recurrent_tests;
 use flotilla_core::{ObsRef, Space};
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
