@@ -1,7 +1,7 @@
 """Peer for the population benchmarks: Stable-Baselines3 trained with RL Zoo's tuned hyperparameters, one seed after
 another (or in --procs parallel processes), each followed by a seeded deterministic 10-episode evaluation.
 
-    python tests/peers/sb3_zoo.py --algo {ppo,a2c,dqn,qrdqn,ddpg,td3,sac} [--seeds 0 1 2] [--procs 1] [--steps N] [--threads 1]
+    python tests/peers/sb3_zoo.py --algo {ppo,ppo_lstm,a2c,dqn,qrdqn,ddpg,td3,sac} [--seeds 0 1 2] [--procs 1] [--steps N] [--threads 1]
 
 Prints one JSON line per seed on stdout, in completion order:
     {"algo", "env", "seed", "train_secs", "final_return", "steps"}
@@ -50,6 +50,17 @@ ZOO = {
                               gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                               exploration_fraction=0.16, exploration_final_eps=0.04,
                               policy_kwargs=dict(net_arch=[256, 256], n_quantiles=10))),
+    # ppo_lstm.yml, CartPoleNoVel-v1: SB3-contrib's RecurrentPPO, MlpLstmPolicy (ortho_init False, ReLU,
+    # lstm_hidden_size 64, enable_critic_lstm True, net_arch pi=[64] vf=[64]), VecNormalize(norm_obs=True,
+    # norm_reward=False). CartPoleNoVel is CartPole-v1 keeping observation components 0 and 2 (cart position, pole
+    # angle), as our `[env] observe = [0, 2]` does.
+    "ppo_lstm": dict(env="CartPole-v1", config="cartpole_masked_ppo_lstm.toml", n_envs=8, n_timesteps=100_000,
+                     module="sb3_contrib", cls="RecurrentPPO", policy="MlpLstmPolicy", observe=[0, 2],
+                     normalize=dict(norm_obs=True, norm_reward=False),
+                     kwargs=dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+                                 learning_rate=("lin", 1e-3), clip_range=("lin", 0.2),
+                                 policy_kwargs=dict(ortho_init=False, activation_fn="relu", lstm_hidden_size=64,
+                                                    enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])))),
     # ddpg.yml, Pendulum-v1 (SB3's DDPG: TD3 with one critic, no policy delay, no target smoothing; batch 256, tau
     # 0.005 are SB3 defaults). noise_std is in the [-1, 1] units SB3 adds noise in.
     "ddpg": dict(env="Pendulum-v1", config="pendulum_ddpg.toml", n_envs=1, n_timesteps=20_000, noise_std=0.1,
@@ -112,21 +123,43 @@ def run_seed(algo, seed, steps, threads):
     zoo = ZOO[algo]
     kwargs = {k: resolve(v) for k, v in zoo["kwargs"].items()}
 
+    if "policy_kwargs" in kwargs and kwargs["policy_kwargs"].get("activation_fn") == "relu":
+        kwargs["policy_kwargs"] = dict(kwargs["policy_kwargs"], activation_fn=torch.nn.ReLU)
+    wrapper = None
+    if "observe" in zoo:
+        import gymnasium as gym
+
+        keep = zoo["observe"]
+
+        def wrapper(e):
+            low, high = e.observation_space.low[keep], e.observation_space.high[keep]
+            space = gym.spaces.Box(low, high, dtype=e.observation_space.dtype)
+            return gym.wrappers.TransformObservation(e, lambda o: o[keep], space)
+
+    def make(n, s):
+        from stable_baselines3.common.vec_env import VecNormalize
+        venv = make_vec_env(zoo["env"], n_envs=n, seed=s, wrapper_class=wrapper)
+        return VecNormalize(venv, gamma=kwargs.get("gamma", 0.99), **zoo["normalize"]) if "normalize" in zoo else venv
+
     t0 = time.perf_counter()
-    env = make_vec_env(zoo["env"], n_envs=zoo["n_envs"], seed=seed)
+    env = make(zoo["n_envs"], seed)
     if "noise_std" in zoo:
         n = env.action_space.shape[0]
         kwargs["action_noise"] = NormalActionNoise(mean=np.zeros(n), sigma=zoo["noise_std"] * np.ones(n))
     if zoo.get("module") == "sb3_contrib":
         import sb3_contrib
-        cls = getattr(sb3_contrib, algo.upper())
+        cls = getattr(sb3_contrib, zoo.get("cls", algo.upper()))
     else:
         cls = getattr(sb3, algo.upper())
-    model = cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
+    model = cls(zoo.get("policy", "MlpPolicy"), env, seed=seed, device="cpu", verbose=0, **kwargs)
     model.learn(total_timesteps=steps, progress_bar=False)
     train_secs = time.perf_counter() - t0
 
-    eval_env = make_vec_env(zoo["env"], n_envs=1, seed=10_000 + seed)
+    eval_env = make(1, 10_000 + seed)
+    if "normalize" in zoo:
+        # Evaluate with the training statistics, frozen (as RL Zoo's enjoy/eval does).
+        eval_env.obs_rms = env.obs_rms
+        eval_env.training = False
     returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True, return_episode_rewards=True)
     return {"algo": algo, "env": zoo["env"], "seed": seed, "train_secs": round(train_secs, 3),
             "final_return": float(np.mean(returns)), "steps": int(model.num_timesteps)}

@@ -1,7 +1,7 @@
 //! `flotilla-bench-population`: populations against their peers, as markdown tables.
 //!
 //! ```text
-//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|qrdqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]
+//! cargo run --release -p flotilla-tests --bin flotilla-bench-population [-- --suite speed|dqn|qrdqn|recurrent|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]
 //! ```
 //! Every measurement runs in a child process pinned with `taskset` (`taskset -c 0`: one core, `-c 0,1`: two):
 //! Flotilla as this binary re-executed (`--child train CONFIG OUT`: the config trained in-process, one JSON line
@@ -52,20 +52,20 @@ fn main() -> BenchResult<()> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--suite" => {
-                suite = it.next().ok_or("--suite speed|dqn|qrdqn|a2c|sac|td3|ddpg|continuous|pbt|all")?.clone()
+                suite = it.next().ok_or("--suite speed|dqn|qrdqn|recurrent|a2c|sac|td3|ddpg|continuous|pbt|all")?.clone()
             }
             "--quick" => quick = true,
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; usage: [--suite speed|dqn|qrdqn|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]"
+                    "unknown argument {other:?}; usage: [--suite speed|dqn|qrdqn|recurrent|a2c|sac|td3|ddpg|continuous|pbt|all] [--quick]"
                 )
                 .into());
             }
         }
     }
-    if !["speed", "dqn", "qrdqn", "a2c", "sac", "td3", "ddpg", "continuous", "pbt", "all"].contains(&suite.as_str()) {
+    if !["speed", "dqn", "qrdqn", "recurrent", "a2c", "sac", "td3", "ddpg", "continuous", "pbt", "all"].contains(&suite.as_str()) {
         return Err(format!(
-            "--suite {suite:?}: expected speed, dqn, qrdqn, a2c, sac, td3, ddpg, continuous, pbt or all"
+            "--suite {suite:?}: expected speed, dqn, qrdqn, recurrent, a2c, sac, td3, ddpg, continuous, pbt or all"
         )
         .into());
     }
@@ -94,6 +94,9 @@ fn main() -> BenchResult<()> {
     }
     if suite == "qrdqn" || suite == "all" {
         bench.dqn(&peak, "qrdqn")?;
+    }
+    if suite == "recurrent" || suite == "all" {
+        bench.recurrent()?;
     }
     if suite == "a2c" || suite == "all" {
         bench.a2c(&peak)?;
@@ -643,6 +646,42 @@ impl Bench {
              `learn()`.\n",
             flops / 1e6,
             peak.matmul
+        );
+        Ok(())
+    }
+
+    /// Recurrent PPO (LSTM) on CartPole-v1 with the velocities hidden (`cartpole_masked_ppo_lstm.toml`) against
+    /// SB3-contrib's RecurrentPPO with RL Zoo's CartPoleNoVel-v1 settings, one core, the same seeds one after
+    /// the other (interleaved).
+    fn recurrent(&self) -> BenchResult<()> {
+        let steps: u64 = if self.quick { 4096 } else { 100_000 };
+        let seeds: Vec<u64> = if self.quick { vec![1] } else { vec![1, 2] };
+        let text = example_text("cartpole_masked_ppo_lstm.toml", "")?;
+        let overrides = timing_overrides(steps);
+        println!(
+            "## Recurrent PPO, CartPole-v1 with the velocities hidden (`cartpole_masked_ppo_lstm.toml`), {steps} env \
+             steps, one core (taskset -c 0)\n"
+        );
+        println!("| run | seed | train s | final return | vs SB3-contrib |");
+        println!("|---|---:|---:|---:|---:|");
+        for &seed in &seeds {
+            let o = [&overrides[..], &[format!("run.seed={seed}")]].concat();
+            let run = self.flotilla(&format!("ppo-lstm-{seed}"), "0", &text, &o)?;
+            let sb3 = self.sb3("ppo_lstm", &[seed], 1, steps, "0", 1)?;
+            let m = &run.members[0];
+            let vs = sb3.as_ref().map_or("—".to_string(), |s| format!("{:.3}×", m.train_secs / s.train_secs));
+            println!("| Flotilla (LSTM, libtorch) | {seed} | {:.1} | {:.1} | {vs} |", m.train_secs, m.final_return);
+            match &sb3 {
+                None => println!("| SB3-contrib | {seed} | not installed: bash scripts/setup_peers.sh --sb3 | | |"),
+                Some(s) => println!(
+                    "| SB3-contrib RecurrentPPO (RL Zoo) | {seed} | {:.1} | {:.1} | 1.000× |",
+                    s.train_secs, s.returns[0]
+                ),
+            }
+        }
+        println!(
+            "\nTrain s: Flotilla's collection and updates (evaluation excluded), SB3-contrib's env and model \
+             construction and `learn()`. Both normalise observations (VecNormalize / `[normalize] obs`).\n"
         );
         Ok(())
     }
