@@ -569,12 +569,6 @@ impl PytorchPolicy {
 /// do not have the shapes the architecture says.
 pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<PytorchPolicy> {
     let refuse = |detail: String| Error::Unsupported(format!("cannot export this {} policy: {detail}", arch.algorithm));
-    if let Some(r) = &arch.recurrent {
-        return Err(refuse(format!(
-            "it has a recurrent core ({:?}); exporting recurrent policies (state in, state out) is not built yet",
-            r.cell
-        )));
-    }
     if arch.task_heads > 1 {
         return Err(refuse(format!(
             "it has {} task heads (each row reads the head of the task its observation's one-hot names), which \
@@ -659,6 +653,28 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
         }
     };
     let mut metadata = BTreeMap::new();
+    // A recurrent policy: `pre` (observation normalisation, where there is one) ─► the core ─► `layers`.
+    let mut pre = Vec::new();
+    let input = match &arch.recurrent {
+        None => input,
+        Some(r) => {
+            let cell = if r.cell == crate::nn::recurrent::Recurrence::Lstm { "LSTM" } else { "GRU" };
+            let state = if cell == "LSTM" { "[h | c]" } else { "h" };
+            metadata.insert(
+                "recurrent".into(),
+                json!({
+                    "module": cell, "args": [r.inputs, r.hidden], "prefix": RecurrentLayout::PREFIX,
+                    "state": format!("{state} per row ({} floats): zeros at an episode's start", if cell == "LSTM" { 2 * r.hidden } else { r.hidden }),
+                })
+                .to_string(),
+            );
+            format!(
+                "observations [B, {}] float32 and each row's state; `pre_layers`, then torch.nn.{cell}({}, {}) \
+                 (tensors core.*, one step: input [1, B, {}]), then `layers` on its output",
+                r.inputs, r.inputs, r.hidden, r.inputs
+            )
+        }
+    };
     let input = match &arch.obs_norm {
         None => input,
         Some(norm) => {
@@ -667,8 +683,9 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             let inv_std = (var + norm.epsilon).sqrt().reciprocal();
             let d = mean.size()[0] as usize;
             let bias = -(&mean * &inv_std);
-            layers.insert(0, (TorchLayer::Linear(d, d), Some((inv_std.diag(0), bias))));
-            layers.insert(1, (TorchLayer::Hardtanh(norm.clip), None));
+            let target = if arch.recurrent.is_some() { &mut pre } else { &mut layers };
+            target.insert(0, (TorchLayer::Linear(d, d), Some((inv_std.diag(0), bias))));
+            target.insert(1, (TorchLayer::Hardtanh(norm.clip), None));
             metadata.insert(
                 "obs_norm".into(),
                 format!(
@@ -677,7 +694,8 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
                     c = norm.clip
                 ),
             );
-            format!("{input}, raw (normalised by layers 0-1)")
+            let which = if arch.recurrent.is_some() { "pre_layers" } else { "layers" };
+            format!("{input}, raw (normalised by {which} 0-1)")
         }
     };
     let mut extra = Vec::new();
@@ -744,6 +762,20 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             named.push((format!("{i}.weight"), w.to_kind(Kind::Float).contiguous()));
             named.push((format!("{i}.bias"), b.to_kind(Kind::Float).contiguous()));
         }
+    }
+    if arch.recurrent.is_some() {
+        for (i, (_, params)) in pre.iter().enumerate() {
+            if let Some((w, b)) = params {
+                named.push((format!("pre.{i}.weight"), w.to_kind(Kind::Float).contiguous()));
+                named.push((format!("pre.{i}.bias"), b.to_kind(Kind::Float).contiguous()));
+            }
+        }
+        for suffix in ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"] {
+            let name = format!("{}.{suffix}", RecurrentLayout::PREFIX);
+            named.push((name.clone(), get(name).to_kind(Kind::Float).contiguous()));
+        }
+        let pre: Vec<Value> = pre.iter().map(|(l, _)| l.json()).collect();
+        metadata.insert("pre_layers".into(), Value::Array(pre).to_string());
     }
     named.extend(extra.into_iter().map(|(n, t)| (n, t.to_kind(Kind::Float).contiguous())));
     let layers: Vec<TorchLayer> = layers.into_iter().map(|(l, _)| l).collect();

@@ -212,8 +212,14 @@ enum Command {
         /// Run directory written by `flotilla train`.
         run_dir: PathBuf,
         /// A JSON array of observation rows, each the observation flattened: `[[0.01, -0.02, 0.03, 0.04], …]`.
+        /// For a recurrent policy, a sequence of such batches (`[[row, …], …]`, one per step, the same rows
+        /// each step) is acted on step by step, carrying each row's state.
         #[arg(long, value_name = "FILE.json")]
         obs: PathBuf,
+        /// Recurrent policies: each row's state before the first step, a JSON array of rows (default: zeros,
+        /// an episode's start). The state after the last step is printed with the actions.
+        #[arg(long, value_name = "FILE.json")]
+        state: Option<PathBuf>,
     },
     /// Summarise populations and runs: per member its seed, hyperparameters, final return and first step at the
     /// reward threshold; IQM, mean and median with 95 % stratified bootstrap CIs and the solved fraction.
@@ -442,7 +448,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Eval { run_dir, episodes, seed, render } => eval_command(&run_dir, episodes, seed, render.as_deref()),
         Command::Export { run_dir, out } => export::export_command(&run_dir, &out),
-        Command::Act { run_dir, obs } => export::act_command(&run_dir, &obs),
+        Command::Act { run_dir, obs, state } => export::act_command(&run_dir, &obs, state.as_deref()),
         Command::Plot { runs, metric, out, group } => plot::plot_command(&runs, &metric, &out, group),
         Command::Report { runs, json, threshold, metric } => report::report_command(&runs, json, threshold, &metric),
     }

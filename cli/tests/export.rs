@@ -53,6 +53,10 @@ const CARTPOLE_OBS: &str = "[[0.01, -0.02, 0.03, 0.04], [0.1, 0.5, -0.05, -0.6],
                             [1.5, 0.3, 0.2, -0.1], [-2.0, 1.5, -0.2, 0.8], [0.0, 0.0, 0.0, 0.0]]";
 const PENDULUM_OBS: &str = "[[1.0, 0.0, 0.0], [0.6, 0.8, -3.0], [-0.7, 0.71, 5.5], [0.0, -1.0, 1.0], \
                             [-1.0, 0.0, -7.9], [0.28, -0.96, 0.3]]";
+/// Masked CartPole (position, angle) for a recurrent policy: 5 steps of 3 rows, acted on in sequence.
+const MASKED_SEQUENCE: &str = "[[[0.01, 0.03], [0.1, -0.05], [-0.2, 0.1]], [[0.02, 0.05], [0.12, -0.08], [-0.25, 0.12]], \
+                               [[0.03, 0.08], [0.15, -0.1], [-0.3, 0.15]], [[0.02, 0.1], [0.2, -0.12], [-0.4, 0.2]], \
+                               [[0.0, 0.13], [0.3, -0.15], [-0.5, 0.22]]]";
 
 #[test]
 fn exported_policies_act_in_pytorch_as_in_flotilla() {
@@ -60,6 +64,8 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
     let (cartpole, pendulum) = (dir.join("cartpole.json"), dir.join("pendulum.json"));
     std::fs::write(&cartpole, CARTPOLE_OBS).unwrap();
     std::fs::write(&pendulum, PENDULUM_OBS).unwrap();
+    let masked = dir.join("masked.json");
+    std::fs::write(&masked, MASKED_SEQUENCE).unwrap();
     let quick = ["metrics.log_interval_steps=1000", "eval.episodes=1"];
     let runs = [
         (
@@ -106,6 +112,35 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
                 .concat(),
             ),
             &cartpole,
+        ),
+        // Recurrent: the LSTM with observation normalisation folded into `pre_layers`; a GRU without.
+        (
+            train(
+                &dir,
+                "ppo-lstm",
+                "cartpole_masked_ppo_lstm.toml",
+                &[&quick[..], &["run.total_env_steps=768", "eval.interval_steps=768"]].concat(),
+            ),
+            &masked,
+        ),
+        (
+            train(
+                &dir,
+                "a2c-gru",
+                "cartpole_a2c.toml",
+                &[
+                    &quick[..],
+                    &[
+                        "run.total_env_steps=800",
+                        "eval.interval_steps=800",
+                        "env.observe=[0, 2]",
+                        "algorithm.recurrent=\"gru\"",
+                        "algorithm.recurrent_hidden=16",
+                    ],
+                ]
+                .concat(),
+            ),
+            &masked,
         ),
         (
             train(

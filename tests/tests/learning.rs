@@ -17,6 +17,21 @@ fn ppo_solves_cartpole_within_100k_steps() {
     assert_solved("ppo cartpole", &r, 475.0, 2);
 }
 
+/// CartPole-v1 with both velocities hidden (`[env] observe = [0, 2]`): only a policy with memory can balance
+/// it (feed-forward PPO ends near 42, docs/benchmarks/memory.md). The LSTM policy, RL Zoo's RecurrentPPO
+/// settings.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "learning tests run in release: bash scripts/test.sh")]
+fn recurrent_ppo_solves_masked_cartpole_within_100k_steps() {
+    let r = train_seeds(
+        "cartpole_masked_ppo_lstm.toml",
+        &["run.total_env_steps=100000", "eval.interval_steps=10240"],
+        &SEEDS,
+        475.0,
+    );
+    assert_solved("recurrent ppo masked cartpole", &r, 475.0, 2);
+}
+
 /// Threshold −250 on Pendulum-v1: a random policy scores about −1,200; swinging up and holding the pole from
 /// every start scores about −150 (RL Zoo reports −172 ± 100 for PPO with gSDE, which Flotilla does not have).
 /// A mean of −250 over 10 random starts means the policy swings up and balances from nearly all of them.
