@@ -689,7 +689,8 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             metadata.insert(
                 "obs_norm".into(),
                 format!(
-                    "folded: layers 0-1 normalise raw observations, clamp((x - mean) / sqrt(var + {}), -{c}, {c})",
+                    "folded: {} 0-1 normalise raw observations, clamp((x - mean) / sqrt(var + {}), -{c}, {c})",
+                    if arch.recurrent.is_some() { "pre_layers" } else { "layers" },
                     norm.epsilon,
                     c = norm.clip
                 ),
