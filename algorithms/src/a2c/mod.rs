@@ -255,6 +255,15 @@ impl AlgorithmKind for A3cConfig {
     }
 
     fn validate(&self, num_envs: usize) -> Result<()> {
+        if self.0.recurrent.is_some() {
+            return Err(Error::InvalidConfig {
+                algorithm: "a3c",
+                field: "recurrent",
+                value: format!("{:?}", self.0.recurrent).to_lowercase(),
+                detail: "recurrent A3C gradient workers are not built (recurrent A2C and PPO are, with actors too)"
+                    .into(),
+            });
+        }
         self.0.validate(num_envs)
     }
 

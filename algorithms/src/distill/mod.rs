@@ -931,6 +931,12 @@ impl crate::algorithm::Student for Distill {
             } else {
                 format!("the teacher ({})", teacher.name())
             };
+            if teacher.state_dim() > 0 {
+                return Err(Error::Unsupported(format!(
+                    "distill: {which} is recurrent; distilling a recurrent teacher (its labels depend on each \
+                     env's state) is not built"
+                )));
+            }
             if teacher.obs_dim() != task_dim || teacher.act_dim() != self.pi.act_dim() {
                 return Err(Error::Unsupported(format!(
                     "distill: {which} takes {} observation floats and gives {} action floats; the student's \
