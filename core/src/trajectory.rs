@@ -579,6 +579,22 @@ mod tests {
         }
     }
 
+    /// A recurrent policy's chunks carry `E · state_dim` finite floats of initial state; feed-forward ones none.
+    #[test]
+    fn the_initial_recurrent_state_is_checked_for_size_and_finiteness() {
+        let (mut c, mut spec) = chunk();
+        spec.state_dim = 3;
+        c.initial_state = vec![0.1; 2 * 3];
+        c.validate(&spec).unwrap();
+        c.initial_state.pop();
+        assert!(c.validate(&spec).unwrap_err().contains("initial recurrent state has 5 values, expected 6"));
+        c.initial_state = vec![0.1, 0.2, f32::NAN, 0.0, 0.0, 0.0];
+        assert!(c.validate(&spec).unwrap_err().contains("initial recurrent state[2] is NaN, must be finite"));
+        spec.state_dim = 0;
+        c.initial_state = vec![0.0; 6];
+        assert!(c.validate(&spec).unwrap_err().contains("initial recurrent state has 6 values, expected 0"));
+    }
+
     #[test]
     fn box_actions_may_lie_outside_their_bounds_but_must_be_finite() {
         // Gaussian policies send unclipped samples: the learner needs them for the log-probabilities.

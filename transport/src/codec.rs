@@ -334,6 +334,12 @@ mod tests {
             }
             assert_eq!(chunk_from_proto(&p).unwrap(), c);
         }
+        // A recurrent policy's initial state ([E, state_dim]) crosses the wire too.
+        let mut c = chunk(ObsBuf::F32(vec![0.0; 4]), ObsBuf::F32(vec![0.0; 2]), ObsBuf::F32(vec![0.0; 2]));
+        c.initial_state = vec![0.25, -0.5, 1.5];
+        let p = chunk_to_proto(&c, 1);
+        assert_eq!(p.initial_state.as_ref().unwrap().shape, vec![1, 3]);
+        assert_eq!(chunk_from_proto(&p).unwrap(), c);
         // An episode's task (multi-task runs) crosses the wire too.
         let mut c = chunk(ObsBuf::F32(vec![0.0; 4]), ObsBuf::F32(vec![0.0; 2]), ObsBuf::F32(vec![0.0; 2]));
         c.episodes[0].task = Some(2);
