@@ -67,6 +67,32 @@ fn ppo_with_four_actor_processes_solves_cartpole() {
     });
 }
 
+/// A recurrent (LSTM) policy with 2 actor processes: each actor keeps its envs' states and sends them with every
+/// chunk, the hub accepts them (size and finiteness checked), and the learner trains on the re-run sequences
+/// with V-trace to its budget, evaluates and saves (cartpole_masked_impala_lstm.toml, a few thousand steps).
+#[test]
+#[cfg_attr(debug_assertions, ignore = "multi-process runs: run with --release")]
+fn a_recurrent_policy_trains_with_actor_processes() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut extra: Vec<&str> = Vec::new();
+    for s in ["run.total_env_steps=4096", "eval.interval_steps=2048", "eval.episodes=2", "algorithm.n_epochs=2"] {
+        extra.extend(["--set", s]);
+    }
+    let (out, run) = train_with_actors("cartpole_masked_impala_lstm.toml", 2, "recurrent", &extra);
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert!(!all.contains("refused a chunk"), "a chunk was refused: {all}");
+    let done: Vec<&str> = all.lines().filter(|l| l.contains("actor done:")).collect();
+    assert_eq!(done.len(), 2, "{all}");
+    for line in done {
+        assert!(!line.contains(" 0 messages delivered"), "an actor sent nothing: {line}");
+    }
+    assert!(*metric(&run, "env_steps").last().unwrap() >= 4096.0, "{all}");
+    let evals = metric(&run, "eval/mean_return");
+    assert!(evals.len() >= 2 && evals.iter().all(|r| r.is_finite()), "evaluations {evals:?}");
+    assert!(run.join("model.safetensors").is_file(), "no saved policy");
+}
+
 /// MuJoCo through the Gymnasium bridge with actor processes: SAC on Hopper-v5, Walker2d-v5 and Ant-v5, and PPO
 /// with observation and reward normalisation on HalfCheetah-v5, each with 2 actors (each embedding Python and
 /// stepping its own MuJoCo env): the run trains to its budget on the actors' data (every actor sent chunks and
