@@ -208,6 +208,13 @@ impl Rollout {
         let n = self.len();
         check_len("rollout next values", next_values.len(), n)?;
         self.next_values[..n].copy_from_slice(next_values);
+        self.gae_from_next_values(gamma, lambda);
+        Ok(())
+    }
+
+    /// GAE advantages and returns from the rewards, values and the filled `next_values`.
+    fn gae_from_next_values(&mut self, gamma: f32, lambda: f32) {
+        let n = self.len();
         let dones = self.dones();
         let (adv, ret) = (&mut self.advantages[..n], &mut self.returns[..n]);
         gae(
@@ -222,7 +229,6 @@ impl Rollout {
             adv,
             ret,
         );
-        Ok(())
     }
 
     /// Fill `next_values` where it follows from `values` (inside an episode), `last_values` (after the last
@@ -248,20 +254,7 @@ impl Rollout {
         let mut next_values = std::mem::take(&mut self.next_values);
         self.fill_next_values(&self.values, last_values, &mut next_values[..n]);
         self.next_values = next_values;
-        let dones = self.dones();
-        let (adv, ret) = (&mut self.advantages[..n], &mut self.returns[..n]);
-        gae(
-            &self.rewards,
-            &self.values,
-            &self.next_values[..n],
-            &self.terminated,
-            &dones,
-            self.n_envs,
-            gamma,
-            lambda,
-            adv,
-            ret,
-        );
+        self.gae_from_next_values(gamma, lambda);
         Ok(())
     }
 
