@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use flotilla_algorithms::{ActMode, ActOutput, Policy};
+use flotilla_algorithms::{ActMode, ActOutput, Memory, Policy};
 use flotilla_envs::EnvRole;
 use flotilla_envs::env_actions::EnvActions;
 use flotilla_learner::config::ExperimentConfig;
@@ -190,6 +190,12 @@ pub struct Episode {
 /// actions, one batch), keeping every state of each env's first episode.
 pub fn play(config: &ExperimentConfig, agent: &mut dyn Policy, episodes: usize, seed: u64) -> Result<Vec<Episode>> {
     anyhow::ensure!(config.env.tasks.is_empty(), "--render draws single-env runs only, not [[tasks]] runs");
+    // The scenes draw from the env's whole state vector: an `[env] observe` subset does not hold it.
+    anyhow::ensure!(
+        config.env.observe.is_none(),
+        "--render draws from the env's whole observation; this run keeps only components {:?} ([env] observe)",
+        config.env.observe.as_deref().unwrap_or_default()
+    );
     let mut envs = config.env.make_vector(episodes, EnvRole::Evaluation)?;
     let dim = envs.observation_space().shape().iter().product::<usize>();
     let action_space = envs.action_space().clone();
@@ -204,9 +210,11 @@ pub fn play(config: &ExperimentConfig, agent: &mut dyn Policy, episodes: usize, 
     let mut done = vec![false; episodes];
     let mut out = ActOutput::default();
     let mut env_actions = EnvActions::default();
+    let mut memory = Memory::new(agent, episodes);
     while done.iter().any(|d| !d) {
-        agent.act(obs.as_ref(), ActMode::Deterministic, &mut out)?;
+        memory.act(agent, obs.as_ref(), ActMode::Deterministic, &mut out)?;
         let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
+        memory.end_episodes(step.terminated, step.truncated);
         let next = rows(step.obs)?;
         for k in (0..episodes).filter(|&k| !done[k]) {
             let state = match step.final_obs(k) {

@@ -220,6 +220,10 @@ fn observe_hides_components_of_native_and_python_envs() {
         assert_eq!(space["shape"], serde_json::json!([2]), "{id}: {space}");
         let out = flotilla(&["eval", run_arg, "--episodes", "2"]);
         assert!(out.status.success(), "{id}: {}", text(&out));
+        // Drawing needs the whole state: refused by name, not a panic.
+        let frames = dir.join("frames");
+        let out = flotilla(&["eval", run_arg, "--episodes", "1", "--render", frames.to_str().unwrap()]);
+        assert!(!out.status.success() && text(&out).contains("[env] observe"), "{id}: {}", text(&out));
     }
     let bad = dir.join("bad");
     let out = flotilla(&["train", CONFIG, "--set", "env.observe=[0, 7]", "--out", bad.to_str().unwrap()]);
