@@ -65,6 +65,12 @@ impl Intake {
         self.episodes.extend_from_slice(&chunk.episodes);
         self.chunks += 1;
     }
+
+    /// Add what `other` counted (chunks and env steps: what [`Assembly::stop`] reports as left over).
+    fn add(&mut self, other: &Intake) {
+        self.env_steps += other.env_steps;
+        self.chunks += other.chunks;
+    }
 }
 
 /// Count one admitted delivery's policy lag into `(sum, max, count)`.
@@ -125,7 +131,7 @@ pub(crate) struct Assembly {
     stop: Arc<AtomicBool>,
     pause: Arc<AtomicBool>,
     resume: Sender<()>,
-    thread: Option<JoinHandle<mpsc::Receiver<Delivery>>>,
+    thread: Option<JoinHandle<(mpsc::Receiver<Delivery>, Intake)>>,
 }
 
 impl Assembly {
@@ -198,11 +204,23 @@ impl Assembly {
         }
     }
 
-    /// Stop the thread (batches not handed out are dropped, uncounted) and return the hub queue.
-    pub(crate) fn stop(mut self) -> Result<mpsc::Receiver<Delivery>> {
+    /// Stop the thread and return the hub queue, with what the thread took from it that the update thread never
+    /// counted (chunks waiting for a full batch, a batch or chunk not handed out, stale chunks not yet taken with
+    /// [`Assembly::take_intake`]): `chunks` and `env_steps` of an [`Intake`], for the run's account of what it
+    /// did not train on.
+    pub(crate) fn stop(mut self) -> Result<(mpsc::Receiver<Delivery>, Intake)> {
         self.stop.store(true, Ordering::SeqCst);
         let thread = self.thread.take().expect("joined once");
-        thread.join().map_err(|_| Error::Runtime("the batch-assembly thread panicked".into()))
+        let (rx, mut left) = thread.join().map_err(|_| Error::Runtime("the batch-assembly thread panicked".into()))?;
+        while let Ok(ready) = self.ready.try_recv() {
+            match ready {
+                Ready::Batch(staged) => left.add(&staged.intake),
+                Ready::Replay(prepared) => left.add(&prepared.intake),
+                Ready::Paused => {}
+            }
+        }
+        left.add(&self.take_intake());
+        Ok((rx, left))
     }
 }
 
@@ -226,16 +244,17 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(mut self, spec: AssemblySpec) -> mpsc::Receiver<Delivery> {
-        match spec {
+    /// Assemble until stopped; returns the hub queue and what was taken from it but never handed out.
+    fn run(mut self, spec: AssemblySpec) -> (mpsc::Receiver<Delivery>, Intake) {
+        let left = match spec {
             AssemblySpec::OnPolicy { layout, chunks_per_batch, max_policy_lag } => {
                 self.stack_batches(&layout, chunks_per_batch, max_policy_lag)
             }
             AssemblySpec::OffPolicy { feed, env_steps, stop_after, total_env_steps } => {
                 self.feed_replay(feed, env_steps, stop_after, total_env_steps)
             }
-        }
-        self.rx
+        };
+        (self.rx, left)
     }
 
     fn stopped(&self) -> bool {
@@ -259,31 +278,39 @@ impl Worker {
     }
 
     /// Hand `item` to the update thread, waiting while the previous one is still there (the double buffer);
-    /// `false` if the thread was stopped meanwhile.
-    fn hand_over(&self, item: Ready) -> bool {
+    /// `Err` with what it holds (chunks and env steps) if the thread was stopped meanwhile.
+    fn hand_over(&self, item: Ready) -> std::result::Result<(), Intake> {
         let mut item = Some(item);
         while let Some(i) = item.take() {
             match self.ready.send_timeout(i, Duration::from_millis(100)) {
                 Ok(()) => {}
                 Err(crossbeam_channel::SendTimeoutError::Timeout(i)) if !self.stopped() => item = Some(i),
-                Err(_) => return false,
+                Err(e) => {
+                    let mut left = Intake::default();
+                    match e.into_inner() {
+                        Ready::Batch(staged) => left.add(&staged.intake),
+                        Ready::Replay(prepared) => left.add(&prepared.intake),
+                        Ready::Paused => {}
+                    }
+                    return Err(left);
+                }
             }
         }
-        true
+        Ok(())
     }
 
     /// Off-policy: each chunk into the replay through `feed`, its work handed over chunk by chunk.
-    fn feed_replay(&mut self, mut feed: Box<dyn ReplayFeed>, mut env_steps: u64, stop_after: u64, total: u64) {
+    fn feed_replay(&mut self, mut feed: Box<dyn ReplayFeed>, mut env_steps: u64, stop_after: u64, total: u64) -> Intake {
         while !self.stopped() {
             if self.pause.swap(false, Ordering::SeqCst) {
-                if !self.hand_over(Ready::Paused) {
-                    return;
+                if let Err(left) = self.hand_over(Ready::Paused) {
+                    return left;
                 }
                 loop {
                     match self.resumed.recv_timeout(Duration::from_millis(100)) {
                         Ok(()) => break,
                         Err(RecvTimeoutError::Timeout) if !self.stopped() => {}
-                        Err(_) => return,
+                        Err(_) => return Intake::default(),
                     }
                 }
                 continue;
@@ -296,7 +323,7 @@ impl Worker {
             let chunk = match self.next_chunk() {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => continue,
-                Err(()) => return,
+                Err(()) => return Intake::default(),
             };
             let started = Instant::now();
             let mut intake = Intake::default();
@@ -309,21 +336,22 @@ impl Worker {
             let observed = guarded(|| feed.observe(&chunk, &progress, &mut work));
             intake.assemble_secs = started.elapsed().as_secs_f64();
             let prepared = PreparedChunk { work, error: observed.err(), actor: chunk.actor_id, intake };
-            if !self.hand_over(Ready::Replay(prepared)) {
-                return;
+            if let Err(left) = self.hand_over(Ready::Replay(prepared)) {
+                return left;
             }
         }
+        Intake::default()
     }
 
     /// On-policy: admit chunks by lag and stack each batch's into a rollout on the device.
-    fn stack_batches(&mut self, layout: &RolloutLayout, chunks_per_batch: usize, max_policy_lag: u64) {
+    fn stack_batches(&mut self, layout: &RolloutLayout, chunks_per_batch: usize, max_policy_lag: u64) -> Intake {
         let mut pending: Vec<Chunk> = Vec::with_capacity(chunks_per_batch);
         let mut batch = Intake::default();
         while !self.stopped() {
             let chunk = match self.next_chunk() {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => continue,
-                Err(()) => return,
+                Err(()) => break,
             };
             let lag = self.hub.version().saturating_sub(chunk.policy_version);
             if lag > max_policy_lag {
@@ -349,10 +377,12 @@ impl Worker {
             let actors = pending.iter().map(|c| c.actor_id).collect();
             pending.clear();
             let staged = Staged { rollout: stacked, actors, intake: std::mem::take(&mut batch) };
-            if !self.hand_over(Ready::Batch(staged)) {
-                return;
+            if let Err(left) = self.hand_over(Ready::Batch(staged)) {
+                return left;
             }
         }
+        // The chunks waiting for a full batch (counted in `batch`).
+        batch
     }
 }
 

@@ -82,6 +82,8 @@ pub struct DistributedLearner {
     pending: Vec<Chunk>,
     /// Env steps delivered into the queue that the run ended without taking in ([`TrainReport::untrained_env_steps`]).
     untrained_env_steps: u64,
+    /// Chunks and env steps the batch-assembly thread held, uncounted, when it stopped.
+    assembly_left: (u64, u64),
     last_metrics: Metrics,
     /// Where to write checkpoints (none: no checkpoints).
     checkpoint: Option<std::path::PathBuf>,
@@ -200,6 +202,7 @@ impl DistributedLearner {
             counters,
             pending: Vec::new(),
             untrained_env_steps: 0,
+            assembly_left: (0, 0),
             last_metrics: Metrics::default(),
             checkpoint: None,
             stop_at: u64::MAX,
@@ -299,7 +302,9 @@ impl DistributedLearner {
         // An off-policy assembly thread's replay is ahead of the update: train on all it handed out first.
         let result = self.serve(stop, on_log).and_then(|()| self.drain_assembly());
         if let Some(assembly) = self.assembly.take() {
-            self.rx = Some(assembly.stop()?);
+            let (rx, left) = assembly.stop()?;
+            self.rx = Some(rx);
+            self.assembly_left = (left.chunks, left.env_steps);
         }
         result?;
         // Actors waiting on a full queue get `finished` now, and every later message too.
@@ -338,8 +343,15 @@ impl DistributedLearner {
                 };
             }
         }
-        self.untrained_env_steps = queued_steps;
+        let (held, held_steps) = self.assembly_left;
+        self.untrained_env_steps = queued_steps + held_steps;
         let done = self.counters.run.env_steps;
+        if held > 0 {
+            info!(
+                "{held} chunks ({held_steps} env steps) were held by the batch-assembly thread (a batch not yet full \
+                 or not yet handed over) when the run ended: not trained on"
+            );
+        }
         if queued > 0 {
             info!(
                 "{queued} actor messages ({queued_steps} env steps) were still queued when the run ended at {done} of \

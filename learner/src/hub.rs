@@ -359,7 +359,8 @@ impl Hub {
     }
 
     /// Queue `d` and answer: at once, or in synchronous mode once the update it feeds is published, or (A3C)
-    /// once `applied` completes.
+    /// once `applied` completes. `finished` in the answer means the message was refused because the run is over;
+    /// a message the queue took is answered as delivered.
     async fn enqueue(&self, d: Delivery, applied: Option<tokio::sync::oneshot::Receiver<()>>) -> Result<Ack, RpcError> {
         if self.finished.load(Ordering::SeqCst) {
             return Ok(self.ack());
@@ -381,7 +382,9 @@ impl Hub {
                     // The receipt is dropped after the gradient is applied, or with the queue when the run ends.
                     let _ = applied.await;
                 }
-                Ok(self.ack())
+                // The queue took it: acknowledged as delivered (the run accounts for it, trained or not), even
+                // where the run ended meanwhile; the actor learns that with its next message, which is refused.
+                Ok(Ack { finished: false, ..self.ack() })
             }
             // The learner closed the queue because the run is over.
             Err(_) if self.finished.load(Ordering::SeqCst) => Ok(self.ack()),

@@ -103,10 +103,10 @@ fn train_config_in_process(
         assert!(r.delivered_env_steps <= r.env_steps, "{r:?}");
         delivered += r.delivered_env_steps;
     }
-    // Nothing delivered is lost: every env step the learner accepted was counted, or reported as untrained.
-    // (Not yet with the batch-assembly thread, which drops a batch it had not handed out when the run ends.)
+    // Nothing delivered is lost: every env step the learner accepted was counted, or reported as untrained
+    // (queued, waiting for a full batch, or held by the batch-assembly thread when the run ended).
     assert!(
-        config.assembles_ahead() || delivered == report.env_steps + report.untrained_env_steps,
+        delivered == report.env_steps + report.untrained_env_steps,
         "actors delivered {delivered} env steps; the learner counted {} and left {} untrained",
         report.env_steps,
         report.untrained_env_steps
