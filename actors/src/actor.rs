@@ -339,17 +339,19 @@ impl Link {
             }
         };
         *shared.progress.lock().expect("progress") = (ack.env_steps, ack.total_env_steps);
+        if ack.accepted {
+            // In the learner's queue: delivered, whether or not the run ended right after.
+            let steps = match &message {
+                Outgoing::Chunk(c) => c.transitions() as u64,
+                Outgoing::Gradient(g) => g.env_steps,
+            };
+            shared.delivered.fetch_add(1, Ordering::SeqCst);
+            shared.delivered_env_steps.fetch_add(steps, Ordering::SeqCst);
+        }
         if ack.finished {
-            // Refused: the run was already over.
             shared.finished.store(true, Ordering::SeqCst);
             return Ok(true);
         }
-        let steps = match &message {
-            Outgoing::Chunk(c) => c.transitions() as u64,
-            Outgoing::Gradient(g) => g.env_steps,
-        };
-        shared.delivered.fetch_add(1, Ordering::SeqCst);
-        shared.delivered_env_steps.fetch_add(steps, Ordering::SeqCst);
         if Some(ack.policy_version) != self.have {
             match self.client.params(self.actor_id, self.have) {
                 Ok(Some(p)) => {

@@ -53,7 +53,11 @@ pub trait Policy {
     /// episode starts), overwriting it with the state after. A feed-forward policy takes an empty `state`.
     fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
         if !state.is_empty() {
-            return Err(crate::Error::BadLength { what: "recurrent state of a feed-forward policy".into(), got: state.len(), expected: 0 });
+            return Err(crate::Error::BadLength {
+                what: "recurrent state of a feed-forward policy".into(),
+                got: state.len(),
+                expected: 0,
+            });
         }
         self.act(obs, mode, out)
     }
@@ -128,7 +132,11 @@ impl Memory {
     /// Restore states saved from [`Memory::state`] (a checkpoint); a wrong length is an error naming it.
     pub fn set_state(&mut self, state: Vec<f32>) -> Result<()> {
         if state.len() != self.state.len() {
-            return Err(crate::Error::BadLength { what: "saved recurrent state".into(), got: state.len(), expected: self.state.len() });
+            return Err(crate::Error::BadLength {
+                what: "saved recurrent state".into(),
+                got: state.len(),
+                expected: self.state.len(),
+            });
         }
         self.state = state;
         Ok(())

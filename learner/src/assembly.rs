@@ -300,7 +300,13 @@ impl Worker {
     }
 
     /// Off-policy: each chunk into the replay through `feed`, its work handed over chunk by chunk.
-    fn feed_replay(&mut self, mut feed: Box<dyn ReplayFeed>, mut env_steps: u64, stop_after: u64, total: u64) -> Intake {
+    fn feed_replay(
+        &mut self,
+        mut feed: Box<dyn ReplayFeed>,
+        mut env_steps: u64,
+        stop_after: u64,
+        total: u64,
+    ) -> Intake {
         while !self.stopped() {
             if self.pause.swap(false, Ordering::SeqCst) {
                 if let Err(left) = self.hand_over(Ready::Paused) {

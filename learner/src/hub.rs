@@ -232,6 +232,7 @@ impl Hub {
             policy_version: self.version(),
             env_steps: self.env_steps.load(Ordering::Relaxed),
             total_env_steps: self.spec.total_env_steps,
+            accepted: false,
         }
     }
 
@@ -359,8 +360,7 @@ impl Hub {
     }
 
     /// Queue `d` and answer: at once, or in synchronous mode once the update it feeds is published, or (A3C)
-    /// once `applied` completes. `finished` in the answer means the message was refused because the run is over;
-    /// a message the queue took is answered as delivered.
+    /// once `applied` completes. `accepted` says whether the queue took it; `finished`, that the run is over.
     async fn enqueue(&self, d: Delivery, applied: Option<tokio::sync::oneshot::Receiver<()>>) -> Result<Ack, RpcError> {
         if self.finished.load(Ordering::SeqCst) {
             return Ok(self.ack());
@@ -382,9 +382,9 @@ impl Hub {
                     // The receipt is dropped after the gradient is applied, or with the queue when the run ends.
                     let _ = applied.await;
                 }
-                // The queue took it: acknowledged as delivered (the run accounts for it, trained or not), even
-                // where the run ended meanwhile; the actor learns that with its next message, which is refused.
-                Ok(Ack { finished: false, ..self.ack() })
+                // The queue took it: delivered (the run accounts for it, trained on or not), whether or not the
+                // run ended meanwhile (`finished` then tells the actor to stop).
+                Ok(Ack { accepted: true, ..self.ack() })
             }
             // The learner closed the queue because the run is over.
             Err(_) if self.finished.load(Ordering::SeqCst) => Ok(self.ack()),
@@ -607,7 +607,8 @@ mod tests {
         // After the run ends, waiting senders are answered `finished` rather than left hanging.
         hub.finish();
         rx.close();
-        assert!(rt.block_on(hub.ingest(chunk(id))).unwrap().finished);
+        let ack = rt.block_on(hub.ingest(chunk(id))).unwrap();
+        assert!(ack.finished && !ack.accepted, "after the run ended a chunk is refused: {ack:?}");
     }
 
     #[test]
@@ -631,7 +632,9 @@ mod tests {
         let pending = rt.spawn(async move { h.ingest(c).await });
         assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
         hub.finish();
-        assert!(rt.block_on(pending).unwrap().unwrap().finished);
+        let ack = rt.block_on(pending).unwrap().unwrap();
+        // Queued before the run ended: delivered (the run accounts for it), and the actor is told to stop.
+        assert!(ack.finished && ack.accepted, "{ack:?}");
     }
 
     #[test]

@@ -337,7 +337,15 @@ impl JointEnvs {
         let mut start = 0;
         for ((t, s), &n) in group.iter_mut().zip(scratch.iter_mut()).zip(&self.sizes) {
             let share = step.slice(start..start + n);
-            observe_step(t.agent.as_mut(), &mut t.obs, &mut t.memory, &mut t.counters, &s.out, &mut s.recorder, &share)?;
+            observe_step(
+                t.agent.as_mut(),
+                &mut t.obs,
+                &mut t.memory,
+                &mut t.counters,
+                &s.out,
+                &mut s.recorder,
+                &share,
+            )?;
             start += n;
         }
         Ok(())

@@ -283,6 +283,7 @@ pub fn ack_to_proto(a: Ack) -> proto::Ack {
         policy_version: a.policy_version,
         env_steps: a.env_steps,
         total_env_steps: a.total_env_steps,
+        accepted: a.accepted,
     }
 }
 
@@ -293,6 +294,7 @@ pub fn ack_from_proto(p: &proto::Ack) -> Ack {
         policy_version: p.policy_version,
         env_steps: p.env_steps,
         total_env_steps: p.total_env_steps,
+        accepted: p.accepted,
     }
 }
 

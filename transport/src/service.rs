@@ -65,6 +65,9 @@ pub struct Ack {
     pub env_steps: u64,
     /// The run's budget of env steps.
     pub total_env_steps: u64,
+    /// The learner's queue took the message (delivered: the run accounts for it, trained on or not); `false`
+    /// where it was refused because the run was over.
+    pub accepted: bool,
 }
 
 /// The learner side. Implemented once; served by [`crate::grpc::serve`] or called by

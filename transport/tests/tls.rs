@@ -42,11 +42,11 @@ impl LearnerService for Echo {
     }
 
     async fn ingest(&self, _chunk: Chunk) -> Result<Ack, RpcError> {
-        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1 })
+        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1, accepted: true })
     }
 
     async fn gradient(&self, _gradient: Gradient) -> Result<Ack, RpcError> {
-        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1 })
+        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1, accepted: true })
     }
 
     fn params(&self, _actor_id: u64, _have: Option<u64>) -> Result<Option<Params>, RpcError> {

@@ -276,8 +276,15 @@ impl ActorCritic {
             let obs_dim = mlp_input_dim(algorithm, observation_space)?;
             let (core, twin, named) = with_torch_seed(seed, || {
                 let (core, mut named) = RecurrentCore::init("core", recurrent, obs_dim as i64, recurrent_hidden, 0);
-                let (twin, more) =
-                    TwinMlp::init("pi_vf", recurrent_hidden, hidden, [outputs, 1], activation, [0.01, 1.0], named.len());
+                let (twin, more) = TwinMlp::init(
+                    "pi_vf",
+                    recurrent_hidden,
+                    hidden,
+                    [outputs, 1],
+                    activation,
+                    [0.01, 1.0],
+                    named.len(),
+                );
                 named.extend(more);
                 (core, twin, named)
             });
@@ -546,7 +553,11 @@ impl ActorCritic {
         let s = self.state_dim();
         if s == 0 {
             if !state.is_empty() {
-                return Err(Error::BadLength { what: "state of a feed-forward policy".into(), got: state.len(), expected: 0 });
+                return Err(Error::BadLength {
+                    what: "state of a feed-forward policy".into(),
+                    got: state.len(),
+                    expected: 0,
+                });
             }
             return self.act(obs, deterministic, rng, scratch, out);
         }

@@ -80,7 +80,8 @@ fn the_learners_sequences_equal_the_actors_steps() {
             for e in 0..E {
                 if truncated[e] {
                     // The truncated episode's final observation, from the state its last step left.
-                    want_next[t * E + e] = value_from(&agent, &next[e * D..(e + 1) * D], &memory.state()[e * s..(e + 1) * s]);
+                    want_next[t * E + e] =
+                        value_from(&agent, &next[e * D..(e + 1) * D], &memory.state()[e * s..(e + 1) * s]);
                 } else if terminated[e] {
                     want_next[t * E + e] = 0.0;
                 }
@@ -133,7 +134,16 @@ fn chunks_with_a_bad_initial_state_are_refused_and_the_agent_keeps_going() {
     let no = vec![false; E];
     let good = Chunk {
         initial_state: memory.initial_state().to_vec(),
-        ..Chunk::from_step(ObsRef::F32(&obs), &out.actions, &out.log_probs, &out.values, &[0.0; E], &no, &no, ObsRef::F32(&obs))
+        ..Chunk::from_step(
+            ObsRef::F32(&obs),
+            &out.actions,
+            &out.log_probs,
+            &out.values,
+            &[0.0; E],
+            &no,
+            &no,
+            ObsRef::F32(&obs),
+        )
     };
     let mut short = good.clone();
     short.initial_state.pop();

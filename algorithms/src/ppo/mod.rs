@@ -206,7 +206,10 @@ impl PpoConfig {
                 return bad(
                     "batch_size",
                     self.batch_size.to_string(),
-                    &format!("with `recurrent`, minibatches are whole env sequences: a multiple of n_steps = {}", self.n_steps),
+                    &format!(
+                        "with `recurrent`, minibatches are whole env sequences: a multiple of n_steps = {}",
+                        self.n_steps
+                    ),
                 );
             }
         }
@@ -440,7 +443,9 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
                 let rows: Vec<i64> = match &sequences {
                     // Whole env sequences, time-major: row t · E + e for each step t of each drawn env e.
                     Some(s) => (0..unit_rows as i64)
-                        .flat_map(|t| orders[0][first..first + per_minibatch].iter().map(move |&e| t * s.n_envs as i64 + e))
+                        .flat_map(|t| {
+                            orders[0][first..first + per_minibatch].iter().map(move |&e| t * s.n_envs as i64 + e)
+                        })
                         .collect(),
                     None => orders
                         .iter()

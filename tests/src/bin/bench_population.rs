@@ -52,7 +52,8 @@ fn main() -> BenchResult<()> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--suite" => {
-                suite = it.next().ok_or("--suite speed|dqn|qrdqn|recurrent|a2c|sac|td3|ddpg|continuous|pbt|all")?.clone()
+                suite =
+                    it.next().ok_or("--suite speed|dqn|qrdqn|recurrent|a2c|sac|td3|ddpg|continuous|pbt|all")?.clone()
             }
             "--quick" => quick = true,
             other => {
@@ -63,7 +64,9 @@ fn main() -> BenchResult<()> {
             }
         }
     }
-    if !["speed", "dqn", "qrdqn", "recurrent", "a2c", "sac", "td3", "ddpg", "continuous", "pbt", "all"].contains(&suite.as_str()) {
+    if !["speed", "dqn", "qrdqn", "recurrent", "a2c", "sac", "td3", "ddpg", "continuous", "pbt", "all"]
+        .contains(&suite.as_str())
+    {
         return Err(format!(
             "--suite {suite:?}: expected speed, dqn, qrdqn, recurrent, a2c, sac, td3, ddpg, continuous, pbt or all"
         )
