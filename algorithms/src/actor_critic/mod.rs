@@ -507,15 +507,32 @@ impl ActorCritic {
         scratch: &mut ActScratch,
         out: &mut ActOutput,
     ) -> Result<()> {
+        self.act_with_state(obs, &mut [], deterministic, rng, scratch, out)
+    }
+
+    /// [`ActorCritic::act`] with recurrent state: `state` (`rows × state_dim`, empty for a feed-forward
+    /// network) is each row's state before the step and is overwritten with the state after.
+    pub fn act_with_state(
+        &self,
+        obs: ObsRef<'_>,
+        state: &mut [f32],
+        deterministic: bool,
+        rng: &mut impl Rng,
+        scratch: &mut ActScratch,
+        out: &mut ActOutput,
+    ) -> Result<()> {
         if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
             return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
         }
-        let rows = obs.len() / self.obs_dim;
-        if self.state_dim() > 0 {
-            return Err(Error::Unsupported(
-                "a recurrent policy acts from each env's state: call act_with_state (flotilla_algorithms::Memory)"
-                    .into(),
-            ));
+        let (rows, s) = (obs.len() / self.obs_dim, self.state_dim());
+        if state.len() != rows * s {
+            if state.is_empty() {
+                return Err(Error::Unsupported(
+                    "a recurrent policy acts from each env's state: call act_with_state (flotilla_algorithms::Memory)"
+                        .into(),
+                ));
+            }
+            return Err(Error::BadLength { what: "recurrent state rows".into(), got: state.len(), expected: rows * s });
         }
         out.q_values.clear();
         let ActScratch { samples, host, head } = scratch;
@@ -532,51 +549,17 @@ impl ActorCritic {
         };
         if !on_host {
             let x = self.obs_tensor(obs)?;
-            let (h, values) = tch::no_grad(|| self.forward(&x));
+            let (h, values) = if s == 0 {
+                tch::no_grad(|| self.forward(&x))
+            } else {
+                let before = Tensor::from_slice(state).view([rows as i64, s as i64]).to_device(self.device);
+                let (h, values, after) = tch::no_grad(|| self.forward_with_state(&x, &before));
+                state.copy_from_slice(&Vec::<f32>::try_from(after.flatten(0, -1).to_device(Device::Cpu))?);
+                (h, values)
+            };
             out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
             *head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
         }
-        self.sample(deterministic, rng, samples, head, out)
-    }
-
-    /// [`ActorCritic::act`] for a recurrent policy: `state` (`rows × state_dim`) is each row's state before
-    /// the step and is overwritten with the state after.
-    pub fn act_with_state(
-        &self,
-        obs: ObsRef<'_>,
-        state: &mut [f32],
-        deterministic: bool,
-        rng: &mut impl Rng,
-        scratch: &mut ActScratch,
-        out: &mut ActOutput,
-    ) -> Result<()> {
-        let s = self.state_dim();
-        if s == 0 {
-            if !state.is_empty() {
-                return Err(Error::BadLength {
-                    what: "state of a feed-forward policy".into(),
-                    got: state.len(),
-                    expected: 0,
-                });
-            }
-            return self.act(obs, deterministic, rng, scratch, out);
-        }
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        let rows = obs.len() / self.obs_dim;
-        if state.len() != rows * s {
-            return Err(Error::BadLength { what: "recurrent state rows".into(), got: state.len(), expected: rows * s });
-        }
-        out.q_values.clear();
-        let x = self.obs_tensor(obs)?;
-        let before = Tensor::from_slice(state).view([rows as i64, s as i64]).to_device(self.device);
-        let (h, values, after) = tch::no_grad(|| self.forward_with_state(&x, &before));
-        out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
-        scratch.head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
-        let after = Vec::<f32>::try_from(after.flatten(0, -1).to_device(Device::Cpu))?;
-        state.copy_from_slice(&after);
-        let ActScratch { samples, head, .. } = scratch;
         self.sample(deterministic, rng, samples, head, out)
     }
 
