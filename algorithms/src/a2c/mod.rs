@@ -782,8 +782,11 @@ impl A2c {
         if c.normalize_advantage {
             normalize_host(&mut adv);
         }
+        let starts = if net.state_dim() > 0 { rollout.episode_starts() } else { Vec::new() };
         let mb = Minibatch {
             obs,
+            starts: &starts,
+            state0: &rollout.initial_state,
             actions: &rollout.actions,
             old_log_prob: &rollout.log_probs,
             advantages: &adv,
@@ -1076,6 +1079,23 @@ mod tests {
                 "v-trace",
                 &discrete,
                 A2cConfig { vtrace: Some(VtraceConfig::default()), learning_rate: 3e-3, ..base.clone() },
+            ),
+            (
+                "lstm, entropy",
+                &discrete,
+                A2cConfig { recurrent: Recurrence::Lstm, recurrent_hidden: 8, ent_coef: 0.01, ..base.clone() },
+            ),
+            (
+                "lstm, v-trace, adam",
+                &discrete,
+                A2cConfig {
+                    recurrent: Recurrence::Lstm,
+                    recurrent_hidden: 8,
+                    optimizer: OptimizerKind::Adam,
+                    vtrace: Some(VtraceConfig::default()),
+                    learning_rate: 3e-3,
+                    ..base.clone()
+                },
             ),
         ];
         for (what, (obs_space, act_space), config) in cases {

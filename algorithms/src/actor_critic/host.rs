@@ -12,7 +12,8 @@ use crate::nn::activation::Activation;
 use crate::nn::adam::Adam;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::LOG_SQRT_2PI;
-use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
+use crate::nn::host_lstm::{HostLstm, LstmTape};
+use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_backward_to_input, twin_forward};
 use crate::nn::params::FlatParams;
 use crate::{Error, Result};
 
@@ -44,8 +45,13 @@ enum HostDist {
 
 /// One minibatch, row-major host slices: observations `B × obs_dim`, actions `B × act_dim`, and per sample the
 /// behaviour log-prob, the (already normalised, where asked) advantage, the old value and the value target.
+/// For a recurrent policy the rows are `M` whole env sequences, time-major (`t · M + m`), with each row's
+/// episode-start flag in `starts` and each sequence's initial state in `state0` (`M × S`); both are empty for a
+/// feed-forward policy.
 pub(crate) struct Minibatch<'a> {
     pub obs: &'a [f32],
+    pub starts: &'a [f32],
+    pub state0: &'a [f32],
     pub actions: &'a [f32],
     pub old_log_prob: &'a [f32],
     pub advantages: &'a [f32],
@@ -82,6 +88,9 @@ pub(crate) struct ActorCriticHost {
     d_value: Vec<f32>,
     /// Categorical log-softmax, `B × n`.
     log_softmax: Vec<f32>,
+    /// A recurrent policy's LSTM before the twin MLP, its tape, and `∂loss/∂(its outputs)`.
+    core: Option<(HostLstm, LstmTape)>,
+    d_features: Vec<f32>,
 }
 
 impl ActorCriticHost {
@@ -110,7 +119,10 @@ impl ActorCriticHost {
         if params.has_frozen() {
             return None;
         }
-        let (indices, activation, outputs, log_std) = net.twin_layout()?;
+        let (core, (indices, activation, outputs, log_std)) = match net.recurrent_twin_layout() {
+            Some((core, layout)) => (Some((HostLstm::of(core, params)?, LstmTape::default())), layout),
+            None => (None, net.twin_layout()?),
+        };
         let layers: Vec<TwinLayer> = indices.iter().map(|&i| TwinLayer::of(params, i)).collect();
         let padded = layers.last()?.fan_out;
         let dist = match log_std {
@@ -132,6 +144,8 @@ impl ActorCriticHost {
             d_log_prob: Vec::new(),
             d_value: Vec::new(),
             log_softmax: Vec::new(),
+            core,
+            d_features: Vec::new(),
         })
     }
 
@@ -155,11 +169,32 @@ impl ActorCriticHost {
     /// buffer's layout, every slot written): forward, loss, backward; no step.
     pub(crate) fn gradient(&mut self, theta: &[f32], mb: &Minibatch<'_>, objective: Objective<'_>) -> StepLoss {
         let rows = mb.advantages.len();
-        twin_forward(&self.layers, self.activation, theta, mb.obs, rows, 2, &mut self.tape);
-        // Every slot is written below: the twin layers by the backward pass, a log-std by the loss.
+        // Every slot is written below: the twin layers (and a core) by the backward pass, a log-std by the loss.
         self.grad.resize(theta.len(), 0.0);
+        let Some((core, mut core_tape)) = self.core.take() else {
+            twin_forward(&self.layers, self.activation, theta, mb.obs, rows, 2, &mut self.tape);
+            let loss = self.loss_and_output_gradients(theta, mb, objective);
+            twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad);
+            return loss;
+        };
+        // Recurrent: the LSTM over the sequences, the twin MLP on its outputs, and back through both.
+        core.forward(theta, mb.obs, mb.starts, mb.state0, &mut core_tape);
+        let features = &core_tape.out;
+        twin_forward(&self.layers, self.activation, theta, features, rows, 2, &mut self.tape);
         let loss = self.loss_and_output_gradients(theta, mb, objective);
-        twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad);
+        let (layers, activation) = (&self.layers, self.activation);
+        twin_backward_to_input(
+            layers,
+            activation,
+            theta,
+            features,
+            2,
+            &mut self.tape,
+            &mut self.grad,
+            &mut self.d_features,
+        );
+        core.backward(theta, mb.obs, &self.d_features, &mut core_tape, &mut self.grad);
+        self.core = Some((core, core_tape));
         loss
     }
 

@@ -329,6 +329,21 @@ impl ActorCritic {
         }
     }
 
+    /// A recurrent body's core and the [`ActorCritic::twin_layout`] of the twin MLP after it, for the fused CPU
+    /// step; `None` for the other bodies.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn recurrent_twin_layout(
+        &self,
+    ) -> Option<(&RecurrentCore, (&[usize], crate::nn::nets::Activation, [i64; 2], Option<usize>))> {
+        match &self.body {
+            Body::Recurrent(core, twin) => {
+                let (layers, activation, outputs) = twin.layout();
+                Some((core, (layers, activation, outputs, self.log_std)))
+            }
+            _ => None,
+        }
+    }
+
     /// Flattened observation size.
     pub fn obs_dim(&self) -> usize {
         self.obs_dim

@@ -83,7 +83,7 @@ impl TwinTape {
 /// `c = a·b + beta·c` for `a` `m × k` and `b` `k × n`, each given with its (row, column) strides so transposed
 /// operands cost nothing; `c` is row-major `m × n`.
 #[allow(clippy::too_many_arguments)]
-fn gemm(
+pub(crate) fn gemm(
     m: usize,
     k: usize,
     n: usize,
@@ -229,12 +229,32 @@ pub(crate) fn twin_backward(
 ) {
     widest_lanes(
         #[inline(always)]
-        || backward_lanes(layers, activation, theta, x, nets, tape, grad),
+        || backward_lanes(layers, activation, theta, x, nets, tape, grad, None),
+    )
+}
+
+/// [`twin_backward`], and `∂loss/∂x` (summed over the nets) into `d_x` (`rows × layers[0].fan_in`): for
+/// inputs a layer before the MLP computed (a recurrent core).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn twin_backward_to_input(
+    layers: &[TwinLayer],
+    activation: Activation,
+    theta: &[f32],
+    x: &[f32],
+    nets: usize,
+    tape: &mut TwinTape,
+    grad: &mut [f32],
+    d_x: &mut Vec<f32>,
+) {
+    widest_lanes(
+        #[inline(always)]
+        || backward_lanes(layers, activation, theta, x, nets, tape, grad, Some(&mut *d_x)),
     )
 }
 
 /// [`twin_backward`]'s body, inlined into each of [`widest_lanes`]' compilations.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn backward_lanes(
     layers: &[TwinLayer],
     activation: Activation,
@@ -243,6 +263,7 @@ fn backward_lanes(
     nets: usize,
     tape: &mut TwinTape,
     grad: &mut [f32],
+    mut d_x: Option<&mut Vec<f32>>,
 ) {
     let rows = tape.rows;
     let TwinTape { outs, d_out, delta, delta_in, wt, dwt, .. } = tape;
@@ -274,8 +295,8 @@ fn backward_lanes(
                     *g += d;
                 }
             }
-            if k > 0 {
-                // δ_in = δ · Wᵀ ⊙ act'(input).
+            if k > 0 || d_x.is_some() {
+                // δ_in = δ · Wᵀ ⊙ act'(input) (the network's input: no nonlinearity before it).
                 delta_in.clear();
                 delta_in.resize(rows * fi, 0.0);
                 let w = &theta[layer.weight(j)];
@@ -289,6 +310,16 @@ fn backward_lanes(
                     }
                 } else {
                     gemm(rows, fo, fi, delta, (fo, 1), w, (1, fo), 0.0, delta_in);
+                }
+                if k == 0 {
+                    let d_x = d_x.as_deref_mut().expect("asked for");
+                    if j == 0 {
+                        d_x.clear();
+                        d_x.extend_from_slice(delta_in);
+                    } else {
+                        d_x.iter_mut().zip(delta_in.iter()).for_each(|(a, b)| *a += b);
+                    }
+                    continue;
                 }
                 activation_backward(activation, input, delta_in);
                 std::mem::swap(delta, delta_in);
@@ -490,7 +521,7 @@ mod tests {
             let widths = [5, 32, 24, 3];
             let rows = 37;
             let (mut params, layers) = random_twin(&widths, seed);
-            let x = randn(&[rows as i64, 5], 7000 + seed as u64);
+            let x = randn(&[rows as i64, 5], 7000 + seed as u64).set_requires_grad(true);
             let up = randn(&[2, rows as i64, 3], 8000 + seed as u64); // ∂loss/∂out
             // libtorch: both nets, loss = Σ up ⊙ out.
             let mut h = x.unsqueeze(0).expand([2, -1, -1], false);
@@ -503,19 +534,28 @@ mod tests {
                     };
                 }
             }
-            params.backward(&(&h * &up).sum(Kind::Float));
+            let loss = (&h * &up).sum(Kind::Float);
+            let want_dx = Tensor::run_backward(&[&loss], &[&x], true, false).pop().unwrap();
+            params.backward(&loss);
             let want_out: Vec<f32> = Vec::try_from(h.detach().flatten(0, -1)).unwrap();
             let want_grad: Vec<f32> = Vec::try_from(params.flat().grad().flatten(0, -1)).unwrap();
             // Host.
             let theta = params.host_values().unwrap().to_vec();
-            let xs: Vec<f32> = Vec::try_from(x.flatten(0, -1)).unwrap();
+            let xs: Vec<f32> = Vec::try_from(x.detach().flatten(0, -1)).unwrap();
             let ups: Vec<f32> = Vec::try_from(up.flatten(0, -1)).unwrap();
             let mut tape = TwinTape::default();
             twin_forward(&layers, activation, &theta, &xs, rows, 2, &mut tape);
             let got_out: Vec<f32> = [tape.out(0), tape.out(1)].concat();
             tape.d_out = [ups[..rows * 3].to_vec(), ups[rows * 3..].to_vec()];
             let mut grad = vec![f32::NAN; theta.len()];
-            twin_backward(&layers, activation, &theta, &xs, 2, &mut tape, &mut grad);
+            let mut d_x = Vec::new();
+            twin_backward_to_input(&layers, activation, &theta, &xs, 2, &mut tape, &mut grad, &mut d_x);
+            let want_dx: Vec<f32> = Vec::try_from(want_dx.flatten(0, -1)).unwrap();
+            let mut plain = vec![f32::NAN; theta.len()];
+            twin_forward(&layers, activation, &theta, &xs, rows, 2, &mut tape);
+            tape.d_out = [ups[..rows * 3].to_vec(), ups[rows * 3..].to_vec()];
+            twin_backward(&layers, activation, &theta, &xs, 2, &mut tape, &mut plain);
+            assert_eq!(grad, plain, "the input gradient leaves the parameter gradient alone");
             let close = |a: &[f32], b: &[f32], what: &str| {
                 let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (i, (p, q)) in a.iter().zip(b).enumerate() {
@@ -525,6 +565,7 @@ mod tests {
             assert_eq!(got_out.len(), want_out.len());
             close(&got_out, &want_out, "output");
             close(&grad, &want_grad, "gradient");
+            close(&d_x, &want_dx, "input gradient");
         }
     }
 

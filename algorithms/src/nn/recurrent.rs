@@ -98,6 +98,11 @@ impl RecurrentCore {
         self.inputs
     }
 
+    /// Index of `weight_ih` in the parameter buffer (`weight_hh`, `bias_ih`, `bias_hh` follow).
+    pub(crate) fn first_index(&self) -> usize {
+        self.first
+    }
+
     /// Floats of state per env: `2H` (`[h | c]`) for the LSTM, `H` for the GRU.
     pub fn state_dim(&self) -> usize {
         match self.cell {

@@ -661,17 +661,29 @@ impl Ppo {
             normalize_host(&mut adv);
         }
         let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
-        let mut order: Vec<usize> = (0..n).collect();
+        // What a minibatch draws: transitions, or for a recurrent policy whole env sequences (as the libtorch
+        // update: the same shuffles of the same units).
+        let s = self.pi.net.state_dim();
+        if rollout.initial_state.len() != rollout.n_envs * s {
+            let what = "rollout initial recurrent state (chunks carry it as initial_state)".into();
+            return Err(Error::BadLength { what, got: rollout.initial_state.len(), expected: rollout.n_envs * s });
+        }
+        let (units, unit_rows) = if s > 0 { (rollout.n_envs, n / rollout.n_envs) } else { (n, 1) };
+        let starts = if s > 0 { rollout.episode_starts() } else { Vec::new() };
+        let mut order: Vec<usize> = (0..units).collect();
+        let mut rows = Vec::with_capacity(batch_size);
         let mut gathered = Gathered::default();
         let mut last = None;
         let mut gradient_steps = 0usize;
         'epochs: for _ in 0..n_epochs {
             order.shuffle(&mut self.pi.rng);
-            for minibatch in order.chunks(batch_size) {
+            for minibatch in order.chunks(batch_size / unit_rows) {
                 let mb = if batch_size == n {
-                    // Every sample: no gather (the loss is a mean, so order does not matter).
+                    // Every sample: no gather (the loss is a mean, so order does not matter; sequences stay whole).
                     Minibatch {
                         obs,
+                        starts: &starts,
+                        state0: &rollout.initial_state,
                         actions: &rollout.actions,
                         old_log_prob: &rollout.log_probs,
                         advantages: &adv,
@@ -681,7 +693,19 @@ impl Ppo {
                 } else {
                     let g = &mut gathered;
                     g.clear();
-                    for &i in minibatch {
+                    rows.clear();
+                    if s == 0 {
+                        rows.extend_from_slice(minibatch);
+                    } else {
+                        // Time-major rows t · E + e of the drawn envs, and their initial states.
+                        let e = rollout.n_envs;
+                        rows.extend((0..unit_rows).flat_map(|t| minibatch.iter().map(move |&env| t * e + env)));
+                        g.starts.extend(rows.iter().map(|&i| starts[i]));
+                        for &env in minibatch {
+                            g.state0.extend_from_slice(&rollout.initial_state[env * s..(env + 1) * s]);
+                        }
+                    }
+                    for &i in &rows {
                         g.obs.extend_from_slice(&obs[i * obs_dim..(i + 1) * obs_dim]);
                         g.actions.extend_from_slice(&rollout.actions[i * act_dim..(i + 1) * act_dim]);
                         g.old_log_prob.push(rollout.log_probs[i]);
@@ -689,11 +713,13 @@ impl Ppo {
                         g.old_values.push(values[i]);
                         g.returns.push(returns[i]);
                     }
-                    if normalize_minibatch && minibatch.len() > 1 {
+                    if normalize_minibatch && rows.len() > 1 {
                         normalize_host(&mut g.advantages);
                     }
                     Minibatch {
                         obs: &g.obs,
+                        starts: &g.starts,
+                        state0: &g.state0,
                         actions: &g.actions,
                         old_log_prob: &g.old_log_prob,
                         advantages: &g.advantages,
@@ -717,6 +743,8 @@ impl Ppo {
 #[derive(Default)]
 struct Gathered {
     obs: Vec<f32>,
+    starts: Vec<f32>,
+    state0: Vec<f32>,
     actions: Vec<f32>,
     old_log_prob: Vec<f32>,
     advantages: Vec<f32>,
@@ -728,6 +756,8 @@ impl Gathered {
     fn clear(&mut self) {
         for v in [
             &mut self.obs,
+            &mut self.starts,
+            &mut self.state0,
             &mut self.actions,
             &mut self.old_log_prob,
             &mut self.advantages,
@@ -939,7 +969,8 @@ pub(crate) mod tests {
     }
 
     /// A rollout of `n_envs × n_steps` varied observations, acting with `ppo`, with rewards that depend on
-    /// the actions.
+    /// the actions. A recurrent policy acts from each env's state (a few steps in, so the rollout starts from
+    /// non-zero states), reset where episodes end.
     pub(crate) fn varied_rollout(
         ppo: &mut dyn Policy,
         n_envs: usize,
@@ -949,14 +980,26 @@ pub(crate) mod tests {
     ) -> Rollout {
         let mut out = ActOutput::default();
         let mut rollout = Rollout::new(n_envs, n_steps, obs_dim, ppo.act_dim());
+        let mut memory = crate::policy::Memory::new(&*ppo, n_envs);
+        let obs_at =
+            |k: usize| -> Vec<f32> { (0..n_envs * obs_dim).map(|i| ((k * 31 + i) as f32 * 0.37).sin()).collect() };
+        if memory.dim() > 0 {
+            for k in 0..3 {
+                memory.act(ppo, ObsRef::F32(&obs_at(k0 + 1000 + k)), ActMode::Explore, &mut out).unwrap();
+            }
+        }
+        let initial_state = memory.state().to_vec();
         for k in 0..n_steps {
-            let obs: Vec<f32> = (0..n_envs * obs_dim).map(|i| (((k0 + k) * 31 + i) as f32 * 0.37).sin()).collect();
-            ppo.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+            let obs = obs_at(k0 + k);
+            memory.act(ppo, ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
             let rewards: Vec<f32> =
                 (0..n_envs).map(|e| out.actions[e * ppo.act_dim()] * obs[e * obs_dim] + (e as f32) * 0.1).collect();
             let terminated: Vec<bool> = (0..n_envs).map(|e| (k + e) % 9 == 8).collect();
             rollout.push_acted(&obs, &out, &rewards, &terminated);
+            memory.end_episodes(&terminated, &vec![false; n_envs]);
         }
+        // (Set after the pushes: the first one starts the rollout afresh.)
+        rollout.initial_state = if memory.dim() > 0 { initial_state } else { Vec::new() };
         rollout.finish(&vec![0.3; n_envs], 0.99, 0.95).unwrap();
         rollout
     }
@@ -982,6 +1025,24 @@ pub(crate) mod tests {
             ),
             ("gaussian", &gaussian, PpoConfig { batch_size: 32, ent_coef: 0.02, ..base.clone() }),
             ("kl stop", &discrete, PpoConfig { target_kl: Some(0.001), learning_rate: 3e-2, ..base.clone() }),
+            (
+                "lstm, minibatches of env sequences, entropy, value clipping",
+                &discrete,
+                PpoConfig {
+                    recurrent: Recurrence::Lstm,
+                    recurrent_hidden: 8,
+                    hidden_sizes: vec![16],
+                    batch_size: 32,
+                    ent_coef: 0.01,
+                    clip_range_vf: Some(0.2),
+                    ..base.clone()
+                },
+            ),
+            (
+                "lstm, gaussian, full batch",
+                &gaussian,
+                PpoConfig { recurrent: Recurrence::Lstm, recurrent_hidden: 6, ent_coef: 0.02, ..base.clone() },
+            ),
         ];
         for (what, (obs_space, act_space), config) in cases {
             let obs_dim = obs_space.flat_dim();
