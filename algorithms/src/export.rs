@@ -140,6 +140,50 @@ pub enum PolicyOutput {
     },
 }
 
+/// The Nature CNN's tensors up to its fc layer (convolutions `[out, in, k, k]`, fc `[in, 512]`).
+fn cnn_torso_shapes(prefix: &str, shape: &[usize], convs: &[(usize, usize, usize)]) -> Vec<(String, Vec<usize>)> {
+    let mut out = Vec::new();
+    let (mut c, mut h, mut w) = (shape[0], shape[1], shape[2]);
+    for (k, &(o, size, stride)) in convs.iter().enumerate() {
+        out.push((format!("{prefix}.conv{}.weight", k + 1), vec![o, c, size, size]));
+        out.push((format!("{prefix}.conv{}.bias", k + 1), vec![o]));
+        (c, h, w) = (o, (h.saturating_sub(size)) / stride + 1, (w.saturating_sub(size)) / stride + 1);
+    }
+    out.push((format!("{prefix}.fc.weight"), vec![c * h * w, CNN_FEATURES]));
+    out.push((format!("{prefix}.fc.bias"), vec![CNN_FEATURES]));
+    out
+}
+
+/// The Nature CNN up to its fc layer's ReLU as PyTorch modules (Flotilla's division of frames by 255 folded
+/// into the first kernels), appended to `layers`.
+fn push_cnn_torso(
+    layers: &mut Vec<(TorchLayer, Option<(Tensor, Tensor)>)>,
+    get: &dyn Fn(String) -> Tensor,
+    prefix: &str,
+    shape: &[usize],
+    convs: &[(usize, usize, usize)],
+) {
+    let mut channels = shape[0];
+    for (k, &(o, size, stride)) in convs.iter().enumerate() {
+        let mut w = get(format!("{prefix}.conv{}.weight", k + 1));
+        if k == 0 {
+            w = w / 255.0;
+        }
+        let b = get(format!("{prefix}.conv{}.bias", k + 1));
+        layers.push((TorchLayer::Conv2d(channels, o, size, stride), Some((w, b))));
+        layers.push((TorchLayer::Relu, None));
+        channels = o;
+    }
+    layers.push((TorchLayer::Flatten, None));
+    let fc = get(format!("{prefix}.fc.weight"));
+    let features = fc.size()[0] as usize;
+    layers.push((
+        TorchLayer::Linear(features, CNN_FEATURES),
+        Some((fc.transpose(0, 1), get(format!("{prefix}.fc.bias")))),
+    ));
+    layers.push((TorchLayer::Relu, None));
+}
+
 /// Everything needed to read a `model.safetensors` without Flotilla: written into its `__metadata__`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Architecture {
@@ -170,10 +214,15 @@ pub struct Architecture {
 pub struct RecurrentLayout {
     /// The cell.
     pub cell: crate::nn::recurrent::Recurrence,
-    /// Input width (the observation size).
+    /// Input width (the observation size, or the torso's 512 features).
     pub inputs: usize,
     /// Hidden units.
     pub hidden: usize,
+    /// Frames `[C, H, W]` go through a Nature-CNN torso before the core (CleanRL's `ppo_atari_lstm`): its
+    /// convolutions and fc layer (ReLU after each), tensors `cnn.conv1..3.*` and `cnn.fc.*`, no output layer.
+    /// `None`: the core takes the (normalised) observations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torso: Option<[usize; 3]>,
 }
 
 impl RecurrentLayout {
@@ -210,6 +259,9 @@ impl Architecture {
     /// Names and shapes of every tensor `model.safetensors` holds for this architecture, in order.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
+        if let Some(shape) = self.recurrent.and_then(|r| r.torso) {
+            out.extend(cnn_torso_shapes("cnn", &shape, &CNN_CONVS));
+        }
         if let Some(r) = &self.recurrent {
             let g = if r.cell == crate::nn::recurrent::Recurrence::Lstm { 4 } else { 3 };
             let p = RecurrentLayout::PREFIX;
@@ -232,14 +284,7 @@ impl Architecture {
                 }
             }
             Network::NatureCnn { prefix, shape, convs, outputs, .. } => {
-                let (mut c, mut h, mut w) = (shape[0], shape[1], shape[2]);
-                for (k, &(o, size, stride)) in convs.iter().enumerate() {
-                    out.push((format!("{prefix}.conv{}.weight", k + 1), vec![o, c, size, size]));
-                    out.push((format!("{prefix}.conv{}.bias", k + 1), vec![o]));
-                    (c, h, w) = (o, (h.saturating_sub(size)) / stride + 1, (w.saturating_sub(size)) / stride + 1);
-                }
-                out.push((format!("{prefix}.fc.weight"), vec![c * h * w, CNN_FEATURES]));
-                out.push((format!("{prefix}.fc.bias"), vec![CNN_FEATURES]));
+                out.extend(cnn_torso_shapes(prefix, shape, convs));
                 out.push((format!("{prefix}.out.weight"), vec![CNN_FEATURES, *outputs]));
                 out.push((format!("{prefix}.out.bias"), vec![*outputs]));
             }
@@ -620,26 +665,7 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             format!("observations [B, {}] float32", widths[0])
         }
         Network::NatureCnn { prefix, shape, convs, policy_outputs, .. } => {
-            let mut channels = shape[0];
-            for (k, &(o, size, stride)) in convs.iter().enumerate() {
-                let mut w = get(format!("{prefix}.conv{}.weight", k + 1));
-                if k == 0 {
-                    // Flotilla divides frames by 255 before the first convolution: fold it into the kernels.
-                    w = w / 255.0;
-                }
-                let b = get(format!("{prefix}.conv{}.bias", k + 1));
-                layers.push((TorchLayer::Conv2d(channels, o, size, stride), Some((w, b))));
-                layers.push((TorchLayer::Relu, None));
-                channels = o;
-            }
-            layers.push((TorchLayer::Flatten, None));
-            let fc = get(format!("{prefix}.fc.weight"));
-            let features = fc.size()[0] as usize;
-            layers.push((
-                TorchLayer::Linear(features, CNN_FEATURES),
-                Some((fc.transpose(0, 1), get(format!("{prefix}.fc.bias")))),
-            ));
-            layers.push((TorchLayer::Relu, None));
+            push_cnn_torso(&mut layers, &get, prefix, shape, convs);
             let p = *policy_outputs as i64;
             let (w, b) = (
                 get(format!("{prefix}.out.weight")).narrow(1, 0, p),
@@ -658,6 +684,17 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
     let input = match &arch.recurrent {
         None => input,
         Some(r) => {
+            let observations = match r.torso {
+                None => format!("observations [B, {}] float32", r.inputs),
+                Some(shape) => {
+                    push_cnn_torso(&mut pre, &get, "cnn", &shape, &CNN_CONVS);
+                    format!(
+                        "frames [B, {}, {}, {}] as float32 0-255 (Flotilla's division by 255 is folded into \
+                         pre_layers 0)",
+                        shape[0], shape[1], shape[2]
+                    )
+                }
+            };
             let cell = if r.cell == crate::nn::recurrent::Recurrence::Lstm { "LSTM" } else { "GRU" };
             let state = if cell == "LSTM" { "[h | c]" } else { "h" };
             metadata.insert(
@@ -669,9 +706,9 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
                 .to_string(),
             );
             format!(
-                "observations [B, {}] float32 and each row's state; `pre_layers`, then torch.nn.{cell}({}, {}) \
-                 (tensors core.*, one step: input [1, B, {}]), then `layers` on its output",
-                r.inputs, r.inputs, r.hidden, r.inputs
+                "{observations} and each row's state; `pre_layers`, then torch.nn.{cell}({}, {}) (tensors core.*, \
+                 one step: input [1, B, {}]), then `layers` on its output",
+                r.inputs, r.hidden, r.inputs
             )
         }
     };

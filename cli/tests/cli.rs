@@ -232,42 +232,47 @@ fn observe_hides_components_of_native_and_python_envs() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `examples/configs/pong_ppo.toml` for a few thousand steps: PPO on u8 frames with the Nature CNN trains,
-/// stops, resumes (the agent exactly, the games anew: ale-py's vector env has no snapshot), evaluates whole
-/// games, and the run directory's resolved config records every Atari setting (sticky actions included).
+/// `examples/configs/pong_ppo.toml` and `pong_ppo_lstm.toml` (a CNN torso before an LSTM, single frames) for a
+/// few thousand steps: PPO on u8 frames with the Nature CNN trains, stops, resumes (the agent exactly, the games
+/// anew: ale-py's vector env has no snapshot), evaluates whole games, and the run directory's resolved config
+/// records every Atari setting (sticky actions included).
 #[test]
 fn atari_ppo_trains_resumes_and_evaluates() {
-    let dir = common::scratch("cli", "atari_ppo");
-    let run = dir.join("run");
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/configs/pong_ppo.toml");
-    // One torch thread: tests run side by side, and oversubscribed libtorch threads spin.
-    let set = ["run.total_env_steps=2048", "eval.interval_steps=1024", "eval.episodes=1", "run.torch_threads=1"];
-    let mut args = vec!["train", config, "--out", run.to_str().unwrap(), "--stop-at", "1024"];
-    for s in &set {
-        args.extend(["--set", s]);
+    for (name, extra) in [("pong_ppo.toml", "stack_num = 4"), ("pong_ppo_lstm.toml", "stack_num = 1")] {
+        let dir = common::scratch("cli", &format!("atari_{name}"));
+        let run = dir.join("run");
+        let config = format!("{}/../examples/configs/{name}", env!("CARGO_MANIFEST_DIR"));
+        // One torch thread: tests run side by side, and oversubscribed libtorch threads spin.
+        let set = ["run.total_env_steps=2048", "eval.interval_steps=1024", "eval.episodes=1", "run.torch_threads=1"];
+        let mut args = vec!["train", &config, "--out", run.to_str().unwrap(), "--stop-at", "1024"];
+        for s in &set {
+            args.extend(["--set", s]);
+        }
+        let out = flotilla(&args);
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at 1024"), "{name}: {}", text(&out));
+        let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
+        for line in
+            ["repeat_action_probability = 0.0", "frameskip = 4", "noop_max = 30", "terminal_on_life_loss = true", extra]
+        {
+            assert!(resolved.contains(line), "{name}: resolved config lacks {line:?}:\n{resolved}");
+        }
+        let out = flotilla(&["train", "--resume", run.to_str().unwrap()]);
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("for 2048 env steps"), "{name}: {}", text(&out));
+        let out = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "1"]);
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        // A whole game of Pong ends at 21 points for one side: the score is in [-21, 21] and not 0.
+        let report = String::from_utf8_lossy(&out.stdout).to_string();
+        let score: f64 = report
+            .split("mean return ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no score in {report}"));
+        assert!((-21.0..=21.0).contains(&score) && score != 0.0, "{name}: {report}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
-    let out = flotilla(&args);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at 1024"), "{}", text(&out));
-    let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
-    for line in ["repeat_action_probability = 0.0", "frameskip = 4", "noop_max = 30", "terminal_on_life_loss = true"] {
-        assert!(resolved.contains(line), "resolved config lacks {line:?}:\n{resolved}");
-    }
-    let out = flotilla(&["train", "--resume", run.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("for 2048 env steps"), "{}", text(&out));
-    let out = flotilla(&["eval", run.to_str().unwrap(), "--episodes", "1"]);
-    assert!(out.status.success(), "{}", text(&out));
-    // A whole game of Pong ends at 21 points for one side: the score is in [-21, 21] and not 0.
-    let report = String::from_utf8_lossy(&out.stdout).to_string();
-    let score: f64 = report
-        .split("mean return ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no score in {report}"));
-    assert!((-21.0..=21.0).contains(&score) && score != 0.0, "{report}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `examples/configs/pong_dqn.toml` for a few thousand steps: DQN with the Nature CNN and the frame replay

@@ -66,6 +66,12 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
     std::fs::write(&pendulum, PENDULUM_OBS).unwrap();
     let masked = dir.join("masked.json");
     std::fs::write(&masked, MASKED_SEQUENCE).unwrap();
+    // Three steps of two 84×84 frames, 0–255.
+    let frames = dir.join("frames.json");
+    let pixel = |t: usize, r: usize, i: usize| (t * 7919 + r * 104_729 + i * 2_654_435_761) % 256;
+    let seq: Vec<Vec<Vec<usize>>> =
+        (0..3).map(|t| (0..2).map(|r| (0..84 * 84).map(|i| pixel(t, r, i)).collect()).collect()).collect();
+    std::fs::write(&frames, serde_json::to_string(&seq).unwrap()).unwrap();
     let quick = ["metrics.log_interval_steps=1000", "eval.episodes=1"];
     let runs = [
         (
@@ -122,6 +128,17 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
                 &[&quick[..], &["run.total_env_steps=768", "eval.interval_steps=768"]].concat(),
             ),
             &masked,
+        ),
+        // Frames: a Nature-CNN torso in `pre_layers` before the LSTM (CleanRL's ppo_atari_lstm).
+        (
+            train(
+                &dir,
+                "ppo-lstm-pong",
+                "pong_ppo_lstm.toml",
+                &[&quick[..], &["run.total_env_steps=1024", "eval.interval_steps=1024", "run.torch_threads=1"]]
+                    .concat(),
+            ),
+            &frames,
         ),
         (
             train(

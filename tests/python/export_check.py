@@ -37,9 +37,9 @@ def act(policy, meta, obs):
 
 
 def load_recurrent(path):
-    """A recurrent policy (metadata "recurrent"): `pre_layers` (observation normalisation, if any), the core
+    """A recurrent policy (metadata "recurrent"): `pre_layers` (observation normalisation or a CNN torso, if any), the core
     (torch.nn.LSTM / GRU, tensors core.*) and `layers` on the core's output; returns a step function
-    (observations [B, D], state [B, S]) -> (outputs, state) and the metadata."""
+    (observations [B, D] or frames [B, C, H, W], state [B, S]) -> (outputs, state) and the metadata."""
     with safe_open(path, framework="pt") as f:
         meta = f.metadata()
     tensors = load_file(path)
@@ -79,9 +79,10 @@ def main_recurrent(policy_path, obs_path, actions_path):
     steps = json.load(open(obs_path))
     want = json.load(open(actions_path))
     rows = len(steps[0])
+    shape = json.loads(meta["observation_space"])["shape"]
     state = torch.zeros(rows, len(want["state"][0]))
     for t, obs in enumerate(steps):
-        out, state = step(torch.tensor(obs, dtype=torch.float32), state)
+        out, state = step(torch.tensor(obs, dtype=torch.float32).reshape([rows, *shape]), state)
         got = (out.argmax(-1) if meta["output"] in ("logits", "q_values") else out).tolist()
         for i, (g, w) in enumerate(zip(got, want["actions"][t])):
             if not same_actions(meta, g, w):

@@ -74,9 +74,17 @@ pub(crate) enum ActionKind {
 enum Body {
     /// Separate policy and value MLPs, for 1-D observations.
     Mlp(TwinMlp),
-    /// A recurrent core (LSTM or GRU) on the observations, then the policy and value MLPs on its output, for
-    /// 1-D observations (SB3-contrib's `RecurrentPPO` with one LSTM shared by the policy and the value).
-    Recurrent(RecurrentCore, TwinMlp),
+    /// A recurrent core (LSTM or GRU) on the observations — or, for frames, on a Nature-CNN torso's 512
+    /// features —, then the policy and value MLPs on its output (SB3-contrib's `RecurrentPPO` with one LSTM
+    /// shared by the policy and the value; CleanRL's `ppo_atari_lstm` for frames).
+    Recurrent {
+        /// The frames' Nature CNN up to its fc layer (`None`: 1-D observations go to the core as they are).
+        torso: Option<NatureCnn>,
+        /// The core.
+        core: RecurrentCore,
+        /// The policy and value MLPs on the core's output.
+        twin: TwinMlp,
+    },
     /// One Nature-CNN torso whose output layer is `[policy head | value]`, for image observations.
     Cnn(NatureCnn),
 }
@@ -135,7 +143,7 @@ impl NetConfig<'_> {
         let heads = self.heads.max(1);
         let policy = policy_head(action)?;
         let n = policy_width(&policy);
-        let network = if is_image(observation) {
+        let network = if is_image(observation) && !self.recurrent.is_some() {
             let shape = image_shape(observation)?;
             Network::NatureCnn {
                 prefix: "cnn".into(),
@@ -145,8 +153,11 @@ impl NetConfig<'_> {
                 policy_outputs: n,
             }
         } else {
-            let obs_dim = mlp_input_dim("actor-critic", observation)?;
-            let inputs = if self.recurrent.is_some() { self.recurrent_hidden as usize } else { obs_dim };
+            let inputs = if self.recurrent.is_some() {
+                self.recurrent_hidden as usize
+            } else {
+                mlp_input_dim("actor-critic", observation)?
+            };
             let (policy_outputs, value_outputs) = (n * heads, heads);
             Network::TwinMlp {
                 prefix: "pi_vf".into(),
@@ -158,9 +169,10 @@ impl NetConfig<'_> {
         };
         let mut arch = Architecture::new(algorithm, network, policy, heads, observation, action);
         if self.recurrent.is_some() {
-            let inputs = observation.flat_dim();
+            let torso = if is_image(observation) { Some(image_shape(observation)?) } else { None };
+            let inputs = if torso.is_some() { NatureCnn::FEATURES as usize } else { observation.flat_dim() };
             let hidden = self.recurrent_hidden as usize;
-            arch.recurrent = Some(RecurrentLayout { cell: self.recurrent, inputs, hidden });
+            arch.recurrent = Some(RecurrentLayout { cell: self.recurrent, inputs, hidden, torso });
         }
         Ok(arch)
     }
@@ -262,20 +274,37 @@ impl ActorCritic {
                 ),
             });
         }
-        if recurrent.is_some() && (is_image(observation_space) || heads > 1) {
+        if recurrent.is_some() && heads > 1 {
             return Err(Error::UnsupportedSpace {
                 which: "observation",
                 algorithm,
                 detail: format!(
-                    "{observation_space:?}: a recurrent core takes vector observations without task heads (frames \
-                     and task heads with `recurrent` are not built)"
+                    "{observation_space:?}: a recurrent core with task heads is not built (use one or the other)"
                 ),
             });
         }
+        let cnn_refused = |shape: &[usize]| Error::UnsupportedSpace {
+            which: "observation",
+            algorithm,
+            detail: format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
+        };
         let (obs_dim, body, mut named) = if recurrent.is_some() {
-            let obs_dim = mlp_input_dim(algorithm, observation_space)?;
-            let (core, twin, named) = with_torch_seed(seed, || {
-                let (core, mut named) = RecurrentCore::init("core", recurrent, obs_dim as i64, recurrent_hidden, 0);
+            let image = is_image(observation_space);
+            let obs_dim =
+                if image { observation_space.flat_dim() } else { mlp_input_dim(algorithm, observation_space)? };
+            let (torso, core, twin, named) = with_torch_seed(seed, || {
+                // Frames: the CNN torso first (its tensors `cnn.*`), its 512 features into the core.
+                let (torso, mut named) = if image {
+                    match NatureCnn::init("cnn", observation_space.shape(), &[], 0) {
+                        Some((cnn, named)) => (Some(cnn.with_options(cnn_options)), named),
+                        None => return None,
+                    }
+                } else {
+                    (None, Vec::new())
+                };
+                let inputs = if image { NatureCnn::FEATURES } else { obs_dim as i64 };
+                let (core, more) = RecurrentCore::init("core", recurrent, inputs, recurrent_hidden, named.len());
+                named.extend(more);
                 let (twin, more) = TwinMlp::init(
                     "pi_vf",
                     recurrent_hidden,
@@ -286,17 +315,14 @@ impl ActorCritic {
                     named.len(),
                 );
                 named.extend(more);
-                (core, twin, named)
-            });
-            (obs_dim, Body::Recurrent(core, twin), named)
+                Some((torso, core, twin, named))
+            })
+            .ok_or_else(|| cnn_refused(observation_space.shape()))?;
+            (obs_dim, Body::Recurrent { torso, core, twin }, named)
         } else if is_image(observation_space) {
             let shape = observation_space.shape();
             let built = with_torch_seed(seed, || NatureCnn::init("cnn", shape, &[(outputs, 0.01), (1, 1.0)], 0));
-            let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
-                which: "observation",
-                algorithm,
-                detail: format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
-            })?;
+            let (cnn, named) = built.ok_or_else(|| cnn_refused(shape))?;
             (observation_space.flat_dim(), Body::Cnn(cnn.with_options(cnn_options)), named)
         } else {
             let obs_dim = mlp_input_dim(algorithm, observation_space)?;
@@ -330,13 +356,13 @@ impl ActorCritic {
     }
 
     /// A recurrent body's core and the [`ActorCritic::twin_layout`] of the twin MLP after it, for the fused CPU
-    /// step; `None` for the other bodies.
+    /// step; `None` for the other bodies (and a recurrent body with a CNN torso, which trains on libtorch).
     #[allow(clippy::type_complexity)]
     pub(crate) fn recurrent_twin_layout(
         &self,
     ) -> Option<(&RecurrentCore, (&[usize], crate::nn::nets::Activation, [i64; 2], Option<usize>))> {
         match &self.body {
-            Body::Recurrent(core, twin) => {
+            Body::Recurrent { torso: None, core, twin } => {
                 let (layers, activation, outputs) = twin.layout();
                 Some((core, (layers, activation, outputs, self.log_std)))
             }
@@ -366,8 +392,8 @@ impl ActorCritic {
     /// How this network takes observations (for a batch-assembly thread).
     pub fn obs_layout(&self) -> crate::nn::nets::ObsLayout {
         let image = match &self.body {
-            Body::Mlp(_) | Body::Recurrent(..) => None,
-            Body::Cnn(cnn) => Some(cnn.shape()),
+            Body::Mlp(_) | Body::Recurrent { torso: None, .. } => None,
+            Body::Cnn(cnn) | Body::Recurrent { torso: Some(cnn), .. } => Some(cnn.shape()),
         };
         crate::nn::nets::ObsLayout { obs_dim: self.obs_dim, image, device: self.device }
     }
@@ -409,7 +435,7 @@ impl ActorCritic {
                 let n = out.size()[1] - 1;
                 (out.narrow(1, 0, n), out.narrow(1, n, 1).squeeze_dim(1))
             }
-            Body::Recurrent(core, _) => {
+            Body::Recurrent { core, .. } => {
                 // An episode's first step: from zero state.
                 let state = Tensor::zeros([obs.size()[0], core.state_dim() as i64], (Kind::Float, self.device));
                 let (head, values, _) = self.forward_with_state(obs, &state);
@@ -421,7 +447,7 @@ impl ActorCritic {
     /// Floats of recurrent state per env (0: feed-forward).
     pub fn state_dim(&self) -> usize {
         match &self.body {
-            Body::Recurrent(core, _) => core.state_dim(),
+            Body::Recurrent { core, .. } => core.state_dim(),
             _ => 0,
         }
     }
@@ -430,8 +456,9 @@ impl ActorCritic {
     /// head, values `[B]` and the new state. (A feed-forward network ignores the state and returns it.)
     pub fn forward_with_state(&self, obs: &Tensor, state: &Tensor) -> (Tensor, Tensor, Tensor) {
         match &self.body {
-            Body::Recurrent(core, twin) => {
-                let (h, next) = core.step(&self.params, obs, state);
+            Body::Recurrent { torso, core, twin } => {
+                let x = torso.as_ref().map(|cnn| cnn.forward(&self.params, obs));
+                let (h, next) = core.step(&self.params, x.as_ref().unwrap_or(obs), state);
                 let (head, value) = twin.forward(&self.params, &h);
                 (head, value.squeeze_dim(1), next)
             }
@@ -447,12 +474,13 @@ impl ActorCritic {
     /// the first step `[B, S]` → policy heads `[T · B, …]`, values `[T · B]` and the state after each step
     /// `[T, B, S]`. Step for step the arithmetic of [`ActorCritic::forward_with_state`].
     pub fn forward_sequence(&self, obs: &Tensor, starts: &Tensor, state: &Tensor) -> (Tensor, Tensor, Tensor) {
-        let Body::Recurrent(core, twin) = &self.body else {
+        let Body::Recurrent { torso, core, twin } = &self.body else {
             let (head, values) = self.forward(obs);
             return (head, values, state.shallow_clone());
         };
         let (t, b) = (starts.size()[0], starts.size()[1]);
-        let (h, states) = core.sequence(&self.params, &obs.view([t, b, -1]), starts, state);
+        let x = torso.as_ref().map(|cnn| cnn.forward(&self.params, obs));
+        let (h, states) = core.sequence(&self.params, &x.as_ref().unwrap_or(obs).view([t, b, -1]), starts, state);
         let (head, value) = twin.forward(&self.params, &h.view([t * b, -1]));
         (head, value.squeeze_dim(1), states)
     }

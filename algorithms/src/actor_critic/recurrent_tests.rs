@@ -160,3 +160,74 @@ fn chunks_with_a_bad_initial_state_are_refused_and_the_agent_keeps_going() {
     let e = agent.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap_err().to_string();
     assert!(e.contains("act_with_state"), "{e}");
 }
+
+/// A Nature-CNN torso before the LSTM (frames, CleanRL's `ppo_atari_lstm`): the learner's sequence forward from
+/// the rollout's initial states gives the log-probabilities and values the actors computed step by step on the
+/// same frames, with the state zeroed where an episode ended; the exported layout lists the torso first.
+#[test]
+fn a_cnn_torso_before_the_lstm_keeps_the_actors_and_the_learner_equal() {
+    const SIDE: usize = 36;
+    let frames = Space::Box {
+        low: vec![0.0; SIDE * SIDE],
+        high: vec![255.0; SIDE * SIDE],
+        shape: vec![1, SIDE, SIDE],
+        dtype: flotilla_core::DType::U8,
+    };
+    let config = PpoConfig {
+        recurrent: Recurrence::Lstm,
+        recurrent_hidden: 16,
+        hidden_sizes: vec![],
+        n_steps: T,
+        batch_size: 2 * T,
+        ..PpoConfig::default()
+    };
+    let mut agent = Ppo::new(&frames, &Space::discrete(3), E, config.clone(), Device::Cpu, 2).unwrap();
+    assert!(agent.pi.net.obs_layout().image.is_some(), "frames go to the CNN");
+    let mut memory = Memory::new(&agent, E);
+    assert_eq!(memory.dim(), 32);
+    let mut rng = Pcg64::seed_from_u64(4);
+    let mut draw = || -> Vec<u8> { (0..E * SIDE * SIDE).map(|_| rng.random_range(0..=255u8)).collect() };
+    let mut out = ActOutput::default();
+    let mut obs = draw();
+    for _ in 0..2 {
+        memory.act(&mut agent, ObsRef::U8(&obs), ActMode::Explore, &mut out).unwrap();
+        obs = draw();
+    }
+    for t in 0..T {
+        memory.act(&mut agent, ObsRef::U8(&obs), ActMode::Explore, &mut out).unwrap();
+        let next = draw();
+        let terminated: Vec<bool> = (0..E).map(|e| (t + e) % 4 == 2).collect();
+        let mut chunk = Chunk::from_step(
+            ObsRef::U8(&obs),
+            &out.actions,
+            &out.log_probs,
+            &out.values,
+            &[1.0; E],
+            &terminated,
+            &[false; E],
+            ObsRef::U8(&next),
+        );
+        chunk.initial_state = memory.initial_state().to_vec();
+        agent.observe(&[chunk]).unwrap();
+        memory.end_episodes(&terminated, &[false; E]);
+        obs = next;
+    }
+    let rollout = agent.finish_rollout().unwrap().expect("a full rollout");
+    assert!(rollout.episode_starts().iter().any(|&s| s == 1.0) && rollout.initial_state.iter().any(|&x| x != 0.0));
+    let x = agent.pi.net.rollout_obs(&rollout).unwrap();
+    let (log_probs, values, _) = agent.pi.net.sequence_eval(&rollout, &x).unwrap();
+    for (what, got, want) in [("log-probs", &log_probs, &rollout.log_probs), ("values", &values, &rollout.values)] {
+        for (i, (a, b)) in got.iter().zip(want.iter()).enumerate() {
+            assert!((a - b).abs() < 1e-4, "{what}[{i}]: learner {a}, actor {b}");
+        }
+    }
+    agent.update_from(&rollout, 1.0).unwrap();
+    // The exported layout: the torso's tensors, then the core's, then the heads'.
+    let arch = config.net().architecture("ppo", &frames, &Space::discrete(3)).unwrap();
+    let names: Vec<String> = arch.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(&names[..2], ["cnn.conv1.weight", "cnn.conv1.bias"]);
+    assert!(names.iter().position(|n| n == "cnn.fc.bias") < names.iter().position(|n| n == "core.weight_ih_l0"));
+    assert!(!names.iter().any(|n| n.starts_with("cnn.out")), "no CNN output layer: {names:?}");
+    let core = arch.recurrent.unwrap();
+    assert_eq!((core.inputs, core.torso), (512, Some([1, SIDE, SIDE])));
+}

@@ -359,8 +359,11 @@ fn channels_last(t: &Tensor) -> Tensor {
 /// the output layer's column groups get their own gains (0.01 for policy logits, 1 for the value).
 #[derive(Debug, Clone)]
 pub struct NatureCnn {
-    /// Index in the parameter buffer of each conv weight (its bias follows), then the fc and output weights.
-    layers: [usize; 5],
+    /// Index in the parameter buffer of each conv weight (its bias follows), then the fc weight.
+    layers: [usize; 4],
+    /// Index of the output layer's weight; `None`: a torso that ends at the fc layer's ReLU (its 512 features
+    /// feed a recurrent core).
+    out: Option<usize>,
     /// Observation shape `[C, H, W]`.
     shape: [i64; 3],
     options: CnnOptions,
@@ -380,7 +383,8 @@ impl NatureCnn {
 
     /// Initial parameters for observations of `shape` (`[C, H, W]`, at least 36×36), named `{prefix}.conv1.weight`,
     /// …, `{prefix}.fc.*`, `{prefix}.out.*`, to place in a buffer at index `first_index` onwards. The output
-    /// layer is the column groups `out_groups` (`(units, gain)` each) side by side.
+    /// layer is the column groups `out_groups` (`(units, gain)` each) side by side; with no groups there is no
+    /// output layer (a torso: [`NatureCnn::forward`] gives the fc layer's 512 features).
     pub fn init(
         prefix: &str,
         shape: &[usize],
@@ -407,13 +411,18 @@ impl NatureCnn {
         named
             .push((format!("{prefix}.fc.weight"), orthogonal(Self::FEATURES, flat, gain).transpose(0, 1).contiguous()));
         named.push((format!("{prefix}.fc.bias"), zeros(Self::FEATURES)));
-        let groups: Vec<Tensor> =
-            out_groups.iter().map(|&(units, gain)| orthogonal(units, Self::FEATURES, gain).transpose(0, 1)).collect();
-        let outputs: i64 = out_groups.iter().map(|g| g.0).sum();
-        named.push((format!("{prefix}.out.weight"), Tensor::cat(&groups, 1).contiguous()));
-        named.push((format!("{prefix}.out.bias"), zeros(outputs)));
-        let layers = [0, 2, 4, 6, 8].map(|i| first_index + i);
-        Some((NatureCnn { layers, shape: [c, h, w], options: CnnOptions::default() }, named))
+        let out = (!out_groups.is_empty()).then(|| {
+            let groups: Vec<Tensor> = out_groups
+                .iter()
+                .map(|&(units, gain)| orthogonal(units, Self::FEATURES, gain).transpose(0, 1))
+                .collect();
+            let outputs: i64 = out_groups.iter().map(|g| g.0).sum();
+            named.push((format!("{prefix}.out.weight"), Tensor::cat(&groups, 1).contiguous()));
+            named.push((format!("{prefix}.out.bias"), zeros(outputs)));
+            first_index + 8
+        });
+        let layers = [0, 2, 4, 6].map(|i| first_index + i);
+        Some((NatureCnn { layers, out, shape: [c, h, w], options: CnnOptions::default() }, named))
     }
 
     /// The same network computing as `options` say.
@@ -426,7 +435,8 @@ impl NatureCnn {
         self.shape
     }
 
-    /// The output layer on frames `[B, C, H, W]` (u8 or float 0–255): `[B, outputs]`.
+    /// The output layer on frames `[B, C, H, W]` (u8 or float 0–255): `[B, outputs]` (a torso's `[B, 512]`
+    /// features).
     pub fn forward(&self, params: &crate::nn::params::FlatParams, frames: &Tensor) -> Tensor {
         let CnnOptions { channels_last: nhwc, bf16 } = self.options;
         let kind = if bf16 { tch::Kind::BFloat16 } else { tch::Kind::Float };
@@ -443,8 +453,10 @@ impl NatureCnn {
         // `flatten` orders features as C, H, W whatever the memory format, so the fc weights fit both.
         let fc = self.layers[3];
         let h = cast(params.view(fc + 1)).addmm(&h.flatten(1, -1), &cast(params.view(fc))).relu();
-        let out = self.layers[4];
-        let y = cast(params.view(out + 1)).addmm(&h, &cast(params.view(out)));
+        let y = match self.out {
+            Some(out) => cast(params.view(out + 1)).addmm(&h, &cast(params.view(out))),
+            None => h,
+        };
         if bf16 { y.to_kind(tch::Kind::Float) } else { y }
     }
 }

@@ -670,10 +670,14 @@ impl Bench {
         for &seed in &seeds {
             let o = [&overrides[..], &[format!("run.seed={seed}")]].concat();
             let run = self.flotilla(&format!("ppo-lstm-{seed}"), "0", &text, &o)?;
+            let libtorch = [&o[..], &["algorithm.fused_cpu=false".to_string()]].concat();
+            let torch_run = self.flotilla(&format!("ppo-lstm-torch-{seed}"), "0", &text, &libtorch)?;
             let sb3 = self.sb3("ppo_lstm", &[seed], 1, steps, "0", 1)?;
-            let m = &run.members[0];
-            let vs = sb3.as_ref().map_or("—".to_string(), |s| format!("{:.3}×", m.train_secs / s.train_secs));
-            println!("| Flotilla (LSTM, libtorch) | {seed} | {:.1} | {:.1} | {vs} |", m.train_secs, m.final_return);
+            for (label, run) in [("fused CPU step", &run), ("libtorch step", &torch_run)] {
+                let m = &run.members[0];
+                let vs = sb3.as_ref().map_or("—".to_string(), |s| format!("{:.3}×", m.train_secs / s.train_secs));
+                println!("| Flotilla (LSTM, {label}) | {seed} | {:.1} | {:.1} | {vs} |", m.train_secs, m.final_return);
+            }
             match &sb3 {
                 None => println!("| SB3-contrib | {seed} | not installed: bash scripts/setup_peers.sh --sb3 | | |"),
                 Some(s) => println!(
@@ -684,7 +688,9 @@ impl Bench {
         }
         println!(
             "\nTrain s: Flotilla's collection and updates (evaluation excluded), SB3-contrib's env and model \
-             construction and `learn()`. Both normalise observations (VecNormalize / `[normalize] obs`).\n"
+             construction and `learn()`. Both normalise observations (VecNormalize / `[normalize] obs`). Flotilla: \
+             one LSTM of the example's width shared by policy and value; SB3-contrib (RL Zoo): an LSTM of 64 \
+             for each (`enable_critic_lstm`).\n"
         );
         Ok(())
     }
