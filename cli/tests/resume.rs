@@ -55,6 +55,21 @@ fn ppo_on_pong_resumes_exactly_by_replaying_the_envs() {
     assert!(resumed.contains("replayed 1000 env steps"), "{resumed}");
 }
 
+/// The same with a CNN torso before an LSTM (`pong_ppo_lstm.toml`): the replayed envs and the checkpointed
+/// recurrent states (each env's, and the partial rollout's initial ones) continue the run bit for bit.
+#[test]
+fn recurrent_ppo_on_pong_resumes_exactly_by_replaying_the_envs() {
+    let sets = [
+        "run.total_env_steps=2048",
+        "eval.interval_steps=100000",
+        "eval.episodes=1",
+        "metrics.log_interval_steps=512",
+        "run.torch_threads=1",
+    ];
+    let resumed = check_resume("ppo-lstm-pong", "pong_ppo_lstm.toml", &sets, 1000);
+    assert!(resumed.contains("replayed 1000 env steps"), "{resumed}");
+}
+
 #[test]
 fn ppo_resumes_exactly_mid_rollout() {
     let _ = check_resume("ppo", "cartpole_ppo.toml", &["run.total_env_steps=2048", "eval.interval_steps=1024"], 1000);
