@@ -346,6 +346,10 @@ impl Policy for Normalized {
         self.inner.state_dim()
     }
 
+    fn state_bounded(&self) -> usize {
+        self.inner.state_bounded()
+    }
+
     fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
         if self.mirror.is_none() {
             return self.inner.act_with_state(obs, state, mode, out);
@@ -488,6 +492,10 @@ impl Policy for NormalizedPolicy {
 
     fn state_dim(&self) -> usize {
         self.inner.state_dim()
+    }
+
+    fn state_bounded(&self) -> usize {
+        self.inner.state_bounded()
     }
 
     fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {

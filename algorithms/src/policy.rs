@@ -49,6 +49,12 @@ pub trait Policy {
     fn state_dim(&self) -> usize {
         0
     }
+    /// Of each row's state, how many leading floats always lie in `[−1, 1]` (an LSTM's or a GRU's `h`; an
+    /// LSTM's cell state after them is only finite): the learner refuses chunks whose initial state leaves
+    /// that range. 0 for feed-forward policies.
+    fn state_bounded(&self) -> usize {
+        0
+    }
     /// Act from each row's recurrent `state` (`rows × state_dim`: the state before this step, zeros where an
     /// episode starts), overwriting it with the state after. A feed-forward policy takes an empty `state`.
     fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {

@@ -102,6 +102,9 @@ pub struct ChunkSpec {
     pub needs_behaviour: bool,
     /// Floats of recurrent state per env each chunk carries (`initial_state`); 0 for feed-forward policies.
     pub state_dim: usize,
+    /// Of each env's state, the leading floats that must lie in `[−1, 1]` (a recurrent core's `h`; the
+    /// LSTM's cell state after them need only be finite).
+    pub state_bounded: usize,
     /// Tasks of a multi-task run (`[[tasks]]`; 0 without): every finished episode names one below this, and
     /// without tasks none names one.
     pub n_tasks: usize,
@@ -245,6 +248,17 @@ impl Chunk {
         ] {
             if let Some(i) = v.iter().position(|x| !x.is_finite()) {
                 return Err(format!("{what}[{i}] is {}, must be finite", v[i]));
+            }
+        }
+        if spec.state_bounded > 0 {
+            for (env, row) in self.initial_state.chunks_exact(spec.state_dim).enumerate() {
+                if let Some(k) = row[..spec.state_bounded.min(spec.state_dim)].iter().position(|x| x.abs() > 1.0) {
+                    return Err(format!(
+                        "initial recurrent state[{}] is {}, outside [-1, 1] (env {env}'s hidden state h, element {k})",
+                        env * spec.state_dim + k,
+                        row[k]
+                    ));
+                }
             }
         }
         // No allocation on this path: every chunk a learner ingests passes here.
@@ -495,6 +509,7 @@ mod tests {
             needs_behaviour: true,
             n_tasks: 0,
             state_dim: 0,
+            state_bounded: 0,
         };
         (c, spec)
     }
@@ -590,7 +605,18 @@ mod tests {
         assert!(c.validate(&spec).unwrap_err().contains("initial recurrent state has 5 values, expected 6"));
         c.initial_state = vec![0.1, 0.2, f32::NAN, 0.0, 0.0, 0.0];
         assert!(c.validate(&spec).unwrap_err().contains("initial recurrent state[2] is NaN, must be finite"));
+        // The leading `state_bounded` floats of each env's row (h) lie in [−1, 1]; the rest (c) need not.
+        spec.state_bounded = 2;
+        c.initial_state = vec![0.5, -1.0, 7.0, 1.0, 0.0, -9.0];
+        c.validate(&spec).unwrap();
+        c.initial_state[4] = -1.5;
+        assert!(
+            c.validate(&spec).unwrap_err().contains("initial recurrent state[4] is -1.5, outside [-1, 1] (env 1"),
+            "{}",
+            c.validate(&spec).unwrap_err()
+        );
         spec.state_dim = 0;
+        spec.state_bounded = 0;
         c.initial_state = vec![0.0; 6];
         assert!(c.validate(&spec).unwrap_err().contains("initial recurrent state has 6 values, expected 0"));
     }

@@ -147,6 +147,7 @@ impl DistributedLearner {
                 n_steps: plan.chunk_steps,
                 needs_behaviour: plan.family == Family::OnPolicy,
                 state_dim: agent.state_dim(),
+                state_bounded: agent.state_bounded(),
                 n_tasks: config.env.tasks.len(),
             },
             family: plan.family,

@@ -543,6 +543,7 @@ mod tests {
                 needs_behaviour: true,
                 n_tasks: 0,
                 state_dim: 0,
+                state_bounded: 0,
             },
             family: Family::OnPolicy,
             n_actors: 2,

@@ -90,6 +90,7 @@ fn u8_frames_survive_vec_env_chunk_grpc_and_replay_unchanged() {
             needs_behaviour: false,
             n_tasks: 0,
             state_dim: 0,
+            state_bounded: 0,
         },
         family: Family::OffPolicy,
         n_actors: 1,

@@ -93,9 +93,10 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
     }
 
     /// A recurrent agent's check of the chunks it is handed: each carries a finite initial state of the
-    /// network's size for each of its envs (the hub checks actors' chunks on arrival too).
+    /// network's size for each of its envs, its `h` part within `[−1, 1]` (the hub checks actors' chunks on
+    /// arrival too).
     fn check_initial_states(&self, chunks: &[Chunk]) -> Result<()> {
-        let s = self.pi.net.state_dim();
+        let (s, bounded) = (self.pi.net.state_dim(), self.pi.state_bounded());
         for c in chunks {
             if c.initial_state.len() != c.n_envs * s {
                 let what = "chunk initial recurrent state (recurrent policies send it with every chunk)".into();
@@ -106,6 +107,15 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
                     "chunk initial recurrent state [{i}] is {}, must be finite",
                     c.initial_state[i]
                 )));
+            }
+            for (env, row) in c.initial_state.chunks_exact(s.max(1)).enumerate() {
+                if let Some(k) = row[..bounded].iter().position(|x| x.abs() > 1.0) {
+                    return Err(crate::Error::Unsupported(format!(
+                        "chunk initial recurrent state [{}] is {}, outside [-1, 1] (env {env}'s hidden state h)",
+                        env * s + k,
+                        row[k]
+                    )));
+                }
             }
         }
         Ok(())
@@ -133,6 +143,10 @@ impl<K: OnPolicyKind> Policy for OnPolicyAgent<K> {
 
     fn state_dim(&self) -> usize {
         self.pi.state_dim()
+    }
+
+    fn state_bounded(&self) -> usize {
+        self.pi.state_bounded()
     }
 
     fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {

@@ -798,6 +798,13 @@ impl Policy for ActorCriticPolicy {
         self.net.state_dim()
     }
 
+    fn state_bounded(&self) -> usize {
+        match &self.net.body {
+            Body::Recurrent { core, .. } => core.hidden() as usize,
+            _ => 0,
+        }
+    }
+
     fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
         let deterministic = mode == ActMode::Deterministic;
         self.net.act_with_state(obs, state, deterministic, &mut self.rng, &mut self.scratch, out)

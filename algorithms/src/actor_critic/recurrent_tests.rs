@@ -151,7 +151,18 @@ fn chunks_with_a_bad_initial_state_are_refused_and_the_agent_keeps_going() {
     none.initial_state.clear();
     let mut nan = good.clone();
     nan.initial_state[3] = f32::NAN;
-    for (bad, what) in [(short, "initial recurrent state"), (none, "initial recurrent state"), (nan, "is NaN")] {
+    // h (the first 8 of each env's 16 floats) lies in [−1, 1]; the cell state after it need not.
+    let mut big_h = good.clone();
+    big_h.initial_state[16 + 2] = 1.5;
+    let mut big_c = good.clone();
+    big_c.initial_state[16 + 10] = 3.0;
+    agent.observe(&[big_c]).unwrap();
+    for (bad, what) in [
+        (short, "initial recurrent state"),
+        (none, "initial recurrent state"),
+        (nan, "is NaN"),
+        (big_h, "[18] is 1.5, outside [-1, 1] (env 1's hidden state h)"),
+    ] {
         let e = agent.observe(&[bad]).unwrap_err().to_string();
         assert!(e.contains(what), "{e}");
     }

@@ -49,6 +49,7 @@ pub(crate) fn cartpole_hub(n_actors: usize, params: Vec<f32>) -> BenchResult<(Ar
             needs_behaviour: true,
             n_tasks: 0,
             state_dim: 0,
+            state_bounded: 0,
         },
         family: Family::OnPolicy,
         n_actors,
