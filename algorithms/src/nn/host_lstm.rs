@@ -8,6 +8,7 @@
 //! [`crate::nn::recurrent::RecurrentCore::sequence`] computes it; the two agree to float rounding (tests here,
 //! and the PPO/A2C fused-vs-libtorch tests with a recurrent policy).
 use crate::nn::host_train::{gemm, tanh_in_place};
+use crate::nn::lanes::{Lanes, lanes};
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::{Recurrence, RecurrentCore};
 
@@ -39,6 +40,8 @@ pub(crate) struct LstmTape {
     tanh_c: Vec<f32>,
     /// `1 − start` per row: 0 where the state was zeroed before the step.
     keep: Vec<f32>,
+    /// `weight_hhᵀ` `[H, 4H]`, for the step's `h W_hhᵀ` without packing.
+    w_hh_t: Vec<f32>,
     /// `∂loss/∂(gate pre-activations)`, `T·B × 4H`.
     d_gates: Vec<f32>,
     /// The gradient flowing back into the state before a step, `B × H` each.
@@ -88,6 +91,12 @@ impl HostLstm {
         gemm(rows, i_dim, g_dim, x, (i_dim, 1), w_ih, (1, i_dim), 1.0, &mut tape.gates);
         tape.keep.clear();
         tape.keep.extend(starts.iter().map(|s| 1.0 - s));
+        tape.w_hh_t.resize(g_dim * h_dim, 0.0);
+        for (n, row) in w_hh.chunks_exact(h_dim).enumerate() {
+            for (k, &v) in row.iter().enumerate() {
+                tape.w_hh_t[k * g_dim + n] = v;
+            }
+        }
         for v in [&mut tape.h_prev, &mut tape.c_prev, &mut tape.c, &mut tape.tanh_c, &mut tape.out] {
             v.clear();
             v.resize(rows * h_dim, 0.0);
@@ -111,22 +120,19 @@ impl HostLstm {
                 }
             }
             let gates = &mut tape.gates[t * b * g_dim..(t + 1) * b * g_dim];
-            gemm(b, h_dim, g_dim, &tape.h_prev[span.clone()], (h_dim, 1), w_hh, (1, h_dim), 1.0, gates);
-            // σ(x) = ½ + ½ tanh(x/2), so one vectorised tanh serves all four gates.
+            small_gemm(b, h_dim, g_dim, &tape.h_prev[span.clone()], &tape.w_hh_t, gates, true);
+            // σ(x) = ½ + ½ tanh(x/2), so one vectorised tanh serves all four gates (i, f, o halved; g not).
+            let sigmoid_parts = |row: &mut [f32], f: fn(&mut f32)| {
+                let (ifg, o) = row.split_at_mut(3 * h_dim);
+                ifg[..2 * h_dim].iter_mut().for_each(f);
+                o.iter_mut().for_each(f);
+            };
             for row in gates.chunks_exact_mut(g_dim) {
-                for (k, v) in row.iter_mut().enumerate() {
-                    if k / h_dim != 2 {
-                        *v *= 0.5;
-                    }
-                }
+                sigmoid_parts(row, |v| *v *= 0.5);
             }
             tanh_in_place(gates);
             for row in gates.chunks_exact_mut(g_dim) {
-                for (k, v) in row.iter_mut().enumerate() {
-                    if k / h_dim != 2 {
-                        *v = 0.5 + 0.5 * *v;
-                    }
-                }
+                sigmoid_parts(row, |v| *v = 0.5 + 0.5 * *v);
             }
             for r in 0..b {
                 let g = &gates[r * g_dim..(r + 1) * g_dim];
@@ -187,7 +193,7 @@ impl HostLstm {
             }
             // Into h before the step: δ_gates · W_hh, nothing where the state was zeroed.
             let dg = &d_gates[t * b * g_dim..(t + 1) * b * g_dim];
-            gemm(b, g_dim, h_dim, dg, (g_dim, 1), w_hh, (h_dim, 1), 0.0, d_h);
+            small_gemm(b, g_dim, h_dim, dg, w_hh, d_h, false);
             for (r, row) in d_h.chunks_exact_mut(h_dim).enumerate() {
                 let keep = keep[t * b + r];
                 row.iter_mut().for_each(|v| *v *= keep);
@@ -225,10 +231,107 @@ impl HostLstm {
     }
 }
 
+/// `c` (`m × n`) `= a · b` (`accumulate`: `c + a · b`) for a small `m` (a recurrent step's batch of envs), all
+/// row-major: each row of `b` is read once per block of four rows of `a` and added, scaled, into their rows of
+/// `c` — no packing, which `sgemm` would redo for the same weights at every step. Elementwise in a fixed order,
+/// so every vector width gives the same floats.
+#[allow(clippy::too_many_arguments)]
+fn small_gemm(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], accumulate: bool) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n, "small_gemm: operand too short");
+    match lanes().unwrap_or_else(|e| panic!("{e}")) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX-512 only where the CPU has AVX-512F.
+        Lanes::Avx512 => unsafe { small_gemm_avx512(m, k, n, a, b, c, accumulate) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX2 only where the CPU has it.
+        Lanes::Avx2 => unsafe { small_gemm_avx2(m, k, n, a, b, c, accumulate) },
+        _ => small_gemm_body(m, k, n, a, b, c, accumulate),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn small_gemm_avx512(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], accumulate: bool) {
+    small_gemm_body(m, k, n, a, b, c, accumulate)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn small_gemm_avx2(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], accumulate: bool) {
+    small_gemm_body(m, k, n, a, b, c, accumulate)
+}
+
+/// Columns of `c` [`small_gemm`] keeps in registers at once (two AVX-512 vectors per row).
+const TILE: usize = 32;
+
+/// [`small_gemm`]'s loops, inlined into each width's compilation.
+#[inline(always)]
+fn small_gemm_body(m: usize, k: usize, n: usize, a: &[f32], b: &[f32], c: &mut [f32], accumulate: bool) {
+    let c = &mut c[..m * n];
+    if !accumulate {
+        c.fill(0.0);
+    }
+    for (block, c_rows) in c.chunks_mut(4 * n).enumerate() {
+        let r0 = block * 4;
+        if c_rows.len() == 4 * n && n.is_multiple_of(TILE) {
+            // A 4 × TILE block of `c` stays in registers while the k rows of `b` stream past it.
+            let a_rows: [&[f32]; 4] = [0, 1, 2, 3].map(|r| &a[(r0 + r) * k..(r0 + r + 1) * k]);
+            for j0 in (0..n).step_by(TILE) {
+                let mut acc = [[0f32; TILE]; 4];
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    acc.copy_from_slice(&c_rows[r * n + j0..r * n + j0 + TILE]);
+                }
+                for kk in 0..k {
+                    let w: &[f32; TILE] = b[kk * n + j0..kk * n + j0 + TILE].try_into().expect("a tile");
+                    for (acc, a_row) in acc.iter_mut().zip(&a_rows) {
+                        let s = a_row[kk];
+                        for (x, &wj) in acc.iter_mut().zip(w) {
+                            *x += s * wj;
+                        }
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate() {
+                    c_rows[r * n + j0..r * n + j0 + TILE].copy_from_slice(acc);
+                }
+            }
+        } else {
+            for (r, row) in c_rows.chunks_exact_mut(n).enumerate() {
+                for (kk, w) in b.chunks_exact(n).take(k).enumerate() {
+                    let s = a[(r0 + r) * k + kk];
+                    row.iter_mut().zip(w).for_each(|(x, &wj)| *x += s * wj);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tch::{Device, Kind, Tensor};
+
+    /// The small-batch product equals a plain triple loop, with and without accumulating, for batches that fill
+    /// the 4-row blocks and ones that do not.
+    #[test]
+    fn small_gemm_is_a_matrix_product() {
+        for (m, n) in [(1usize, 7usize), (3, 7), (4, 7), (4, 64), (6, 32), (9, 96)] {
+            let k = 5;
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.25).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 13) as f32 - 6.0) * 0.5).collect();
+            let c0: Vec<f32> = (0..m * n).map(|i| i as f32 * 0.1).collect();
+            for accumulate in [false, true] {
+                let mut c = c0.clone();
+                small_gemm(m, k, n, &a, &b, &mut c, accumulate);
+                for r in 0..m {
+                    for j in 0..n {
+                        let dot: f32 = (0..k).map(|q| a[r * k + q] * b[q * n + j]).sum();
+                        let want = if accumulate { c0[r * n + j] + dot } else { dot };
+                        assert!((c[r * n + j] - want).abs() < 1e-4, "m {m} ({r}, {j}): {} vs {want}", c[r * n + j]);
+                    }
+                }
+            }
+        }
+    }
 
     /// The host forward equals the libtorch core's sequence (episode starts inside it, a non-zero initial
     /// state), and its backward equals autograd's gradient of `Σ up ⊙ h` for every parameter.
