@@ -270,9 +270,9 @@ mod tests {
         let mut a2c = crate::a2c::A2c::new(&obs_space, &act_space, e, a2c_config.clone(), Device::Cpu, 1).unwrap();
         a2c.transfer("test", &[], &[], frozen).unwrap();
         let mut collector = crate::data::rollout::RolloutCollector::new(e, t, 4, 1);
-        collector.push_chunks(std::slice::from_ref(&chunk), |o| a2c.values(o)).unwrap();
+        collector.push_chunks(std::slice::from_ref(&chunk), |o: ObsRef<'_>| a2c.values(o)).unwrap();
         let (gamma, lambda) = (a2c_config.gamma as f32, a2c_config.gae_lambda as f32);
-        let rollout = collector.finish(|o| a2c.values(o), gamma, lambda).unwrap().unwrap();
+        let rollout = collector.finish(|o: ObsRef<'_>| a2c.values(o), gamma, lambda).unwrap().unwrap();
         let (want, _) = a2c.compute_gradients(&rollout).unwrap();
         let want = Vec::<f32>::try_from(want.view([-1])).unwrap();
         assert_eq!(grad.len(), want.len());

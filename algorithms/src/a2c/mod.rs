@@ -872,12 +872,10 @@ impl GradientWorker for A3cWorker {
 
     fn gradient(&mut self, chunk: &Chunk) -> Result<(Vec<f32>, Metrics)> {
         let net = &mut self.policy.net;
-        self.collector.push_chunks(std::slice::from_ref(chunk), |obs| net.values(obs))?;
+        self.collector.push_chunks(std::slice::from_ref(chunk), |obs: ObsRef<'_>| net.values(obs))?;
         let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        let rollout = self.collector.finish(|obs| net.values(obs), gamma, lambda)?.ok_or_else(|| Error::BadLength {
-            what: "A3C chunk steps".into(),
-            got: chunk.n_steps,
-            expected: self.config.n_steps,
+        let rollout = self.collector.finish(|obs: ObsRef<'_>| net.values(obs), gamma, lambda)?.ok_or_else(|| {
+            Error::BadLength { what: "A3C chunk steps".into(), got: chunk.n_steps, expected: self.config.n_steps }
         })?;
         let batch = check_rollout(net, &rollout)
             .and_then(|_| Batch::new(&[&*net], &[&rollout], gamma, self.config.vtrace.as_ref()));

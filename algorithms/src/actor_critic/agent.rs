@@ -4,11 +4,12 @@
 //! ([`OnPolicyKind`]: `ppo::PpoKind`, `a2c::A2cKind`).
 use flotilla_core::{Chunk, ObsRef};
 
+use crate::actor_critic::ActorCritic;
 use crate::actor_critic::ActorCriticPolicy;
 use crate::actor_critic::host::ActorCriticHost;
 use crate::algorithm::{Algorithm, OnPolicy, ParameterServer, Replicated};
 use crate::checkpoint::Checkpoint;
-use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout};
+use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout, Sequences};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
@@ -85,11 +86,9 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
         let (gamma, lambda) = K::gamma_lambda(&self.config);
         let net = &self.pi.net;
         if net.state_dim() > 0 {
-            // Next-state values from the states the rollout's sequences reach.
-            let next_values = |r: &Rollout| Ok(net.sequence_eval(r, &net.rollout_obs(r)?)?.2);
-            return self.collector.finish_recurrent(next_values, gamma, lambda);
+            return self.collector.finish(sequence_values(net), gamma, lambda);
         }
-        self.collector.finish(|obs| net.values(obs), gamma, lambda)
+        self.collector.finish(|obs: ObsRef<'_>| net.values(obs), gamma, lambda)
     }
 
     /// A recurrent agent's check of the chunks it is handed: each carries a finite initial state of the
@@ -176,11 +175,12 @@ impl<K: OnPolicyKind> Algorithm for OnPolicyAgent<K> {
     }
 
     fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
-        if self.pi.net.state_dim() > 0 {
+        let net = &self.pi.net;
+        if net.state_dim() > 0 {
             self.check_initial_states(chunks)?;
-            return self.collector.push_chunks_unbootstrapped(chunks);
+            return self.collector.push_chunks(chunks, sequence_values(net));
         }
-        self.collector.push_chunks(chunks, |obs| self.pi.net.values(obs))
+        self.collector.push_chunks(chunks, |obs: ObsRef<'_>| net.values(obs))
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
@@ -231,9 +231,9 @@ impl<K: OnPolicyKind> OnPolicy for OnPolicyAgent<K> {
                 let what = "stacked rollout's initial recurrent state (finite)".into();
                 return Err(crate::Error::BadLength { what, got: rollout.initial_state.len(), expected: s });
             }
-            return self.collector.push_stacked_unbootstrapped(rollout);
+            return self.collector.push_stacked(rollout, sequence_values(&self.pi.net));
         }
-        self.collector.push_stacked(rollout, |obs| self.pi.net.values(obs))
+        self.collector.push_stacked(rollout, |obs: ObsRef<'_>| self.pi.net.values(obs))
     }
 }
 
@@ -313,3 +313,9 @@ macro_rules! on_policy_kind {
     };
 }
 pub(crate) use on_policy_kind;
+
+/// A recurrent network's next-state values: its sequences re-run from the rollout's initial states
+/// ([`ActorCritic::sequence_eval`]), so truncated episodes and the bootstrap are valued from the states reached.
+fn sequence_values(net: &ActorCritic) -> Sequences<impl FnMut(&Rollout) -> Result<Vec<f32>> + '_> {
+    Sequences(move |r: &Rollout| Ok(net.sequence_eval(r, &net.rollout_obs(r)?)?.2))
+}

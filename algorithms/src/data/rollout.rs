@@ -485,6 +485,41 @@ impl Rollout {
     }
 }
 
+/// Where a [`RolloutCollector`] takes the values of next states from: `V` of observation rows (any
+/// `FnMut(ObsRef) -> Result<Vec<f32>>`, a feed-forward policy's: truncated episodes' final observations as chunks
+/// arrive, the bootstrap observations when the rollout is full), or, for a recurrent policy whose values depend
+/// on the states its sequences reach, every next-state value of the full rollout at once ([`Sequences`]).
+pub trait NextValues {
+    /// `V` of observation rows; `None` for a source that values whole sequences.
+    fn of_rows(&mut self) -> Option<&mut dyn FnMut(ObsRef<'_>) -> Result<Vec<f32>>>;
+    /// Every next-state value of a full rollout; `None` for a source that values observation rows.
+    fn of_rollout(&mut self, rollout: &Rollout) -> Option<Result<Vec<f32>>>;
+}
+
+impl<F: FnMut(ObsRef<'_>) -> Result<Vec<f32>>> NextValues for F {
+    fn of_rows(&mut self) -> Option<&mut dyn FnMut(ObsRef<'_>) -> Result<Vec<f32>>> {
+        Some(self)
+    }
+
+    fn of_rollout(&mut self, _: &Rollout) -> Option<Result<Vec<f32>>> {
+        None
+    }
+}
+
+/// A recurrent policy's [`NextValues`]: the full rollout's sequences re-run from their initial states give
+/// every `V(x_{t+1})` (`ActorCritic::sequence_eval`).
+pub struct Sequences<F>(pub F);
+
+impl<F: FnMut(&Rollout) -> Result<Vec<f32>>> NextValues for Sequences<F> {
+    fn of_rows(&mut self) -> Option<&mut dyn FnMut(ObsRef<'_>) -> Result<Vec<f32>>> {
+        None
+    }
+
+    fn of_rollout(&mut self, rollout: &Rollout) -> Option<Result<Vec<f32>>> {
+        Some((self.0)(rollout))
+    }
+}
+
 /// A [`Rollout`] filled from trajectory chunks, as PPO and A2C collect it — the single-process trainer's
 /// one-step chunks one after another, or actors' whole chunks stacked row-wise: truncated episodes are
 /// bootstrapped from `V(true final observation)`, and the rollout is finished with `V` of the observations
@@ -500,61 +535,30 @@ impl RolloutCollector {
         RolloutCollector { rollout: Rollout::new(n_envs, n_steps, obs_dim, act_dim) }
     }
 
-    /// Append chunks stacked row-wise ([`Rollout::append_chunks`]) and compute `V` of the true final
-    /// observations of their truncated episodes in one batched call (`values`); then, once the rollout is
-    /// full, [`RolloutCollector::finish`] computes the targets. After an error the rollout holds what it held
-    /// before.
-    pub fn push_chunks(&mut self, chunks: &[Chunk], values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>) -> Result<()> {
+    /// Append chunks stacked row-wise ([`Rollout::append_chunks`]) and, where `values` takes observation rows,
+    /// compute `V` of the true final observations of their truncated episodes in one batched call ([`Sequences`]
+    /// leave them to [`RolloutCollector::finish`]); then, once the rollout is full,
+    /// [`RolloutCollector::finish`] computes the targets. After an error the rollout holds what it held before.
+    pub fn push_chunks(&mut self, chunks: &[Chunk], mut values: impl NextValues) -> Result<()> {
         let (steps, finals) = (self.rollout.steps, self.rollout.final_obs_steps.len());
         self.rollout.append_chunks(chunks)?;
-        if let Err(e) = self.rollout.bootstrap_truncated(finals, values) {
+        let Some(of_rows) = values.of_rows() else { return Ok(()) };
+        if let Err(e) = self.rollout.bootstrap_truncated(finals, of_rows) {
             self.rollout.truncate(steps);
             return Err(e);
         }
         Ok(())
     }
 
-    /// [`RolloutCollector::push_chunks`] for a recurrent policy: the truncated episodes' values need the states
-    /// their sequences reach, so they are left to [`RolloutCollector::finish_recurrent`].
-    pub fn push_chunks_unbootstrapped(&mut self, chunks: &[Chunk]) -> Result<()> {
-        self.rollout.append_chunks(chunks)
-    }
-
-    /// When the rollout is full: every next-state value from `next_values` (the rollout's sequences re-run
-    /// from their initial states), then GAE advantages and returns, as [`RolloutCollector::finish`].
-    pub fn finish_recurrent(
-        &mut self,
-        next_values: impl FnOnce(&Rollout) -> Result<Vec<f32>>,
-        gamma: f32,
-        lambda: f32,
-    ) -> Result<Option<Rollout>> {
-        if !self.rollout.is_full() {
-            return Ok(None);
-        }
-        let next = next_values(&self.rollout)?;
-        let empty = Rollout::new(self.rollout.n_envs, self.rollout.n_steps, self.rollout.obs_dim, self.rollout.act_dim);
-        let mut rollout = std::mem::replace(&mut self.rollout, empty);
-        rollout.finish_with_next_values(&next, gamma, lambda)?;
-        Ok(Some(rollout))
-    }
-
     /// Take a whole rollout stacked elsewhere ([`Rollout::stack_chunks`] on the learner's batch-assembly
-    /// thread), compute `V` of its truncated episodes' final observations (`values`), and hand back the
-    /// collector's empty buffer for the next one. The rollout must match the collector's shape.
-    pub fn push_stacked(
-        &mut self,
-        mut rollout: Rollout,
-        values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
-    ) -> Result<Rollout> {
+    /// thread), compute `V` of its truncated episodes' final observations where `values` takes observation
+    /// rows (as [`RolloutCollector::push_chunks`]), and hand back the collector's empty buffer for the next
+    /// one. The rollout must match the collector's shape.
+    pub fn push_stacked(&mut self, mut rollout: Rollout, mut values: impl NextValues) -> Result<Rollout> {
         self.check_stacked(&rollout)?;
-        rollout.bootstrap_truncated(0, values)?;
-        Ok(std::mem::replace(&mut self.rollout, rollout))
-    }
-
-    /// [`RolloutCollector::push_stacked`] for a recurrent policy (truncated episodes' values are left to
-    /// [`RolloutCollector::finish_recurrent`]).
-    pub fn push_stacked_unbootstrapped(&mut self, rollout: Rollout) -> Result<Rollout> {
-        self.check_stacked(&rollout)?;
+        if let Some(of_rows) = values.of_rows() {
+            rollout.bootstrap_truncated(0, of_rows)?;
+        }
         Ok(std::mem::replace(&mut self.rollout, rollout))
     }
 
@@ -586,21 +590,28 @@ impl RolloutCollector {
         Ok(())
     }
 
-    /// When the rollout is full: compute GAE advantages and returns and hand it out (give it back with
-    /// [`RolloutCollector::recycle`] to reuse its buffers). `None` while it is still filling.
-    pub fn finish(
-        &mut self,
-        values: impl FnOnce(ObsRef<'_>) -> Result<Vec<f32>>,
-        gamma: f32,
-        lambda: f32,
-    ) -> Result<Option<Rollout>> {
+    /// When the rollout is full: the values of the states after its last step (`V` of the bootstrap
+    /// observations, or with [`Sequences`] every next-state value at once), then GAE advantages and returns;
+    /// hands the rollout out (give it back with [`RolloutCollector::recycle`] to reuse its buffers). `None`
+    /// while it is still filling.
+    pub fn finish(&mut self, mut values: impl NextValues, gamma: f32, lambda: f32) -> Result<Option<Rollout>> {
         if !self.rollout.is_full() {
             return Ok(None);
         }
-        let last_values = values(self.rollout.bootstrap_obs.as_ref())?;
+        let next = match values.of_rollout(&self.rollout) {
+            Some(next) => Some(next?),
+            None => None,
+        };
+        let last_values = match (&next, values.of_rows()) {
+            (None, Some(of_rows)) => of_rows(self.rollout.bootstrap_obs.as_ref())?,
+            _ => Vec::new(),
+        };
         let empty = Rollout::new(self.rollout.n_envs, self.rollout.n_steps, self.rollout.obs_dim, self.rollout.act_dim);
         let mut rollout = std::mem::replace(&mut self.rollout, empty);
-        rollout.finish(&last_values, gamma, lambda)?;
+        match next {
+            Some(next) => rollout.finish_with_next_values(&next, gamma, lambda)?,
+            None => rollout.finish(&last_values, gamma, lambda)?,
+        }
         Ok(Some(rollout))
     }
 
@@ -799,7 +810,7 @@ mod tests {
         let mut from_chunks = RolloutCollector::new(4, 3, 1, 1);
         let mut calls = 0;
         from_chunks
-            .push_chunks(&chunks, |rows| {
+            .push_chunks(&chunks, |rows: ObsRef<'_>| {
                 calls += 1;
                 value(rows)
             })

@@ -1124,9 +1124,9 @@ pub(crate) mod tests {
                 &truncated,
                 ObsRef::F32(&next_obs),
             );
-            collector.push_chunks(std::slice::from_ref(&step), |o| ppo.values(o)).unwrap();
+            collector.push_chunks(std::slice::from_ref(&step), |o: ObsRef<'_>| ppo.values(o)).unwrap();
         }
-        collector.finish(|o| ppo.values(o), ppo.config.gamma as f32, 1.0).unwrap().expect("a full rollout")
+        collector.finish(|o: ObsRef<'_>| ppo.values(o), ppo.config.gamma as f32, 1.0).unwrap().expect("a full rollout")
     }
 
     fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
