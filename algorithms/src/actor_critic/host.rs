@@ -13,7 +13,7 @@ use crate::nn::adam::Adam;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::LOG_SQRT_2PI;
 use crate::nn::host_lstm::{HostLstm, LstmTape};
-use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_backward_to_input, twin_forward};
+use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
 use crate::nn::params::FlatParams;
 use crate::{Error, Result};
 
@@ -174,7 +174,7 @@ impl ActorCriticHost {
         let Some((core, mut core_tape)) = self.core.take() else {
             twin_forward(&self.layers, self.activation, theta, mb.obs, rows, 2, &mut self.tape);
             let loss = self.loss_and_output_gradients(theta, mb, objective);
-            twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad);
+            twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad, None);
             return loss;
         };
         // Recurrent: the LSTM over the sequences, the twin MLP on its outputs, and back through both.
@@ -183,16 +183,8 @@ impl ActorCriticHost {
         twin_forward(&self.layers, self.activation, theta, features, rows, 2, &mut self.tape);
         let loss = self.loss_and_output_gradients(theta, mb, objective);
         let (layers, activation) = (&self.layers, self.activation);
-        twin_backward_to_input(
-            layers,
-            activation,
-            theta,
-            features,
-            2,
-            &mut self.tape,
-            &mut self.grad,
-            &mut self.d_features,
-        );
+        let d_features = Some(&mut self.d_features);
+        twin_backward(layers, activation, theta, features, 2, &mut self.tape, &mut self.grad, d_features);
         core.backward(theta, mb.obs, &self.d_features, &mut core_tape, &mut self.grad);
         self.core = Some((core, core_tape));
         loss

@@ -157,7 +157,7 @@ impl DqnHost {
         self.tape.keep_rows(rows);
         let out = DqnStep { loss: (loss / rows as f64) as f32, mean_q: (q_sum / rows as f64) as f32 };
         self.grad.resize(theta.len(), 0.0);
-        twin_backward(&self.layers, self.activation, theta, &s.obs, 1, &mut self.tape, &mut self.grad);
+        twin_backward(&self.layers, self.activation, theta, &s.obs, 1, &mut self.tape, &mut self.grad, None);
         clip_and_step(theta, &mut self.grad, opt, max_grad_norm, "dqn")?;
         Ok(out)
     }

@@ -217,7 +217,9 @@ fn forward_lanes(
 
 /// The gradient of the loss with respect to the first `nets` nets' parameters, written (not added) into
 /// `grad` (the flat buffer's layout), from the `∂loss/∂output` the caller left in [`TwinTape::d_out`] after
-/// [`twin_forward`] on the same `theta` and `x`.
+/// [`twin_forward`] on the same `theta` and `x`; with `d_x`, also `∂loss/∂x` summed over the nets
+/// (`rows × layers[0].fan_in`), for inputs a layer before the MLP computed (a recurrent core).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn twin_backward(
     layers: &[TwinLayer],
     activation: Activation,
@@ -226,29 +228,11 @@ pub(crate) fn twin_backward(
     nets: usize,
     tape: &mut TwinTape,
     grad: &mut [f32],
+    d_x: Option<&mut Vec<f32>>,
 ) {
     widest_lanes(
         #[inline(always)]
-        || backward_lanes(layers, activation, theta, x, nets, tape, grad, None),
-    )
-}
-
-/// [`twin_backward`], and `∂loss/∂x` (summed over the nets) into `d_x` (`rows × layers[0].fan_in`): for
-/// inputs a layer before the MLP computed (a recurrent core).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn twin_backward_to_input(
-    layers: &[TwinLayer],
-    activation: Activation,
-    theta: &[f32],
-    x: &[f32],
-    nets: usize,
-    tape: &mut TwinTape,
-    grad: &mut [f32],
-    d_x: &mut Vec<f32>,
-) {
-    widest_lanes(
-        #[inline(always)]
-        || backward_lanes(layers, activation, theta, x, nets, tape, grad, Some(&mut *d_x)),
+        || backward_lanes(layers, activation, theta, x, nets, tape, grad, d_x),
     )
 }
 
@@ -549,12 +533,12 @@ mod tests {
             tape.d_out = [ups[..rows * 3].to_vec(), ups[rows * 3..].to_vec()];
             let mut grad = vec![f32::NAN; theta.len()];
             let mut d_x = Vec::new();
-            twin_backward_to_input(&layers, activation, &theta, &xs, 2, &mut tape, &mut grad, &mut d_x);
+            twin_backward(&layers, activation, &theta, &xs, 2, &mut tape, &mut grad, Some(&mut d_x));
             let want_dx: Vec<f32> = Vec::try_from(want_dx.flatten(0, -1)).unwrap();
             let mut plain = vec![f32::NAN; theta.len()];
             twin_forward(&layers, activation, &theta, &xs, rows, 2, &mut tape);
             tape.d_out = [ups[..rows * 3].to_vec(), ups[rows * 3..].to_vec()];
-            twin_backward(&layers, activation, &theta, &xs, 2, &mut tape, &mut plain);
+            twin_backward(&layers, activation, &theta, &xs, 2, &mut tape, &mut plain, None);
             assert_eq!(grad, plain, "the input gradient leaves the parameter gradient alone");
             let close = |a: &[f32], b: &[f32], what: &str| {
                 let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
