@@ -485,6 +485,16 @@ impl Rollout {
     }
 }
 
+/// The rows of whole env sequences in a time-major rollout of `n_envs` envs: row `t · n_envs + e` for each of
+/// `steps` steps `t` of each env `e` in `envs`, step by step (what a recurrent update's minibatch draws).
+pub(crate) fn sequence_rows(
+    steps: usize,
+    n_envs: usize,
+    envs: impl Iterator<Item = usize> + Clone,
+) -> impl Iterator<Item = usize> {
+    (0..steps).flat_map(move |t| envs.clone().map(move |e| t * n_envs + e))
+}
+
 /// Where a [`RolloutCollector`] takes the values of next states from: `V` of observation rows (any
 /// `FnMut(ObsRef) -> Result<Vec<f32>>`, a feed-forward policy's: truncated episodes' final observations as chunks
 /// arrive, the bootstrap observations when the rollout is full), or, for a recurrent policy whose values depend

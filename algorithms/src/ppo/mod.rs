@@ -36,7 +36,7 @@ use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance};
 use crate::checkpoint::Checkpoint;
-use crate::data::rollout::Rollout;
+use crate::data::rollout::{Rollout, sequence_rows};
 use crate::data::vtrace::VtraceConfig;
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
@@ -442,11 +442,10 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
             let idx = (!full_batch).then(|| {
                 let rows: Vec<i64> = match &sequences {
                     // Whole env sequences, time-major: row t · E + e for each step t of each drawn env e.
-                    Some(s) => (0..unit_rows as i64)
-                        .flat_map(|t| {
-                            orders[0][first..first + per_minibatch].iter().map(move |&e| t * s.n_envs as i64 + e)
-                        })
-                        .collect(),
+                    Some(s) => {
+                        let envs = orders[0][first..first + per_minibatch].iter().map(|&e| e as usize);
+                        sequence_rows(unit_rows, s.n_envs, envs).map(|i| i as i64).collect()
+                    }
                     None => orders
                         .iter()
                         .enumerate()
@@ -699,7 +698,7 @@ impl Ppo {
                     } else {
                         // Time-major rows t · E + e of the drawn envs, and their initial states.
                         let e = rollout.n_envs;
-                        rows.extend((0..unit_rows).flat_map(|t| minibatch.iter().map(move |&env| t * e + env)));
+                        rows.extend(sequence_rows(unit_rows, e, minibatch.iter().copied()));
                         g.starts.extend(rows.iter().map(|&i| starts[i]));
                         for &env in minibatch {
                             g.state0.extend_from_slice(&rollout.initial_state[env * s..(env + 1) * s]);
