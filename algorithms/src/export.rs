@@ -874,18 +874,20 @@ mod tests {
     #[test]
     fn exported_policies_act_as_the_agent() {
         let small = vec![16, 8];
+        // The CNNs in f32: the exported policy runs PyTorch's f32 forward (bf16 acting differs by its rounding).
+        let f32 = crate::nn::nets::CnnOptions::F32;
         let configs = [
             (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: small.clone(), ..Default::default() }), cartpole()),
             (AlgorithmConfig::Ppo(PpoConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::A2c(A2cConfig::default()), cartpole()),
             (AlgorithmConfig::A3c(A3cConfig(A2cConfig::default())), pendulum()),
-            (AlgorithmConfig::Ppo(PpoConfig::default()), frames()),
+            (AlgorithmConfig::Ppo(PpoConfig { cnn: f32, ..Default::default() }), frames()),
             (AlgorithmConfig::Dqn(DqnConfig { hidden_sizes: small.clone(), ..Default::default() }), cartpole()),
             (
                 AlgorithmConfig::Dqn(DqnConfig { dueling: true, hidden_sizes: small.clone(), ..Default::default() }),
                 cartpole(),
             ),
-            (AlgorithmConfig::Dqn(DqnConfig { dueling: true, ..Default::default() }), frames()),
+            (AlgorithmConfig::Dqn(DqnConfig { dueling: true, cnn: f32, ..Default::default() }), frames()),
             (
                 AlgorithmConfig::Dqn(DqnConfig { n_quantiles: 5, hidden_sizes: small.clone(), ..Default::default() }),
                 cartpole(),
@@ -899,7 +901,7 @@ mod tests {
                 }),
                 cartpole(),
             ),
-            (AlgorithmConfig::Dqn(DqnConfig { n_quantiles: 4, ..Default::default() }), frames()),
+            (AlgorithmConfig::Dqn(DqnConfig { n_quantiles: 4, cnn: f32, ..Default::default() }), frames()),
             (AlgorithmConfig::Ddpg(DdpgConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::Td3(Td3Config { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::Sac(SacConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),

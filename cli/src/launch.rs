@@ -274,6 +274,10 @@ pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Op
         report.env_steps,
         report.train_secs
     );
+    if actors.is_none() && report.train_secs > 0.0 {
+        let update = 100.0 * report.update_secs / report.train_secs;
+        println!("time: {update:.0} % in updates, {:.0} % acting and stepping envs", 100.0 - update);
+    }
     if actors.is_some() && report.train_secs > 0.0 {
         let share = |secs: f64| 100.0 * secs / report.train_secs;
         if config.assembles_ahead() {

@@ -235,7 +235,7 @@ fn observe_hides_components_of_native_and_python_envs() {
 /// `examples/configs/pong_ppo.toml` and `pong_ppo_lstm.toml` (a CNN torso before an LSTM, single frames) for a
 /// few thousand steps: PPO on u8 frames with the Nature CNN trains, stops, resumes (the agent exactly, the games
 /// anew: ale-py's vector env has no snapshot), evaluates whole games, and the run directory's resolved config
-/// records every Atari setting (sticky actions included).
+/// records every Atari setting (sticky actions included) and the CPU's bf16 choice.
 #[test]
 fn atari_ppo_trains_resumes_and_evaluates() {
     for (name, extra) in [("pong_ppo.toml", "stack_num = 4"), ("pong_ppo_lstm.toml", "stack_num = 1")] {
@@ -252,9 +252,16 @@ fn atari_ppo_trains_resumes_and_evaluates() {
         assert!(out.status.success(), "{name}: {}", text(&out));
         assert!(String::from_utf8_lossy(&out.stdout).contains("stopped at 1024"), "{name}: {}", text(&out));
         let resolved = std::fs::read_to_string(run.join("config.toml")).unwrap();
-        for line in
-            ["repeat_action_probability = 0.0", "frameskip = 4", "noop_max = 30", "terminal_on_life_loss = true", extra]
-        {
+        // bf16 on exactly where this CPU computes it natively, written down so the resumed run keeps it.
+        let bf16 = format!("bf16 = {}", flotilla_algorithms::nn::nets::cpu_has_native_bf16());
+        for line in [
+            "repeat_action_probability = 0.0",
+            "frameskip = 4",
+            "noop_max = 30",
+            "terminal_on_life_loss = true",
+            extra,
+            &bf16,
+        ] {
             assert!(resolved.contains(line), "{name}: resolved config lacks {line:?}:\n{resolved}");
         }
         let out = flotilla(&["train", "--resume", run.to_str().unwrap()]);

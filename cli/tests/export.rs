@@ -135,8 +135,17 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
                 &dir,
                 "ppo-lstm-pong",
                 "pong_ppo_lstm.toml",
-                &[&quick[..], &["run.total_env_steps=1024", "eval.interval_steps=1024", "run.torch_threads=1"]]
-                    .concat(),
+                // f32: the comparison is with PyTorch's f32 forward (bf16 acting would differ by its rounding).
+                &[
+                    &quick[..],
+                    &[
+                        "run.total_env_steps=1024",
+                        "eval.interval_steps=1024",
+                        "run.torch_threads=1",
+                        "algorithm.cnn.bf16=false",
+                    ],
+                ]
+                .concat(),
             ),
             &frames,
         ),

@@ -1140,6 +1140,28 @@ kind = "ppo"
         assert!(e.contains("key=value"), "{e}");
     }
 
+    /// `[algorithm.cnn] bf16`: on by default exactly where the CPU computes bf16 natively (the choice is written
+    /// into the resolved config, so a resumed run keeps it), for every kind with a Nature CNN; an explicit value
+    /// wins either way.
+    #[test]
+    fn cnn_bf16_follows_the_cpu_unless_set() {
+        let native = flotilla_algorithms::nn::nets::cpu_has_native_bf16();
+        for kind in ["ppo", "a2c", "dqn"] {
+            let text = format!("[env]\nid = \"CartPole-v1\"\n\n[algorithm]\nkind = \"{kind}\"\n");
+            let c = ExperimentConfig::parse(&text, &[]).unwrap();
+            assert_eq!(c.algorithm.cnn_options().map(|o| o.bf16), Some(native), "{kind}");
+            assert!(c.to_toml().contains(&format!("bf16 = {native}")), "{kind}: {}", c.to_toml());
+            assert_eq!(ExperimentConfig::parse(&c.to_toml(), &[]).unwrap(), c, "{kind}");
+            for set in [true, false] {
+                let c = ExperimentConfig::parse(&text, &[format!("algorithm.cnn.bf16={set}")]).unwrap();
+                assert_eq!(c.algorithm.cnn_options().map(|o| o.bf16), Some(set), "{kind}");
+            }
+            // Another `[algorithm.cnn]` key alone leaves the choice to the CPU.
+            let c = ExperimentConfig::parse(&text, &["algorithm.cnn.channels_last=true".into()]).unwrap();
+            assert_eq!(c.algorithm.cnn_options().map(|o| (o.channels_last, o.bf16)), Some((true, native)), "{kind}");
+        }
+    }
+
     /// `[normalize]`: defaults as SB3's `VecNormalize`; refused, by name, where its statistics could not be the
     /// one set the whole run shares, and with bad values.
     #[test]

@@ -309,9 +309,10 @@ impl TwinMlp {
     }
 }
 
-/// How the Nature CNN computes on the CPU (`[algorithm.cnn]` in configs). Both are off by default: results are
-/// then those of plain f32 NCHW convolutions.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How the Nature CNN computes (`[algorithm.cnn]` in configs). By default NCHW, in bf16 where the CPU computes
+/// bf16 natively ([`cpu_has_native_bf16`], read when the config is built, so a run's resolved config records
+/// the choice) and in f32 elsewhere; [`CnnOptions::F32`] is plain f32 NCHW everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CnnOptions {
     /// Run the convolutions on channels-last (NHWC) strided tensors, which oneDNN's CPU kernels prefer. Same
@@ -319,8 +320,22 @@ pub struct CnnOptions {
     pub channels_last: bool,
     /// Mixed precision as PyTorch's CPU autocast: frames, activations and a bf16 copy of the weights through the
     /// convolutions and linear layers, outputs back to f32; the parameters, their gradients and the optimiser
-    /// stay f32. Results differ from f32 by bf16 rounding (about 3 significant digits).
+    /// stay f32. Results differ from f32 by bf16 rounding (about 3 significant digits). Default: on where the
+    /// CPU computes bf16 natively ([`cpu_has_native_bf16`]: Pong's PPO update 1.7× faster, same learning; see
+    /// docs/benchmarks/atari.md), off elsewhere (libtorch would emulate it, several times slower).
     pub bf16: bool,
+}
+
+impl CnnOptions {
+    /// Plain f32 NCHW convolutions on every CPU: the reference the other settings are compared with.
+    pub const F32: CnnOptions = CnnOptions { channels_last: false, bf16: false };
+}
+
+impl Default for CnnOptions {
+    /// NCHW; bf16 where this CPU computes it natively ([`cpu_has_native_bf16`]).
+    fn default() -> Self {
+        CnnOptions { channels_last: false, bf16: cpu_has_native_bf16() }
+    }
 }
 
 /// Whether this CPU computes bf16 natively (AVX512-BF16, which AMX CPUs have too). Without it libtorch emulates
@@ -422,7 +437,7 @@ impl NatureCnn {
             first_index + 8
         });
         let layers = [0, 2, 4, 6].map(|i| first_index + i);
-        Some((NatureCnn { layers, out, shape: [c, h, w], options: CnnOptions::default() }, named))
+        Some((NatureCnn { layers, out, shape: [c, h, w], options: CnnOptions::F32 }, named))
     }
 
     /// The same network computing as `options` say.
@@ -633,7 +648,7 @@ mod tests {
             params.backward(&y.square().sum(Kind::Float));
             (y.detach(), params.flat().grad().copy())
         };
-        let (y, g) = run(CnnOptions::default());
+        let (y, g) = run(CnnOptions::F32);
         let (y_nhwc, g_nhwc) = run(CnnOptions { channels_last: true, bf16: false });
         let close = |a: &Tensor, b: &Tensor| {
             f64::try_from((a - b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap()

@@ -106,7 +106,7 @@ fn learner_table(rounds: usize) -> BenchResult<()> {
     let torch = envpool_python()
         .filter(|python| Command::new(python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success()));
     let variants = [
-        ("f32 NCHW", CnnOptions::default()),
+        ("f32 NCHW", CnnOptions::F32),
         ("channels-last", CnnOptions { channels_last: true, bf16: false }),
         ("bf16", CnnOptions { channels_last: false, bf16: true }),
         ("channels-last + bf16", CnnOptions { channels_last: true, bf16: true }),
@@ -182,7 +182,7 @@ fn gpu_learner_table(rounds: usize) -> BenchResult<()> {
         }
     }
     for (name, options, peer) in [
-        ("Flotilla f32", CnnOptions::default(), theirs[0]),
+        ("Flotilla f32", CnnOptions::F32, theirs[0]),
         ("Flotilla bf16", CnnOptions { channels_last: false, bf16: true }, theirs[1]),
     ] {
         let sps = PongPpoUpdate::new(options, None, device)?.samples_per_sec(rounds)?;

@@ -150,7 +150,7 @@ fn child(mut args: impl Iterator<Item = String>) -> BenchResult<()> {
             } else {
                 None
             };
-            let mut update = PongPpoUpdate::new(CnnOptions::default(), parallel, tch::Device::Cpu)?;
+            let mut update = PongPpoUpdate::new(CnnOptions::F32, parallel, tch::Device::Cpu)?;
             vec![update.samples_per_sec(rounds)?]
         }
         other => return Err(format!("unknown task {other:?}").into()),
