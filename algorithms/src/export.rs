@@ -49,7 +49,11 @@ pub const EXPORT_VERSION: u32 = 1;
 /// The Nature CNN's convolutions, `(out_channels, kernel, stride)` (as `nets::NatureCnn` builds them).
 pub(crate) const CNN_CONVS: [(usize, usize, usize); 3] = [(32, 8, 4), (64, 4, 2), (64, 3, 1)];
 /// Units of the Nature CNN's hidden linear layer.
-const CNN_FEATURES: usize = 512;
+pub(crate) const CNN_FEATURES: usize = 512;
+
+fn cnn_features() -> usize {
+    CNN_FEATURES
+}
 
 /// How `model.safetensors` stores the acting network.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -84,16 +88,19 @@ pub enum Network {
     },
     /// The Nature CNN on u8 frames `[C, H, W]`, divided by 255 first: `{prefix}.conv{1,2,3}.weight` in
     /// PyTorch's `[out, in, k, k]` layout with `.bias`, each followed by ReLU (`convs` gives out channels,
-    /// kernel and stride); the features flattened in C, H, W order; `{prefix}.fc.weight` `[features, 512]`
-    /// (`[in, out]`) + ReLU; `{prefix}.out.weight` `[512, outputs]` (`[in, out]`). The policy reads the first
-    /// `policy_outputs` output columns (an actor-critic's last column is its value).
+    /// kernel and stride); the features flattened in C, H, W order; `{prefix}.fc.weight` `[flat, features]`
+    /// (`[in, out]`, Nature's 512 features) + ReLU; `{prefix}.out.weight` `[features, outputs]` (`[in, out]`).
+    /// The policy reads the first `policy_outputs` output columns (an actor-critic's last column is its value).
     NatureCnn {
-        /// Tensor name prefix (`cnn`, `q`).
+        /// Tensor name prefix (`cnn`, `q`, `student`).
         prefix: String,
         /// Observation shape `[C, H, W]`.
         shape: [usize; 3],
         /// `(out_channels, kernel, stride)` of each convolution.
         convs: Vec<(usize, usize, usize)>,
+        /// Units of the fc layer (512 in the Nature CNN; absent in files written before smaller CNN students).
+        #[serde(default = "cnn_features")]
+        features: usize,
         /// Units of the output layer.
         outputs: usize,
         /// Output columns the policy reads.
@@ -140,8 +147,13 @@ pub enum PolicyOutput {
     },
 }
 
-/// The Nature CNN's tensors up to its fc layer (convolutions `[out, in, k, k]`, fc `[in, 512]`).
-fn cnn_torso_shapes(prefix: &str, shape: &[usize], convs: &[(usize, usize, usize)]) -> Vec<(String, Vec<usize>)> {
+/// The Nature CNN's tensors up to its fc layer (convolutions `[out, in, k, k]`, fc `[in, features]`).
+fn cnn_torso_shapes(
+    prefix: &str,
+    shape: &[usize],
+    convs: &[(usize, usize, usize)],
+    features: usize,
+) -> Vec<(String, Vec<usize>)> {
     let mut out = Vec::new();
     let (mut c, mut h, mut w) = (shape[0], shape[1], shape[2]);
     for (k, &(o, size, stride)) in convs.iter().enumerate() {
@@ -149,8 +161,8 @@ fn cnn_torso_shapes(prefix: &str, shape: &[usize], convs: &[(usize, usize, usize
         out.push((format!("{prefix}.conv{}.bias", k + 1), vec![o]));
         (c, h, w) = (o, (h.saturating_sub(size)) / stride + 1, (w.saturating_sub(size)) / stride + 1);
     }
-    out.push((format!("{prefix}.fc.weight"), vec![c * h * w, CNN_FEATURES]));
-    out.push((format!("{prefix}.fc.bias"), vec![CNN_FEATURES]));
+    out.push((format!("{prefix}.fc.weight"), vec![c * h * w, features]));
+    out.push((format!("{prefix}.fc.bias"), vec![features]));
     out
 }
 
@@ -176,9 +188,9 @@ fn push_cnn_torso(
     }
     layers.push((TorchLayer::Flatten, None));
     let fc = get(format!("{prefix}.fc.weight"));
-    let features = fc.size()[0] as usize;
+    let (flat, features) = (fc.size()[0] as usize, fc.size()[1] as usize);
     layers.push((
-        TorchLayer::Linear(features, CNN_FEATURES),
+        TorchLayer::Linear(flat, features),
         Some((fc.transpose(0, 1), get(format!("{prefix}.fc.bias")))),
     ));
     layers.push((TorchLayer::Relu, None));
@@ -260,7 +272,7 @@ impl Architecture {
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
         if let Some(shape) = self.recurrent.and_then(|r| r.torso) {
-            out.extend(cnn_torso_shapes("cnn", &shape, &CNN_CONVS));
+            out.extend(cnn_torso_shapes("cnn", &shape, &CNN_CONVS, CNN_FEATURES));
         }
         if let Some(r) = &self.recurrent {
             let g = if r.cell == crate::nn::recurrent::Recurrence::Lstm { 4 } else { 3 };
@@ -283,9 +295,9 @@ impl Architecture {
                     out.push((format!("{prefix}.{k}.bias"), vec![w[1]]));
                 }
             }
-            Network::NatureCnn { prefix, shape, convs, outputs, .. } => {
-                out.extend(cnn_torso_shapes(prefix, shape, convs));
-                out.push((format!("{prefix}.out.weight"), vec![CNN_FEATURES, *outputs]));
+            Network::NatureCnn { prefix, shape, convs, features, outputs, .. } => {
+                out.extend(cnn_torso_shapes(prefix, shape, convs, *features));
+                out.push((format!("{prefix}.out.weight"), vec![*features, *outputs]));
                 out.push((format!("{prefix}.out.bias"), vec![*outputs]));
             }
         }
@@ -355,7 +367,7 @@ impl Architecture {
             Network::TwinMlp { widths, activation, .. } | Network::Mlp { widths, activation, .. } => {
                 (*activation, widths[1..widths.len() - 1].to_vec())
             }
-            Network::NatureCnn { .. } => (Activation::Relu, vec![CNN_FEATURES]),
+            Network::NatureCnn { features, .. } => (Activation::Relu, vec![*features]),
         };
         let tensors: Vec<String> = self.tensor_shapes().into_iter().map(|(name, _)| name).collect();
         let mut meta = BTreeMap::from([
@@ -664,14 +676,14 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             }
             format!("observations [B, {}] float32", widths[0])
         }
-        Network::NatureCnn { prefix, shape, convs, policy_outputs, .. } => {
+        Network::NatureCnn { prefix, shape, convs, features, policy_outputs, .. } => {
             push_cnn_torso(&mut layers, &get, prefix, shape, convs);
             let p = *policy_outputs as i64;
             let (w, b) = (
                 get(format!("{prefix}.out.weight")).narrow(1, 0, p),
                 get(format!("{prefix}.out.bias")).narrow(0, 0, p),
             );
-            layers.push((TorchLayer::Linear(CNN_FEATURES, *policy_outputs), Some((w.transpose(0, 1), b))));
+            layers.push((TorchLayer::Linear(*features, *policy_outputs), Some((w.transpose(0, 1), b))));
             format!(
                 "frames [B, {}, {}, {}] as float32 0-255 (Flotilla's division by 255 is folded into layer 0)",
                 shape[0], shape[1], shape[2]
@@ -907,6 +919,16 @@ mod tests {
             (AlgorithmConfig::Sac(SacConfig { hidden_sizes: small.clone(), ..Default::default() }), pendulum()),
             (AlgorithmConfig::Distill(DistillConfig { teachers: vec!["t".into()], ..Default::default() }), cartpole()),
             (AlgorithmConfig::Distill(DistillConfig { teachers: vec!["t".into()], ..Default::default() }), pendulum()),
+            (
+                AlgorithmConfig::Distill(DistillConfig {
+                    teachers: vec!["t".into()],
+                    hidden_sizes: vec![32],
+                    cnn_channels: vec![8, 16, 16],
+                    cnn: f32,
+                    ..Default::default()
+                }),
+                frames(),
+            ),
         ];
         let dir = std::env::temp_dir().join(format!("flotilla-export-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -190,6 +190,9 @@ enum Command {
         /// The metrics.csv column to draw (its std column, e.g. eval/std_return, gives the band).
         #[arg(long, default_value = "eval/mean_return")]
         metric: String,
+        /// The metrics.csv column on the x axis: env_steps, or e.g. train_secs (training seconds).
+        #[arg(long, default_value = "env_steps")]
+        x: String,
         /// Output file: SVG if it ends in .svg, else PNG.
         #[arg(long, default_value = "curves.png")]
         out: PathBuf,
@@ -449,7 +452,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Eval { run_dir, episodes, seed, render } => eval_command(&run_dir, episodes, seed, render.as_deref()),
         Command::Export { run_dir, out } => export::export_command(&run_dir, &out),
         Command::Act { run_dir, obs, state } => export::act_command(&run_dir, &obs, state.as_deref()),
-        Command::Plot { runs, metric, out, group } => plot::plot_command(&runs, &metric, &out, group),
+        Command::Plot { runs, metric, x, out, group } => plot::plot_command(&runs, &metric, &x, &out, group),
         Command::Report { runs, json, threshold, metric } => report::report_command(&runs, json, threshold, &metric),
     }
 }

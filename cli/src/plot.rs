@@ -1,9 +1,9 @@
 //! `flotilla plot`: learning curves of one or more run directories.
 //!
 //! ```text
-//! flotilla plot RUN_DIR [RUN_DIR ...] [--metric eval/mean_return] [--out curves.png] [--group]
+//! flotilla plot RUN_DIR [RUN_DIR ...] [--metric eval/mean_return] [--x env_steps] [--out curves.png] [--group]
 //! ```
-//! x is `env_steps`, y one column of each run's `metrics.csv` (rows where it is empty are skipped, so evaluation
+//! x is `env_steps` (or the column `--x` names, e.g. `train_secs`: training seconds), y one column of each run's `metrics.csv` (rows where it is empty are skipped, so evaluation
 //! columns give one point per evaluation). Where the metric has a std column beside it (`eval/std_return` for
 //! `eval/mean_return`: the std of the evaluation's episodes) a ± std band is drawn around the line. One colour per
 //! run, named after its directory. A return metric of an env with a registered reward threshold (Gymnasium's,
@@ -98,11 +98,11 @@ struct Population {
 }
 
 /// Read every RUN_DIR, a population directory as its members.
-fn read_runs(dirs: &[PathBuf], metric: &str) -> Result<(Vec<Run>, Vec<Population>)> {
+fn read_runs(dirs: &[PathBuf], x: &str, metric: &str) -> Result<(Vec<Run>, Vec<Population>)> {
     let (mut runs, mut populations) = (Vec::new(), Vec::<Population>::new());
     for dir in dirs {
         if !dir.join(POPULATION_FILE).is_file() {
-            runs.push(read_run(dir, metric)?);
+            runs.push(read_run(dir, x, metric)?);
             continue;
         }
         let source = report::Source::read(dir)?;
@@ -129,7 +129,7 @@ fn read_runs(dirs: &[PathBuf], metric: &str) -> Result<(Vec<Run>, Vec<Population
                 eprintln!("{}: no values of {metric} yet; left out", member.display());
                 continue;
             }
-            let mut run = read_run(&member, metric)?;
+            let mut run = read_run(&member, x, metric)?;
             run.name = format!("{name}/{:03}", index.unwrap_or(0));
             run.series.label = run.name.clone();
             run.population = Some(p);
@@ -148,9 +148,13 @@ fn dir_name(dir: &Path) -> String {
 }
 
 /// `flotilla plot`: read every run's `metric`, draw the chart, write it to `out`.
-pub fn plot_command(runs: &[PathBuf], metric: &str, out: &Path, group: bool) -> Result<()> {
+pub fn plot_command(runs: &[PathBuf], metric: &str, x: &str, out: &Path, group: bool) -> Result<()> {
     anyhow::ensure!(!runs.is_empty(), "give at least one RUN_DIR");
-    let (runs, populations) = read_runs(runs, metric)?;
+    anyhow::ensure!(
+        !group || x == "env_steps",
+        "--group averages runs at the env steps they share: it needs --x env_steps, not {x}"
+    );
+    let (runs, populations) = read_runs(runs, x, metric)?;
     anyhow::ensure!(!runs.is_empty(), "no run has values of {metric} yet");
     let mut thresholds: Vec<(String, f64)> = Vec::new();
     if metric.ends_with("return") {
@@ -172,9 +176,9 @@ pub fn plot_command(runs: &[PathBuf], metric: &str, out: &Path, group: bool) -> 
     let svg = out.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
     register_font();
     let drawn = if svg {
-        draw(SVGBackend::new(out, SIZE).into_drawing_area(), &title, metric, &series, &thresholds)
+        draw(SVGBackend::new(out, SIZE).into_drawing_area(), &title, x, metric, &series, &thresholds)
     } else {
-        draw(BitMapBackend::new(out, SIZE).into_drawing_area(), &title, metric, &series, &thresholds)
+        draw(BitMapBackend::new(out, SIZE).into_drawing_area(), &title, x, metric, &series, &thresholds)
     };
     drawn.map_err(|e| anyhow::anyhow!("drawing {}: {e}", out.display()))?;
     println!("wrote {}", out.display());
@@ -182,11 +186,11 @@ pub fn plot_command(runs: &[PathBuf], metric: &str, out: &Path, group: bool) -> 
 }
 
 /// Read `metric` (and its std column) from the run directory `dir`.
-fn read_run(dir: &Path, metric: &str) -> Result<Run> {
+fn read_run(dir: &Path, x: &str, metric: &str) -> Result<Run> {
     let (_, config) = RunDir::open(dir)?;
     let path = dir.join(METRICS_FILE);
     let std = std_column(metric);
-    let Some(rows) = report::read_columns(dir, metric, std.as_deref())? else {
+    let Some(rows) = report::read_columns_against(dir, x, metric, std.as_deref())? else {
         bail!("{} is empty (or missing): the run has logged nothing yet", path.display())
     };
     let points: Vec<_> =
@@ -322,6 +326,7 @@ fn steps_label(x: f64) -> String {
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     title: &str,
+    x: &str,
     metric: &str,
     series: &[Series],
     thresholds: &[(String, f64)],
@@ -350,7 +355,7 @@ where
         .build_cartesian_2d(0.0..x_max, lo..hi)?;
     chart
         .configure_mesh()
-        .x_desc("env steps")
+        .x_desc(if x == "env_steps" { "env steps".to_string() } else { x.replace('_', " ") })
         .y_desc(metric)
         .x_label_formatter(&|x| steps_label(*x))
         .y_label_formatter(&|y| {

@@ -109,6 +109,16 @@ pub fn read_metric(dir: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
 /// file, or no header). A header without `env_steps` or `metric`, or a cell that is not a number, is an error
 /// naming the file (and row).
 pub fn read_columns(dir: &Path, metric: &str, other: Option<&str>) -> Result<Option<Vec<(f64, f64, Option<f64>)>>> {
+    read_columns_against(dir, "env_steps", metric, other)
+}
+
+/// [`read_columns`] with the column `x` (e.g. `train_secs`) in place of `env_steps`.
+pub fn read_columns_against(
+    dir: &Path,
+    x: &str,
+    metric: &str,
+    other: Option<&str>,
+) -> Result<Option<Vec<(f64, f64, Option<f64>)>>> {
     let path = dir.join(METRICS_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
@@ -119,7 +129,9 @@ pub fn read_columns(dir: &Path, metric: &str, other: Option<&str>) -> Result<Opt
     let Some(header) = lines.next() else { return Ok(None) };
     let header: Vec<&str> = header.split(',').collect();
     let column = |name: &str| header.iter().position(|h| *h == name);
-    let x = column("env_steps").with_context(|| format!("{} has no env_steps column", path.display()))?;
+    let Some(x) = column(x) else {
+        bail!("{} has no {x} column; available: {}", path.display(), header.join(", "));
+    };
     let Some(y) = column(metric) else {
         let available: Vec<&str> = header.iter().copied().filter(|h| *h != "env_steps").collect();
         bail!("metric {metric:?} is not in {}; available: {}", path.display(), available.join(", "));

@@ -72,6 +72,18 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
     let seq: Vec<Vec<Vec<usize>>> =
         (0..3).map(|t| (0..2).map(|r| (0..84 * 84).map(|i| pixel(t, r, i)).collect()).collect()).collect();
     std::fs::write(&frames, serde_json::to_string(&seq).unwrap()).unwrap();
+    // Three rows of 4 stacked 84×84 frames, 0–255 (a feed-forward CNN).
+    let stacked = dir.join("stacked.json");
+    let rows: Vec<Vec<usize>> = (0..3).map(|r| (0..4 * 84 * 84).map(|i| pixel(r, 1, i)).collect()).collect();
+    std::fs::write(&stacked, serde_json::to_string(&rows).unwrap()).unwrap();
+    // A Pong teacher of a few hundred steps, for the CNN student below.
+    let teacher = train(
+        &dir,
+        "ppo-pong",
+        "pong_ppo.toml",
+        &[&quick[..], &["run.total_env_steps=256", "eval.interval_steps=256", "run.torch_threads=1"]].concat(),
+    );
+    let teachers = format!("algorithm.teachers=[{:?}]", teacher.display().to_string());
     let quick = ["metrics.log_interval_steps=1000", "eval.episodes=1"];
     let runs = [
         (
@@ -149,6 +161,28 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
             ),
             &frames,
         ),
+        // A CNN student (16/32/32 channels, fc 192) of that teacher, on stacked frames.
+        (
+            train(
+                &dir,
+                "distill-pong",
+                "pong_distill_cnn.toml",
+                &[
+                    &quick[..],
+                    &[
+                        "run.total_env_steps=512",
+                        "eval.interval_steps=512",
+                        "run.torch_threads=1",
+                        "algorithm.learning_starts=128",
+                        "algorithm.buffer_size=1000",
+                        "algorithm.cnn.bf16=false",
+                        &teachers,
+                    ],
+                ]
+                .concat(),
+            ),
+            &stacked,
+        ),
         (
             train(
                 &dir,
@@ -211,7 +245,8 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
         let policy = dir.join(format!("{name}.safetensors"));
         let out = flotilla(&["export", run.to_str().unwrap(), "--out", policy.to_str().unwrap()]);
         assert!(out.status.success(), "{name}: {}", text(&out));
-        assert!(String::from_utf8_lossy(&out.stdout).contains("layers: [[\"Linear\""), "{name}: {}", text(&out));
+        let first = ["layers: [[\"Linear\"", "layers: [[\"Conv2d\""];
+        assert!(first.iter().any(|l| String::from_utf8_lossy(&out.stdout).contains(l)), "{name}: {}", text(&out));
         let out = flotilla(&["act", run.to_str().unwrap(), "--obs", obs.to_str().unwrap()]);
         assert!(out.status.success(), "{name}: {}", text(&out));
         let actions = dir.join(format!("{name}.actions.json"));

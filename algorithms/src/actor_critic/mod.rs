@@ -149,6 +149,7 @@ impl NetConfig<'_> {
                 prefix: "cnn".into(),
                 shape,
                 convs: CNN_CONVS.to_vec(),
+                features: crate::export::CNN_FEATURES,
                 outputs: n + 1,
                 policy_outputs: n,
             }

@@ -17,13 +17,17 @@
 //! - `nll`: `−log π_student(teacher's greedy / mean action)`;
 //! - `mse`: `‖s − t‖²` on the raw outputs (Q-values, logits, means, actions), averaged over outputs.
 //!
+//! On frames (u8 image observations) the student is a Nature-shaped CNN (`cnn_channels`, one fc layer of
+//! `hidden_sizes = [F]` units; e.g. a Pong student of a quarter of the teacher's parameters), its replay keeps
+//! the frames as bytes, and teachers label u8 frames.
+//!
 //! Teachers are loaded by the learner (from run directories) and handed over with
 //! [`crate::algorithm::Student::set_teachers`]; they are not part of a checkpoint (a resumed run reloads them). Several
 //! teachers (Rusu's multi-task distillation) come one per task of a `[[tasks]]` run, whose observations end
 //! with the task's one-hot: each row is labelled by its task's teacher (one-hot stripped) and the student
 //! shares its hidden layers between the tasks, with one output head per task.
 
-use flotilla_core::{Chunk, ObsRef, Space};
+use flotilla_core::{Chunk, DType, ObsBuf, ObsRef, Space};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
@@ -32,12 +36,12 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::export::{Architecture, Network, policy_head, policy_width, widths};
+use crate::export::{Architecture, Network, image_shape, policy_head, policy_width, widths};
 use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
-use crate::nn::nets::{Activation, FlatMlp, LayerInit, mlp_input_dim, with_torch_seed};
+use crate::nn::nets::{Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, is_image, mlp_input_dim, with_torch_seed};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
@@ -86,8 +90,14 @@ pub struct DistillConfig {
     /// teachers: one, or one per task of a multi-task run (`[[tasks]]`, in order), distilled into one student
     /// with a head per task.
     pub teachers: Vec<String>,
-    /// Hidden layer widths of the student MLP (typically far smaller than the teacher's).
+    /// Hidden layer widths of the student MLP (typically far smaller than the teacher's). On frames: one width,
+    /// the units of the student CNN's fc layer.
     pub hidden_sizes: Vec<i64>,
+    /// On frames: output channels of the student CNN's three convolutions (the Nature CNN's kernels and
+    /// strides; default Nature's `[32, 64, 64]`).
+    pub cnn_channels: Vec<i64>,
+    /// On frames: how the student CNN computes (`[algorithm.cnn]`: bf16 by default where the CPU has it).
+    pub cnn: CnnOptions,
     /// Hidden nonlinearity.
     pub activation: Activation,
     /// The loss.
@@ -125,6 +135,8 @@ impl Default for DistillConfig {
         DistillConfig {
             teachers: Vec::new(),
             hidden_sizes: vec![16],
+            cnn_channels: NatureCnn::CHANNELS.to_vec(),
+            cnn: CnnOptions::default(),
             activation: Activation::Tanh,
             loss: DistillLoss::Kl,
             temperature: None,
@@ -175,15 +187,36 @@ impl AlgorithmKind for DistillConfig {
         Ok(Box::new(Distill::new(o, a, self.clone(), device, seed)?))
     }
 
+    fn cnn_options(&self) -> Option<CnnOptions> {
+        Some(self.cnn)
+    }
+
     /// The student ([`StudentNet`]): one head per teacher.
     fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
         let heads = self.teachers.len().max(1);
         let policy = policy_head(a)?;
-        let inputs = mlp_input_dim("distill", o)?;
-        let network = Network::Mlp {
-            prefix: "student".into(),
-            widths: widths(inputs, &self.hidden_sizes, policy_width(&policy) * heads),
-            activation: self.activation,
+        let outputs = policy_width(&policy) * heads;
+        let network = if is_image(o) {
+            let channels = self.student_channels()?;
+            Network::NatureCnn {
+                prefix: "student".into(),
+                shape: image_shape(o)?,
+                convs: NatureCnn::KERNELS
+                    .iter()
+                    .zip(channels)
+                    .map(|(&(k, s), c)| (c as usize, k as usize, s as usize))
+                    .collect(),
+                features: self.student_features()? as usize,
+                outputs,
+                policy_outputs: outputs,
+            }
+        } else {
+            let inputs = mlp_input_dim("distill", o)?;
+            Network::Mlp {
+                prefix: "student".into(),
+                widths: widths(inputs, &self.hidden_sizes, outputs),
+                activation: self.activation,
+            }
         };
         Ok(Architecture::new("distill", network, policy, heads, o, a))
     }
@@ -217,6 +250,9 @@ impl DistillConfig {
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
         }
+        if self.cnn_channels.len() != 3 || self.cnn_channels.iter().any(|&c| c <= 0) {
+            return bad("cnn_channels", format!("{:?}", self.cnn_channels), "three positive channel counts");
+        }
         if let Some(t) = self.temperature
             && !(t > 0.0 && t.is_finite())
         {
@@ -238,6 +274,29 @@ impl DistillConfig {
             return bad("max_grad_norm", self.max_grad_norm.to_string(), "must be > 0");
         }
         Ok(())
+    }
+
+    /// The student CNN's channels (checked by [`DistillConfig::validate`]).
+    fn student_channels(&self) -> Result<[i64; 3]> {
+        <[i64; 3]>::try_from(self.cnn_channels.as_slice()).map_err(|_| Error::InvalidConfig {
+            algorithm: "distill",
+            field: "cnn_channels",
+            value: format!("{:?}", self.cnn_channels),
+            detail: "three positive channel counts".into(),
+        })
+    }
+
+    /// The student CNN's fc width: `hidden_sizes` must be one width on frames.
+    fn student_features(&self) -> Result<i64> {
+        match self.hidden_sizes[..] {
+            [f] if f > 0 => Ok(f),
+            _ => Err(Error::InvalidConfig {
+                algorithm: "distill",
+                field: "hidden_sizes",
+                value: format!("{:?}", self.hidden_sizes),
+                detail: "on frames the student is a CNN with one fc layer: give its width, e.g. [256]".into(),
+            }),
+        }
     }
 
     /// Whether actor processes can generate the data: they act with the student (broadcast like any policy).
@@ -263,15 +322,23 @@ enum Head {
     Gaussian(usize),
 }
 
-/// The student: an MLP `obs → logits` or `obs → means` (named `student.{k}`), plus `log_std` for boxes. With
-/// `H > 1` teachers (one per task) the observation ends with the task's one-hot (`H` floats,
-/// `flotilla_envs::TaskVecEnv`): the hidden layers are shared by every task (they see the one-hot too) and the
-/// output layer holds one head per task, of which each row reads its own task's.
+/// The student's layers: an MLP on vectors, a Nature-shaped CNN on frames.
+#[derive(Debug)]
+enum Body {
+    Mlp(FlatMlp),
+    Cnn(NatureCnn),
+}
+
+/// The student: an MLP `obs → logits` or `obs → means` (named `student.{k}`), plus `log_std` for boxes; on
+/// frames a CNN (`student.conv1..3`, `student.fc`, `student.out`). With `H > 1` teachers (one per task) the
+/// observation ends with the task's one-hot (`H` floats, `flotilla_envs::TaskVecEnv`): the hidden layers are
+/// shared by every task (they see the one-hot too) and the output layer holds one head per task, of which each
+/// row reads its own task's.
 #[derive(Debug)]
 pub struct StudentNet {
     /// Every parameter (what a broadcast carries and `save_weights` writes).
     pub params: FlatParams,
-    mlp: FlatMlp,
+    body: Body,
     log_std: Option<usize>,
     head: Head,
     obs_dim: usize,
@@ -293,8 +360,16 @@ impl StudentNet {
                 });
             }
         };
-        let obs_dim = mlp_input_dim("distill", obs)?;
+        let frames = is_image(obs);
+        let obs_dim = if frames { obs.flat_dim() } else { mlp_input_dim("distill", obs)? };
         let heads = config.teachers.len().max(1);
+        if heads > 1 && frames {
+            return Err(Error::UnsupportedSpace {
+                which: "observation",
+                algorithm: "distill",
+                detail: format!("{heads} teachers (one per task) need vector observations with a task one-hot"),
+            });
+        }
         if heads > 1 && obs_dim <= heads {
             return Err(Error::UnsupportedSpace {
                 which: "observation",
@@ -307,11 +382,25 @@ impl StudentNet {
         let outputs = match head {
             Head::Discrete(n) | Head::Gaussian(n) => n as i64,
         };
-        let (mlp, mut named) = with_torch_seed(seed, || {
-            let init = LayerInit::Orthogonal { out_gain: 0.01 };
-            let (inputs, hidden, act) = (obs_dim as i64, &config.hidden_sizes, config.activation);
-            FlatMlp::init("student", inputs, hidden, outputs * heads as i64, act, init, 0)
-        });
+        let (body, mut named) = if frames {
+            let (channels, features) = (config.student_channels()?, config.student_features()?);
+            let built = with_torch_seed(seed, || {
+                NatureCnn::init_sized("student", obs.shape(), channels, features, &[(outputs, 0.01)], 0)
+            });
+            let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
+                which: "observation",
+                algorithm: "distill",
+                detail: format!("{:?}: frames must be [C, H, W] with H, W ≥ 36", obs.shape()),
+            })?;
+            (Body::Cnn(cnn.with_options(config.cnn)), named)
+        } else {
+            let (mlp, named) = with_torch_seed(seed, || {
+                let init = LayerInit::Orthogonal { out_gain: 0.01 };
+                let (inputs, hidden, act) = (obs_dim as i64, &config.hidden_sizes, config.activation);
+                FlatMlp::init("student", inputs, hidden, outputs * heads as i64, act, init, 0)
+            });
+            (Body::Mlp(mlp), named)
+        };
         let log_std = match head {
             Head::Discrete(_) => None,
             Head::Gaussian(d) => {
@@ -322,7 +411,7 @@ impl StudentNet {
                 Some(named.len() - 1)
             }
         };
-        Ok(StudentNet { params: FlatParams::new(named, device), mlp, log_std, head, obs_dim, heads })
+        Ok(StudentNet { params: FlatParams::new(named, device), body, log_std, head, obs_dim, heads })
     }
 
     fn outputs(&self) -> usize {
@@ -331,9 +420,16 @@ impl StudentNet {
         }
     }
 
-    /// Logits or means, `[B, outputs]`, on `x` `[B, obs_dim]` (each row's own task's head).
+    /// Logits or means, `[B, outputs]`, on `x` `[B, obs_dim]` (each row's own task's head; frames as u8).
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        let all = self.mlp.forward(&self.params, x);
+        let mlp = match &self.body {
+            Body::Mlp(mlp) => mlp,
+            Body::Cnn(cnn) => {
+                let [c, h, w] = cnn.shape();
+                return cnn.forward(&self.params, &x.view([-1, c, h, w]));
+            }
+        };
+        let all = mlp.forward(&self.params, x);
         if self.heads == 1 {
             return all;
         }
@@ -378,12 +474,37 @@ impl StudentNet {
         self.log_std.map(|i| self.params.view(i))
     }
 
-    /// Observations as the network's input `[B, obs_dim]` on the parameters' device.
-    fn obs_tensor(&self, obs: &[f32]) -> Result<Tensor> {
+    /// Whether the student takes frames (u8), not float vectors.
+    fn takes_frames(&self) -> bool {
+        matches!(self.body, Body::Cnn(_))
+    }
+
+    /// Observations as the network's input `[B, obs_dim]` on the parameters' device (frames stay u8).
+    fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
         if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
             return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
         }
-        Ok(Tensor::f_from_slice(obs)?.f_view([-1, self.obs_dim as i64])?.to_device(self.params.flat().device()))
+        let x = match (obs, self.takes_frames()) {
+            (ObsRef::F32(x), false) => Tensor::f_from_slice(x)?,
+            (ObsRef::U8(x), true) => Tensor::f_from_slice(x)?,
+            (other, frames) => {
+                return Err(Error::UnsupportedSpace {
+                    which: "observation",
+                    algorithm: "distill",
+                    detail: format!(
+                        "{:?} observations for a student that takes {}",
+                        other.dtype(),
+                        if frames { "u8 frames" } else { "f32 vectors" }
+                    ),
+                });
+            }
+        };
+        Ok(x.f_view([-1, self.obs_dim as i64])?.to_device(self.params.flat().device()))
+    }
+
+    /// Zero observations of the student's dtype, `rows` of them (probes).
+    fn zero_obs(&self, rows: usize) -> ObsBuf {
+        ObsBuf::zeros(if self.takes_frames() { DType::U8 } else { DType::F32 }, rows * self.obs_dim)
     }
 
     /// The teaching kinds a student with this head can learn from.
@@ -395,7 +516,7 @@ impl StudentNet {
     }
 
     /// The student as a teacher (a distilled policy can teach in turn).
-    fn teach(&self, obs: &[f32]) -> Result<Teaching> {
+    fn teach(&self, obs: ObsRef<'_>) -> Result<Teaching> {
         let x = self.obs_tensor(obs)?;
         let out = tch::no_grad(|| self.forward(&x));
         Ok(match self.log_std() {
@@ -441,20 +562,23 @@ impl Policy for DistillPolicy {
 
     /// Samples the student's policy (or takes its mode); fills actions and their log-probs.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        let x = f32_obs("distill", obs)?;
-        if x.is_empty() || !x.len().is_multiple_of(self.net.obs_dim) {
+        if obs.is_empty() || !obs.len().is_multiple_of(self.net.obs_dim) {
             return Err(Error::BadLength {
                 what: "observation batch".into(),
-                got: x.len(),
+                got: obs.len(),
                 expected: self.net.obs_dim,
             });
         }
-        let rows = x.len() / self.net.obs_dim;
+        let rows = obs.len() / self.net.obs_dim;
         let deterministic = mode == ActMode::Deterministic;
-        if self.net.mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head) {
-            self.net.select_heads(x, &mut self.head);
+        let host = match (&self.net.body, obs) {
+            (Body::Mlp(mlp), ObsRef::F32(x)) => mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head),
+            _ => false,
+        };
+        if host {
+            self.net.select_heads(f32_obs("distill", obs)?, &mut self.head);
         } else {
-            let input = self.net.obs_tensor(x)?;
+            let input = self.net.obs_tensor(obs)?;
             let h = tch::no_grad(|| self.net.forward(&input));
             self.head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
         }
@@ -553,10 +677,10 @@ pub fn distill_loss(
     })
 }
 
-/// Labelled states in a ring: observation rows and the teacher's label rows.
+/// Labelled states in a ring: observation rows (frames as bytes) and the teacher's label rows.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LabelledReplay {
-    obs: Vec<f32>,
+    obs: ObsBuf,
     labels: Vec<f32>,
     obs_dim: usize,
     label_dim: usize,
@@ -566,9 +690,10 @@ pub struct LabelledReplay {
 }
 
 impl LabelledReplay {
-    /// An empty ring of `capacity` states (`label_dim` is set by the first push).
-    pub fn new(capacity: usize, obs_dim: usize) -> Self {
-        LabelledReplay { obs: Vec::new(), labels: Vec::new(), obs_dim, label_dim: 0, capacity, len: 0, next: 0 }
+    /// An empty ring of `capacity` states of `obs_dim` values of `dtype` (`label_dim` is set by the first push).
+    pub fn new(capacity: usize, obs_dim: usize, dtype: DType) -> Self {
+        let obs = ObsBuf::empty(dtype);
+        LabelledReplay { obs, labels: Vec::new(), obs_dim, label_dim: 0, capacity, len: 0, next: 0 }
     }
 
     /// States held.
@@ -582,22 +707,31 @@ impl LabelledReplay {
     }
 
     /// Add `rows` states and their labels (`labels.len() / rows` floats each), overwriting the oldest when full.
-    pub fn push(&mut self, obs: &[f32], labels: &[f32]) -> Result<()> {
+    pub fn push(&mut self, obs: ObsRef<'_>, labels: &[f32]) -> Result<()> {
         let rows = obs.len() / self.obs_dim;
         if rows == 0 || obs.len() != rows * self.obs_dim || !labels.len().is_multiple_of(rows) {
             return Err(Error::BadLength { what: "labelled states".into(), got: labels.len(), expected: rows });
         }
+        if obs.dtype() != self.obs.dtype() {
+            return Err(Error::UnsupportedSpace {
+                which: "observation",
+                algorithm: "distill",
+                detail: format!("{:?} states for a replay of {:?}", obs.dtype(), self.obs.dtype()),
+            });
+        }
         let l = labels.len() / rows;
         if self.label_dim == 0 {
             self.label_dim = l;
-            self.obs = vec![0.0; self.capacity * self.obs_dim];
+            self.obs = ObsBuf::zeros(self.obs.dtype(), self.capacity * self.obs_dim);
             self.labels = vec![0.0; self.capacity * l];
         } else if l != self.label_dim {
             return Err(Error::BadLength { what: "teacher labels per state".into(), got: l, expected: self.label_dim });
         }
-        for (o, y) in obs.chunks_exact(self.obs_dim).zip(labels.chunks_exact(l)) {
+        let d = self.obs_dim;
+        for (r, y) in labels.chunks_exact(l).enumerate() {
             let i = self.next;
-            self.obs[i * self.obs_dim..(i + 1) * self.obs_dim].copy_from_slice(o);
+            let same = self.obs.write_at(i * d, obs.slice(r * d..(r + 1) * d));
+            debug_assert!(same, "dtypes checked above");
             self.labels[i * l..(i + 1) * l].copy_from_slice(y);
             self.next = (i + 1) % self.capacity;
             self.len = (self.len + 1).min(self.capacity);
@@ -605,29 +739,44 @@ impl LabelledReplay {
         Ok(())
     }
 
-    /// `batch` states drawn uniformly with replacement: observations `[B, obs_dim]` and labels `[B, L]`.
+    /// `batch` states drawn uniformly with replacement: observations `[B, obs_dim]` (u8 frames or f32) and
+    /// labels `[B, L]`.
     pub fn sample(&self, batch: usize, rng: &mut impl Rng) -> (Tensor, Tensor) {
         let (d, l) = (self.obs_dim, self.label_dim);
-        let mut obs = Vec::with_capacity(batch * d);
+        let mut obs = ObsBuf::with_capacity(self.obs.dtype(), batch * d);
         let mut labels = Vec::with_capacity(batch * l);
         for _ in 0..batch {
             let i = rng.random_range(0..self.len);
-            obs.extend_from_slice(&self.obs[i * d..(i + 1) * d]);
+            let same = obs.extend(self.obs.slice(i * d..(i + 1) * d));
+            debug_assert!(same, "one dtype");
             labels.extend_from_slice(&self.labels[i * l..(i + 1) * l]);
         }
-        let obs = Tensor::from_slice(&obs).view([batch as i64, d as i64]);
-        (obs, Tensor::from_slice(&labels).view([batch as i64, l as i64]))
+        let obs = match &obs {
+            ObsBuf::F32(x) => Tensor::from_slice(x),
+            ObsBuf::U8(x) => Tensor::from_slice(x),
+        };
+        (obs.view([batch as i64, d as i64]), Tensor::from_slice(&labels).view([batch as i64, l as i64]))
     }
 
     fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
-        c.put_f32(format!("{prefix}.obs"), &self.obs[..self.len * self.obs_dim]);
+        let mut held = self.obs.clone();
+        held.truncate(self.len * self.obs_dim);
+        c.put_obs(format!("{prefix}.obs"), &held);
         c.put_f32(format!("{prefix}.labels"), &self.labels[..self.len * self.label_dim]);
         c.put_meta(format!("{prefix}.state"), &(self.len, self.next, self.label_dim))
     }
 
     fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         let (len, next, label_dim): (usize, usize, usize) = c.meta(&format!("{prefix}.state"))?;
-        let (obs, labels) = (c.take_f32(&format!("{prefix}.obs"))?, c.take_f32(&format!("{prefix}.labels"))?);
+        let (obs, labels) = (c.take_obs(&format!("{prefix}.obs"))?, c.take_f32(&format!("{prefix}.labels"))?);
+        // An empty ring's observations read back as f32 whatever their dtype: only a held state has one.
+        if len > 0 && obs.dtype() != self.obs.dtype() {
+            return Err(Error::Checkpoint(format!(
+                "distill replay: {:?} states for a student that takes {:?}",
+                obs.dtype(),
+                self.obs.dtype()
+            )));
+        }
         if len > self.capacity || next >= self.capacity.max(1) || obs.len() != len * self.obs_dim {
             return Err(Error::Checkpoint(format!(
                 "distill replay: {len} states of {} floats (next {next}) do not fit a buffer of {} states of {}",
@@ -642,12 +791,13 @@ impl LabelledReplay {
                 labels.len()
             )));
         }
-        *self = LabelledReplay::new(self.capacity, self.obs_dim);
+        *self = LabelledReplay::new(self.capacity, self.obs_dim, self.obs.dtype());
         if len > 0 {
             self.label_dim = label_dim;
-            self.obs = vec![0.0; self.capacity * self.obs_dim];
+            self.obs = ObsBuf::zeros(self.obs.dtype(), self.capacity * self.obs_dim);
             self.labels = vec![0.0; self.capacity * label_dim];
-            self.obs[..obs.len()].copy_from_slice(&obs);
+            let same = self.obs.write_at(0, obs.as_ref());
+            debug_assert!(same, "dtypes checked above");
             self.labels[..labels.len()].copy_from_slice(&labels);
         }
         self.len = len;
@@ -682,16 +832,16 @@ impl std::fmt::Debug for Distill {
 
 impl Distill {
     /// Label states, each by its task's teacher, and keep them.
-    fn label(&mut self, obs: &[f32]) -> Result<()> {
+    fn label(&mut self, obs: ObsRef<'_>) -> Result<()> {
         let Some(kind) = self.kind else {
             return Err(Error::Unsupported("distill: no teacher loaded (set_teachers was not called)".into()));
         };
         let labels = if self.teachers.len() == 1 {
-            let teaching = self.teachers[0].teach(ObsRef::F32(obs))?;
+            let teaching = self.teachers[0].teach(obs)?;
             check_kind(kind, &teaching)?;
             Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?
         } else {
-            self.label_by_task(obs, kind)?
+            self.label_by_task(f32_obs("distill", obs)?, kind)?
         };
         self.replay.push(obs, &labels)?;
         self.labelled += (obs.len() / self.pi.net.obs_dim) as u64;
@@ -704,7 +854,8 @@ impl Distill {
         config.validate()?;
         let net = StudentNet::new(obs, act, &config, device, seed)?;
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
-        let replay = LabelledReplay::new(config.buffer_size, net.obs_dim);
+        let dtype = if net.takes_frames() { DType::U8 } else { DType::F32 };
+        let replay = LabelledReplay::new(config.buffer_size, net.obs_dim, dtype);
         Ok(Distill {
             pi: DistillPolicy::of(net, seed),
             opt,
@@ -837,7 +988,7 @@ impl Algorithm for Distill {
     /// Label the observed states, each by its task's teacher, and keep them.
     fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
         for chunk in chunks {
-            self.label(f32_obs("distill", chunk.obs.as_ref())?)?;
+            self.label(chunk.obs.as_ref())?;
             self.steps += chunk.n_steps as u64;
         }
         Ok(())
@@ -879,7 +1030,7 @@ impl Algorithm for Distill {
     }
 
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
-        self.pi.net.teach(f32_obs("distill", obs)?)
+        self.pi.net.teach(obs)
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {
@@ -946,7 +1097,11 @@ impl crate::algorithm::Student for Distill {
                     self.pi.act_dim()
                 )));
             }
-            let teaching = teacher.teach(ObsRef::F32(&vec![0.0f32; task_dim]))?;
+            let teaching = if self.pi.net.takes_frames() {
+                teacher.teach(ObsRef::U8(&vec![0u8; task_dim]))?
+            } else {
+                teacher.teach(ObsRef::F32(&vec![0.0f32; task_dim]))?
+            };
             let width = teaching.labels().size()[1];
             let outputs = self.pi.net.outputs() as i64;
             let k_kind = teaching.kind();
@@ -966,8 +1121,8 @@ impl crate::algorithm::Student for Distill {
             self.temperature(k_kind)?;
             // Loss and teacher must pair up (e.g. kl has nothing to match in a deterministic teacher).
             let labels = teaching.labels().to_device(self.pi.net.params.flat().device());
-            let probe = vec![0.0f32; self.pi.obs_dim()];
-            let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(&probe).expect("one row")));
+            let probe = self.pi.net.zero_obs(1);
+            let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(probe.as_ref()).expect("one row")));
             let _ = distill_loss(self.config.loss, k_kind, &labels, &out, self.pi.net.log_std(), 1.0)?;
             kind = Some(k_kind);
         }
@@ -1067,35 +1222,47 @@ mod tests {
         assert!(err.unwrap_err().to_string().contains("discrete student cannot learn a continuous teacher"));
     }
 
+    /// In both observation dtypes (vectors as f32, frames as u8).
     #[test]
     fn labelled_replay_is_a_ring_and_survives_a_checkpoint() {
-        let mut r = LabelledReplay::new(3, 2);
-        r.push(&[1.0, 1.0, 2.0, 2.0], &[10.0, 20.0]).unwrap();
-        r.push(&[3.0, 3.0, 4.0, 4.0], &[30.0, 40.0]).unwrap();
-        assert_eq!(r.len(), 3);
-        // State 1 was overwritten by state 4: every sample pairs an observation with its own label.
-        let (obs, labels) = r.sample(200, &mut Pcg64::seed_from_u64(0));
-        let (obs, labels) =
-            (Vec::<f32>::try_from(obs.flatten(0, -1)).unwrap(), Vec::<f32>::try_from(labels.flatten(0, -1)).unwrap());
-        let mut seen = std::collections::BTreeSet::new();
-        for (o, l) in obs.chunks(2).zip(&labels) {
-            assert_eq!(o[0] * 10.0, *l);
-            seen.insert(*l as i64);
+        for dtype in [DType::F32, DType::U8] {
+            let rows = |v: &[u8]| match dtype {
+                DType::F32 => ObsBuf::F32(v.iter().map(|&x| x as f32).collect()),
+                DType::U8 => ObsBuf::U8(v.to_vec()),
+            };
+            let mut r = LabelledReplay::new(3, 2, dtype);
+            r.push(rows(&[1, 1, 2, 2]).as_ref(), &[10.0, 20.0]).unwrap();
+            r.push(rows(&[3, 3, 4, 4]).as_ref(), &[30.0, 40.0]).unwrap();
+            assert_eq!(r.len(), 3);
+            // State 1 was overwritten by state 4: every sample pairs an observation with its own label.
+            let (obs, labels) = r.sample(200, &mut Pcg64::seed_from_u64(0));
+            assert_eq!(obs.kind(), if dtype == DType::U8 { Kind::Uint8 } else { Kind::Float }, "{dtype:?}");
+            let obs = Vec::<f32>::try_from(obs.to_kind(Kind::Float).flatten(0, -1)).unwrap();
+            let labels = Vec::<f32>::try_from(labels.flatten(0, -1)).unwrap();
+            let mut seen = std::collections::BTreeSet::new();
+            for (o, l) in obs.chunks(2).zip(&labels) {
+                assert_eq!(o[0] * 10.0, *l);
+                seen.insert(*l as i64);
+            }
+            assert_eq!(seen.into_iter().collect::<Vec<_>>(), [20, 30, 40]);
+            // Labels of another width, observations that do not split into rows, or of the other dtype, are
+            // refused.
+            let e = r.push(rows(&[5, 5]).as_ref(), &[1.0, 2.0]).unwrap_err().to_string();
+            assert!(e.contains("teacher labels per state"), "{e}");
+            assert!(r.push(rows(&[5, 5, 5]).as_ref(), &[1.0]).is_err());
+            let other = if dtype == DType::U8 { ObsBuf::F32(vec![5.0, 5.0]) } else { ObsBuf::U8(vec![5, 5]) };
+            assert!(r.push(other.as_ref(), &[1.0]).is_err());
+            let mut c = Checkpoint::new();
+            r.write_to(&mut c, "replay").unwrap();
+            let mut back = LabelledReplay::new(3, 2, dtype);
+            back.read_from(&mut c, "replay").unwrap();
+            assert_eq!(back, r);
+            // A checkpoint from a larger buffer does not fit a smaller one.
+            let mut c = Checkpoint::new();
+            r.write_to(&mut c, "replay").unwrap();
+            let err = LabelledReplay::new(2, 2, dtype).read_from(&mut c, "replay").unwrap_err();
+            assert!(err.to_string().contains("do not fit a buffer of 2 states"), "{err}");
         }
-        assert_eq!(seen.into_iter().collect::<Vec<_>>(), [20, 30, 40]);
-        // Labels of another width, or observations that do not split into rows, are refused.
-        assert!(r.push(&[5.0, 5.0], &[1.0, 2.0]).unwrap_err().to_string().contains("teacher labels per state"));
-        assert!(r.push(&[5.0, 5.0, 5.0], &[1.0]).is_err());
-        let mut c = Checkpoint::new();
-        r.write_to(&mut c, "replay").unwrap();
-        let mut back = LabelledReplay::new(3, 2);
-        back.read_from(&mut c, "replay").unwrap();
-        assert_eq!(back, r);
-        // A checkpoint from a larger buffer does not fit a smaller one.
-        let mut c = Checkpoint::new();
-        r.write_to(&mut c, "replay").unwrap();
-        let err = LabelledReplay::new(2, 2).read_from(&mut c, "replay").unwrap_err();
-        assert!(err.to_string().contains("do not fit a buffer of 2 states"), "{err}");
     }
 
     fn obs_space(d: usize) -> Space {
@@ -1258,6 +1425,91 @@ mod tests {
         assert!(a.policy_params().flat().equal(b.policy_params().flat()), "a restored student diverged");
         let after = error(&mut a);
         assert!(after.0 < 0.3 * before.0 && after.1 < 0.3 * before.1, "|Δmean|, |Δlog σ|: {before:?} → {after:?}");
+    }
+
+    /// 8 frames `[4, 44, 44]`: black, with a bright 6 × 6 block at a random place (what a CNN can locate).
+    fn block_frames(rng: &mut Pcg64) -> Vec<u8> {
+        let mut x = vec![0u8; 8 * 4 * 44 * 44];
+        for f in x.chunks_mut(4 * 44 * 44) {
+            let (r, c) = (rng.random_range(0..38), rng.random_range(0..38));
+            for plane in f.chunks_mut(44 * 44) {
+                for i in r..r + 6 {
+                    plane[i * 44 + c..i * 44 + c + 6].fill(200);
+                }
+            }
+        }
+        x
+    }
+
+    /// On frames: a CNN student (8/16/16 channels, fc 32; the teacher is the Nature CNN) learns the teacher's
+    /// greedy actions from u8 frames its replay keeps as bytes; a restored student continues bit for bit; the
+    /// architecture names the student's CNN; a student on frames refuses an MLP-shaped `hidden_sizes`.
+    #[test]
+    fn a_cnn_student_learns_a_cnn_teacher_on_frames_and_resumes_exactly() {
+        let n = 4 * 44 * 44;
+        let obs = Space::Box { low: vec![0.0; n], high: vec![255.0; n], shape: vec![4, 44, 44], dtype: DType::U8 };
+        let act = Space::discrete(3);
+        let f32 = CnnOptions::F32;
+        let teacher = || {
+            let mut t = Ppo::new(&obs, &act, 8, PpoConfig { cnn: f32, ..Default::default() }, Device::Cpu, 5).unwrap();
+            // Sharpen the teacher's near-uniform initial logits (ReLU layers scale: 2⁵ through five layers).
+            let mut flat = t.policy_params_mut().flat().shallow_clone();
+            let _ = tch::no_grad(|| flat.g_mul_scalar_(2.0));
+            Box::new(t) as Box<dyn Algorithm>
+        };
+        let config = DistillConfig {
+            teachers: vec!["t".into()],
+            hidden_sizes: vec![32],
+            cnn_channels: vec![8, 16, 16],
+            cnn: f32,
+            learning_starts: 64,
+            learning_rate: 1e-3,
+            ..Default::default()
+        };
+        let arch = config.architecture(&obs, &act).unwrap();
+        let Network::NatureCnn { convs, features, .. } = &arch.network else { panic!("{:?}", arch.network) };
+        assert_eq!((convs.clone(), *features), (vec![(8, 8, 4), (16, 4, 2), (16, 3, 1)], 32));
+        let mut a = Distill::new(&obs, &act, config.clone(), Device::Cpu, 1).unwrap();
+        a.set_teachers(vec![teacher()]).unwrap();
+        assert_eq!(a.replay.obs.dtype(), DType::U8);
+        let mut rng = Pcg64::seed_from_u64(99);
+        let probe: Vec<u8> = (0..32).flat_map(|_| block_frames(&mut rng)).collect();
+        let agreement = |s: &mut Distill| {
+            let t = s.teachers[0].teach(ObsRef::U8(&probe)).unwrap().labels().argmax(-1, false);
+            let Teaching::Logits(l) = s.teach(ObsRef::U8(&probe)).unwrap() else { panic!("a discrete student") };
+            f64::try_from(l.argmax(-1, false).eq_tensor(&t).to_kind(Kind::Float).mean(Kind::Float)).unwrap()
+        };
+        let run = |s: &mut Distill, steps: usize, seed: u64| {
+            let mut rng = Pcg64::seed_from_u64(seed);
+            let (act, zeros, flags) = (ActOutput::default(), [0.0f32; 8], [false; 8]);
+            for _ in 0..steps {
+                let x = block_frames(&mut rng);
+                let chunk =
+                    Chunk::from_step(ObsRef::U8(&x), &act.actions, &act.log_probs, &act.values, &zeros, &flags, &flags, ObsRef::U8(&x));
+                s.observe(&[chunk]).unwrap();
+                s.update(&Progress { env_steps: 0, total_env_steps: 1 }).unwrap();
+            }
+        };
+        let before = agreement(&mut a);
+        run(&mut a, 150, 3);
+        let mut c = a.checkpoint().unwrap();
+        let mut b = Distill::new(&obs, &act, config.clone(), Device::Cpu, 2).unwrap();
+        b.set_teachers(vec![teacher()]).unwrap();
+        b.restore(&mut c).unwrap();
+        run(&mut a, 150, 8);
+        run(&mut b, 150, 8);
+        assert!(a.policy_params().flat().equal(b.policy_params().flat()), "a restored student diverged");
+        let after = agreement(&mut a);
+        assert!(after > 0.8 && after > before + 0.2, "agreement {before:.3} → {after:.3}");
+        // The student acts on frames too (and refuses float rows).
+        let mut out = ActOutput::default();
+        a.act(ObsRef::U8(&probe[..2 * n]), ActMode::Deterministic, &mut out).unwrap();
+        assert_eq!(out.actions.len(), 2);
+        assert!(a.act(ObsRef::F32(&vec![0.0; n]), ActMode::Deterministic, &mut out).is_err());
+        let e = Distill::new(&obs, &act, DistillConfig { hidden_sizes: vec![32, 32], ..config }, Device::Cpu, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hidden_sizes") && e.contains("one fc layer"), "{e}");
     }
 
     #[test]

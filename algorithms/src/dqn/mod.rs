@@ -244,6 +244,7 @@ impl AlgorithmKind for DqnConfig {
                 prefix: "q".into(),
                 shape,
                 convs: CNN_CONVS.to_vec(),
+                features: crate::export::CNN_FEATURES,
                 outputs,
                 policy_outputs: outputs,
             }

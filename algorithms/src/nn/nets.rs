@@ -381,19 +381,26 @@ pub struct NatureCnn {
     out: Option<usize>,
     /// Observation shape `[C, H, W]`.
     shape: [i64; 3],
+    /// `(out_channels, kernel, stride)` of each convolution.
+    convs: [(i64, i64, i64); 3],
+    /// Units of the fc layer (the torso's features).
+    features: i64,
     options: CnnOptions,
 }
 
 impl NatureCnn {
-    /// Features the torso outputs.
+    /// Features the Nature torso outputs.
     pub const FEATURES: i64 = 512;
-    const CONVS: [(i64, i64, i64); 3] = [(32, 8, 4), (64, 4, 2), (64, 3, 1)];
+    /// The Nature torso's convolutions' output channels.
+    pub const CHANNELS: [i64; 3] = [32, 64, 64];
+    /// Kernel and stride of each convolution (8×8/4, 4×4/2, 3×3/1), whatever the channels.
+    pub(crate) const KERNELS: [(i64, i64); 3] = [(8, 4), (4, 2), (3, 1)];
 
     /// Spatial size after the convolutions for an `h × w` input, if it is large enough (84 → 7).
     fn conv_out(h: i64, w: i64) -> Option<(i64, i64)> {
-        Self::CONVS
+        Self::KERNELS
             .iter()
-            .try_fold((h, w), |(h, w), &(_, k, s)| (h >= k && w >= k).then(|| ((h - k) / s + 1, (w - k) / s + 1)))
+            .try_fold((h, w), |(h, w), &(k, s)| (h >= k && w >= k).then(|| ((h - k) / s + 1, (w - k) / s + 1)))
     }
 
     /// Initial parameters for observations of `shape` (`[C, H, W]`, at least 36×36), named `{prefix}.conv1.weight`,
@@ -406,6 +413,24 @@ impl NatureCnn {
         out_groups: &[(i64, f64)],
         first_index: usize,
     ) -> Option<(Self, Vec<(String, Tensor)>)> {
+        Self::init_sized(prefix, shape, Self::CHANNELS, Self::FEATURES, out_groups, first_index)
+    }
+
+    /// [`NatureCnn::init`] with other widths: `channels` out of each convolution (same kernels and strides) and
+    /// `features` units in the fc layer — a smaller student of the same shape (`None` also where a width is
+    /// not positive).
+    pub fn init_sized(
+        prefix: &str,
+        shape: &[usize],
+        channels: [i64; 3],
+        features: i64,
+        out_groups: &[(i64, f64)],
+        first_index: usize,
+    ) -> Option<(Self, Vec<(String, Tensor)>)> {
+        if channels.iter().any(|&c| c <= 0) || features <= 0 {
+            return None;
+        }
+        let convs = [0, 1, 2].map(|k| (channels[k], Self::KERNELS[k].0, Self::KERNELS[k].1));
         let [c, h, w] = <[usize; 3]>::try_from(shape).ok()?.map(|x| x as i64);
         let (oh, ow) = Self::conv_out(h, w)?;
         let cpu = tch::Device::Cpu;
@@ -414,7 +439,7 @@ impl NatureCnn {
         let gain = 2f64.sqrt();
         let mut named = Vec::new();
         let mut inputs = c;
-        for (k, &(o, size, _)) in Self::CONVS.iter().enumerate() {
+        for (k, &(o, size, _)) in convs.iter().enumerate() {
             // tch's `Init::Orthogonal` takes a matrix: draw it flat and reshape to the kernel bank.
             let weight = orthogonal(o, inputs * size * size, gain).view([o, inputs, size, size]);
             named.push((format!("{prefix}.conv{}.weight", k + 1), weight));
@@ -422,14 +447,13 @@ impl NatureCnn {
             inputs = o;
         }
         // Linear weights are stored `[in, out]`, the layout `addmm` takes.
-        let flat = 64 * oh * ow;
-        named
-            .push((format!("{prefix}.fc.weight"), orthogonal(Self::FEATURES, flat, gain).transpose(0, 1).contiguous()));
-        named.push((format!("{prefix}.fc.bias"), zeros(Self::FEATURES)));
+        let flat = channels[2] * oh * ow;
+        named.push((format!("{prefix}.fc.weight"), orthogonal(features, flat, gain).transpose(0, 1).contiguous()));
+        named.push((format!("{prefix}.fc.bias"), zeros(features)));
         let out = (!out_groups.is_empty()).then(|| {
             let groups: Vec<Tensor> = out_groups
                 .iter()
-                .map(|&(units, gain)| orthogonal(units, Self::FEATURES, gain).transpose(0, 1))
+                .map(|&(units, gain)| orthogonal(units, features, gain).transpose(0, 1))
                 .collect();
             let outputs: i64 = out_groups.iter().map(|g| g.0).sum();
             named.push((format!("{prefix}.out.weight"), Tensor::cat(&groups, 1).contiguous()));
@@ -437,7 +461,7 @@ impl NatureCnn {
             first_index + 8
         });
         let layers = [0, 2, 4, 6].map(|i| first_index + i);
-        Some((NatureCnn { layers, out, shape: [c, h, w], options: CnnOptions::F32 }, named))
+        Some((NatureCnn { layers, out, shape: [c, h, w], convs, features, options: CnnOptions::F32 }, named))
     }
 
     /// The same network computing as `options` say.
@@ -450,6 +474,16 @@ impl NatureCnn {
         self.shape
     }
 
+    /// `(out_channels, kernel, stride)` of each convolution.
+    pub fn convs(&self) -> [(i64, i64, i64); 3] {
+        self.convs
+    }
+
+    /// Units of the fc layer: the features a torso outputs.
+    pub fn features(&self) -> i64 {
+        self.features
+    }
+
     /// The output layer on frames `[B, C, H, W]` (u8 or float 0–255): `[B, outputs]` (a torso's `[B, 512]`
     /// features).
     pub fn forward(&self, params: &crate::nn::params::FlatParams, frames: &Tensor) -> Tensor {
@@ -460,7 +494,7 @@ impl NatureCnn {
         if nhwc {
             h = channels_last(&h);
         }
-        for (k, &(_, _, stride)) in Self::CONVS.iter().enumerate() {
+        for (k, &(_, _, stride)) in self.convs.iter().enumerate() {
             let i = self.layers[k];
             let w = if nhwc { channels_last(&cast(params.view(i))) } else { cast(params.view(i)) };
             h = h.conv2d(&w, Some(cast(params.view(i + 1))), [stride, stride], [0, 0], [1, 1], 1).relu();

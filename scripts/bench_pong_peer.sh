@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Pong training speed, side by side in one run: `flotilla train examples/configs/pong_fast.toml` against the
+# CleanRL-style PyTorch + EnvPool peer (tests/peers/ppo_atari_envpool.py: the same PPO, the same hyperparameters,
+# 8 envs) in f32 and under PyTorch's bf16 CPU autocast, STEPS agent steps each (default 40,960 = 40 rollouts),
+# ROUNDS rounds interleaved (default 2). Both use every core (Flotilla: torch_threads = 2 and two ale-py
+# threads, as pong_fast.toml says; the peer: torch's default threads and one EnvPool thread, CleanRL's
+# defaults). Prints agent steps/s per run, start-up excluded on both sides (Flotilla's `train_secs`).
+# Run it with nothing else on the machine.
+#   bash scripts/setup_peers.sh --torch && bash scripts/bench_pong_peer.sh [STEPS] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps="${1:-40960}"
+rounds="${2:-2}"
+cache="${FLOTILLA_CACHE:-$HOME/.cache/flotilla}"
+peer="$cache/peers-venv/bin/python"
+[ -x "$peer" ] || { echo "bench_pong_peer.sh: no peers venv; run: bash scripts/setup_peers.sh --torch" >&2; exit 2; }
+bash scripts/setup.sh >/dev/null
+cargo build --release -p flotilla-cli >/dev/null
+target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+bin="$target/release/flotilla"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+echo "pong speed, $steps agent steps per run, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+for round in $(seq 1 "$rounds"); do
+  out="$work/flotilla-$round"
+  "$bin" train examples/configs/pong_fast.toml --out "$out" --set "run.total_env_steps=$steps" \
+    --set eval.interval_steps=100000000 --set eval.episodes=1 >"$out.log" 2>&1
+  secs=$(grep -o 'for [0-9]* env steps in [0-9.]* s' "$out.log" | awk '{print $6}')
+  bf16=$(grep -o 'bf16 = [a-z]*' "$out/config.toml" | head -1)
+  echo "round $round | flotilla pong_fast.toml ($bf16) | $(python3 -c "print(round($steps / $secs))") agent steps/s ($secs s)"
+  echo "round $round | peer f32 | $("$peer" tests/peers/ppo_atari_envpool.py "$steps")"
+  echo "round $round | peer bf16 autocast | $("$peer" tests/peers/ppo_atari_envpool.py "$steps" --bf16)"
+done
