@@ -76,6 +76,7 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
     let stacked = dir.join("stacked.json");
     let rows: Vec<Vec<usize>> = (0..3).map(|r| (0..4 * 84 * 84).map(|i| pixel(r, 1, i)).collect()).collect();
     std::fs::write(&stacked, serde_json::to_string(&rows).unwrap()).unwrap();
+    let quick = ["metrics.log_interval_steps=1000", "eval.episodes=1"];
     // A Pong teacher of a few hundred steps, for the CNN student below.
     let teacher = train(
         &dir,
@@ -84,7 +85,6 @@ fn exported_policies_act_in_pytorch_as_in_flotilla() {
         &[&quick[..], &["run.total_env_steps=256", "eval.interval_steps=256", "run.torch_threads=1"]].concat(),
     );
     let teachers = format!("algorithm.teachers=[{:?}]", teacher.display().to_string());
-    let quick = ["metrics.log_interval_steps=1000", "eval.episodes=1"];
     let runs = [
         (
             train(
