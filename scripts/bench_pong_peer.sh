@@ -14,10 +14,8 @@ rounds="${2:-2}"
 cache="${FLOTILLA_CACHE:-$HOME/.cache/flotilla}"
 peer="$cache/peers-venv/bin/python"
 [ -x "$peer" ] || { echo "bench_pong_peer.sh: no peers venv; run: bash scripts/setup_peers.sh --torch" >&2; exit 2; }
-bash scripts/setup.sh >/dev/null
-cargo build --release -p flotilla-cli >/dev/null
-target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-bin="$target/release/flotilla"
+source scripts/release_bin.sh
+bin="$release_bin"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 echo "pong speed, $steps agent steps per run, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"

@@ -17,9 +17,7 @@ cd "$(dirname "$0")/.."
 name="$1"; config="$2"; shift 2
 case "$name" in */*|.*|"") echo "long_run.sh: NAME must be a plain directory name, got '$name'" >&2; exit 2;; esac
 [ -f "$config" ] || { echo "long_run.sh: no config file $config" >&2; exit 2; }
-bash scripts/setup.sh >/dev/null
-cargo build --release -p flotilla-cli >/dev/null
-target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+source scripts/release_bin.sh
 runs="${HOME}/.cache/flotilla/runs"
 mkdir -p "$runs/bin"
 out="$runs/$name"
@@ -30,7 +28,7 @@ fi
 # One binary per run: a resumed segment runs the binary the run started with.
 bin="$runs/bin/$name"
 if [ ! -x "$bin" ]; then
-  cp "$target/release/flotilla" "$bin.tmp" && mv "$bin.tmp" "$bin"
+  cp "$release_bin" "$bin.tmp" && mv "$bin.tmp" "$bin"
 fi
 start=$(date +%s)
 if [ -f "$out/checkpoint.safetensors" ]; then

@@ -12,15 +12,13 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash scripts/pong_fast.sh NAME [--set key=value ...]" >&2; exit 2; }
 name="$1"; shift
 case "$name" in */*|.*|"") echo "pong_fast.sh: NAME must be a plain directory name, got '$name'" >&2; exit 2;; esac
-bash scripts/setup.sh >/dev/null
-cargo build --release -p flotilla-cli >/dev/null
-target="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+source scripts/release_bin.sh
 runs="${HOME}/.cache/flotilla/runs"
 mkdir -p "$runs/bin"
 out="$runs/$name"
 [ -e "$out" ] && { echo "pong_fast.sh: $out exists; remove it (and $out.log) to run $name again" >&2; exit 2; }
 bin="$runs/bin/$name"
-cp "$target/release/flotilla" "$bin.tmp" && mv "$bin.tmp" "$bin"
+cp "$release_bin" "$bin.tmp" && mv "$bin.tmp" "$bin"
 {
   echo "== pong_fast.sh $name: $(date -u +%FT%T.%NZ) start; load $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cores"
   echo "== command: flotilla train examples/configs/pong_fast.toml --out $out $*"
