@@ -189,10 +189,7 @@ fn push_cnn_torso(
     layers.push((TorchLayer::Flatten, None));
     let fc = get(format!("{prefix}.fc.weight"));
     let (flat, features) = (fc.size()[0] as usize, fc.size()[1] as usize);
-    layers.push((
-        TorchLayer::Linear(flat, features),
-        Some((fc.transpose(0, 1), get(format!("{prefix}.fc.bias")))),
-    ));
+    layers.push((TorchLayer::Linear(flat, features), Some((fc.transpose(0, 1), get(format!("{prefix}.fc.bias"))))));
     layers.push((TorchLayer::Relu, None));
 }
 

@@ -82,6 +82,21 @@ fn plot_draws_two_runs_with_bands_legend_and_threshold() {
     assert!(grouped.contains("ppo (2 seeds, mean ± std)"), "{grouped}");
     assert!(!grouped.contains("ppo-seed1"));
 
+    // --x train_secs: the same curves against training seconds; another column, or --group with it, is refused.
+    let secs = dir.join("secs.svg");
+    let o = flotilla(&["plot", a, b, "--x", "train_secs", "--out", secs.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let secs = std::fs::read_to_string(&secs).unwrap();
+    assert!(secs.contains("train secs") && !secs.contains("env steps") && secs.contains("ppo-seed1"), "{secs}");
+    let o = flotilla(&["plot", a, "--x", "wall", "--out", dir.join("x.png").to_str().unwrap()]);
+    assert!(
+        !o.status.success() && text(&o).contains("no wall column") && text(&o).contains("train_secs"),
+        "{}",
+        text(&o)
+    );
+    let o = flotilla(&["plot", a, b, "--group", "--x", "train_secs", "--out", dir.join("x.png").to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("--x env_steps"), "{}", text(&o));
+
     // Errors name what is wrong.
     let o = flotilla(&["plot", a, "--metric", "eval/nope", "--out", dir.join("x.png").to_str().unwrap()]);
     assert!(!o.status.success());

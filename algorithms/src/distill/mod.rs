@@ -41,7 +41,9 @@ use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
-use crate::nn::nets::{Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, is_image, mlp_input_dim, with_torch_seed};
+use crate::nn::nets::{
+    Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, is_image, mlp_input_dim, with_torch_seed,
+};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
@@ -572,7 +574,9 @@ impl Policy for DistillPolicy {
         let rows = obs.len() / self.net.obs_dim;
         let deterministic = mode == ActMode::Deterministic;
         let host = match (&self.net.body, obs) {
-            (Body::Mlp(mlp), ObsRef::F32(x)) => mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head),
+            (Body::Mlp(mlp), ObsRef::F32(x)) => {
+                mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head)
+            }
             _ => false,
         };
         if host {
@@ -1484,8 +1488,16 @@ mod tests {
             let (act, zeros, flags) = (ActOutput::default(), [0.0f32; 8], [false; 8]);
             for _ in 0..steps {
                 let x = block_frames(&mut rng);
-                let chunk =
-                    Chunk::from_step(ObsRef::U8(&x), &act.actions, &act.log_probs, &act.values, &zeros, &flags, &flags, ObsRef::U8(&x));
+                let chunk = Chunk::from_step(
+                    ObsRef::U8(&x),
+                    &act.actions,
+                    &act.log_probs,
+                    &act.values,
+                    &zeros,
+                    &flags,
+                    &flags,
+                    ObsRef::U8(&x),
+                );
                 s.observe(&[chunk]).unwrap();
                 s.update(&Progress { env_steps: 0, total_env_steps: 1 }).unwrap();
             }

@@ -451,10 +451,8 @@ impl NatureCnn {
         named.push((format!("{prefix}.fc.weight"), orthogonal(features, flat, gain).transpose(0, 1).contiguous()));
         named.push((format!("{prefix}.fc.bias"), zeros(features)));
         let out = (!out_groups.is_empty()).then(|| {
-            let groups: Vec<Tensor> = out_groups
-                .iter()
-                .map(|&(units, gain)| orthogonal(units, features, gain).transpose(0, 1))
-                .collect();
+            let groups: Vec<Tensor> =
+                out_groups.iter().map(|&(units, gain)| orthogonal(units, features, gain).transpose(0, 1)).collect();
             let outputs: i64 = out_groups.iter().map(|g| g.0).sum();
             named.push((format!("{prefix}.out.weight"), Tensor::cat(&groups, 1).contiguous()));
             named.push((format!("{prefix}.out.bias"), zeros(outputs)));
