@@ -6,7 +6,7 @@
 //! Names are `section.field` (`q.params`, `adam.exp_avg`, `replay.obs`, ...).
 use std::path::Path;
 
-use flotilla_core::ObsBuf;
+use flotilla_core::{ObsBuf, ObsRef};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tch::{Device, Kind, Tensor};
@@ -43,10 +43,10 @@ impl Checkpoint {
     }
 
     /// Add observations in their own dtype (frames stay u8).
-    pub fn put_obs(&mut self, name: impl Into<String>, obs: &ObsBuf) {
+    pub fn put_obs(&mut self, name: impl Into<String>, obs: ObsRef<'_>) {
         let t = match obs {
-            ObsBuf::F32(v) => Tensor::from_slice(v),
-            ObsBuf::U8(v) => Tensor::from_slice(v),
+            ObsRef::F32(v) => Tensor::from_slice(v),
+            ObsRef::U8(v) => Tensor::from_slice(v),
         };
         self.tensors.push((name.into(), t));
     }

@@ -38,6 +38,7 @@ use serde_json::{Value, json};
 use tch::{Kind, Tensor};
 
 use crate::nn::activation::Activation;
+use crate::nn::nets::NatureCnn;
 pub use crate::weights_file::{read_safetensors, write_safetensors};
 use crate::{Error, Result};
 
@@ -46,13 +47,39 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Version of the layout [`PytorchPolicy::save`] writes.
 pub const EXPORT_VERSION: u32 = 1;
 
-/// The Nature CNN's convolutions, `(out_channels, kernel, stride)` (as `nets::NatureCnn` builds them).
-pub(crate) const CNN_CONVS: [(usize, usize, usize); 3] = [(32, 8, 4), (64, 4, 2), (64, 3, 1)];
 /// Units of the Nature CNN's hidden linear layer.
-pub(crate) const CNN_FEATURES: usize = 512;
+const CNN_FEATURES: usize = NatureCnn::FEATURES as usize;
 
 fn cnn_features() -> usize {
     CNN_FEATURES
+}
+
+/// `(out_channels, kernel, stride)` of each convolution of a CNN of the Nature CNN's shape with `channels` (as
+/// [`NatureCnn::init_sized`] builds it).
+fn cnn_convs(channels: [i64; 3]) -> Vec<(usize, usize, usize)> {
+    NatureCnn::KERNELS.iter().zip(channels).map(|(&(k, s), c)| (c as usize, k as usize, s as usize)).collect()
+}
+
+impl Network {
+    /// A CNN of the Nature CNN's shape (Nature's own: [`NatureCnn::CHANNELS`], [`NatureCnn::FEATURES`]) on the
+    /// frames of `observation`, its output layer `outputs` wide, the policy reading the first `policy_outputs`.
+    pub(crate) fn nature_cnn(
+        prefix: &str,
+        observation: &Space,
+        channels: [i64; 3],
+        features: i64,
+        outputs: usize,
+        policy_outputs: usize,
+    ) -> Result<Network> {
+        Ok(Network::NatureCnn {
+            prefix: prefix.into(),
+            shape: image_shape(observation)?,
+            convs: cnn_convs(channels),
+            features: features as usize,
+            outputs,
+            policy_outputs,
+        })
+    }
 }
 
 /// How `model.safetensors` stores the acting network.
@@ -269,7 +296,7 @@ impl Architecture {
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
         if let Some(shape) = self.recurrent.and_then(|r| r.torso) {
-            out.extend(cnn_torso_shapes("cnn", &shape, &CNN_CONVS, CNN_FEATURES));
+            out.extend(cnn_torso_shapes("cnn", &shape, &cnn_convs(NatureCnn::CHANNELS), CNN_FEATURES));
         }
         if let Some(r) = &self.recurrent {
             let g = if r.cell == crate::nn::recurrent::Recurrence::Lstm { 4 } else { 3 };
@@ -696,7 +723,7 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             let observations = match r.torso {
                 None => format!("observations [B, {}] float32", r.inputs),
                 Some(shape) => {
-                    push_cnn_torso(&mut pre, &get, "cnn", &shape, &CNN_CONVS);
+                    push_cnn_torso(&mut pre, &get, "cnn", &shape, &cnn_convs(NatureCnn::CHANNELS));
                     format!(
                         "frames [B, {}, {}, {}] as float32 0-255 (Flotilla's division by 255 is folded into \
                          pre_layers 0)",

@@ -150,7 +150,7 @@ impl Trainer {
         if let Some(replay) = &self.replay {
             replay.write_to(&mut c)?;
         }
-        c.put_obs("trainer.obs", &self.obs);
+        c.put_obs("trainer.obs", self.obs.as_ref());
         if self.memory.dim() > 0 {
             c.put_f32("trainer.memory", self.memory.state());
         }

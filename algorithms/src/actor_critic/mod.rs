@@ -19,9 +19,7 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
-use crate::export::{
-    Architecture, CNN_CONVS, Network, RecurrentLayout, image_shape, policy_head, policy_width, widths,
-};
+use crate::export::{Architecture, Network, RecurrentLayout, image_shape, policy_head, policy_width, widths};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
@@ -144,15 +142,7 @@ impl NetConfig<'_> {
         let policy = policy_head(action)?;
         let n = policy_width(&policy);
         let network = if is_image(observation) && !self.recurrent.is_some() {
-            let shape = image_shape(observation)?;
-            Network::NatureCnn {
-                prefix: "cnn".into(),
-                shape,
-                convs: CNN_CONVS.to_vec(),
-                features: crate::export::CNN_FEATURES,
-                outputs: n + 1,
-                policy_outputs: n,
-            }
+            Network::nature_cnn("cnn", observation, NatureCnn::CHANNELS, NatureCnn::FEATURES, n + 1, n)?
         } else {
             let inputs = if self.recurrent.is_some() {
                 self.recurrent_hidden as usize

@@ -446,7 +446,7 @@ impl Rollout {
             c.put_f32(format!("{prefix}.{name}"), v);
         }
         for (name, v) in [("obs", &self.obs), ("final_obs", &self.final_obs), ("bootstrap_obs", &self.bootstrap_obs)] {
-            c.put_obs(format!("{prefix}.{name}"), v);
+            c.put_obs(format!("{prefix}.{name}"), v.as_ref());
         }
         c.put_meta(format!("{prefix}.final_obs_steps"), &self.final_obs_steps)?;
         if !self.initial_state.is_empty() {

@@ -36,7 +36,7 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::export::{Architecture, Network, image_shape, policy_head, policy_width, widths};
+use crate::export::{Architecture, Network, policy_head, policy_width, widths};
 use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
@@ -199,19 +199,8 @@ impl AlgorithmKind for DistillConfig {
         let policy = policy_head(a)?;
         let outputs = policy_width(&policy) * heads;
         let network = if is_image(o) {
-            let channels = self.student_channels()?;
-            Network::NatureCnn {
-                prefix: "student".into(),
-                shape: image_shape(o)?,
-                convs: NatureCnn::KERNELS
-                    .iter()
-                    .zip(channels)
-                    .map(|(&(k, s), c)| (c as usize, k as usize, s as usize))
-                    .collect(),
-                features: self.student_features()? as usize,
-                outputs,
-                policy_outputs: outputs,
-            }
+            let (channels, features) = (self.student_channels()?, self.student_features()?);
+            Network::nature_cnn("student", o, channels, features, outputs, outputs)?
         } else {
             let inputs = mlp_input_dim("distill", o)?;
             Network::Mlp {
@@ -573,15 +562,18 @@ impl Policy for DistillPolicy {
         }
         let rows = obs.len() / self.net.obs_dim;
         let deterministic = mode == ActMode::Deterministic;
-        let host = match (&self.net.body, obs) {
+        // MLPs on f32 rows act in plain Rust where they can; CNNs (and the rest) through libtorch.
+        let on_host = match (&self.net.body, obs) {
             (Body::Mlp(mlp), ObsRef::F32(x)) => {
-                mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head)
+                let done = mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head);
+                if done {
+                    self.net.select_heads(x, &mut self.head);
+                }
+                done
             }
             _ => false,
         };
-        if host {
-            self.net.select_heads(f32_obs("distill", obs)?, &mut self.head);
-        } else {
+        if !on_host {
             let input = self.net.obs_tensor(obs)?;
             let h = tch::no_grad(|| self.net.forward(&input));
             self.head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
@@ -763,9 +755,7 @@ impl LabelledReplay {
     }
 
     fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
-        let mut held = self.obs.clone();
-        held.truncate(self.len * self.obs_dim);
-        c.put_obs(format!("{prefix}.obs"), &held);
+        c.put_obs(format!("{prefix}.obs"), self.obs.slice(0..self.len * self.obs_dim));
         c.put_f32(format!("{prefix}.labels"), &self.labels[..self.len * self.label_dim]);
         c.put_meta(format!("{prefix}.state"), &(self.len, self.next, self.label_dim))
     }
@@ -1273,19 +1263,16 @@ mod tests {
         Space::box1d(vec![-1.0; d], vec![1.0; d])
     }
 
-    /// Observe one batch of states (8 rows of 4 floats; nothing else in the transition matters to a student).
-    fn observe(student: &mut Distill, obs: &[f32]) -> Result<()> {
+    /// Observe one batch of 8 states (vectors or frames; nothing else in the transition matters to a student).
+    fn observe_rows(student: &mut Distill, obs: ObsRef<'_>) -> Result<()> {
         let (act, zeros, flags) = (ActOutput::default(), [0.0f32; 8], [false; 8]);
-        student.observe(&[Chunk::from_step(
-            ObsRef::F32(obs),
-            &act.actions,
-            &act.log_probs,
-            &act.values,
-            &zeros,
-            &flags,
-            &flags,
-            ObsRef::F32(obs),
-        )])
+        let chunk = Chunk::from_step(obs, &act.actions, &act.log_probs, &act.values, &zeros, &flags, &flags, obs);
+        student.observe(&[chunk])
+    }
+
+    /// [`observe_rows`] of 8 rows of floats.
+    fn observe(student: &mut Distill, obs: &[f32]) -> Result<()> {
+        observe_rows(student, ObsRef::F32(obs))
     }
 
     /// Feed `steps` batches of 8 random states (uniform in [-1, 1]⁴) to `student`, updating after each.
@@ -1485,20 +1472,8 @@ mod tests {
         };
         let run = |s: &mut Distill, steps: usize, seed: u64| {
             let mut rng = Pcg64::seed_from_u64(seed);
-            let (act, zeros, flags) = (ActOutput::default(), [0.0f32; 8], [false; 8]);
             for _ in 0..steps {
-                let x = block_frames(&mut rng);
-                let chunk = Chunk::from_step(
-                    ObsRef::U8(&x),
-                    &act.actions,
-                    &act.log_probs,
-                    &act.values,
-                    &zeros,
-                    &flags,
-                    &flags,
-                    ObsRef::U8(&x),
-                );
-                s.observe(&[chunk]).unwrap();
+                observe_rows(s, ObsRef::U8(&block_frames(&mut rng))).unwrap();
                 s.update(&Progress { env_steps: 0, total_env_steps: 1 }).unwrap();
             }
         };

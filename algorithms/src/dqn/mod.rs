@@ -46,7 +46,7 @@ use crate::data::frame_replay::FrameReplay;
 use crate::data::n_step::NStep;
 use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
 use crate::dqn::host::DqnHost;
-use crate::export::{Architecture, CNN_CONVS, Network, PolicyOutput, image_shape, unsupported, widths};
+use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
 use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
@@ -239,15 +239,7 @@ impl AlgorithmKind for DqnConfig {
         let heads = if self.task_heads { self.tasks.max(1) } else { 1 };
         let outputs = (n + usize::from(self.dueling)) * self.n_quantiles.max(1) * heads;
         let network = if is_image(o) {
-            let shape = image_shape(o)?;
-            Network::NatureCnn {
-                prefix: "q".into(),
-                shape,
-                convs: CNN_CONVS.to_vec(),
-                features: crate::export::CNN_FEATURES,
-                outputs,
-                policy_outputs: outputs,
-            }
+            Network::nature_cnn("q", o, NatureCnn::CHANNELS, NatureCnn::FEATURES, outputs, outputs)?
         } else {
             let inputs = mlp_input_dim("dqn", o)?;
             Network::Mlp {

@@ -381,10 +381,6 @@ pub struct NatureCnn {
     out: Option<usize>,
     /// Observation shape `[C, H, W]`.
     shape: [i64; 3],
-    /// `(out_channels, kernel, stride)` of each convolution.
-    convs: [(i64, i64, i64); 3],
-    /// Units of the fc layer (the torso's features).
-    features: i64,
     options: CnnOptions,
 }
 
@@ -430,7 +426,6 @@ impl NatureCnn {
         if channels.iter().any(|&c| c <= 0) || features <= 0 {
             return None;
         }
-        let convs = [0, 1, 2].map(|k| (channels[k], Self::KERNELS[k].0, Self::KERNELS[k].1));
         let [c, h, w] = <[usize; 3]>::try_from(shape).ok()?.map(|x| x as i64);
         let (oh, ow) = Self::conv_out(h, w)?;
         let cpu = tch::Device::Cpu;
@@ -439,7 +434,7 @@ impl NatureCnn {
         let gain = 2f64.sqrt();
         let mut named = Vec::new();
         let mut inputs = c;
-        for (k, &(o, size, _)) in convs.iter().enumerate() {
+        for (k, (&o, &(size, _))) in channels.iter().zip(&Self::KERNELS).enumerate() {
             // tch's `Init::Orthogonal` takes a matrix: draw it flat and reshape to the kernel bank.
             let weight = orthogonal(o, inputs * size * size, gain).view([o, inputs, size, size]);
             named.push((format!("{prefix}.conv{}.weight", k + 1), weight));
@@ -459,7 +454,7 @@ impl NatureCnn {
             first_index + 8
         });
         let layers = [0, 2, 4, 6].map(|i| first_index + i);
-        Some((NatureCnn { layers, out, shape: [c, h, w], convs, features, options: CnnOptions::F32 }, named))
+        Some((NatureCnn { layers, out, shape: [c, h, w], options: CnnOptions::F32 }, named))
     }
 
     /// The same network computing as `options` say.
@@ -472,16 +467,6 @@ impl NatureCnn {
         self.shape
     }
 
-    /// `(out_channels, kernel, stride)` of each convolution.
-    pub fn convs(&self) -> [(i64, i64, i64); 3] {
-        self.convs
-    }
-
-    /// Units of the fc layer: the features a torso outputs.
-    pub fn features(&self) -> i64 {
-        self.features
-    }
-
     /// The output layer on frames `[B, C, H, W]` (u8 or float 0–255): `[B, outputs]` (a torso's `[B, 512]`
     /// features).
     pub fn forward(&self, params: &crate::nn::params::FlatParams, frames: &Tensor) -> Tensor {
@@ -492,7 +477,7 @@ impl NatureCnn {
         if nhwc {
             h = channels_last(&h);
         }
-        for (k, &(_, _, stride)) in self.convs.iter().enumerate() {
+        for (k, &(_, stride)) in Self::KERNELS.iter().enumerate() {
             let i = self.layers[k];
             let w = if nhwc { channels_last(&cast(params.view(i))) } else { cast(params.view(i)) };
             h = h.conv2d(&w, Some(cast(params.view(i + 1))), [stride, stride], [0, 0], [1, 1], 1).relu();
