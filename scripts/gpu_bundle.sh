@@ -8,7 +8,8 @@
 #   * rustc links with --as-needed, which drops libtorch_cuda (nothing calls it by name; its static
 #     initialisers register the CUDA backend): patchelf puts it back among the binary's needs;
 #   * the binaries (`flotilla`, `flotilla-bench-atari`) are stripped and travel with the libpython they link
-#     (pyo3), ~20 MB compressed.
+#     (pyo3), with that Python's standard library and the Atari packages (ale-py, Gymnasium, NumPy) for the
+#     embedded interpreter, ~30 MB compressed.
 # The build runs on a copy of HEAD (the patch rewrites Cargo.lock) in its own target dir: ~10 min on 2 cores
 # the first time. Measured use: BENCHMARKS.md "First GPU run".
 #
@@ -62,6 +63,24 @@ for bin in flotilla flotilla-bench-atari; do
   patchelf --add-needed libtorch_cuda.so "$bundle/bundle/$bin"
 done
 cp "$(ldd "$bundle/bundle/flotilla" | awk '/libpython/ {print $3}')" "$bundle/bundle/lib/"
+# The embedded interpreter's own Python (the device's is 3.12, the binary's the cache venv's, 3.11): the standard library without
+# its tests, and the packages Atari needs (ale-py with its ROMs, Gymnasium, NumPy) from the cache venv, as
+# bundle/py (PYTHONHOME there; `gpu_check.sh pong`). ~19 MB compressed.
+base=$("$PYO3_PYTHON" -c 'import sys; print(sys.base_prefix)')
+v=$("$PYO3_PYTHON" -c 'import sys; print("python%d.%d" % sys.version_info[:2])')
+mkdir -p "$bundle/bundle/py/lib"
+tar -C "$base/lib" --exclude=$v/site-packages --exclude=$v/test --exclude="$v/config-*" \
+  --exclude=$v/idlelib --exclude=$v/tkinter --exclude=$v/ensurepip \
+  --exclude=$v/lib2to3 --exclude=$v/turtledemo --exclude=__pycache__ -cf - $v \
+  | tar -C "$bundle/bundle/py/lib" -xf -
+site=$("$PYO3_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p "$bundle/bundle/py/lib/$v/site-packages"
+for p in ale_py numpy gymnasium cloudpickle farama_notifications typing_extensions; do
+  # The package, its vendored libraries and its metadata (ale-py reads its own version).
+  cp -r "$site/$p"* "$bundle/bundle/py/lib/$v/site-packages/"
+done
+find "$bundle/bundle/py" -name __pycache__ -prune -exec rm -rf {} +
+find "$bundle/bundle/py" -path '*numpy*' -name tests -prune -exec rm -rf {} +
 tar -C "$bundle" -cJf "$repo/.gpu/bundle.tar.xz" bundle
 rm -rf "$bundle"
 ls -la "$repo/.gpu/bundle.tar.xz"

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine (device tool, `carry: [".gpu"]`, after `bash scripts/gpu_bundle.sh` here). Writes a
-# summary to $OUT/gpu_check.md and the runs' metrics to $OUT/runs.tar.xz. Sections, in this order (all by
-# default, or a comma-separated selection as the first argument):
+# summary to $OUT/gpu_check.md and the runs' metrics to $OUT/runs.tar.xz. Sections, in this order (by default
+# cnn,pong,population: ~8 min; or a comma-separated selection as the first argument):
 #   cnn      the Nature-CNN PPO update's samples/s on the GPU, Flotilla f32 and bf16 against PyTorch f32, bf16
 #            and fp16 autocast (flotilla-bench-atari --device cuda; alone on the GPU, so the times count)
+#   pong     the whole system on Atari: `pong_fast.toml` on CUDA with ale-py's emulator threads on every core
+#            (the bundle's own Python 3.11 with ale-py, Gymnasium and NumPy), 16 and 64 envs for ~70 s each;
+#            agent steps/s and frames/s from each run's metrics.csv
+#   population  2,048 CartPole PPO members (`cartpole_ppo.toml`, 100 K env steps each) in one lockstep group on
+#            CUDA: one batched acting pass over the joint batch of 16,384 envs per step, one batched update per
+#            rollout (goal: 100 K steps each in <= 60 s); wall-clock, the members' final training returns
+#   acting   256 members for 10 K steps each, acting batched and acting alone (`population.batched_acting`)
 #   learn    the MLP algorithms on CUDA with their example configs, and populations whose updates take the
 #            batched libtorch programs, all at once (so their seconds are shared and only indicative)
 #   continuous  SAC and its population, PPO Pendulum with [normalize], and `algorithm.bf16` on CUDA (ignored
@@ -11,10 +18,10 @@
 #            gradient steps each), all at once (~5 min: SAC's population of 3 takes the longest)
 #   resume   exact resume on CUDA: SAC, and PPO with observation and reward normalisation (one go vs
 #            --stop-at then --resume: the saved weights must be byte-identical)
-#   bash scripts/gpu_check.sh [cnn,learn,continuous,resume]
+#   bash scripts/gpu_check.sh [cnn,pong,population,acting,learn,continuous,resume]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-sections=",${1:-cnn,learn,continuous,resume},"
+sections=",${1:-cnn,pong,population},"
 out=${OUT:-/tmp/gpu-out}
 mkdir -p "$out" /tmp/gpu
 tar -C /tmp/gpu -xJf .gpu/bundle.tar.xz
@@ -61,8 +68,92 @@ same_weights() {
 
 if [[ $sections == *,cnn,* ]]; then
   { echo; echo "## cnn: flotilla-bench-atari --only learner --device cuda"; } >> "$report"
-  timeout 240 /tmp/gpu/bundle/flotilla-bench-atari --only learner --device cuda --rounds 5 >> "$report" 2>&1 \
+  timeout 150 /tmp/gpu/bundle/flotilla-bench-atari --only learner --device cuda --rounds 3 >> "$report" 2>&1 \
     || echo "cnn bench exit $?" >> "$report"
+fi
+
+# Agent steps/s between the first and the last row of a run's metrics.csv (its own train_secs: collection and
+# updates, no evaluation), and the frames/s they are (4 frames per step).
+rate() {
+  python3 - "$1" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+if len(rows) < 2:
+    sys.exit(f"{len(rows)} metrics rows: too few for a rate")
+a, b = rows[0], rows[-1]
+steps = int(b["env_steps"]) - int(a["env_steps"])
+secs = float(b["train_secs"]) - float(a["train_secs"])
+print(f"{steps} agent steps in {secs:.1f} s (after the first row): {steps / secs:,.0f} agent steps/s, "
+      f"{4 * steps / secs:,.0f} frames/s")
+PY
+}
+
+if [[ $sections == *,pong,* ]]; then
+  { echo; echo "## pong: pong_fast.toml on CUDA, ale-py on $(nproc) emulator threads (~70 s each)"; } >> "$report"
+  py=/tmp/gpu/bundle/py
+  for envs in 16 64; do
+    name=pong-$envs
+    # 4 minibatches of each rollout, as pong_fast's 8 envs take.
+    timeout 75 env -u PYTHONPATH PYTHONHOME=$py FLOTILLA_PYTHON=$py/bin/python "$bin" train $cfg/pong_fast.toml \
+      --set run.device=cuda --set env.num_envs=$envs --set algorithm.batch_size=$((128 * envs / 4)) \
+      --set env.kwargs.num_threads="$(nproc)" --set run.total_env_steps=100000000 \
+      --set eval.interval_steps=1000000000 --set metrics.log_interval_steps=4096 --out "$runs/$name" \
+      > "$runs/$name.log" 2>&1
+    { echo "- $envs envs (exit $? after the 75 s limit): $(rate "$runs/$name/metrics.csv" 2>&1)";
+      grep -E "error|Error" "$runs/$name.log" | head -3; } >> "$report"
+  done
+fi
+
+# A population of CartPole PPO members on CUDA in one lockstep group: "name|members|env steps|extra settings".
+population() {
+  local name members steps extra
+  IFS='|' read -r name members steps extra <<< "$1"
+  local started=$SECONDS
+  # shellcheck disable=SC2086
+  timeout "$2" "$bin" train $cfg/cartpole_ppo.toml --population "$members" --set population.threads=1 \
+    --set run.device=cuda --set run.torch_threads=1 --set run.total_env_steps="$steps" \
+    --set eval.interval_steps=1000000000 --set eval.episodes=1 --set metrics.log_interval_steps=$((steps / 10)) \
+    $extra --out "$runs/$name" > "$runs/$name.log" 2>&1
+  local code=$? wall=$((SECONDS - started))
+  {
+    echo "- $name: $members members x $steps env steps ($extra): exit $code, $wall s wall-clock in all"
+    python3 - "$runs/$name/members" "$members" <<'PY'
+import csv, glob, os, sys
+dirs = sorted(glob.glob(os.path.join(sys.argv[1], "*")))
+n = int(sys.argv[2])
+last = []
+for d in dirs:
+    try:
+        rows = list(csv.DictReader(open(os.path.join(d, "metrics.csv"))))
+    except OSError:
+        continue
+    if rows:
+        last.append(rows[-1])
+if not last:
+    sys.exit("  no metrics rows")
+steps = min(int(r["env_steps"]) for r in last)
+# A member's train_secs is its 1/N share of the group's lockstep seconds (collection and updates).
+lockstep = sum(float(r["train_secs"]) for r in last)
+ret = sorted(float(r["charts/episodic_return"]) for r in last if r.get("charts/episodic_return"))
+print(f"  {len(last)}/{n} members logged, all at >= {steps} env steps; the group's lockstep seconds "
+      f"{lockstep:.1f} ({n * steps / lockstep:,.0f} member env steps/s)")
+if ret:
+    print(f"  last logged training return: median {ret[len(ret) // 2]:.0f}, "
+          f"{sum(r >= 475 for r in ret)}/{len(ret)} >= 475")
+PY
+    grep -E "final returns mean|error|Error|panicked" "$runs/$name.log" | head -3 | sed 's/^/  /'
+  } >> "$report" 2>&1
+}
+
+if [[ $sections == *,population,* ]]; then
+  { echo; echo "## population: 2,048 CartPole PPO members on CUDA, batched acting and updates"; } >> "$report"
+  population "pop2048|2048|100000|" 230
+fi
+
+if [[ $sections == *,acting,* ]]; then
+  { echo; echo "## acting: 256 members, one batched acting pass against each member's own"; } >> "$report"
+  population "pop256-batched|256|10000|--set population.batched_acting=true" 100
+  population "pop256-alone|256|10000|--set population.batched_acting=false" 100
 fi
 
 if [[ $sections == *,learn,* ]]; then

@@ -101,6 +101,20 @@ pub trait AlgorithmKind {
     ) -> Result<Option<Vec<Option<Metrics>>>> {
         Ok(None)
     }
+
+    /// One batched acting pass for a population's members of this kind: member `k` acts on `obs[k]` into
+    /// `outs[k]` as its [`crate::policy::Policy::act`] would (to float rounding), all members' networks run as
+    /// one. `Ok(false)` where they cannot (nothing was done: each acts alone). Worth it where a forward pass is
+    /// launch-bound (an accelerator): the caller decides when to ask.
+    fn act_members(
+        &self,
+        _members: &mut [&mut dyn Algorithm],
+        _obs: &[flotilla_core::ObsRef<'_>],
+        _mode: crate::policy::ActMode,
+        _outs: &mut [&mut crate::policy::ActOutput],
+    ) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// Every member as an `A`, or `None` if any is another kind (a kind's [`AlgorithmKind::update_members`] takes its own).

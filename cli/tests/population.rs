@@ -124,49 +124,63 @@ fn members_stepping_one_joint_env_batch_are_their_seeds_trained_alone() {
 }
 
 /// Batched on libtorch (`fused_cpu = false`; the fused CPU step updates members in turn, each bit for bit as
-/// alone): the 4 members on one thread share every PPO update (one batched program); each ends within 1e-5
-/// relative of its run alone after 8 updates × 20 epochs (reductions add in another order: ~1e-8 per update,
-/// checked to 1e-6 after 4 updates in algorithms' ppo_population tests), and they reach the same final
-/// evaluations.
-#[test]
-fn batched_ppo_members_match_their_seeds_trained_alone() {
-    let dir = scratch("population", "batched");
+/// alone): 4 members of `example` on one thread (`sets`, and `population` settings) share every update (one
+/// batched program); members 0 and 3 must end within 1e-5 relative of their runs alone and reach the same
+/// final evaluations.
+fn check_batched_members_match_alone(label: &str, example: &str, sets: &[&str], population: &[&str]) {
+    let dir = scratch("population", label);
     let pop = dir.join("pop");
-    let sets = ["run.total_env_steps=2048", "eval.interval_steps=1024", "algorithm.fused_cpu=false"];
-    ok(train(&config("cartpole_ppo.toml"), &sets, &pop, &["--population", "4", "--set", "population.threads=1"]));
+    let mut extra = vec!["--population", "4", "--set", "population.threads=1"];
+    for p in population {
+        extra.extend(["--set", p]);
+    }
+    let printed = ok(train(&config(example), sets, &pop, &extra));
+    let acting = printed.contains("acting in one batched pass");
+    assert_eq!(acting, population.contains(&"population.batched_acting=true"), "{label}: {printed}");
     for k in [0usize, 3] {
         let alone = dir.join(format!("alone-{k}"));
         let seed = format!("run.seed={}", 1 + k);
-        ok(train(&config("cartpole_ppo.toml"), &[sets[0], sets[1], sets[2], &seed], &alone, &[]));
+        let mut with_seed = sets.to_vec();
+        with_seed.push(&seed);
+        ok(train(&config(example), &with_seed, &alone, &[]));
         let d = relative_difference(&weights(&member(&pop, k)), &weights(&alone));
-        assert!(d <= 1e-5, "member {k}: weights differ from seed {} alone by {d:e} (relative)", 1 + k);
+        eprintln!("{label}: member {k}'s weights within {d:e} of seed {} alone", 1 + k);
+        assert!(d <= 1e-5, "{label}: member {k}'s weights differ from seed {} alone by {d:e} (relative)", 1 + k);
         let evals = |run: &Path| common::metric(run, "eval/mean_return");
-        assert_eq!(evals(&member(&pop, k)), evals(&alone), "member {k}: evaluations");
+        assert_eq!(evals(&member(&pop, k)), evals(&alone), "{label}: member {k}'s evaluations");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A2C batched the same way (`a2c_population`, `fused_cpu = false`): 4 members on one thread share each of
-/// their 50 one-step RMSprop updates; each ends within 1e-5 relative of its run alone (checked to 1e-6 after 6
-/// updates in algorithms' a2c_population tests; with one torch thread, as here, it came out bit-identical) with
-/// the same final evaluations.
+/// PPO: 8 updates × 20 epochs, each member within 1e-5 relative of its run alone (reductions add in another
+/// order: ~1e-8 per update, checked to 1e-6 after 4 updates in algorithms' ppo_population tests).
+#[test]
+fn batched_ppo_members_match_their_seeds_trained_alone() {
+    let sets = ["run.total_env_steps=2048", "eval.interval_steps=1024", "algorithm.fused_cpu=false"];
+    check_batched_members_match_alone("batched", "cartpole_ppo.toml", &sets, &[]);
+}
+
+/// The same with the members acting in one batched pass too (`batched_acting`, on by itself on an
+/// accelerator; forced here on the CPU) and their bootstrap values from one pass: every action each member
+/// takes is still the one it takes alone, so its run is still its run alone to float rounding.
+#[test]
+fn ppo_members_acting_in_one_batched_pass_match_their_seeds_trained_alone() {
+    let sets = ["run.total_env_steps=2048", "eval.interval_steps=1024", "algorithm.fused_cpu=false"];
+    check_batched_members_match_alone(
+        "batched-acting",
+        "cartpole_ppo.toml",
+        &sets,
+        &["population.batched_acting=true"],
+    );
+}
+
+/// A2C batched the same way (`a2c_population`): 4 members share each of their 50 one-step RMSprop updates
+/// (checked to 1e-6 after 6 updates in algorithms' a2c_population tests; with one torch thread, as here, it
+/// came out bit-identical).
 #[test]
 fn batched_a2c_members_match_their_seeds_trained_alone() {
-    let dir = scratch("population", "batched-a2c");
-    let pop = dir.join("pop");
     let sets = ["run.total_env_steps=2000", "eval.interval_steps=1000", "algorithm.fused_cpu=false"];
-    ok(train(&config("cartpole_a2c.toml"), &sets, &pop, &["--population", "4", "--set", "population.threads=1"]));
-    for k in [0usize, 3] {
-        let alone = dir.join(format!("alone-{k}"));
-        let seed = format!("run.seed={}", 1 + k);
-        ok(train(&config("cartpole_a2c.toml"), &[sets[0], sets[1], sets[2], &seed], &alone, &[]));
-        let d = relative_difference(&weights(&member(&pop, k)), &weights(&alone));
-        eprintln!("member {k}: weights within {d:e} of seed {} alone", 1 + k);
-        assert!(d <= 1e-5, "member {k}: weights differ from seed {} alone by {d:e} (relative)", 1 + k);
-        let evals = |run: &Path| common::metric(run, "eval/mean_return");
-        assert_eq!(evals(&member(&pop, k)), evals(&alone), "member {k}: evaluations");
-    }
-    std::fs::remove_dir_all(&dir).unwrap();
+    check_batched_members_match_alone("batched-a2c", "cartpole_a2c.toml", &sets, &[]);
 }
 
 #[test]

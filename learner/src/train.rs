@@ -22,7 +22,7 @@ pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, Checkpoint, Memory, Metrics, Progress};
-use flotilla_core::ObsBuf;
+use flotilla_core::{ObsBuf, ObsRef};
 use flotilla_envs::{ChunkRecorder, EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
 use tracing::{info, warn};
 
@@ -298,12 +298,14 @@ struct JointEnvs {
     sizes: Vec<usize>,
     discrete: Vec<i64>,
     continuous: Vec<f32>,
+    /// Whether to ask the members' kind for one batched acting pass (else each member acts alone).
+    batched_acting: bool,
 }
 
 impl JointEnvs {
     /// Join the members' batches; `None` where a member's envs are not a native [`VecEnv`] (ale-py's vector,
     /// Python envs, multi-task batches) or are replayed for resume: those members step their own batches.
-    fn join(group: &mut [Trainer]) -> Result<Option<JointEnvs>> {
+    fn join(group: &mut [Trainer], batched_acting: bool) -> Result<Option<JointEnvs>> {
         if group.len() < 2 || group.iter().any(|t| t.replay.is_some()) {
             return Ok(None);
         }
@@ -314,7 +316,7 @@ impl JointEnvs {
         }
         let sizes = parts.iter().map(|p| p.num_envs()).collect();
         let envs = VecEnv::join(&mut parts)?;
-        Ok(Some(JointEnvs { envs, sizes, discrete: Vec::new(), continuous: Vec::new() }))
+        Ok(Some(JointEnvs { envs, sizes, discrete: Vec::new(), continuous: Vec::new(), batched_acting }))
     }
 
     /// One lockstep env step of every member: act, one step of the joint batch, observe.
@@ -322,8 +324,12 @@ impl JointEnvs {
         let (discrete, continuous) = (&mut self.discrete, &mut self.continuous);
         discrete.clear();
         continuous.clear();
-        for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
-            t.memory.act(t.agent.as_mut(), t.obs.as_ref(), ActMode::Explore, &mut s.out)?;
+        if !(self.batched_acting && act_batched(group, scratch)?) {
+            for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
+                t.memory.act(t.agent.as_mut(), t.obs.as_ref(), ActMode::Explore, &mut s.out)?;
+            }
+        }
+        for s in scratch.iter_mut() {
             match s.env_actions.convert(&s.action_space, &s.out.actions) {
                 VecActions::Discrete(a) => discrete.extend_from_slice(a),
                 VecActions::Continuous(a) => continuous.extend_from_slice(a),
@@ -358,6 +364,20 @@ impl JointEnvs {
     }
 }
 
+/// Every member's action on its observations from one batched pass of their kind
+/// ([`flotilla_algorithms::AlgorithmKind::act_members`]); `false` where it has none or the members cannot
+/// batch (recurrent members carry state and always act alone).
+fn act_batched(group: &mut [Trainer], scratch: &mut [StepScratch]) -> Result<bool> {
+    if group.iter().any(|t| t.memory.dim() > 0) {
+        return Ok(false);
+    }
+    let kind = group[0].config.algorithm.clone();
+    let (mut agents, obs): (Vec<&mut dyn Algorithm>, Vec<ObsRef<'_>>) =
+        group.iter_mut().map(|t| (t.agent.as_mut(), t.obs.as_ref())).unzip();
+    let mut outs: Vec<&mut ActOutput> = scratch.iter_mut().map(|s| &mut s.out).collect();
+    Ok(kind.act_members(&mut agents, &obs, ActMode::Explore, &mut outs)?)
+}
+
 /// Buffers one trainer's env steps reuse.
 struct StepScratch {
     out: ActOutput,
@@ -390,9 +410,14 @@ impl StepScratch {
 /// Then each
 /// evaluates, logs (`on_log(position in group, row)`) and checkpoints on its own schedule. Collection and update
 /// seconds are shared out equally.
+///
+/// With the envs joined, the members act in one batched pass where their kind has one
+/// ([`flotilla_algorithms::AlgorithmKind::act_members`]) and `batched_acting` says so (`None`: where the members
+/// live on an accelerator).
 pub fn run_group(
     group: &mut [Trainer],
     stop_at: u64,
+    batched_acting: Option<bool>,
     on_log: &mut dyn FnMut(usize, &LogRow) -> Result<()>,
     on_checkpoint: &mut dyn FnMut(usize, &Trainer) -> Result<()>,
 ) -> Result<()> {
@@ -403,9 +428,14 @@ pub fn run_group(
         return Err(Error::Config(format!("a population's members must stand at the same env step: {steps:?}")));
     }
     let mut scratch: Vec<StepScratch> = group.iter().map(StepScratch::for_trainer).collect();
-    let mut joint = JointEnvs::join(group)?;
+    let batched_acting = match batched_acting {
+        Some(on) => on,
+        None => first.config.run.device.resolve()? != tch::Device::Cpu,
+    };
+    let mut joint = JointEnvs::join(group, batched_acting)?;
     if let Some(j) = &joint {
-        info!("{} members' envs step as one batch of {} envs", group.len(), j.envs.num_envs());
+        let acting = if batched_acting { ", acting in one batched pass where they can" } else { "" };
+        info!("{} members' envs step as one batch of {} envs{acting}", group.len(), j.envs.num_envs());
     }
     let result = run_lockstep(group, &mut joint, &mut scratch, stop, on_log, on_checkpoint);
     // The members get their envs back whatever happened (a failed run still checkpoints and reports).
@@ -442,6 +472,7 @@ fn run_lockstep(
         // A checkpoint saves each member's envs: they go back to the members first, and are joined again
         // after.
         let rejoin = joint.is_some() && group.iter().any(|t| t.counters.checkpoint_pending());
+        let batched_acting = joint.as_ref().is_some_and(|j| j.batched_acting);
         if rejoin && let Some(j) = joint.take() {
             j.give_back(group)?;
         }
@@ -453,7 +484,7 @@ fn run_lockstep(
             t.after_step(&mut |row| on_log(k, row), &mut |t| on_checkpoint(k, t))?;
         }
         if rejoin {
-            *joint = JointEnvs::join(group)?;
+            *joint = JointEnvs::join(group, batched_acting)?;
         }
     }
     Ok(())

@@ -7,6 +7,7 @@ use flotilla_core::{Chunk, ObsRef};
 use crate::actor_critic::ActorCritic;
 use crate::actor_critic::ActorCriticPolicy;
 use crate::actor_critic::host::ActorCriticHost;
+use crate::actor_critic::members;
 use crate::algorithm::{Algorithm, OnPolicy, ParameterServer, Replicated};
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout, Sequences};
@@ -118,6 +119,29 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
             }
         }
         Ok(())
+    }
+
+    /// Every member's [`OnPolicyAgent::finish_rollout`]; with `batched`, the bootstrap values of members whose
+    /// networks stack come from one pass for all ([`members::values_stacked`]: on an accelerator, one pass
+    /// instead of `N` launch-bound ones), else each member's own.
+    pub(crate) fn finish_rollouts(agents: &mut [&mut Self], batched: bool) -> Result<Vec<Option<Rollout>>> {
+        let full = agents.iter().all(|a| a.collector.is_full() && a.pi.net.state_dim() == 0);
+        let last = if batched && full {
+            let nets: Vec<&ActorCritic> = agents.iter().map(|a| &a.pi.net).collect();
+            let obs: Vec<ObsRef<'_>> = agents.iter().map(|a| a.collector.bootstrap_obs()).collect();
+            members::values_stacked(&nets, &obs)?
+        } else {
+            None
+        };
+        let Some(last) = last else { return agents.iter_mut().map(|a| a.finish_rollout()).collect() };
+        agents
+            .iter_mut()
+            .zip(last)
+            .map(|(a, v)| {
+                let (gamma, lambda) = K::gamma_lambda(&a.config);
+                a.collector.finish(|_: ObsRef<'_>| Ok(v.clone()), gamma, lambda)
+            })
+            .collect()
     }
 
     /// Give a finished rollout's storage back for the next one.
@@ -306,8 +330,24 @@ macro_rules! on_policy_kind {
             ) -> $crate::Result<Option<Vec<Option<$crate::Metrics>>>> {
                 type Agent = $crate::actor_critic::agent::OnPolicyAgent<$kind>;
                 let Some(agents) = $crate::kind::members_as::<Agent>(members) else { return Ok(None) };
-                let (finish, recycle) = (Agent::finish_rollout, Agent::recycle);
-                $crate::actor_critic::update_rollouts(self.name(), agents, finish, recycle, $update, progress)
+                // One bootstrap pass for all where each member's own is launch-bound.
+                let batched = agents[0].pi.net.device != tch::Device::Cpu;
+                let finish = |a: &mut [&mut Agent]| Agent::finish_rollouts(a, batched);
+                $crate::actor_critic::update_rollouts(self.name(), agents, finish, Agent::recycle, $update, progress)
+            }
+
+            fn act_members(
+                &self,
+                members: &mut [&mut dyn $crate::algorithm::Algorithm],
+                obs: &[flotilla_core::ObsRef<'_>],
+                mode: $crate::policy::ActMode,
+                outs: &mut [&mut $crate::policy::ActOutput],
+            ) -> $crate::Result<bool> {
+                type Agent = $crate::actor_critic::agent::OnPolicyAgent<$kind>;
+                let Some(mut agents) = $crate::kind::members_as::<Agent>(members) else { return Ok(false) };
+                let mut pis: Vec<_> = agents.iter_mut().map(|a| &mut a.pi).collect();
+                let deterministic = mode == $crate::policy::ActMode::Deterministic;
+                $crate::actor_critic::members::act_stacked(&mut pis, obs, deterministic, outs)
             }
         }
     };

@@ -9,9 +9,10 @@
 //! [`Nets::Alone`] — the same loss, not a copy of it. A stacked member matches its update alone to float
 //! rounding: elementwise maths is the same ops; only reductions (matmuls, means, norms) may add in another order
 //! (tests in `ppo` and `a2c`: within 1e-6 relative after several updates).
+use flotilla_core::ObsRef;
 use tch::{Device, Tensor};
 
-use crate::actor_critic::{ActorCritic, explained_variance};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, explained_variance};
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::VtraceConfig;
 use crate::nn::adam::{Adam, StackedAdam};
@@ -20,6 +21,7 @@ use crate::nn::distributions::ActionDist;
 use crate::nn::members::{Rows, backward_alone, clip_per_member, normalize_rows, reduce_and_clip_alone, stack};
 use crate::nn::params::FlatParams;
 use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
+use crate::policy::ActOutput;
 use crate::{Metrics, Result};
 
 /// An optimiser of one member's [`FlatParams`] (its learning rate set by the caller).
@@ -253,8 +255,15 @@ impl Batch {
     ) -> Result<Batch> {
         let mut cols: [Vec<Tensor>; 6] = Default::default();
         let (mut explained, mut weights) = (Vec::new(), Vec::new());
+        // Without V-trace (which needs the observations on the device) the columns are stacked on the host and
+        // copied once: on an accelerator, six copies instead of six per member.
+        let device = nets[0].device;
+        let staging = if vtrace.is_none() && nets.len() > 1 { Device::Cpu } else { device };
         for (net, r) in nets.iter().zip(rollouts) {
-            let obs = net.rollout_obs(r)?;
+            let obs = match r.device_obs() {
+                Some(x) => x.to_device(staging),
+                None => crate::nn::nets::ObsLayout { device: staging, ..net.obs_layout() }.tensor(r.obs.as_ref())?,
+            };
             let targets = net.targets(r, &obs, gamma, vtrace)?;
             let (advantages, returns, values) = targets.advantages_returns_values();
             explained.push(explained_variance(values, returns));
@@ -263,14 +272,14 @@ impl Batch {
                 t.weights.push_metrics(&mut m);
             }
             weights.push(m);
-            let d = net.device;
-            let values =
-                [advantages, returns, values, &r.log_probs[..r.len()]].map(|v| Tensor::from_slice(v).to_device(d));
-            for (col, t) in cols.iter_mut().zip([obs, net.actions_tensor(&r.actions)].into_iter().chain(values)) {
+            let values = [advantages, returns, values, &r.log_probs[..r.len()]]
+                .map(|v| Tensor::from_slice(v).to_device(staging));
+            let actions = net.actions_tensor_on(&r.actions, staging);
+            for (col, t) in cols.iter_mut().zip([obs, actions].into_iter().chain(values)) {
                 col.push(t);
             }
         }
-        let [obs, actions, advantages, returns, old_values, old_log_prob] = cols.map(stack);
+        let [obs, actions, advantages, returns, old_values, old_log_prob] = cols.map(|c| stack(c).to_device(device));
         let sequences = match (nets, rollouts) {
             ([net], [r]) if net.state_dim() > 0 => {
                 let (d, s) = (net.device, net.state_dim() as i64);
@@ -307,8 +316,17 @@ pub(crate) struct StackedActorCritic {
 impl StackedActorCritic {
     /// Gather the members' current parameters (their layouts must match: [`stacking_refused`] checks).
     pub(crate) fn new(nets: &[&ActorCritic]) -> Self {
-        let (l, activation, outputs, log_std) = nets[0].twin_layout().expect("checked by stacking_refused");
-        let rows = Rows::new(&nets.iter().map(|n| &n.params).collect::<Vec<_>>());
+        Self::with_rows(nets, Rows::new)
+    }
+
+    /// [`StackedActorCritic::new`] to run forward only (no gradient buffer).
+    fn frozen(nets: &[&ActorCritic]) -> Self {
+        Self::with_rows(nets, Rows::frozen)
+    }
+
+    fn with_rows(nets: &[&ActorCritic], rows: fn(&[&FlatParams]) -> Rows) -> Self {
+        let (l, activation, outputs, log_std) = nets[0].twin_layout().expect("checked by the caller");
+        let rows = rows(&nets.iter().map(|n| &n.params).collect::<Vec<_>>());
         let n_members = nets.len() as i64;
         StackedActorCritic { n_members, layers: l.to_vec(), activation, outputs, log_std, rows }
     }
@@ -346,6 +364,80 @@ impl StackedActorCritic {
     pub(crate) fn write_back(&self, k: usize, params: &FlatParams) {
         self.rows.write_back(k, params)
     }
+}
+
+/// The members' networks and observations as one forward pass needs them: plain twin MLPs of one layout on one
+/// device, and float observations of the same number of rows each (`obs[k]` member `k`'s). `None` where they
+/// are not (then each member runs alone).
+fn stackable(nets: &[&ActorCritic], obs: &[ObsRef<'_>]) -> Option<(Tensor, usize)> {
+    let first = nets.first()?;
+    let layout = |n: &ActorCritic| n.twin_layout().map(|(l, a, o, s)| (l.to_vec(), a, o, s));
+    let l0 = layout(first)?;
+    let same = |n: &&ActorCritic| {
+        n.device == first.device && n.params.numel() == first.params.numel() && layout(n).as_ref() == Some(&l0)
+    };
+    let len = obs.first()?.len();
+    let obs_dim = first.obs_dim();
+    if nets.len() < 2 || nets.len() != obs.len() || !nets.iter().all(same) || len == 0 || len % obs_dim != 0 {
+        return None;
+    }
+    let mut x = Vec::with_capacity(len * nets.len());
+    for o in obs {
+        match o {
+            ObsRef::F32(v) if v.len() == len => x.extend_from_slice(v),
+            _ => return None,
+        }
+    }
+    let rows = len / obs_dim;
+    let x = Tensor::from_slice(&x).view([nets.len() as i64, rows as i64, obs_dim as i64]).to_device(first.device);
+    Some((x, rows))
+}
+
+/// A tensor's elements on the host, in row-major order.
+fn host(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(Vec::<f32>::try_from(t.flatten(0, -1).to_device(Device::Cpu))?)
+}
+
+/// One acting pass of a population's members whose networks stack ([`stackable`]; `Ok(false)` where they do
+/// not, and nothing is done): every member's observations (`obs[k]`) go through the `2N` MLPs as one chain of
+/// batched matmuls, the heads and values come back to the host in one copy each, and each member samples from
+/// its own rows with its own RNG, as [`ActorCritic::act`] does — so a member's actions, log-probs and values are
+/// its acting alone's to float rounding (the matmuls' sums may add in another order). On an accelerator this is
+/// one pass instead of `N` launch-bound ones.
+pub(crate) fn act_stacked(
+    pis: &mut [&mut ActorCriticPolicy],
+    obs: &[ObsRef<'_>],
+    deterministic: bool,
+    outs: &mut [&mut ActOutput],
+) -> Result<bool> {
+    let nets: Vec<&ActorCritic> = pis.iter().map(|p| &p.net).collect();
+    let Some((x, rows)) = stackable(&nets, obs) else { return Ok(false) };
+    let stacked = StackedActorCritic::frozen(&nets);
+    let (dist, values) = tch::no_grad(|| stacked.forward(&x));
+    let (head, log_std) = match &dist {
+        ActionDist::Categorical { logits } => (host(logits)?, Vec::new()),
+        ActionDist::DiagGaussian { mean, log_std } => (host(mean)?, host(log_std)?),
+    };
+    let values = host(&values)?;
+    let mut head = head;
+    let (head_len, std_len) = (rows * stacked.outputs[0] as usize, log_std.len() / pis.len());
+    for (k, (pi, out)) in pis.iter_mut().zip(outs.iter_mut()).enumerate() {
+        let ActorCriticPolicy { net, rng, scratch } = &mut **pi;
+        out.q_values.clear();
+        out.values.clear();
+        out.values.extend_from_slice(&values[k * rows..(k + 1) * rows]);
+        let h = &mut head[k * head_len..(k + 1) * head_len];
+        net.sample_with(deterministic, rng, &mut scratch.samples, h, &log_std[k * std_len..(k + 1) * std_len], out);
+    }
+    Ok(true)
+}
+
+/// `V` of every member's observations (`obs[k]`) in one batched pass where the networks stack ([`stackable`]);
+/// `None` where they do not.
+pub(crate) fn values_stacked(nets: &[&ActorCritic], obs: &[ObsRef<'_>]) -> Result<Option<Vec<Vec<f32>>>> {
+    let Some((x, rows)) = stackable(nets, obs) else { return Ok(None) };
+    let (_, values) = tch::no_grad(|| StackedActorCritic::frozen(nets).forward(&x));
+    Ok(Some(host(&values)?.chunks(rows).map(<[f32]>::to_vec).collect()))
 }
 
 #[cfg(test)]

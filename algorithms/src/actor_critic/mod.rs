@@ -194,15 +194,12 @@ pub(crate) fn refuse_recurrent_replicas(algorithm: &str, net: &ActorCritic, para
 pub(crate) fn update_rollouts<A>(
     kind: &str,
     mut members: Vec<&mut A>,
-    finish: impl Fn(&mut A) -> Result<Option<Rollout>>,
+    finish: impl FnOnce(&mut [&mut A]) -> Result<Vec<Option<Rollout>>>,
     recycle: impl Fn(&mut A, Rollout),
     update: impl FnOnce(&mut [&mut A], &[&Rollout], f64) -> Result<Vec<Metrics>>,
     progress: &Progress,
 ) -> Result<Option<Vec<Option<Metrics>>>> {
-    let mut rollouts = Vec::with_capacity(members.len());
-    for m in members.iter_mut() {
-        rollouts.push(finish(m)?);
-    }
+    let rollouts = finish(&mut members)?;
     if rollouts.iter().all(Option::is_none) {
         return Ok(Some(vec![None; members.len()]));
     }
@@ -400,10 +397,15 @@ impl ActorCritic {
 
     /// Stored actions as the distribution takes them: i64 indices `[B]` or floats `[B, D]`.
     pub fn actions_tensor(&self, actions: &[f32]) -> Tensor {
+        self.actions_tensor_on(actions, self.device)
+    }
+
+    /// [`ActorCritic::actions_tensor`] on `device`.
+    pub(crate) fn actions_tensor_on(&self, actions: &[f32], device: Device) -> Tensor {
         let t = Tensor::from_slice(actions);
         match self.action {
-            ActionKind::Discrete(_) => t.to_kind(Kind::Int64).to_device(self.device),
-            ActionKind::Continuous(d) => t.view([-1, d as i64]).to_device(self.device),
+            ActionKind::Discrete(_) => t.to_kind(Kind::Int64).to_device(device),
+            ActionKind::Continuous(d) => t.view([-1, d as i64]).to_device(device),
         }
     }
 
@@ -607,6 +609,33 @@ impl ActorCritic {
         out: &mut ActOutput,
     ) -> Result<()> {
         match self.action {
+            ActionKind::Discrete(_) => self.sample_with(deterministic, rng, samples, head, &[], out),
+            ActionKind::Continuous(d) => {
+                let i = self.log_std.expect("Gaussian policies have a log-std");
+                if let Some(v) = self.params.host_values() {
+                    let log_std = &v[self.params.offset(i)..self.params.offset(i) + d];
+                    self.sample_with(deterministic, rng, samples, head, log_std, out);
+                } else {
+                    let log_std = Vec::<f32>::try_from(self.params.view(i).detach().to_device(Device::Cpu))?;
+                    self.sample_with(deterministic, rng, samples, head, &log_std, out);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`ActorCritic::sample`] with a Gaussian policy's log-std given (`log_std`, ignored for a categorical
+    /// one): the members' batched acting pass fetched every member's at once.
+    pub(crate) fn sample_with(
+        &self,
+        deterministic: bool,
+        rng: &mut impl Rng,
+        samples: &mut Vec<(i64, f32)>,
+        head: &mut [f32],
+        log_std: &[f32],
+        out: &mut ActOutput,
+    ) {
+        match self.action {
             ActionKind::Discrete(n) => {
                 sample_categorical(head, n, deterministic, rng, samples);
                 out.actions.clear();
@@ -616,19 +645,10 @@ impl ActorCritic {
                     out.log_probs.push(lp);
                 }
             }
-            ActionKind::Continuous(d) => {
-                let i = self.log_std.expect("Gaussian policies have a log-std");
-                let (actions, log_probs) = (&mut out.actions, &mut out.log_probs);
-                if let Some(v) = self.params.host_values() {
-                    let log_std = &v[self.params.offset(i)..self.params.offset(i) + d];
-                    sample_diag_gaussian(head, log_std, deterministic, rng, actions, log_probs);
-                } else {
-                    let log_std = Vec::<f32>::try_from(self.params.view(i).detach().to_device(Device::Cpu))?;
-                    sample_diag_gaussian(head, &log_std, deterministic, rng, actions, log_probs);
-                }
+            ActionKind::Continuous(_) => {
+                sample_diag_gaussian(head, log_std, deterministic, rng, &mut out.actions, &mut out.log_probs)
             }
         }
-        Ok(())
     }
 
     /// The policy as a distillation teacher: its logits, or its Gaussian's means and log-std.

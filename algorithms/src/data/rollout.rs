@@ -625,6 +625,16 @@ impl RolloutCollector {
         Ok(Some(rollout))
     }
 
+    /// Whether the rollout being collected is full: the next [`RolloutCollector::finish`] hands it out.
+    pub fn is_full(&self) -> bool {
+        self.rollout.is_full()
+    }
+
+    /// The observations after the last step collected: a full rollout's bootstrap values are of these.
+    pub fn bootstrap_obs(&self) -> ObsRef<'_> {
+        self.rollout.bootstrap_obs.as_ref()
+    }
+
     /// Take back a rollout [`RolloutCollector::finish`] handed out, cleared, to fill again.
     pub fn recycle(&mut self, mut rollout: Rollout) {
         rollout.clear();

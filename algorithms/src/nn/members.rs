@@ -172,6 +172,14 @@ impl Rows {
         Rows { params, grad, views, grad_views }
     }
 
+    /// A copy of the members' current parameters to run forward only (no gradient buffer): one acting pass.
+    pub(crate) fn frozen(members: &[&FlatParams]) -> Rows {
+        let flats: Vec<Tensor> = members.iter().map(|m| m.flat().detach()).collect();
+        let params = Tensor::stack(&flats, 0);
+        let views = member_views(&params, members[0]);
+        Rows { params, grad: Tensor::new(), views, grad_views: Vec::new() }
+    }
+
     /// Each member's gradient of its loss (`losses`, `[N]`) into [`Rows::grad`].
     pub(crate) fn backward(&self, losses: &Tensor) {
         backward_into(losses, &self.views, &self.grad_views);

@@ -1341,4 +1341,85 @@ mod member_tests {
         let fused = Ppo::new(&o, &a, 4, fused, Device::Cpu, 1).unwrap();
         assert!(unbatchable(&[&fused, &fused]).unwrap().contains("fused"));
     }
+
+    /// Members acting in one batched pass ([`crate::actor_critic::members::act_stacked`], what a population on
+    /// an accelerator takes) act as each does alone: the same actions from the same RNG streams (discrete;
+    /// Gaussian ones to float rounding), log-probs and values to float rounding; and their rollouts finished
+    /// with the bootstrap values of one pass ([`Ppo::finish_rollouts`]) have each member's advantages alone.
+    #[test]
+    fn members_acting_in_one_batched_pass_act_and_finish_as_alone() {
+        use crate::actor_critic::ActorCriticPolicy;
+        use crate::algorithm::Algorithm;
+        use crate::policy::{ActMode, ActOutput, Policy};
+        use flotilla_core::{Chunk, ObsRef};
+        use rand::Rng;
+        let assert_close = |got: &[f32], want: &[f32], tol: f32, what: &str| {
+            assert_eq!(got.len(), want.len(), "{what}: lengths");
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what} at {i}: {g} vs {w}");
+            }
+        };
+        let pendulum = (Space::box1d(vec![-1.0; 3], vec![1.0; 3]), Space::box1d(vec![-2.0], vec![2.0]));
+        for (label, (obs_space, act_space)) in [("discrete", cartpole()), ("gaussian", pendulum)] {
+            let obs_dim = obs_space.flat_dim();
+            let config = PpoConfig { n_steps: 6, batch_size: 12, n_epochs: 1, ..Default::default() };
+            let make = |seed| Ppo::new(&obs_space, &act_space, 2, config.clone(), Device::Cpu, seed).unwrap();
+            let (mut batched, mut alone): (Vec<Ppo>, Vec<Ppo>) =
+                ((1..=3).map(make).collect(), (1..=3).map(make).collect());
+            let mut rng = Pcg64::seed_from_u64(5);
+            let mut draw = |n: usize| (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>();
+            let mut obs: Vec<Vec<f32>> = (0..3).map(|_| draw(2 * obs_dim)).collect();
+            for step in 0..6 {
+                let refs: Vec<ObsRef<'_>> = obs.iter().map(|o| ObsRef::F32(o)).collect();
+                let mut outs = vec![ActOutput::default(); 3];
+                let mut pis: Vec<&mut ActorCriticPolicy> = batched.iter_mut().map(|a| &mut a.pi).collect();
+                let mut o: Vec<&mut ActOutput> = outs.iter_mut().collect();
+                assert!(crate::actor_critic::members::act_stacked(&mut pis, &refs, false, &mut o).unwrap(), "{label}");
+                let next: Vec<Vec<f32>> = (0..3).map(|_| draw(2 * obs_dim)).collect();
+                for k in 0..3 {
+                    let mut want = ActOutput::default();
+                    alone[k].act(refs[k], ActMode::Explore, &mut want).unwrap();
+                    let what = format!("{label} step {step} member {k}");
+                    assert_close(&outs[k].actions, &want.actions, 1e-5, &format!("{what}: actions"));
+                    assert_close(&outs[k].log_probs, &want.log_probs, 1e-5, &format!("{what}: log-probs"));
+                    assert_close(&outs[k].values, &want.values, 1e-5, &format!("{what}: values"));
+                    let (rewards, terminated, truncated) = ([1.0, -0.5], [step == 2, false], [false, step == 4]);
+                    for (agent, out) in [(&mut batched[k], &outs[k]), (&mut alone[k], &want)] {
+                        let (actions, log_probs, values) = (&out.actions, &out.log_probs, &out.values);
+                        let step = Chunk::from_step(
+                            refs[k],
+                            actions,
+                            log_probs,
+                            values,
+                            &rewards,
+                            &terminated,
+                            &truncated,
+                            ObsRef::F32(&next[k]),
+                        );
+                        agent.observe(&[step]).unwrap();
+                    }
+                }
+                obs = next;
+            }
+            let mut members: Vec<&mut Ppo> = batched.iter_mut().collect();
+            let finished = Ppo::finish_rollouts(&mut members, true).unwrap();
+            for (k, (got, a)) in finished.into_iter().zip(alone.iter_mut()).enumerate() {
+                let (got, want) = (got.expect("full"), a.finish_rollout().unwrap().expect("full"));
+                let what = format!("{label} member {k}");
+                assert_close(&got.advantages[..got.len()], &want.advantages[..want.len()], 1e-5, &what);
+                assert_close(&got.returns[..got.len()], &want.returns[..want.len()], 1e-5, &what);
+            }
+        }
+        // Networks of different layouts do not stack: nothing is done, and each member acts alone.
+        let (obs_space, act_space) = cartpole();
+        let config = PpoConfig { n_steps: 4, batch_size: 4, ..Default::default() };
+        let narrow = PpoConfig { hidden_sizes: vec![8], ..config.clone() };
+        let mut a = Ppo::new(&obs_space, &act_space, 1, config, Device::Cpu, 1).unwrap();
+        let mut b = Ppo::new(&obs_space, &act_space, 1, narrow, Device::Cpu, 2).unwrap();
+        let (obs, mut outs) = ([0.1f32; 4], vec![ActOutput::default(); 2]);
+        let mut o: Vec<&mut ActOutput> = outs.iter_mut().collect();
+        let refs = [ObsRef::F32(&obs), ObsRef::F32(&obs)];
+        assert!(!crate::actor_critic::members::act_stacked(&mut [&mut a.pi, &mut b.pi], &refs, false, &mut o).unwrap());
+        assert!(outs.iter().all(|o| o.actions.is_empty()), "nothing acted");
+    }
 }

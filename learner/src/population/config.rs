@@ -20,6 +20,13 @@ pub struct PopulationConfig {
     /// rounding, ~1e-8 relative per update); `false`: each member trains as its own run, bit for bit.
     #[serde(default = "default_batched")]
     pub batched: bool,
+    /// With `batched`, whether the members act in one batched pass over their joint env batch where the
+    /// algorithm has one (PPO, A2C: plain MLPs of one layout; `flotilla_algorithms::AlgorithmKind::act_members`)
+    /// instead of each member's own forward pass. Unset: on where the members live on an accelerator (there `N`
+    /// small passes are launch-bound; on the CPU each member's fused host pass is as fast). A member's actions
+    /// are its own either way, to float rounding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batched_acting: Option<bool>,
     /// Per-member hyperparameters; none: a seed study.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepConfig>,

@@ -116,9 +116,16 @@ struct MemberStart {
     resume: bool,
 }
 
+/// How a worker trains its members: `None` each as its own run; `Some(acting)` in lockstep with batched
+/// updates, acting batched as `acting` says (`[population] batched_acting`).
+fn lockstep(population: &PopulationConfig) -> Option<Option<bool>> {
+    population.batched.then_some(population.batched_acting)
+}
+
+/// A worker thread: builds its members, then runs the main thread's commands on them.
 fn worker(
     starts: Vec<MemberStart>,
-    batched: bool,
+    batched: Option<Option<bool>>,
     commands: mpsc::Receiver<Command>,
     replies: mpsc::Sender<Result<Vec<Status>>>,
 ) {
@@ -155,7 +162,7 @@ fn worker(
                 for m in members.iter_mut() {
                     m.segment_returns.clear();
                 }
-                if batched {
+                if let Some(batched_acting) = batched {
                     // Every member of this thread in lockstep, updates batched where the algorithm can. Members
                     // resumed from checkpoints of different steps (a crash between two members' saves) first
                     // catch up one by one.
@@ -178,6 +185,7 @@ fn worker(
                     crate::train::run_group(
                         &mut trainers,
                         target,
+                        batched_acting,
                         &mut |k, row| {
                             let m = &mut members[k];
                             m.segment_returns.extend(row.episodic_return);
@@ -253,7 +261,7 @@ impl Workers {
         scope: &'s std::thread::Scope<'s, '_>,
         starts: Vec<MemberStart>,
         threads: usize,
-        batched: bool,
+        batched: Option<Option<bool>>,
     ) -> Result<Self> {
         let threads = threads.clamp(1, starts.len().max(1));
         let mut shares: Vec<Vec<MemberStart>> = (0..threads).map(|_| Vec::new()).collect();
@@ -453,7 +461,7 @@ fn run(
     let dirs: BTreeMap<usize, PathBuf> = record.members.iter().map(|m| (m.index, out.join(&m.dir))).collect();
 
     std::thread::scope(|scope| -> Result<Vec<MemberResult>> {
-        let workers = Workers::start(scope, starts, threads, population.batched)?;
+        let workers = Workers::start(scope, starts, threads, lockstep(&population))?;
         let mut at = state.env_steps;
         while at < end {
             let next = (at / segment + 1) * segment;
