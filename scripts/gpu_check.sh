@@ -142,18 +142,20 @@ if ret:
           f"{sum(r >= 475 for r in ret)}/{len(ret)} >= 475")
 PY
     grep -E "final returns mean|error|Error|panicked" "$runs/$name.log" | head -3 | sed 's/^/  /'
+    # The group's progress over time (the log's own timestamps).
+    grep -E "population [0-9]+/[0-9]+ env steps" "$runs/$name.log" | sed -n '1p;$p' | cut -c1-140 | sed 's/^/  /'
   } >> "$report" 2>&1
 }
 
 if [[ $sections == *,population,* ]]; then
   { echo; echo "## population: 2,048 CartPole PPO members on CUDA, batched acting and updates"; } >> "$report"
-  population "pop2048|2048|100000|" 230
+  population "pop2048|2048|100000|" 200
 fi
 
 if [[ $sections == *,acting,* ]]; then
   { echo; echo "## acting: 256 members, one batched acting pass against each member's own"; } >> "$report"
-  population "pop256-batched|256|10000|--set population.batched_acting=true" 100
-  population "pop256-alone|256|10000|--set population.batched_acting=false" 100
+  population "pop256-batched|256|10000|--set population.batched_acting=true" 80
+  population "pop256-alone|256|10000|--set population.batched_acting=false" 80
 fi
 
 if [[ $sections == *,learn,* ]]; then
