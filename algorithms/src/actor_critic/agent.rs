@@ -56,6 +56,8 @@ pub struct OnPolicyAgent<K: OnPolicyKind> {
     pub(crate) parallel: DataParallel,
     /// The fused CPU step's layout and buffers, once an update took that path.
     pub(crate) host: Option<ActorCriticHost>,
+    /// Leave truncated episodes' final-observation values to the finish ([`OnPolicyAgent::defer_final_values`]).
+    defer_values: bool,
 }
 
 impl<K: OnPolicyKind> OnPolicyAgent<K> {
@@ -68,7 +70,8 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
         n_steps: usize,
     ) -> Self {
         let collector = RolloutCollector::new(n_envs, n_steps, pi.net.obs_dim(), pi.net.act_dim());
-        OnPolicyAgent { config, pi, opt, collector, parallel: DataParallel::default(), host: None }
+        let parallel = DataParallel::default();
+        OnPolicyAgent { config, pi, opt, collector, parallel, host: None, defer_values: false }
     }
 
     /// The network's parameters (for saving, broadcasting or inspecting).
@@ -121,27 +124,47 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
         Ok(())
     }
 
-    /// Every member's [`OnPolicyAgent::finish_rollout`]; with `batched`, the bootstrap values of members whose
-    /// networks stack come from one pass for all ([`members::values_stacked`]: on an accelerator, one pass
-    /// instead of `N` launch-bound ones), else each member's own.
+    /// Every member's [`OnPolicyAgent::finish_rollout`]; with `batched` (or values left to the finish by
+    /// members acting as one), the bootstrap values of members whose networks stack, and those of their
+    /// truncated episodes' final observations, come from one pass for all ([`members::values_stacked`]: on an
+    /// accelerator, one pass instead of `N` launch-bound ones), else each member's own.
     pub(crate) fn finish_rollouts(agents: &mut [&mut Self], batched: bool) -> Result<Vec<Option<Rollout>>> {
         let full = agents.iter().all(|a| a.collector.is_full() && a.pi.net.state_dim() == 0);
-        let last = if batched && full {
+        let deferred = agents.iter().any(|a| !a.collector.unvalued_obs().is_empty());
+        let mut finals = Vec::new();
+        let values = if (batched || deferred) && full {
             let nets: Vec<&ActorCritic> = agents.iter().map(|a| &a.pi.net).collect();
-            let obs: Vec<ObsRef<'_>> = agents.iter().map(|a| a.collector.bootstrap_obs()).collect();
+            // Each member's rows: its unvalued final observations, then its bootstrap observations.
+            let mut rows: Vec<Vec<f32>> = Vec::with_capacity(agents.len());
+            for a in agents.iter() {
+                let (ObsRef::F32(f), ObsRef::F32(b)) = (a.collector.unvalued_obs(), a.collector.bootstrap_obs()) else {
+                    return agents.iter_mut().map(|a| a.finish_rollout()).collect();
+                };
+                finals.push(f.len() / a.pi.net.obs_dim());
+                rows.push([f, b].concat());
+            }
+            let obs: Vec<ObsRef<'_>> = rows.iter().map(|r| ObsRef::F32(r)).collect();
             members::values_stacked(&nets, &obs)?
         } else {
             None
         };
-        let Some(last) = last else { return agents.iter_mut().map(|a| a.finish_rollout()).collect() };
+        let Some(values) = values else { return agents.iter_mut().map(|a| a.finish_rollout()).collect() };
         agents
             .iter_mut()
-            .zip(last)
-            .map(|(a, v)| {
+            .zip(values.into_iter().zip(finals))
+            .map(|(a, (mut v, f))| {
                 let (gamma, lambda) = K::gamma_lambda(&a.config);
-                a.collector.finish(|_: ObsRef<'_>| Ok(v.clone()), gamma, lambda)
+                let last = v.split_off(f);
+                a.collector.finish_valued(v, last, gamma, lambda)
             })
             .collect()
+    }
+
+    /// Leave the values of truncated episodes' final observations to the rollout's finish
+    /// ([`crate::data::rollout::RolloutCollector::push_chunks_deferred`]): a population's members acting as one
+    /// value them with their bootstrap observations in one pass ([`OnPolicyAgent::finish_rollouts`]).
+    pub(crate) fn defer_final_values(&mut self) {
+        self.defer_values = true;
     }
 
     /// Give a finished rollout's storage back for the next one.
@@ -203,6 +226,9 @@ impl<K: OnPolicyKind> Algorithm for OnPolicyAgent<K> {
         if net.state_dim() > 0 {
             self.check_initial_states(chunks)?;
             return self.collector.push_chunks(chunks, sequence_values(net));
+        }
+        if self.defer_values {
+            return self.collector.push_chunks_deferred(chunks);
         }
         self.collector.push_chunks(chunks, |obs: ObsRef<'_>| net.values(obs))
     }
@@ -347,7 +373,12 @@ macro_rules! on_policy_kind {
                 let Some(mut agents) = $crate::kind::members_as::<Agent>(members) else { return Ok(false) };
                 let mut pis: Vec<_> = agents.iter_mut().map(|a| &mut a.pi).collect();
                 let deterministic = mode == $crate::policy::ActMode::Deterministic;
-                $crate::actor_critic::members::act_stacked(&mut pis, obs, deterministic, outs)
+                let acted = $crate::actor_critic::members::act_stacked(&mut pis, obs, deterministic, outs)?;
+                if acted {
+                    // They finish together too: their truncated episodes' values in the same one pass.
+                    agents.iter_mut().for_each(|a| a.defer_final_values());
+                }
+                Ok(acted)
             }
         }
     };

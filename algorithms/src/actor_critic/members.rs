@@ -367,8 +367,8 @@ impl StackedActorCritic {
 }
 
 /// The members' networks and observations as one forward pass needs them: plain twin MLPs of one layout on one
-/// device, and float observations of the same number of rows each (`obs[k]` member `k`'s). `None` where they
-/// are not (then each member runs alone).
+/// device, and float observations (`obs[k]` member `k`'s rows), as `[N, R, obs]` with each member's rows
+/// zero-padded to the most any has (`R`). `None` where they are not (then each member runs alone).
 fn stackable(nets: &[&ActorCritic], obs: &[ObsRef<'_>]) -> Option<(Tensor, usize)> {
     let first = nets.first()?;
     let layout = |n: &ActorCritic| n.twin_layout().map(|(l, a, o, s)| (l.to_vec(), a, o, s));
@@ -376,16 +376,15 @@ fn stackable(nets: &[&ActorCritic], obs: &[ObsRef<'_>]) -> Option<(Tensor, usize
     let same = |n: &&ActorCritic| {
         n.device == first.device && n.params.numel() == first.params.numel() && layout(n).as_ref() == Some(&l0)
     };
-    let len = obs.first()?.len();
-    let obs_dim = first.obs_dim();
-    if nets.len() < 2 || nets.len() != obs.len() || !nets.iter().all(same) || len == 0 || len % obs_dim != 0 {
+    let (len, obs_dim) = (obs.iter().map(ObsRef::len).max()?, first.obs_dim());
+    let whole = obs.iter().all(|o| o.len().is_multiple_of(obs_dim) && matches!(o, ObsRef::F32(_)));
+    if nets.len() < 2 || nets.len() != obs.len() || !nets.iter().all(same) || len == 0 || !whole {
         return None;
     }
-    let mut x = Vec::with_capacity(len * nets.len());
-    for o in obs {
-        match o {
-            ObsRef::F32(v) if v.len() == len => x.extend_from_slice(v),
-            _ => return None,
+    let mut x = vec![0.0; len * nets.len()];
+    for (row, o) in x.chunks_mut(len).zip(obs) {
+        if let ObsRef::F32(v) = o {
+            row[..v.len()].copy_from_slice(v);
         }
     }
     let rows = len / obs_dim;
@@ -411,6 +410,9 @@ pub(crate) fn act_stacked(
     outs: &mut [&mut ActOutput],
 ) -> Result<bool> {
     let nets: Vec<&ActorCritic> = pis.iter().map(|p| &p.net).collect();
+    if obs.iter().any(|o| o.len() != obs[0].len()) {
+        return Ok(false);
+    }
     let Some((x, rows)) = stackable(&nets, obs) else { return Ok(false) };
     let stacked = StackedActorCritic::frozen(&nets);
     let (dist, values) = tch::no_grad(|| stacked.forward(&x));
@@ -432,12 +434,14 @@ pub(crate) fn act_stacked(
     Ok(true)
 }
 
-/// `V` of every member's observations (`obs[k]`) in one batched pass where the networks stack ([`stackable`]);
-/// `None` where they do not.
+/// `V` of every member's observations (`obs[k]`, any number of rows each) in one batched pass where the
+/// networks stack ([`stackable`]); `None` where they do not.
 pub(crate) fn values_stacked(nets: &[&ActorCritic], obs: &[ObsRef<'_>]) -> Result<Option<Vec<Vec<f32>>>> {
     let Some((x, rows)) = stackable(nets, obs) else { return Ok(None) };
     let (_, values) = tch::no_grad(|| StackedActorCritic::frozen(nets).forward(&x));
-    Ok(Some(host(&values)?.chunks(rows).map(<[f32]>::to_vec).collect()))
+    let obs_dim = nets[0].obs_dim();
+    let values = host(&values)?;
+    Ok(Some(values.chunks(rows).zip(obs).map(|(v, o)| v[..o.len() / obs_dim].to_vec()).collect()))
 }
 
 #[cfg(test)]

@@ -537,12 +537,55 @@ impl<F: FnMut(&Rollout) -> Result<Vec<f32>>> NextValues for Sequences<F> {
 #[derive(Debug, Clone)]
 pub struct RolloutCollector {
     rollout: Rollout,
+    /// The first of the rollout's final observations whose value is not computed yet
+    /// ([`RolloutCollector::push_chunks_deferred`]); `None`: every one is valued.
+    unvalued_from: Option<usize>,
 }
 
 impl RolloutCollector {
     /// Empty storage for `n_steps × n_envs` transitions.
     pub fn new(n_envs: usize, n_steps: usize, obs_dim: usize, act_dim: usize) -> Self {
-        RolloutCollector { rollout: Rollout::new(n_envs, n_steps, obs_dim, act_dim) }
+        RolloutCollector { rollout: Rollout::new(n_envs, n_steps, obs_dim, act_dim), unvalued_from: None }
+    }
+
+    /// [`RolloutCollector::push_chunks`] with the values of the truncated episodes' final observations left to
+    /// the finish, where one pass values them with the bootstrap observations
+    /// ([`RolloutCollector::unvalued_obs`], [`RolloutCollector::finish_valued`]; a population's members acting
+    /// as one on an accelerator: one pass per rollout instead of one per truncation). The parameters do not
+    /// change inside a rollout, so the values are the same.
+    pub fn push_chunks_deferred(&mut self, chunks: &[Chunk]) -> Result<()> {
+        let finals = self.rollout.final_obs_steps.len();
+        self.rollout.append_chunks(chunks)?;
+        if self.unvalued_from.is_none() && self.rollout.final_obs_steps.len() > finals {
+            self.unvalued_from = Some(finals);
+        }
+        Ok(())
+    }
+
+    /// The final observations [`RolloutCollector::push_chunks_deferred`] left without a value (empty: none).
+    pub fn unvalued_obs(&self) -> ObsRef<'_> {
+        let r = &self.rollout;
+        let from = self.unvalued_from.unwrap_or(r.final_obs_steps.len());
+        r.final_obs.slice(from * r.obs_dim..r.final_obs.len())
+    }
+
+    /// [`RolloutCollector::finish`] with the values already computed: `final_values` of
+    /// [`RolloutCollector::unvalued_obs`] and `last_values` of [`RolloutCollector::bootstrap_obs`].
+    pub fn finish_valued(
+        &mut self,
+        final_values: Vec<f32>,
+        last_values: Vec<f32>,
+        gamma: f32,
+        lambda: f32,
+    ) -> Result<Option<Rollout>> {
+        if !self.rollout.is_full() {
+            return Ok(None);
+        }
+        if let Some(from) = self.unvalued_from {
+            self.rollout.bootstrap_truncated(from, |_: ObsRef<'_>| Ok(final_values))?;
+            self.unvalued_from = None;
+        }
+        self.finish(|_: ObsRef<'_>| Ok(last_values.clone()), gamma, lambda)
     }
 
     /// Append chunks stacked row-wise ([`Rollout::append_chunks`]) and, where `values` takes observation rows,
@@ -608,6 +651,11 @@ impl RolloutCollector {
         if !self.rollout.is_full() {
             return Ok(None);
         }
+        if let (Some(from), Some(of_rows)) = (self.unvalued_from, values.of_rows()) {
+            // Final observations left for the finish (push_chunks_deferred), valued here after all.
+            self.rollout.bootstrap_truncated(from, of_rows)?;
+            self.unvalued_from = None;
+        }
         let next = match values.of_rollout(&self.rollout) {
             Some(next) => Some(next?),
             None => None,
@@ -639,16 +687,26 @@ impl RolloutCollector {
     pub fn recycle(&mut self, mut rollout: Rollout) {
         rollout.clear();
         self.rollout = rollout;
+        self.unvalued_from = None;
     }
 
     /// Save the partly filled rollout under `prefix`.
     pub fn write_to(&self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
+        if let Some(from) = self.unvalued_from {
+            c.put_meta(format!("{prefix}.unvalued_from"), &from)?;
+        }
         self.rollout.write_to(c, prefix)
     }
 
     /// Restore what [`RolloutCollector::write_to`] saved.
     pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
-        self.rollout.read_from(c, prefix)
+        self.rollout.read_from(c, prefix)?;
+        let key = format!("{prefix}.unvalued_from");
+        self.unvalued_from = if c.has_meta(&key) { Some(c.meta(&key)?) } else { None };
+        if self.unvalued_from.is_some_and(|from| from > self.rollout.final_obs_steps.len()) {
+            return Err(Error::Checkpoint(format!("{key} is past the rollout's final observations")));
+        }
+        Ok(())
     }
 }
 

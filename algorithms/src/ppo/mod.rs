@@ -1344,8 +1344,10 @@ mod member_tests {
 
     /// Members acting in one batched pass ([`crate::actor_critic::members::act_stacked`], what a population on
     /// an accelerator takes) act as each does alone: the same actions from the same RNG streams (discrete;
-    /// Gaussian ones to float rounding), log-probs and values to float rounding; and their rollouts finished
-    /// with the bootstrap values of one pass ([`Ppo::finish_rollouts`]) have each member's advantages alone.
+    /// Gaussian ones to float rounding), log-probs and values to float rounding; and their rollouts, whose
+    /// truncated episodes' values wait for the finish, finished with those and the bootstrap values from one
+    /// pass ([`Ppo::finish_rollouts`]) — or saved, restored and finished alone — have each member's advantages
+    /// alone.
     #[test]
     fn members_acting_in_one_batched_pass_act_and_finish_as_alone() {
         use crate::actor_critic::ActorCriticPolicy;
@@ -1366,6 +1368,8 @@ mod member_tests {
             let make = |seed| Ppo::new(&obs_space, &act_space, 2, config.clone(), Device::Cpu, seed).unwrap();
             let (mut batched, mut alone): (Vec<Ppo>, Vec<Ppo>) =
                 ((1..=3).map(make).collect(), (1..=3).map(make).collect());
+            // As act_members leaves them: truncated episodes' values wait for the finish's one pass.
+            batched.iter_mut().for_each(Ppo::defer_final_values);
             let mut rng = Pcg64::seed_from_u64(5);
             let mut draw = |n: usize| (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>();
             let mut obs: Vec<Vec<f32>> = (0..3).map(|_| draw(2 * obs_dim)).collect();
@@ -1401,11 +1405,22 @@ mod member_tests {
                 }
                 obs = next;
             }
+            assert!(!batched[0].collector.unvalued_obs().is_empty(), "{label}: a truncation's value waits");
+            // A checkpoint keeps what waits: restored and finished alone, the rollout is the run alone's too.
+            let mut saved = batched[0].checkpoint().unwrap();
+            let mut restored = make(1);
+            restored.restore(&mut saved).unwrap();
             let mut members: Vec<&mut Ppo> = batched.iter_mut().collect();
-            let finished = Ppo::finish_rollouts(&mut members, true).unwrap();
+            // `false`: the members' waiting values alone make it one pass.
+            let finished = Ppo::finish_rollouts(&mut members, false).unwrap();
+            let restored = restored.finish_rollout().unwrap().expect("full");
             for (k, (got, a)) in finished.into_iter().zip(alone.iter_mut()).enumerate() {
                 let (got, want) = (got.expect("full"), a.finish_rollout().unwrap().expect("full"));
                 let what = format!("{label} member {k}");
+                if k == 0 {
+                    let (r, w) = (&restored.advantages[..restored.len()], &want.advantages[..want.len()]);
+                    assert_close(r, w, 1e-5, &format!("{what}, restored"));
+                }
                 assert_close(&got.advantages[..got.len()], &want.advantages[..want.len()], 1e-5, &what);
                 assert_close(&got.returns[..got.len()], &want.returns[..want.len()], 1e-5, &what);
             }
