@@ -19,25 +19,36 @@
 #   resume   exact resume on CUDA: SAC, and PPO with observation and reward normalisation (one go vs
 #            --stop-at then --resume: the saved weights must be byte-identical)
 #   bash scripts/gpu_check.sh [cnn,pong,population,acting,learn,continuous,resume]
+# A dry run here, on the CPU, of the pong, population and acting sections' plumbing at a small scale (the local
+# release binary, the cache venv's Python): GPU_CHECK_SMOKE=1 bash scripts/gpu_check.sh pong,population,acting
 set -uo pipefail
 cd "$(dirname "$0")/.."
 sections=",${1:-cnn,pong,population},"
 out=${OUT:-/tmp/gpu-out}
-mkdir -p "$out" /tmp/gpu
-tar -C /tmp/gpu -xJf .gpu/bundle.tar.xz
-tl=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-export LD_LIBRARY_PATH="$tl:/tmp/gpu/bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export FLOTILLA_PEERS_DIR=$PWD/tests/peers FLOTILLA_TORCH_PYTHON=python3
-bin=/tmp/gpu/bundle/flotilla
+smoke=${GPU_CHECK_SMOKE:-}
 runs=/tmp/gpu/runs
-mkdir -p "$runs"
+rm -rf "$runs"
+mkdir -p "$out" "$runs"
 report="$out/gpu_check.md"
-{
-  echo "# GPU check $(date -u +%FT%TZ): sections ${sections//,/ }"
-  nvidia-smi -L
-  python3 -c 'import torch; print("device torch", torch.__version__)'
-  echo "libraries the binary cannot find:"; ldd "$bin" | grep 'not found' || echo "(none)"
-} > "$report" 2>&1
+if [[ -n $smoke ]]; then
+  source scripts/release_bin.sh
+  bin=$release_bin device=cpu py=
+  scale() { echo "$2"; }  # the smoke run's numbers
+  echo "# GPU check SMOKE RUN on the CPU $(date -u +%FT%TZ): sections ${sections//,/ }" > "$report"
+else
+  tar -C /tmp/gpu -xJf .gpu/bundle.tar.xz
+  tl=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  export LD_LIBRARY_PATH="$tl:/tmp/gpu/bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export FLOTILLA_PEERS_DIR=$PWD/tests/peers FLOTILLA_TORCH_PYTHON=python3
+  bin=/tmp/gpu/bundle/flotilla device=cuda py=/tmp/gpu/bundle/py
+  scale() { echo "$1"; }  # the device's numbers
+  {
+    echo "# GPU check $(date -u +%FT%TZ): sections ${sections//,/ }"
+    nvidia-smi -L
+    python3 -c 'import torch; print("device torch", torch.__version__)'
+    echo "libraries the binary cannot find:"; ldd "$bin" | grep 'not found' || echo "(none)"
+  } > "$report" 2>&1
+fi
 cfg=examples/configs
 
 # Runs "name|config|extra arguments" jobs at once on the GPU, then appends each log's tail to the report.
@@ -89,17 +100,19 @@ PY
 }
 
 if [[ $sections == *,pong,* ]]; then
-  { echo; echo "## pong: pong_fast.toml on CUDA, ale-py on $(nproc) emulator threads (~70 s each)"; } >> "$report"
-  py=/tmp/gpu/bundle/py
+  { echo; echo "## pong: pong_fast.toml on $device, ale-py on $(nproc) emulator threads (~70 s each)"; } >> "$report"
+  # The bundle's own Python on the device (its Python is 3.12, the binary's 3.11); the cache venv's here.
+  pyenv=(env)
+  [[ -n $py ]] && pyenv=(env -u PYTHONPATH PYTHONHOME=$py FLOTILLA_PYTHON=$py/bin/python)
   for envs in 16 64; do
     name=pong-$envs
     # 4 minibatches of each rollout, as pong_fast's 8 envs take.
-    timeout 75 env -u PYTHONPATH PYTHONHOME=$py FLOTILLA_PYTHON=$py/bin/python "$bin" train $cfg/pong_fast.toml \
-      --set run.device=cuda --set env.num_envs=$envs --set algorithm.batch_size=$((128 * envs / 4)) \
+    timeout "$(scale 75 45)" "${pyenv[@]}" "$bin" train $cfg/pong_fast.toml \
+      --set run.device=$device --set env.num_envs=$envs --set algorithm.batch_size=$((128 * envs / 4)) \
       --set env.kwargs.num_threads="$(nproc)" --set run.total_env_steps=100000000 \
-      --set eval.interval_steps=1000000000 --set metrics.log_interval_steps=4096 --out "$runs/$name" \
+      --set eval.interval_steps=1000000000 --set metrics.log_interval_steps=$(scale 4096 1024) --out "$runs/$name" \
       > "$runs/$name.log" 2>&1
-    { echo "- $envs envs (exit $? after the 75 s limit): $(rate "$runs/$name/metrics.csv" 2>&1)";
+    { echo "- $envs envs (exit $? at the time limit): $(rate "$runs/$name/metrics.csv" 2>&1)";
       grep -E "error|Error" "$runs/$name.log" | head -3; } >> "$report"
   done
 fi
@@ -111,7 +124,7 @@ population() {
   local started=$SECONDS
   # shellcheck disable=SC2086
   timeout "$2" "$bin" train $cfg/cartpole_ppo.toml --population "$members" --set population.threads=1 \
-    --set run.device=cuda --set run.torch_threads=1 --set run.total_env_steps="$steps" \
+    --set run.device=$device --set run.torch_threads=1 --set run.total_env_steps="$steps" \
     --set eval.interval_steps=1000000000 --set eval.episodes=1 --set metrics.log_interval_steps=$((steps / 10)) \
     $extra --out "$runs/$name" > "$runs/$name.log" 2>&1
   local code=$? wall=$((SECONDS - started))
@@ -148,14 +161,14 @@ PY
 }
 
 if [[ $sections == *,population,* ]]; then
-  { echo; echo "## population: 2,048 CartPole PPO members on CUDA, batched acting and updates"; } >> "$report"
-  population "pop2048|2048|100000|" 200
+  { echo; echo "## population: 2,048 CartPole PPO members on $device, batched acting and updates"; } >> "$report"
+  population "pop2048|$(scale 2048 32)|$(scale 100000 5120)|" 200
 fi
 
 if [[ $sections == *,acting,* ]]; then
   { echo; echo "## acting: 256 members, one batched acting pass against each member's own"; } >> "$report"
-  population "pop256-batched|256|10000|--set population.batched_acting=true" 80
-  population "pop256-alone|256|10000|--set population.batched_acting=false" 80
+  population "pop256-batched|$(scale 256 16)|$(scale 10000 2560)|--set population.batched_acting=true" 80
+  population "pop256-alone|$(scale 256 16)|$(scale 10000 2560)|--set population.batched_acting=false" 80
 fi
 
 if [[ $sections == *,learn,* ]]; then
@@ -204,6 +217,6 @@ if [[ $sections == *,resume,* ]]; then
   done
 fi
 
-nvidia-smi --query-gpu=name,memory.used --format=csv >> "$report" 2>&1
+[[ -z $smoke ]] && nvidia-smi --query-gpu=name,memory.used --format=csv >> "$report" 2>&1
 tar -C /tmp/gpu -cJf "$out/runs.tar.xz" --exclude='*.safetensors' --exclude='events.out*' runs
 cat "$report"
