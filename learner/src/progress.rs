@@ -204,6 +204,11 @@ impl RunCounters {
         due || self.done(config)
     }
 
+    /// Whether [`RunCounters::eval_due`] would say an evaluation is due now (it schedules nothing).
+    pub(crate) fn eval_pending(&self, config: &ExperimentConfig) -> bool {
+        self.env_steps >= self.next_eval || self.done(config)
+    }
+
     /// The seed of the next evaluation: evaluation k seeds its envs from seed + k · episodes, so each one
     /// starts from fresh states.
     pub(crate) fn eval_seed(&self, config: &ExperimentConfig) -> u64 {

@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::actions::EnvActions;
 use crate::config::ExperimentConfig;
 use crate::env_replay::EnvReplay;
-use crate::eval::evaluate;
+use crate::eval::{EvalResult, evaluate, evaluate_members};
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
@@ -237,9 +237,23 @@ impl Trainer {
         on_log: &mut dyn FnMut(&LogRow) -> Result<()>,
         on_checkpoint: &mut dyn FnMut(&Trainer) -> Result<()>,
     ) -> Result<()> {
+        self.after_step_with(None, on_log, on_checkpoint)
+    }
+
+    /// [`Trainer::after_step`] with the evaluation due now already run (`evaluated`: a population's members
+    /// evaluated as one, [`crate::eval::evaluate_members`]).
+    fn after_step_with(
+        &mut self,
+        evaluated: Option<EvalResult>,
+        on_log: &mut dyn FnMut(&LogRow) -> Result<()>,
+        on_checkpoint: &mut dyn FnMut(&Trainer) -> Result<()>,
+    ) -> Result<()> {
         let (config, c) = (&self.config, &mut self.counters);
         let eval = if c.eval_due(config) {
-            let result = evaluate(self.agent.as_mut(), &config.env, config.eval.episodes, c.eval_seed(config))?;
+            let result = match evaluated {
+                Some(result) => result,
+                None => evaluate(self.agent.as_mut(), &config.env, config.eval.episodes, c.eval_seed(config))?,
+            };
             c.evals.push(EvalPoint { env_steps: c.env_steps, train_secs: c.train_secs, result: result.clone() });
             Some(result)
         } else {
@@ -364,6 +378,20 @@ impl JointEnvs {
     }
 }
 
+/// The evaluations due now, run as one where every member's is due (lockstep members share the schedule) and
+/// their kind acts them as one ([`crate::eval::evaluate_members`]); empty where not (each evaluates alone).
+fn evaluate_group(group: &mut [Trainer]) -> Result<Vec<Option<EvalResult>>> {
+    let due = |t: &Trainer| t.counters.eval_pending(&t.config);
+    if group.len() < 2 || !group.iter().all(due) {
+        return Ok(Vec::new());
+    }
+    let config = group[0].config.clone();
+    let seeds: Vec<u64> = group.iter().map(|t| t.counters.eval_seed(&t.config)).collect();
+    let mut agents: Vec<&mut dyn Algorithm> = group.iter_mut().map(|t| t.agent.as_mut()).collect();
+    let results = evaluate_members(&config.algorithm, &mut agents, &config.env, config.eval.episodes, &seeds)?;
+    Ok(results.map(|r| r.into_iter().map(Some).collect()).unwrap_or_default())
+}
+
 /// Every member's action on its observations from one batched pass of their kind
 /// ([`flotilla_algorithms::AlgorithmKind::act_members`]); `false` where it has none or the members cannot
 /// batch (recurrent members carry state and always act alone).
@@ -476,12 +504,19 @@ fn run_lockstep(
         if rejoin && let Some(j) = joint.take() {
             j.give_back(group)?;
         }
-        for (k, (t, m)) in group.iter_mut().zip(metrics).enumerate() {
+        for (t, m) in group.iter_mut().zip(metrics) {
             if let Some(m) = m {
                 t.counted_update(m, update_secs);
             }
             t.counters.train_secs += secs;
-            t.after_step(&mut |row| on_log(k, row), &mut |t| on_checkpoint(k, t))?;
+        }
+        let mut evaluated = match batched_acting {
+            true => evaluate_group(group)?,
+            false => Vec::new(),
+        };
+        evaluated.resize(group.len(), None);
+        for (k, (t, e)) in group.iter_mut().zip(evaluated).enumerate() {
+            t.after_step_with(e, &mut |row| on_log(k, row), &mut |t| on_checkpoint(k, t))?;
         }
         if rejoin {
             *joint = JointEnvs::join(group, batched_acting)?;
