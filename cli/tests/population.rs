@@ -176,11 +176,17 @@ fn ppo_members_acting_in_one_batched_pass_match_their_seeds_trained_alone() {
 
 /// A2C batched the same way (`a2c_population`): 4 members share each of their 50 one-step RMSprop updates
 /// (checked to 1e-6 after 6 updates in algorithms' a2c_population tests; with one torch thread, as here, it
-/// came out bit-identical).
+/// came out bit-identical); and again acting and evaluating in one batched pass.
 #[test]
 fn batched_a2c_members_match_their_seeds_trained_alone() {
     let sets = ["run.total_env_steps=2000", "eval.interval_steps=1000", "algorithm.fused_cpu=false"];
     check_batched_members_match_alone("batched-a2c", "cartpole_a2c.toml", &sets, &[]);
+    check_batched_members_match_alone(
+        "batched-acting-a2c",
+        "cartpole_a2c.toml",
+        &sets,
+        &["population.batched_acting=true"],
+    );
 }
 
 #[test]
