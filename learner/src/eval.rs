@@ -54,12 +54,12 @@ impl EvalResult {
 /// them, with each task's share in [`EvalResult::tasks`].
 pub fn evaluate(agent: &mut dyn Policy, env: &EnvConfig, episodes: usize, seed: u64) -> Result<EvalResult> {
     if env.tasks.is_empty() {
-        return evaluate_on(agent, env.make_vector(episodes, EnvRole::Evaluation)?.as_mut(), episodes, seed);
+        return evaluate_on(agent, env.make_vector(episodes, EnvRole::Evaluation)?, episodes, seed);
     }
     let mut all = EvalResult { returns: Vec::new(), lengths: Vec::new(), tasks: Vec::new() };
     for (k, task) in env.tasks.iter().enumerate() {
-        let mut envs = env.make_task_vector(k, episodes, EnvRole::Evaluation)?;
-        let one = evaluate_on(agent, envs.as_mut(), episodes, seed)?;
+        let envs = env.make_task_vector(k, episodes, EnvRole::Evaluation)?;
+        let one = evaluate_on(agent, envs, episodes, seed)?;
         all.returns.extend(one.returns);
         all.lengths.extend(one.lengths);
         all.tasks.push((task.name.clone(), episodes));
@@ -68,38 +68,21 @@ pub fn evaluate(agent: &mut dyn Policy, env: &EnvConfig, episodes: usize, seed: 
 }
 
 /// [`evaluate`] on a built batch of `episodes` envs.
-fn evaluate_on(agent: &mut dyn Policy, envs: &mut dyn VectorEnv, episodes: usize, seed: u64) -> Result<EvalResult> {
-    let action_space = envs.action_space().clone();
-    let mut obs = envs.reset(Some(seed))?.to_buf();
-    let mut done = vec![false; episodes];
-    let (mut returns, mut lengths) = (vec![0.0; episodes], vec![0usize; episodes]);
-    let mut out = ActOutput::default();
-    let mut env_actions = EnvActions::default();
+fn evaluate_on(agent: &mut dyn Policy, envs: Box<dyn VectorEnv>, episodes: usize, seed: u64) -> Result<EvalResult> {
     let mut memory = Memory::new(agent, episodes);
-    let mut left = episodes;
-    while left > 0 {
-        memory.act(agent, obs.as_ref(), ActMode::Deterministic, &mut out)?;
-        let step = envs.step(&env_actions.convert(&action_space, &out.actions))?;
-        memory.end_episodes(step.terminated, step.truncated);
-        for ep in step.episodes {
-            if !std::mem::replace(&mut done[ep.env_index], true) {
-                returns[ep.env_index] = ep.episode_return;
-                lengths[ep.env_index] = ep.length as usize;
-                left -= 1;
-            }
-        }
-        obs.clear();
-        let same = obs.extend(step.obs);
-        debug_assert!(same, "one dtype per batch");
-    }
-    Ok(EvalResult { returns, lengths, tasks: Vec::new() })
+    let results = run_lanes(vec![envs], episodes, &[seed], |obs, ends, outs| {
+        memory.end_episodes(&ends[0].0, &ends[0].1);
+        memory.act(agent, obs[0], ActMode::Deterministic, &mut outs[0])?;
+        Ok(true)
+    })?;
+    Ok(results.and_then(|mut r| r.pop()).expect("one lane, which always acts"))
 }
 
 /// [`evaluate`] for a population's members at once: member `k` on its own `episodes` envs reset from `seeds[k]`,
 /// every step's actions from one batched pass of their kind (`AlgorithmKind::act_members`), so each member's
 /// result is its evaluation alone's (deterministic actions take no random draw; the batched forward may round
-/// differently, which changes an action only at an exact tie). A member whose episodes have all ended stops
-/// stepping. `None` where the kind cannot act them as one, or for multi-task runs: then each evaluates alone.
+/// differently, which changes an action only at an exact tie). `None` where the kind cannot act them as one, or
+/// for multi-task runs and recurrent policies: then each evaluates alone.
 pub(crate) fn evaluate_members(
     kind: &AlgorithmConfig,
     agents: &mut [&mut dyn Algorithm],
@@ -110,30 +93,48 @@ pub(crate) fn evaluate_members(
     if !env.tasks.is_empty() || agents.iter().any(|a| a.state_dim() > 0) {
         return Ok(None);
     }
-    let (mut envs, mut obs) = (Vec::with_capacity(seeds.len()), Vec::with_capacity(seeds.len()));
-    for &seed in seeds {
-        let mut e = env.make_vector(episodes, EnvRole::Evaluation)?;
+    let envs = seeds.iter().map(|_| env.make_vector(episodes, EnvRole::Evaluation)).collect::<Result<_>>()?;
+    run_lanes(envs, episodes, seeds, |obs, _, outs| {
+        let mut outs: Vec<&mut ActOutput> = outs.iter_mut().collect();
+        Ok(kind.act_members(agents, obs, ActMode::Deterministic, &mut outs)?)
+    })
+}
+
+/// The evaluation loop over lanes: lane `k` steps `envs[k]` (`episodes` envs, reset from `seeds[k]`) until each
+/// of its envs has ended one episode, which is what counts; a lane whose episodes have all ended stops stepping.
+/// Each step `act` fills every lane's actions from its observations, given each lane's (terminated, truncated)
+/// flags of its last step; it returns false where it cannot act, and then so does this (`None`).
+fn run_lanes(
+    mut envs: Vec<Box<dyn VectorEnv>>,
+    episodes: usize,
+    seeds: &[u64],
+    mut act: impl FnMut(&[ObsRef<'_>], &[(Vec<bool>, Vec<bool>)], &mut [ActOutput]) -> Result<bool>,
+) -> Result<Option<Vec<EvalResult>>> {
+    let lanes = envs.len();
+    let mut obs = Vec::with_capacity(lanes);
+    for (e, &seed) in envs.iter_mut().zip(seeds) {
         obs.push(e.reset(Some(seed))?.to_buf());
-        envs.push(e);
     }
     let Some(first) = envs.first() else { return Ok(Some(Vec::new())) };
     let action_space = first.action_space().clone();
-    let mut outs = vec![ActOutput::default(); seeds.len()];
+    let mut outs = vec![ActOutput::default(); lanes];
+    let mut ends = vec![(vec![false; episodes], vec![false; episodes]); lanes];
     let mut env_actions = EnvActions::default();
     let fresh = EvalResult { returns: vec![0.0; episodes], lengths: vec![0; episodes], tasks: Vec::new() };
-    let mut results = vec![fresh; seeds.len()];
-    let (mut done, mut left) = (vec![vec![false; episodes]; seeds.len()], vec![episodes; seeds.len()]);
+    let mut results = vec![fresh; lanes];
+    let (mut done, mut left) = (vec![vec![false; episodes]; lanes], vec![episodes; lanes]);
     while left.iter().any(|&l| l > 0) {
         let refs: Vec<ObsRef<'_>> = obs.iter().map(|o| o.as_ref()).collect();
-        let mut o: Vec<&mut ActOutput> = outs.iter_mut().collect();
-        if !kind.act_members(agents, &refs, ActMode::Deterministic, &mut o)? {
+        if !act(&refs, &ends, &mut outs)? {
             return Ok(None);
         }
-        for k in 0..seeds.len() {
+        for k in 0..lanes {
             if left[k] == 0 {
                 continue;
             }
             let step = envs[k].step(&env_actions.convert(&action_space, &outs[k].actions))?;
+            ends[k].0.copy_from_slice(step.terminated);
+            ends[k].1.copy_from_slice(step.truncated);
             for ep in step.episodes {
                 if !std::mem::replace(&mut done[k][ep.env_index], true) {
                     results[k].returns[ep.env_index] = ep.episode_return;

@@ -333,12 +333,14 @@ impl JointEnvs {
         Ok(Some(JointEnvs { envs, sizes, discrete: Vec::new(), continuous: Vec::new(), batched_acting }))
     }
 
-    /// One lockstep env step of every member: act, one step of the joint batch, observe.
-    fn step(&mut self, group: &mut [Trainer], scratch: &mut [StepScratch]) -> Result<()> {
+    /// One lockstep env step of every member (of `kind`): act, one step of the joint batch, observe.
+    fn step(&mut self, group: &mut [Trainer], scratch: &mut [StepScratch], kind: &AlgorithmConfig) -> Result<()> {
         let (discrete, continuous) = (&mut self.discrete, &mut self.continuous);
         discrete.clear();
         continuous.clear();
-        if !(self.batched_acting && act_batched(group, scratch)?) {
+        // Asked once: members the kind cannot act as one act alone from then on (evaluations too).
+        self.batched_acting = self.batched_acting && act_batched(group, scratch, kind)?;
+        if !self.batched_acting {
             for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
                 t.memory.act(t.agent.as_mut(), t.obs.as_ref(), ActMode::Explore, &mut s.out)?;
             }
@@ -395,11 +397,10 @@ fn evaluate_group(group: &mut [Trainer]) -> Result<Vec<Option<EvalResult>>> {
 /// Every member's action on its observations from one batched pass of their kind
 /// ([`flotilla_algorithms::AlgorithmKind::act_members`]); `false` where it has none or the members cannot
 /// batch (recurrent members carry state and always act alone).
-fn act_batched(group: &mut [Trainer], scratch: &mut [StepScratch]) -> Result<bool> {
+fn act_batched(group: &mut [Trainer], scratch: &mut [StepScratch], kind: &AlgorithmConfig) -> Result<bool> {
     if group.iter().any(|t| t.memory.dim() > 0) {
         return Ok(false);
     }
-    let kind = group[0].config.algorithm.clone();
     let (mut agents, obs): (Vec<&mut dyn Algorithm>, Vec<ObsRef<'_>>) =
         group.iter_mut().map(|t| (t.agent.as_mut(), t.obs.as_ref())).unzip();
     let mut outs: Vec<&mut ActOutput> = scratch.iter_mut().map(|s| &mut s.out).collect();
@@ -486,7 +487,7 @@ fn run_lockstep(
     while group[0].counters.env_steps < stop {
         let started = Instant::now();
         match joint {
-            Some(j) => j.step(group, scratch)?,
+            Some(j) => j.step(group, scratch, &kind)?,
             None => {
                 for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
                     t.collect(s)?;
