@@ -84,7 +84,7 @@ pub fn actor_command(
     let stop: Arc<AtomicBool> = crate::launcher::install_stop_signals();
     let (addr, token) = (addr.to_string(), token.to_string());
     let connect: Connector = Box::new(move || {
-        let limits = Limits { max_message_bytes: 1 << 30 };
+        let limits = Limits { max_message_bytes: 1 << 30, ..Limits::default() };
         GrpcClient::connect_with(&addr, &token, &limits, Duration::from_secs(5), tls.as_ref())
             .map(|c| Box::new(c) as Box<dyn LearnerClient>)
     });

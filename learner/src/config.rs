@@ -214,7 +214,9 @@ pub struct LearnerConfig {
     pub metrics_listen: Option<String>,
     /// A registered actor whose messages are refused this many times in a row (malformed, values outside the
     /// spaces) is disconnected: its next call is answered "unknown actor", which ends a Flotilla actor (the
-    /// launcher restarts it); its slot is free for a new registration. 0: never.
+    /// launcher restarts it); its slot is free for a new registration. The same count closes a gRPC connection
+    /// whose calls are refused in a row, wire-level refusals included (bytes that do not decode, unknown
+    /// dtypes, another protocol version, a wrong token). 0: never.
     pub max_refused_in_a_row: u32,
 }
 
@@ -323,6 +325,9 @@ impl Default for LearnerConfig {
 pub struct TransportConfig {
     /// Largest message in MiB (parameters of a large network are one message).
     pub max_message_mib: usize,
+    /// A connection to the learner that has made no call with the run token this many seconds after it was
+    /// accepted (a TLS handshake included) is closed.
+    pub auth_timeout_secs: f64,
     /// The learner's certificate chain (PEM): with `tls_key`, the learner serves gRPC over TLS only.
     pub tls_cert: Option<PathBuf>,
     /// The private key of `tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1).
@@ -347,6 +352,7 @@ impl Default for TransportConfig {
     fn default() -> Self {
         TransportConfig {
             max_message_mib: 256,
+            auth_timeout_secs: 10.0,
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
@@ -913,6 +919,10 @@ impl ExperimentConfig {
         if self.transport.max_message_mib == 0 {
             return Err(Error::Config("[transport] max_message_mib = 0".into()));
         }
+        let t = self.transport.auth_timeout_secs;
+        if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
+            return Err(Error::Config(format!("[transport] auth_timeout_secs = {t}: give seconds in (0, 86400]")));
+        }
         if self.actors.count > 0 {
             self.plan(self.actors.count)?;
         } else if self.algorithm.family() == Family::Gradients {
@@ -1199,6 +1209,8 @@ kind = "ppo"
             (format!("{BASE}\n[actors]\nreconnect_secs = -1.0\n"), "actors] reconnect_secs"),
             (format!("{BASE}\n[actors]\nepsilon = 1.5\n"), "actors] epsilon"),
             (format!("{BASE}\n[run]\ntorch_threads = 0\n"), "torch_threads"),
+            (format!("{BASE}\n[transport]\nauth_timeout_secs = 0.0\n"), "transport] auth_timeout_secs"),
+            (format!("{BASE}\n[transport]\nauth_timeout_secs = nan\n"), "transport] auth_timeout_secs"),
         ];
         for (text, needle) in cases {
             let e = ExperimentConfig::parse(&text, &[]).unwrap_err().to_string();

@@ -261,7 +261,11 @@ impl DistributedLearner {
             .listen
             .parse()
             .map_err(|e| Error::Config(format!("[learner] listen = {:?}: {e}", self.config.learner.listen)))?;
-        let limits = Limits { max_message_bytes: self.config.transport.max_message_mib << 20 };
+        let limits = Limits {
+            max_message_bytes: self.config.transport.max_message_mib << 20,
+            max_refused_in_a_row: self.config.learner.max_refused_in_a_row,
+            auth_timeout: std::time::Duration::from_secs_f64(self.config.transport.auth_timeout_secs),
+        };
         let server = serve_with(self.runtime.handle(), self.hub.clone(), addr, token, &limits, tls)
             .map_err(|e| Error::Runtime(e.to_string()))?;
         let local = server.local_addr;

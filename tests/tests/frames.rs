@@ -103,7 +103,7 @@ fn u8_frames_survive_vec_env_chunk_grpc_and_replay_unchanged() {
     };
     let (hub, mut rx): (Arc<Hub>, _) = Hub::new(spec, vec![0.0]);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let limits = Limits { max_message_bytes: 64 << 20 };
+    let limits = Limits { max_message_bytes: 64 << 20, ..Limits::default() };
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let server = serve(runtime.handle(), hub.clone(), addr, TOKEN, &limits).unwrap();
     let mut client =

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tonic::metadata::MetadataValue;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
 use tracing::warn;
@@ -18,6 +17,7 @@ use tracing::warn;
 use crate::PROTOCOL_VERSION;
 use crate::codec;
 use crate::error::{Code, RpcError};
+use crate::guard;
 use crate::proto;
 use crate::proto::learner_client::LearnerClient as ProtoClient;
 use crate::proto::learner_server::{Learner as ProtoLearner, LearnerServer};
@@ -36,11 +36,18 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct Limits {
     /// Largest message accepted or sent, in bytes.
     pub max_message_bytes: usize,
+    /// Server: a connection whose calls are refused this many times in a row — by the transport (bytes that
+    /// do not decode, unknown dtypes, another protocol version, a wrong token) or by the service — is closed
+    /// (an accepted chunk or gradient ends the run); 0: never.
+    pub max_refused_in_a_row: u32,
+    /// Server: a connection that has made no call with the run token this long after it was accepted is
+    /// closed.
+    pub auth_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_message_bytes: 64 << 20 }
+        Limits { max_message_bytes: 64 << 20, max_refused_in_a_row: 20, auth_timeout: Duration::from_secs(10) }
     }
 }
 
@@ -49,9 +56,20 @@ pub struct ServerHandle {
     /// The address it listens on (the real port when bound to port 0).
     pub local_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
+    closed: Arc<guard::Closed>,
 }
 
 impl ServerHandle {
+    /// Connections closed so far for [`Limits::max_refused_in_a_row`] refusals in a row.
+    pub fn closed_for_refusals(&self) -> u64 {
+        self.closed.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Connections closed so far for making no call with the run token within [`Limits::auth_timeout`].
+    pub fn closed_unauthenticated(&self) -> u64 {
+        self.closed.unauthenticated.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Stop accepting calls.
     pub fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -98,8 +116,12 @@ pub fn serve_with<S: LearnerService>(
     let _enter = runtime.enter();
     let listener =
         tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::new(Code::Internal, e.to_string()))?;
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let adapter = Adapter { inner: service, token: Arc::from(token), encoded: std::sync::Mutex::new(None) };
+    let closed = Arc::new(guard::Closed::default());
+    let incoming = guard::incoming(listener, limits, closed.clone());
+    let token: Arc<str> = Arc::from(token);
+    let standing =
+        guard::StandingLayer { token: token.clone(), limit: limits.max_refused_in_a_row, closed: closed.clone() };
+    let adapter = Adapter { inner: service, token, encoded: std::sync::Mutex::new(None) };
     let svc = LearnerServer::new(adapter)
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
@@ -113,6 +135,7 @@ pub fn serve_with<S: LearnerService>(
     let server = builder
         .initial_stream_window_size(WINDOW)
         .initial_connection_window_size(WINDOW)
+        .layer(standing)
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stopped.await;
@@ -122,7 +145,7 @@ pub fn serve_with<S: LearnerService>(
             warn!("gRPC server stopped: {e}");
         }
     });
-    Ok(ServerHandle { local_addr, stop: Some(stop) })
+    Ok(ServerHandle { local_addr, stop: Some(stop), closed })
 }
 
 struct Adapter<S> {
@@ -141,7 +164,7 @@ impl<S> Adapter<S> {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.strip_prefix("Bearer ").unwrap_or(v));
         if let Err(e) = check_token(&self.token, given) {
-            let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown peer".into());
+            let peer = req.extensions().get::<guard::Guard>().map_or("an unknown peer", |g| g.peer()).to_string();
             warn!("refused {rpc} from {peer}: {}", e.message);
             return Err(e.into());
         }

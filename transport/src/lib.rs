@@ -23,6 +23,7 @@
 pub mod codec;
 mod error;
 pub mod grpc;
+mod guard;
 pub mod local;
 mod service;
 pub mod tls;

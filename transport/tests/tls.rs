@@ -12,47 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flotilla_core::{Chunk, Gradient, Params, Space};
+use flotilla_core::Space;
 use flotilla_transport::grpc::{GrpcClient, Limits, ServerHandle, serve, serve_with};
 use flotilla_transport::tls::{ClientTls, ServerTls};
-use flotilla_transport::{Ack, Code, LearnerClient, LearnerService, Registered, Registration, RpcError, RunInfo};
+use flotilla_transport::{Code, LearnerClient, Registration, RpcError, RunInfo};
+mod common;
+use common::Echo;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
 const TOKEN: &str = "tls-test-token";
 const TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A learner that answers every call.
-struct Echo;
-
-impl LearnerService for Echo {
-    fn run_info(&self) -> RunInfo {
-        RunInfo { run_id: "run-1".into(), config_toml: "[env]\nid = \"CartPole-v1\"\n".into() }
-    }
-
-    fn register(&self, r: Registration) -> Result<Registered, RpcError> {
-        Ok(Registered {
-            actor_id: 7,
-            actor_index: r.actor_index.unwrap_or(0),
-            n_actors: 1,
-            seed: 1,
-            chunk_steps: 8,
-            policy_version: 1,
-            synchronous: false,
-        })
-    }
-
-    async fn ingest(&self, _chunk: Chunk) -> Result<Ack, RpcError> {
-        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1, accepted: true })
-    }
-
-    async fn gradient(&self, _gradient: Gradient) -> Result<Ack, RpcError> {
-        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1, accepted: true })
-    }
-
-    fn params(&self, _actor_id: u64, _have: Option<u64>) -> Result<Option<Params>, RpcError> {
-        Ok(None)
-    }
-}
 
 /// Certificates and keys as PEM files in a directory of their own.
 struct Pki {
@@ -287,4 +256,25 @@ fn missing_non_pem_and_mismatched_files_are_named() {
     assert!(contains(&e, &garbage), "{e}");
     let e = message(ClientTls::from_files(&pki.path("ca.pem"), Some((&cert, &other_key))).unwrap_err());
     assert!(contains(&e, &other_key) && e.contains("match"), "{e}");
+}
+
+/// A TCP connection that never starts its TLS handshake is closed after `auth_timeout` (it never made a call
+/// with the run token), and the server goes on serving TLS clients.
+#[test]
+fn a_tls_handshake_that_never_comes_is_closed_after_the_auth_timeout() {
+    use std::io::Read;
+    let pki = Pki::new("auth-timeout");
+    let ca = pki.ca("ca");
+    let (cert, key) = pki.leaf("learner", &ca, &["localhost", "127.0.0.1"], false);
+    let rt = runtime();
+    let limits = Limits { auth_timeout: Duration::from_millis(400), ..Limits::default() };
+    let tls = ServerTls::from_files(&cert, &key, None).unwrap();
+    let server =
+        serve_with(rt.handle(), Arc::new(Echo), "127.0.0.1:0".parse().unwrap(), TOKEN, &limits, Some(&tls)).unwrap();
+    let mut silent = std::net::TcpStream::connect(server.local_addr).unwrap();
+    silent.set_read_timeout(Some(TIMEOUT)).unwrap();
+    silent.read_to_end(&mut Vec::new()).expect("closed, not timed out");
+    assert_eq!(server.closed_unauthenticated(), 1);
+    let client_tls = ClientTls::from_files(&pki.path("ca.pem"), None).unwrap();
+    assert_eq!(call(&server, TOKEN, Some(&client_tls)).unwrap().run_id, "run-1");
 }

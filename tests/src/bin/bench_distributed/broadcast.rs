@@ -27,7 +27,7 @@ fn nature_cnn_params() -> usize {
 
 /// Seconds from `publish` until all `clients` hold the new version, for `rounds` rounds after a warm-up.
 fn broadcast_rounds(n_params: usize, clients: usize, rounds: usize) -> BenchResult<Vec<f64>> {
-    let limits = Limits { max_message_bytes: 256 << 20 };
+    let limits = Limits { max_message_bytes: 256 << 20, ..Limits::default() };
     let values: Vec<f32> = (0..n_params).map(|i| (i % 1000) as f32 * 1e-3).collect();
     let (hub, _rx) = cartpole_hub(clients, values.clone())?;
     let runtime = io_runtime()?;

@@ -1,0 +1,36 @@
+//! What the transport's integration tests share: a learner that answers every call.
+use flotilla_core::{Chunk, Gradient, Params};
+use flotilla_transport::{Ack, LearnerService, Registered, Registration, RpcError, RunInfo};
+
+/// A learner that answers every call.
+pub struct Echo;
+
+impl LearnerService for Echo {
+    fn run_info(&self) -> RunInfo {
+        RunInfo { run_id: "run-1".into(), config_toml: "[env]\nid = \"CartPole-v1\"\n".into() }
+    }
+
+    fn register(&self, r: Registration) -> Result<Registered, RpcError> {
+        Ok(Registered {
+            actor_id: 7,
+            actor_index: r.actor_index.unwrap_or(0),
+            n_actors: 1,
+            seed: 1,
+            chunk_steps: 8,
+            policy_version: 1,
+            synchronous: false,
+        })
+    }
+
+    async fn ingest(&self, _chunk: Chunk) -> Result<Ack, RpcError> {
+        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1, accepted: true })
+    }
+
+    async fn gradient(&self, _gradient: Gradient) -> Result<Ack, RpcError> {
+        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1, accepted: true })
+    }
+
+    fn params(&self, _actor_id: u64, _have: Option<u64>) -> Result<Option<Params>, RpcError> {
+        Ok(None)
+    }
+}
