@@ -177,6 +177,11 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "?".into())
 }
 
+/// The longest wait between attempts to reach a learner that went away: a learner its supervisor restarts
+/// listens again within about a second, and an attempt on a closed port costs next to nothing, so the actors
+/// find it within a second of that (restart latency: docs/benchmarks/distributed.md).
+const REJOIN_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
 /// Connect and fetch the run info, retrying with backoff for up to `window`.
 fn join(connect: &mut Connector, window: Duration) -> Result<(Box<dyn LearnerClient>, RunInfo)> {
     let deadline = Instant::now() + window;
@@ -382,7 +387,7 @@ impl Link {
                 )
                 .into());
             }
-            std::thread::sleep(backoff(attempt, Duration::from_secs(5)));
+            std::thread::sleep(backoff(attempt, REJOIN_MAX_BACKOFF));
             attempt += 1;
             let Ok(mut client) = (self.connect)() else { continue };
             let run = match client.run_info() {

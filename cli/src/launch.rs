@@ -21,8 +21,9 @@ pub enum Actors {
     /// launched the actors and restarts this learner when it dies: it listens on `listen` (the address the actors
     /// keep reconnecting to, not saved in the run's config), checkpoints periodically even when
     /// `[checkpoint] interval_steps` is 0, and on a resume cuts `metrics.csv` back to its checkpoint and marks the
-    /// new segment. `restarts`: how many times the supervisor has restarted the learner.
-    Supervised { listen: String, restarts: u32 },
+    /// new segment. `restarts`: how many times the supervisor has restarted the learner; `died_at`: when the
+    /// learner this one replaces died (Unix seconds).
+    Supervised { listen: String, restarts: u32, died_at: Option<f64> },
 }
 
 /// The checkpoint interval of a supervised run whose config says 0 (never): 5 % of the budget, so a restarted
@@ -123,6 +124,15 @@ pub fn distributed_train(
         learner.checkpoint_to(run_dir.checkpoint_path());
     }
     learner.stop_at(stop_at);
+    let hub = learner.hub();
+    let mut restart_pending = false;
+    if let Actors::Supervised { died_at: Some(t), .. } = &actors
+        && t.is_finite()
+        && *t >= 0.0
+    {
+        hub.restarted_after(std::time::UNIX_EPOCH + Duration::from_secs_f64(*t));
+        restart_pending = true;
+    }
     tracing::info!(
         "learner listening on {addr}: {n} actors × {} envs, chunks of {} steps",
         plan.envs_per_actor,
@@ -195,6 +205,11 @@ pub fn distributed_train(
             columns.push(("charts/restarts".into(), Some(*restarts)));
             columns.push(("charts/lost_env_steps".into(), Some(*lost)));
             columns.push(("charts/resumed_at".into(), resumed.take()));
+        }
+        // The restart's latency, on the first row after this learner accepted actors' data.
+        if restart_pending && let Some(secs) = hub.restart_secs() {
+            columns.push(("charts/restart_secs".into(), Some(secs)));
+            restart_pending = false;
         }
         csv.as_mut().map_or(Ok(()), |csv| csv.write_row(&columns))
     });

@@ -137,6 +137,10 @@ enum Command {
         /// Set by a supervisor: how many times it has restarted the learner.
         #[arg(long, hide = true, default_value_t = 0)]
         restarts: u32,
+        /// Set by a supervisor restarting the learner: when the previous one died (Unix seconds), to log and
+        /// record (`charts/restart_secs`) how long until this one accepts actors' data.
+        #[arg(long, hide = true, value_name = "UNIX_SECS", requires = "supervised")]
+        died_at: Option<f64>,
         /// Set by a supervisor: stop at this many env steps (`flotilla train --stop-at`).
         #[arg(long, hide = true, value_name = "ENV_STEPS")]
         stop_at: Option<u64>,
@@ -396,12 +400,13 @@ fn run(cli: Cli) -> Result<()> {
             supervised,
             supervised_resume,
             restarts,
+            died_at,
             stop_at,
         } => {
             let stop_at = stop_at.unwrap_or(u64::MAX);
             if supervised {
                 let listen = listen.context("--supervised needs --listen")?;
-                let role = launch::Actors::Supervised { listen, restarts };
+                let role = launch::Actors::Supervised { listen, restarts, died_at };
                 if let Some(dir) = supervised_resume {
                     let (run_dir, config) = RunDir::open(&dir)?;
                     let start = launch::Start::Resume(run_dir);

@@ -30,8 +30,10 @@ use tracing::{error, info, warn};
 
 use crate::launcher::{ActorCommand, Launcher, generate_token, install_stop_signals, spawn};
 
-/// The first restart's backoff; it doubles with each restart, up to [`MAX_BACKOFF`].
+/// The backoff before the second restart in a row (the first is at once); it doubles with each restart after, up
+/// to [`MAX_BACKOFF`]. A learner that ran [`STABLE`] before it died ends the row: its restart is at once again.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const STABLE: Duration = Duration::from_secs(60);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// How long a learner gets to listen before the actors are launched anyway (they retry connecting).
 const LISTEN_WAIT: Duration = Duration::from_secs(60);
@@ -70,7 +72,7 @@ pub fn supervised_train(config: &ExperimentConfig, start: Start, stop_at: u64) -
         Start::Fresh { out, .. } => out.clone(),
         Start::Resume(dir) => dir.clone(),
     };
-    let learner_args = |resume: bool, restarts: u32| -> Vec<String> {
+    let learner_args = |resume: bool, restarts: u32, died_at: Option<f64>| -> Vec<String> {
         let mut args: Vec<String> =
             vec!["learner".into(), "--supervised".into(), "--listen".into(), listen.to_string()];
         match (&start, resume) {
@@ -84,6 +86,9 @@ pub fn supervised_train(config: &ExperimentConfig, start: Start, stop_at: u64) -
             _ => args.extend(["--supervised-resume".into(), out.display().to_string()]),
         }
         args.extend(["--restarts".into(), restarts.to_string()]);
+        if let Some(t) = died_at {
+            args.extend(["--died-at".into(), format!("{t:.6}")]);
+        }
         if stop_at != u64::MAX {
             args.extend(["--stop-at".into(), stop_at.to_string()]);
         }
@@ -92,17 +97,21 @@ pub fn supervised_train(config: &ExperimentConfig, start: Start, stop_at: u64) -
     let max_restarts = config.learner.max_restarts;
     let mut resume = matches!(start, Start::Resume(_));
     let mut restarts = 0u32;
+    // Restarts of learners that each died within STABLE of starting: a crash loop backs off.
+    let mut in_a_row = 0u32;
+    let mut died_at = None;
     let mut actors: Option<Launcher> = None;
     let result = loop {
         let command = ActorCommand {
             program: exe.clone(),
-            args: learner_args(resume, restarts),
+            args: learner_args(resume, restarts, died_at),
             env: vec![("FLOTILLA_TOKEN".into(), token.clone())],
         };
         let mut learner = match spawn(&command) {
             Ok(child) => child,
             Err(e) => break Err(anyhow::Error::from(e).context("starting the learner process")),
         };
+        let started = Instant::now();
         info!("learner process {} started{}", learner.id(), if resume { " (resuming)" } else { "" });
         if actors.is_none() {
             if !wait_listening(&mut learner, reach, &stop) {
@@ -134,6 +143,7 @@ pub fn supervised_train(config: &ExperimentConfig, start: Start, stop_at: u64) -
         if status.success() {
             break Ok(None);
         }
+        died_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs_f64());
         let what = format!("the learner (pid {}) {}", learner.id(), describe(status));
         error!("{what}");
         if !out.join(CONFIG_FILE).is_file() {
@@ -156,7 +166,12 @@ pub fn supervised_train(config: &ExperimentConfig, start: Start, stop_at: u64) -
             ));
         }
         restarts += 1;
-        let backoff = (FIRST_BACKOFF * 2u32.saturating_pow(restarts - 1)).min(MAX_BACKOFF);
+        // At once, unless the learners keep dying soon after they start: then each waits longer.
+        in_a_row = if started.elapsed() >= STABLE { 1 } else { in_a_row + 1 };
+        let backoff = match in_a_row {
+            1 => Duration::ZERO,
+            r => (FIRST_BACKOFF * 2u32.saturating_pow(r - 2)).min(MAX_BACKOFF),
+        };
         warn!(
             "restarting the learner in {:.1} s ({restarts} of at most {max_restarts}) {}; the actors keep running and \
              reconnect to {reach}",

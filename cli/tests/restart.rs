@@ -117,6 +117,10 @@ fn a_killed_learner_is_restarted_from_its_checkpoint_and_the_actors_stay() {
         let resumed = metric(&run, "charts/resumed_at");
         assert_eq!(resumed.len(), 1, "one resumed segment, marked once: {resumed:?}");
         assert!(metric(&run, "charts/restarts").iter().all(|r| *r == 1.0));
+        // The restart's latency (death to the new learner's first accepted data), recorded once.
+        let latency = metric(&run, "charts/restart_secs");
+        assert!(latency.len() == 1 && latency[0] > 0.0, "restart_secs: {latency:?}");
+        assert!(log.contains("accepting actors' data again"), "{log}");
         // TensorBoard shows the same points: what the dead learner logged past its checkpoint is dropped by the
         // resumed segment's session start, as metrics.csv dropped those rows.
         common::check_events_match_csv(&run, "restarted");

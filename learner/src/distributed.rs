@@ -820,6 +820,7 @@ impl DistributedLearner {
         update.push("charts/refused_messages", self.hub.counters.refused.load(Ordering::Relaxed) as f64);
         update.push("charts/policy_version", self.hub.version() as f64);
         update.push("charts/actors", self.hub.live_actors() as f64);
+        update.push("charts/queue_depth", self.hub.queue_depth() as f64);
         let row = c.run.log_row(update, eval, &self.config.tasks);
         log_progress(&row);
         self.hub.metrics().observe_row(&row.columns());

@@ -154,6 +154,10 @@ pub struct Hub {
     /// Env steps accepted (from the checkpoint the learner started at), and where they are recorded.
     ingested: AtomicU64,
     ledger: std::sync::OnceLock<crate::run_dir::IngestLedger>,
+    /// When the learner this one replaces died ([`Hub::restarted_after`]), and the seconds from then to this
+    /// hub's first accepted message.
+    died_at: std::sync::OnceLock<std::time::SystemTime>,
+    restart_secs: std::sync::OnceLock<f64>,
 }
 
 impl Hub {
@@ -172,6 +176,8 @@ impl Hub {
             metrics: LearnerMetrics::new(),
             ingested: AtomicU64::new(0),
             ledger: std::sync::OnceLock::new(),
+            died_at: std::sync::OnceLock::new(),
+            restart_secs: std::sync::OnceLock::new(),
         };
         (Arc::new(hub), rx)
     }
@@ -187,10 +193,15 @@ impl Hub {
         &self.metrics
     }
 
+    /// Deliveries waiting in the ingest queue now: at most its capacity (`[learner] queue`), as senders wait
+    /// while it is full.
+    pub fn queue_depth(&self) -> usize {
+        self.queue.max_capacity() - self.queue.capacity()
+    }
+
     /// Record how many deliveries wait in the ingest queue now.
     pub fn note_queue_depth(&self) {
-        let waiting = self.queue.max_capacity() - self.queue.capacity();
-        self.metrics.queue_depth.set(waiting as i64);
+        self.metrics.queue_depth.set(self.queue_depth() as i64);
     }
 
     /// Publish new parameters; returns their version.
@@ -261,10 +272,30 @@ impl Hub {
         RpcError::invalid(format!("{what} from actor {actor_id}: {problem}"))
     }
 
+    /// This hub's learner replaces one that died at `died_at` (a supervisor's restart): its first accepted
+    /// message is logged with the seconds since then ([`Hub::restart_secs`]).
+    pub fn restarted_after(&self, died_at: std::time::SystemTime) {
+        let _ = self.died_at.set(died_at);
+    }
+
+    /// Seconds from the previous learner's death ([`Hub::restarted_after`]) to this hub's first accepted message,
+    /// once there was one.
+    pub fn restart_secs(&self) -> Option<f64> {
+        self.restart_secs.get().copied()
+    }
+
     /// A registered actor's message passed every check: its run of refusals ends.
     fn accepted(&self, actor_id: u64, env_steps: u64) {
         if let Some(e) = self.actors.lock().expect("actor table").by_id.get_mut(&actor_id) {
             e.refused_in_a_row = 0;
+        }
+        if let Some(died) = self.died_at.get()
+            && self.restart_secs.get().is_none()
+        {
+            let secs = died.elapsed().unwrap_or_default().as_secs_f64();
+            if self.restart_secs.set(secs).is_ok() {
+                info!("accepting actors' data again {secs:.2} s after the previous learner died");
+            }
         }
         let total = self.ingested.fetch_add(env_steps, Ordering::SeqCst) + env_steps;
         if let Some(ledger) = self.ledger.get()

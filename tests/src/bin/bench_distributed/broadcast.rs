@@ -1,6 +1,7 @@
 //! Parameter broadcast (`--only broadcast`): a Nature-CNN's worth of parameters is published on a gRPC hub and
-//! 16 registered clients (then 1) each fetch the new version at once; the table gives the time from `publish`
-//! until every client holds it (median and max over the rounds) and the aggregate MB/s.
+//! 256, 16 and 1 registered clients (16 and 1 with `--quick`) each fetch the new version at once, in plaintext
+//! and over TLS; the table gives the time from `publish` until every client holds it (median and max over the
+//! rounds) and the aggregate MB/s.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::thread;
@@ -10,7 +11,7 @@ use flotilla_algorithms::nn::nets::NatureCnn;
 use flotilla_transport::LearnerClient;
 use flotilla_transport::grpc::Limits;
 
-use crate::hub::{cartpole_hub, grpc_connector, io_runtime, register, serve_grpc};
+use crate::hub::{BenchTls, cartpole_hub, grpc_connector, io_runtime, register, serve_grpc};
 use crate::{Args, BenchResult, BoxError};
 
 fn median(v: &mut [f64]) -> f64 {
@@ -25,14 +26,15 @@ fn nature_cnn_params() -> usize {
     named.iter().map(|(_, t)| t.numel()).sum()
 }
 
-/// Seconds from `publish` until all `clients` hold the new version, for `rounds` rounds after a warm-up.
-fn broadcast_rounds(n_params: usize, clients: usize, rounds: usize) -> BenchResult<Vec<f64>> {
+/// Seconds from `publish` until all `clients` hold the new version, for `rounds` rounds after a warm-up; over TLS
+/// when `tls` is given.
+fn broadcast_rounds(n_params: usize, clients: usize, rounds: usize, tls: Option<&BenchTls>) -> BenchResult<Vec<f64>> {
     let limits = Limits { max_message_bytes: 256 << 20, ..Limits::default() };
     let values: Vec<f32> = (0..n_params).map(|i| (i % 1000) as f32 * 1e-3).collect();
     let (hub, _rx) = cartpole_hub(clients, values.clone())?;
     let runtime = io_runtime()?;
-    let server = serve_grpc(&runtime, &hub, &limits)?;
-    let connect = grpc_connector(server.local_addr, limits);
+    let server = serve_grpc(&runtime, &hub, &limits, tls)?;
+    let connect = grpc_connector(server.local_addr, limits, tls);
     let (start, done) = (Barrier::new(clients + 1), Barrier::new(clients + 1));
     let stop = AtomicBool::new(false);
     let failure: Mutex<Option<String>> = Mutex::new(None);
@@ -101,13 +103,19 @@ pub(crate) fn broadcast_table(args: &Args) -> BenchResult<()> {
         "## Parameter broadcast over loopback gRPC: Nature-CNN (4×84×84, 18 actions), {n_params} parameters = \
          {mb:.2} MB of f32; {rounds} rounds after a warm-up\n"
     );
-    println!("| clients | median ms (publish → all have it) | max ms | aggregate MB/s (median) |");
-    println!("|---:|---:|---:|---:|");
-    for clients in [16, 1] {
-        let mut times = broadcast_rounds(n_params, clients, rounds)?;
-        let max = times.iter().copied().fold(0.0, f64::max);
-        let med = median(&mut times);
-        println!("| {clients} | {:.1} | {:.1} | {:.0} |", med * 1e3, max * 1e3, clients as f64 * mb / med);
+    println!("| clients | TLS | median ms (publish → all have it) | max ms | aggregate MB/s (median) |");
+    println!("|---:|---|---:|---:|---:|");
+    let tls = BenchTls::new()?;
+    let counts: &[usize] = if args.quick { &[16, 1] } else { &[256, 16, 1] };
+    for &clients in counts {
+        for over in [None, Some(&tls)] {
+            let mut times = broadcast_rounds(n_params, clients, rounds, over)?;
+            let max = times.iter().copied().fold(0.0, f64::max);
+            let med = median(&mut times);
+            let (ms, max_ms, rate) = (med * 1e3, max * 1e3, clients as f64 * mb / med);
+            let tls = if over.is_some() { "yes" } else { "no" };
+            println!("| {clients} | {tls} | {ms:.1} | {max_ms:.1} | {rate:.0} |");
+        }
     }
     println!();
     Ok(())

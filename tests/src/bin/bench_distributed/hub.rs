@@ -9,7 +9,8 @@ use flotilla_core::{ChunkSpec, DType, Space};
 use flotilla_envs::Kwargs;
 use flotilla_learner::config::Family;
 use flotilla_learner::hub::{Delivery, Hub, HubSpec};
-use flotilla_transport::grpc::{GrpcClient, Limits, ServerHandle, serve};
+use flotilla_transport::grpc::{GrpcClient, Limits, ServerHandle, serve_with};
+use flotilla_transport::tls::{ClientTls, ServerTls};
 use flotilla_transport::{LearnerClient, Registration, RunInfo};
 use tokio::sync::mpsc::Receiver;
 
@@ -81,19 +82,55 @@ pub(crate) fn register(client: &mut dyn LearnerClient, index: usize) -> BenchRes
 /// Opens one client connection (called on the client's own thread).
 pub(crate) type Connect<'a> = &'a (dyn Fn() -> BenchResult<Box<dyn LearnerClient>> + Sync);
 
+/// gRPC connections to `addr`, over TLS when `tls` is given.
 pub(crate) fn grpc_connector(
     addr: SocketAddr,
     limits: Limits,
+    tls: Option<&BenchTls>,
 ) -> impl Fn() -> BenchResult<Box<dyn LearnerClient>> + Sync {
     let addr = addr.to_string();
-    move || Ok(Box::new(GrpcClient::connect(&addr, TOKEN, &limits, CONNECT_TIMEOUT)?) as Box<dyn LearnerClient>)
+    let tls = tls.map(|t| t.client.clone());
+    move || {
+        let client = GrpcClient::connect_with(&addr, TOKEN, &limits, CONNECT_TIMEOUT, tls.as_ref())?;
+        Ok(Box::new(client) as Box<dyn LearnerClient>)
+    }
 }
 
+/// `hub` served on a loopback port, over TLS when `tls` is given.
 pub(crate) fn serve_grpc(
     runtime: &tokio::runtime::Runtime,
     hub: &Arc<Hub>,
     limits: &Limits,
+    tls: Option<&BenchTls>,
 ) -> BenchResult<ServerHandle> {
     let addr: SocketAddr = "127.0.0.1:0".parse()?;
-    Ok(serve(runtime.handle(), hub.clone(), addr, TOKEN, limits)?)
+    Ok(serve_with(runtime.handle(), hub.clone(), addr, TOKEN, limits, tls.map(|t| &t.server))?)
+}
+
+/// TLS for the loopback server of the TLS rows: a CA made here and a certificate for 127.0.0.1 it signed.
+pub(crate) struct BenchTls {
+    server: ServerTls,
+    client: ClientTls,
+}
+
+impl BenchTls {
+    pub(crate) fn new() -> BenchResult<BenchTls> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let dir = std::env::temp_dir().join(format!("flotilla-bench-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "flotilla bench CA");
+        std::fs::write(dir.join("ca.pem"), ca.self_signed(&ca_key)?.pem())?;
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate()?;
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])?.signed_by(&key, &issuer)?;
+        std::fs::write(dir.join("learner.pem"), cert.pem())?;
+        std::fs::write(dir.join("learner.key"), key.serialize_pem())?;
+        let server = ServerTls::from_files(&dir.join("learner.pem"), &dir.join("learner.key"), None)?;
+        let client = ClientTls::from_files(&dir.join("ca.pem"), None)?;
+        std::fs::remove_dir_all(&dir)?;
+        Ok(BenchTls { server, client })
+    }
 }

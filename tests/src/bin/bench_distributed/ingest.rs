@@ -17,7 +17,7 @@ use prost::Message;
 use tokio::sync::mpsc::Receiver;
 
 use crate::hub::{
-    Connect, ENVS, OBS_DIM, STEPS, TOKEN, cartpole_hub, grpc_connector, io_runtime, register, serve_grpc,
+    BenchTls, Connect, ENVS, OBS_DIM, STEPS, TOKEN, cartpole_hub, grpc_connector, io_runtime, register, serve_grpc,
 };
 use crate::{Args, BenchResult};
 
@@ -128,21 +128,19 @@ pub(crate) fn ingest_table(args: &Args) -> BenchResult<()> {
         chunk.final_index.len(),
         timing.1.as_secs_f64()
     );
-    println!("| carrier | clients | chunks/s | transitions/s | MiB/s | gRPC / local |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| carrier | clients | chunks/s | transitions/s | MiB/s | vs local | TLS / plaintext |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let tls = BenchTls::new()?;
     let mut best_grpc: f64 = 0.0;
     for clients in [1, 2, 4] {
-        let (hub, rx) = cartpole_hub(clients, vec![0.0; 16])?;
-        let server = serve_grpc(&runtime, &hub, &Limits::default())?;
-        let grpc = measure_ingest(
-            &runtime,
-            rx,
-            &grpc_connector(server.local_addr, Limits::default()),
-            clients,
-            &chunk,
-            timing,
-        )?;
-        drop(server);
+        let over = |tls: Option<&BenchTls>| -> BenchResult<Rate> {
+            let (hub, rx) = cartpole_hub(clients, vec![0.0; 16])?;
+            let server = serve_grpc(&runtime, &hub, &Limits::default(), tls)?;
+            let connect = grpc_connector(server.local_addr, Limits::default(), tls);
+            measure_ingest(&runtime, rx, &connect, clients, &chunk, timing)
+        };
+        let grpc = over(None)?;
+        let grpc_tls = over(Some(&tls))?;
 
         let (hub, rx) = cartpole_hub(clients, vec![0.0; 16])?;
         let local_hub = hub.clone();
@@ -152,19 +150,14 @@ pub(crate) fn ingest_table(args: &Args) -> BenchResult<()> {
 
         best_grpc = best_grpc.max(grpc.transitions);
         let mib = |r: &Rate| r.chunks * bytes as f64 / (1 << 20) as f64;
-        println!(
-            "| gRPC | {clients} | {:.0} | {:.2} M | {:.0} | {:.2} |",
-            grpc.chunks,
-            grpc.transitions / 1e6,
-            mib(&grpc),
-            grpc.transitions / local.transitions
-        );
-        println!(
-            "| local | {clients} | {:.0} | {:.2} M | {:.0} | — |",
-            local.chunks,
-            local.transitions / 1e6,
-            mib(&local)
-        );
+        let row = |carrier: &str, r: &Rate, tls_ratio: &str| {
+            let (chunks, m, mb) = (r.chunks, r.transitions / 1e6, mib(r));
+            let vs_local = r.transitions / local.transitions;
+            println!("| {carrier} | {clients} | {chunks:.0} | {m:.2} M | {mb:.0} | {vs_local:.2} | {tls_ratio} |");
+        };
+        row("gRPC", &grpc, "—");
+        row("gRPC + TLS", &grpc_tls, &format!("{:.2}", grpc_tls.transitions / grpc.transitions));
+        row("local", &local, "—");
     }
     let verdict = if best_grpc >= 1e6 { "met" } else { "NOT met" };
     println!("\nTarget ≥ 1 M transitions/s over loopback gRPC: {verdict} (best {:.2} M/s).\n", best_grpc / 1e6);

@@ -8,19 +8,24 @@
 //!    threads, each with its own connection, registered, sending as fast as acks come back. A consumer thread
 //!    drains the ingest queue and only counts, so this is encoding, HTTP/2, decoding, validation and the
 //!    queue — no training. The same again with in-process [`LocalClient`]s gives the ratio. MiB/s counts the
-//!    protobuf-encoded chunk for both carriers. Target: ≥ 1 M transitions/s over loopback gRPC.
+//!    protobuf-encoded chunk for both carriers. Target: ≥ 1 M transitions/s over loopback gRPC. Each gRPC row
+//!    is measured again over TLS (a CA and a 127.0.0.1 certificate made at start-up): its ratio to plaintext is
+//!    TLS's cost on ingest.
 //! 2. **Scaling with actor processes** (`scaling`). The real CLI, `flotilla train CONFIG --actors N`, on
 //!    Latency-v0 (CartPole with a 1 ms step) with one env per actor, so an actor steps at most ~1000 env
-//!    steps/s, for N = 1, 2, 4, … up to `--max-actors` (64; 4 with `--quick`). The learner runs PPO with a
+//!    steps/s, for N = 1, 2, 4, … up to `--max-actors` (64; 4 with `--quick`; 128 and 256 when asked for and
+//!    the memory is there, ~100 MiB per actor process). The learner runs PPO with a
 //!    16-unit network, one epoch and one minibatch, so it stays cheap. Steady-state SPS comes from the run's
 //!    `metrics.csv` (`env_steps` and `train_secs`), over the rows after every actor has registered and one
 //!    more row has passed; the run is stopped with SIGINT once ~5 s (1.5 s quick) of steady state are in.
 //!    Efficiency is SPS(N) / (N · SPS(1)); target ≥ 90 % at 64 actors. The CPU columns (from `/proc`, over
 //!    the same window) say who used the cores: the learner process, its actor processes, everything else on
-//!    the machine. Needs the `flotilla` binary next to this one (`cargo build --release --bin flotilla`).
+//!    the machine; the learner's RSS at the end of the window, the messages it refused over the run (none from
+//!    real actors) and the ingest queue's deepest logged depth (bounded by one batch, N chunks). Needs the
+//!    `flotilla` binary next to this one (`cargo build --release --bin flotilla`).
 //! 3. **Parameter broadcast** (`broadcast`). A Nature-CNN for 4×84×84 frames with 18 actions (its real
-//!    parameter count, ~1.7 M, built with [`NatureCnn`]) is published on a gRPC hub; 16 registered clients (and
-//!    then 1) each fetch the new version at once. Reported: time from `publish` until every client holds it,
+//!    parameter count, ~1.7 M, built with [`NatureCnn`]) is published on a gRPC hub; 256, 16 and 1 registered
+//!    clients (16 and 1 quick) each fetch the new version at once, in plaintext and over TLS. Reported: time from `publish` until every client holds it,
 //!    median and max over 10 rounds (3 quick) after a warm-up round, and aggregate MB/s (10⁶ bytes of f32
 //!    payload per second at the median).
 //!
