@@ -1,5 +1,5 @@
-//! CPU accounting for the scaling table, from `/proc`: user + system seconds of the learner process and of its
-//! child (actor) processes from `/proc/PID/stat`, and the busy jiffies of the whole machine from `/proc/stat`,
+//! CPU accounting for the scaling table, from `/proc`: user + system seconds of the learner process and of the
+//! actor processes (both children of the `flotilla train --actors N` supervisor) from `/proc/PID/stat`, and the busy jiffies of the whole machine from `/proc/stat`,
 //! sampled at two moments and turned into cores busy in between.
 use std::time::Instant;
 
@@ -22,7 +22,18 @@ fn child_pids(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// CPU counters at one moment: the learner process, its actor processes, and the whole machine (jiffies).
+/// The learner and the actor processes of a `flotilla train --actors N` supervisor (`supervisor`): its children,
+/// the learner being the one started as `flotilla learner`.
+pub(crate) fn learner_and_actors(supervisor: u32) -> (Option<u32>, Vec<u32>) {
+    let is_learner = |pid: &u32| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        cmdline.split(|&b| b == 0).nth(1) == Some(b"learner".as_slice())
+    };
+    let (learner, actors): (Vec<u32>, Vec<u32>) = child_pids(supervisor).into_iter().partition(is_learner);
+    (learner.first().copied(), actors)
+}
+
+/// CPU counters at one moment: the learner process, the actor processes, and the whole machine (jiffies).
 pub(crate) struct CpuMark {
     at: Instant,
     learner: f64,
@@ -31,10 +42,14 @@ pub(crate) struct CpuMark {
 }
 
 impl CpuMark {
-    pub(crate) fn take(learner: u32) -> CpuMark {
-        let actors = child_pids(learner).into_iter().filter_map(process_cpu_secs).sum();
+    /// The counters of a `flotilla train --actors N` run whose supervisor is `supervisor` (the supervisor's own
+    /// CPU, next to none, counts as another process's).
+    pub(crate) fn take(supervisor: u32) -> CpuMark {
+        let (learner, actors) = learner_and_actors(supervisor);
+        let actors = actors.into_iter().filter_map(process_cpu_secs).sum();
+        let learner = learner.and_then(process_cpu_secs).unwrap_or(f64::NAN);
         let machine_busy = machine_jiffies().unwrap_or(f64::NAN);
-        CpuMark { at: Instant::now(), learner: process_cpu_secs(learner).unwrap_or(f64::NAN), actors, machine_busy }
+        CpuMark { at: Instant::now(), learner, actors, machine_busy }
     }
 
     /// Cores busy from `self` to `later`: the learner's, the actors', and everyone else's on the machine.

@@ -14,7 +14,7 @@
 //! 2. **Scaling with actor processes** (`scaling`). The real CLI, `flotilla train CONFIG --actors N`, on
 //!    Latency-v0 (CartPole with a 1 ms step) with one env per actor, so an actor steps at most ~1000 env
 //!    steps/s, for N = 1, 2, 4, … up to `--max-actors` (64; 4 with `--quick`; 128 and 256 when asked for and
-//!    the memory is there, ~100 MiB per actor process). The learner runs PPO with a
+//!    the memory is there, ~80 MiB per actor process). The learner runs PPO with a
 //!    16-unit network, one epoch and one minibatch, so it stays cheap. Steady-state SPS comes from the run's
 //!    `metrics.csv` (`env_steps` and `train_secs`), over the rows after every actor has registered and one
 //!    more row has passed; the run is stopped with SIGINT once ~5 s (1.5 s quick) of steady state are in.
