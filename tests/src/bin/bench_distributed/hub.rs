@@ -115,22 +115,38 @@ pub(crate) struct BenchTls {
 
 impl BenchTls {
     pub(crate) fn new() -> BenchResult<BenchTls> {
-        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
         let dir = std::env::temp_dir().join(format!("flotilla-bench-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
+        let files = TlsFiles::write(&dir)?;
+        let server = ServerTls::from_files(&files.cert, &files.key, None)?;
+        let client = ClientTls::from_files(&files.ca, None)?;
+        std::fs::remove_dir_all(&dir)?;
+        Ok(BenchTls { server, client })
+    }
+}
+
+/// A CA made here (`ca.pem`) and a certificate for 127.0.0.1 it signed (`learner.pem`, `learner.key`), as files.
+pub(crate) struct TlsFiles {
+    pub(crate) ca: std::path::PathBuf,
+    pub(crate) cert: std::path::PathBuf,
+    pub(crate) key: std::path::PathBuf,
+}
+
+impl TlsFiles {
+    /// Write them into `dir` (created).
+    pub(crate) fn write(dir: &std::path::Path) -> BenchResult<TlsFiles> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        std::fs::create_dir_all(dir)?;
+        let files = TlsFiles { ca: dir.join("ca.pem"), cert: dir.join("learner.pem"), key: dir.join("learner.key") };
         let ca_key = KeyPair::generate()?;
         let mut ca = CertificateParams::new(Vec::<String>::new())?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca.distinguished_name.push(DnType::CommonName, "flotilla bench CA");
-        std::fs::write(dir.join("ca.pem"), ca.self_signed(&ca_key)?.pem())?;
+        std::fs::write(&files.ca, ca.self_signed(&ca_key)?.pem())?;
         let issuer = Issuer::new(ca, ca_key);
         let key = KeyPair::generate()?;
         let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])?.signed_by(&key, &issuer)?;
-        std::fs::write(dir.join("learner.pem"), cert.pem())?;
-        std::fs::write(dir.join("learner.key"), key.serialize_pem())?;
-        let server = ServerTls::from_files(&dir.join("learner.pem"), &dir.join("learner.key"), None)?;
-        let client = ClientTls::from_files(&dir.join("ca.pem"), None)?;
-        std::fs::remove_dir_all(&dir)?;
-        Ok(BenchTls { server, client })
+        std::fs::write(&files.cert, cert.pem())?;
+        std::fs::write(&files.key, key.serialize_pem())?;
+        Ok(files)
     }
 }

@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::cpu_accounting::{CpuMark, learner_and_actors};
+use crate::hub::TlsFiles;
 use crate::{Args, BenchResult};
 
 /// Latency-v0 with one env per actor and a PPO learner kept cheap: 16 hidden units, one epoch, one minibatch
@@ -117,18 +118,31 @@ fn stop_child(child: &mut Child) -> BenchResult<()> {
     Ok(())
 }
 
-/// `flotilla train CONFIG --actors n` until `steady` seconds of steady state are in its metrics.
-fn scaling_run(flotilla: &Path, config: &Path, out: &Path, n: usize, steady: f64) -> BenchResult<Steady> {
+/// `flotilla train CONFIG --actors n` until `steady` seconds of steady state are in its metrics; over TLS when
+/// `tls` is given (the learner serves its certificate, the launched actors trust its CA).
+fn scaling_run(
+    flotilla: &Path,
+    config: &Path,
+    out: &Path,
+    n: usize,
+    steady: f64,
+    tls: Option<&TlsFiles>,
+) -> BenchResult<Steady> {
     // Rows about every 0.5 s at the ideal rate; the budget is only a safety stop (10 min at the ideal rate).
     let ideal = n as f64 * 1e6 / STEP_LATENCY_US;
     let log_path = out.with_extension("log");
     let log = std::fs::File::create(&log_path)?;
-    let sets = [
+    let mut sets = vec![
         format!("env.num_envs={n}"),
         format!("algorithm.batch_size={}", 32 * n),
         format!("run.total_env_steps={}", (ideal * 600.0) as u64),
         format!("metrics.log_interval_steps={}", (ideal * 0.5) as u64),
     ];
+    if let Some(t) = tls {
+        sets.push(format!("transport.tls_cert={}", t.cert.display()));
+        sets.push(format!("transport.tls_key={}", t.key.display()));
+        sets.push(format!("transport.tls_ca={}", t.ca.display()));
+    }
     let mut cmd = Command::new(flotilla);
     cmd.arg("train").arg(config).args(["--actors", &n.to_string()]).arg("--out").arg(out);
     for s in &sets {
@@ -170,6 +184,23 @@ fn scaling_run(flotilla: &Path, config: &Path, out: &Path, n: usize, steady: f64
     };
     stop_child(&mut child)?;
     Ok(result?)
+}
+
+/// One row of the scaling table.
+fn print_row(actors: &str, s: &Steady, ideal: f64) {
+    println!(
+        "| {actors} | {:.0} | {ideal:.0} | {:.1} % | {:.1} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} |",
+        s.sps,
+        100.0 * s.sps / ideal,
+        s.secs,
+        s.learner_cores,
+        s.actor_cores,
+        1e6 * s.actor_cores / s.sps,
+        s.other_cores,
+        s.learner_rss_mib,
+        s.refused,
+        s.queue_max
+    );
 }
 
 /// `MemAvailable` from /proc/meminfo, GiB.
@@ -221,25 +252,21 @@ pub(crate) fn scaling_table(args: &Args) -> BenchResult<()> {
             );
             break;
         }
-        let s = scaling_run(&flotilla, &config, &dir.join(format!("actors-{n}")), n, steady)?;
+        let s = scaling_run(&flotilla, &config, &dir.join(format!("actors-{n}")), n, steady, None)?;
         let base = *one.get_or_insert(s.sps);
         let ideal = n as f64 * base;
-        println!(
-            "| {n} | {:.0} | {ideal:.0} | {:.1} % | {:.1} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} |",
-            s.sps,
-            100.0 * s.sps / ideal,
-            s.secs,
-            s.learner_cores,
-            s.actor_cores,
-            1e6 * s.actor_cores / s.sps,
-            s.other_cores,
-            s.learner_rss_mib,
-            s.refused,
-            s.queue_max
-        );
+        print_row(&n.to_string(), &s, ideal);
         last = Some((n, s.sps / ideal));
         if n == 64 {
             at64 = Some(s.sps / ideal);
+        }
+    }
+    // The largest count again over TLS (and 64, where that is larger): TLS's cost on a loaded learner.
+    if let Some((n, _)) = last {
+        let tls = TlsFiles::write(&dir.join("tls"))?;
+        for m in [n.min(64), n].into_iter().filter(|&m| m > 1).collect::<std::collections::BTreeSet<_>>() {
+            let s = scaling_run(&flotilla, &config, &dir.join(format!("actors-{m}-tls")), m, steady, Some(&tls))?;
+            print_row(&format!("{m}, TLS"), &s, m as f64 * one.unwrap_or(0.0));
         }
     }
     if let Some((n, eff)) = last {
