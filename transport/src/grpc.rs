@@ -117,7 +117,7 @@ pub fn serve_with<S: LearnerService>(
     let listener =
         tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::new(Code::Internal, e.to_string()))?;
     let closed = Arc::new(guard::Closed::default());
-    let incoming = guard::incoming(listener, limits, closed.clone());
+    let incoming = guard::incoming(listener, limits.auth_timeout, closed.clone());
     let token: Arc<str> = Arc::from(token);
     let standing =
         guard::StandingLayer { token: token.clone(), limit: limits.max_refused_in_a_row, closed: closed.clone() };

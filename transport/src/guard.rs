@@ -1,10 +1,11 @@
 //! What a connection costs its sender: the server keeps each accepted TCP connection's standing
-//! ([`Standing`]) and closes the connection when its calls are refused [`Limits::max_refused_in_a_row`] times in
-//! a row — refused by the transport (bytes that do not decode as the message, unknown dtypes, another protocol
-//! version, a wrong token, an unknown method) or by the service (the learner's hub) alike — or when it has made
-//! no call with the run token within [`Limits::auth_timeout`] of being accepted (under TLS, the handshake counts
-//! against that time too). The server goes on serving every other connection; a real actor whose connection
-//! was closed reconnects on its next call.
+//! ([`Standing`]) and closes the connection when its calls are refused
+//! [`crate::grpc::Limits::max_refused_in_a_row`] times in a row — refused by the transport (bytes that do not
+//! decode as the message, unknown dtypes, another protocol version, a wrong token, an unknown method) or by the
+//! service (the learner's hub) alike — or when it has made no call with the run token within
+//! [`crate::grpc::Limits::auth_timeout`] of being accepted (under TLS, the handshake counts against that time
+//! too). The server goes on serving every other connection; a real actor whose connection was closed reconnects
+//! on its next call.
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -21,7 +22,6 @@ use tonic::transport::server::Connected;
 use tower::{Layer, Service};
 use tracing::warn;
 
-use crate::grpc::Limits;
 use crate::service::check_token;
 
 /// How long a connection that reached its refusal limit stays open: long enough for the answer to the last
@@ -146,14 +146,13 @@ impl AsyncWrite for GuardedStream {
     }
 }
 
-/// The listener's connections, each guarded (`TCP_NODELAY` on) and given [`Limits::auth_timeout`] to make a
-/// call with the run token.
+/// The listener's connections, each guarded (`TCP_NODELAY` on) and given `timeout`
+/// ([`crate::grpc::Limits::auth_timeout`]) to make a call with the run token.
 pub(crate) fn incoming(
     listener: TcpListener,
-    limits: &Limits,
+    timeout: Duration,
     closed: Arc<Closed>,
 ) -> impl Stream<Item = io::Result<GuardedStream>> + Send + 'static {
-    let timeout = limits.auth_timeout;
     TcpListenerStream::new(listener).map(move |accepted| {
         let io = accepted?;
         io.set_nodelay(true)?;
