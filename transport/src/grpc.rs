@@ -118,10 +118,8 @@ pub fn serve_with<S: LearnerService>(
         tokio::net::TcpListener::from_std(listener).map_err(|e| RpcError::new(Code::Internal, e.to_string()))?;
     let closed = Arc::new(guard::Closed::default());
     let incoming = guard::incoming(listener, limits.auth_timeout, closed.clone());
-    let token: Arc<str> = Arc::from(token);
-    let standing =
-        guard::StandingLayer { token: token.clone(), limit: limits.max_refused_in_a_row, closed: closed.clone() };
-    let adapter = Adapter { inner: service, token, encoded: std::sync::Mutex::new(None) };
+    let standing = guard::StandingLayer { limit: limits.max_refused_in_a_row, closed: closed.clone() };
+    let adapter = Adapter { inner: service, token: Arc::from(token), encoded: std::sync::Mutex::new(None) };
     let svc = LearnerServer::new(adapter)
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
@@ -156,17 +154,22 @@ struct Adapter<S> {
 }
 
 impl<S> Adapter<S> {
-    /// Token first (a failure is logged with the peer), then the protocol version.
+    /// Token first (a failure is logged with the peer; a success authenticates the connection), then the
+    /// protocol version.
     fn admit<T>(&self, req: &Request<T>, rpc: &str, protocol_version: u32) -> Result<(), Status> {
         let given = req
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(|v| v.strip_prefix("Bearer ").unwrap_or(v));
+        let guard = req.extensions().get::<guard::Guard>();
         if let Err(e) = check_token(&self.token, given) {
-            let peer = req.extensions().get::<guard::Guard>().map_or("an unknown peer", |g| g.peer()).to_string();
-            warn!("refused {rpc} from {peer}: {}", e.message);
+            warn!("refused {rpc} from {}: {}", guard.map_or("an unknown peer", |g| g.peer()), e.message);
             return Err(e.into());
+        }
+        // The token is the connection's authentication (its auth timeout ends here).
+        if let Some(g) = guard {
+            g.authenticated();
         }
         if protocol_version != PROTOCOL_VERSION {
             return Err(RpcError::invalid(format!(

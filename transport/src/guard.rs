@@ -22,8 +22,6 @@ use tonic::transport::server::Connected;
 use tower::{Layer, Service};
 use tracing::warn;
 
-use crate::service::check_token;
-
 /// How long a connection that reached its refusal limit stays open: long enough for the answer to the last
 /// refused call to leave, so its sender reads why.
 const CLOSE_AFTER_ANSWER: Duration = Duration::from_millis(100);
@@ -46,7 +44,7 @@ pub(crate) struct Closed {
 #[derive(Debug)]
 pub(crate) struct Standing {
     peer: String,
-    /// A call on it presented the run token.
+    /// A call on it passed the server's token check ([`Guard::authenticated`]).
     authenticated: AtomicBool,
     refused_in_a_row: AtomicU32,
     closed: AtomicBool,
@@ -92,6 +90,12 @@ impl Guard {
     /// The peer's address, for logs.
     pub(crate) fn peer(&self) -> &str {
         &self.0.peer
+    }
+
+    /// A call on this connection presented the run token (the server's admission check passed): the
+    /// connection is no longer closed for [`crate::grpc::Limits::auth_timeout`].
+    pub(crate) fn authenticated(&self) {
+        self.0.authenticated.store(true, Ordering::SeqCst);
     }
 }
 
@@ -182,7 +186,6 @@ pub(crate) fn incoming(
 /// The layer that keeps each connection's standing from its calls' answers.
 #[derive(Debug, Clone)]
 pub(crate) struct StandingLayer {
-    pub(crate) token: Arc<str>,
     pub(crate) limit: u32,
     pub(crate) closed: Arc<Closed>,
 }
@@ -218,16 +221,6 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let standing = req.extensions().get::<Guard>().map(|g| g.0.clone());
-        if let Some(s) = &standing {
-            let given = req
-                .headers()
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .map(|v| v.strip_prefix("Bearer ").unwrap_or(v));
-            if check_token(&self.layer.token, given).is_ok() {
-                s.authenticated.store(true, Ordering::SeqCst);
-            }
-        }
         // Accepted data ends a run of refusals; other calls answered OK (run info, parameters) do not.
         let path = req.uri().path();
         let data = path.ends_with("/SendChunk") || path.ends_with("/SendGradient");

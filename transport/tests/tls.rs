@@ -84,8 +84,11 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn start(rt: &tokio::runtime::Runtime, tls: Option<&ServerTls>) -> ServerHandle {
-    let addr = "127.0.0.1:0".parse().unwrap();
-    serve_with(rt.handle(), Arc::new(Echo), addr, TOKEN, &Limits::default(), tls).unwrap()
+    start_with(rt, tls, &Limits::default())
+}
+
+fn start_with(rt: &tokio::runtime::Runtime, tls: Option<&ServerTls>, limits: &Limits) -> ServerHandle {
+    serve_with(rt.handle(), Arc::new(Echo), "127.0.0.1:0".parse().unwrap(), TOKEN, limits, tls).unwrap()
 }
 
 fn connect(server: &ServerHandle, token: &str, tls: Option<&ClientTls>) -> Result<GrpcClient, RpcError> {
@@ -266,11 +269,9 @@ fn a_tls_handshake_that_never_comes_is_closed_after_the_auth_timeout() {
     let pki = Pki::new("auth-timeout");
     let ca = pki.ca("ca");
     let (cert, key) = pki.leaf("learner", &ca, &["localhost", "127.0.0.1"], false);
-    let rt = runtime();
     let limits = Limits { auth_timeout: Duration::from_millis(400), ..Limits::default() };
-    let tls = ServerTls::from_files(&cert, &key, None).unwrap();
-    let server =
-        serve_with(rt.handle(), Arc::new(Echo), "127.0.0.1:0".parse().unwrap(), TOKEN, &limits, Some(&tls)).unwrap();
+    let rt = runtime();
+    let server = start_with(&rt, Some(&ServerTls::from_files(&cert, &key, None).unwrap()), &limits);
     let mut silent = std::net::TcpStream::connect(server.local_addr).unwrap();
     silent.set_read_timeout(Some(TIMEOUT)).unwrap();
     silent.read_to_end(&mut Vec::new()).expect("closed, not timed out");

@@ -87,14 +87,17 @@ fn read_metrics(path: &Path) -> Vec<Row> {
         .collect()
 }
 
+/// The kB value of `key` in a /proc file of `key: N kB` lines (`/proc/PID/status`, `/proc/meminfo`); 0 where
+/// the file or the key is missing.
+fn proc_kib(path: &str, key: &str) -> f64 {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let value = text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'));
+    value.and_then(|v| v.trim().trim_end_matches(" kB").parse().ok()).unwrap_or(0.0)
+}
+
 /// Resident memory of process `pid`, MiB (0 where /proc does not say).
 fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<f64>().ok());
-    kib.unwrap_or(0.0) / 1024.0
+    proc_kib(&format!("/proc/{pid}/status"), "VmRSS") / 1024.0
 }
 
 /// The first steady row: one row after the first row with all `n` actors registered (that row still
@@ -205,12 +208,7 @@ fn print_row(actors: &str, s: &Steady, ideal: f64) {
 
 /// `MemAvailable` from /proc/meminfo, GiB.
 fn mem_available_gib() -> f64 {
-    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kib = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<f64>().ok());
-    kib.unwrap_or(0.0) / (1024.0 * 1024.0)
+    proc_kib("/proc/meminfo", "MemAvailable") / (1024.0 * 1024.0)
 }
 
 pub(crate) fn scaling_table(args: &Args) -> BenchResult<()> {
