@@ -38,7 +38,7 @@ impl ActorFactory for ConfigFactory {
     fn envs(&mut self, run: &RunInfo, slot: Option<u32>) -> flotilla_actors::Result<Box<dyn VectorEnv>> {
         tch::set_num_threads(1);
         let config = self.config(run)?;
-        let plan = config.plan(config.actors.count).map_err(setup)?;
+        let plan = config.plan(config.actor_slots()).map_err(setup)?;
         // `[actors] task_per_actor`: the actor in slot s steps task s mod T only (task 0 until the learner has
         // given a slot; same spaces whichever task).
         let t = config.env.tasks.len();

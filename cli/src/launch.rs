@@ -53,7 +53,7 @@ pub fn distributed_train(
     stop_at: u64,
 ) -> Result<()> {
     let n = config.actors.count;
-    let plan = config.plan(n)?;
+    let plan = config.plan(config.actor_slots())?;
     // TLS files are read and checked first: a missing file, one that is not PEM or a key that is not the
     // certificate's fails here, before the learner is built and before a run directory is written.
     let tls = config.transport.server_tls()?;
@@ -133,8 +133,12 @@ pub fn distributed_train(
         hub.restarted_after(std::time::UNIX_EPOCH + Duration::from_secs_f64(*t));
         restart_pending = true;
     }
+    let remote = match config.actors.remote {
+        0 => String::new(),
+        r => format!(" (and {r} remote: slots {n}..{})", n + r),
+    };
     tracing::info!(
-        "learner listening on {addr}: {n} actors × {} envs, chunks of {} steps",
+        "learner listening on {addr}: {n} actors{remote} × {} envs, chunks of {} steps",
         plan.envs_per_actor,
         plan.chunk_steps
     );

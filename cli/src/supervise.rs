@@ -66,7 +66,22 @@ pub fn supervised_train(config: &ExperimentConfig, start: Start, stop_at: u64) -
     if reach.ip().is_unspecified() {
         reach.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    let token = generate_token().context("generating the run token")?;
+    // The run token: the operator's (FLOTILLA_TOKEN) where actors started elsewhere must present it, else a new one.
+    let token = match std::env::var("FLOTILLA_TOKEN") {
+        Ok(t) if !t.trim().is_empty() => t,
+        _ if config.actors.remote > 0 => anyhow::bail!(
+            "[actors] remote = {}: actors started elsewhere must present the run token; set it in FLOTILLA_TOKEN",
+            config.actors.remote
+        ),
+        _ => generate_token().context("generating the run token")?,
+    };
+    if config.actors.remote > 0 {
+        let (from, to) = (n, n + config.actors.remote);
+        info!(
+            "remote actor slots {from}..{to} ([actors] remote): start each with FLOTILLA_TOKEN set as here and \
+             `flotilla actor --learner {reach} --index I`, I in {from}..{to}"
+        );
+    }
     let exe = std::env::current_exe().context("locating the flotilla executable")?;
     let out = match &start {
         Start::Fresh { out, .. } => out.clone(),

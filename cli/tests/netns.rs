@@ -23,16 +23,16 @@
 //! crashed before cleaning up has its namespaces deleted by the next one. Every process has a watchdog.
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{config, scratch, watchdog};
+use flotilla_tests::netns::{Hosts, Proxy, ip, missing_prerequisite};
 
 /// Longest any process of the test may run before its watchdog kills it: a guard against a hang, not a
 /// verdict (the run takes ~1-2 minutes on a quiet machine; a busy one must not fail it).
@@ -40,184 +40,6 @@ const LIMIT: Duration = Duration::from_secs(600);
 /// Latency the proxy adds in each direction.
 const DELAY: Duration = Duration::from_millis(20);
 const TOKEN: &str = "netns-token";
-
-/// Run `ip ARGS`; its stderr on failure.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
-/// Why this machine cannot run the test, if it cannot: it needs root and iproute2.
-fn missing_prerequisite() -> Option<String> {
-    // SAFETY: geteuid(2) has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not running as root (network namespaces need CAP_NET_ADMIN)".into());
-    }
-    match Command::new("ip").arg("-V").output() {
-        Ok(o) if o.status.success() => None,
-        _ => Some("iproute2's `ip` command is missing".into()),
-    }
-}
-
-/// Namespaces as hosts, deleted when dropped (a namespace's veths go with it).
-struct Hosts {
-    prefix: String,
-    made: Vec<String>,
-}
-
-impl Hosts {
-    /// Hosts named `flt<pid>-<role>`; first deletes those left behind by test processes that no longer exist.
-    fn new() -> Hosts {
-        if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                let name = line.split_whitespace().next().unwrap_or_default();
-                let pid = name.strip_prefix("flt").and_then(|rest| rest.split('-').next()?.parse::<u32>().ok());
-                if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
-                    let _ = ip(&["netns", "del", name]);
-                }
-            }
-        }
-        Hosts { prefix: format!("flt{}", std::process::id()), made: Vec::new() }
-    }
-
-    /// A new namespace with its loopback up.
-    fn add(&mut self, role: &str) -> Result<String, String> {
-        let name = format!("{}-{role}", self.prefix);
-        ip(&["netns", "add", &name])?;
-        self.made.push(name.clone());
-        ip(&["-n", &name, "link", "set", "lo", "up"])?;
-        Ok(name)
-    }
-
-    /// A veth pair between two namespaces: `a_if` with `a_addr` (CIDR) in `a`, `b_if` with `b_addr` in `b`.
-    fn link(a: &str, a_if: &str, a_addr: &str, b: &str, b_if: &str, b_addr: &str) -> Result<(), String> {
-        ip(&["link", "add", a_if, "netns", a, "type", "veth", "peer", "name", b_if, "netns", b])?;
-        for (ns, dev, addr) in [(a, a_if, a_addr), (b, b_if, b_addr)] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for name in self.made.iter().rev() {
-            if let Err(e) = ip(&["netns", "del", name]) {
-                eprintln!("cleaning up: {e}");
-            }
-        }
-    }
-}
-
-/// Move the calling thread into namespace `ns`; sockets it creates from then on live there (threads it spawns
-/// start there too).
-fn enter(ns: &str) -> std::io::Result<()> {
-    let file = std::fs::File::open(format!("/run/netns/{ns}"))?;
-    // SAFETY: setns(2) on an open namespace file; it changes only this thread's network namespace.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// A userspace TCP proxy running in a namespace: every byte it forwards waits [`DELAY`] in each direction,
-/// and while `stalled` is set it forwards nothing (a congested or flapping path). Stopped when dropped.
-struct Proxy {
-    stop: Arc<AtomicBool>,
-    stalled: Arc<AtomicBool>,
-    /// Both ends of every connection, shut down on drop so that the pump threads end.
-    streams: Arc<Mutex<Vec<TcpStream>>>,
-    connections: Arc<AtomicU64>,
-}
-
-impl Proxy {
-    /// Listen on `listen` inside `ns` and forward each connection to `upstream` (dialled from `ns`).
-    fn start(ns: &str, listen: SocketAddr, upstream: SocketAddr) -> Result<Proxy, String> {
-        let proxy = Proxy {
-            stop: Arc::new(AtomicBool::new(false)),
-            stalled: Arc::new(AtomicBool::new(false)),
-            streams: Arc::new(Mutex::new(Vec::new())),
-            connections: Arc::new(AtomicU64::new(0)),
-        };
-        let (stop, stalled, streams, connections) =
-            (proxy.stop.clone(), proxy.stalled.clone(), proxy.streams.clone(), proxy.connections.clone());
-        let (ready_tx, ready) = mpsc::channel();
-        let ns = ns.to_string();
-        thread::spawn(move || {
-            let bound = enter(&ns).and_then(|()| TcpListener::bind(listen)).and_then(|l| {
-                l.set_nonblocking(true)?;
-                Ok(l)
-            });
-            let listener = match bound {
-                Ok(l) => l,
-                Err(e) => return ready_tx.send(Err(format!("proxy in {ns} on {listen}: {e}"))).unwrap(),
-            };
-            ready_tx.send(Ok(())).unwrap();
-            while !stop.load(Ordering::SeqCst) {
-                let client = match listener.accept() {
-                    Ok((client, _)) => client,
-                    Err(_) => {
-                        thread::sleep(Duration::from_millis(20));
-                        continue;
-                    }
-                };
-                // Dialled from this thread, which is in `ns`.
-                let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(5)) else { continue };
-                connections.fetch_add(1, Ordering::SeqCst);
-                for s in [&client, &server] {
-                    s.set_nonblocking(false).unwrap();
-                    s.set_nodelay(true).unwrap();
-                    streams.lock().unwrap().push(s.try_clone().unwrap());
-                }
-                pump(client.try_clone().unwrap(), server.try_clone().unwrap(), stalled.clone());
-                pump(server, client, stalled.clone());
-            }
-        });
-        ready.recv().map_err(|e| e.to_string())??;
-        Ok(proxy)
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.stalled.store(false, Ordering::SeqCst);
-        for s in self.streams.lock().unwrap().iter() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
-}
-
-/// Forward `from` ─► `to` with [`DELAY`]: a reader stamps each read with when it may leave, a writer sends it
-/// then (in order; held while `stalled`). End of stream is passed on as a half-close.
-fn pump(mut from: TcpStream, mut to: TcpStream, stalled: Arc<AtomicBool>) {
-    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-    thread::spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n @ 1..) = from.read(&mut buf) {
-            if tx.send((Instant::now() + DELAY, buf[..n].to_vec())).is_err() {
-                break;
-            }
-        }
-    });
-    thread::spawn(move || {
-        for (due, bytes) in rx {
-            thread::sleep(due.saturating_duration_since(Instant::now()));
-            while stalled.load(Ordering::SeqCst) {
-                thread::sleep(Duration::from_millis(10));
-            }
-            if to.write_all(&bytes).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(Shutdown::Write);
-    });
-}
 
 /// A `flotilla` process in a namespace, its output collected line by line; killed when dropped.
 struct Proc {
@@ -334,7 +156,7 @@ fn actors_on_other_hosts_survive_latency_a_stall_and_a_partition() {
     ];
     let mut learner = Proc::spawn(&learner_ns, &args, &[]);
     learner.wait_for("learner listening on", Duration::from_secs(60)).unwrap();
-    let proxy = Proxy::start(&router, "0.0.0.0:50051".parse().unwrap(), learner_addr).unwrap();
+    let proxy = Proxy::start(Some(&router), "0.0.0.0:50051".parse().unwrap(), learner_addr, DELAY).unwrap();
 
     // Each actor knows only its router's address on its own link.
     let actor = |ns: &str, net: u8| {

@@ -125,6 +125,10 @@ pub struct Plan {
 pub struct ActorsConfig {
     /// Actor processes (0: single-process training). `--actors N` overrides it.
     pub count: usize,
+    /// Slots for actor processes started elsewhere — on other hosts, by their own service manager (`flotilla
+    /// actor --learner ADDR --index I` with `I` in `count..count + remote`): the learner takes `count + remote`
+    /// actors, and `flotilla train` launches (and restarts) the first `count`. Needs `count > 0`.
+    pub remote: usize,
     /// Envs each actor steps (0: `env.num_envs / count` for on-policy algorithms, so a learner batch of
     /// `env.num_envs × n_steps` is the single-process one; `env.num_envs` for off-policy ones).
     pub envs_per_actor: usize,
@@ -147,6 +151,7 @@ impl Default for ActorsConfig {
     fn default() -> Self {
         ActorsConfig {
             count: 0,
+            remote: 0,
             envs_per_actor: 0,
             chunk_steps: 0,
             epsilon: 0.4,
@@ -923,8 +928,21 @@ impl ExperimentConfig {
         if !(t.is_finite() && t > 0.0 && t <= 86_400.0) {
             return Err(Error::Config(format!("[transport] auth_timeout_secs = {t}: give seconds in (0, 86400]")));
         }
+        if self.actors.remote > 0 && self.actors.count == 0 {
+            return Err(Error::Config(format!(
+                "[actors] remote = {} without [actors] count: remote actor slots belong to a distributed run; set \
+                 count (or --actors N) to the actors flotilla launches itself",
+                self.actors.remote
+            )));
+        }
+        if self.actors.remote > 0 && self.learner.learners > 1 {
+            return Err(Error::Config(format!(
+                "[actors] remote = {} with [learner] learners = {}: remote actor slots are for a single learner",
+                self.actors.remote, self.learner.learners
+            )));
+        }
         if self.actors.count > 0 {
-            self.plan(self.actors.count)?;
+            self.plan(self.actor_slots())?;
         } else if self.algorithm.family() == Family::Gradients {
             return Err(Error::Config(format!(
                 "[algorithm] kind = {:?} needs actor processes: pass --actors N or set [actors] count",
@@ -982,6 +1000,12 @@ impl ExperimentConfig {
     pub fn compression(&self) -> Result<flotilla_collective::codec::Compression> {
         flotilla_collective::codec::Compression::parse(&self.learner.compression)
             .map_err(|e| Error::Config(format!("[learner] {e}")))
+    }
+
+    /// Actor slots of the learner: the actors `flotilla train` launches (`[actors] count`) and those started
+    /// elsewhere (`[actors] remote`).
+    pub fn actor_slots(&self) -> usize {
+        self.actors.count + self.actors.remote
     }
 
     /// How a run with `n_actors` actor processes splits the work, checked against the algorithm.
@@ -1211,11 +1235,22 @@ kind = "ppo"
             (format!("{BASE}\n[run]\ntorch_threads = 0\n"), "torch_threads"),
             (format!("{BASE}\n[transport]\nauth_timeout_secs = 0.0\n"), "transport] auth_timeout_secs"),
             (format!("{BASE}\n[transport]\nauth_timeout_secs = nan\n"), "transport] auth_timeout_secs"),
+            (format!("{BASE}\n[actors]\nremote = 2\n"), "actors] remote = 2 without [actors] count"),
+            (format!("{BASE}\n[actors]\ncount = 2\nremote = 1\n[learner]\nlearners = 2\n"), "actors] remote = 1 with"),
         ];
         for (text, needle) in cases {
             let e = ExperimentConfig::parse(&text, &[]).unwrap_err().to_string();
             assert!(e.contains(needle), "error for {needle:?} does not name it: {e}");
         }
+    }
+
+    #[test]
+    fn remote_actor_slots_add_to_the_launched_ones() {
+        let c = ExperimentConfig::parse(&format!("{BASE}\n[actors]\ncount = 2\nremote = 2\n"), &[]).unwrap();
+        assert_eq!(c.actor_slots(), 4);
+        let plan = c.plan(c.actor_slots()).unwrap();
+        // The batch's envs are split over every slot, launched or remote.
+        assert_eq!((plan.n_actors, plan.envs_per_actor), (4, c.env.num_envs / 4));
     }
 
     #[test]

@@ -57,6 +57,10 @@ impl Drop for Receipt {
     }
 }
 
+/// Tracing target of the per-message ingest account (debug level): `ingest account: accepted N env steps from
+/// actor A; T in the ledger` for every accepted chunk or gradient, written right after the ledger.
+pub const INGEST_LOG: &str = "flotilla::ingest";
+
 /// The run's fixed facts, against which every actor and message is checked.
 #[derive(Debug, Clone)]
 pub struct HubSpec {
@@ -303,6 +307,12 @@ impl Hub {
         {
             warn!("{e}");
         }
+        // One line per accepted message, off unless asked for (`RUST_LOG=info,flotilla::ingest=debug`): an
+        // account of what was taken in that an observer (scripts/soak.sh) checks against the ledger.
+        tracing::debug!(
+            target: INGEST_LOG,
+            "ingest account: accepted {env_steps} env steps from actor {actor_id}; {total} in the ledger"
+        );
     }
 
     /// Record every accepted env step in `ledger` from now on, counting from `start` (the checkpoint's env steps;

@@ -1,6 +1,8 @@
 //! Shared helpers for Flotilla's integration tests and benchmarks.
 #![deny(missing_docs)]
 pub mod cnn_bench;
+pub mod hostile;
+pub mod netns;
 
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::train::{TrainReport, train};
