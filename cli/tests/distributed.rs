@@ -517,7 +517,7 @@ fn a_fuzzing_client_cannot_take_the_learner_down() {
         let kind = dice.below(KINDS);
         let result = match hostile(kind, me.actor_id, 4, &mut dice) {
             Ok(c) => client.send_chunk(&c),
-            Err(p) => send_raw_chunk(&mut client, p, Some("s3cret")),
+            Err(p) => send_raw_chunk(&mut client, *p, Some("s3cret")),
         };
         let err = result.err().unwrap_or_else(|| panic!("message {i} (mutation {kind}) was accepted"));
         if err.code == Code::Unavailable {

@@ -13,7 +13,7 @@ pub struct Dice(pub u64);
 
 impl Dice {
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn roll(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -23,7 +23,7 @@ impl Dice {
 
     /// A number in `0..n`.
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.roll() % n as u64) as usize
     }
 
     /// One of `xs`.
@@ -33,7 +33,7 @@ impl Dice {
 
     /// `n` random bytes.
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
+        (0..n).map(|_| self.roll() as u8).collect()
     }
 }
 
@@ -80,7 +80,7 @@ pub fn chunk(actor_id: u64, n_envs: usize) -> Chunk {
 /// observations, episodes of envs that do not exist) or, on the wire (`Err`: send it with
 /// `flotilla_transport::grpc::send_raw_chunk`), tensors of random bytes and lengths, unknown dtypes and protocol
 /// versions.
-pub fn hostile(kind: usize, id: u64, n_envs: usize, dice: &mut Dice) -> Result<Chunk, proto::Chunk> {
+pub fn hostile(kind: usize, id: u64, n_envs: usize, dice: &mut Dice) -> Result<Chunk, Box<proto::Chunk>> {
     let n = STEPS * n_envs;
     let mut c = chunk(id, n_envs);
     let bad_float = dice.pick(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
@@ -120,7 +120,7 @@ pub fn hostile(kind: usize, id: u64, n_envs: usize, dice: &mut Dice) -> Result<C
                 _ => e.task = Some(dice.below(7) as u32),
             }
         }
-        7 => c.policy_version = 1_000_000 + dice.next() % 1_000_000,
+        7 => c.policy_version = 1_000_000 + dice.roll() % 1_000_000,
         8 => c.log_probs[dice.below(n)] = dice.pick(&[f32::NAN, f32::INFINITY]),
         9 => c.obs = ObsBuf::U8(dice.bytes(n * 4)),
         _ => {
@@ -140,11 +140,11 @@ pub fn hostile(kind: usize, id: u64, n_envs: usize, dice: &mut Dice) -> Result<C
                     tensor.data = dice.bytes(new_len).into();
                 }
                 11 => tensor.dtype = dice.pick(&[0, 3, 99, -1]),
-                12 => tensor.shape = vec![dice.next() % 1000 + 1, dice.next() % 7 + 5],
+                12 => tensor.shape = vec![dice.roll() % 1000 + 1, dice.roll() % 7 + 5],
                 13 => p.terminated = vec![2 + dice.below(250) as u8; n].into(),
                 _ => p.protocol_version = 2 + dice.below(1000) as u32,
             }
-            return Err(p);
+            return Err(Box::new(p));
         }
     }
     Ok(c)

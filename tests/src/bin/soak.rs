@@ -348,7 +348,7 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
         });
     }
 
-    let token = format!("soak-{:016x}", Dice(args.seed ^ u64::from(std::process::id())).next());
+    let token = format!("soak-{:016x}", Dice(args.seed ^ u64::from(std::process::id())).roll());
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/cartpole_ppo.toml");
     #[rustfmt::skip]
     let sets = [
@@ -653,7 +653,7 @@ fn last_value(csv: &Path, column: &str) -> Option<f64> {
     let text = std::fs::read_to_string(csv).ok()?;
     let mut lines = text.lines();
     let col = lines.next()?.split(',').position(|h| h == column)?;
-    lines.filter_map(|l| l.split(',').nth(col)?.parse::<f64>().ok()).last()
+    lines.filter_map(|l| l.split(',').nth(col)?.parse::<f64>().ok()).next_back()
 }
 
 /// `flotilla eval RUN --episodes 10`: the mean return.
@@ -692,7 +692,7 @@ fn hostile_client(addr: SocketAddr, token: &str, seed: u64, stop: &AtomicBool, s
             let kind = dice.below(KINDS);
             let result = match hostile(kind, id, ENVS, &mut dice) {
                 Ok(c) => client.send_chunk(&c).map(|_| ()),
-                Err(p) => send_raw_chunk(&mut client, p, Some(token)).map(|_| ()),
+                Err(p) => send_raw_chunk(&mut client, *p, Some(token)).map(|_| ()),
             };
             sent.fetch_add(1, Ordering::SeqCst);
             thread::sleep(Duration::from_millis(50));
