@@ -140,8 +140,32 @@ pub fn chunk_to_proto(c: &Chunk, protocol_version: u32) -> proto::Chunk {
     }
 }
 
+/// A tensor's shape must start with `dims` (the layout the chunk's `n_steps` and `n_envs` give it): the same bytes
+/// under another shape — `[E, T]` for `[T, E]`, say — would be read in the wrong order.
+fn leading(t: Option<&proto::Tensor>, dims: &[u64], field: &str, what: &str) -> Result<(), RpcError> {
+    match t {
+        Some(t) if !t.data.is_empty() && !t.shape.starts_with(dims) => {
+            Err(RpcError::invalid(format!("{field}: shape {:?}, expected {dims:?}… ({what})", t.shape)))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Decode a chunk; [`Chunk::validate`] checks it against the run afterwards.
 pub fn chunk_from_proto(p: &proto::Chunk) -> Result<Chunk, RpcError> {
+    let (t, e, ends) = (u64::from(p.n_steps), u64::from(p.n_envs), p.final_index.len() as u64);
+    for (tensor, field) in [
+        (&p.obs, "obs"),
+        (&p.actions, "actions"),
+        (&p.rewards, "rewards"),
+        (&p.log_probs, "log_probs"),
+        (&p.values, "values"),
+    ] {
+        leading(tensor.as_ref(), &[t, e], field, "n_steps × n_envs")?;
+    }
+    leading(p.bootstrap_obs.as_ref(), &[e], "bootstrap_obs", "n_envs")?;
+    leading(p.initial_state.as_ref(), &[e], "initial_state", "n_envs")?;
+    leading(p.final_obs.as_ref(), &[ends], "final_obs", "one row per final_index")?;
     Ok(Chunk {
         actor_id: p.actor_id,
         policy_version: p.policy_version,
@@ -360,6 +384,41 @@ mod tests {
         let mut p = chunk_to_proto(&c, 1);
         p.actions.as_mut().unwrap().dtype = proto::DType::DtypeU8 as i32;
         assert!(chunk_from_proto(&p).unwrap_err().message.contains("actions: dtype DTYPE_U8, expected DTYPE_F32"));
+    }
+
+    #[test]
+    fn a_tensor_under_another_shape_is_refused_even_with_the_right_byte_count() {
+        let c = Chunk {
+            actor_id: 1,
+            policy_version: 0,
+            n_steps: 4,
+            n_envs: 2,
+            obs: ObsBuf::F32(vec![0.0; 4 * 2 * 3]),
+            bootstrap_obs: ObsBuf::F32(vec![0.0; 2 * 3]),
+            actions: vec![0.0; 8],
+            rewards: vec![0.0; 8],
+            terminated: vec![false; 8],
+            truncated: vec![false; 8],
+            log_probs: vec![0.0; 8],
+            values: vec![0.0; 8],
+            initial_state: Vec::new(),
+            final_index: vec![],
+            final_obs: ObsBuf::F32(vec![]),
+            episodes: vec![],
+        };
+        assert!(chunk_from_proto(&chunk_to_proto(&c, 1)).is_ok());
+        let cases: [(fn(&mut proto::Chunk), &str); 4] = [
+            (|p| p.rewards.as_mut().unwrap().shape = vec![2, 4], "rewards: shape [2, 4], expected [4, 2]"),
+            (|p| p.values.as_mut().unwrap().shape = vec![8], "values: shape [8], expected [4, 2]"),
+            (|p| p.obs.as_mut().unwrap().shape = vec![2, 4, 3], "obs: shape [2, 4, 3]"),
+            (|p| p.bootstrap_obs.as_mut().unwrap().shape = vec![1, 6], "bootstrap_obs: shape [1, 6], expected [2]"),
+        ];
+        for (edit, needle) in cases {
+            let mut p = chunk_to_proto(&c, 1);
+            edit(&mut p);
+            let e = chunk_from_proto(&p).unwrap_err();
+            assert!(e.message.contains(needle), "{needle:?} not in {:?}", e.message);
+        }
     }
 
     #[test]
