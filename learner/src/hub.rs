@@ -57,8 +57,10 @@ impl Drop for Receipt {
     }
 }
 
-/// Tracing target of the per-message ingest account (debug level): `ingest account: accepted N env steps from
-/// actor A; T in the ledger` for every accepted chunk or gradient, written right after the ledger.
+/// Tracing target of the ingest account (debug level): `ingest account (pid P): accepted N env steps from actor
+/// A; count T` for every accepted chunk or gradient, written right after the ledger (which then holds T), and
+/// `ingest account (pid P): ledger opened at C env steps; count T` when the ledger starts (messages accepted
+/// before it counted from 0, then C is added).
 pub const INGEST_LOG: &str = "flotilla::ingest";
 
 /// The run's fixed facts, against which every actor and message is checked.
@@ -158,6 +160,8 @@ pub struct Hub {
     /// Env steps accepted (from the checkpoint the learner started at), and where they are recorded.
     ingested: AtomicU64,
     ledger: std::sync::OnceLock<crate::run_dir::IngestLedger>,
+    /// Held while a message's steps are counted and written to the ledger.
+    ingest_order: Mutex<()>,
     /// When the learner this one replaces died ([`Hub::restarted_after`]), and the seconds from then to this
     /// hub's first accepted message.
     died_at: std::sync::OnceLock<std::time::SystemTime>,
@@ -180,6 +184,7 @@ impl Hub {
             metrics: LearnerMetrics::new(),
             ingested: AtomicU64::new(0),
             ledger: std::sync::OnceLock::new(),
+            ingest_order: Mutex::new(()),
             died_at: std::sync::OnceLock::new(),
             restart_secs: std::sync::OnceLock::new(),
         };
@@ -301,6 +306,9 @@ impl Hub {
                 info!("accepting actors' data again {secs:.2} s after the previous learner died");
             }
         }
+        // One at a time, so the ledger only grows (two calls writing their totals in the other order would leave
+        // it one message short) and the account lines come in the ledger's order.
+        let _in_order = self.ingest_order.lock().expect("ingest order");
         let total = self.ingested.fetch_add(env_steps, Ordering::SeqCst) + env_steps;
         if let Some(ledger) = self.ledger.get()
             && let Err(e) = ledger.record(total)
@@ -311,18 +319,26 @@ impl Hub {
         // account of what was taken in that an observer (scripts/soak.sh) checks against the ledger.
         tracing::debug!(
             target: INGEST_LOG,
-            "ingest account: accepted {env_steps} env steps from actor {actor_id}; {total} in the ledger"
+            "ingest account (pid {}): accepted {env_steps} env steps from actor {actor_id}; count {total}",
+            std::process::id()
         );
     }
 
     /// Record every accepted env step in `ledger` from now on, counting from `start` (the checkpoint's env steps;
     /// steps accepted before this call count too). A second ledger is ignored.
     pub fn record_ingest_to(&self, ledger: crate::run_dir::IngestLedger, start: u64) {
+        let _in_order = self.ingest_order.lock().expect("ingest order");
         let total = self.ingested.fetch_add(start, Ordering::SeqCst) + start;
         if let Err(e) = ledger.record(total) {
             warn!("{e}");
         }
-        let _ = self.ledger.set(ledger);
+        if self.ledger.set(ledger).is_ok() {
+            tracing::debug!(
+                target: INGEST_LOG,
+                "ingest account (pid {}): ledger opened at {start} env steps; count {total}",
+                std::process::id()
+            );
+        }
     }
 
     fn check_actor(&self, actor_id: u64, what: &str) -> Result<Call<'_>, RpcError> {

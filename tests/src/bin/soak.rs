@@ -17,9 +17,12 @@
 //! `soak: M min, actors killed K, learner killed L, partitions P, hostile messages H, chunks accepted A, ledger
 //! A2, lost env steps X (counted X2), rss growth G %, fds growth F, restart median S1 s max S2 s, final eval E`
 //!
-//! * A: chunks the learners accepted, from their per-message account (`flotilla::ingest` debug lines);
-//! * A2: the same from the ingest ledger (`RUN/ingested`): each learner life's last count minus its first (the
-//!   checkpoint it started from), read here after each kill and at the end, in chunks;
+//! * A: chunks the learners accepted, from their ingest account (`flotilla::ingest` debug lines, one per accepted
+//!   message, each with the ledger's count after it), checked line by line per learner: each count follows from
+//!   the one before, starts at the checkpoint, and ends at the ledger's last count — or one message short for a
+//!   learner SIGKILLed between the ledger write and the account line (two writes; such a message counts in A);
+//! * A2: the ingest ledger (`RUN/ingested`): each learner life's last count minus its first (the checkpoint it
+//!   started from), read here after each kill and at the end, in chunks;
 //! * X: the env steps the learner says it lost (`charts/lost_env_steps`); X2: counted here — at each kill, the
 //!   dead learner's ledger minus the checkpoint the next one resumes from;
 //! * G, F: growth of RSS (%) and open fds from the first restart's warm-up (its first 20 s skipped, then 30 s) to
@@ -143,9 +146,8 @@ fn main() {
 struct Seen {
     /// Pid of the learner now running ("learner process N started").
     learner: Option<u32>,
-    /// Chunks and env steps accepted, from the `flotilla::ingest` lines.
-    chunks: u64,
-    env_steps: u64,
+    /// Each learner's ingest account (the `flotilla::ingest` lines), by pid.
+    accounts: std::collections::HashMap<u32, Account>,
     /// When the current learner first accepted data again after a restart (the "accepting actors' data again"
     /// line), for the kill waiting on it.
     accepting_again: Option<Instant>,
@@ -153,16 +155,54 @@ struct Seen {
     last_lines: VecDeque<String>,
 }
 
+/// One learner's ingest account, checked as its lines arrive: each line's count must be the previous one plus
+/// what the line adds.
+#[derive(Default)]
+struct Account {
+    /// Where its ledger started (`ledger opened at C`).
+    opened_at: Option<u64>,
+    /// The count after its last line: what its ledger holds.
+    count: u64,
+    messages: u64,
+    /// Lines that did not follow from the one before.
+    broken: Vec<String>,
+}
+
+/// Fold one `ingest account (pid P): …; count T` line (`rest` follows "(pid ") into its learner's account.
+fn account_line(accounts: &mut std::collections::HashMap<u32, Account>, rest: &str, line: &str) {
+    let number = |s: &str| s.split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse::<u64>().ok());
+    let (Some(pid), Some(count)) = (number(rest), rest.split("; count ").nth(1).and_then(number)) else {
+        accounts.entry(0).or_default().broken.push(format!("unreadable: {line}"));
+        return;
+    };
+    let a = accounts.entry(pid as u32).or_default();
+    let (adds, opened) = if let Some(r) = rest.split("): accepted ").nth(1) {
+        (number(r), None)
+    } else if let Some(r) = rest.split("): ledger opened at ").nth(1) {
+        (number(r), number(r))
+    } else {
+        (None, None)
+    };
+    match adds {
+        Some(n) if a.count + n == count => {
+            a.count = count;
+            if opened.is_some() {
+                a.opened_at = opened;
+            } else {
+                a.messages += 1;
+            }
+        }
+        _ => a.broken.push(format!("after count {}: {line}", a.count)),
+    }
+}
+
 /// Read `stream` line by line into `seen` and `log`.
 fn follow(stream: impl Read + Send + 'static, seen: Arc<Mutex<Seen>>, log: Arc<Mutex<std::fs::File>>) {
     thread::spawn(move || {
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
             let mut s = seen.lock().expect("seen");
-            if let Some(rest) = line.split("ingest account: accepted ").nth(1)
-                && let Some(steps) = rest.split_whitespace().next().and_then(|n| n.parse::<u64>().ok())
-            {
-                s.chunks += 1;
-                s.env_steps += steps;
+            if let Some(rest) = line.split("ingest account (pid ").nth(1) {
+                account_line(&mut s.accounts, rest, &line);
                 continue; // The account is not copied to the log: thousands of lines.
             }
             if let Some(pid) = line
@@ -192,6 +232,18 @@ fn follow(stream: impl Read + Send + 'static, seen: Arc<Mutex<Seen>>, log: Arc<M
 /// A free TCP port on loopback.
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+/// A second octet `N` such that no address of this machine is in 10.N.0.0/16: the links to the namespaces use
+/// 10.N.k.0/24, apart from another soak's running beside this one.
+fn free_net() -> Result<u8, String> {
+    let out = Command::new("ip").args(["-4", "-o", "addr"]).output().map_err(|e| format!("ip -4 -o addr: {e}"))?;
+    let used = String::from_utf8_lossy(&out.stdout).into_owned();
+    let start = (std::process::id() % 100) as u8;
+    (0..100u8)
+        .map(|i| 100 + (start + i) % 100)
+        .find(|n| !used.contains(&format!(" 10.{n}.")))
+        .ok_or_else(|| "no free 10.N.0.0/16 network for the namespaces' links".to_string())
 }
 
 /// VmRSS (KiB) and open fds of `pid`, if it is alive.
@@ -292,8 +344,9 @@ impl RemoteActor {
     }
 }
 
-/// One learner life's ledger: where it started (the checkpoint) and its last count.
+/// One learner life: its pid, where its ledger started (the checkpoint) and its last count.
 struct Life {
+    pid: Option<u32>,
     start: u64,
     end: u64,
 }
@@ -331,12 +384,14 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
     let (port, metrics_port) = (free_port(), free_port());
     let upstream: SocketAddr = ([127, 0, 0, 1], port).into();
     let tag = std::process::id() % 100_000;
+    let net = free_net()?;
     let mut proxies = Vec::new();
     let mut remote = Vec::new();
     for k in 1..=REMOTE {
         let ns = hosts.add(&format!("soak{k}"))?;
-        Hosts::link_here(&format!("sk{tag}a{k}"), &format!("10.78.{k}.1/24"), &ns, "eth0", &format!("10.78.{k}.2/24"))?;
-        let listen: SocketAddr = format!("10.78.{k}.1:{port}").parse().expect("an address");
+        let (here, there) = (format!("10.{net}.{k}.1"), format!("10.{net}.{k}.2"));
+        Hosts::link_here(&format!("sk{tag}a{k}"), &format!("{here}/24"), &ns, "eth0", &format!("{there}/24"))?;
+        let listen: SocketAddr = format!("{here}:{port}").parse().expect("an address");
         proxies.push(Proxy::start(None, listen, upstream, DELAY)?);
         remote.push(RemoteActor {
             ns,
@@ -409,7 +464,7 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
         (ACTOR_KILL_EVERY, LEARNER_KILL_FIRST, PARTITION_FIRST, 0.0);
     let mut partition: Option<(usize, f64)> = None;
     let (mut actors_killed, mut learner_killed, mut partitions) = (0u64, 0u64, 0u64);
-    let mut lives = vec![Life { start: 0, end: 0 }];
+    let mut lives = vec![Life { pid: None, start: 0, end: 0 }];
     let mut lost_counted = 0u64;
     let mut restart_secs: Vec<f64> = Vec::new();
     let mut waiting_restart: Option<Instant> = None;
@@ -482,9 +537,10 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
                 // Before the supervisor's next learner opens the ledger again (it loads libtorch first).
                 let end = ledger(&run);
                 let resumes_at = checkpoint_env_steps(&run).unwrap_or(0);
-                lives.last_mut().expect("a life").end = end;
+                let life = lives.last_mut().expect("a life");
+                (life.end, life.pid) = (end, Some(pid));
                 lost_counted += end.saturating_sub(resumes_at);
-                lives.push(Life { start: resumes_at, end: resumes_at });
+                lives.push(Life { pid: None, start: resumes_at, end: resumes_at });
                 learner_killed += 1;
                 waiting_restart = Some(killed_at);
                 first_restart.get_or_insert(t);
@@ -555,14 +611,49 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
     drop(proxies);
     drop(hosts);
     thread::sleep(Duration::from_millis(300)); // the output readers drain
-    lives.last_mut().expect("a life").end = ledger(&run);
+    let last = lives.last_mut().expect("a life");
+    (last.end, last.pid) = (ledger(&run), seen.lock().expect("seen").learner);
 
     // The account.
     let s = seen.lock().expect("seen");
     let chunk_steps = (STEPS * ENVS) as u64;
     let ledger_steps: u64 = lives.iter().map(|l| l.end.saturating_sub(l.start)).sum();
-    let (accepted, accepted_steps) = (s.chunks, s.env_steps);
     let ledger_chunks = ledger_steps as f64 / chunk_steps as f64;
+    // Each life's account against its ledger: it started where the soak read the checkpoint, its lines follow
+    // one from another, and it ends at the ledger's count — or, for a learner killed between writing a message
+    // to the ledger and its account line (two writes; SIGKILL can fall between them), one message short.
+    let mut reconcile = Vec::new();
+    let (mut accepted, mut at_kill) = (0u64, 0u64);
+    let n_lives = lives.len();
+    for (i, life) in lives.iter().enumerate() {
+        let killed = i + 1 < n_lives;
+        let Some(a) = life.pid.and_then(|pid| s.accounts.get(&pid)) else {
+            reconcile.push(format!("learner life {i} (pid {:?}) left no ingest account", life.pid));
+            continue;
+        };
+        accepted += a.messages;
+        if a.opened_at != Some(life.start) {
+            reconcile.push(format!(
+                "learner life {i}: its ledger opened at {:?}, the checkpoint was at {}",
+                a.opened_at, life.start
+            ));
+        }
+        reconcile.extend(a.broken.iter().take(3).map(|b| format!("learner life {i}: account line out of step: {b}")));
+        match life.end.checked_sub(a.count) {
+            Some(0) => {}
+            Some(n) if killed && n == chunk_steps => at_kill += 1,
+            _ => reconcile.push(format!(
+                "learner life {i}: its ledger ends at {}, its account at {}{}",
+                life.end,
+                a.count,
+                if killed { "" } else { " (not killed)" }
+            )),
+        }
+    }
+    if let Some(stray) = s.accounts.get(&0) {
+        reconcile.extend(stray.broken.iter().take(3).cloned());
+    }
+    let accepted = accepted + at_kill;
     let lost_said = last_value(&run.join("metrics.csv"), "charts/lost_env_steps").unwrap_or(0.0) as u64;
     let errors = s.errors.clone();
     drop(s);
@@ -599,7 +690,8 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
     );
     eprintln!(
         "soak details: learner rss growth {} %, supervisor {} %; fds growth learner {}, supervisor {}; {} learner lives \
-         (ledger start..end: {}); {accepted_steps} env steps accepted; restarts (s): {restart_secs:.2?}; samples in {}",
+         (ledger start..end: {}); {at_kill} chunks accepted as a learner was killed, in its ledger before their \
+         account line; restarts (s): {restart_secs:.2?}; samples in {}",
         fmt(rss_growth[0], 1),
         fmt(rss_growth[1], 1),
         fmt(fds_growth[0], 0),
@@ -608,11 +700,12 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
         lives.iter().map(|l| format!("{}..{}", l.start, l.end)).collect::<Vec<_>>().join(", "),
         args.out.join("samples.csv").display()
     );
-    if accepted_steps != ledger_steps {
+    if accepted * chunk_steps != ledger_steps {
         failures.push(format!(
-            "chunks accepted ({accepted}: {accepted_steps} env steps) ≠ the ledger ({ledger_steps} env steps)"
+            "chunks accepted ({accepted}) ≠ the ledger ({ledger_steps} env steps = {ledger_chunks} chunks)"
         ));
     }
+    failures.extend(reconcile);
     if lost_said != lost_counted {
         failures.push(format!("the learner says {lost_said} env steps were lost; counted here: {lost_counted}"));
     }
