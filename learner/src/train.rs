@@ -333,8 +333,16 @@ impl JointEnvs {
         Ok(Some(JointEnvs { envs, sizes, discrete: Vec::new(), continuous: Vec::new(), batched_acting }))
     }
 
-    /// One lockstep env step of every member (of `kind`): act, one step of the joint batch, observe.
-    fn step(&mut self, group: &mut [Trainer], scratch: &mut [StepScratch], kind: &AlgorithmConfig) -> Result<()> {
+    /// One lockstep env step of every member (of `kind`): act, one step of the joint batch, observe; the
+    /// seconds of each phase are added to `times`.
+    fn step(
+        &mut self,
+        group: &mut [Trainer],
+        scratch: &mut [StepScratch],
+        kind: &AlgorithmConfig,
+        times: &mut GroupTimes,
+    ) -> Result<()> {
+        let started = Instant::now();
         let (discrete, continuous) = (&mut self.discrete, &mut self.continuous);
         discrete.clear();
         continuous.clear();
@@ -355,7 +363,9 @@ impl JointEnvs {
             flotilla_core::Space::Discrete { .. } => VecActions::Discrete(discrete),
             flotilla_core::Space::Box { .. } => VecActions::Continuous(continuous),
         };
+        let acted = Instant::now();
         let step = self.envs.step(&actions)?;
+        let stepped = Instant::now();
         let mut start = 0;
         for ((t, s), &n) in group.iter_mut().zip(scratch.iter_mut()).zip(&self.sizes) {
             let share = step.slice(start..start + n);
@@ -370,6 +380,9 @@ impl JointEnvs {
             )?;
             start += n;
         }
+        times.acting += (acted - started).as_secs_f64();
+        times.envs += (stepped - acted).as_secs_f64();
+        times.observing += stepped.elapsed().as_secs_f64();
         Ok(())
     }
 
@@ -466,7 +479,13 @@ pub fn run_group(
         let acting = if batched_acting { ", acting in one batched pass where they can" } else { "" };
         info!("{} members' envs step as one batch of {} envs{acting}", group.len(), j.envs.num_envs());
     }
-    let result = run_lockstep(group, &mut joint, &mut scratch, stop, on_log, on_checkpoint);
+    let mut times = GroupTimes::default();
+    let result = run_lockstep(group, &mut joint, &mut scratch, stop, on_log, on_checkpoint, &mut times);
+    info!(
+        "{} members, {}: {times}",
+        group.len(),
+        if joint.is_some() { "one joint env batch" } else { "own env batches" }
+    );
     // The members get their envs back whatever happened (a failed run still checkpoints and reports).
     let back = joint.map_or(Ok(()), |j| j.give_back(group));
     result.and(back)
@@ -480,6 +499,7 @@ fn run_lockstep(
     stop: u64,
     on_log: &mut dyn FnMut(usize, &LogRow) -> Result<()>,
     on_checkpoint: &mut dyn FnMut(usize, &Trainer) -> Result<()>,
+    times: &mut GroupTimes,
 ) -> Result<()> {
     let share = 1.0 / group.len() as f64;
     // The members' kind (one for all), for their batched update.
@@ -487,16 +507,19 @@ fn run_lockstep(
     while group[0].counters.env_steps < stop {
         let started = Instant::now();
         match joint {
-            Some(j) => j.step(group, scratch, &kind)?,
+            Some(j) => j.step(group, scratch, &kind, times)?,
             None => {
                 for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
                     t.collect(s)?;
                 }
+                times.own_envs += started.elapsed().as_secs_f64();
             }
         }
         let update_started = Instant::now();
         let metrics = update_group(group, &kind)?;
-        let update_secs = update_started.elapsed().as_secs_f64() * share;
+        let update_elapsed = update_started.elapsed().as_secs_f64();
+        times.updating += update_elapsed;
+        let update_secs = update_elapsed * share;
         let secs = started.elapsed().as_secs_f64() * share;
         // A checkpoint saves each member's envs: they go back to the members first, and are joined again
         // after.
@@ -522,8 +545,44 @@ fn run_lockstep(
         if rejoin {
             *joint = JointEnvs::join(group, batched_acting)?;
         }
+        times.bookkeeping += (update_started.elapsed().as_secs_f64() - update_elapsed).max(0.0);
     }
     Ok(())
+}
+
+/// Where a lockstep group's seconds went ([`run_group`] logs them at its end): the profile that says whether a
+/// population is bound by acting, its envs, the members' per-step observing, its updates or per-member
+/// bookkeeping (metrics rows, evaluations, checkpoints).
+#[derive(Default)]
+struct GroupTimes {
+    /// The members' acting passes (one batched pass, or each member's own).
+    acting: f64,
+    /// The joint env batch's steps.
+    envs: f64,
+    /// Each member observing its share of the step (its rollout or replay, its counters).
+    observing: f64,
+    /// Members with their own env batches: acting, stepping and observing together.
+    own_envs: f64,
+    /// Updates, batched or each member's own.
+    updating: f64,
+    /// Metrics rows, evaluations, checkpoints and re-joining the envs.
+    bookkeeping: f64,
+}
+
+impl std::fmt::Display for GroupTimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts = [
+            ("acting", self.acting),
+            ("stepping envs", self.envs),
+            ("observing", self.observing),
+            ("acting, stepping and observing alone", self.own_envs),
+            ("updating", self.updating),
+            ("metrics, evaluations and checkpoints", self.bookkeeping),
+        ];
+        let shown: Vec<String> =
+            parts.iter().filter(|(_, secs)| *secs > 0.0).map(|(name, secs)| format!("{secs:.2} s {name}")).collect();
+        write!(f, "{}", shown.join(", "))
+    }
 }
 
 /// The update due after a lockstep env step: one batched update of the members where their kind has one
