@@ -23,7 +23,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{children, config, flotilla, metric, scratch, solved, text, two_of_three, watchdog};
+use common::{config, flotilla, metric, scratch, solved, text, two_of_three, watchdog};
+use flotilla_tests::procfs::children;
 
 static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
 

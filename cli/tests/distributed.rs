@@ -28,9 +28,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{children, config, final_return, metric, scratch, solved, text, two_of_three, watchdog};
+use common::{config, final_return, metric, scratch, solved, text, two_of_three, watchdog};
 use flotilla_core::{Chunk, ObsBuf, Space};
 use flotilla_tests::hostile::{Dice, KINDS, cartpole_registration, chunk, hostile};
+use flotilla_tests::procfs::learner_and_actors;
 use flotilla_transport::grpc::{GrpcClient, Limits, send_raw_chunk};
 use flotilla_transport::{Code, LearnerClient, codec};
 
@@ -278,10 +279,7 @@ fn a_killed_actor_is_restarted_and_the_run_still_solves() {
         let started = Instant::now();
         let victim = loop {
             // The train process supervises a learner process and the actors.
-            let is_actor = |pid: &u32| {
-                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.windows(7).any(|w| w == b"\0actor\0"))
-            };
-            let kids: Vec<u32> = children(child.id()).into_iter().filter(is_actor).collect();
+            let kids = learner_and_actors(child.id()).1;
             if kids.len() == 4 && started.elapsed() > Duration::from_millis(1500) {
                 break kids[1];
             }

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{children, config, metric, scratch, text, two_of_three, watchdog};
+use common::{config, metric, scratch, text, two_of_three, watchdog};
+use flotilla_tests::procfs::{children, learner_and_actors};
 
 /// A supervised run writing its stdout and stderr to files in `dir` (a pipe nobody drains would stall it).
 fn start(dir: &Path, args: &[&str]) -> Child {
@@ -31,28 +32,6 @@ fn finish(mut child: Child, dir: &Path, limit: Duration) -> Output {
         stdout: std::fs::read(dir.join("stdout")).unwrap(),
         stderr: std::fs::read(dir.join("stderr")).unwrap(),
     }
-}
-
-fn command_line(pid: u32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .unwrap_or_default()
-}
-
-/// The supervisor's learner child and its actor children (sorted pids).
-fn learner_and_actors(supervisor: u32) -> (Option<u32>, Vec<u32>) {
-    let mut learner = None;
-    let mut actors = Vec::new();
-    for pid in children(supervisor) {
-        let line = command_line(pid);
-        if line.contains(" learner ") {
-            learner = Some(pid);
-        } else if line.contains(" actor ") {
-            actors.push(pid);
-        }
-    }
-    actors.sort();
-    (learner, actors)
 }
 
 /// Poll until `ready` holds, failing the test after `limit`.

@@ -49,6 +49,9 @@ fn lacks(name: &str, what: &str) -> flotilla_algorithms::Error {
     flotilla_algorithms::Error::Unsupported(format!("{name} {what}"))
 }
 
+/// The checkpoint's metadata key of the run's [`Counters`].
+const COUNTERS_META: &str = "distributed.counters";
+
 /// Progress counters of a distributed run (saved in its checkpoints): the single-process ones, plus policy lag
 /// and the time spent evaluating (training time is wall-clock minus that).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -219,11 +222,18 @@ impl DistributedLearner {
         let mut learner = Self::build(config, plan, false)?;
         let mut c = flotilla_algorithms::Checkpoint::load(path)?;
         learner.agent.restore(&mut c)?;
-        learner.counters = c.meta("distributed.counters")?;
+        learner.counters = c.meta(COUNTERS_META)?;
         let params = params_vec(learner.agent.as_ref())?;
         learner.hub.publish(params);
         learner.hub.set_env_steps(learner.counters.run.env_steps);
         Ok(learner)
+    }
+
+    /// The env steps counted in the checkpoint at `path` (one [`DistributedLearner::save_checkpoint`] wrote): where
+    /// a learner resumed from it starts counting again.
+    pub fn checkpoint_env_steps(path: &std::path::Path) -> Result<u64> {
+        let counters: Counters = flotilla_algorithms::Checkpoint::load(path)?.meta(COUNTERS_META)?;
+        Ok(counters.run.env_steps)
     }
 
     /// Write checkpoints to `path` (atomically): every `[checkpoint] interval_steps` env steps, at the first
@@ -246,7 +256,7 @@ impl DistributedLearner {
             warn!("checkpoint without the {} chunks waiting for a full batch", self.pending.len());
         }
         let mut c = self.agent.checkpoint()?;
-        c.put_meta("distributed.counters", &self.counters)?;
+        c.put_meta(COUNTERS_META, &self.counters)?;
         c.save(path)?;
         Ok(())
     }

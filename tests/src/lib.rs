@@ -3,6 +3,7 @@
 pub mod cnn_bench;
 pub mod hostile;
 pub mod netns;
+pub mod procfs;
 
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::train::{TrainReport, train};

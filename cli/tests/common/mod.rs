@@ -112,23 +112,6 @@ pub fn solved(out: &Output, run: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The parent of process `pid` (from /proc), if it is still there.
-pub fn parent_pid(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name: state, ppid, ...
-    stat[stat.rfind(')')? + 2..].split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Every live process whose parent is `parent`.
-pub fn children(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| parent_pid(*pid) == Some(parent))
-        .collect()
-}
-
 /// `metrics.csv` as `column → [(env_steps, value)]`, empty cells left out (`env_steps` itself is the x axis).
 pub fn csv_points(run: &Path) -> BTreeMap<String, Vec<(u64, f64)>> {
     let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();

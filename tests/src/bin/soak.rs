@@ -43,8 +43,10 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use flotilla_learner::distributed::DistributedLearner;
 use flotilla_tests::hostile::{Dice, KINDS, STEPS, cartpole_registration, hostile};
 use flotilla_tests::netns::{Hosts, Proxy, ip, missing_prerequisite};
+use flotilla_tests::procfs;
 use flotilla_transport::grpc::{GrpcClient, Limits, send_raw_chunk};
 use flotilla_transport::{Code, LearnerClient};
 
@@ -248,37 +250,7 @@ fn free_net() -> Result<u8, String> {
 
 /// VmRSS (KiB) and open fds of `pid`, if it is alive.
 fn rss_and_fds(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse().ok()?;
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
-    Some((rss, fds))
-}
-
-/// The state letter and parent pid of `pid` (`/proc/PID/stat`), if it exists.
-fn state_and_parent(pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "PID (comm) S PPID ...": comm may hold spaces; what follows its last ')' does not.
-    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
-    let state = rest.next()?.chars().next()?;
-    Some((state, rest.next()?.parse().ok()?))
-}
-
-/// Live child processes of `parent` whose command line holds `word` (e.g. the supervisor's actors).
-fn children_with(parent: u32, word: &str) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| matches!(state_and_parent(pid), Some((s, p)) if p == parent && s != 'Z'))
-        .filter(|&pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| c.split(|b| *b == 0).any(|arg| arg == word.as_bytes()))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
-/// Whether `pid` has died (gone, or a zombie not yet reaped).
-fn dead(pid: u32) -> bool {
-    !matches!(state_and_parent(pid), Some((s, _)) if s != 'Z')
+    Some((procfs::rss_kib(pid)?, procfs::fd_count(pid)?))
 }
 
 fn kill(pid: u32, signal: i32) {
@@ -289,9 +261,7 @@ fn kill(pid: u32, signal: i32) {
 /// The env steps of the checkpoint in `run`.
 fn checkpoint_env_steps(run: &Path) -> Result<u64, String> {
     let path = run.join(flotilla_learner::run_dir::CHECKPOINT_FILE);
-    let c = flotilla_algorithms::checkpoint::Checkpoint::load(&path).map_err(|e| e.to_string())?;
-    let counters: serde_json::Value = c.meta("distributed.counters").map_err(|e| e.to_string())?;
-    counters["env_steps"].as_u64().ok_or_else(|| format!("{}: no env_steps in its counters", path.display()))
+    DistributedLearner::checkpoint_env_steps(&path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The ingest ledger's count in `run` (0 where there is none yet).
@@ -513,7 +483,7 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
             let pid = if slot < LOCAL {
                 // The launcher's children are in slot order of their start, not necessarily of their slots: any
                 // of them is a random actor.
-                let local = children_with(sup_pid, "actor");
+                let local = procfs::learner_and_actors(sup_pid).1;
                 local.get(dice.below(local.len().max(1))).copied()
             } else {
                 let a = &mut remote[slot - LOCAL];
@@ -527,11 +497,11 @@ fn soak(args: &Args) -> Result<Vec<String>, String> {
         }
         if t >= next_learner_kill {
             next_learner_kill += LEARNER_KILL_EVERY;
-            if let Some(pid) = learner.filter(|&p| !dead(p)) {
+            if let Some(pid) = learner.filter(|&p| procfs::alive(p)) {
                 seen.lock().expect("seen").accepting_again = None;
                 let killed_at = Instant::now();
                 kill(pid, libc::SIGKILL);
-                while !dead(pid) {
+                while procfs::alive(pid) {
                     thread::sleep(Duration::from_micros(200));
                 }
                 // Before the supervisor's next learner opens the ledger again (it loads libtorch first).

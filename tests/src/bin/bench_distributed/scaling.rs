@@ -7,9 +7,10 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::cpu_accounting::{CpuMark, learner_and_actors};
+use crate::cpu_accounting::CpuMark;
 use crate::hub::TlsFiles;
 use crate::{Args, BenchResult};
+use flotilla_tests::procfs::{self, learner_and_actors};
 
 /// Latency-v0 with one env per actor and a PPO learner kept cheap: 16 hidden units, one epoch, one minibatch
 /// (`batch_size` = the whole rollout, set per run), evaluation only at the end (and the run is stopped before).
@@ -87,17 +88,9 @@ fn read_metrics(path: &Path) -> Vec<Row> {
         .collect()
 }
 
-/// The kB value of `key` in a /proc file of `key: N kB` lines (`/proc/PID/status`, `/proc/meminfo`); 0 where
-/// the file or the key is missing.
-fn proc_kib(path: &str, key: &str) -> f64 {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let value = text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'));
-    value.and_then(|v| v.trim().trim_end_matches(" kB").parse().ok()).unwrap_or(0.0)
-}
-
 /// Resident memory of process `pid`, MiB (0 where /proc does not say).
 fn rss_mib(pid: u32) -> f64 {
-    proc_kib(&format!("/proc/{pid}/status"), "VmRSS") / 1024.0
+    procfs::rss_kib(pid).map_or(0.0, |k| k as f64 / 1024.0)
 }
 
 /// The first steady row: one row after the first row with all `n` actors registered (that row still
@@ -208,7 +201,7 @@ fn print_row(actors: &str, s: &Steady, ideal: f64) {
 
 /// `MemAvailable` from /proc/meminfo, GiB.
 fn mem_available_gib() -> f64 {
-    proc_kib("/proc/meminfo", "MemAvailable") / (1024.0 * 1024.0)
+    procfs::kib("/proc/meminfo", "MemAvailable").map_or(0.0, |k| k as f64 / (1024.0 * 1024.0))
 }
 
 pub(crate) fn scaling_table(args: &Args) -> BenchResult<()> {
