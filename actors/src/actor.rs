@@ -10,7 +10,7 @@ use flotilla_core::{Chunk, Gradient, Params};
 use flotilla_envs::env_actions::EnvActions;
 use flotilla_envs::{ChunkRecorder, VectorEnv};
 use flotilla_transport::grpc::backoff;
-use flotilla_transport::{Code, LearnerClient, Registered, Registration, RpcError, RunInfo};
+use flotilla_transport::{Code, LearnerClient, MessageKey, Registered, Registration, RpcError, RunInfo};
 use tracing::{info, warn};
 
 use crate::{Error, Result};
@@ -139,6 +139,8 @@ pub fn run_actor(
             have: Some(version),
             run_id: run.run_id,
             run: 0,
+            sender: MessageKey::new_sender(),
+            sent: 0,
         };
         let reconnect_for = options.reconnect_for;
         std::thread::Builder::new()
@@ -286,6 +288,9 @@ struct Link {
     run_id: String,
     /// How many times the learner was found running a new run (restarted).
     run: u64,
+    /// This actor's id in its messages' idempotency keys (random), and how many messages it has numbered.
+    sender: u64,
+    sent: u64,
 }
 
 impl Link {
@@ -321,15 +326,18 @@ impl Link {
             info!("discarding a message collected for the learner's previous run");
             return Ok(false);
         }
+        // Numbered once: a resend after a lost answer keeps the number, so the learner takes it only once.
+        self.sent += 1;
+        let key = MessageKey { sender: self.sender, seq: self.sent };
         let ack = loop {
             let sent = match &mut message {
                 Outgoing::Chunk(c) => {
                     c.actor_id = self.actor_id;
-                    self.client.send_chunk(c)
+                    self.client.send_chunk(c, key)
                 }
                 Outgoing::Gradient(g) => {
                     g.actor_id = self.actor_id;
-                    self.client.send_gradient(g)
+                    self.client.send_gradient(g, key)
                 }
             };
             match sent {

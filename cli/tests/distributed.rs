@@ -33,7 +33,7 @@ use flotilla_core::{Chunk, ObsBuf, Space};
 use flotilla_tests::hostile::{Dice, KINDS, cartpole_registration, chunk, hostile};
 use flotilla_tests::procfs::learner_and_actors;
 use flotilla_transport::grpc::{GrpcClient, Limits, send_raw_chunk};
-use flotilla_transport::{Code, LearnerClient, codec};
+use flotilla_transport::{Code, LearnerClient, MessageKey, codec};
 
 static ONE_RUN_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -430,7 +430,7 @@ fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
         ),
     ];
     for (bad, expected) in cases {
-        let err = good.send_chunk(&bad).unwrap_err();
+        let err = good.send_chunk(&bad, MessageKey::NONE).unwrap_err();
         assert_eq!(err.code, Code::InvalidArgument, "{err}");
         assert!(err.message.contains(expected), "{err:?} should name {expected:?}");
     }
@@ -514,7 +514,7 @@ fn a_fuzzing_client_cannot_take_the_learner_down() {
     for i in 0..3000 {
         let kind = dice.below(KINDS);
         let result = match hostile(kind, me.actor_id, 4, &mut dice) {
-            Ok(c) => client.send_chunk(&c),
+            Ok(c) => client.send_chunk(&c, MessageKey::NONE),
             Err(p) => send_raw_chunk(&mut client, *p, Some("s3cret")),
         };
         let err = result.err().unwrap_or_else(|| panic!("message {i} (mutation {kind}) was accepted"));

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use flotilla_core::{Chunk, ChunkSpec, Gradient, Params, Versioned};
 use flotilla_observe::prometheus::LearnerMetrics;
-use flotilla_transport::{Ack, Code, LearnerService, Registered, Registration, RpcError, RunInfo};
+use flotilla_transport::{Ack, Code, LearnerService, MessageKey, Registered, Registration, RpcError, RunInfo};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -96,6 +96,11 @@ pub struct HubSpec {
 /// takes to collect a chunk (milliseconds to about a second), short enough to show a partition as it happens.
 pub const SILENT_AFTER: Duration = Duration::from_secs(5);
 
+/// Senders whose idempotency keys the hub remembers before it forgets those silent for [`SENDER_MEMORY`].
+const MAX_SENDERS: usize = 1 << 16;
+/// How long a silent sender's keys are remembered once [`MAX_SENDERS`] is reached (far longer than any resend).
+const SENDER_MEMORY: Duration = Duration::from_secs(600);
+
 #[derive(Debug)]
 struct ActorEntry {
     host: String,
@@ -162,6 +167,8 @@ pub struct Hub {
     ledger: std::sync::OnceLock<crate::run_dir::IngestLedger>,
     /// Held while a message's steps are counted and written to the ledger.
     ingest_order: Mutex<()>,
+    /// Each sender's highest message number taken, and when it was last heard ([`Hub::first_arrival`]).
+    taken: Mutex<HashMap<u64, (u64, Instant)>>,
     /// When the learner this one replaces died ([`Hub::restarted_after`]), and the seconds from then to this
     /// hub's first accepted message.
     died_at: std::sync::OnceLock<std::time::SystemTime>,
@@ -185,6 +192,7 @@ impl Hub {
             ingested: AtomicU64::new(0),
             ledger: std::sync::OnceLock::new(),
             ingest_order: Mutex::new(()),
+            taken: Mutex::new(HashMap::new()),
             died_at: std::sync::OnceLock::new(),
             restart_secs: std::sync::OnceLock::new(),
         };
@@ -322,6 +330,44 @@ impl Hub {
             "ingest account (pid {}): accepted {env_steps} env steps from actor {actor_id}; count {total}",
             std::process::id()
         );
+    }
+
+    /// Whether a message with `key` arrives for the first time, taking the key if so (messages without a key
+    /// always do). An actor sends one message at a time, numbered in order, so a number at or below its sender's
+    /// highest taken is a resend of a message already taken.
+    fn first_arrival(&self, key: MessageKey) -> bool {
+        if !key.is_some() {
+            return true;
+        }
+        let mut taken = self.taken.lock().expect("taken keys");
+        if taken.len() >= MAX_SENDERS && !taken.contains_key(&key.sender) {
+            taken.retain(|_, (_, heard)| heard.elapsed() < SENDER_MEMORY);
+        }
+        let (highest, heard) = taken.entry(key.sender).or_insert((0, Instant::now()));
+        *heard = Instant::now();
+        if key.seq <= *highest {
+            return false;
+        }
+        *highest = key.seq;
+        true
+    }
+
+    /// Answer a message that arrived again (`key` taken before) as delivered, without taking it twice; in
+    /// synchronous mode once the update that a chunk acting with `version` feeds is published, as its first
+    /// arrival is answered.
+    async fn again(&self, actor_id: u64, what: &str, key: MessageKey, version: Option<u64>) -> Result<Ack, RpcError> {
+        self.metrics.duplicates.inc();
+        info!(
+            actor_id,
+            "{what} {} of sender {:016x} (actor {actor_id}) arrived again: answered as delivered, not taken twice",
+            key.seq,
+            key.sender
+        );
+        if let Some(version) = version.filter(|_| self.spec.synchronous) {
+            let mut progress = self.progress.subscribe();
+            let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
+        }
+        Ok(Ack { accepted: true, ..self.ack() })
     }
 
     /// Record every accepted env step in `ledger` from now on, counting from `start` (the checkpoint's env steps;
@@ -518,7 +564,7 @@ impl LearnerService for Hub {
         })
     }
 
-    async fn ingest(&self, chunk: Chunk) -> Result<Ack, RpcError> {
+    async fn ingest(&self, chunk: Chunk, key: MessageKey) -> Result<Ack, RpcError> {
         let _call = self.check_actor(chunk.actor_id, "chunk")?;
         if self.spec.family == Family::Gradients {
             return Err(self.refuse(chunk.actor_id, "chunk", "this run (a3c) takes gradients, not chunks".into()));
@@ -531,6 +577,10 @@ impl LearnerService for Hub {
                 format!("policy version {} was never published (newest {})", chunk.policy_version, self.version());
             return Err(self.refuse(chunk.actor_id, "chunk", problem));
         }
+        if !self.first_arrival(key) {
+            return self
+                .note_told(chunk.actor_id, self.again(chunk.actor_id, "chunk", key, Some(chunk.policy_version)).await);
+        }
         self.accepted(chunk.actor_id, (chunk.n_steps * chunk.n_envs) as u64);
         self.metrics.chunks.inc();
         self.metrics.transitions.inc_by((chunk.n_steps * chunk.n_envs) as u64);
@@ -538,7 +588,7 @@ impl LearnerService for Hub {
         self.note_told(actor_id, self.enqueue(Delivery::Chunk(chunk), None).await)
     }
 
-    async fn gradient(&self, g: Gradient) -> Result<Ack, RpcError> {
+    async fn gradient(&self, g: Gradient, key: MessageKey) -> Result<Ack, RpcError> {
         let _call = self.check_actor(g.actor_id, "gradient")?;
         if self.spec.family != Family::Gradients {
             return Err(self.refuse(g.actor_id, "gradient", "this run takes chunks, not gradients".into()));
@@ -550,6 +600,9 @@ impl LearnerService for Hub {
             let problem =
                 format!("policy version {} was never published (newest {})", g.policy_version, self.version());
             return Err(self.refuse(g.actor_id, "gradient", problem));
+        }
+        if !self.first_arrival(key) {
+            return self.note_told(g.actor_id, self.again(g.actor_id, "gradient", key, None).await);
         }
         let (receipt, applied) = Receipt::new();
         self.accepted(g.actor_id, g.env_steps);
@@ -653,10 +706,10 @@ mod tests {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let (hub, mut rx) = Hub::new(spec(1), vec![0.0; 3]);
         let id = registration(&hub).actor_id;
-        rt.block_on(hub.ingest(chunk(id))).unwrap();
+        rt.block_on(hub.ingest(chunk(id), MessageKey::NONE)).unwrap();
         // The queue (1) is full: the second send waits instead of failing or dropping.
         let h = hub.clone();
-        let second = rt.spawn(async move { h.ingest(chunk(id)).await });
+        let second = rt.spawn(async move { h.ingest(chunk(id), MessageKey::NONE).await });
         std::thread::sleep(Duration::from_millis(200));
         assert!(!second.is_finished(), "a send into a full queue must wait");
         assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
@@ -665,7 +718,7 @@ mod tests {
         // After the run ends, waiting senders are answered `finished` rather than left hanging.
         hub.finish();
         rx.close();
-        let ack = rt.block_on(hub.ingest(chunk(id))).unwrap();
+        let ack = rt.block_on(hub.ingest(chunk(id), MessageKey::NONE)).unwrap();
         assert!(ack.finished && !ack.accepted, "after the run ended a chunk is refused: {ack:?}");
     }
 
@@ -676,7 +729,7 @@ mod tests {
         let r = registration(&hub);
         assert!(r.synchronous);
         let h = hub.clone();
-        let pending = rt.spawn(async move { h.ingest(chunk(r.actor_id)).await });
+        let pending = rt.spawn(async move { h.ingest(chunk(r.actor_id), MessageKey::NONE).await });
         assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some(), "queued at once");
         std::thread::sleep(Duration::from_millis(200));
         assert!(!pending.is_finished(), "no ack before the update");
@@ -687,7 +740,7 @@ mod tests {
         let h = hub.clone();
         let mut c = chunk(r.actor_id);
         c.policy_version = 1;
-        let pending = rt.spawn(async move { h.ingest(c).await });
+        let pending = rt.spawn(async move { h.ingest(c, MessageKey::NONE).await });
         assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
         hub.finish();
         let ack = rt.block_on(pending).unwrap().unwrap();
@@ -710,7 +763,7 @@ mod tests {
             episodes: vec![],
         };
         let h = hub.clone();
-        let pending = rt.spawn(async move { h.gradient(gradient(0)).await });
+        let pending = rt.spawn(async move { h.gradient(gradient(0), MessageKey::NONE).await });
         let Some(Delivery::Gradient(g, receipt)) = next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)) else {
             panic!("the gradient is queued at once")
         };
@@ -723,7 +776,7 @@ mod tests {
         assert_eq!((ack.policy_version, ack.finished), (1, false), "the ack names the version it went into");
         // A run that ends with gradients still queued answers their actors too.
         let h = hub.clone();
-        let pending = rt.spawn(async move { h.gradient(gradient(1)).await });
+        let pending = rt.spawn(async move { h.gradient(gradient(1), MessageKey::NONE).await });
         std::thread::sleep(Duration::from_millis(100));
         hub.finish();
         drop(rx);
@@ -754,7 +807,7 @@ mod tests {
         assert_ne!(first.actor_id, again.actor_id);
         assert_eq!(hub.live_actors(), 1, "the restarted actor replaced its predecessor");
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let err = rt.block_on(hub.ingest(chunk(first.actor_id))).unwrap_err();
+        let err = rt.block_on(hub.ingest(chunk(first.actor_id), MessageKey::NONE)).unwrap_err();
         assert!(err.message.contains("unknown actor"), "{}", err.message);
         assert_eq!(hub.counters.refused.load(Ordering::Relaxed), 1);
     }
@@ -781,7 +834,7 @@ mod tests {
             (action, "actions[1] is 7, outside Discrete(2) (expected an integer in 0..2)"),
             (observation, "observations[3] is 1.5, outside the observation space's bounds [-1, 1] for element 1"),
         ] {
-            let err = rt.block_on(hub.ingest(bad)).unwrap_err();
+            let err = rt.block_on(hub.ingest(bad, MessageKey::NONE)).unwrap_err();
             assert_eq!(err.code, Code::InvalidArgument, "{err:?}");
             assert!(err.message.contains(&format!("chunk from actor {id}: {expected}")), "{err:?}");
         }
@@ -800,17 +853,17 @@ mod tests {
         };
         // Two refusals, then a good chunk: the run of refusals starts again.
         for _ in 0..2 {
-            assert_eq!(rt.block_on(hub.ingest(bad())).unwrap_err().code, Code::InvalidArgument);
+            assert_eq!(rt.block_on(hub.ingest(bad(), MessageKey::NONE)).unwrap_err().code, Code::InvalidArgument);
         }
-        rt.block_on(hub.ingest(chunk(id))).unwrap();
+        rt.block_on(hub.ingest(chunk(id), MessageKey::NONE)).unwrap();
         for _ in 0..2 {
-            rt.block_on(hub.ingest(bad())).unwrap_err();
+            rt.block_on(hub.ingest(bad(), MessageKey::NONE)).unwrap_err();
         }
         assert_eq!(hub.live_actors(), 1, "4 refusals, but never 3 in a row yet");
         // The third in a row disconnects it: its next chunk, good or not, is from an unknown actor.
-        rt.block_on(hub.ingest(bad())).unwrap_err();
+        rt.block_on(hub.ingest(bad(), MessageKey::NONE)).unwrap_err();
         assert_eq!(hub.live_actors(), 0);
-        let err = rt.block_on(hub.ingest(chunk(id))).unwrap_err();
+        let err = rt.block_on(hub.ingest(chunk(id), MessageKey::NONE)).unwrap_err();
         assert!(err.message.contains("unknown actor"), "{err:?}");
         let text = hub.metrics().encode();
         assert!(text.lines().any(|l| l == "flotilla_actor_refused_messages_total{slot=\"0\"} 5"), "{text}");
@@ -818,7 +871,47 @@ mod tests {
         // A new registration (a restarted actor) is served again.
         let again = registration(&hub);
         assert_eq!(hub.live_actors(), 1);
-        rt.block_on(hub.ingest(chunk(again.actor_id))).unwrap();
+        rt.block_on(hub.ingest(chunk(again.actor_id), MessageKey::NONE)).unwrap();
+    }
+
+    #[test]
+    fn a_message_sent_again_with_its_key_is_answered_as_delivered_and_taken_once() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (hub, mut rx) = Hub::new(spec(16), vec![0.0; 3]);
+        let id = registration(&hub).actor_id;
+        let key = |sender, seq| MessageKey { sender, seq };
+        let taken = |hub: &Hub| hub.ingested.load(Ordering::SeqCst);
+        let mut queued = 0;
+        let mut drain = |want: usize| {
+            while rx.try_recv().is_ok() {
+                queued += 1;
+            }
+            assert_eq!(queued, want, "messages in the learner's queue");
+        };
+        assert!(rt.block_on(hub.ingest(chunk(id), key(9, 1))).unwrap().accepted);
+        assert_eq!(taken(&hub), 2);
+        // The answer was lost; the actor re-registered (a new id) and sends the same message again.
+        let again = registration(&hub).actor_id;
+        let ack = rt.block_on(hub.ingest(chunk(again), key(9, 1))).unwrap();
+        assert!(ack.accepted, "a resend of a taken message is answered as delivered");
+        assert_eq!((taken(&hub), hub.metrics.duplicates.get()), (2, 1), "not counted twice");
+        drain(1);
+        // Its next message is taken; an older number again is not; another sender's numbers are its own.
+        rt.block_on(hub.ingest(chunk(again), key(9, 2))).unwrap();
+        rt.block_on(hub.ingest(chunk(again), key(9, 1))).unwrap();
+        rt.block_on(hub.ingest(chunk(again), key(10, 1))).unwrap();
+        assert_eq!((taken(&hub), hub.metrics.duplicates.get()), (6, 2));
+        drain(3);
+        // A refused message does not take its key: the corrected message with that number is taken.
+        let mut bad = chunk(again);
+        bad.actions[0] = 7.0;
+        rt.block_on(hub.ingest(bad, key(9, 3))).unwrap_err();
+        rt.block_on(hub.ingest(chunk(again), key(9, 3))).unwrap();
+        // Messages without a key are taken however often they come.
+        rt.block_on(hub.ingest(chunk(again), MessageKey::NONE)).unwrap();
+        rt.block_on(hub.ingest(chunk(again), MessageKey::NONE)).unwrap();
+        assert_eq!((taken(&hub), hub.metrics.duplicates.get()), (12, 2));
+        drain(6);
     }
 
     #[test]
@@ -827,15 +920,15 @@ mod tests {
         let (hub, _rx) = Hub::new(spec(4), vec![0.0; 3]);
         let id = registration(&hub).actor_id;
         // A chunk taken in before the ledger is set counts too (the learner listens before its run directory).
-        rt.block_on(hub.ingest(chunk(id))).unwrap();
+        rt.block_on(hub.ingest(chunk(id), MessageKey::NONE)).unwrap();
         let dir = std::env::temp_dir().join(format!("flotilla-hub-ledger-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         hub.record_ingest_to(crate::run_dir::IngestLedger::open(&dir, 1000).unwrap(), 1000);
         assert_eq!(crate::run_dir::IngestLedger::read(&dir), Some(1002), "the checkpoint's 1000 + one 2-step chunk");
-        rt.block_on(hub.ingest(chunk(id))).unwrap();
+        rt.block_on(hub.ingest(chunk(id), MessageKey::NONE)).unwrap();
         let mut bad = chunk(id);
         bad.actions[0] = 7.0;
-        rt.block_on(hub.ingest(bad)).unwrap_err();
+        rt.block_on(hub.ingest(bad, MessageKey::NONE)).unwrap_err();
         assert_eq!(crate::run_dir::IngestLedger::read(&dir), Some(1004), "refused steps are not taken in");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -853,7 +946,12 @@ mod tests {
         let mut c = chunk(id);
         c.policy_version = 7;
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        assert!(rt.block_on(hub.ingest(c)).unwrap_err().message.contains("policy version 7 was never published"));
+        assert!(
+            rt.block_on(hub.ingest(c, MessageKey::NONE))
+                .unwrap_err()
+                .message
+                .contains("policy version 7 was never published")
+        );
     }
 
     #[test]
@@ -864,7 +962,7 @@ mod tests {
         assert!(hub.note_silent_for(Duration::from_millis(50)).is_empty(), "both just registered");
         // `waiting` has a chunk in flight (a synchronous ack waits for the update); `quiet` sends nothing.
         let h = hub.clone();
-        let pending = rt.spawn(async move { h.ingest(chunk(waiting)).await });
+        let pending = rt.spawn(async move { h.ingest(chunk(waiting), MessageKey::NONE).await });
         assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(hub.note_silent_for(Duration::from_millis(50)), vec![quiet]);
@@ -882,9 +980,9 @@ mod tests {
         assert!(hub.note_silent_for(Duration::from_millis(50)).is_empty());
         // The learner waits for both to hear that the run is over: each is told by its next ack.
         assert_eq!(hub.wait_until_actors_told(Duration::ZERO), 2);
-        assert!(rt.block_on(hub.ingest(chunk(quiet))).unwrap().finished);
+        assert!(rt.block_on(hub.ingest(chunk(quiet), MessageKey::NONE)).unwrap().finished);
         assert_eq!(hub.wait_until_actors_told(Duration::ZERO), 1);
-        assert!(rt.block_on(hub.ingest(chunk(waiting))).unwrap().finished);
+        assert!(rt.block_on(hub.ingest(chunk(waiting), MessageKey::NONE)).unwrap().finished);
         assert_eq!(hub.wait_until_actors_told(Duration::from_secs(5)), 0);
     }
 }

@@ -2,17 +2,18 @@
 //! the in-process transport (`LocalClient`) train PPO on CartPole to an evaluation of 475, exactly as the
 //! multi-process run does over gRPC (`tests/distributed.rs`); its checkpoint restores the learner exactly.
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use flotilla_actors::{ActorFactory, ActorOptions, Connector, run_actor};
 use flotilla_algorithms::{Acting, ActingSetup};
+use flotilla_core::{Chunk, Gradient, Params};
 use flotilla_envs::{EnvRole, VectorEnv, make_vector};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::distributed::DistributedLearner;
 use flotilla_learner::train::{LogRow, TrainReport};
 use flotilla_transport::local::LocalClient;
-use flotilla_transport::{LearnerClient, Registered, RunInfo};
+use flotilla_transport::{Ack, Code, LearnerClient, MessageKey, Registered, Registration, RpcError, RunInfo};
 
 struct PpoActors {
     config: ExperimentConfig,
@@ -52,16 +53,49 @@ fn train_in_process_logged(
     n: usize,
     sets: &[&str],
 ) -> (DistributedLearner, ExperimentConfig, TrainReport, Vec<LogRow>) {
-    train_config_in_process("cartpole_ppo.toml", n, sets, None)
+    train_config_in_process("cartpole_ppo.toml", n, sets, None, None)
+}
+
+/// A client that loses the learner's answer to every `every`-th chunk (counted over all its actor's clients in
+/// `sent`) after the learner took it: the call fails as a broken connection does, and the actor reconnects and
+/// sends the chunk again.
+struct LosesAnswers {
+    inner: LocalClient<flotilla_learner::hub::Hub>,
+    every: u64,
+    sent: Arc<AtomicU64>,
+}
+
+impl LearnerClient for LosesAnswers {
+    fn run_info(&mut self) -> Result<RunInfo, RpcError> {
+        self.inner.run_info()
+    }
+    fn register(&mut self, registration: &Registration) -> Result<Registered, RpcError> {
+        self.inner.register(registration)
+    }
+    fn send_chunk(&mut self, chunk: &Chunk, key: MessageKey) -> Result<Ack, RpcError> {
+        let ack = self.inner.send_chunk(chunk, key)?;
+        match self.sent.fetch_add(1, Ordering::SeqCst) % self.every == self.every - 1 {
+            true => Err(RpcError::new(Code::Unavailable, "the connection broke before the answer came")),
+            false => Ok(ack),
+        }
+    }
+    fn send_gradient(&mut self, gradient: &Gradient, key: MessageKey) -> Result<Ack, RpcError> {
+        self.inner.send_gradient(gradient, key)
+    }
+    fn params(&mut self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError> {
+        self.inner.params(actor_id, have)
+    }
 }
 
 /// A learner for `examples/configs/{config_name}` with `sets`, trained by `n` in-process actor threads,
-/// writing checkpoints to `checkpoint` if given.
+/// writing checkpoints to `checkpoint` if given; with `lose_answers`, each actor loses the answer to every
+/// that-many-th chunk it sends ([`LosesAnswers`]).
 fn train_config_in_process(
     config_name: &str,
     n: usize,
     sets: &[&str],
     checkpoint: Option<&std::path::Path>,
+    lose_answers: Option<u64>,
 ) -> (DistributedLearner, ExperimentConfig, TrainReport, Vec<LogRow>) {
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let path = format!("{}/../examples/configs/{config_name}", env!("CARGO_MANIFEST_DIR"));
@@ -82,8 +116,13 @@ fn train_config_in_process(
             let options =
                 ActorOptions { actor_index: Some(i), reconnect_for: Duration::from_secs(5), stop: stop.clone() };
             std::thread::spawn(move || {
+                let sent = Arc::new(AtomicU64::new(0));
                 let connect: Connector = Box::new(move || {
-                    LocalClient::new(hub.clone(), "token", "token").map(|c| Box::new(c) as Box<dyn LearnerClient>)
+                    let inner = LocalClient::new(hub.clone(), "token", "token")?;
+                    Ok(match lose_answers {
+                        Some(every) => Box::new(LosesAnswers { inner, every, sent: sent.clone() }),
+                        None => Box::new(inner) as Box<dyn LearnerClient>,
+                    })
                 });
                 run_actor(connect, &mut factory, &options)
             })
@@ -197,6 +236,19 @@ fn the_assembly_thread_refuses_stale_chunks_and_counts_them() {
     assert!(report.env_steps >= 8192 && report.updates >= 1, "{report:?}");
 }
 
+/// An answer lost after the learner took a chunk (a connection broken at the wrong moment): the actor
+/// reconnects and sends the chunk again with its idempotency key, and the learner answers it as delivered
+/// without taking it twice — every env step the actors delivered is counted once (the account checked in
+/// [`train_config_in_process`]: without the key the learner counted each resent chunk again).
+#[test]
+fn a_chunk_whose_answer_was_lost_is_sent_again_and_taken_once() {
+    let sets = ["run.total_env_steps=8192", "run.torch_threads=1", "eval.episodes=1"];
+    let (learner, _, report, _) = train_config_in_process("cartpole_ppo.toml", 2, &sets, None, Some(5));
+    let again = learner.hub().metrics().duplicates.get();
+    assert!(again > 0, "no chunk arrived twice: {report:?}");
+    assert!(report.env_steps >= 8192, "{report:?}");
+}
+
 /// DQN's replay fed and sampled on the assembly thread (minibatches on the device ahead of the update) trains
 /// exactly as in line: one actor acting uniformly at random (ε = 1, so the data does not depend on which
 /// parameters it has) gives both learners the same chunks, and they end with the same weights, bit for bit,
@@ -224,7 +276,7 @@ fn dqn_sampling_ahead_trains_exactly_as_sampling_between_updates() {
         with_mode.push(&set);
         let path = dir.join(format!("{mode}.safetensors"));
         let (mut learner, _, report, _) =
-            train_config_in_process("cartpole_dqn_actors.toml", 1, &with_mode, Some(&path));
+            train_config_in_process("cartpole_dqn_actors.toml", 1, &with_mode, Some(&path), None);
         assert!(path.is_file(), "no checkpoint written");
         let flat = learner.agent().policy_params().flat().detach().copy();
         let agent = dir.join(format!("{mode}-agent.safetensors"));

@@ -35,6 +35,9 @@ pub struct LearnerMetrics {
     pub gradients: Counter,
     /// Messages refused (malformed, from unknown actors, values outside the spaces).
     pub refused: Counter,
+    /// Messages that arrived again with an idempotency key already taken (a resend after a lost answer):
+    /// answered as delivered, not taken twice.
+    pub duplicates: Counter,
     /// Actors registered now.
     pub actors: Gauge,
     /// Deliveries waiting in the ingest queue.
@@ -59,6 +62,7 @@ impl LearnerMetrics {
             transitions: Counter::default(),
             gradients: Counter::default(),
             refused: Counter::default(),
+            duplicates: Counter::default(),
             actors: Gauge::default(),
             queue_depth: Gauge::default(),
             policy_version: Gauge::default(),
@@ -77,6 +81,11 @@ impl LearnerMetrics {
             "refused_messages",
             "Messages refused as malformed or from unknown actors",
             m.refused.clone(),
+        );
+        registry.register(
+            "duplicate_messages",
+            "Messages resent with a key already taken: answered as delivered, not taken twice",
+            m.duplicates.clone(),
         );
         registry.register("actors_connected", "Actors registered now", m.actors.clone());
         registry.register("ingest_queue_depth", "Deliveries waiting in the ingest queue", m.queue_depth.clone());

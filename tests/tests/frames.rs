@@ -15,7 +15,7 @@ use flotilla_envs::{EnvRole, Kwargs, VecActions, make_vector};
 use flotilla_learner::config::Family;
 use flotilla_learner::hub::{Delivery, Hub, HubSpec};
 use flotilla_transport::grpc::{GrpcClient, Limits, serve};
-use flotilla_transport::{LearnerClient, Registration, RunInfo};
+use flotilla_transport::{LearnerClient, MessageKey, Registration, RunInfo};
 use rand::SeedableRng;
 
 const TOKEN: &str = "frames-test";
@@ -118,7 +118,7 @@ fn u8_frames_survive_vec_env_chunk_grpc_and_replay_unchanged() {
         pid: std::process::id(),
     };
     chunk.actor_id = client.register(&registration).unwrap().actor_id;
-    client.send_chunk(&chunk).unwrap();
+    client.send_chunk(&chunk, MessageKey::NONE).unwrap();
     let received = match runtime.block_on(async { tokio::time::timeout(Duration::from_secs(10), rx.recv()).await }) {
         Ok(Some(Delivery::Chunk(c))) => c,
         other => panic!("no chunk delivered: {}", other.is_ok()),

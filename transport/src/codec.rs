@@ -137,6 +137,9 @@ pub fn chunk_to_proto(c: &Chunk, protocol_version: u32) -> proto::Chunk {
         final_index: c.final_index.clone(),
         final_obs: Some(obs_tensor(&c.final_obs, vec![c.final_index.len() as u64], obs_dim)),
         episodes: episodes_to_proto(&c.episodes),
+        // No idempotency key: the client that sends it sets one (`LearnerClient::send_chunk`).
+        sender: 0,
+        seq: 0,
     }
 }
 
@@ -195,6 +198,8 @@ pub fn gradient_to_proto(g: &Gradient, protocol_version: u32) -> proto::Gradient
         values: Some(f32_tensor(&g.values, vec![g.values.len() as u64])),
         env_steps: g.env_steps,
         episodes: episodes_to_proto(&g.episodes),
+        sender: 0,
+        seq: 0,
     }
 }
 

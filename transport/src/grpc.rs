@@ -21,7 +21,7 @@ use crate::guard;
 use crate::proto;
 use crate::proto::learner_client::LearnerClient as ProtoClient;
 use crate::proto::learner_server::{Learner as ProtoLearner, LearnerServer};
-use crate::service::{Ack, LearnerClient, LearnerService, Registered, Registration, RunInfo, check_token};
+use crate::service::{Ack, LearnerClient, LearnerService, MessageKey, Registered, Registration, RunInfo, check_token};
 use crate::tls::{ClientTls, ServerTls, error_chain};
 
 /// HTTP/2 flow-control windows: 4 MiB gave ~340 MiB/s per stream for 64 KiB messages on loopback (measured on
@@ -199,13 +199,15 @@ impl<S: LearnerService> ProtoLearner for Adapter<S> {
         let chunk = codec::chunk_from_proto(req.get_ref()).inspect_err(|e| {
             warn!("refused a chunk from actor {}: {}", req.get_ref().actor_id, e.message);
         })?;
-        Ok(Response::new(codec::ack_to_proto(self.inner.ingest(chunk).await?)))
+        let key = MessageKey { sender: req.get_ref().sender, seq: req.get_ref().seq };
+        Ok(Response::new(codec::ack_to_proto(self.inner.ingest(chunk, key).await?)))
     }
 
     async fn send_gradient(&self, req: Request<proto::Gradient>) -> Result<Response<proto::Ack>, Status> {
         self.admit(&req, "SendGradient", req.get_ref().protocol_version)?;
         let g = codec::gradient_from_proto(req.get_ref())?;
-        Ok(Response::new(codec::ack_to_proto(self.inner.gradient(g).await?)))
+        let key = MessageKey { sender: req.get_ref().sender, seq: req.get_ref().seq };
+        Ok(Response::new(codec::ack_to_proto(self.inner.gradient(g, key).await?)))
     }
 
     async fn get_params(&self, req: Request<proto::ParamsRequest>) -> Result<Response<proto::ParamsReply>, Status> {
@@ -343,15 +345,23 @@ impl LearnerClient for GrpcClient {
         Ok(codec::registered_from_proto(reply.get_ref()))
     }
 
-    fn send_chunk(&mut self, chunk: &flotilla_core::Chunk) -> Result<Ack, RpcError> {
-        let req = self.request(codec::chunk_to_proto(chunk, PROTOCOL_VERSION));
+    fn send_chunk(&mut self, chunk: &flotilla_core::Chunk, key: MessageKey) -> Result<Ack, RpcError> {
+        let req = self.request(proto::Chunk {
+            sender: key.sender,
+            seq: key.seq,
+            ..codec::chunk_to_proto(chunk, PROTOCOL_VERSION)
+        });
         let reply = self.runtime.block_on(self.inner.send_chunk(req));
         let reply = self.answered(reply)?;
         Ok(codec::ack_from_proto(reply.get_ref()))
     }
 
-    fn send_gradient(&mut self, gradient: &flotilla_core::Gradient) -> Result<Ack, RpcError> {
-        let req = self.request(codec::gradient_to_proto(gradient, PROTOCOL_VERSION));
+    fn send_gradient(&mut self, gradient: &flotilla_core::Gradient, key: MessageKey) -> Result<Ack, RpcError> {
+        let req = self.request(proto::Gradient {
+            sender: key.sender,
+            seq: key.seq,
+            ..codec::gradient_to_proto(gradient, PROTOCOL_VERSION)
+        });
         let reply = self.runtime.block_on(self.inner.send_gradient(req));
         let reply = self.answered(reply)?;
         Ok(codec::ack_from_proto(reply.get_ref()))

@@ -29,7 +29,7 @@ mod service;
 pub mod tls;
 
 pub use error::{Code, RpcError};
-pub use service::{Ack, LearnerClient, LearnerService, Registered, Registration, RunInfo, check_token};
+pub use service::{Ack, LearnerClient, LearnerService, MessageKey, Registered, Registration, RunInfo, check_token};
 
 /// Version of the protocol in `proto/flotilla.proto`; peers must agree exactly.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use flotilla_core::{Chunk, Gradient, Params};
 
 use crate::error::{Code, RpcError};
-use crate::service::{Ack, LearnerClient, LearnerService, Registered, Registration, RunInfo, check_token};
+use crate::service::{Ack, LearnerClient, LearnerService, MessageKey, Registered, Registration, RunInfo, check_token};
 
 /// A client bound to a service in this process.
 pub struct LocalClient<S> {
@@ -43,14 +43,14 @@ impl<S: LearnerService> LearnerClient for LocalClient<S> {
         self.service.register(registration.clone())
     }
 
-    fn send_chunk(&mut self, chunk: &Chunk) -> Result<Ack, RpcError> {
+    fn send_chunk(&mut self, chunk: &Chunk, key: MessageKey) -> Result<Ack, RpcError> {
         self.admit("SendChunk")?;
-        self.runtime.block_on(self.service.ingest(chunk.clone()))
+        self.runtime.block_on(self.service.ingest(chunk.clone(), key))
     }
 
-    fn send_gradient(&mut self, gradient: &Gradient) -> Result<Ack, RpcError> {
+    fn send_gradient(&mut self, gradient: &Gradient, key: MessageKey) -> Result<Ack, RpcError> {
         self.admit("SendGradient")?;
-        self.runtime.block_on(self.service.gradient(gradient.clone()))
+        self.runtime.block_on(self.service.gradient(gradient.clone(), key))
     }
 
     fn params(&mut self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError> {

@@ -70,6 +70,38 @@ pub struct Ack {
     pub accepted: bool,
 }
 
+/// A message's idempotency key: a random id of the sending process and the message's number from it. An
+/// actor numbers its messages 1, 2, … and a resend keeps its number, so a message whose first send reached the
+/// learner but whose answer was lost (a partition, a reset connection) is not taken twice. The learner takes
+/// each key once ([`LearnerService::ingest`]); [`MessageKey::NONE`] (sender 0) opts out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MessageKey {
+    /// The sending process's id, random (0: no key).
+    pub sender: u64,
+    /// The message's number from `sender`, from 1.
+    pub seq: u64,
+}
+
+impl MessageKey {
+    /// No key: the message is taken however often it arrives.
+    pub const NONE: MessageKey = MessageKey { sender: 0, seq: 0 };
+
+    /// A sender id for this process: random (the standard library's per-process hash keys, mixed with the pid
+    /// and the clock), never 0.
+    pub fn new_sender() -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+        h.finish().max(1)
+    }
+
+    /// Whether the message has a key.
+    pub fn is_some(&self) -> bool {
+        self.sender != 0
+    }
+}
+
 /// The learner side. Implemented once; served by [`crate::grpc::serve`] or called by
 /// [`crate::local::LocalClient`]. Token and protocol checks happen before these methods are called.
 pub trait LearnerService: Send + Sync + 'static {
@@ -78,10 +110,10 @@ pub trait LearnerService: Send + Sync + 'static {
     /// Admit an actor: check its run id and env spaces.
     fn register(&self, registration: Registration) -> Result<Registered, RpcError>;
     /// Take a chunk: validate it (refuse with [`Code::InvalidArgument`] naming the problem) and queue it,
-    /// waiting while the queue is full.
-    fn ingest(&self, chunk: Chunk) -> impl Future<Output = Result<Ack, RpcError>> + Send;
+    /// waiting while the queue is full. A `key` taken before is answered as delivered and not taken again.
+    fn ingest(&self, chunk: Chunk, key: MessageKey) -> impl Future<Output = Result<Ack, RpcError>> + Send;
     /// Take an A3C gradient, like [`LearnerService::ingest`].
-    fn gradient(&self, gradient: Gradient) -> impl Future<Output = Result<Ack, RpcError>> + Send;
+    fn gradient(&self, gradient: Gradient, key: MessageKey) -> impl Future<Output = Result<Ack, RpcError>> + Send;
     /// The newest parameters if newer than `have`, else `None`.
     fn params(&self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError>;
 }
@@ -92,10 +124,11 @@ pub trait LearnerClient: Send {
     fn run_info(&mut self) -> Result<RunInfo, RpcError>;
     /// [`LearnerService::register`].
     fn register(&mut self, registration: &Registration) -> Result<Registered, RpcError>;
-    /// [`LearnerService::ingest`]; returns when the learner has queued the chunk.
-    fn send_chunk(&mut self, chunk: &Chunk) -> Result<Ack, RpcError>;
+    /// [`LearnerService::ingest`]; returns when the learner has queued the chunk. Send a message again with
+    /// the same `key`.
+    fn send_chunk(&mut self, chunk: &Chunk, key: MessageKey) -> Result<Ack, RpcError>;
     /// [`LearnerService::gradient`].
-    fn send_gradient(&mut self, gradient: &Gradient) -> Result<Ack, RpcError>;
+    fn send_gradient(&mut self, gradient: &Gradient, key: MessageKey) -> Result<Ack, RpcError>;
     /// [`LearnerService::params`].
     fn params(&mut self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError>;
 }

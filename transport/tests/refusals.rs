@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BufMut};
 use flotilla_core::Gradient;
 use flotilla_transport::grpc::{GrpcClient, Limits, ServerHandle, serve};
-use flotilla_transport::{LearnerClient, PROTOCOL_VERSION, codec, proto};
+use flotilla_transport::{LearnerClient, MessageKey, PROTOCOL_VERSION, codec, proto};
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
@@ -174,4 +174,21 @@ fn a_connection_that_never_authenticates_is_closed_after_the_timeout() {
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(actor.run_info().unwrap().run_id, "run-1", "the authenticated client is served on");
     assert_eq!(server.closed_unauthenticated(), 2, "the authenticated connection was not closed");
+}
+
+/// A message's idempotency key reaches the learner over gRPC as the client sent it (the learner takes each key
+/// once: `learner/tests/local_transport.rs`), and a message sent without one arrives without one.
+#[test]
+fn the_idempotency_key_travels_with_the_message() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = server(&runtime, &Limits::default());
+    let addr = format!("http://{}", server.local_addr);
+    let mut client = GrpcClient::connect(&addr, TOKEN, &Limits::default(), Duration::from_secs(5)).unwrap();
+    let g = Gradient { actor_id: 7, policy_version: 1, values: vec![0.5; 4], env_steps: 8, episodes: Vec::new() };
+    let key = MessageKey { sender: MessageKey::new_sender(), seq: 41 };
+    let ack = client.send_gradient(&g, key).unwrap();
+    assert_eq!((ack.policy_version, ack.env_steps), (key.sender, 41));
+    let ack = client.send_gradient(&g, MessageKey::NONE).unwrap();
+    assert_eq!((ack.policy_version, ack.env_steps), (0, 0));
+    assert_ne!(MessageKey::new_sender(), key.sender, "each sender id is drawn afresh");
 }

@@ -48,7 +48,7 @@ use flotilla_tests::hostile::{Dice, KINDS, STEPS, cartpole_registration, hostile
 use flotilla_tests::netns::{Hosts, Proxy, ip, missing_prerequisite};
 use flotilla_tests::procfs;
 use flotilla_transport::grpc::{GrpcClient, Limits, send_raw_chunk};
-use flotilla_transport::{Code, LearnerClient};
+use flotilla_transport::{Code, LearnerClient, MessageKey};
 
 /// Actors the supervisor launches (slots 0..LOCAL) and actors in namespaces (slots LOCAL..LOCAL + REMOTE).
 const LOCAL: usize = 4;
@@ -754,7 +754,7 @@ fn hostile_client(addr: SocketAddr, token: &str, seed: u64, stop: &AtomicBool, s
         while !stop.load(Ordering::SeqCst) {
             let kind = dice.below(KINDS);
             let result = match hostile(kind, id, ENVS, &mut dice) {
-                Ok(c) => client.send_chunk(&c).map(|_| ()),
+                Ok(c) => client.send_chunk(&c, MessageKey::NONE).map(|_| ()),
                 Err(p) => send_raw_chunk(&mut client, *p, Some(token)).map(|_| ()),
             };
             sent.fetch_add(1, Ordering::SeqCst);

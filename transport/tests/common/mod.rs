@@ -1,8 +1,9 @@
 //! What the transport's integration tests share: a learner that answers every call.
 use flotilla_core::{Chunk, Gradient, Params};
-use flotilla_transport::{Ack, LearnerService, Registered, Registration, RpcError, RunInfo};
+use flotilla_transport::{Ack, LearnerService, MessageKey, Registered, Registration, RpcError, RunInfo};
 
-/// A learner that answers every call.
+/// A learner that answers every call; a chunk's or a gradient's answer carries the message's idempotency key
+/// back (`policy_version` = sender, `env_steps` = seq), so a test sees the key travel.
 pub struct Echo;
 
 impl LearnerService for Echo {
@@ -22,15 +23,19 @@ impl LearnerService for Echo {
         })
     }
 
-    async fn ingest(&self, _chunk: Chunk) -> Result<Ack, RpcError> {
-        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1, accepted: true })
+    async fn ingest(&self, _chunk: Chunk, key: MessageKey) -> Result<Ack, RpcError> {
+        Ok(echo(key))
     }
 
-    async fn gradient(&self, _gradient: Gradient) -> Result<Ack, RpcError> {
-        Ok(Ack { finished: false, policy_version: 1, env_steps: 0, total_env_steps: 1, accepted: true })
+    async fn gradient(&self, _gradient: Gradient, key: MessageKey) -> Result<Ack, RpcError> {
+        Ok(echo(key))
     }
 
     fn params(&self, _actor_id: u64, _have: Option<u64>) -> Result<Option<Params>, RpcError> {
         Ok(None)
     }
+}
+
+fn echo(key: MessageKey) -> Ack {
+    Ack { finished: false, policy_version: key.sender, env_steps: key.seq, total_env_steps: 1, accepted: true }
 }

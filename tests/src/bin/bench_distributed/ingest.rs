@@ -12,7 +12,7 @@ use flotilla_core::{Chunk, EpisodeStats, ObsBuf};
 use flotilla_learner::hub::{Delivery, next_delivery};
 use flotilla_transport::grpc::Limits;
 use flotilla_transport::local::LocalClient;
-use flotilla_transport::{LearnerClient, codec};
+use flotilla_transport::{LearnerClient, MessageKey, codec};
 use prost::Message;
 use tokio::sync::mpsc::Receiver;
 
@@ -89,8 +89,11 @@ fn measure_ingest(
                     let mut client = connect()?;
                     let mut chunk = chunk.clone();
                     chunk.actor_id = register(client.as_mut(), i)?;
+                    // Keyed as an actor's messages are, so the learner's check for resends is in the measurement.
+                    let mut key = MessageKey { sender: MessageKey::new_sender(), seq: 0 };
                     while !stop.load(Ordering::Relaxed) {
-                        client.send_chunk(&chunk)?;
+                        key.seq += 1;
+                        client.send_chunk(&chunk, key)?;
                     }
                     Ok(())
                 })
