@@ -6,8 +6,12 @@
 #
 # Each BIN_DIR holds a `flotilla` and a `flotilla-bench-distributed` built from one commit, e.g.
 #   git worktree add /tmp/base <rev> && (cd /tmp/base && bash scripts/setup.sh && \
-#     cargo build --release --bin flotilla --bin flotilla-bench-distributed) && \
-#   mkdir -p /tmp/base-bin && cp ~/.cache/flotilla/target/release/{flotilla,flotilla-bench-distributed} /tmp/base-bin/
+#     CARGO_TARGET_DIR=~/.cache/flotilla/target-base cargo build --release --bin flotilla \
+#     --bin flotilla-bench-distributed) && \
+#   mkdir -p /tmp/base-bin && cp ~/.cache/flotilla/target-base/release/{flotilla,flotilla-bench-distributed} /tmp/base-bin/
+# The base needs a target dir of its own: built in the shared one, its workspace crates (same names and versions,
+# another path) left artifacts that cargo then took as fresh for the main tree (seen 2026-11-28: the main
+# tree's build linked the base's flotilla-transport until `cargo clean -p` of the workspace crates).
 # Rounds alternate before/after so slow drifts in the machine's load hit both. Output: one log per round and
 # binary under $FLOTILLA_BENCH_LOGS (default /tmp/flotilla-bench-compare), outside the clone.
 #
