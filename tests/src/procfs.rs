@@ -107,6 +107,12 @@ mod tests {
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
         assert!(children(me).contains(&pid));
+        // `spawn` returns once the child has dropped our memory in exec, which is before the kernel has set up the
+        // new argument area: /proc/PID/cmdline reads empty for that moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while args(pid).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(args(pid), ["sleep", "30"]);
         child.kill().unwrap();
         // Killed but not yet reaped: a zombie, no longer alive nor counted among the children.
