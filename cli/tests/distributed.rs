@@ -113,9 +113,11 @@ fn mujoco_envs_train_with_actor_processes() {
     ] {
         let id = format!("env.id=gymnasium:{env}");
         let mut extra: Vec<&str> = vec!["--set", &id];
+        // 4,000 steps: the run must outlast the actors' start-up skew (each imports Gymnasium and MuJoCo into its
+        // own Python; on a loaded machine one took seconds longer, and 2,000 steps ended before it sent a chunk).
         for s in sets.iter().chain(&[
-            "run.total_env_steps=2000",
-            "eval.interval_steps=1000",
+            "run.total_env_steps=4000",
+            "eval.interval_steps=2000",
             "eval.episodes=2",
             "run.torch_threads=1",
         ]) {
@@ -141,7 +143,7 @@ fn mujoco_envs_train_with_actor_processes() {
             assert!(delivered <= number("env steps collected"), "{env}: {line}");
             assert!(number("parameter versions") > 1, "{env}: an actor never got new parameters: {line}");
         }
-        assert!(*metric(&run, "env_steps").last().unwrap() >= 2000.0, "{env}: {all}");
+        assert!(*metric(&run, "env_steps").last().unwrap() >= 4000.0, "{env}: {all}");
         let evals = metric(&run, "eval/mean_return");
         assert!(evals.len() >= 2 && evals.iter().all(|r| r.is_finite()), "{env}: evaluations {evals:?}");
         assert!(run.join("model.safetensors").is_file(), "{env}: no saved policy");
@@ -381,7 +383,7 @@ fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
     assert_eq!(err.code, Code::Unauthenticated, "{err}");
     let mut good = learner.client("s3cret");
     let run = good.run_info().unwrap();
-    let err = send_raw_chunk(&mut good, codec::chunk_to_proto(&chunk(1, 4), 1), None).unwrap_err();
+    let err = send_raw_chunk(&mut good, codec::chunk_to_proto(&chunk(1, 4), 1, MessageKey::NONE), None).unwrap_err();
     assert_eq!(err.code, Code::Unauthenticated, "{err}");
 
     // Registration checks the spaces and names both.
@@ -434,11 +436,13 @@ fn bad_tokens_and_malformed_chunks_are_refused_and_the_run_goes_on() {
         assert_eq!(err.code, Code::InvalidArgument, "{err}");
         assert!(err.message.contains(expected), "{err:?} should name {expected:?}");
     }
-    let mut bytes = codec::chunk_to_proto(&chunk(me.actor_id, 4), 1);
+    let mut bytes = codec::chunk_to_proto(&chunk(me.actor_id, 4), 1, MessageKey::NONE);
     bytes.rewards.as_mut().unwrap().data.truncate(5);
     let err = send_raw_chunk(&mut good, bytes, Some("s3cret")).unwrap_err();
     assert!(err.message.contains("rewards: 5 bytes"), "{err}");
-    let err = send_raw_chunk(&mut good, codec::chunk_to_proto(&chunk(me.actor_id, 4), 99), Some("s3cret")).unwrap_err();
+    let err =
+        send_raw_chunk(&mut good, codec::chunk_to_proto(&chunk(me.actor_id, 4), 99, MessageKey::NONE), Some("s3cret"))
+            .unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument);
     assert!(err.message.contains("protocol version 99"), "{err}");
 

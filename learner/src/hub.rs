@@ -364,8 +364,7 @@ impl Hub {
             key.sender
         );
         if let Some(version) = version.filter(|_| self.spec.synchronous) {
-            let mut progress = self.progress.subscribe();
-            let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
+            published_after(self.progress.subscribe(), version).await;
         }
         Ok(Ack { accepted: true, ..self.ack() })
     }
@@ -477,9 +476,8 @@ impl Hub {
         match self.queue.send(d).await {
             Ok(()) => {
                 self.note_queue_depth();
-                if let Some((version, mut progress)) = progress {
-                    // Synchronous mode: answer once the update this chunk feeds is published (or the run ends).
-                    let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
+                if let Some((version, progress)) = progress {
+                    published_after(progress, version).await;
                 }
                 if let Some(applied) = applied {
                     // The receipt is dropped after the gradient is applied, or with the queue when the run ends.
@@ -494,6 +492,13 @@ impl Hub {
             Err(_) => Err(RpcError::new(Code::Unavailable, "the learner is shutting down")),
         }
     }
+}
+
+/// Synchronous mode's answer to a chunk acting with `version`: wait until the update it feeds (one newer than
+/// `version`) is published, or the run ends. `progress` was subscribed before the chunk was queued, so an update
+/// that lands right after cannot be missed.
+async fn published_after(mut progress: tokio::sync::watch::Receiver<(u64, bool)>, version: u64) {
+    let _ = progress.wait_for(|&(v, finished)| v > version || finished).await;
 }
 
 impl LearnerService for Hub {

@@ -124,7 +124,7 @@ pub fn hostile(kind: usize, id: u64, n_envs: usize, dice: &mut Dice) -> Result<C
         8 => c.log_probs[dice.below(n)] = dice.pick(&[f32::NAN, f32::INFINITY]),
         9 => c.obs = ObsBuf::U8(dice.bytes(n * 4)),
         _ => {
-            let mut p = codec::chunk_to_proto(&c, 1);
+            let mut p = codec::chunk_to_proto(&c, 1, flotilla_transport::MessageKey::NONE);
             let tensor = match dice.below(4) {
                 0 => p.obs.as_mut(),
                 1 => p.actions.as_mut(),

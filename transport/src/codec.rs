@@ -9,7 +9,7 @@ use flotilla_core::{Chunk, EpisodeStats, Gradient, ObsBuf, Params, Space, Versio
 
 use crate::error::RpcError;
 use crate::proto;
-use crate::service::{Ack, Registered, Registration, RunInfo};
+use crate::service::{Ack, MessageKey, Registered, Registration, RunInfo};
 
 /// f32 values as a little-endian tensor of `shape`.
 pub fn f32_tensor(values: &[f32], shape: Vec<u64>) -> proto::Tensor {
@@ -111,8 +111,8 @@ fn episodes_from_proto(episodes: &[proto::EpisodeStats]) -> Vec<EpisodeStats> {
         .collect()
 }
 
-/// Encode a chunk (observation rows of `obs_dim` values).
-pub fn chunk_to_proto(c: &Chunk, protocol_version: u32) -> proto::Chunk {
+/// Encode a chunk (observation rows of `obs_dim` values) with its idempotency key ([`MessageKey::NONE`]: none).
+pub fn chunk_to_proto(c: &Chunk, protocol_version: u32, key: MessageKey) -> proto::Chunk {
     let (t, e) = (c.n_steps as u64, c.n_envs as u64);
     let n = c.n_steps * c.n_envs;
     let obs_dim = c.obs.len().checked_div(n).unwrap_or(0);
@@ -137,9 +137,8 @@ pub fn chunk_to_proto(c: &Chunk, protocol_version: u32) -> proto::Chunk {
         final_index: c.final_index.clone(),
         final_obs: Some(obs_tensor(&c.final_obs, vec![c.final_index.len() as u64], obs_dim)),
         episodes: episodes_to_proto(&c.episodes),
-        // No idempotency key: the client that sends it sets one (`LearnerClient::send_chunk`).
-        sender: 0,
-        seq: 0,
+        sender: key.sender,
+        seq: key.seq,
     }
 }
 
@@ -154,8 +153,8 @@ fn leading(t: Option<&proto::Tensor>, dims: &[u64], field: &str, what: &str) -> 
     }
 }
 
-/// Decode a chunk; [`Chunk::validate`] checks it against the run afterwards.
-pub fn chunk_from_proto(p: &proto::Chunk) -> Result<Chunk, RpcError> {
+/// Decode a chunk and its idempotency key; [`Chunk::validate`] checks the chunk against the run afterwards.
+pub fn chunk_from_proto(p: &proto::Chunk) -> Result<(Chunk, MessageKey), RpcError> {
     let (t, e, ends) = (u64::from(p.n_steps), u64::from(p.n_envs), p.final_index.len() as u64);
     for (tensor, field) in [
         (&p.obs, "obs"),
@@ -169,7 +168,7 @@ pub fn chunk_from_proto(p: &proto::Chunk) -> Result<Chunk, RpcError> {
     leading(p.bootstrap_obs.as_ref(), &[e], "bootstrap_obs", "n_envs")?;
     leading(p.initial_state.as_ref(), &[e], "initial_state", "n_envs")?;
     leading(p.final_obs.as_ref(), &[ends], "final_obs", "one row per final_index")?;
-    Ok(Chunk {
+    let chunk = Chunk {
         actor_id: p.actor_id,
         policy_version: p.policy_version,
         n_steps: p.n_steps as usize,
@@ -186,11 +185,12 @@ pub fn chunk_from_proto(p: &proto::Chunk) -> Result<Chunk, RpcError> {
         final_index: p.final_index.clone(),
         final_obs: tensor_obs(p.final_obs.as_ref(), "final_obs")?,
         episodes: episodes_from_proto(&p.episodes),
-    })
+    };
+    Ok((chunk, MessageKey { sender: p.sender, seq: p.seq }))
 }
 
-/// Encode an A3C gradient.
-pub fn gradient_to_proto(g: &Gradient, protocol_version: u32) -> proto::Gradient {
+/// Encode an A3C gradient with its idempotency key.
+pub fn gradient_to_proto(g: &Gradient, protocol_version: u32, key: MessageKey) -> proto::Gradient {
     proto::Gradient {
         protocol_version,
         actor_id: g.actor_id,
@@ -198,20 +198,21 @@ pub fn gradient_to_proto(g: &Gradient, protocol_version: u32) -> proto::Gradient
         values: Some(f32_tensor(&g.values, vec![g.values.len() as u64])),
         env_steps: g.env_steps,
         episodes: episodes_to_proto(&g.episodes),
-        sender: 0,
-        seq: 0,
+        sender: key.sender,
+        seq: key.seq,
     }
 }
 
-/// Decode an A3C gradient.
-pub fn gradient_from_proto(p: &proto::Gradient) -> Result<Gradient, RpcError> {
-    Ok(Gradient {
+/// Decode an A3C gradient and its idempotency key.
+pub fn gradient_from_proto(p: &proto::Gradient) -> Result<(Gradient, MessageKey), RpcError> {
+    let gradient = Gradient {
         actor_id: p.actor_id,
         policy_version: p.policy_version,
         values: tensor_f32(p.values.as_ref(), "gradient values")?,
         env_steps: p.env_steps,
         episodes: episodes_from_proto(&p.episodes),
-    })
+    };
+    Ok((gradient, MessageKey { sender: p.sender, seq: p.seq }))
 }
 
 /// Encode a parameter reply (`None`: the actor is up to date).
@@ -358,35 +359,36 @@ mod tests {
             chunk(ObsBuf::F32(vec![0.5, -1.0, 2.0, 3.0]), ObsBuf::F32(vec![9.0, 8.0]), ObsBuf::F32(vec![4.0, 5.0])),
             chunk(ObsBuf::U8(vec![0, 255, 7, 8]), ObsBuf::U8(vec![1, 2]), ObsBuf::U8(vec![3, 4])),
         ] {
-            let p = chunk_to_proto(&c, 1);
+            let key = MessageKey { sender: 0xfeed, seq: 42 };
+            let p = chunk_to_proto(&c, 1, key);
             assert_eq!(p.obs.as_ref().unwrap().shape, vec![2, 1, 2]);
             if let ObsBuf::U8(_) = c.obs {
                 assert_eq!(p.obs.as_ref().unwrap().data.len(), 4, "one byte per u8 observation element");
             }
-            assert_eq!(chunk_from_proto(&p).unwrap(), c);
+            assert_eq!(chunk_from_proto(&p).unwrap(), (c, key));
         }
         // A recurrent policy's initial state ([E, state_dim]) crosses the wire too.
         let mut c = chunk(ObsBuf::F32(vec![0.0; 4]), ObsBuf::F32(vec![0.0; 2]), ObsBuf::F32(vec![0.0; 2]));
         c.initial_state = vec![0.25, -0.5, 1.5];
-        let p = chunk_to_proto(&c, 1);
+        let p = chunk_to_proto(&c, 1, MessageKey::NONE);
         assert_eq!(p.initial_state.as_ref().unwrap().shape, vec![1, 3]);
-        assert_eq!(chunk_from_proto(&p).unwrap(), c);
+        assert_eq!(chunk_from_proto(&p).unwrap().0, c);
         // An episode's task (multi-task runs) crosses the wire too.
         let mut c = chunk(ObsBuf::F32(vec![0.0; 4]), ObsBuf::F32(vec![0.0; 2]), ObsBuf::F32(vec![0.0; 2]));
         c.episodes[0].task = Some(2);
-        assert_eq!(chunk_from_proto(&chunk_to_proto(&c, 1)).unwrap().episodes[0].task, Some(2));
+        assert_eq!(chunk_from_proto(&chunk_to_proto(&c, 1, MessageKey::NONE)).unwrap().0.episodes[0].task, Some(2));
     }
 
     #[test]
     fn wire_defects_are_named() {
         let c = chunk(ObsBuf::F32(vec![0.0; 4]), ObsBuf::F32(vec![0.0; 2]), ObsBuf::F32(vec![0.0; 2]));
-        let mut p = chunk_to_proto(&c, 1);
+        let mut p = chunk_to_proto(&c, 1, MessageKey::NONE);
         p.rewards.as_mut().unwrap().data = Bytes::from_static(&[0, 0, 128]);
         assert!(chunk_from_proto(&p).unwrap_err().message.contains("rewards: 3 bytes for shape [2, 1] of f32"));
-        let mut p = chunk_to_proto(&c, 1);
+        let mut p = chunk_to_proto(&c, 1, MessageKey::NONE);
         p.terminated = Bytes::from_static(&[1, 2]);
         assert!(chunk_from_proto(&p).unwrap_err().message.contains("terminated[1] is 2"));
-        let mut p = chunk_to_proto(&c, 1);
+        let mut p = chunk_to_proto(&c, 1, MessageKey::NONE);
         p.actions.as_mut().unwrap().dtype = proto::DType::DtypeU8 as i32;
         assert!(chunk_from_proto(&p).unwrap_err().message.contains("actions: dtype DTYPE_U8, expected DTYPE_F32"));
     }
@@ -411,7 +413,7 @@ mod tests {
             final_obs: ObsBuf::F32(vec![]),
             episodes: vec![],
         };
-        assert!(chunk_from_proto(&chunk_to_proto(&c, 1)).is_ok());
+        assert!(chunk_from_proto(&chunk_to_proto(&c, 1, MessageKey::NONE)).is_ok());
         let cases: [(fn(&mut proto::Chunk), &str); 4] = [
             (|p| p.rewards.as_mut().unwrap().shape = vec![2, 4], "rewards: shape [2, 4], expected [4, 2]"),
             (|p| p.values.as_mut().unwrap().shape = vec![8], "values: shape [8], expected [4, 2]"),
@@ -419,7 +421,7 @@ mod tests {
             (|p| p.bootstrap_obs.as_mut().unwrap().shape = vec![1, 6], "bootstrap_obs: shape [1, 6], expected [2]"),
         ];
         for (edit, needle) in cases {
-            let mut p = chunk_to_proto(&c, 1);
+            let mut p = chunk_to_proto(&c, 1, MessageKey::NONE);
             edit(&mut p);
             let e = chunk_from_proto(&p).unwrap_err();
             assert!(e.message.contains(needle), "{needle:?} not in {:?}", e.message);

@@ -196,17 +196,15 @@ impl<S: LearnerService> ProtoLearner for Adapter<S> {
 
     async fn send_chunk(&self, req: Request<proto::Chunk>) -> Result<Response<proto::Ack>, Status> {
         self.admit(&req, "SendChunk", req.get_ref().protocol_version)?;
-        let chunk = codec::chunk_from_proto(req.get_ref()).inspect_err(|e| {
+        let (chunk, key) = codec::chunk_from_proto(req.get_ref()).inspect_err(|e| {
             warn!("refused a chunk from actor {}: {}", req.get_ref().actor_id, e.message);
         })?;
-        let key = MessageKey { sender: req.get_ref().sender, seq: req.get_ref().seq };
         Ok(Response::new(codec::ack_to_proto(self.inner.ingest(chunk, key).await?)))
     }
 
     async fn send_gradient(&self, req: Request<proto::Gradient>) -> Result<Response<proto::Ack>, Status> {
         self.admit(&req, "SendGradient", req.get_ref().protocol_version)?;
-        let g = codec::gradient_from_proto(req.get_ref())?;
-        let key = MessageKey { sender: req.get_ref().sender, seq: req.get_ref().seq };
+        let (g, key) = codec::gradient_from_proto(req.get_ref())?;
         Ok(Response::new(codec::ack_to_proto(self.inner.gradient(g, key).await?)))
     }
 
@@ -346,22 +344,14 @@ impl LearnerClient for GrpcClient {
     }
 
     fn send_chunk(&mut self, chunk: &flotilla_core::Chunk, key: MessageKey) -> Result<Ack, RpcError> {
-        let req = self.request(proto::Chunk {
-            sender: key.sender,
-            seq: key.seq,
-            ..codec::chunk_to_proto(chunk, PROTOCOL_VERSION)
-        });
+        let req = self.request(codec::chunk_to_proto(chunk, PROTOCOL_VERSION, key));
         let reply = self.runtime.block_on(self.inner.send_chunk(req));
         let reply = self.answered(reply)?;
         Ok(codec::ack_from_proto(reply.get_ref()))
     }
 
     fn send_gradient(&mut self, gradient: &flotilla_core::Gradient, key: MessageKey) -> Result<Ack, RpcError> {
-        let req = self.request(proto::Gradient {
-            sender: key.sender,
-            seq: key.seq,
-            ..codec::gradient_to_proto(gradient, PROTOCOL_VERSION)
-        });
+        let req = self.request(codec::gradient_to_proto(gradient, PROTOCOL_VERSION, key));
         let reply = self.runtime.block_on(self.inner.send_gradient(req));
         let reply = self.answered(reply)?;
         Ok(codec::ack_from_proto(reply.get_ref()))

@@ -79,7 +79,7 @@ async fn call(channel: &Channel, method: &str, body: Vec<u8>, token: &str) -> Co
 /// A gradient the server accepts.
 fn good_gradient() -> Vec<u8> {
     let g = Gradient { actor_id: 7, policy_version: 1, values: vec![0.5; 4], env_steps: 8, episodes: Vec::new() };
-    codec::gradient_to_proto(&g, PROTOCOL_VERSION).encode_to_vec()
+    codec::gradient_to_proto(&g, PROTOCOL_VERSION, MessageKey::NONE).encode_to_vec()
 }
 
 fn server(runtime: &tokio::runtime::Runtime, limits: &Limits) -> ServerHandle {
@@ -105,7 +105,7 @@ fn refusals_in_a_row_close_the_connection_and_an_accepted_message_ends_the_run()
     let mut other = GrpcClient::connect(&addr, TOKEN, &Limits::default(), Duration::from_secs(5)).unwrap();
     let wrong_version = {
         let g = Gradient { actor_id: 7, policy_version: 1, values: vec![0.5; 4], env_steps: 8, episodes: Vec::new() };
-        codec::gradient_to_proto(&g, PROTOCOL_VERSION + 1).encode_to_vec()
+        codec::gradient_to_proto(&g, PROTOCOL_VERSION + 1, MessageKey::NONE).encode_to_vec()
     };
     // Every kind of wire-level garbage, each refused with its own code.
     let garbage: [(&str, Vec<u8>, &str, Code); 4] = [

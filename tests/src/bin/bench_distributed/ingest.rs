@@ -122,7 +122,9 @@ pub(crate) fn ingest_table(args: &Args) -> BenchResult<()> {
         (Duration::from_millis(500), Duration::from_secs(2))
     };
     let chunk = cartpole_chunk();
-    let bytes = codec::chunk_to_proto(&chunk, flotilla_transport::PROTOCOL_VERSION).encoded_len();
+    let bytes =
+        codec::chunk_to_proto(&chunk, flotilla_transport::PROTOCOL_VERSION, flotilla_transport::MessageKey::NONE)
+            .encoded_len();
     let runtime = io_runtime()?;
     println!(
         "## Learner ingest: gRPC (loopback) vs in-process ({ENVS} envs × {STEPS} steps CartPole chunks, {:.1} KiB \
