@@ -461,6 +461,36 @@ impl Hub {
         }
     }
 
+    /// [`Hub::enqueue`] a message that arrived first with `key`; one the queue did not take (the run ended
+    /// first) gives its key back, so that a resend is answered as this copy was (not taken) rather than as
+    /// delivered — an actor whose answer was lost would otherwise count steps the learner never had.
+    async fn enqueue_keyed(
+        &self,
+        key: MessageKey,
+        d: Delivery,
+        applied: Option<tokio::sync::oneshot::Receiver<()>>,
+    ) -> Result<Ack, RpcError> {
+        let answer = self.enqueue(d, applied).await;
+        if !answer.as_ref().is_ok_and(|ack| ack.accepted) {
+            self.give_back(key);
+        }
+        answer
+    }
+
+    /// Undo [`Hub::first_arrival`] for a message that was not taken after all (the run ended before it was
+    /// queued): its sender's highest taken number goes back to the one before it.
+    fn give_back(&self, key: MessageKey) {
+        if !key.is_some() {
+            return;
+        }
+        let mut taken = self.taken.lock().expect("taken keys");
+        if let Some((highest, _)) = taken.get_mut(&key.sender)
+            && *highest == key.seq
+        {
+            *highest = key.seq.saturating_sub(1);
+        }
+    }
+
     /// Queue `d` and answer: at once, or in synchronous mode once the update it feeds is published, or (A3C)
     /// once `applied` completes. `accepted` says whether the queue took it; `finished`, that the run is over.
     async fn enqueue(&self, d: Delivery, applied: Option<tokio::sync::oneshot::Receiver<()>>) -> Result<Ack, RpcError> {
@@ -586,11 +616,15 @@ impl LearnerService for Hub {
             return self
                 .note_told(chunk.actor_id, self.again(chunk.actor_id, "chunk", key, Some(chunk.policy_version)).await);
         }
+        if self.finished.load(Ordering::SeqCst) {
+            self.give_back(key);
+            return self.note_told(chunk.actor_id, Ok(self.ack()));
+        }
         self.accepted(chunk.actor_id, (chunk.n_steps * chunk.n_envs) as u64);
         self.metrics.chunks.inc();
         self.metrics.transitions.inc_by((chunk.n_steps * chunk.n_envs) as u64);
         let actor_id = chunk.actor_id;
-        self.note_told(actor_id, self.enqueue(Delivery::Chunk(chunk), None).await)
+        self.note_told(actor_id, self.enqueue_keyed(key, Delivery::Chunk(chunk), None).await)
     }
 
     async fn gradient(&self, g: Gradient, key: MessageKey) -> Result<Ack, RpcError> {
@@ -609,11 +643,15 @@ impl LearnerService for Hub {
         if !self.first_arrival(key) {
             return self.note_told(g.actor_id, self.again(g.actor_id, "gradient", key, None).await);
         }
+        if self.finished.load(Ordering::SeqCst) {
+            self.give_back(key);
+            return self.note_told(g.actor_id, Ok(self.ack()));
+        }
         let (receipt, applied) = Receipt::new();
         self.accepted(g.actor_id, g.env_steps);
         self.metrics.gradients.inc();
         let actor_id = g.actor_id;
-        self.note_told(actor_id, self.enqueue(Delivery::Gradient(g, receipt), Some(applied)).await)
+        self.note_told(actor_id, self.enqueue_keyed(key, Delivery::Gradient(g, receipt), Some(applied)).await)
     }
 
     fn params(&self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError> {
@@ -917,6 +955,16 @@ mod tests {
         rt.block_on(hub.ingest(chunk(again), MessageKey::NONE)).unwrap();
         assert_eq!((taken(&hub), hub.metrics.duplicates.get()), (12, 2));
         drain(6);
+        // A message the queue did not take because the run ended gives its key back: sent again (its answer
+        // lost), it is answered as its first copy was, not taken, rather than as delivered.
+        assert!(hub.first_arrival(key(9, 4)), "taken as ingest takes it, then the run ends before it is queued");
+        hub.finish();
+        rx.close();
+        let first = rt.block_on(hub.enqueue_keyed(key(9, 4), Delivery::Chunk(chunk(again)), None)).unwrap();
+        let resent = rt.block_on(hub.ingest(chunk(again), key(9, 4))).unwrap();
+        assert!(first.finished && !first.accepted && resent.finished && !resent.accepted, "{first:?} {resent:?}");
+        assert_eq!(hub.taken.lock().unwrap()[&9].0, 3, "the untaken message's key was given back");
+        assert_eq!(hub.metrics.duplicates.get(), 2, "not answered as a duplicate");
     }
 
     #[test]
