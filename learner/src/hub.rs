@@ -148,6 +148,79 @@ pub struct HubCounters {
     pub refused: AtomicU64,
 }
 
+/// A sender's highest message number taken ([`Hub::first_arrival`]), when it was last heard, and that
+/// message's answer: `None` while its first copy is being answered, then whether the learner took it.
+struct Taken {
+    highest: u64,
+    heard: Instant,
+    answer: tokio::sync::watch::Receiver<Option<bool>>,
+}
+
+/// How a message arrived ([`Hub::first_arrival`]).
+enum Arrival<'a> {
+    /// For the first time: its key is taken until [`FirstCopy::answered`] says otherwise.
+    First(FirstCopy<'a>),
+    /// Again: the first copy's answer to wait for, or `None` when it came back long ago (delivered).
+    Again(Option<tokio::sync::watch::Receiver<Option<bool>>>),
+}
+
+/// The first copy of a message being answered. [`FirstCopy::answered`] passes its answer on to copies that
+/// arrive meanwhile; a copy not taken (or whose call ends unanswered, dropping this) gives its key back.
+struct FirstCopy<'a> {
+    hub: &'a Hub,
+    key: MessageKey,
+    /// `None` for a message without a key.
+    answer: Option<tokio::sync::watch::Sender<Option<bool>>>,
+    /// Whether the learner's queue took it ([`Hub::enqueue`]).
+    queued: AtomicBool,
+    /// The sender and the env steps [`FirstCopy::count`] put into the account.
+    counted: Option<(u64, u64)>,
+}
+
+impl FirstCopy<'_> {
+    /// Count its `env_steps` from `actor_id` as accepted ([`Hub::accepted`]) before it is queued.
+    fn count(&mut self, actor_id: u64, env_steps: u64) {
+        self.hub.accepted(actor_id, env_steps);
+        self.counted = Some((actor_id, env_steps));
+    }
+
+    /// It was not taken after all: its key goes back and its steps leave the account.
+    fn not_taken(&mut self) {
+        self.hub.give_back(self.key);
+        if let Some((actor_id, env_steps)) = self.counted.take() {
+            self.hub.returned(actor_id, env_steps);
+        }
+    }
+
+    /// The first copy was answered `answer`: taken if it is an accepted ack, else [`FirstCopy::not_taken`]
+    /// first.
+    fn answered(mut self, answer: Result<Ack, RpcError>) -> Result<Ack, RpcError> {
+        let taken = answer.as_ref().is_ok_and(|ack| ack.accepted);
+        if !taken {
+            self.not_taken();
+        }
+        if let Some(tx) = self.answer.take() {
+            tx.send_replace(Some(taken));
+        }
+        answer
+    }
+}
+
+impl Drop for FirstCopy<'_> {
+    fn drop(&mut self) {
+        // Unanswered: the call ended (its caller went away) before the answer. Taken if the queue has it (a
+        // copy sent again is answered as delivered); otherwise not taken: the key goes back, so that copy is a
+        // first arrival, and copies waiting now see the channel close (`answer` drops with this).
+        if self.queued.load(Ordering::SeqCst) {
+            if let Some(tx) = self.answer.take() {
+                tx.send_replace(Some(true));
+            }
+        } else if self.answer.is_some() || self.counted.is_some() {
+            self.not_taken();
+        }
+    }
+}
+
 /// The shared state behind [`LearnerService`].
 pub struct Hub {
     spec: HubSpec,
@@ -167,8 +240,9 @@ pub struct Hub {
     ledger: std::sync::OnceLock<crate::run_dir::IngestLedger>,
     /// Held while a message's steps are counted and written to the ledger.
     ingest_order: Mutex<()>,
-    /// Each sender's highest message number taken, and when it was last heard ([`Hub::first_arrival`]).
-    taken: Mutex<HashMap<u64, (u64, Instant)>>,
+    /// Each sender's highest message number taken, when it was last heard, and that message's answer
+    /// ([`Hub::first_arrival`]).
+    taken: Mutex<HashMap<u64, Taken>>,
     /// When the learner this one replaces died ([`Hub::restarted_after`]), and the seconds from then to this
     /// hub's first accepted message.
     died_at: std::sync::OnceLock<std::time::SystemTime>,
@@ -332,37 +406,93 @@ impl Hub {
         );
     }
 
+    /// Take back `env_steps` that [`Hub::accepted`] counted for a message the queue then did not take (the
+    /// run ended first, or the call ended while it waited for room): the ledger and the account lines go down.
+    fn returned(&self, actor_id: u64, env_steps: u64) {
+        let _in_order = self.ingest_order.lock().expect("ingest order");
+        let total = self.ingested.fetch_sub(env_steps, Ordering::SeqCst) - env_steps;
+        if let Some(ledger) = self.ledger.get()
+            && let Err(e) = ledger.record(total)
+        {
+            warn!("{e}");
+        }
+        tracing::debug!(
+            target: INGEST_LOG,
+            "ingest account (pid {}): returned {env_steps} env steps from actor {actor_id}, not queued; count {total}",
+            std::process::id()
+        );
+    }
+
     /// Whether a message with `key` arrives for the first time, taking the key if so (messages without a key
-    /// always do). An actor sends one message at a time, numbered in order, so a number at or below its sender's
-    /// highest taken is a resend of a message already taken.
-    fn first_arrival(&self, key: MessageKey) -> bool {
+    /// always do): [`Arrival::First`], whose [`FirstCopy`] must be told how it was answered. An actor sends one
+    /// message at a time, numbered in order, so a number at or below its sender's highest taken is a resend:
+    /// [`Arrival::Again`], with the first copy's answer to wait for when it is the highest.
+    fn first_arrival(&self, key: MessageKey) -> Arrival<'_> {
         if !key.is_some() {
-            return true;
+            return Arrival::First(FirstCopy {
+                hub: self,
+                key,
+                answer: None,
+                queued: AtomicBool::new(false),
+                counted: None,
+            });
         }
         let mut taken = self.taken.lock().expect("taken keys");
         if taken.len() >= MAX_SENDERS && !taken.contains_key(&key.sender) {
-            taken.retain(|_, (_, heard)| heard.elapsed() < SENDER_MEMORY);
+            taken.retain(|_, t| t.heard.elapsed() < SENDER_MEMORY);
         }
-        let (highest, heard) = taken.entry(key.sender).or_insert((0, Instant::now()));
-        *heard = Instant::now();
-        if key.seq <= *highest {
-            return false;
+        let t = taken.entry(key.sender).or_insert_with(|| Taken {
+            highest: 0,
+            heard: Instant::now(),
+            answer: tokio::sync::watch::channel(Some(true)).1,
+        });
+        t.heard = Instant::now();
+        if key.seq < t.highest {
+            // Taken, and its sender has sent a later message since: its answer came back (delivered).
+            return Arrival::Again(None);
         }
-        *highest = key.seq;
-        true
+        if key.seq == t.highest {
+            return Arrival::Again(Some(t.answer.clone()));
+        }
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        (t.highest, t.answer) = (key.seq, rx);
+        Arrival::First(FirstCopy { hub: self, key, answer: Some(tx), queued: AtomicBool::new(false), counted: None })
     }
 
-    /// Answer a message that arrived again (`key` taken before) as delivered, without taking it twice; in
-    /// synchronous mode once the update that a chunk acting with `version` feeds is published, as its first
-    /// arrival is answered.
-    async fn again(&self, actor_id: u64, what: &str, key: MessageKey, version: Option<u64>) -> Result<Ack, RpcError> {
+    /// Answer a message that arrived again (`key` taken before) as its first copy was answered, without taking
+    /// it twice: once that answer is ready (`first`; `None` when it came back long ago), delivered or not; in
+    /// synchronous mode a delivered chunk once the update it feeds (after `version`) is published.
+    async fn again(
+        &self,
+        actor_id: u64,
+        what: &str,
+        key: MessageKey,
+        first: Option<tokio::sync::watch::Receiver<Option<bool>>>,
+        version: Option<u64>,
+    ) -> Result<Ack, RpcError> {
         self.metrics.duplicates.inc();
         info!(
             actor_id,
-            "{what} {} of sender {:016x} (actor {actor_id}) arrived again: answered as delivered, not taken twice",
+            "{what} {} of sender {:016x} (actor {actor_id}) arrived again: answered as its first copy, not taken twice",
             key.seq,
             key.sender
         );
+        let taken = match first {
+            None => true,
+            Some(mut first) => match first.wait_for(Option::is_some).await {
+                Ok(answer) => answer.unwrap_or(false),
+                // The first copy's call ended unanswered (its caller went away) and gave the key back.
+                Err(_) => {
+                    return Err(RpcError::new(
+                        Code::Unavailable,
+                        format!("{what} {} arrived again while its first copy was dropped; send it again", key.seq),
+                    ));
+                }
+            },
+        };
+        if !taken {
+            return Ok(self.ack());
+        }
         if let Some(version) = version.filter(|_| self.spec.synchronous) {
             published_after(self.progress.subscribe(), version).await;
         }
@@ -461,39 +591,29 @@ impl Hub {
         }
     }
 
-    /// [`Hub::enqueue`] a message that arrived first with `key`; one the queue did not take (the run ended
-    /// first) gives its key back, so that a resend is answered as this copy was (not taken) rather than as
-    /// delivered — an actor whose answer was lost would otherwise count steps the learner never had.
-    async fn enqueue_keyed(
-        &self,
-        key: MessageKey,
-        d: Delivery,
-        applied: Option<tokio::sync::oneshot::Receiver<()>>,
-    ) -> Result<Ack, RpcError> {
-        let answer = self.enqueue(d, applied).await;
-        if !answer.as_ref().is_ok_and(|ack| ack.accepted) {
-            self.give_back(key);
-        }
-        answer
-    }
-
     /// Undo [`Hub::first_arrival`] for a message that was not taken after all (the run ended before it was
-    /// queued): its sender's highest taken number goes back to the one before it.
+    /// queued, or its call ended first): its sender's highest taken number goes back to the one before it, so
+    /// that the message sent again is a first arrival.
     fn give_back(&self, key: MessageKey) {
         if !key.is_some() {
             return;
         }
         let mut taken = self.taken.lock().expect("taken keys");
-        if let Some((highest, _)) = taken.get_mut(&key.sender)
-            && *highest == key.seq
+        if let Some(t) = taken.get_mut(&key.sender)
+            && t.highest == key.seq
         {
-            *highest = key.seq.saturating_sub(1);
+            t.highest = key.seq.saturating_sub(1);
         }
     }
 
     /// Queue `d` and answer: at once, or in synchronous mode once the update it feeds is published, or (A3C)
     /// once `applied` completes. `accepted` says whether the queue took it; `finished`, that the run is over.
-    async fn enqueue(&self, d: Delivery, applied: Option<tokio::sync::oneshot::Receiver<()>>) -> Result<Ack, RpcError> {
+    async fn enqueue(
+        &self,
+        d: Delivery,
+        applied: Option<tokio::sync::oneshot::Receiver<()>>,
+        first: &FirstCopy<'_>,
+    ) -> Result<Ack, RpcError> {
         if self.finished.load(Ordering::SeqCst) {
             return Ok(self.ack());
         }
@@ -505,6 +625,7 @@ impl Hub {
         // Waits while the queue is full: the actor's call does not return, so the actor waits too.
         match self.queue.send(d).await {
             Ok(()) => {
+                first.queued.store(true, Ordering::SeqCst);
                 self.note_queue_depth();
                 if let Some((version, progress)) = progress {
                     published_after(progress, version).await;
@@ -612,19 +733,24 @@ impl LearnerService for Hub {
                 format!("policy version {} was never published (newest {})", chunk.policy_version, self.version());
             return Err(self.refuse(chunk.actor_id, "chunk", problem));
         }
-        if !self.first_arrival(key) {
-            return self
-                .note_told(chunk.actor_id, self.again(chunk.actor_id, "chunk", key, Some(chunk.policy_version)).await);
-        }
+        let mut first = match self.first_arrival(key) {
+            Arrival::First(first) => first,
+            Arrival::Again(answer) => {
+                let version = Some(chunk.policy_version);
+                return self.note_told(chunk.actor_id, self.again(chunk.actor_id, "chunk", key, answer, version).await);
+            }
+        };
         if self.finished.load(Ordering::SeqCst) {
-            self.give_back(key);
-            return self.note_told(chunk.actor_id, Ok(self.ack()));
+            return self.note_told(chunk.actor_id, first.answered(Ok(self.ack())));
         }
-        self.accepted(chunk.actor_id, (chunk.n_steps * chunk.n_envs) as u64);
+        first.count(chunk.actor_id, (chunk.n_steps * chunk.n_envs) as u64);
         self.metrics.chunks.inc();
         self.metrics.transitions.inc_by((chunk.n_steps * chunk.n_envs) as u64);
         let actor_id = chunk.actor_id;
-        self.note_told(actor_id, self.enqueue_keyed(key, Delivery::Chunk(chunk), None).await)
+        self.note_told(actor_id, {
+            let answer = self.enqueue(Delivery::Chunk(chunk), None, &first).await;
+            first.answered(answer)
+        })
     }
 
     async fn gradient(&self, g: Gradient, key: MessageKey) -> Result<Ack, RpcError> {
@@ -640,18 +766,23 @@ impl LearnerService for Hub {
                 format!("policy version {} was never published (newest {})", g.policy_version, self.version());
             return Err(self.refuse(g.actor_id, "gradient", problem));
         }
-        if !self.first_arrival(key) {
-            return self.note_told(g.actor_id, self.again(g.actor_id, "gradient", key, None).await);
-        }
+        let mut first = match self.first_arrival(key) {
+            Arrival::First(first) => first,
+            Arrival::Again(answer) => {
+                return self.note_told(g.actor_id, self.again(g.actor_id, "gradient", key, answer, None).await);
+            }
+        };
         if self.finished.load(Ordering::SeqCst) {
-            self.give_back(key);
-            return self.note_told(g.actor_id, Ok(self.ack()));
+            return self.note_told(g.actor_id, first.answered(Ok(self.ack())));
         }
         let (receipt, applied) = Receipt::new();
-        self.accepted(g.actor_id, g.env_steps);
+        first.count(g.actor_id, g.env_steps);
         self.metrics.gradients.inc();
         let actor_id = g.actor_id;
-        self.note_told(actor_id, self.enqueue_keyed(key, Delivery::Gradient(g, receipt), Some(applied)).await)
+        self.note_told(actor_id, {
+            let answer = self.enqueue(Delivery::Gradient(g, receipt), Some(applied), &first).await;
+            first.answered(answer)
+        })
     }
 
     fn params(&self, actor_id: u64, have: Option<u64>) -> Result<Option<Params>, RpcError> {
@@ -957,14 +1088,66 @@ mod tests {
         drain(6);
         // A message the queue did not take because the run ended gives its key back: sent again (its answer
         // lost), it is answered as its first copy was, not taken, rather than as delivered.
-        assert!(hub.first_arrival(key(9, 4)), "taken as ingest takes it, then the run ends before it is queued");
+        let Arrival::First(copy) = hub.first_arrival(key(9, 4)) else { panic!("a new number is a first arrival") };
+        // Taken as ingest takes it; then the run ends before it is queued.
         hub.finish();
         rx.close();
-        let first = rt.block_on(hub.enqueue_keyed(key(9, 4), Delivery::Chunk(chunk(again)), None)).unwrap();
+        let answer = rt.block_on(hub.enqueue(Delivery::Chunk(chunk(again)), None, &copy));
+        let first = copy.answered(answer).unwrap();
         let resent = rt.block_on(hub.ingest(chunk(again), key(9, 4))).unwrap();
         assert!(first.finished && !first.accepted && resent.finished && !resent.accepted, "{first:?} {resent:?}");
-        assert_eq!(hub.taken.lock().unwrap()[&9].0, 3, "the untaken message's key was given back");
+        assert_eq!(hub.taken.lock().unwrap()[&9].highest, 3, "the untaken message's key was given back");
         assert_eq!(hub.metrics.duplicates.get(), 2, "not answered as a duplicate");
+    }
+
+    /// A copy that arrives while the first is still being answered (an A3C gradient waiting to be applied; a
+    /// chunk waiting for room in the queue) gets the first copy's answer, when it comes; a first copy whose
+    /// call ends before the queue took it gives its key back, so the copy sent after it is taken.
+    #[test]
+    fn a_copy_sent_while_the_first_is_answered_gets_the_same_answer() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (hub, mut rx) = Hub::new(HubSpec { family: Family::Gradients, synchronous: true, ..spec(4) }, vec![0.0; 3]);
+        let actor_id = registration(&hub).actor_id;
+        let gradient = Gradient { actor_id, policy_version: 0, values: vec![0.5; 3], env_steps: 2, episodes: vec![] };
+        let key = MessageKey { sender: 5, seq: 1 };
+        let (h, g) = (hub.clone(), gradient.clone());
+        let first = rt.spawn(async move { h.gradient(g, key).await });
+        let Some(Delivery::Gradient(_, receipt)) = next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)) else {
+            panic!("the gradient is queued at once")
+        };
+        let (h, g) = (hub.clone(), gradient.clone());
+        let again = rt.spawn(async move { h.gradient(g, key).await });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!again.is_finished(), "the copy is not answered before the first copy's gradient is applied");
+        hub.publish(vec![1.0; 3]);
+        drop(receipt);
+        let (a, b) = (rt.block_on(first).unwrap().unwrap(), rt.block_on(again).unwrap().unwrap());
+        assert!(a.accepted && b.accepted && b.policy_version == 1, "{a:?} {b:?}");
+        assert!(rx.try_recv().is_err(), "taken once");
+
+        // Chunks into a full queue (1): the first copy of message 1 waits for room, and its call ends there.
+        let (hub, mut rx) = Hub::new(spec(1), vec![0.0; 3]);
+        let id = registration(&hub).actor_id;
+        rt.block_on(hub.ingest(chunk(id), MessageKey::NONE)).unwrap();
+        let key = MessageKey { sender: 6, seq: 1 };
+        let h = hub.clone();
+        let first = rt.spawn(async move { h.ingest(chunk(id), key).await });
+        std::thread::sleep(Duration::from_millis(100));
+        let h = hub.clone();
+        let again = rt.spawn(async move { h.ingest(chunk(id), key).await });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!first.is_finished() && !again.is_finished(), "both wait: the queue is full");
+        first.abort();
+        let refused = rt.block_on(again).unwrap().unwrap_err();
+        assert_eq!(refused.code, Code::Unavailable, "the copy waiting on a dropped first copy: {refused}");
+        assert!(refused.message.contains("send it again"), "{refused}");
+        assert_eq!(hub.ingested.load(Ordering::SeqCst), 2, "the dropped copy's steps left the account");
+        // Sent again, it is a first arrival: taken once there is room.
+        assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
+        assert!(rt.block_on(hub.ingest(chunk(id), key)).unwrap().accepted);
+        assert!(next_delivery(rt.handle(), &mut rx, Duration::from_secs(1)).is_some());
+        assert_eq!(hub.metrics.duplicates.get(), 1, "only the copy that waited was a duplicate");
+        assert_eq!(hub.ingested.load(Ordering::SeqCst), 4, "counted once");
     }
 
     #[test]

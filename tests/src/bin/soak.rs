@@ -178,20 +178,23 @@ fn account_line(accounts: &mut std::collections::HashMap<u32, Account>, rest: &s
         return;
     };
     let a = accounts.entry(pid as u32).or_default();
-    let (adds, opened) = if let Some(r) = rest.split("): accepted ").nth(1) {
-        (number(r), None)
+    // Lines add a message's steps, take back those of a message the queue then did not take, or open the ledger.
+    let (change, opened) = if let Some(r) = rest.split("): accepted ").nth(1) {
+        (number(r).map(|n| n as i128), None)
+    } else if let Some(r) = rest.split("): returned ").nth(1) {
+        (number(r).map(|n| -(n as i128)), None)
     } else if let Some(r) = rest.split("): ledger opened at ").nth(1) {
-        (number(r), number(r))
+        (number(r).map(|n| n as i128), number(r))
     } else {
         (None, None)
     };
-    match adds {
-        Some(n) if a.count + n == count => {
+    match change {
+        Some(n) if a.count as i128 + n == count as i128 => {
             a.count = count;
-            if opened.is_some() {
-                a.opened_at = opened;
-            } else {
-                a.messages += 1;
+            match (opened, n < 0) {
+                (Some(_), _) => a.opened_at = opened,
+                (None, true) => a.messages = a.messages.saturating_sub(1),
+                (None, false) => a.messages += 1,
             }
         }
         _ => a.broken.push(format!("after count {}: {line}", a.count)),
