@@ -602,7 +602,8 @@ impl Hub {
         if let Some(t) = taken.get_mut(&key.sender)
             && t.highest == key.seq
         {
-            t.highest = key.seq.saturating_sub(1);
+            // The number before was answered as delivered: its sender sends the next only after that.
+            (t.highest, t.answer) = (key.seq.saturating_sub(1), tokio::sync::watch::channel(Some(true)).1);
         }
     }
 

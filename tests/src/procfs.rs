@@ -56,16 +56,32 @@ pub fn fd_count(pid: u32) -> Option<u64> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
 }
 
-/// The running (not zombie) processes whose parent is `parent`, in pid order.
+/// The running (not zombie) processes whose parent is `parent`, in pid order: from the `children` file of
+/// each of its threads (a child belongs to the thread that forked it), or, on a kernel without those files
+/// (`CONFIG_PROC_CHILDREN`), by reading every process's parent.
 pub fn children(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let mut pids: Vec<u32> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|&pid| stat(pid).is_some_and(|s| s.parent == parent && s.state != 'Z'))
-        .collect();
+    let mut pids = threads_children(parent).unwrap_or_else(|| {
+        let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+        entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+    });
+    pids.retain(|&pid| stat(pid).is_some_and(|s| s.parent == parent && s.state != 'Z'));
     pids.sort_unstable();
+    pids.dedup();
     pids
+}
+
+/// The pids in `/proc/{parent}/task/*/children`; `None` where the kernel has no such files (or `parent` is gone).
+fn threads_children(parent: u32) -> Option<Vec<u32>> {
+    let mut pids = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{parent}/task")).ok()?.flatten() {
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(text) => pids.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok())),
+            // A thread that exited meanwhile; no file at all means no such files on this kernel.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && task.path().exists() => return None,
+            Err(_) => {}
+        }
+    }
+    Some(pids)
 }
 
 /// The learner and the actors (in pid order) among the children of a `flotilla train --actors N` supervisor:

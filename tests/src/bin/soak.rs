@@ -784,3 +784,28 @@ fn hostile_client(addr: SocketAddr, token: &str, seed: u64, stop: &AtomicBool, s
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The account follows the hub's lines: the ledger opening, accepted messages, a message's steps returned
+    /// when the queue did not take it; a line whose count does not follow from the one before is kept as broken.
+    #[test]
+    fn the_ingest_account_adds_accepted_and_subtracts_returned_steps() {
+        let mut accounts = std::collections::HashMap::new();
+        let feed = |accounts: &mut std::collections::HashMap<u32, Account>, line: &str| {
+            let rest = line.split("ingest account (pid ").nth(1).unwrap();
+            account_line(accounts, rest, line);
+        };
+        feed(&mut accounts, "ingest account (pid 7): ledger opened at 1000 env steps; count 1000");
+        feed(&mut accounts, "ingest account (pid 7): accepted 128 env steps from actor 1; count 1128");
+        feed(&mut accounts, "ingest account (pid 7): accepted 128 env steps from actor 2; count 1256");
+        feed(&mut accounts, "ingest account (pid 7): returned 128 env steps from actor 2, not queued; count 1128");
+        let a = &accounts[&7];
+        assert_eq!((a.opened_at, a.count, a.messages), (Some(1000), 1128, 1));
+        assert!(a.broken.is_empty(), "{:?}", a.broken);
+        feed(&mut accounts, "ingest account (pid 7): returned 128 env steps from actor 1, not queued; count 1100");
+        assert_eq!(accounts[&7].broken.len(), 1, "a count that does not follow is reported");
+    }
+}
