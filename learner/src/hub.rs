@@ -58,9 +58,10 @@ impl Drop for Receipt {
 }
 
 /// Tracing target of the ingest account (debug level): `ingest account (pid P): accepted N env steps from actor
-/// A; count T` for every accepted chunk or gradient, written right after the ledger (which then holds T), and
-/// `ingest account (pid P): ledger opened at C env steps; count T` when the ledger starts (messages accepted
-/// before it counted from 0, then C is added).
+/// A; count T` for every accepted chunk or gradient, written right after the ledger (which then holds T);
+/// `ingest account (pid P): returned N env steps from actor A, not queued; count T` for one the queue then did
+/// not take; and `ingest account (pid P): ledger opened at C env steps; count T` when the ledger starts (messages
+/// accepted before it counted from 0, then C is added).
 pub const INGEST_LOG: &str = "flotilla::ingest";
 
 /// The run's fixed facts, against which every actor and message is checked.
@@ -388,39 +389,33 @@ impl Hub {
                 info!("accepting actors' data again {secs:.2} s after the previous learner died");
             }
         }
-        // One at a time, so the ledger only grows (two calls writing their totals in the other order would leave
-        // it one message short) and the account lines come in the ledger's order.
-        let _in_order = self.ingest_order.lock().expect("ingest order");
-        let total = self.ingested.fetch_add(env_steps, Ordering::SeqCst) + env_steps;
-        if let Some(ledger) = self.ledger.get()
-            && let Err(e) = ledger.record(total)
-        {
-            warn!("{e}");
-        }
-        // One line per accepted message, off unless asked for (`RUST_LOG=info,flotilla::ingest=debug`): an
-        // account of what was taken in that an observer (scripts/soak.sh) checks against the ledger.
-        tracing::debug!(
-            target: INGEST_LOG,
-            "ingest account (pid {}): accepted {env_steps} env steps from actor {actor_id}; count {total}",
-            std::process::id()
-        );
+        self.count_ingested(env_steps as i64, format_args!("accepted {env_steps} env steps from actor {actor_id}"));
     }
 
     /// Take back `env_steps` that [`Hub::accepted`] counted for a message the queue then did not take (the
     /// run ended first, or the call ended while it waited for room): the ledger and the account lines go down.
     fn returned(&self, actor_id: u64, env_steps: u64) {
+        let what = format_args!("returned {env_steps} env steps from actor {actor_id}, not queued");
+        self.count_ingested(-(env_steps as i64), what);
+    }
+
+    /// Add `change` to the env steps taken in, write the new count to the ledger and log the account line
+    /// (`what` changed it). One at a time, so the ledger follows the count (two calls writing their totals in
+    /// the other order would leave it one message off) and the account lines come in the ledger's order. The
+    /// lines are off unless asked for (`RUST_LOG=info,flotilla::ingest=debug`): an account of what was taken in
+    /// that an observer (scripts/soak.sh) checks against the ledger.
+    fn count_ingested(&self, change: i64, what: std::fmt::Arguments<'_>) {
         let _in_order = self.ingest_order.lock().expect("ingest order");
-        let total = self.ingested.fetch_sub(env_steps, Ordering::SeqCst) - env_steps;
+        let total = match change {
+            up @ 0.. => self.ingested.fetch_add(up as u64, Ordering::SeqCst) + up as u64,
+            down => self.ingested.fetch_sub(down.unsigned_abs(), Ordering::SeqCst) - down.unsigned_abs(),
+        };
         if let Some(ledger) = self.ledger.get()
             && let Err(e) = ledger.record(total)
         {
             warn!("{e}");
         }
-        tracing::debug!(
-            target: INGEST_LOG,
-            "ingest account (pid {}): returned {env_steps} env steps from actor {actor_id}, not queued; count {total}",
-            std::process::id()
-        );
+        tracing::debug!(target: INGEST_LOG, "ingest account (pid {}): {what}; count {total}", std::process::id());
     }
 
     /// Whether a message with `key` arrives for the first time, taking the key if so (messages without a key
