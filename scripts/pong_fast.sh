@@ -3,7 +3,8 @@
 # `--set`s are for tuning runs, which then do not count), wall-clock from the command's start. Writes
 # ~/.cache/flotilla/runs/NAME/ (the run), NAME.log (its output, each line stamped by the run's own UTC clock)
 # and prints, from the log, every evaluation against wall-clock and frames, the wall-clock to the first
-# evaluation ≥ +18 and ≥ +20, and whether every evaluation after the first ≥ +18 stays ≥ +18.
+# evaluation ≥ +18 and ≥ +20, whether every evaluation after the first ≥ +18 stays ≥ +18, and where it settled
+# (the evaluation from which every later one is ≥ +18, to the run's end).
 # It runs a copy of the release binary (a rebuild meanwhile does not touch it) at normal priority: time the run
 # that counts with nothing else running on the machine, and say so.
 #   bash scripts/pong_fast.sh NAME [--set key=value ...]
@@ -50,4 +51,12 @@ for level in (18.0, 20.0):
     print(f"+{level:.0f}: first at {t / 60:.1f} min wall-clock, {4 * steps / 1e6:.2f} M frames; "
           f"{'held' if held else 'not held'} at the {len(after)} evaluations after it (lowest "
           f"{min(after) if after else float('nan'):+.1f})")
+    # Settled: the first evaluation from which every later one is >= level (the run holds it to its end).
+    settled = next((i for i in range(len(evals)) if all(e[2] >= level for e in evals[i:])), None)
+    if settled is None:
+        print(f"+{level:.0f}: not settled (the last evaluation is below)")
+    else:
+        t, steps, _ = evals[settled]
+        print(f"+{level:.0f}: settled at {t / 60:.1f} min wall-clock, {4 * steps / 1e6:.2f} M frames "
+              f"(>= +{level:.0f} at it and the {len(evals) - settled - 1} evaluations after it)")
 EOF
