@@ -149,12 +149,13 @@ pub struct HubCounters {
     pub refused: AtomicU64,
 }
 
-/// A sender's highest message number taken ([`Hub::first_arrival`]), when it was last heard, and that
-/// message's answer: `None` while its first copy is being answered, then whether the learner took it.
+/// A sender's highest message number taken ([`Hub::first_arrival`]), when it was last heard, and where that
+/// message's answer comes: the channel says `None` while its first copy is being answered, then whether the
+/// learner took it; no channel when it was answered as delivered long ago.
 struct Taken {
     highest: u64,
     heard: Instant,
-    answer: tokio::sync::watch::Receiver<Option<bool>>,
+    answer: Option<tokio::sync::watch::Receiver<Option<bool>>>,
 }
 
 /// How a message arrived ([`Hub::first_arrival`]).
@@ -436,21 +437,14 @@ impl Hub {
         if taken.len() >= MAX_SENDERS && !taken.contains_key(&key.sender) {
             taken.retain(|_, t| t.heard.elapsed() < SENDER_MEMORY);
         }
-        let t = taken.entry(key.sender).or_insert_with(|| Taken {
-            highest: 0,
-            heard: Instant::now(),
-            answer: tokio::sync::watch::channel(Some(true)).1,
-        });
+        let t = taken.entry(key.sender).or_insert(Taken { highest: 0, heard: Instant::now(), answer: None });
         t.heard = Instant::now();
-        if key.seq < t.highest {
-            // Taken, and its sender has sent a later message since: its answer came back (delivered).
-            return Arrival::Again(None);
-        }
-        if key.seq == t.highest {
-            return Arrival::Again(Some(t.answer.clone()));
+        if key.seq <= t.highest {
+            // Below the highest: taken, and its sender has sent a later message since, so its answer came back.
+            return Arrival::Again(if key.seq == t.highest { t.answer.clone() } else { None });
         }
         let (tx, rx) = tokio::sync::watch::channel(None);
-        (t.highest, t.answer) = (key.seq, rx);
+        (t.highest, t.answer) = (key.seq, Some(rx));
         Arrival::First(FirstCopy { hub: self, key, answer: Some(tx), queued: AtomicBool::new(false), counted: None })
     }
 
@@ -598,7 +592,7 @@ impl Hub {
             && t.highest == key.seq
         {
             // The number before was answered as delivered: its sender sends the next only after that.
-            (t.highest, t.answer) = (key.seq.saturating_sub(1), tokio::sync::watch::channel(Some(true)).1);
+            (t.highest, t.answer) = (key.seq.saturating_sub(1), None);
         }
     }
 
@@ -610,10 +604,8 @@ impl Hub {
         applied: Option<tokio::sync::oneshot::Receiver<()>>,
         first: &FirstCopy<'_>,
     ) -> Result<Ack, RpcError> {
-        if self.finished.load(Ordering::SeqCst) {
-            return Ok(self.ack());
-        }
-        // Subscribed before queueing, so an update that lands right after cannot be missed.
+        // A message arriving after the run's end never gets here (the caller answers it uncounted). Subscribed
+        // before queueing, so an update that lands right after cannot be missed.
         let progress = match &d {
             Delivery::Chunk(c) if self.spec.synchronous => Some((c.policy_version, self.progress.subscribe())),
             _ => None,

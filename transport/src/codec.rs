@@ -429,12 +429,15 @@ mod tests {
     }
 
     #[test]
-    fn params_and_registration_round_trip() {
-        // An A3C gradient and its idempotency key.
+    fn an_a3c_gradient_and_its_idempotency_key_round_trip() {
         let g =
             Gradient { actor_id: 3, policy_version: 9, values: vec![0.5, -1.5], env_steps: 8, episodes: Vec::new() };
         let key = MessageKey { sender: 0xbeef, seq: 7 };
         assert_eq!(gradient_from_proto(&gradient_to_proto(&g, 1, key)).unwrap(), (g, key));
+    }
+
+    #[test]
+    fn params_and_registration_round_trip() {
         let p = Versioned { version: 5, value: Arc::new(vec![1.0f32, -2.0]) };
         assert_eq!(params_from_proto(&params_to_proto(Some(&p))).unwrap(), Some(p));
         assert_eq!(params_from_proto(&params_to_proto(None)).unwrap(), None);
