@@ -123,6 +123,20 @@ fn members_stepping_one_joint_env_batch_are_their_seeds_trained_alone() {
     check_members_equal_alone("joint-td3", "pendulum_td3.toml", &sets, true);
 }
 
+/// SAC members update one after the other, each as alone (no stacked SAC update): stepping one joint env
+/// batch, sampling from their own generators, each must be its seed trained alone, bit for bit, with its
+/// learnt entropy coefficient.
+#[test]
+fn sac_members_are_their_seeds_trained_alone() {
+    let sets = [
+        "run.total_env_steps=1200",
+        "algorithm.learning_starts=400",
+        "eval.interval_steps=600",
+        "checkpoint.interval_steps=500",
+    ];
+    check_members_equal_alone("joint-sac", "pendulum_sac.toml", &sets, true);
+}
+
 /// Batched on libtorch (`fused_cpu = false`; the fused CPU step updates members in turn, each bit for bit as
 /// alone): 4 members of `example` on one thread (`sets`, and `population` settings) share every update (one
 /// batched program); members 0 and 3 must end within 1e-5 relative of their runs alone and reach the same

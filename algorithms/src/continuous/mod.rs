@@ -138,8 +138,10 @@ impl Critics {
 
     /// The first `critics` critics' weights and biases as detached aliases of `params`' buffer: they follow
     /// every in-place update of the buffer, and a loss through them puts no gradient into it.
+    /// Hidden layers read the bf16 copy where the critics run in bf16 and `params` has one.
     pub(crate) fn detached(&self, params: &FlatParams, critics: usize) -> Vec<Tensor> {
-        (0..2 * self.layers * critics).map(|i| params.view(i).detach()).collect()
+        let hidden = |i: usize| (i / 2) % self.layers + 1 < self.layers;
+        (0..2 * self.layers * critics).map(|i| params.view_in(i, self.bf16 && hidden(i)).detach()).collect()
     }
 
     /// The critics whose weights [`Critics::detached`] gave, on `[B, inputs]`: `[B, critics]`.

@@ -160,7 +160,8 @@ impl FlatMlp {
         let last = self.layers.len() - 1;
         let mut h = x.shallow_clone();
         for (k, &i) in self.layers.iter().enumerate() {
-            h = crate::nn::mixed::dense(&h, params.view(i), params.view(i + 1), bf16 && k < last);
+            let low = bf16 && k < last;
+            h = crate::nn::mixed::dense(&h, params.view_in(i, low), params.view_in(i + 1, low), low);
             if k < last {
                 h = self.activation.apply(&h);
             }

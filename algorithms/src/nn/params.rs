@@ -37,6 +37,18 @@ pub struct FlatParams {
     runs: Vec<(i64, i64)>,
     /// What [`FlatParams::save`] writes into the file's `__metadata__` (the architecture: [`crate::export`]).
     metadata: std::collections::BTreeMap<String, String>,
+    /// A bf16 copy of the buffer for updates that run layers in bf16 ([`FlatParams::refresh_bf16`]).
+    bf16: Option<Bf16Copy>,
+}
+
+/// A bf16 copy of a [`FlatParams`] buffer seen through the same views, a leaf of its own. A bf16 forward pass
+/// reads it instead of casting each weight and bias at each use (as PyTorch's CPU autocast does), and
+/// [`FlatParams::backward`] writes its bf16 gradients into the f32 gradient buffer (the cast autocast's
+/// backward does): the same numbers, one cast of the whole buffer per refresh instead of one per use.
+#[derive(Debug)]
+struct Bf16Copy {
+    flat: Tensor,
+    views: Vec<Tensor>,
 }
 
 impl FlatParams {
@@ -58,7 +70,7 @@ impl FlatParams {
         let grad_views = entries.iter().map(|e| grad.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
         let frozen = vec![false; entries.len()];
         let runs = vec![(0, offset)];
-        FlatParams { flat, entries, views, grad_views, frozen, runs, metadata: Default::default() }
+        FlatParams { flat, entries, views, grad_views, frozen, runs, metadata: Default::default(), bf16: None }
     }
 
     /// Set the gradient buffer to `∂loss/∂θ`, overwriting it (no `zero_grad` needed).
@@ -76,7 +88,24 @@ impl FlatParams {
     }
 
     fn backward_into(&mut self, loss: &Tensor, add: bool) {
-        let grads = Tensor::run_backward(&[loss], &self.views, false, false);
+        let n = self.views.len();
+        let mut grads = match &self.bf16 {
+            None => Tensor::run_backward(&[loss], &self.views, false, false),
+            Some(copy) => {
+                let inputs: Vec<&Tensor> = self.views.iter().chain(&copy.views).collect();
+                let mut grads = Tensor::run_backward(&[loss], &inputs, false, false);
+                // A parameter's gradient through its bf16 view, if the loss reached it there (in f32 when
+                // it reached both views).
+                let low = grads.split_off(n);
+                for (g, l) in grads.iter_mut().zip(low) {
+                    if l.defined() {
+                        *g = if g.defined() { &*g + l.to_kind(Kind::Float) } else { l };
+                    }
+                }
+                grads
+            }
+        };
+        grads.truncate(n);
         tch::no_grad(|| {
             for ((dst, g), frozen) in self.grad_views.iter().zip(&grads).zip(&self.frozen) {
                 let mut dst = dst.shallow_clone();
@@ -99,6 +128,32 @@ impl FlatParams {
     /// The view of parameter `i` (in the order given to [`FlatParams::new`]).
     pub fn view(&self, i: usize) -> &Tensor {
         &self.views[i]
+    }
+
+    /// Parameter `i` in bf16 where `bf16` and a bf16 copy exists ([`FlatParams::refresh_bf16`]), else its f32
+    /// view.
+    pub(crate) fn view_in(&self, i: usize, bf16: bool) -> &Tensor {
+        match &self.bf16 {
+            Some(copy) if bf16 => &copy.views[i],
+            _ => &self.views[i],
+        }
+    }
+
+    /// Make (the first time) or bring up to date the bf16 copy of the buffer that [`FlatParams::view_in`]
+    /// reads: one cast of the whole buffer. The copy holds the values of the last call, so an update calls
+    /// this right before the forward passes that read it.
+    pub(crate) fn refresh_bf16(&mut self) {
+        match &mut self.bf16 {
+            Some(copy) => tch::no_grad(|| {
+                copy.flat.copy_(&self.flat);
+            }),
+            None => {
+                let flat = self.flat.detach().to_kind(Kind::BFloat16).set_requires_grad(self.flat.requires_grad());
+                let views =
+                    self.entries.iter().map(|e| flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
+                self.bf16 = Some(Bf16Copy { flat, views });
+            }
+        }
     }
 
     /// The flat leaf tensor.
@@ -487,6 +542,35 @@ pub(crate) fn assert_params_close(what: &str, a: &FlatParams, b: &FlatParams, re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bf16 forward pass through the bf16 copy gives the outputs and f32 gradients that casting each weight
+    /// at its use gives, bit for bit, and reads the values of the last refresh.
+    #[test]
+    fn the_bf16_copy_is_the_cast_at_each_use() {
+        use crate::nn::nets::{Activation, FlatMlp, LayerInit};
+        let (net, named) = crate::nn::nets::with_torch_seed(3, || {
+            FlatMlp::init("q", 5, &[16, 16], 2, Activation::Relu, LayerInit::Torch, 0)
+        });
+        let mut params = FlatParams::new(named, Device::Cpu);
+        let x = Tensor::randn([7, 5], (Kind::Float, Device::Cpu));
+        let run = |p: &mut FlatParams| {
+            let out = net.forward_in(p, &x, true);
+            p.backward(&out.square().sum(Kind::Float));
+            let bits = |t: &Tensor| Vec::<f32>::try_from(t.detach().flatten(0, -1)).unwrap();
+            (bits(&out), bits(&p.flat().grad()))
+        };
+        let cast = run(&mut params);
+        params.refresh_bf16();
+        assert!(params.view_in(0, true).kind() == Kind::BFloat16 && params.view_in(0, false).kind() == Kind::Float);
+        assert_eq!(run(&mut params), cast, "outputs and gradients through the bf16 copy");
+        // After new values and a refresh, the same as a buffer of those values without a copy.
+        tch::no_grad(|| params.flat().shallow_clone().g_mul_scalar_(0.5));
+        params.refresh_bf16();
+        let named = params.names().enumerate().map(|(i, n)| (n.to_string(), params.view(i).detach().copy())).collect();
+        let fresh = run(&mut FlatParams::new(named, Device::Cpu));
+        assert_ne!(fresh, cast);
+        assert_eq!(run(&mut params), fresh, "a refresh brings the new values");
+    }
 
     /// A two-layer network's parameters: `l.0.weight` [2, 3], `l.0.bias` [2], `l.1.weight` [1, 2], `l.1.bias` [1],
     /// every value `fill`.

@@ -236,7 +236,7 @@ impl GaussianActor {
         let (torso, out) = layers.split_at(layers.len() - 1);
         let mut h = obs.shallow_clone();
         for &i in torso {
-            h = activation.apply(&dense(&h, params.view(i), params.view(i + 1), bf16));
+            h = activation.apply(&dense(&h, params.view_in(i, bf16), params.view_in(i + 1, bf16), bf16));
         }
         // Both heads in f32 on one cast of the torso's output.
         let h = if bf16 { h.to_kind(Kind::Float) } else { h };
@@ -352,6 +352,13 @@ impl Sac {
             let critic_net = critic_net.with_bf16(c.bf16 && device == Device::Cpu);
             Ok((pi, FlatParams::new(actor, device), critic_net, FlatParams::new(q, device)))
         })?;
+        let (mut actor, mut critic_target, mut critic) = (actor, critic.target_copy(), critic);
+        if critic_net.bf16() {
+            // bf16 copies for the update's forward passes, refreshed by each step (`step_on`).
+            for p in [&mut actor, &mut critic, &mut critic_target] {
+                p.refresh_bf16();
+            }
+        }
         let log_alpha =
             FlatParams::new(vec![("log_ent_coef".into(), Tensor::from_slice(&[c.ent_coef.ln() as f32]))], device);
         let data = ActionReplay::new(
@@ -367,7 +374,7 @@ impl Sac {
             actor_opt: Adam::new(&actor, c.learning_rate, c.adam_eps),
             critic_opt: Adam::new(&critic, c.learning_rate, c.adam_eps),
             alpha_opt: Adam::new(&log_alpha, c.learning_rate, c.adam_eps),
-            critic_target: critic.target_copy(),
+            critic_target,
             critic_detached: critic_net.detached(&critic, c.n_critics),
             pi,
             actor,
@@ -456,6 +463,11 @@ impl Sac {
         let parts: Vec<(i64, i64)> = self.parallel.micro_batches(b).collect();
         let part =
             |t: &Tensor, (start, len): (i64, i64)| if len == b { t.shallow_clone() } else { t.narrow(0, start, len) };
+        if bf16 {
+            for p in [&mut self.actor, &mut self.critic, &mut self.critic_target] {
+                p.refresh_bf16();
+            }
+        }
         // α as it stands before its own step weighs this step's losses (SB3).
         let alpha = self.log_alpha.flat().exp().detach();
         // (1) The policy at s, kept for the actor loss; the temperature's loss and step.
@@ -498,6 +510,9 @@ impl Sac {
         }
         self.parallel.reduce_slot(0, &mut self.critic)?;
         adam_step(&mut self.critic_opt, &mut self.critic, fused);
+        if bf16 {
+            self.critic.refresh_bf16();
+        }
         // (3) The actor through the updated critics (detached weights: no critic gradient).
         let mut actor_losses = Vec::new();
         for (j, (&p, (a_pi, log_prob))) in parts.iter().zip(sampled).enumerate() {

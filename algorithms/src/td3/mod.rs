@@ -448,14 +448,22 @@ impl Td3 {
             let critic_net = critic_net.with_bf16(c.bf16 && device == Device::Cpu);
             Ok((pi, FlatParams::new(a, device), critic_net, FlatParams::new(q, device)))
         })?;
+        let (mut actor, mut critic) = (actor, critic);
+        let (mut actor_target, mut critic_target) = (actor.target_copy(), critic.target_copy());
+        if critic_net.bf16() {
+            // bf16 copies for the update's forward passes, refreshed by each step (`Td3Nets::refresh_bf16`).
+            for p in [&mut actor, &mut critic, &mut actor_target, &mut critic_target] {
+                p.refresh_bf16();
+            }
+        }
         let (obs_dim, act_dim) = (pi.obs_dim, pi.act_dim);
         let actor_opt = Adam::new(&actor, c.learning_rate, c.adam_eps);
         let critic_opt = Adam::new(&critic, c.learning_rate, c.adam_eps);
         Ok(Td3 {
             name,
             host: Default::default(),
-            actor_target: actor.target_copy(),
-            critic_target: critic.target_copy(),
+            actor_target,
+            critic_target,
             critic_first: critic_net.detached(&critic, 1),
             data: ActionReplay::new(
                 c.buffer_size,
@@ -652,6 +660,21 @@ impl Td3Nets<'_> {
         }
     }
 
+    /// Bring a member alone's bf16 copies up to date ([`FlatParams::refresh_bf16`]): every network's, or only
+    /// the online critics' (`critics_only`, after their step); stacked members cast as they go.
+    fn refresh_bf16(&mut self, critics_only: bool) {
+        if let Td3Nets::Alone(m) = self
+            && m.critic_net.bf16()
+        {
+            m.critic.refresh_bf16();
+            if !critics_only {
+                m.critic_target.refresh_bf16();
+                m.actor.refresh_bf16();
+                m.actor_target.refresh_bf16();
+            }
+        }
+    }
+
     /// A minibatch of `len` rows as micro-batches `(start, len)`, and the scale of each one's mean.
     fn micro_batches(&self, len: i64) -> (Vec<(i64, i64)>, f64) {
         match self {
@@ -716,6 +739,7 @@ fn td3_step(nets: &mut Td3Nets, x: &Tensor, update_actor: bool) -> Result<(Tenso
     let ((od, ad, smoothing), b) = (nets.dims(), x.size()[1]);
     let obs = x.narrow(2, 0, od);
     let next_obs = x.narrow(2, od + ad, od);
+    nets.refresh_bf16(false);
     let target = tch::no_grad(|| {
         let mut next_action = nets.actor(&next_obs, true);
         if smoothing {
@@ -740,6 +764,7 @@ fn td3_step(nets: &mut Td3Nets, x: &Tensor, update_actor: bool) -> Result<(Tenso
     }
     nets.step(Net::Critic)?;
     let actor_loss = if update_actor {
+        nets.refresh_bf16(true);
         let mut losses = Vec::new();
         for (j, &part) in micro_batches.iter().enumerate() {
             let obs = micro(&obs, part);
