@@ -245,14 +245,28 @@ impl GaussianActor {
         (mean, log_std.clamp(LOG_STD_RANGE.0, LOG_STD_RANGE.1))
     }
 
-    /// A reparameterised sample `tanh(μ + σ ε)` `[B, A]` for the standard-normal draws `eps` `[B, A]`, and its
-    /// log-probability `[B, 1]` (with the tanh correction).
-    fn sample(&self, params: &FlatParams, obs: &Tensor, eps: &Tensor, bf16: bool) -> (Tensor, Tensor) {
+    /// A reparameterised sample `tanh(μ + σ ε)` `[B, A]` for the standard-normal draws `eps` `[B, A]`, and the
+    /// log standard deviation `[B, A]` it was drawn with.
+    fn squashed(&self, params: &FlatParams, obs: &Tensor, eps: &Tensor, bf16: bool) -> (Tensor, Tensor) {
         let (mean, log_std) = self.forward(params, obs, bf16);
-        let action = (&mean + log_std.exp() * eps).tanh();
-        let gaussian = eps.square() * -0.5 - &log_std - 0.5 * (2.0 * std::f64::consts::PI).ln();
-        let squash = (action.square() * -1.0 + 1.0 + 1e-6).log();
-        let log_prob = (gaussian - squash).sum_dim_intlist(1, true, Kind::Float);
+        (mean.addcmul(&log_std.exp(), eps).tanh(), log_std)
+    }
+
+    /// [`GaussianActor::squashed`] and the sample's log-probability `[B, 1]` with the tanh correction,
+    /// `Σ_j [log N(u_j; μ_j, σ_j) − log(1 − a_j² + 10⁻⁶)]`, where `log N = −ε²/2 − log σ − ln √(2π)`: the draws'
+    /// own part `Σ_j (−ε_j²/2) − A ln √(2π)` comes in `eps_density` `[B, 1]`, taken on the host with the draws
+    /// ([`push_eps_densities`]), so the graph holds only the terms that depend on the parameters.
+    fn sample(
+        &self,
+        params: &FlatParams,
+        obs: &Tensor,
+        (eps, eps_density): (&Tensor, &Tensor),
+        bf16: bool,
+    ) -> (Tensor, Tensor) {
+        let (action, log_std) = self.squashed(params, obs, eps, bf16);
+        // (1 − a²) + 10⁻⁶ in SB3's order: the 10⁻⁶ must not round into the 1 where tanh saturates.
+        let squash = (action.square().neg() + 1.0 + 1e-6).log();
+        let log_prob = eps_density - (log_std + squash).sum_dim_intlist(1, true, Kind::Float);
         (action, log_prob)
     }
 
@@ -295,7 +309,7 @@ impl GaussianActor {
                     raw.clear();
                     fill_standard_normal(rng, rows * self.act_dim, |_, e| raw.push(e as f32));
                     let eps = Tensor::from_slice(raw).view([rows as i64, -1]).to_device(self.device);
-                    self.sample(params, &x, &eps, false).0
+                    self.squashed(params, &x, &eps, false).0
                 }
             });
             a.to_device(Device::Cpu).f_copy_data(&mut out.actions, rows * self.act_dim)?;
@@ -411,7 +425,8 @@ impl Sac {
         let ad = self.pi.act_dim;
         let b = self.config.batch_size;
         let width = self.data.sample_rows(b, &mut self.rng, &mut self.batch, |rng, out| {
-            fill_standard_normal(rng, 2 * ad, |_, e| out.push(e as f32))
+            fill_standard_normal(rng, 2 * ad, |_, e| out.push(e as f32));
+            push_eps_densities(out, ad);
         })?;
         let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.device);
         self.step_on(&x)
@@ -445,6 +460,7 @@ impl Sac {
         let width = rows.lay_out(dims, &mut self.batch, |out| {
             out.extend_from_slice(&eps[row * dims.1..(row + 1) * dims.1]);
             out.extend_from_slice(&next_eps[row * dims.1..(row + 1) * dims.1]);
+            push_eps_densities(out, dims.1);
             row += 1;
         });
         let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.device);
@@ -452,7 +468,9 @@ impl Sac {
         Ok((f64::try_from(&l.critic)?, f64::try_from(&l.actor)?, f64::try_from(&l.alpha)?))
     }
 
-    /// SAC's update on the rows `x` `[B, width]` (one per transition: `[obs | action | next_obs | reward | bootstrap | ε | ε′]`): temperature, critics, actor, targets.
+    /// SAC's update on the rows `x` `[B, width]` (one per transition: `[obs | action | next_obs | reward |
+    /// bootstrap | ε | ε′ | ε's density | ε′'s density]`, [`push_eps_densities`]): temperature, critics, actor,
+    /// targets.
     fn step_on(&mut self, x: &Tensor) -> Result<StepLosses> {
         let (od, ad, b) = (self.pi.obs_dim as i64, self.pi.act_dim as i64, x.size()[0]);
         let (fused, bf16) = (self.config.fused_cpu, self.critic_net.bf16());
@@ -460,6 +478,7 @@ impl Sac {
         let (obs, action, next_obs) = (column(0, od), column(od, ad), column(od + ad, od));
         let (reward, bootstrap) = (column(2 * od + ad, 1), column(2 * od + ad + 1, 1));
         let (eps, next_eps) = (column(2 * od + ad + 2, ad), column(2 * od + 2 * ad + 2, ad));
+        let (density, next_density) = (column(2 * od + 3 * ad + 2, 1), column(2 * od + 3 * ad + 3, 1));
         let parts: Vec<(i64, i64)> = self.parallel.micro_batches(b).collect();
         let part =
             |t: &Tensor, (start, len): (i64, i64)| if len == b { t.shallow_clone() } else { t.narrow(0, start, len) };
@@ -473,7 +492,8 @@ impl Sac {
         // (1) The policy at s, kept for the actor loss; the temperature's loss and step.
         let (mut sampled, mut alpha_losses) = (Vec::with_capacity(parts.len()), Vec::new());
         for (j, &p) in parts.iter().enumerate() {
-            let (a_pi, log_prob) = self.pi.sample(&self.actor, &part(&obs, p), &part(&eps, p), bf16);
+            let (a_pi, log_prob) =
+                self.pi.sample(&self.actor, &part(&obs, p), (&part(&eps, p), &part(&density, p)), bf16);
             if self.config.learn_ent_coef {
                 let loss =
                     -(self.log_alpha.view(0) * (log_prob.detach() + self.target_entropy)).sum(Kind::Float) / b as f64;
@@ -492,7 +512,7 @@ impl Sac {
         }
         // (2) The critics against the soft target.
         let target = tch::no_grad(|| {
-            let (next_action, next_log_prob) = self.pi.sample(&self.actor, &next_obs, &next_eps, bf16);
+            let (next_action, next_log_prob) = self.pi.sample(&self.actor, &next_obs, (&next_eps, &next_density), bf16);
             let next_q = self.critic_net.forward(&self.critic_target, &Tensor::cat(&[&next_obs, &next_action], 1));
             reward.addcmul(&bootstrap, &(next_q.amin(1, true) - &alpha * next_log_prob))
         });
@@ -539,6 +559,18 @@ impl Sac {
         let q = Tensor::cat(&qs, 0).mean(Kind::Float);
         Ok(StepLosses { critic: total(critic_losses), q, actor: total(actor_losses), alpha: alpha_loss })
     }
+}
+
+/// After a row's draws `[ε | ε′]` (the last `2 · act_dim` values of `out`), their own parts of the Gaussian
+/// log-density, `Σ_j (−ε_j²/2) − A ln √(2π)` for `ε` and for `ε′` ([`GaussianActor::sample`]).
+fn push_eps_densities(out: &mut Vec<f32>, act_dim: usize) {
+    let half_ln_two_pi = 0.5 * (2.0 * std::f64::consts::PI).ln();
+    let density = |e: &[f32]| {
+        e.iter().map(|&x| -0.5 * f64::from(x) * f64::from(x)).sum::<f64>() - act_dim as f64 * half_ln_two_pi
+    };
+    let draws = &out[out.len() - 2 * act_dim..];
+    let (now, next) = (density(&draws[..act_dim]) as f32, density(&draws[act_dim..]) as f32);
+    out.extend([now, next]);
 }
 
 impl Policy for Sac {
@@ -741,7 +773,11 @@ mod tests {
         let agent = sac(tiny(), 1, 1);
         let obs = Tensor::from_slice(&[0.2f32, -0.4, 0.9, 0.1]).view([2, 2]);
         let eps = Tensor::from_slice(&[0.5f32, -1.5]).view([2, 1]);
-        let (action, log_prob) = agent.pi.sample(&agent.actor, &obs, &eps, false);
+        // One row's `[ε | ε′]` with act_dim 1 gives the densities of both rows' draws.
+        let mut density = vec![0.5f32, -1.5];
+        push_eps_densities(&mut density, 1);
+        let density = Tensor::from_slice(&density[2..]).view([2, 1]);
+        let (action, log_prob) = agent.pi.sample(&agent.actor, &obs, (&eps, &density), false);
         let (mean, log_std) = agent.pi.forward(&agent.actor, &obs, false);
         for r in 0..2 {
             let (m, s, e) =
