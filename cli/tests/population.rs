@@ -114,13 +114,7 @@ fn ppo_members_are_their_seeds_trained_alone() {
 fn members_stepping_one_joint_env_batch_are_their_seeds_trained_alone() {
     let sets = ["run.total_env_steps=4096", "eval.interval_steps=2048", "checkpoint.interval_steps=1024"];
     check_members_equal_alone("joint-ppo", "cartpole_ppo.toml", &sets, true);
-    let sets = [
-        "run.total_env_steps=1200",
-        "algorithm.learning_starts=400",
-        "eval.interval_steps=600",
-        "checkpoint.interval_steps=500",
-    ];
-    check_members_equal_alone("joint-td3", "pendulum_td3.toml", &sets, true);
+    check_members_equal_alone("joint-td3", "pendulum_td3.toml", &OFF_POLICY_SETS, true);
 }
 
 /// SAC members update one after the other, each as alone (no stacked SAC update): stepping one joint env
@@ -128,14 +122,17 @@ fn members_stepping_one_joint_env_batch_are_their_seeds_trained_alone() {
 /// learnt entropy coefficient.
 #[test]
 fn sac_members_are_their_seeds_trained_alone() {
-    let sets = [
-        "run.total_env_steps=1200",
-        "algorithm.learning_starts=400",
-        "eval.interval_steps=600",
-        "checkpoint.interval_steps=500",
-    ];
-    check_members_equal_alone("joint-sac", "pendulum_sac.toml", &sets, true);
+    check_members_equal_alone("joint-sac", "pendulum_sac.toml", &OFF_POLICY_SETS, true);
 }
+
+/// A short Pendulum run for the off-policy members' tests: learning starts, checkpoints and evaluations fall
+/// inside it.
+const OFF_POLICY_SETS: [&str; 4] = [
+    "run.total_env_steps=1200",
+    "algorithm.learning_starts=400",
+    "eval.interval_steps=600",
+    "checkpoint.interval_steps=500",
+];
 
 /// Batched on libtorch (`fused_cpu = false`; the fused CPU step updates members in turn, each bit for bit as
 /// alone): 4 members of `example` on one thread (`sets`, and `population` settings) share every update (one
