@@ -203,10 +203,11 @@ fn actors_on_other_hosts_survive_latency_a_stall_and_a_partition() {
     );
     assert!(ok, "the learner failed:\n{all}");
     // Which actor's chunk reaches the learner first, around the stall and the partition, orders the batches,
-    // and the kernels the CPU picks round differently: the final return of one seed is not deterministic
-    // (440 on one quiet machine, 500 on others). What is: the whole budget was trained on both actors' data
-    // and the policy learned (a CartPole policy that has not scores ~10-40; 100 K steps of PPO end far above
-    // 150 with any ordering).
+    // and the kernels the CPU picks round differently: the evaluations of one seed are not deterministic (the
+    // final one was 440 on one quiet machine, 500 on others, and 135.8 in a CI run that had scored 500 at 40 K
+    // steps and then drifted down, as PPO on CartPole does on some orderings). What is: the whole budget was
+    // trained on both actors' data and the policy learned — an evaluation reached the env's reward threshold
+    // (475; a CartPole policy that has not learned scores ~10-40).
     let trained = log.lines().find_map(|l| {
         l.strip_prefix("trained CartPole-v1 with ppo")?
             .split(" for ")
@@ -220,7 +221,11 @@ fn actors_on_other_hosts_survive_latency_a_stall_and_a_partition() {
         trained.is_some_and(|n| n >= 100_000),
         "the whole budget of 100000 env steps was trained ({trained:?}):\n{all}"
     );
-    assert!(final_return.is_some_and(|r| r >= 150.0), "did not learn: final evaluation {final_return:?}\n{all}");
+    let solved = log.lines().any(|l| l.starts_with("first evaluation ≥ 475"));
+    assert!(
+        solved && final_return.is_some(),
+        "did not learn: no evaluation reached 475 (final {final_return:?})\n{all}"
+    );
     assert!(actor1_ok && actor2_ok, "both actors end cleanly with the run:\n{all}");
     assert!(proxy.connections.load(Ordering::SeqCst) >= 2, "the actors came through the proxy:\n{all}");
 
