@@ -440,7 +440,8 @@ impl Hub {
         let t = taken.entry(key.sender).or_insert(Taken { highest: 0, heard: Instant::now(), answer: None });
         t.heard = Instant::now();
         if key.seq <= t.highest {
-            // Below the highest: taken, and its sender has sent a later message since, so its answer came back.
+            // Taken. Below the highest, its sender has sent a later message since, so its answer came back
+            // (delivered); at the highest, it gets its first copy's answer.
             return Arrival::Again(if key.seq == t.highest { t.answer.clone() } else { None });
         }
         let (tx, rx) = tokio::sync::watch::channel(None);
@@ -604,8 +605,9 @@ impl Hub {
         applied: Option<tokio::sync::oneshot::Receiver<()>>,
         first: &FirstCopy<'_>,
     ) -> Result<Ack, RpcError> {
-        // A message arriving after the run's end never gets here (the caller answers it uncounted). Subscribed
-        // before queueing, so an update that lands right after cannot be missed.
+        // The caller answered a message that arrived after the run's end; one that passed its check as the run
+        // ended is answered below (the queue took it, or closed). Subscribed before queueing, so an update that
+        // lands right after cannot be missed.
         let progress = match &d {
             Delivery::Chunk(c) if self.spec.synchronous => Some((c.policy_version, self.progress.subscribe())),
             _ => None,

@@ -88,15 +88,14 @@ impl FlatParams {
     }
 
     fn backward_into(&mut self, loss: &Tensor, add: bool) {
-        let n = self.views.len();
-        let mut grads = match &self.bf16 {
+        let grads = match &self.bf16 {
             None => Tensor::run_backward(&[loss], &self.views, false, false),
             Some(copy) => {
                 let inputs: Vec<&Tensor> = self.views.iter().chain(&copy.views).collect();
                 let mut grads = Tensor::run_backward(&[loss], &inputs, false, false);
                 // A parameter's gradient through its bf16 view, if the loss reached it there (in f32 when
                 // it reached both views).
-                let low = grads.split_off(n);
+                let low = grads.split_off(self.views.len());
                 for (g, l) in grads.iter_mut().zip(low) {
                     if l.defined() {
                         *g = if g.defined() { &*g + l.to_kind(Kind::Float) } else { l };
@@ -105,7 +104,6 @@ impl FlatParams {
                 grads
             }
         };
-        grads.truncate(n);
         tch::no_grad(|| {
             for ((dst, g), frozen) in self.grad_views.iter().zip(&grads).zip(&self.frozen) {
                 let mut dst = dst.shallow_clone();
@@ -564,7 +562,7 @@ mod tests {
         assert!(params.view_in(0, true).kind() == Kind::BFloat16 && params.view_in(0, false).kind() == Kind::Float);
         assert_eq!(run(&mut params), cast, "outputs and gradients through the bf16 copy");
         // After new values and a refresh, the same as a buffer of those values without a copy.
-        tch::no_grad(|| params.flat().shallow_clone().g_mul_scalar_(0.5));
+        let _ = tch::no_grad(|| params.flat().shallow_clone().g_mul_scalar_(0.5));
         params.refresh_bf16();
         let named = params.names().enumerate().map(|(i, n)| (n.to_string(), params.view(i).detach().copy())).collect();
         let fresh = run(&mut FlatParams::new(named, Device::Cpu));

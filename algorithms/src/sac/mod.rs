@@ -359,19 +359,16 @@ impl Sac {
         config.validate()?;
         let c = &config;
         // The actor's draws first, then the critics', from one seeded stream.
-        let (pi, actor, critic_net, critic) = with_torch_seed(seed, || -> Result<_> {
+        let (pi, actor, critic_net, mut critic) = with_torch_seed(seed, || -> Result<_> {
             let (pi, actor) = GaussianActor::init(o, a, c, device)?;
             let dims = (pi.obs_dim as i64, pi.act_dim as i64);
             let (critic_net, q) = Critics::init("critic", dims, (c.n_critics, &c.hidden_sizes, c.activation), 1);
             let critic_net = critic_net.with_bf16(c.bf16 && device == Device::Cpu);
             Ok((pi, FlatParams::new(actor, device), critic_net, FlatParams::new(q, device)))
         })?;
-        let (mut actor, mut critic_target, mut critic) = (actor, critic.target_copy(), critic);
         if critic_net.bf16() {
-            // bf16 copies for the update's forward passes, refreshed by each step (`step_on`).
-            for p in [&mut actor, &mut critic, &mut critic_target] {
-                p.refresh_bf16();
-            }
+            // The detached critics below alias its bf16 copy; `step_on` refreshes every copy it reads.
+            critic.refresh_bf16();
         }
         let log_alpha =
             FlatParams::new(vec![("log_ent_coef".into(), Tensor::from_slice(&[c.ent_coef.ln() as f32]))], device);
@@ -388,7 +385,7 @@ impl Sac {
             actor_opt: Adam::new(&actor, c.learning_rate, c.adam_eps),
             critic_opt: Adam::new(&critic, c.learning_rate, c.adam_eps),
             alpha_opt: Adam::new(&log_alpha, c.learning_rate, c.adam_eps),
-            critic_target,
+            critic_target: critic.target_copy(),
             critic_detached: critic_net.detached(&critic, c.n_critics),
             pi,
             actor,

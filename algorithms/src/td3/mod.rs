@@ -440,7 +440,7 @@ impl Td3 {
     ) -> Result<Self> {
         let c = &config;
         // The actor's draws first, then the critics', from one seeded stream.
-        let (pi, actor, critic_net, critic) = with_torch_seed(seed, || -> Result<_> {
+        let (pi, actor, critic_net, mut critic) = with_torch_seed(seed, || -> Result<_> {
             let (pi, a) = ActorNet::init(name, observation_space, action_space, c, device)?;
             let dims = (pi.obs_dim as i64, pi.act_dim as i64);
             let (critic_net, q) =
@@ -448,13 +448,10 @@ impl Td3 {
             let critic_net = critic_net.with_bf16(c.bf16 && device == Device::Cpu);
             Ok((pi, FlatParams::new(a, device), critic_net, FlatParams::new(q, device)))
         })?;
-        let (mut actor, mut critic) = (actor, critic);
-        let (mut actor_target, mut critic_target) = (actor.target_copy(), critic.target_copy());
         if critic_net.bf16() {
-            // bf16 copies for the update's forward passes, refreshed by each step (`Td3Nets::refresh_bf16`).
-            for p in [&mut actor, &mut critic, &mut actor_target, &mut critic_target] {
-                p.refresh_bf16();
-            }
+            // Critic 1's detached weights below alias its bf16 copy; each step refreshes every copy it reads
+            // (`Td3Nets::refresh_bf16`).
+            critic.refresh_bf16();
         }
         let (obs_dim, act_dim) = (pi.obs_dim, pi.act_dim);
         let actor_opt = Adam::new(&actor, c.learning_rate, c.adam_eps);
@@ -462,8 +459,8 @@ impl Td3 {
         Ok(Td3 {
             name,
             host: Default::default(),
-            actor_target,
-            critic_target,
+            actor_target: actor.target_copy(),
+            critic_target: critic.target_copy(),
             critic_first: critic_net.detached(&critic, 1),
             data: ActionReplay::new(
                 c.buffer_size,
