@@ -40,13 +40,15 @@ pub(crate) struct DqnStep {
 
 impl DqnHost {
     /// The fused path for an MLP of these layers (weight indices into `online`, each followed by its bias),
-    /// when `online` is a CPU f32 buffer with nothing frozen; `None` otherwise.
+    /// when `online` is a CPU f32 buffer with nothing frozen; `None` otherwise. With `bf16`, the hidden
+    /// layers' products (forward passes and gradients) in bf16 ([`TwinTape::set_bf16`]).
     pub(crate) fn new(
         online: &FlatParams,
         layer_indices: &[usize],
         activation: Activation,
         n_actions: usize,
         quantiles: usize,
+        bf16: bool,
     ) -> Option<Self> {
         online.host_values()?;
         if online.has_frozen() {
@@ -56,13 +58,16 @@ impl DqnHost {
         if layers.last()?.fan_out != n_actions * quantiles {
             return None;
         }
+        let (mut tape, mut infer) = (TwinTape::default(), TwinTape::default());
+        tape.set_bf16(bf16);
+        infer.set_bf16(bf16);
         Some(DqnHost {
             layers,
             activation,
             n_actions,
             quantiles,
-            tape: TwinTape::default(),
-            infer: TwinTape::default(),
+            tape,
+            infer,
             stacked: Vec::new(),
             grad: Vec::new(),
             targets: Vec::new(),

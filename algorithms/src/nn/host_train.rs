@@ -10,6 +10,7 @@
 //! Layout: a twin MLP's layer `k` is a weight `[2, fan_in, fan_out]` and a bias `[2, 1, fan_out]` in the
 //! buffer ([`crate::nn::nets::TwinMlp`]); net `j`'s slice of each is contiguous, row-major, as `addmm` takes it.
 use crate::nn::activation::Activation;
+use crate::nn::gemm::{Bf16Gemm, gemm};
 use crate::nn::lanes::widest_lanes;
 
 /// One dense layer of a twin MLP: where its weight and bias start in the flat buffer, and its widths.
@@ -64,6 +65,8 @@ pub(crate) struct TwinTape {
     wt: Vec<f32>,
     dwt: Vec<f32>,
     rows: usize,
+    /// With [`TwinTape::set_bf16`]: the wide layers' products in bf16, and their packing buffers.
+    bf16: Option<Bf16Gemm>,
 }
 
 impl TwinTape {
@@ -72,54 +75,20 @@ impl TwinTape {
         self.outs[j].last().map(Vec::as_slice).unwrap_or(&[])
     }
 
+    /// Run the wide layers' products (forward, weight gradient, input gradient; not the narrow output layers'
+    /// loops) in bf16 — operands rounded to bf16, products summed in f32, as PyTorch's CPU autocast runs a
+    /// linear layer ([`Bf16Gemm`]) — or, with `false`, in f32.
+    pub(crate) fn set_bf16(&mut self, on: bool) {
+        if on != self.bf16.is_some() {
+            self.bf16 = on.then(Bf16Gemm::default);
+        }
+    }
+
     /// Let [`twin_backward`] take only the first `rows` rows of the last forward pass: that pass ran on inputs
     /// stacked with rows that need no gradient (read through [`TwinTape::out`], which keeps them all).
     pub(crate) fn keep_rows(&mut self, rows: usize) {
         assert!(rows <= self.rows, "keep_rows: {rows} of {} rows", self.rows);
         self.rows = rows;
-    }
-}
-
-/// `c = a·b + beta·c` for `a` `m × k` and `b` `k × n`, each given with its (row, column) strides so transposed
-/// operands cost nothing; `c` is row-major `m × n`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[f32],
-    sa: (usize, usize),
-    b: &[f32],
-    sb: (usize, usize),
-    beta: f32,
-    c: &mut [f32],
-) {
-    let extent = |rows: usize, cols: usize, (rs, cs): (usize, usize)| {
-        if rows == 0 || cols == 0 { 0 } else { (rows - 1) * rs + (cols - 1) * cs + 1 }
-    };
-    assert!(a.len() >= extent(m, k, sa) && b.len() >= extent(k, n, sb) && c.len() >= m * n, "gemm operand too short");
-    if m == 0 || n == 0 {
-        return;
-    }
-    // SAFETY: the assertion above keeps every index sgemm forms (row·rs + col·cs within the given shapes)
-    // inside the slices; `c` does not alias `a` or `b` (a `&mut` borrow).
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            sa.0 as isize,
-            sa.1 as isize,
-            b.as_ptr(),
-            sb.0 as isize,
-            sb.1 as isize,
-            beta,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
     }
 }
 
@@ -183,8 +152,9 @@ fn forward_lanes(
 ) {
     tape.rows = rows;
     let last = layers.len() - 1;
+    let TwinTape { outs, wt, bf16, .. } = tape;
     for j in 0..nets.min(2) {
-        let outs = &mut tape.outs[j];
+        let outs = &mut outs[j];
         outs.resize_with(layers.len(), Vec::new);
         for (k, &layer) in layers.iter().enumerate() {
             let (before, rest) = outs.split_at_mut(k);
@@ -198,15 +168,15 @@ fn forward_lanes(
             let (fi, fo) = (layer.fan_in, layer.fan_out);
             let w = &theta[layer.weight(j)];
             if fo <= NARROW {
-                tape.wt.resize(fi * fo, 0.0);
-                transpose(w, fi, fo, &mut tape.wt);
+                wt.resize(fi * fo, 0.0);
+                transpose(w, fi, fo, wt);
                 for (x, o) in input.chunks_exact(fi).zip(out.chunks_exact_mut(fo)) {
-                    for (o, wt) in o.iter_mut().zip(tape.wt.chunks_exact(fi)) {
+                    for (o, wt) in o.iter_mut().zip(wt.chunks_exact(fi)) {
                         *o += dot(x, wt);
                     }
                 }
             } else {
-                gemm(rows, fi, fo, input, (fi, 1), w, (fo, 1), 1.0, out);
+                product(bf16, rows, fi, fo, input, (fi, 1), w, (fo, 1), 1.0, out);
             }
             if k < last {
                 activate(activation, out);
@@ -250,7 +220,7 @@ fn backward_lanes(
     mut d_x: Option<&mut Vec<f32>>,
 ) {
     let rows = tape.rows;
-    let TwinTape { outs, d_out, delta, delta_in, wt, dwt, .. } = tape;
+    let TwinTape { outs, d_out, delta, delta_in, wt, dwt, bf16, .. } = tape;
     for j in 0..nets.min(2) {
         delta.clear();
         delta.extend_from_slice(&d_out[j]);
@@ -270,7 +240,7 @@ fn backward_lanes(
                 }
                 transpose(dwt, fo, fi, &mut grad[layer.weight(j)]);
             } else {
-                gemm(fi, rows, fo, input, (1, fi), delta, (fo, 1), 0.0, &mut grad[layer.weight(j)]);
+                product(bf16, fi, rows, fo, input, (1, fi), delta, (fo, 1), 0.0, &mut grad[layer.weight(j)]);
             }
             let db = &mut grad[layer.bias(j)];
             db.fill(0.0);
@@ -293,7 +263,7 @@ fn backward_lanes(
                         }
                     }
                 } else {
-                    gemm(rows, fo, fi, delta, (fo, 1), w, (1, fo), 0.0, delta_in);
+                    product(bf16, rows, fo, fi, delta, (fo, 1), w, (1, fo), 0.0, delta_in);
                 }
                 if k == 0 {
                     let d_x = d_x.as_deref_mut().expect("asked for");
@@ -309,6 +279,27 @@ fn backward_lanes(
                 std::mem::swap(delta, delta_in);
             }
         }
+    }
+}
+
+/// [`gemm`], or with a bf16 product ([`TwinTape::set_bf16`]) [`Bf16Gemm::gemm`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn product(
+    bf16: &mut Option<Bf16Gemm>,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    sa: (usize, usize),
+    b: &[f32],
+    sb: (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+) {
+    match bf16 {
+        Some(g) => g.gemm(m, k, n, a, sa, b, sb, beta, c),
+        None => gemm(m, k, n, a, sa, b, sb, beta, c),
     }
 }
 

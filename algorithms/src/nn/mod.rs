@@ -1,11 +1,12 @@
 //! Networks and what trains them, shared by every algorithm: the flat parameter buffer ([`params`]), networks
-//! over it ([`nets`], [`host_mlp`], [`activation`], `mixed`: bf16 training layers), the fused host training step (`host_train`, vector width
+//! over it ([`nets`], [`host_mlp`], [`activation`], `mixed`: bf16 training layers), the fused host training step (`host_train`, its matrix products `gemm` in f32 and bf16, vector width
 //! [`lanes`]), recurrent cores ([`recurrent`], on the host `host_lstm`), the optimisers ([`adam`], [`rmsprop`]: each with its tensor and host form), action distributions
 //! ([`distributions`]) and gradient averaging over replicas ([`data_parallel`]). Knows no algorithm.
 pub mod activation;
 pub mod adam;
 pub mod data_parallel;
 pub mod distributions;
+pub(crate) mod gemm;
 pub(crate) mod host_lstm;
 pub mod host_mlp;
 pub(crate) mod host_train;

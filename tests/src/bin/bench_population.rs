@@ -18,7 +18,8 @@
 //!    two threads against SB3's 16 seeds in two processes. Update GFLOP/s are analytic FLOPs (below) over the
 //!    learner's measured update seconds.
 //! 2. `dqn`: DQN on CartPole-v1 (`cartpole_dqn.toml`, 50 K) on one core, Flotilla (fused CPU step and
-//!    libtorch) against SB3, and the update's GFLOP/s against the matmul peak.
+//!    libtorch, each in f32 and — where the CPU has native bf16 — in bf16) against SB3, and the update's
+//!    GFLOP/s against the matmul peak in its precision.
 //! 3. `a2c`: A2C on CartPole-v1 (`cartpole_a2c.toml`, RL Zoo's hyperparameters: 8 envs, one gradient step per
 //!    5 × 8 transitions, 500 K env steps per member) on one core: one Flotilla run on the fused CPU step (the
 //!    default) and one on libtorch (`fused_cpu = false`), a population of 10 on one worker thread (fused, members
@@ -124,7 +125,8 @@ fn child(args: &[String]) -> BenchResult<()> {
         Some("peak") => {
             tch::set_num_threads(args.get(1).map_or(Ok(1), |t| t.parse())?);
             let (matmul, bmm) = peak_gflops();
-            println!("{}", json!({ "matmul": matmul, "bmm": bmm }));
+            let bf16 = flotilla_algorithms::nn::nets::cpu_has_native_bf16().then(bf16_peak_gflops);
+            println!("{}", json!({ "matmul": matmul, "bmm": bmm, "bf16": bf16 }));
             Ok(())
         }
         Some("train") if args.len() == 3 => {
@@ -186,6 +188,21 @@ fn peak_gflops() -> (f64, f64) {
     (matmul, bmm)
 }
 
+/// Best-of-5 GFLOP/s of a 2048² bf16 matmul (libtorch: oneDNN's AVX512-BF16 or AMX kernels, f32 sums).
+fn bf16_peak_gflops() -> f64 {
+    use tch::{Device, Kind, Tensor};
+    let n = 2048i64;
+    let opts = (Kind::BFloat16, Device::Cpu);
+    let (a, b) = (Tensor::randn([n, n], opts), Tensor::randn([n, n], opts));
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        let t = Instant::now();
+        let _ = std::hint::black_box(a.matmul(&b));
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    2.0 * (n * n * n) as f64 / best / 1e9
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The orchestrating process.
 
@@ -198,6 +215,8 @@ struct Bench {
 struct Peak {
     matmul: f64,
     bmm: f64,
+    /// The same matmul in bf16, where the CPU computes bf16 natively.
+    bf16: Option<f64>,
 }
 
 /// One member of a Flotilla child's run, as it reported.
@@ -409,7 +428,7 @@ impl Bench {
         let exe = std::env::current_exe()?;
         let (out, _) = pinned("0", &exe, &["--child".into(), "peak".into()], &[])?;
         let v = json_lines(&out).pop().ok_or("peak: no JSON line")?;
-        Ok(Peak { matmul: num(&v, "matmul")?, bmm: num(&v, "bmm")? })
+        Ok(Peak { matmul: num(&v, "matmul")?, bmm: num(&v, "bmm")?, bf16: v["bf16"].as_f64() })
     }
 
     /// Train `text` with `overrides` in a child pinned to `cpus`; `name` names its config and run directory.
@@ -600,25 +619,35 @@ impl Bench {
         let (flops, formula) = dqn_flops_per_step(&ExperimentConfig::parse(&text, &[])?.to_toml())?;
         let title = if algo == "qrdqn" { "QR-DQN" } else { "DQN" };
         println!("## {title} CartPole-v1 (`cartpole_{algo}.toml`), {steps} env steps, one core (taskset -c 0)\n");
-        let run = self.flotilla(&format!("{algo}-1"), "0", &text, &overrides)?;
-        let torch_overrides = [&overrides[..], &["algorithm.fused_cpu=false".to_string()]].concat();
-        let torch = self.flotilla(&format!("{algo}-1-libtorch"), "0", &text, &torch_overrides)?;
-        // bf16 hidden layers (libtorch: the fused step has no bf16 kernel), where the CPU has native bf16.
-        let bf16 = (flotilla_algorithms::nn::nets::cpu_has_native_bf16() && algo == "dqn")
-            .then(|| {
-                let o = [&overrides[..], &["algorithm.bf16=true".to_string()]].concat();
-                self.flotilla("dqn-1-bf16", "0", &text, &o)
+        let with = |o: &[&str]| [&overrides[..], &o.iter().map(|s| s.to_string()).collect::<Vec<_>>()[..]].concat();
+        let run = self.flotilla(&format!("{algo}-1"), "0", &text, &with(&["algorithm.bf16=false"]))?;
+        let torch = self.flotilla(
+            &format!("{algo}-1-libtorch"),
+            "0",
+            &text,
+            &with(&["algorithm.bf16=false", "algorithm.fused_cpu=false"]),
+        )?;
+        // bf16 hidden layers, on the fused step and on libtorch, where the CPU has native bf16.
+        let bf16 = peak
+            .bf16
+            .map(|_| -> BenchResult<_> {
+                let fused = self.flotilla(&format!("{algo}-1-bf16"), "0", &text, &with(&["algorithm.bf16=true"]))?;
+                let o = with(&["algorithm.bf16=true", "algorithm.fused_cpu=false"]);
+                Ok((fused, self.flotilla(&format!("{algo}-1-libtorch-bf16"), "0", &text, &o)?))
             })
             .transpose()?;
         let sb3 = self.sb3(algo, &[1], 1, steps, "0", 1)?;
         println!("| run | train s | final return | gradient steps | update s | update GFLOP/s | % of matmul peak |");
         println!("|---|---:|---:|---:|---:|---:|---:|");
-        let mut rows =
-            vec![("Flotilla (fused CPU step)", &run), ("Flotilla (libtorch step, fused_cpu = false)", &torch)];
-        if let Some(r) = &bf16 {
-            rows.push(("Flotilla (libtorch step, bf16 = true)", r));
+        let mut rows = vec![
+            ("Flotilla (fused CPU step, f32)", &run, peak.matmul),
+            ("Flotilla (libtorch step, f32)", &torch, peak.matmul),
+        ];
+        if let (Some((fused, torch)), Some(p)) = (&bf16, peak.bf16) {
+            rows.push(("Flotilla (fused CPU step, bf16)", fused, p));
+            rows.push(("Flotilla (libtorch step, bf16)", torch, p));
         }
-        for (label, r) in rows {
+        for (label, r, peak) in rows {
             let m = &r.members[0];
             let gflops = m.gradient_steps as f64 * flops / m.update_secs.max(1e-9) / 1e9;
             println!(
@@ -627,7 +656,7 @@ impl Bench {
                 m.final_return,
                 m.gradient_steps,
                 m.update_secs,
-                100.0 * gflops / peak.matmul
+                100.0 * gflops / peak
             );
         }
         let m = &run.members[0];
@@ -644,11 +673,13 @@ impl Bench {
             }
         }
         println!(
-            "\nNotes: FLOPs per gradient step {formula} = {:.2} MFLOP; matmul peak {:.1} GFLOP/s (one thread). \
-             Train s: Flotilla's collection and updates (evaluation excluded), SB3's env and model construction and \
-             `learn()`.\n",
+            "\nNotes: FLOPs per gradient step {formula} = {:.2} MFLOP; matmul peak {:.1} GFLOP/s (f32, one thread){}; \
+             % of matmul peak is of the peak in the row's precision. Train s: Flotilla's collection and updates \
+             (evaluation excluded), SB3's env and model construction and `learn()`.{}\n",
             flops / 1e6,
-            peak.matmul
+            peak.matmul,
+            peak.bf16.map_or(String::new(), |p| format!(", {p:.1} GFLOP/s (bf16, one thread)")),
+            if peak.bf16.is_none() { " This CPU has no native bf16: bf16 rows skipped." } else { "" }
         );
         Ok(())
     }
