@@ -248,7 +248,9 @@ fn a2c_on_two_learners_steps_as_one_learner_on_both_batches() {
 
 #[test]
 fn dqn_on_two_learners_steps_as_one_learner_on_both_batches() {
-    let config = DqnConfig { batch_size: 32, hidden_sizes: vec![32], learning_rate: 1e-3, ..Default::default() };
+    // f32: the comparison is to f32 rounding.
+    let config =
+        DqnConfig { batch_size: 32, hidden_sizes: vec![32], learning_rate: 1e-3, bf16: false, ..Default::default() };
     let (b, world, steps) = (32usize, 2usize, 20u64);
     // Rank r's minibatch at step t; the one learner trains on rank 0's and rank 1's together.
     let batch = move |rank: usize, t: u64| {

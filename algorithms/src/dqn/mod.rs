@@ -56,7 +56,8 @@ use crate::nn::members::{
 };
 use crate::nn::nets::is_image;
 use crate::nn::nets::{
-    Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, mlp_input_dim, with_torch_seed,
+    Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, cpu_has_native_bf16, mlp_input_dim,
+    with_torch_seed,
 };
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
@@ -133,12 +134,13 @@ pub struct DqnConfig {
     /// data-parallel replicas or accumulation, nothing frozen; the single-process training loop); `false`
     /// runs every step on libtorch.
     pub fused_cpu: bool,
-    /// Mixed precision for an MLP Q-network's update on the CPU: the hidden layers' matmuls in bf16 as PyTorch's
-    /// CPU autocast ([`crate::nn::mixed::dense`]; parameters, gradients, Adam, targets' outputs and acting stay
-    /// f32). The fused host step has no bf16 kernel, so `true` trains on libtorch. Default `false`: DQN's MLPs
-    /// are too small for bf16 to pay — on CartPole's 256-256 network the fused f32 step is faster than
-    /// libtorch in either precision (docs/benchmarks/continuous.md, "DQN and bf16"). Image observations take
-    /// `cnn.bf16` instead.
+    /// Mixed precision for an MLP Q-network's update on the CPU: the hidden layers' matrix products in bf16
+    /// (operands rounded to bf16, products summed in f32; parameters, gradients, Adam, the loss and acting stay
+    /// f32) — on the fused host step by its own AVX512-BF16 kernel (`nn::gemm`), on libtorch as PyTorch's CPU
+    /// autocast ([`crate::nn::mixed::dense`]). Default: on where the CPU computes bf16 natively
+    /// ([`cpu_has_native_bf16`]), off elsewhere — on CartPole's 256-256 network the fused step takes 0.58× the
+    /// f32 step's time and the results hold over 20 seeds (docs/benchmarks/continuous.md, "DQN's fused step in
+    /// bf16"). Image observations take `cnn.bf16` instead.
     pub bf16: bool,
     /// QR-DQN: the number of return quantiles per action (SB3-contrib's `n_quantiles`; its default is 200, RL
     /// Zoo's CartPole 10); `0` is DQN's expected values.
@@ -177,7 +179,7 @@ impl Default for DqnConfig {
             task_heads: false,
             tasks: 0,
             fused_cpu: true,
-            bf16: false,
+            bf16: cpu_has_native_bf16(),
             n_quantiles: 0,
         }
     }
@@ -1612,7 +1614,7 @@ mod tests {
     fn qr_dqn_acts_on_the_mean_of_its_quantiles() {
         let (o, a) = spaces();
         for dueling in [false, true] {
-            let c = DqnConfig { n_quantiles: 4, dueling, hidden_sizes: vec![16], ..DqnConfig::default() };
+            let c = DqnConfig { n_quantiles: 4, dueling, hidden_sizes: vec![16], bf16: false, ..DqnConfig::default() };
             let mut dqn = Dqn::new(&o, &a, 2, c, Device::Cpu, 3).unwrap();
             let rows = [0.1f32, -0.4, 0.7, 0.9, 0.2, -0.3];
             let x = Tensor::from_slice(&rows).view([2, 3]);
@@ -1956,6 +1958,8 @@ mod tests {
     #[test]
     fn fused_cpu_steps_match_libtorch() {
         let base = DqnConfig {
+            // f32 on both paths (bf16's own tests: `a_bf16_*`).
+            bf16: false,
             learning_starts: 40,
             train_freq: 4,
             gradient_steps: 3,
@@ -2063,6 +2067,7 @@ mod tests {
         #[cfg(not(target_arch = "x86_64"))]
         let fma = false;
         let plain = DqnConfig {
+            bf16: false,
             learning_rate: 1e-3,
             anneal_lr: true,
             adam_eps: 1e-8,

@@ -217,6 +217,7 @@ mod tests {
         let a2c = A2cConfig { n_steps: 8, hidden_sizes: vec![16], normalize_advantage: true, ..Default::default() };
         accumulation_matches_one_batch(AlgorithmConfig::A2c(a2c), Space::discrete(2), 2, 40);
         let dqn = DqnConfig {
+            bf16: false,
             learning_starts: 32,
             train_freq: 4,
             gradient_steps: 2,

@@ -86,9 +86,11 @@ fn main() -> BenchResult<()> {
     println!("Run directories: `{}`. Every row is a child process pinned with `taskset`.\n", bench.dir.display());
     let peak = bench.peak()?;
     println!(
-        "Machine peak (libtorch fp32, one thread, core 0, best of 5): matmul 2048×2048 @ 2048×2048 {:.1} GFLOP/s; \
-         bmm 16 × [256×64 @ 64×64] {:.1} GFLOP/s.\n",
-        peak.matmul, peak.bmm
+        "Machine peak (fp32, one thread, core 0, best of 5): matmul {:.1} GFLOP/s (the faster of libtorch's 2048² \
+         matmul and matrixmultiply's 1024² sgemm); libtorch bmm 16 × [256×64 @ 64×64] {:.1} GFLOP/s{}.\n",
+        peak.matmul,
+        peak.bmm,
+        peak.bf16.map_or(String::new(), |p| format!("; bf16 (libtorch 2048² matmul) {p:.1} GFLOP/s"))
     );
     if suite == "speed" || suite == "all" {
         bench.speed(&peak)?;
@@ -126,7 +128,8 @@ fn child(args: &[String]) -> BenchResult<()> {
             tch::set_num_threads(args.get(1).map_or(Ok(1), |t| t.parse())?);
             let (matmul, bmm) = peak_gflops();
             let bf16 = flotilla_algorithms::nn::nets::cpu_has_native_bf16().then(bf16_peak_gflops);
-            println!("{}", json!({ "matmul": matmul, "bmm": bmm, "bf16": bf16 }));
+            let sgemm = sgemm_peak_gflops();
+            println!("{}", json!({ "matmul": matmul, "bmm": bmm, "bf16": bf16, "sgemm": sgemm }));
             Ok(())
         }
         Some("train") if args.len() == 3 => {
@@ -186,6 +189,41 @@ fn peak_gflops() -> (f64, f64) {
     }
     let bmm = calls as f64 * 2.0 * (16 * 256 * 64 * 64) as f64 / best / 1e9;
     (matmul, bmm)
+}
+
+/// Best-of-5 GFLOP/s of `matrixmultiply`'s sgemm (the fused host step's f32 matmul) on 1024² operands, one
+/// thread.
+fn sgemm_peak_gflops() -> f64 {
+    let n = 1024usize;
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+    let mut c = vec![0f32; n * n];
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        let t = Instant::now();
+        // SAFETY: a, b and c are n × n row-major (strides n, 1), c does not alias a or b.
+        unsafe {
+            matrixmultiply::sgemm(
+                n,
+                n,
+                n,
+                1.0,
+                a.as_ptr(),
+                n as isize,
+                1,
+                b.as_ptr(),
+                n as isize,
+                1,
+                0.0,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+        }
+        std::hint::black_box(&c);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    2.0 * (n * n * n) as f64 / best / 1e9
 }
 
 /// Best-of-5 GFLOP/s of a 2048² bf16 matmul (libtorch: oneDNN's AVX512-BF16 or AMX kernels, f32 sums).
@@ -428,7 +466,9 @@ impl Bench {
         let exe = std::env::current_exe()?;
         let (out, _) = pinned("0", &exe, &["--child".into(), "peak".into()], &[])?;
         let v = json_lines(&out).pop().ok_or("peak: no JSON line")?;
-        Ok(Peak { matmul: num(&v, "matmul")?, bmm: num(&v, "bmm")?, bf16: v["bf16"].as_f64() })
+        // The f32 peak: libtorch's matmul or matrixmultiply's sgemm (the fused step's), whichever is faster here.
+        let matmul = num(&v, "matmul")?.max(num(&v, "sgemm")?);
+        Ok(Peak { matmul, bmm: num(&v, "bmm")?, bf16: v["bf16"].as_f64() })
     }
 
     /// Train `text` with `overrides` in a child pinned to `cpus`; `name` names its config and run directory.
@@ -659,18 +699,30 @@ impl Bench {
                 100.0 * gflops / peak
             );
         }
-        let m = &run.members[0];
+        // The default: bf16 where the CPU has it natively, else f32 (both on the fused step).
+        let (default, precision) = match &bf16 {
+            Some((fused, _)) => (&fused.members[0], "bf16"),
+            None => (&run.members[0], "f32"),
+        };
         match &sb3 {
             None => println!("| SB3 | not installed: bash scripts/setup_peers.sh --sb3 --jax | | | | | |"),
             Some(s) => {
                 let peer = if algo == "qrdqn" { "SB3-contrib QRDQN (RL Zoo)" } else { "SB3 (RL Zoo)" };
                 println!("| {peer} | {:.2} | {:.1} | | | — | — |", s.train_secs, s.returns[0]);
                 println!(
-                    "\nFlotilla takes {:.2}× the peer's train seconds ({:.2}× its speed).",
-                    m.train_secs / s.train_secs,
-                    s.train_secs / m.train_secs
+                    "\nFlotilla (the default here: fused step, {precision}) takes {:.2}× the peer's train seconds \
+                     ({:.2}× its speed); in f32 {:.2}×.",
+                    default.train_secs / s.train_secs,
+                    s.train_secs / default.train_secs,
+                    run.members[0].train_secs / s.train_secs
                 );
             }
+        }
+        if let Some((fused, _)) = &bf16 {
+            println!(
+                "\nThe fused step in bf16 takes {:.2}× its f32 time (train seconds).",
+                fused.members[0].train_secs / run.members[0].train_secs
+            );
         }
         println!(
             "\nNotes: FLOPs per gradient step {formula} = {:.2} MFLOP; matmul peak {:.1} GFLOP/s (f32, one thread){}; \
