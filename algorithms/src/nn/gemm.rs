@@ -11,26 +11,42 @@
 //! [`crate::nn::lanes::LANES_VAR`]) the operands are rounded to bf16 values in f32 and multiplied by [`gemm`]:
 //! the same products, summed in another order.
 
-/// `c = a·b + beta·c` for `a` `m × k` and `b` `k × n`, each given with its (row, column) strides so transposed
-/// operands cost nothing; `c` is row-major `m × n`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[f32],
-    sa: (usize, usize),
-    b: &[f32],
-    sb: (usize, usize),
-    beta: f32,
-    c: &mut [f32],
-) {
-    check_operands(m, k, n, a, sa, b, sb, c);
+/// A matrix product's operands: `a` (`m × k`) and `b` (`k × n`), each with its (row, column) strides so transposed
+/// operands cost nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Operands<'a> {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub a: &'a [f32],
+    pub sa: (usize, usize),
+    pub b: &'a [f32],
+    pub sb: (usize, usize),
+}
+
+impl Operands<'_> {
+    /// Panics unless `a`, `b` and `c` (row-major `m × n`) hold their shapes.
+    fn check(&self, c: &[f32]) {
+        let extent = |rows: usize, cols: usize, (rs, cs): (usize, usize)| {
+            if rows == 0 || cols == 0 { 0 } else { (rows - 1) * rs + (cols - 1) * cs + 1 }
+        };
+        let Operands { m, k, n, a, sa, b, sb } = *self;
+        assert!(
+            a.len() >= extent(m, k, sa) && b.len() >= extent(k, n, sb) && c.len() >= m * n,
+            "gemm operand too short"
+        );
+    }
+}
+
+/// `c = a·b + beta·c` in f32, `c` row-major `m × n`.
+pub(crate) fn gemm(x: Operands<'_>, beta: f32, c: &mut [f32]) {
+    x.check(c);
+    let Operands { m, k, n, a, sa, b, sb } = x;
     if m == 0 || n == 0 {
         return;
     }
-    // SAFETY: `check_operands` keeps every index sgemm forms (row·rs + col·cs within the given shapes) inside
-    // the slices; `c` does not alias `a` or `b` (a `&mut` borrow).
+    // SAFETY: `check` keeps every index sgemm forms (row·rs + col·cs within the given shapes) inside the slices;
+    // `c` does not alias `a` or `b` (a `&mut` borrow).
     unsafe {
         matrixmultiply::sgemm(
             m,
@@ -49,24 +65,6 @@ pub(crate) fn gemm(
             1,
         );
     }
-}
-
-/// Panics unless `a` (`m × k`, strides `sa`), `b` (`k × n`, strides `sb`) and `c` (`m × n`) hold their shapes.
-#[allow(clippy::too_many_arguments)]
-fn check_operands(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[f32],
-    sa: (usize, usize),
-    b: &[f32],
-    sb: (usize, usize),
-    c: &[f32],
-) {
-    let extent = |rows: usize, cols: usize, (rs, cs): (usize, usize)| {
-        if rows == 0 || cols == 0 { 0 } else { (rows - 1) * rs + (cols - 1) * cs + 1 }
-    };
-    assert!(a.len() >= extent(m, k, sa) && b.len() >= extent(k, n, sb) && c.len() >= m * n, "gemm operand too short");
 }
 
 /// `x` rounded to the nearest bf16 (ties to even), as a value in f32; NaN stays NaN.
@@ -100,74 +98,41 @@ pub(crate) struct Bf16Gemm {
 impl Bf16Gemm {
     /// `c = a·b + beta·c` as [`gemm`] takes it, with `a` and `b` rounded to bf16 and the products summed in
     /// f32.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gemm(
-        &mut self,
-        m: usize,
-        k: usize,
-        n: usize,
-        a: &[f32],
-        sa: (usize, usize),
-        b: &[f32],
-        sb: (usize, usize),
-        beta: f32,
-        c: &mut [f32],
-    ) {
-        check_operands(m, k, n, a, sa, b, sb, c);
-        if m == 0 || n == 0 {
+    pub(crate) fn gemm(&mut self, x: Operands<'_>, beta: f32, c: &mut [f32]) {
+        x.check(c);
+        if x.m == 0 || x.n == 0 {
             return;
         }
         #[cfg(target_arch = "x86_64")]
         if native() {
-            // SAFETY: `native` checked that the CPU has AVX-512F, AVX-512BW and AVX512-BF16;
-            // `check_operands` checked the shapes the packing reads.
-            unsafe { self.native(m, k, n, a, sa, b, sb, beta, c) };
+            // SAFETY: `native` checked that the CPU has AVX-512F, AVX-512BW and AVX512-BF16; `check` checked the
+            // shapes the packing reads.
+            unsafe { self.native(x, beta, c) };
             return;
         }
-        self.fallback(m, k, n, a, sa, b, sb, beta, c);
+        self.fallback(x, beta, c);
     }
 
     /// The operands rounded into contiguous f32 copies, multiplied by [`gemm`].
-    #[allow(clippy::too_many_arguments)]
-    fn fallback(
-        &mut self,
-        m: usize,
-        k: usize,
-        n: usize,
-        a: &[f32],
-        sa: (usize, usize),
-        b: &[f32],
-        sb: (usize, usize),
-        beta: f32,
-        c: &mut [f32],
-    ) {
+    fn fallback(&mut self, x: Operands<'_>, beta: f32, c: &mut [f32]) {
+        let Operands { m, k, n, a, sa, b, sb } = x;
         self.fa.clear();
         self.fa.extend((0..m).flat_map(|i| (0..k).map(move |j| round_bf16(a[i * sa.0 + j * sa.1]))));
         self.fb.clear();
         self.fb.extend((0..k).flat_map(|i| (0..n).map(move |j| round_bf16(b[i * sb.0 + j * sb.1]))));
-        gemm(m, k, n, &self.fa, (k, 1), &self.fb, (n, 1), beta, c);
+        let rounded = Operands { a: &self.fa, sa: (k, 1), b: &self.fb, sb: (n, 1), ..x };
+        gemm(rounded, beta, c);
     }
 
     /// The AVX512-BF16 product: both operands packed in bf16 pairs along `k`, then tiles of [`native::MR`] rows
     /// by one panel of [`native::NR`] columns.
     ///
     /// # Safety
-    /// The CPU has AVX-512F, AVX-512BW and AVX512-BF16, and the operands passed [`check_operands`].
+    /// The CPU has AVX-512F, AVX-512BW and AVX512-BF16, and the operands passed [`Operands::check`].
     #[cfg(target_arch = "x86_64")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn native(
-        &mut self,
-        m: usize,
-        k: usize,
-        n: usize,
-        a: &[f32],
-        sa: (usize, usize),
-        b: &[f32],
-        sb: (usize, usize),
-        beta: f32,
-        c: &mut [f32],
-    ) {
+    unsafe fn native(&mut self, x: Operands<'_>, beta: f32, c: &mut [f32]) {
         use native::{MR, NR, pack_a, pack_b, tile};
+        let Operands { m, k, n, a, sa, b, sb } = x;
         let kp = k.div_ceil(2);
         // SAFETY (all calls below): the caller's CPU features; every pointer formed stays inside the buffers
         // sized here (`pack_*` fill `kp` pairs per row or column, the tiles read `kp` pairs and write `rows ×
@@ -497,15 +462,16 @@ mod tests {
                     scale[i * n + j] = abs;
                 }
             }
+            let x = Operands { m, k, n, a: &a, sa, b: &b, sb };
             let mut f32s = c0.clone();
-            gemm(m, k, n, &a, sa, &b, sb, beta, &mut f32s);
+            gemm(x, beta, &mut f32s);
             let mut runs = vec![("cpu", {
                 let mut c = c0.clone();
-                g.gemm(m, k, n, &a, sa, &b, sb, beta, &mut c);
+                g.gemm(x, beta, &mut c);
                 c
             })];
             let mut c = c0.clone();
-            g.fallback(m, k, n, &a, sa, &b, sb, beta, &mut c);
+            g.fallback(x, beta, &mut c);
             runs.push(("fallback", c));
             for (name, c) in runs {
                 for i in 0..m * n {

@@ -7,7 +7,7 @@
 //! `c' = f c + i g`, `h' = o tanh c'`) with the state zeroed before each step where an episode starts, as
 //! [`crate::nn::recurrent::RecurrentCore::sequence`] computes it; the two agree to float rounding (tests here,
 //! and the PPO/A2C fused-vs-libtorch tests with a recurrent policy).
-use crate::nn::gemm::gemm;
+use crate::nn::gemm::{Operands, gemm};
 use crate::nn::host_train::tanh_in_place;
 use crate::nn::lanes::{Lanes, lanes};
 use crate::nn::params::FlatParams;
@@ -89,7 +89,11 @@ impl HostLstm {
         for _ in 0..rows {
             tape.gates.extend(b_ih.iter().zip(b_hh).map(|(p, q)| p + q));
         }
-        gemm(rows, i_dim, g_dim, x, (i_dim, 1), w_ih, (1, i_dim), 1.0, &mut tape.gates);
+        gemm(
+            Operands { m: rows, k: i_dim, n: g_dim, a: x, sa: (i_dim, 1), b: w_ih, sb: (1, i_dim) },
+            1.0,
+            &mut tape.gates,
+        );
         tape.keep.clear();
         tape.keep.extend(starts.iter().map(|s| 1.0 - s));
         tape.w_hh_t.resize(g_dim * h_dim, 0.0);
@@ -201,28 +205,10 @@ impl HostLstm {
             }
         }
         // ∂W_ih = δᵀ x, ∂W_hh = δᵀ h_prev, ∂b_ih = ∂b_hh = Σ_rows δ.
-        gemm(
-            g_dim,
-            rows,
-            i_dim,
-            d_gates,
-            (1, g_dim),
-            x,
-            (i_dim, 1),
-            0.0,
-            &mut grad[self.w_ih..self.w_ih + g_dim * i_dim],
-        );
-        gemm(
-            g_dim,
-            rows,
-            h_dim,
-            d_gates,
-            (1, g_dim),
-            h_prev,
-            (h_dim, 1),
-            0.0,
-            &mut grad[self.w_hh..self.w_hh + g_dim * h_dim],
-        );
+        let d = Operands { m: g_dim, k: rows, n: i_dim, a: d_gates, sa: (1, g_dim), b: x, sb: (i_dim, 1) };
+        gemm(d, 0.0, &mut grad[self.w_ih..self.w_ih + g_dim * i_dim]);
+        let d = Operands { n: h_dim, b: h_prev, sb: (h_dim, 1), ..d };
+        gemm(d, 0.0, &mut grad[self.w_hh..self.w_hh + g_dim * h_dim]);
         let db = &mut grad[self.b_ih..self.b_ih + g_dim];
         db.fill(0.0);
         for row in d_gates.chunks_exact(g_dim) {

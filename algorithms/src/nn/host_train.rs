@@ -10,7 +10,7 @@
 //! Layout: a twin MLP's layer `k` is a weight `[2, fan_in, fan_out]` and a bias `[2, 1, fan_out]` in the
 //! buffer ([`crate::nn::nets::TwinMlp`]); net `j`'s slice of each is contiguous, row-major, as `addmm` takes it.
 use crate::nn::activation::Activation;
-use crate::nn::gemm::{Bf16Gemm, gemm};
+use crate::nn::gemm::{Bf16Gemm, Operands, gemm};
 use crate::nn::lanes::widest_lanes;
 
 /// One dense layer of a twin MLP: where its weight and bias start in the flat buffer, and its widths.
@@ -176,7 +176,7 @@ fn forward_lanes(
                     }
                 }
             } else {
-                product(bf16, rows, fi, fo, input, (fi, 1), w, (fo, 1), 1.0, out);
+                product(bf16, Operands { m: rows, k: fi, n: fo, a: input, sa: (fi, 1), b: w, sb: (fo, 1) }, 1.0, out);
             }
             if k < last {
                 activate(activation, out);
@@ -240,7 +240,8 @@ fn backward_lanes(
                 }
                 transpose(dwt, fo, fi, &mut grad[layer.weight(j)]);
             } else {
-                product(bf16, fi, rows, fo, input, (1, fi), delta, (fo, 1), 0.0, &mut grad[layer.weight(j)]);
+                let x = Operands { m: fi, k: rows, n: fo, a: input, sa: (1, fi), b: delta, sb: (fo, 1) };
+                product(bf16, x, 0.0, &mut grad[layer.weight(j)]);
             }
             let db = &mut grad[layer.bias(j)];
             db.fill(0.0);
@@ -263,7 +264,12 @@ fn backward_lanes(
                         }
                     }
                 } else {
-                    product(bf16, rows, fo, fi, delta, (fo, 1), w, (1, fo), 0.0, delta_in);
+                    product(
+                        bf16,
+                        Operands { m: rows, k: fo, n: fi, a: delta, sa: (fo, 1), b: w, sb: (1, fo) },
+                        0.0,
+                        delta_in,
+                    );
                 }
                 if k == 0 {
                     let d_x = d_x.as_deref_mut().expect("asked for");
@@ -284,22 +290,10 @@ fn backward_lanes(
 
 /// [`gemm`], or with a bf16 product ([`TwinTape::set_bf16`]) [`Bf16Gemm::gemm`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn product(
-    bf16: &mut Option<Bf16Gemm>,
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[f32],
-    sa: (usize, usize),
-    b: &[f32],
-    sb: (usize, usize),
-    beta: f32,
-    c: &mut [f32],
-) {
+fn product(bf16: &mut Option<Bf16Gemm>, x: Operands<'_>, beta: f32, c: &mut [f32]) {
     match bf16 {
-        Some(g) => g.gemm(m, k, n, a, sa, b, sb, beta, c),
-        None => gemm(m, k, n, a, sa, b, sb, beta, c),
+        Some(g) => g.gemm(x, beta, c),
+        None => gemm(x, beta, c),
     }
 }
 

@@ -164,29 +164,36 @@ fn child(args: &[String]) -> BenchResult<()> {
     }
 }
 
+/// The shortest of six timings of `f` in seconds (the first warms up; "best of 5" below).
+fn best_secs(mut f: impl FnMut()) -> f64 {
+    (0..6)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// GFLOP/s of a libtorch `n × n` matmul in `kind`, best of 5.
+fn torch_matmul_gflops(n: i64, kind: tch::Kind) -> f64 {
+    let opts = (kind, tch::Device::Cpu);
+    let (a, b) = (tch::Tensor::randn([n, n], opts), tch::Tensor::randn([n, n], opts));
+    2.0 * (n * n * n) as f64 / best_secs(|| drop(std::hint::black_box(a.matmul(&b)))) / 1e9
+}
+
 /// Best-of-5 GFLOP/s of a 2048² fp32 matmul and of a 16 × [256×64 @ 64×64] bmm (200 calls per repetition).
 fn peak_gflops() -> (f64, f64) {
     use tch::{Device, Kind, Tensor};
     let opts = (Kind::Float, Device::Cpu);
-    let n = 2048i64;
-    let (a, b) = (Tensor::randn([n, n], opts), Tensor::randn([n, n], opts));
-    let mut best = f64::INFINITY;
-    for _ in 0..6 {
-        let t = Instant::now();
-        let _ = std::hint::black_box(a.matmul(&b));
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    let matmul = 2.0 * (n * n * n) as f64 / best / 1e9;
+    let matmul = torch_matmul_gflops(2048, Kind::Float);
     let (x, w) = (Tensor::randn([16, 256, 64], opts), Tensor::randn([16, 64, 64], opts));
     let calls = 200;
-    let mut best = f64::INFINITY;
-    for _ in 0..6 {
-        let t = Instant::now();
+    let best = best_secs(|| {
         for _ in 0..calls {
             let _ = std::hint::black_box(x.bmm(&w));
         }
-        best = best.min(t.elapsed().as_secs_f64());
-    }
+    });
     let bmm = calls as f64 * 2.0 * (16 * 256 * 64 * 64) as f64 / best / 1e9;
     (matmul, bmm)
 }
@@ -198,47 +205,19 @@ fn sgemm_peak_gflops() -> f64 {
     let a: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
     let b: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut c = vec![0f32; n * n];
-    let mut best = f64::INFINITY;
-    for _ in 0..6 {
-        let t = Instant::now();
+    let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+    let (ni, one) = (n as isize, 1isize);
+    let best = best_secs(|| {
         // SAFETY: a, b and c are n × n row-major (strides n, 1), c does not alias a or b.
-        unsafe {
-            matrixmultiply::sgemm(
-                n,
-                n,
-                n,
-                1.0,
-                a.as_ptr(),
-                n as isize,
-                1,
-                b.as_ptr(),
-                n as isize,
-                1,
-                0.0,
-                c.as_mut_ptr(),
-                n as isize,
-                1,
-            );
-        }
-        std::hint::black_box(&c);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
+        unsafe { matrixmultiply::sgemm(n, n, n, 1.0, ap, ni, one, bp, ni, one, 0.0, cp, ni, one) };
+        std::hint::black_box(cp);
+    });
     2.0 * (n * n * n) as f64 / best / 1e9
 }
 
 /// Best-of-5 GFLOP/s of a 2048² bf16 matmul (libtorch: oneDNN's AVX512-BF16 or AMX kernels, f32 sums).
 fn bf16_peak_gflops() -> f64 {
-    use tch::{Device, Kind, Tensor};
-    let n = 2048i64;
-    let opts = (Kind::BFloat16, Device::Cpu);
-    let (a, b) = (Tensor::randn([n, n], opts), Tensor::randn([n, n], opts));
-    let mut best = f64::INFINITY;
-    for _ in 0..6 {
-        let t = Instant::now();
-        let _ = std::hint::black_box(a.matmul(&b));
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    2.0 * (n * n * n) as f64 / best / 1e9
+    torch_matmul_gflops(2048, tch::Kind::BFloat16)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
