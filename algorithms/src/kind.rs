@@ -68,6 +68,11 @@ pub trait AlgorithmKind {
         None
     }
 
+    /// Whether the update runs an MLP's hidden layers in bf16 (`algorithm.bf16` of DDPG, TD3, SAC and DQN).
+    fn mlp_bf16(&self) -> bool {
+        false
+    }
+
     /// A fresh learning agent for these spaces fed by `n_envs` env rows per step, seeded with `seed`.
     fn learner(
         &self,

@@ -270,15 +270,37 @@ pub enum AssembleAhead {
     Off,
 }
 
-/// Log what this config will do badly on this machine: bf16 convolutions on a CPU that only emulates bf16.
+/// Log what this config will do badly on this machine ([`machine_warnings`]).
 pub(crate) fn warn_about_the_machine(config: &ExperimentConfig, device: tch::Device) {
-    let bf16 = config.algorithm.cnn_options().is_some_and(|c| c.bf16);
-    if bf16 && device == tch::Device::Cpu && !flotilla_algorithms::nn::nets::cpu_has_native_bf16() {
-        tracing::warn!(
+    let native = flotilla_algorithms::nn::nets::cpu_has_native_bf16();
+    for warning in machine_warnings(config, device, native) {
+        tracing::warn!("{warning}");
+    }
+}
+
+/// What this config will do badly on a CPU learner without native bf16 (`native`: AVX512-BF16 or AMX): bf16
+/// convolutions, which libtorch then emulates, and bf16 MLP updates, which it emulates too (DQN's fused step
+/// rounds its operands and multiplies in f32 instead: correct, and slower than f32).
+pub(crate) fn machine_warnings(config: &ExperimentConfig, device: tch::Device, native: bool) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if device != tch::Device::Cpu || native {
+        return warnings;
+    }
+    if config.algorithm.cnn_options().is_some_and(|c| c.bf16) {
+        warnings.push(
             "[algorithm.cnn] bf16 = true, but this CPU has no AVX512-BF16: libtorch emulates bf16 and the update \
              runs several times slower than f32 (measured > 8x on Pong PPO); set bf16 = false here"
+                .to_string(),
         );
     }
+    if config.algorithm.mlp_bf16() {
+        warnings.push(format!(
+            "[algorithm] bf16 = true, but this CPU has no AVX512-BF16: {}'s bf16 update is emulated and slower than \
+             f32 (the default here is bf16 = false); set bf16 = false here",
+            config.algorithm.name()
+        ));
+    }
+    warnings
 }
 
 impl ExperimentConfig {
@@ -1172,6 +1194,34 @@ kind = "ppo"
         assert!(e.contains("learnin_rate"), "{e}");
         let e = ExperimentConfig::parse(BASE, &["no_equals_sign".into()]).unwrap_err().to_string();
         assert!(e.contains("key=value"), "{e}");
+    }
+
+    /// bf16 on a CPU without native bf16 is named, for the CNN and for an MLP update, and nothing else is: not
+    /// f32 configs, not a CPU with native bf16, not a GPU.
+    #[test]
+    fn bf16_without_native_bf16_is_warned_about() {
+        let cpu = tch::Device::Cpu;
+        let config = |kind: &str, sets: &[&str]| {
+            let text = format!("[env]\nid = \"Pendulum-v1\"\n[algorithm]\nkind = \"{kind}\"\n");
+            ExperimentConfig::parse(&text, &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+        };
+        for kind in ["td3", "ddpg", "sac"] {
+            let w = machine_warnings(&config(kind, &["algorithm.bf16=true"]), cpu, false);
+            assert!(w.len() == 1 && w[0].contains("[algorithm] bf16 = true") && w[0].contains(kind), "{kind}: {w:?}");
+            assert!(machine_warnings(&config(kind, &["algorithm.bf16=true"]), cpu, true).is_empty(), "{kind}");
+            assert!(machine_warnings(&config(kind, &["algorithm.bf16=false"]), cpu, false).is_empty(), "{kind}");
+            let gpu = tch::Device::Cuda(0);
+            assert!(machine_warnings(&config(kind, &["algorithm.bf16=true"]), gpu, false).is_empty(), "{kind}");
+        }
+        let text =
+            "[env]\nid = \"CartPole-v1\"\n[algorithm]\nkind = \"dqn\"\nbf16 = true\n[algorithm.cnn]\nbf16 = true\n";
+        let w = machine_warnings(&ExperimentConfig::parse(text, &[]).unwrap(), cpu, false);
+        assert!(w.len() == 2 && w[0].contains("[algorithm.cnn]") && w[1].contains("dqn"), "{w:?}");
+        let ppo = ExperimentConfig::parse(BASE, &[]).unwrap();
+        assert!(
+            machine_warnings(&ppo, cpu, false).iter().all(|w| w.contains("[algorithm.cnn]")),
+            "PPO has no MLP bf16"
+        );
     }
 
     /// `[algorithm.cnn] bf16`: on by default exactly where the CPU computes bf16 natively (the choice is written

@@ -180,6 +180,10 @@ impl AlgorithmKind for SacConfig {
         SacConfig::validate(self)
     }
 
+    fn mlp_bf16(&self) -> bool {
+        self.bf16
+    }
+
     fn learner(&self, o: &Space, a: &Space, n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
         Ok(Box::new(Sac::new(o, a, n_envs, self.clone(), device, seed)?))
     }

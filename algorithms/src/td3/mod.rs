@@ -242,6 +242,10 @@ macro_rules! td3_kind {
                 self.tasks = tasks;
             }
 
+            fn mlp_bf16(&self) -> bool {
+                self.bf16
+            }
+
             fn learner(&self, o: &Space, a: &Space, n: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
                 Ok(Box::new($learner(o, a, n, self.clone(), device, seed)?))
             }
