@@ -138,7 +138,7 @@ pub struct DqnConfig {
     /// (operands rounded to bf16, products summed in f32; parameters, gradients, Adam, the loss and acting stay
     /// f32) — on the fused host step by its own AVX512-BF16 kernel (`nn::gemm`), on libtorch as PyTorch's CPU
     /// autocast ([`crate::nn::mixed::dense`]). Default: on where the CPU computes bf16 natively
-    /// ([`cpu_has_native_bf16`]), off elsewhere — on CartPole's 256-256 network the fused step takes 0.58× the
+    /// ([`cpu_has_native_bf16`]), off elsewhere — on CartPole's 256-256 network the fused step takes 0.59× the
     /// f32 step's time and the results hold over 20 seeds (docs/benchmarks/continuous.md, "DQN's fused step in
     /// bf16"). Image observations take `cnn.bf16` instead.
     pub bf16: bool,
