@@ -40,6 +40,11 @@ pub struct AtariConfig {
     pub img_size: usize,
     /// Press FIRE after a reset in games that need it.
     pub use_fire_reset: bool,
+    /// In games whose action 1 is FIRE (and that have at least 3 actions), the three agent steps after a lost
+    /// life (the game not over) play NOOP, FIRE and action 2 whatever the agent chose: CleanRL's
+    /// `FireResetEnv` under `EpisodicLifeEnv`, which presses them after every lost life (Breakout does not
+    /// relaunch the ball, nor BeamRider go on, without them). The agent's action on those steps has no effect.
+    pub fire_after_life_loss: bool,
     /// All 18 actions rather than the game's minimal set.
     pub full_action_space: bool,
     /// Emulator frames after which a game is truncated (v5: 108,000, 30 minutes).
@@ -63,6 +68,7 @@ impl AtariConfig {
             stack_num: 4,
             img_size: 84,
             use_fire_reset: true,
+            fire_after_life_loss: true,
             full_action_space: false,
             max_num_frames_per_episode: 108_000,
             terminal_on_life_loss: true,
@@ -76,6 +82,10 @@ impl AtariConfig {
         AtariConfig { terminal_on_life_loss: false, clip_rewards: false, ..Self::training(game) }
     }
 }
+
+/// What CleanRL's wrappers play after a lost life, as indices into the game's action set: `EpisodicLifeEnv`'s
+/// NOOP, then `FireResetEnv`'s FIRE and action 2.
+const RELAUNCH: [i64; 3] = [0, 1, 2];
 
 /// `num_envs` Atari games stepped in one batch by ale-py, with same-step auto-reset.
 pub struct AtariVecEnv {
@@ -98,6 +108,13 @@ pub struct AtariVecEnv {
     /// The lives ale-py reports after a step, before they replace `lives`.
     new_lives: Vec<i64>,
     n_actions: usize,
+    /// The game's action 1 is FIRE (and it has ≥ 3 actions): [`AtariConfig::fire_after_life_loss`] applies.
+    has_fire: bool,
+    /// Per env: how many of [`RELAUNCH`]'s actions it has played since its last lost life (`RELAUNCH.len()`:
+    /// none pending).
+    relaunch: Vec<usize>,
+    /// The actions sent to ale-py: the agent's, with [`RELAUNCH`] in place after a lost life.
+    sent: Vec<i64>,
     scores: Vec<f64>,
     lengths: Vec<u64>,
     episodes: Vec<EpisodeStats>,
@@ -181,9 +198,12 @@ impl AtariVecEnv {
                 .getattr("AtariVectorEnv")?
                 .call((c.game.as_str(), num_envs), Some(&kwargs))?;
             let n_actions: usize = env.getattr("single_action_space")?.getattr("n")?.extract()?;
-            Ok(Ok((env.unbind(), py.import("numpy")?.unbind(), n_actions)))
+            let action_set = env.getattr("ale")?.call_method0("get_action_set")?;
+            let fire = py.import("ale_py")?.getattr("Action")?.getattr("FIRE")?;
+            let has_fire = n_actions >= 3 && action_set.get_item(1)?.eq(fire)?;
+            Ok(Ok((env.unbind(), py.import("numpy")?.unbind(), n_actions, has_fire)))
         })?;
-        let (env, numpy, n_actions) =
+        let (env, numpy, n_actions, has_fire) =
             made.map_err(|roms| Error::UnknownEnv { id: id.clone(), known: roms.join(", ") })?;
         let shape = vec![config.stack_num, config.img_size, config.img_size];
         let obs_dim: usize = shape.iter().product();
@@ -209,6 +229,9 @@ impl AtariVecEnv {
             lives: vec![0; n],
             new_lives: vec![0; n],
             n_actions,
+            has_fire,
+            relaunch: vec![RELAUNCH.len(); n],
+            sent: vec![0; n],
             scores: vec![0.0; n],
             lengths: vec![0; n],
             episodes: Vec::with_capacity(n),
@@ -270,6 +293,7 @@ impl AtariVecEnv {
         self.raw_rewards.fill(0.0);
         self.scores.fill(0.0);
         self.lengths.fill(0);
+        self.relaunch.fill(RELAUNCH.len());
         self.episodes.clear();
         self.ready = true;
         Ok(&self.obs)
@@ -292,13 +316,17 @@ impl AtariVecEnv {
         if let Some(a) = actions.iter().find(|a| !(0..n_actions).contains(*a)) {
             return bad(format!("action {a} outside Discrete({n_actions})"));
         }
+        for ((sent, &a), played) in self.sent.iter_mut().zip(actions).zip(&mut self.relaunch) {
+            *sent = RELAUNCH.get(*played).copied().unwrap_or(a);
+            *played = (*played + 1).min(RELAUNCH.len());
+        }
         // ale-py's game-over flags land in `terminated` / `truncated`, refined per env below.
         let (obs, final_obs, raw) = (&mut self.obs, &mut self.final_obs, &mut self.raw_rewards);
         let (term, trunc, lives) = (&mut self.terminated, &mut self.truncated, &mut self.new_lives);
         let mut has_game_final = false;
         with_python(&self.id, "step", |py| {
             let np = self.numpy.bind(py);
-            let out = self.env.bind(py).call_method1("step", (PyArray1::from_slice(py, actions),))?;
+            let out = self.env.bind(py).call_method1("step", (PyArray1::from_slice(py, &self.sent),))?;
             let out = out.cast::<PyTuple>()?;
             copy_into(np, &out.get_item(0)?, "uint8", obs)?;
             copy_into(np, &out.get_item(1)?, "float32", raw)?;
@@ -322,6 +350,12 @@ impl AtariVecEnv {
             self.lengths[i] += 1;
             let (game_terminated, truncated) = (self.terminated[i], self.truncated[i]);
             let game_over = game_terminated || truncated;
+            let lost_a_life = self.new_lives[i] < self.lives[i] && !game_over;
+            if game_over {
+                self.relaunch[i] = RELAUNCH.len();
+            } else if lost_a_life && self.has_fire && self.config.fire_after_life_loss {
+                self.relaunch[i] = 0;
+            }
             let life_lost = self.config.terminal_on_life_loss && self.new_lives[i] < self.lives[i];
             self.terminated[i] = game_terminated || (life_lost && !game_over);
             self.has_final[i] = game_over || life_lost;
@@ -429,6 +463,7 @@ impl AtariConfig {
                 "max_num_frames_per_episode" => c.max_num_frames_per_episode = count(1)?,
                 "num_threads" => c.num_threads = count(0)?,
                 "use_fire_reset" => c.use_fire_reset = flag()?,
+                "fire_after_life_loss" => c.fire_after_life_loss = flag()?,
                 "full_action_space" => c.full_action_space = flag()?,
                 "terminal_on_life_loss" => c.terminal_on_life_loss = flag()?,
                 "clip_rewards" => c.clip_rewards = flag()?,
@@ -457,6 +492,7 @@ impl AtariConfig {
         "max_num_frames_per_episode",
         "num_threads",
         "use_fire_reset",
+        "fire_after_life_loss",
         "full_action_space",
         "terminal_on_life_loss",
         "clip_rewards",
@@ -474,6 +510,7 @@ impl AtariConfig {
             .with("max_num_frames_per_episode", int(self.max_num_frames_per_episode))
             .with("num_threads", int(self.num_threads))
             .with("use_fire_reset", self.use_fire_reset)
+            .with("fire_after_life_loss", self.fire_after_life_loss)
             .with("full_action_space", self.full_action_space)
             .with("terminal_on_life_loss", self.terminal_on_life_loss)
             .with("clip_rewards", self.clip_rewards)

@@ -71,14 +71,22 @@ fn breakout_matches_ale_py_frame_for_frame_across_life_losses_and_game_ends() {
         assert_eq!(frames(next.as_ref()), final_obs.clone().unwrap_or_else(|| frames(step.obs)));
         steps.push((frames(step.obs), final_obs, step.rewards[0], step.terminated[0], step.truncated[0], ended));
     }
-    // The reference takes one extra (ignored) action after each game end: next-step auto-reset.
+    // The reference takes one extra (ignored) action after each game end: next-step auto-reset. After a lost
+    // life (the game going on) the next three steps play NOOP, FIRE, 2 whatever we chose (CleanRL's wrappers).
     let mut ref_actions = Vec::new();
+    let mut relaunch = 3;
     for (a, s) in ours.iter().zip(&steps) {
-        ref_actions.push(*a);
-        if s.5.is_some() {
+        ref_actions.push([0, 1, 2].get(relaunch).copied().unwrap_or(*a));
+        relaunch += 1;
+        let (terminated, game_ended) = (s.3, s.5.is_some());
+        if game_ended {
             ref_actions.push(0);
+            relaunch = 3;
+        } else if terminated {
+            relaunch = 0;
         }
     }
+    assert!(ref_actions.iter().zip(&ours).filter(|(r, o)| r != o).count() > 0, "the relaunch replaced actions");
     let r = reference("breakout", seed, &ref_actions);
     assert_eq!(first, r[0].0, "reset frames");
     let (mut j, mut games, mut life_losses, mut score) = (1, 0, 0, 0.0f64);
@@ -115,6 +123,37 @@ fn breakout_matches_ale_py_frame_for_frame_across_life_losses_and_game_ends() {
         }
     }
     assert!(games >= 1 && life_losses >= 4, "the run covered {games} games and {life_losses} life losses");
+}
+
+/// Steps of NOOP (the agent never fires) until the game ends, or `None` within `limit` steps.
+fn noop_game_length(game: &str, fire_after_life_loss: bool, limit: usize) -> Option<usize> {
+    let config = AtariConfig { fire_after_life_loss, ..AtariConfig::training(game) };
+    let mut env = AtariVecEnv::new(config, 1).unwrap();
+    env.reset(Some(3)).unwrap();
+    let mut life_losses = 0;
+    for t in 1..=limit {
+        env.step(&[0]).unwrap();
+        if !env.episodes().is_empty() {
+            assert!(life_losses >= 2, "{game}: the game ended after {life_losses} lost lives");
+            return Some(t);
+        }
+        life_losses += usize::from(env.terminated()[0]);
+    }
+    None
+}
+
+#[test]
+fn after_a_lost_life_the_game_is_relaunched_as_cleanrl_does() {
+    // Without the relaunch a NOOP agent's Breakout waits forever for FIRE after its first lost life, and
+    // BeamRider for FIRE and UP; with it, each game is played to its end.
+    for game in ["breakout", "beam_rider"] {
+        let relaunched = noop_game_length(game, true, 4000);
+        assert!(relaunched.is_some(), "{game}: a NOOP game with the relaunch ends");
+        assert_eq!(noop_game_length(game, false, 4000), None, "{game}: a NOOP game without it stalls");
+    }
+    let kwargs = Kwargs::new().with("fire_after_life_loss", false);
+    let env = make_vector("atari:breakout", &kwargs, 1, EnvRole::Training).unwrap();
+    assert_eq!(env.resolved_kwargs().get("fire_after_life_loss"), Some(&flotilla_envs::KwargValue::Bool(false)));
 }
 
 #[test]
