@@ -1,6 +1,7 @@
 //! [`AtariVecEnv`]: ale-py's C++ vector env with Flotilla's same-step auto-reset contract and u8 frames.
 //!
 //! ```text
+//! actions ─► after a lost life, in FIRE games: NOOP, FIRE, 2 in place of the agent's next three (CleanRL)
 //! ale_py.vector_env.AtariVectorEnv(game, E, autoreset_mode="SameStep", episodic_life=False,
 //!                                  reward_clipping=False, noop_max=30, frameskip=4, maxpool, 84×84 grey,
 //!                                  stack_num=4, use_fire_reset, repeat_action_probability=0.25 (v5))
