@@ -11,6 +11,9 @@
 #            CUDA: one batched acting pass over the joint batch of 16,384 envs per step, one batched update per
 #            rollout (goal: 100 K steps each in <= 60 s); wall-clock, the members' final training returns
 #   acting   256 members for 10 K steps each, acting batched and acting alone (`population.batched_acting`)
+#   profile  where a 2,048-member population's seconds go on the GPU: Nsight Systems (`nsys`, where the image
+#            has it) over 3 K env steps each; its CUDA API, kernel and memcpy summaries (calls, syncs,
+#            launches per second) into the report, the whole profile into $OUT (~1 min)
 #   learn    the MLP algorithms on CUDA with their example configs, and populations whose updates take the
 #            batched libtorch programs, all at once (so their seconds are shared and only indicative)
 #   continuous  SAC and its population, PPO Pendulum with [normalize], and `algorithm.bf16` on CUDA (ignored
@@ -18,7 +21,7 @@
 #            gradient steps each), all at once (~5 min: SAC's population of 3 takes the longest)
 #   resume   exact resume on CUDA: SAC, and PPO with observation and reward normalisation (one go vs
 #            --stop-at then --resume: the saved weights must be byte-identical)
-#   bash scripts/gpu_check.sh [cnn,pong,population,acting,learn,continuous,resume]
+#   bash scripts/gpu_check.sh [cnn,pong,population,acting,profile,learn,continuous,resume]
 # A dry run here, on the CPU, of the pong, population and acting sections' plumbing at a small scale (the local
 # release binary, the cache venv's Python): GPU_CHECK_SMOKE=1 bash scripts/gpu_check.sh pong,population,acting
 set -uo pipefail
@@ -169,6 +172,26 @@ if [[ $sections == *,acting,* ]]; then
   { echo; echo "## acting: 256 members, one batched acting pass against each member's own"; } >> "$report"
   population "pop256-batched|$(scale 256 16)|$(scale 10000 2560)|--set population.batched_acting=true" 80
   population "pop256-alone|$(scale 256 16)|$(scale 10000 2560)|--set population.batched_acting=false" 80
+fi
+
+if [[ $sections == *,profile,* ]]; then
+  { echo; echo "## profile: 2,048 CartPole PPO members under Nsight Systems"; } >> "$report"
+  nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [[ -z $nsys || -n $smoke ]]; then
+    echo "- no nsys on this machine (or a smoke run): not profiled" >> "$report"
+  else
+    # shellcheck disable=SC2086
+    timeout 150 "$nsys" profile --trace=cuda,osrt --sample=none --cpuctxsw=none --force-overwrite=true \
+      --output "$out/pop2048" "$bin" train $cfg/cartpole_ppo.toml --population 2048 --set population.threads=1 \
+      --set run.device=cuda --set run.torch_threads=1 --set run.total_env_steps=3000 \
+      --set eval.interval_steps=1000000000 --set metrics.log_interval_steps=1000 --out "$runs/profile" \
+      > "$runs/profile.log" 2>&1 || echo "- nsys profile: exit $?" >> "$report"
+    grep -E "one joint env batch" "$runs/profile.log" | tail -2 | cut -c1-220 | sed 's/^/  /' >> "$report"
+    for r in cuda_api_sum cuda_gpu_kern_sum cuda_gpu_mem_time_sum; do
+      { echo; echo "### $r"; echo '```'; timeout 60 "$nsys" stats --report "$r" --format csv "$out/pop2048.nsys-rep" \
+          2>&1 | head -25 | cut -c1-220; echo '```'; } >> "$report"
+    done
+  fi
 fi
 
 if [[ $sections == *,learn,* ]]; then
