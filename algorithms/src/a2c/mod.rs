@@ -562,6 +562,7 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
             let metrics = a2c_gradient(&mut nets, &configs, batch)?;
             nets.step(&lrs);
             let Nets::Stacked(net, opt) = &nets else { unreachable!("stacked above") };
+            net.check_finite("a2c")?;
             tch::no_grad(|| {
                 for (k, m) in members.iter_mut().enumerate() {
                     net.write_back(k, &m.pi.net.params);

@@ -18,7 +18,9 @@ use crate::data::vtrace::VtraceConfig;
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::ActionDist;
-use crate::nn::members::{Rows, backward_alone, clip_per_member, normalize_rows, reduce_and_clip_alone, stack};
+use crate::nn::members::{
+    Rows, backward_alone, check_finite, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
+};
 use crate::nn::params::FlatParams;
 use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
 use crate::policy::ActOutput;
@@ -124,14 +126,19 @@ impl<S: StackedOptimiser> Nets<'_, S> {
         }
     }
 
-    /// Average the gradients over replicas and clip each member's to its limit; a non-finite norm is an error
-    /// naming `algorithm` (the step is not taken).
+    /// Average the gradients over replicas and clip each member's to its limit. A member alone: a non-finite
+    /// norm is an error naming `algorithm` (the step is not taken). Members stacked: it is recorded on the
+    /// device, without waiting for the GPU, and [`StackedActorCritic::check_finite`] reports it before the
+    /// update is written back to any member (the whole update is not applied).
     pub(crate) fn reduce_and_clip(&mut self, max_norms: &[f64], algorithm: &str) -> Result<()> {
         match self {
             Nets::Alone { net, parallel, .. } => {
                 reduce_and_clip_alone(&mut net.params, parallel, max_norms[0], algorithm)
             }
-            Nets::Stacked(net, _) => clip_per_member(&net.rows.grad, max_norms, algorithm),
+            Nets::Stacked(net, _) => {
+                clip_per_member_lazily(&net.rows.grad, max_norms, &mut net.rows.nonfinite);
+                Ok(())
+            }
         }
     }
 
@@ -358,6 +365,12 @@ impl StackedActorCritic {
             Some(i) => ActionDist::DiagGaussian { mean: head, log_std: views[i].unsqueeze(1) },
         };
         (dist, h.select(1, 1).narrow(2, 0, self.outputs[1]).squeeze_dim(2))
+    }
+
+    /// An error naming the first member whose gradient norm was non-finite in this update (one copy to the
+    /// host): check before writing any member back.
+    pub(crate) fn check_finite(&self, algorithm: &str) -> Result<()> {
+        check_finite(&self.rows.nonfinite, algorithm)
     }
 
     /// Copy member `k`'s row of the parameters into its own buffer.

@@ -160,10 +160,12 @@ impl StackedAdam {
         });
     }
 
-    /// Member `k`'s moments and step count back into its optimiser.
+    /// Member `k`'s moments and step count back into its optimiser: views of its rows, not copies (a copy per
+    /// member and moment is thousands of kernel launches per update for a large population on a GPU). The
+    /// next stacking copies them again; a member stepping alone meanwhile moves only its own row.
     pub(crate) fn write_back(&self, k: usize, opt: &mut Adam) {
-        opt.exp_avg = self.exp_avg.get(k as i64).copy();
-        opt.exp_avg_sq = self.exp_avg_sq.get(k as i64).copy();
+        opt.exp_avg = self.exp_avg.get(k as i64);
+        opt.exp_avg_sq = self.exp_avg_sq.get(k as i64);
         opt.steps = self.steps;
     }
 }

@@ -74,7 +74,17 @@ impl Coef {
 /// `[N]` f32 values on `device`.
 pub(crate) fn per_member(values: impl Iterator<Item = f64>, device: tch::Device) -> Tensor {
     let v: Vec<f32> = values.map(|x| x as f32).collect();
-    Tensor::from_slice(&v).to_device(device)
+    to_device_async(Tensor::from_slice(&v), device)
+}
+
+/// A host tensor onto `device` without waiting: through pinned memory and an asynchronous copy on a GPU
+/// (a plain copy from pageable memory synchronises the host with the GPU's stream, and a population's update
+/// makes several per gradient step); as it is on the CPU.
+pub(crate) fn to_device_async(t: Tensor, device: tch::Device) -> Tensor {
+    match device {
+        tch::Device::Cuda(_) => t.pin_memory(device).to_device_(device, t.kind(), true, false),
+        _ => t.to_device(device),
+    }
 }
 
 /// A `[N]` (or `[N, …]`) tensor's values on the host, as f64.
@@ -149,6 +159,33 @@ pub(crate) fn clip_per_member(grad: &Tensor, max_norms: &[f64], algorithm: &str)
     Ok(())
 }
 
+/// [`clip_per_member`] without waiting for the GPU: each member's coefficient `min(1, max_norm / (norm +
+/// 1e-6))` computed on the device in f64 (the host's arithmetic, so the same f32 coefficient), every row
+/// scaled by it (× 1 leaves a row as it is), and a non-finite norm recorded in `nonfinite` (`[N]` bool) instead
+/// of checked at once: the caller checks it ([`check_finite`]) before it applies the update anywhere.
+pub(crate) fn clip_per_member_lazily(grad: &Tensor, max_norms: &[f64], nonfinite: &mut Tensor) {
+    tch::no_grad(|| {
+        let norms = grad.norm_scalaropt_dim(2, [1i64].as_slice(), false).to_kind(Kind::Double);
+        let limits = to_device_async(Tensor::from_slice(max_norms), grad.device());
+        let coef = (limits / (&norms + 1e-6)).clamp_max(1.0).to_kind(Kind::Float).unsqueeze(1);
+        let mut g = grad.shallow_clone();
+        let _ = g.g_mul_(&coef);
+        let _ = nonfinite.logical_or_(&norms.isfinite().logical_not());
+    });
+}
+
+/// An error naming the first member whose gradient norm [`clip_per_member_lazily`] found non-finite (one
+/// copy to the host: call it once per update, before the update is applied).
+pub(crate) fn check_finite(nonfinite: &Tensor, algorithm: &str) -> Result<()> {
+    let flags = Vec::<bool>::try_from(nonfinite.to_device(tch::Device::Cpu))?;
+    match flags.iter().position(|&bad| bad) {
+        None => Ok(()),
+        Some(k) => Err(Error::NonFinite(format!(
+            "{algorithm} population member {k}: non-finite gradient norm (non-finite loss); update not applied"
+        ))),
+    }
+}
+
 /// Members' parameter buffers of one layout stacked into one `[N, P]` leaf, seen as each parameter's `[N, …]`
 /// view ([`member_views`]), with a `[N, P]` gradient buffer beside it.
 pub(crate) struct Rows {
@@ -159,6 +196,9 @@ pub(crate) struct Rows {
     /// Each parameter's `[N, …]` view of `params`.
     pub(crate) views: Vec<Tensor>,
     grad_views: Vec<Tensor>,
+    /// Per member (`[N]` bool): a gradient norm was non-finite since the rows were stacked
+    /// ([`clip_per_member_lazily`]).
+    pub(crate) nonfinite: Tensor,
 }
 
 impl Rows {
@@ -169,7 +209,8 @@ impl Rows {
         let grad = params.zeros_like().detach();
         let views = member_views(&params, members[0]);
         let grad_views = member_views(&grad, members[0]);
-        Rows { params, grad, views, grad_views }
+        let nonfinite = Tensor::zeros([members.len() as i64], (Kind::Bool, params.device()));
+        Rows { params, grad, views, grad_views, nonfinite }
     }
 
     /// A copy of the members' current parameters to run forward only (no gradient buffer): one acting pass.
@@ -177,7 +218,7 @@ impl Rows {
         let flats: Vec<Tensor> = members.iter().map(|m| m.flat().detach()).collect();
         let params = Tensor::stack(&flats, 0);
         let views = member_views(&params, members[0]);
-        Rows { params, grad: Tensor::new(), views, grad_views: Vec::new() }
+        Rows { params, grad: Tensor::new(), views, grad_views: Vec::new(), nonfinite: Tensor::new() }
     }
 
     /// Each member's gradient of its loss (`losses`, `[N]`) into [`Rows::grad`].

@@ -151,7 +151,8 @@ impl StackedRmsProp {
 
     /// Member `k`'s running mean and step count back into its optimiser.
     pub(crate) fn write_back(&self, k: usize, opt: &mut RmsProp) {
-        opt.square_avg = self.square_avg.get(k as i64).copy();
+        // A view of its row, as `StackedAdam::write_back` leaves the moments.
+        opt.square_avg = self.square_avg.get(k as i64);
         opt.steps = self.steps;
     }
 }

@@ -40,7 +40,7 @@ use crate::data::rollout::{Rollout, sequence_rows};
 use crate::data::vtrace::VtraceConfig;
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
-use crate::nn::members::{Coef, host};
+use crate::nn::members::{Coef, host, to_device_async};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::Recurrence;
@@ -437,22 +437,25 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
         for (rng, order) in rngs.iter_mut().zip(orders.iter_mut()) {
             order.shuffle(*rng);
         }
+        // The epoch's draws of transitions, every member's row of `[N, n]` indices into the flattened batch
+        // (member k's transition i at k · n + i), on the device in one copy rather than one per minibatch.
+        let epoch_rows = (!full_batch && sequences.is_none()).then(|| {
+            let rows: Vec<i64> =
+                orders.iter().enumerate().flat_map(|(k, o)| o.iter().map(move |&i| i + (k * n) as i64)).collect();
+            to_device_async(Tensor::from_slice(&rows), device).view([orders.len() as i64, units as i64])
+        });
         for first in (0..units).step_by(per_minibatch) {
             // A full-batch "minibatch" needs no gather: each member's loss is a mean over its samples.
-            let idx = (!full_batch).then(|| {
-                let rows: Vec<i64> = match &sequences {
-                    // Whole env sequences, time-major: row t · E + e for each step t of each drawn env e.
-                    Some(s) => {
-                        let envs = orders[0][first..first + per_minibatch].iter().map(|&e| e as usize);
-                        sequence_rows(unit_rows, s.n_envs, envs).map(|i| i as i64).collect()
-                    }
-                    None => orders
-                        .iter()
-                        .enumerate()
-                        .flat_map(|(k, o)| o[first..first + per_minibatch].iter().map(move |&i| i + (k * n) as i64))
-                        .collect(),
-                };
-                Tensor::from_slice(&rows).to_device(device)
+            let idx = (!full_batch).then(|| match (&sequences, &epoch_rows) {
+                // Whole env sequences, time-major: row t · E + e for each step t of each drawn env e.
+                (Some(s), _) => {
+                    let envs = orders[0][first..first + per_minibatch].iter().map(|&e| e as usize);
+                    let rows: Vec<i64> = sequence_rows(unit_rows, s.n_envs, envs).map(|i| i as i64).collect();
+                    Tensor::from_slice(&rows).to_device(device)
+                }
+                // Each member's next `per_minibatch` draws, member after member.
+                (None, Some(rows)) => rows.narrow(1, first as i64, per_minibatch as i64).reshape([-1]),
+                (None, None) => unreachable!("drawn above for a minibatch of transitions"),
             });
             let pick = |t: &Tensor| idx.as_ref().map_or_else(|| t.shallow_clone(), |i| pick(t, i));
             let mut mb_advantages = pick(&advantages);
@@ -505,6 +508,7 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
     }
     drop(rngs);
     if let Nets::Stacked(net, opt) = &nets {
+        net.check_finite("ppo")?;
         tch::no_grad(|| {
             for (k, m) in members.iter_mut().enumerate() {
                 net.write_back(k, &m.pi.net.params);
@@ -1224,7 +1228,9 @@ pub(crate) mod tests {
 
 #[cfg(test)]
 mod member_tests {
-    use flotilla_core::Space;
+    use crate::policy::{ActMode, ActOutput, Policy};
+    use flotilla_core::{ObsRef, Space};
+    use rand::Rng;
     use rand::SeedableRng;
     use rand_pcg::Pcg64;
     use tch::Device;
@@ -1340,6 +1346,48 @@ mod member_tests {
         let fused = PpoConfig { batch_size: 64, fused_cpu: true, ..torch };
         let fused = Ppo::new(&o, &a, 4, fused, Device::Cpu, 1).unwrap();
         assert!(unbatchable(&[&fused, &fused]).unwrap().contains("fused"));
+    }
+
+    /// A stacked update in which one member's loss is not finite is refused as a whole, naming that member, and
+    /// no member's weights, moments or step count move: the non-finite norm is recorded on the device during the
+    /// update (no wait for the GPU per gradient step) and checked before anything is written back.
+    #[test]
+    fn a_non_finite_member_stops_the_stacked_update_and_nothing_is_applied() {
+        let (o, a) = cartpole();
+        let c = PpoConfig { n_steps: 16, batch_size: 32, n_epochs: 2, fused_cpu: false, ..PpoConfig::default() };
+        let mut members: Vec<Ppo> =
+            (0..3).map(|k| Ppo::new(&o, &a, 4, c.clone(), Device::Cpu, 10 + k).unwrap()).collect();
+        let before: Vec<Tensor> = members.iter().map(|m| m.params().flat().copy()).collect();
+        let mut rng = Pcg64::seed_from_u64(3);
+        let mut out = ActOutput::default();
+        let rollouts: Vec<Rollout> = members
+            .iter_mut()
+            .enumerate()
+            .map(|(k, m)| {
+                let mut r = Rollout::new(4, 16, 4, 1);
+                for t in 0..16 {
+                    let obs: Vec<f32> = (0..16).map(|_| rng.random_range(-1.0..1.0)).collect();
+                    m.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+                    let reward = if k == 1 && t == 5 { f32::NAN } else { 1.0 };
+                    r.push_acted(&obs, &out, &[reward; 4], &[false; 4]);
+                }
+                r.finish(&[0.0; 4], 0.99, 0.95).unwrap();
+                r
+            })
+            .collect();
+        let mut refs: Vec<&mut Ppo> = members.iter_mut().collect();
+        let e = update_members(&mut refs, &rollouts.iter().collect::<Vec<_>>(), 1.0).unwrap_err();
+        assert!(matches!(e, Error::NonFinite(_)), "{e}");
+        assert!(e.to_string().contains("member 1") && e.to_string().contains("not applied"), "{e}");
+        for (k, (m, b)) in members.iter().zip(&before).enumerate() {
+            assert!(m.params().flat().equal(b), "member {k}'s weights moved");
+            assert_eq!(m.opt.steps, 0, "member {k}'s optimiser stepped");
+        }
+        // Without the NaN the same members update together.
+        let mut refs: Vec<&mut Ppo> = members.iter_mut().collect();
+        let fine: Vec<&Rollout> = [&rollouts[0], &rollouts[2], &rollouts[0]].into();
+        update_members(&mut refs, &fine, 1.0).unwrap();
+        assert!(!members[0].params().flat().equal(&before[0]));
     }
 
     /// Members acting in one batched pass ([`crate::actor_critic::members::act_stacked`], what a population on
