@@ -77,12 +77,13 @@ pub(crate) fn per_member(values: impl Iterator<Item = f64>, device: tch::Device)
     to_device_async(Tensor::from_slice(&v), device)
 }
 
-/// A host tensor onto `device` without waiting: through pinned memory and an asynchronous copy on a GPU
-/// (a plain copy from pageable memory synchronises the host with the GPU's stream, and a population's update
-/// makes several per gradient step); as it is on the CPU.
+/// A host tensor onto `device` without waiting for the GPU: libtorch's blocking copy synchronises the host
+/// with the GPU's stream after it (and a population's update made several such copies per gradient step); a
+/// non-blocking one from pageable memory is staged by the CUDA driver at once and queued, so the host buffer
+/// may go right away. As it is on the CPU.
 pub(crate) fn to_device_async(t: Tensor, device: tch::Device) -> Tensor {
     match device {
-        tch::Device::Cuda(_) => t.pin_memory(device).to_device_(device, t.kind(), true, false),
+        tch::Device::Cuda(_) => t.to_device_(device, t.kind(), true, false),
         _ => t.to_device(device),
     }
 }
