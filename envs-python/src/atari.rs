@@ -357,8 +357,8 @@ impl AtariVecEnv {
             } else if lost_a_life && self.has_fire && self.config.fire_after_life_loss {
                 self.relaunch[i] = 0;
             }
-            let life_lost = self.config.terminal_on_life_loss && self.new_lives[i] < self.lives[i];
-            self.terminated[i] = game_terminated || (life_lost && !game_over);
+            let life_lost = self.config.terminal_on_life_loss && lost_a_life;
+            self.terminated[i] = game_terminated || life_lost;
             self.has_final[i] = game_over || life_lost;
             if game_over {
                 if !has_game_final {

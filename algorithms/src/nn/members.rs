@@ -138,32 +138,19 @@ pub(crate) fn backward_into(losses: &Tensor, views: &[Tensor], grad_views: &[Ten
 }
 
 /// Clip each member's gradient (a row of `grad`, `[N, P]`) to its own global-norm limit, as
-/// `FlatParams::clip_grad_norm` does (1e-6 guard); a non-finite norm is an error naming the member.
+/// `FlatParams::clip_grad_norm` does (1e-6 guard); a non-finite norm is an error naming the member, before
+/// the caller takes its step. [`clip_per_member_lazily`] and an immediate [`check_finite`].
 pub(crate) fn clip_per_member(grad: &Tensor, max_norms: &[f64], algorithm: &str) -> Result<()> {
-    let norms = Vec::<f32>::try_from(tch::no_grad(|| grad.norm_scalaropt_dim(2, [1i64].as_slice(), false)))?;
-    let mut coefs = Vec::with_capacity(norms.len());
-    for (k, (&norm, &max_norm)) in norms.iter().zip(max_norms).enumerate() {
-        let norm = norm as f64;
-        if !norm.is_finite() {
-            return Err(Error::NonFinite(format!(
-                "{algorithm} population member {k}: gradient norm {norm} (non-finite loss); step not taken"
-            )));
-        }
-        let coef = max_norm / (norm + 1e-6);
-        coefs.push(if coef < 1.0 { coef } else { 1.0 });
-    }
-    if coefs.iter().any(|&c| c < 1.0) {
-        let coef = per_member(coefs.into_iter(), grad.device()).unsqueeze(1);
-        let mut g = grad.shallow_clone();
-        let _ = tch::no_grad(|| g.g_mul_(&coef));
-    }
-    Ok(())
+    let mut nonfinite = Tensor::zeros([max_norms.len() as i64], (Kind::Bool, grad.device()));
+    clip_per_member_lazily(grad, max_norms, &mut nonfinite);
+    check_finite(&nonfinite, algorithm)
 }
 
-/// [`clip_per_member`] without waiting for the GPU: each member's coefficient `min(1, max_norm / (norm +
-/// 1e-6))` computed on the device in f64 (the host's arithmetic, so the same f32 coefficient), every row
-/// scaled by it (× 1 leaves a row as it is), and a non-finite norm recorded in `nonfinite` (`[N]` bool) instead
-/// of checked at once: the caller checks it ([`check_finite`]) before it applies the update anywhere.
+/// Each member's gradient clipped without waiting for the GPU: its coefficient `min(1, max_norm / (norm +
+/// 1e-6))` computed on the device in f64 (`FlatParams::clip_grad_norm`'s arithmetic, so the same f32
+/// coefficient), every row scaled by it (× 1 leaves a row as it is), and a non-finite norm recorded in
+/// `nonfinite` (`[N]` bool) instead of checked at once: the caller checks it ([`check_finite`]) before it
+/// applies the update anywhere.
 pub(crate) fn clip_per_member_lazily(grad: &Tensor, max_norms: &[f64], nonfinite: &mut Tensor) {
     tch::no_grad(|| {
         let norms = grad.norm_scalaropt_dim(2, [1i64].as_slice(), false).to_kind(Kind::Double);

@@ -446,17 +446,17 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
         });
         for first in (0..units).step_by(per_minibatch) {
             // A full-batch "minibatch" needs no gather: each member's loss is a mean over its samples.
-            let idx = (!full_batch).then(|| match (&sequences, &epoch_rows) {
+            let idx = match (&sequences, &epoch_rows) {
                 // Whole env sequences, time-major: row t · E + e for each step t of each drawn env e.
-                (Some(s), _) => {
+                (Some(s), _) if !full_batch => {
                     let envs = orders[0][first..first + per_minibatch].iter().map(|&e| e as usize);
                     let rows: Vec<i64> = sequence_rows(unit_rows, s.n_envs, envs).map(|i| i as i64).collect();
-                    Tensor::from_slice(&rows).to_device(device)
+                    Some(Tensor::from_slice(&rows).to_device(device))
                 }
                 // Each member's next `per_minibatch` draws, member after member.
-                (None, Some(rows)) => rows.narrow(1, first as i64, per_minibatch as i64).reshape([-1]),
-                (None, None) => unreachable!("drawn above for a minibatch of transitions"),
-            });
+                (None, Some(rows)) => Some(rows.narrow(1, first as i64, per_minibatch as i64).reshape([-1])),
+                _ => None,
+            };
             let pick = |t: &Tensor| idx.as_ref().map_or_else(|| t.shallow_clone(), |i| pick(t, i));
             let mut mb_advantages = pick(&advantages);
             if normalize_minibatch {
