@@ -10,8 +10,6 @@
 pub mod agent;
 pub(crate) mod host;
 pub(crate) mod members;
-#[cfg(test)]
-mod recurrent_tests;
 use flotilla_core::{ObsRef, Space};
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
@@ -921,3 +919,6 @@ mod tests {
         head.size()[1]
     }
 }
+
+#[cfg(test)]
+mod recurrent_tests;
