@@ -12,10 +12,14 @@
 //! ```
 //! Everything crossing this boundary is plain `f32` slices and `flotilla_core` types, so the actor crate
 //! never sees a libtorch type.
-use flotilla_core::{Chunk, Space};
+use flotilla_core::{Chunk, ObsRef, Space};
+use rand::SeedableRng;
+use rand_pcg::Pcg64;
+use tch::{Device, Tensor};
 
+use crate::nn::host_mlp::HostScratch;
 use crate::nn::params::FlatParams;
-use crate::policy::Policy;
+use crate::policy::{ActMode, ActOutput, Policy};
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 
@@ -83,6 +87,87 @@ pub struct ActingSetup<'a> {
     /// The run's frozen layers (`[init] freeze`): an A3C worker computes and sends gradients for the other
     /// layers only. Acting policies ignore it (they load every parameter).
     pub frozen: &'a [String],
+}
+
+/// The network of an off-policy algorithm's acting policy ([`WarmupPolicy`]), and how it explores.
+pub(crate) trait ActingNet: std::fmt::Debug + Send {
+    /// What exploration keeps between calls (TD3's noise, DQN's ε).
+    type Explore: std::fmt::Debug + Send;
+    /// Values per observation and per action.
+    fn dims(&self) -> (usize, usize);
+    /// Actions for a batch of `obs` into `out`: exploring with `explore` (`None`: deterministic), uniformly
+    /// random with `warm_up`. On CPU parameters an MLP runs without libtorch (`host` is its scratch).
+    #[allow(clippy::too_many_arguments)]
+    fn act(
+        &self,
+        params: &FlatParams,
+        obs: ObsRef<'_>,
+        warm_up: bool,
+        explore: Option<&mut Self::Explore>,
+        rng: &mut Pcg64,
+        host: &mut (HostScratch, Vec<f32>),
+        out: &mut ActOutput,
+    ) -> Result<()>;
+    /// Let `explore` follow the learner's progress.
+    fn follow(explore: &mut Self::Explore, progress: &Progress) {
+        let _ = (explore, progress);
+    }
+}
+
+/// An off-policy algorithm's acting policy (DQN, DDPG, TD3, SAC) in an actor process: the network's weights
+/// (from the learner's broadcast) and its exploration, uniformly random while the learner has fewer than
+/// `learning_starts` env steps. No critics, no target, no replay, no optimiser.
+#[derive(Debug)]
+pub(crate) struct WarmupPolicy<N: ActingNet> {
+    net: N,
+    params: FlatParams,
+    explore: N::Explore,
+    learning_starts: u64,
+    learner_env_steps: u64,
+    rng: Pcg64,
+    host: (HostScratch, Vec<f32>),
+}
+
+impl<N: ActingNet> WarmupPolicy<N> {
+    /// `net` with its initial parameters `named` on the CPU; `seed` fixes exploration.
+    pub(crate) fn new(
+        net: N,
+        named: Vec<(String, Tensor)>,
+        explore: N::Explore,
+        learning_starts: u64,
+        seed: u64,
+    ) -> Self {
+        let params = FlatParams::new(named, Device::Cpu);
+        let rng = Pcg64::seed_from_u64(seed);
+        WarmupPolicy { net, params, explore, learning_starts, learner_env_steps: 0, rng, host: Default::default() }
+    }
+}
+
+impl<N: ActingNet> Policy for WarmupPolicy<N> {
+    fn obs_dim(&self) -> usize {
+        self.net.dims().0
+    }
+
+    fn act_dim(&self) -> usize {
+        self.net.dims().1
+    }
+
+    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+        let explore = (mode == ActMode::Explore).then_some(&mut self.explore);
+        let warm_up = explore.is_some() && self.learner_env_steps < self.learning_starts;
+        self.net.act(&self.params, obs, warm_up, explore, &mut self.rng, &mut self.host, out)
+    }
+}
+
+impl<N: ActingNet> ActingPolicy for WarmupPolicy<N> {
+    fn params(&self) -> &FlatParams {
+        &self.params
+    }
+
+    fn set_progress(&mut self, progress: &Progress) {
+        N::follow(&mut self.explore, progress);
+        self.learner_env_steps = progress.env_steps;
+    }
 }
 
 /// Copy a broadcast into `params` in place (the views share its storage), checking its length.

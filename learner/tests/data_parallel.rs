@@ -271,7 +271,7 @@ fn dqn_on_two_learners_steps_as_one_learner_on_both_batches() {
             let (o, a, r, g, n) = batch(rank, t);
             dqn.train_on(ObsRef::F32(&o), &a, &r, &g, ObsRef::F32(&n)).unwrap();
         }
-        dqn.params().flat().copy()
+        dqn.policy_params().flat().copy()
     });
     let mut one =
         Dqn::new(&obs_space, &act_space, 1, DqnConfig { batch_size: 2 * b, ..config }, Device::Cpu, 9).unwrap();
@@ -286,7 +286,7 @@ fn dqn_on_two_learners_steps_as_one_learner_on_both_batches() {
         one.train_on(ObsRef::F32(&o), &a, &r, &g, ObsRef::F32(&n)).unwrap();
     }
     for (rank, params) in ranks.iter().enumerate() {
-        assert_close(&format!("dqn rank {rank}"), params, one.params().flat());
+        assert_close(&format!("dqn rank {rank}"), params, one.policy_params().flat());
     }
     assert!(ranks[0].equal(&ranks[1]), "ranks hold bit-identical parameters");
 }

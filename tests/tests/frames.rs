@@ -146,7 +146,7 @@ fn u8_frames_survive_vec_env_chunk_grpc_and_replay_unchanged() {
     let mut sample = ReplaySample::default();
     replay.sample(4 * expected.len(), &mut rand_pcg::Pcg64::seed_from_u64(0), &mut sample).unwrap();
     // Transitions enter the replay env by env at each step, i.e. in `expected`'s order.
-    for row in 0..sample.len() {
+    for row in 0..sample.rewards.len() {
         let (o, n) = &expected[sample.indices[row]];
         assert_eq!(&sample.obs[row * d..(row + 1) * d], &o[..], "row {row}: observation");
         assert_eq!(&sample.next_obs[row * d..(row + 1) * d], &n[..], "row {row}: true next observation");

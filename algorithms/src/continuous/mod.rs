@@ -9,15 +9,18 @@
 pub mod action_noise;
 
 use flotilla_core::{Chunk, DType, ObsBuf, Space};
+use rand::Rng;
+use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
+use crate::continuous::action_noise::ActionNoise;
 use crate::data::replay::{Experience, ReplayBuffer, ReplaySample};
 use crate::nn::adam::Adam;
 use crate::nn::nets::{Activation, FlatMlp, LayerInit};
 use crate::nn::params::FlatParams;
-use crate::policy::f32_obs;
+use crate::policy::{ActOutput, f32_obs};
 use crate::progress::Progress;
 use crate::{Error, Result};
 
@@ -48,13 +51,47 @@ pub(crate) fn action_bounds(name: &'static str, action_space: &Space) -> Result<
     }
 }
 
-/// `[−1, 1]` actions, row after row of `low.len()`, to env units in place.
-pub(crate) fn unscale_rows(actions: &mut [f32], low: &[f32], high: &[f32]) {
-    for row in actions.chunks_exact_mut(low.len()) {
+/// A tanh actor's actions for a batch of `obs` (`obs_dim` values a row) in the bounds `(low, high)`: uniformly
+/// random in `[−1, 1]` with `warm_up`, else `network(rows, rng, actions)`'s; plus `noise`, clipped to `[−1, 1]`;
+/// then scaled to the bounds.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn act_tanh(
+    obs: &[f32],
+    obs_dim: usize,
+    (low, high): (&[f32], &[f32]),
+    warm_up: bool,
+    noise: Option<&mut ActionNoise>,
+    rng: &mut Pcg64,
+    out: &mut ActOutput,
+    network: impl FnOnce(usize, &mut Pcg64, &mut [f32]) -> Result<()>,
+) -> Result<()> {
+    if obs.is_empty() || !obs.len().is_multiple_of(obs_dim) {
+        return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: obs_dim });
+    }
+    let rows = obs.len() / obs_dim;
+    out.log_probs.clear();
+    out.values.clear();
+    out.q_values.clear();
+    out.actions.resize(rows * low.len(), 0.0);
+    if warm_up {
+        for a in &mut out.actions {
+            *a = rng.random_range(-1.0..1.0);
+        }
+    } else {
+        network(rows, rng, &mut out.actions)?;
+    }
+    if let Some(noise) = noise {
+        noise.add_to(&mut out.actions, rng)?;
+        for a in &mut out.actions {
+            *a = a.clamp(-1.0, 1.0);
+        }
+    }
+    for row in out.actions.chunks_exact_mut(low.len()) {
         for ((a, l), h) in row.iter_mut().zip(low).zip(high) {
             *a = unscale_action(*a, *l, *h);
         }
     }
+    Ok(())
 }
 
 pub(crate) fn activate(activation: Activation, x: Tensor) -> Tensor {

@@ -20,7 +20,7 @@
 //!   `f − reuse_window`; it is evicted (oldest first) before the ring would overwrite them, i.e. once `f +
 //!   frame_capacity − reuse_window` is reached. With about one new frame per transition (the usual case), the
 //!   buffer holds `capacity` transitions in `capacity + reuse_window` frames plus a margin: about one frame per
-//!   transition, ~1/8 of storing both stacks ([`FrameReplay::bytes_per_transition`]).
+//!   transition, ~1/8 of storing both stacks.
 use std::collections::HashMap;
 
 use rand::Rng;
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::data::replay::{Experience, ReplaySample, take_checked};
+use crate::data::replay::{Experience, ReplaySample, check_len, check_not_empty, take_checked};
 use crate::{Error, Result};
 
 /// The saved sizes and counters of a [`FrameReplay`] (checkpoint metadata).
@@ -138,22 +138,9 @@ impl FrameReplay {
         self.len == 0
     }
 
-    /// Most transitions held.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// Bytes of observation per observation (`stack × frame_len`).
     pub fn obs_dim(&self) -> usize {
         self.stack * self.frame_len
-    }
-
-    /// Memory this buffer holds per transition of its capacity (frames, ids and scalars), against
-    /// `2 · obs_dim` bytes for storing both stacks.
-    pub fn bytes_per_transition(&self) -> f64 {
-        let frames = (self.frame_capacity * (self.frame_len + 8)) as f64;
-        let per_row = (2 * self.stack * 8 + 8 + 4 * self.act_dim + 4 + 1 + 4) as f64;
-        frames / self.capacity as f64 + per_row
     }
 
     /// Frames written so far (distinct frames, counting each rewrite after it left the reuse window).
@@ -207,15 +194,9 @@ impl FrameReplay {
     /// Store one transition (its observations `stack × frame_len` bytes each), evicting the oldest when full.
     pub fn push(&mut self, e: &Experience<'_, u8>) -> Result<()> {
         let od = self.obs_dim();
-        for (what, got, expected) in [
-            ("frame replay observation", e.obs.len(), od),
-            ("frame replay next observation", e.next_obs.len(), od),
-            ("frame replay action", e.action.len(), self.act_dim),
-        ] {
-            if got != expected {
-                return Err(Error::BadLength { what: what.into(), got, expected });
-            }
-        }
+        check_len("frame replay observation", e.obs.len(), od)?;
+        check_len("frame replay next observation", e.next_obs.len(), od)?;
+        check_len("frame replay action", e.action.len(), self.act_dim)?;
         if self.len == self.capacity {
             self.len -= 1; // the oldest slot is the one this push reuses
         }
@@ -239,13 +220,7 @@ impl FrameReplay {
     /// Draw `batch_size` transitions uniformly with replacement into `out`, stacks rebuilt (weights all 1;
     /// `out.indices` are positions from the oldest live transition).
     pub fn sample(&self, batch_size: usize, rng: &mut impl Rng, out: &mut ReplaySample<u8>) -> Result<()> {
-        if self.len == 0 {
-            return Err(Error::BadLength {
-                what: format!("frame replay to sample {batch_size} transitions from (it is empty)"),
-                got: 0,
-                expected: 1,
-            });
-        }
+        check_not_empty("frame replay", self.len, batch_size)?;
         let (od, ad, fl, k) = (self.obs_dim(), self.act_dim, self.frame_len, self.stack);
         out.resize(batch_size, od, ad);
         let first = self.pushed - self.len as u64;
@@ -338,6 +313,17 @@ impl FrameReplay {
             ids.sort_unstable();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl FrameReplay {
+    /// Memory this buffer holds per transition of its capacity (frames, ids and scalars), against
+    /// `2 · obs_dim` bytes for storing both stacks.
+    pub(crate) fn bytes_per_transition(&self) -> f64 {
+        let frames = (self.frame_capacity * (self.frame_len + 8)) as f64;
+        let per_row = (2 * self.stack * 8 + 8 + 4 * self.act_dim + 4 + 1 + 4) as f64;
+        frames / self.capacity as f64 + per_row
     }
 }
 

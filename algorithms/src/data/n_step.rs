@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
-use crate::data::replay::{Element, Experience, take_checked};
+use crate::data::replay::{Element, Experience, check_len, take_checked};
 use crate::{Error, Result};
 
 /// Per-env queues of the last `n` steps, turned into n-step [`Experience`]s.
@@ -79,30 +79,6 @@ impl<O: Element> NStep<O> {
             head: vec![0; n_envs],
             pending: vec![0; n_envs],
         })
-    }
-
-    /// The number of steps `n` in a full window.
-    pub fn n(&self) -> usize {
-        self.n
-    }
-
-    /// Number of envs.
-    pub fn n_envs(&self) -> usize {
-        self.n_envs
-    }
-
-    /// Steps of env `env` waiting for their window to fill (at most `n − 1`).
-    ///
-    /// # Panics
-    /// If `env >= n_envs`.
-    pub fn pending(&self, env: usize) -> usize {
-        self.pending[env]
-    }
-
-    /// Drop every pending step (e.g. when the envs are reset from outside).
-    pub fn clear(&mut self) {
-        self.head.fill(0);
-        self.pending.fill(0);
     }
 
     /// Record one vectorised step and pass each transition it completes to `emit`, env by env, oldest first.
@@ -212,7 +188,7 @@ impl<O: Element> NStep<O> {
         if state.pending.len() != ne || state.pending.iter().any(|&p| p >= n) {
             return Err(Error::Checkpoint(format!("{prefix:?}: invalid pending counts {:?}", state.pending)));
         }
-        let obs = take_checked(c, &format!("{prefix}.obs"), O::kind(), &[ne, n, od])?;
+        let obs = take_checked(c, &format!("{prefix}.obs"), O::KIND, &[ne, n, od])?;
         let actions = take_checked(c, &format!("{prefix}.actions"), Kind::Float, &[ne, n, ad])?;
         let rewards = take_checked(c, &format!("{prefix}.rewards"), Kind::Float, &[ne, n])?;
         obs.f_copy_data(&mut self.obs, ne * n * od)?;
@@ -222,10 +198,6 @@ impl<O: Element> NStep<O> {
         self.pending = state.pending;
         Ok(())
     }
-}
-
-fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
-    if got == expected { Ok(()) } else { Err(Error::BadLength { what: what.to_string(), got, expected }) }
 }
 
 #[cfg(test)]
@@ -363,7 +335,7 @@ mod tests {
                 assert!((g.discount - w.discount).abs() <= 1e-7, "{at}: {} vs {}", g.discount, w.discount);
             }
             for (e, &p) in pending.iter().enumerate() {
-                assert_eq!(ns.pending(e), p, "n {n}, n_envs {n_envs}, env {e}");
+                assert_eq!(ns.pending[e], p, "n {n}, n_envs {n_envs}, env {e}");
                 assert!(p < n);
             }
         }
@@ -410,7 +382,7 @@ mod tests {
                 (4.0, 16.0, 4.5, false, 0.5), // truncated: bootstrap from the final obs with γ¹
             ]
         );
-        assert_eq!(ns.pending(0), 0);
+        assert_eq!(ns.pending[0], 0);
     }
 
     #[test]
@@ -420,7 +392,7 @@ mod tests {
         let e = ns.push(&[0; 5], &[0.0; 2], &[0.0; 2], &[false; 2], &[false; 2], &[0; 6], ok).unwrap_err();
         assert_eq!(e.to_string(), "n-step observations: got 5 values, expected 6");
         assert!(ns.push(&[0; 6], &[0.0; 2], &[0.0; 2], &[false; 2], &[false; 3], &[0; 6], ok).is_err());
-        assert_eq!(ns.pending(0), 0, "nothing recorded on error");
+        assert_eq!(ns.pending[0], 0, "nothing recorded on error");
         // An error from the callback is passed on.
         let fail = |_: &Experience<'_, u8>| -> Result<()> { Err(Error::Checkpoint("full".into())) };
         let e = ns.push(&[0; 6], &[0.0; 2], &[0.0; 2], &[true; 2], &[false; 2], &[0; 6], fail).unwrap_err();
@@ -438,7 +410,7 @@ mod tests {
         let mut before = vec![];
         // Stop where the queues have wrapped and hold a few steps.
         run(&mut ns, &s, 0..123, &mut before);
-        assert!((0..n_envs).any(|e| ns.pending(e) > 0));
+        assert!((0..n_envs).any(|e| ns.pending[e] > 0));
         let path = std::env::temp_dir().join(format!("flotilla-nstep-{}.safetensors", std::process::id()));
         let mut c = Checkpoint::new();
         ns.write_to(&mut c, "nstep").unwrap();

@@ -38,11 +38,6 @@ use crate::{Error, Result};
 
 /// An observation element type stored as is: `f32` for vector observations, `u8` for image frames.
 pub trait Element: tch::kind::Element + Copy + Default + Send + Sync + 'static {
-    /// The libtorch kind of this element type.
-    fn kind() -> Kind {
-        <Self as tch::kind::Element>::KIND
-    }
-
     /// A CPU tensor of this kind holding a copy of `data` with `shape` (whose product must be `data.len()`).
     fn to_tensor(data: &[Self], shape: &[i64]) -> Result<Tensor> {
         Ok(Tensor::f_from_slice(data)?.f_view(shape)?)
@@ -70,7 +65,7 @@ pub struct Experience<'a, O> {
 }
 
 /// A sampled batch, row-major (`batch_size` rows). Reused between calls: `sample` overwrites every field.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplaySample<O: Element> {
     /// Buffer slots the rows came from (pass them back to [`PrioritizedReplay::update_priorities`]).
     pub indices: Vec<usize>,
@@ -92,27 +87,7 @@ pub struct ReplaySample<O: Element> {
     masses: Vec<f64>,
 }
 
-/// Equal rows (the scratch space is not compared).
-impl<O: Element + PartialEq> PartialEq for ReplaySample<O> {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.indices, &self.obs, &self.actions, &self.rewards)
-            == (&other.indices, &other.obs, &other.actions, &other.rewards)
-            && (&self.next_obs, &self.terminated, &self.discounts, &self.weights)
-                == (&other.next_obs, &other.terminated, &other.discounts, &other.weights)
-    }
-}
-
 impl<O: Element> ReplaySample<O> {
-    /// Number of rows.
-    pub fn len(&self) -> usize {
-        self.indices.len()
-    }
-
-    /// Whether the batch has no rows.
-    pub fn is_empty(&self) -> bool {
-        self.indices.is_empty()
-    }
-
     /// Size every field for `batch_size` rows (no allocation once grown).
     pub(crate) fn resize(&mut self, batch_size: usize, obs_dim: usize, act_dim: usize) {
         self.indices.resize(batch_size, 0);
@@ -179,7 +154,7 @@ impl<O: Element> ReplayBuffer<O> {
         })
     }
 
-    /// Number of transitions stored (at most [`ReplayBuffer::capacity`]).
+    /// Number of transitions stored (at most the capacity).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -187,33 +162,6 @@ impl<O: Element> ReplayBuffer<O> {
     /// Whether nothing is stored.
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// The most transitions the buffer holds.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Values per observation.
-    pub fn obs_dim(&self) -> usize {
-        self.obs_dim
-    }
-
-    /// Values per action.
-    pub fn act_dim(&self) -> usize {
-        self.act_dim
-    }
-
-    /// The transition in slot `index`, if one is stored there.
-    pub fn get(&self, index: usize) -> Option<Experience<'_, O>> {
-        (index < self.len).then(|| Experience {
-            obs: &self.obs[index * self.obs_dim..(index + 1) * self.obs_dim],
-            action: &self.actions[index * self.act_dim..(index + 1) * self.act_dim],
-            reward: self.rewards[index],
-            next_obs: &self.next_obs[index * self.obs_dim..(index + 1) * self.obs_dim],
-            terminated: self.terminated[index],
-            discount: self.discounts[index],
-        })
     }
 
     /// Store a transition, overwriting the oldest when full; returns the slot written.
@@ -235,7 +183,7 @@ impl<O: Element> ReplayBuffer<O> {
 
     /// Draw `batch_size` transitions uniformly with replacement into `out` (importance weights all 1).
     pub fn sample(&self, batch_size: usize, rng: &mut impl Rng, out: &mut ReplaySample<O>) -> Result<()> {
-        self.check_not_empty(batch_size)?;
+        check_not_empty("replay buffer", self.len, batch_size)?;
         out.resize(batch_size, self.obs_dim, self.act_dim);
         for index in &mut out.indices {
             *index = rng.random_range(0..self.len);
@@ -243,18 +191,6 @@ impl<O: Element> ReplayBuffer<O> {
         out.weights.fill(1.0);
         self.gather(out);
         Ok(())
-    }
-
-    fn check_not_empty(&self, batch_size: usize) -> Result<()> {
-        if self.len == 0 {
-            Err(Error::BadLength {
-                what: format!("replay buffer to sample {batch_size} transitions from (it is empty)"),
-                got: 0,
-                expected: 1,
-            })
-        } else {
-            Ok(())
-        }
     }
 
     /// Copy the rows named by `out.indices` into the other fields of `out` (already sized).
@@ -290,8 +226,8 @@ impl<O: Element> ReplayBuffer<O> {
     pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         let state = self.read_state(c, prefix)?;
         let (n, od, ad) = (state.len, self.obs_dim, self.act_dim);
-        let obs = take_checked(c, &format!("{prefix}.obs"), O::kind(), &[n, od])?;
-        let next_obs = take_checked(c, &format!("{prefix}.next_obs"), O::kind(), &[n, od])?;
+        let obs = take_checked(c, &format!("{prefix}.obs"), O::KIND, &[n, od])?;
+        let next_obs = take_checked(c, &format!("{prefix}.next_obs"), O::KIND, &[n, od])?;
         let actions = take_checked(c, &format!("{prefix}.actions"), Kind::Float, &[n, ad])?;
         let rewards = take_checked(c, &format!("{prefix}.rewards"), Kind::Float, &[n])?;
         let terminated = take_checked(c, &format!("{prefix}.terminated"), Kind::Bool, &[n])?;
@@ -357,11 +293,6 @@ impl<O: Element> PrioritizedReplay<O> {
         Ok(PrioritizedReplay { buffer, tree: SumTree::new(capacity), alpha, eps, max_priority: 1.0 })
     }
 
-    /// The underlying storage.
-    pub fn buffer(&self) -> &ReplayBuffer<O> {
-        &self.buffer
-    }
-
     /// Number of transitions stored.
     pub fn len(&self) -> usize {
         self.buffer.len()
@@ -370,21 +301,6 @@ impl<O: Element> PrioritizedReplay<O> {
     /// Whether nothing is stored.
     pub fn is_empty(&self) -> bool {
         self.buffer.is_empty()
-    }
-
-    /// The most transitions the buffer holds.
-    pub fn capacity(&self) -> usize {
-        self.buffer.capacity()
-    }
-
-    /// The priority `p_i` (already raised to α) of slot `index`, if a transition is stored there.
-    pub fn priority(&self, index: usize) -> Option<f64> {
-        (index < self.buffer.len()).then(|| self.tree.get(index))
-    }
-
-    /// The priority new transitions get: the largest set so far (1 at first).
-    pub fn max_priority(&self) -> f64 {
-        self.max_priority
     }
 
     /// Store a transition with the largest priority seen so far; returns the slot written.
@@ -397,7 +313,7 @@ impl<O: Element> PrioritizedReplay<O> {
     /// Draw `batch_size` transitions, stratified and proportionally to priority, into `out`, with importance
     /// weights for exponent `beta` (≥ 0) normalised by the largest weight in the buffer.
     pub fn sample(&self, batch_size: usize, beta: f64, rng: &mut impl Rng, out: &mut ReplaySample<O>) -> Result<()> {
-        self.buffer.check_not_empty(batch_size)?;
+        check_not_empty("replay buffer", self.buffer.len, batch_size)?;
         if !(beta.is_finite() && beta >= 0.0) {
             return Err(Error::InvalidConfig {
                 algorithm: "prioritized replay",
@@ -470,7 +386,7 @@ impl<O: Element> PrioritizedReplay<O> {
         let priorities = Vec::<f64>::try_from(&priorities)?;
         let max_priority = Vec::<f64>::try_from(&max_priority)?[0];
         // Validate before anything changes: the tree refuses non-finite or negative priorities.
-        let mut tree = SumTree::new(self.capacity());
+        let mut tree = SumTree::new(self.buffer.capacity);
         tree.rebuild(&priorities)?;
         if !(max_priority.is_finite() && max_priority > 0.0) {
             return Err(Error::Checkpoint(format!("{prefix:?}: invalid max priority {max_priority}")));
@@ -482,8 +398,15 @@ impl<O: Element> PrioritizedReplay<O> {
     }
 }
 
-fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
+/// A `BadLength` error unless `got == expected`.
+pub(crate) fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
     if got == expected { Ok(()) } else { Err(Error::BadLength { what: what.to_string(), got, expected }) }
+}
+
+/// A `BadLength` error if `what` holds nothing to sample `batch_size` transitions from.
+pub(crate) fn check_not_empty(what: &str, len: usize, batch_size: usize) -> Result<()> {
+    let what = format!("{what} to sample {batch_size} transitions from (it is empty)");
+    if len == 0 { Err(Error::BadLength { what, got: 0, expected: 1 }) } else { Ok(()) }
 }
 
 /// Take tensor `name` from `c`, checking its kind and shape.
@@ -498,6 +421,29 @@ pub(crate) fn take_checked(c: &mut Checkpoint, name: &str, kind: Kind, shape: &[
         )));
     }
     Ok(t)
+}
+
+#[cfg(test)]
+impl<O: Element> ReplayBuffer<O> {
+    /// The transition in slot `index`, if one is stored there.
+    pub(crate) fn get(&self, index: usize) -> Option<Experience<'_, O>> {
+        (index < self.len).then(|| Experience {
+            obs: &self.obs[index * self.obs_dim..(index + 1) * self.obs_dim],
+            action: &self.actions[index * self.act_dim..(index + 1) * self.act_dim],
+            reward: self.rewards[index],
+            next_obs: &self.next_obs[index * self.obs_dim..(index + 1) * self.obs_dim],
+            terminated: self.terminated[index],
+            discount: self.discounts[index],
+        })
+    }
+}
+
+#[cfg(test)]
+impl<O: Element> PrioritizedReplay<O> {
+    /// The priority `p_i` (already raised to α) of slot `index`, if a transition is stored there.
+    pub(crate) fn priority(&self, index: usize) -> Option<f64> {
+        (index < self.buffer.len()).then(|| self.tree.get(index))
+    }
 }
 
 #[cfg(test)]
@@ -543,7 +489,7 @@ mod tests {
             push_numbered(&mut |e| buf.push(e), k);
             assert_eq!(buf.len(), (k + 1).min(capacity));
         }
-        assert_eq!((buf.len(), buf.capacity()), (capacity, capacity));
+        assert_eq!((buf.len(), buf.capacity), (capacity, capacity));
         assert_eq!((buf.obs.as_ptr(), buf.obs.capacity()), (obs_ptr, obs_cap), "storage never reallocated");
         // Slot i holds the newest transition k ≡ i (mod capacity): transitions 14..21.
         let mut stored: Vec<usize> = (0..capacity).map(|i| buf.get(i).unwrap().action[0] as usize).collect();
@@ -626,7 +572,7 @@ mod tests {
         assert!(per.update_priorities(&[0, 2], &[1.0, 1.0]).is_err(), "slot 2 holds nothing yet");
         let e = per.update_priorities(&[0, 1], &[2.0, f32::NAN]).unwrap_err().to_string();
         assert!(e.contains("NaN") && e.contains("row 1"), "{e}");
-        assert_eq!((per.priority(0), per.max_priority()), (Some(1.0), 1.0), "nothing changed on error");
+        assert_eq!((per.priority(0), per.max_priority), (Some(1.0), 1.0), "nothing changed on error");
         for (alpha, eps) in [(-1.0, 1e-6), (f64::NAN, 1e-6), (0.6, 0.0), (0.6, f64::INFINITY)] {
             assert!(PrioritizedReplay::<f32>::new(4, 3, 1, alpha, eps).is_err());
         }
@@ -698,9 +644,9 @@ mod tests {
     fn new_transitions_get_the_max_priority() {
         let mut per = four(0.5, 1e-6, &[0.1, 8.0, 0.3, 0.2]);
         let max = (8.0f64 + 1e-6).sqrt();
-        assert_eq!(per.max_priority(), max);
+        assert_eq!(per.max_priority, max);
         per.update_priorities(&[1], &[0.0]).unwrap();
-        assert_eq!(per.max_priority(), max, "the max never decreases");
+        assert_eq!(per.max_priority, max, "the max never decreases");
         push_numbered(&mut |e| per.push(e), 4);
         assert_eq!(per.priority(4), Some(max));
         assert_eq!(per.priority(5), None);

@@ -3,7 +3,7 @@
 //!
 //! A complete binary tree whose leaves are the priorities `p_i` and whose inner nodes hold the sum (and, in a
 //! second array, the minimum) of their children. Setting a priority re-sums its `log₂ n` ancestors;
-//! [`SumTree::find`] walks from the root to the leaf `i` with `Σ_{j<i} p_j ≤ mass < Σ_{j≤i} p_j`, so drawing
+//! [`SumTree::find_many`] walks from the root to the leaf `i` with `Σ_{j<i} p_j ≤ mass < Σ_{j≤i} p_j`, so drawing
 //! `mass` uniformly in `[0, total)` picks `i` with probability `p_i / Σ p`. The minimum gives the largest
 //! importance weight for normalising (`w_max = (N · p_min / Σ p)^(−β)`).
 //!
@@ -32,11 +32,6 @@ impl SumTree {
         SumTree { capacity, leaves, sums: vec![0.0; 2 * leaves], mins: vec![f64::INFINITY; 2 * leaves] }
     }
 
-    /// Number of slots.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// `Σ p_i` over all slots.
     pub fn total(&self) -> f64 {
         self.sums[1]
@@ -63,7 +58,10 @@ impl SumTree {
 
     /// Set slot `index` to `priority` (finite, ≥ 0) and update its ancestors.
     pub fn set(&mut self, index: usize, priority: f64) -> Result<()> {
-        check_slot(index, self.capacity)?;
+        if index >= self.capacity {
+            let what = format!("sum tree slot index {index}");
+            return Err(Error::BadLength { what, got: index + 1, expected: self.capacity });
+        }
         check_priority(index, priority)?;
         let mut k = self.leaves + index;
         self.sums[k] = priority;
@@ -101,33 +99,13 @@ impl SumTree {
         Ok(())
     }
 
-    /// The slot `i` with `Σ_{j<i} p_j ≤ mass < Σ_{j≤i} p_j`: drawing `mass` uniformly in `[0, total)` samples
-    /// slot `i` with probability `p_i / total`.
+    /// For each of `masses` (overwritten: used as scratch), the slot `i` with `Σ_{j<i} p_j ≤ mass < Σ_{j≤i} p_j`,
+    /// into `out`: drawing `mass` uniformly in `[0, total)` samples slot `i` with probability `p_i / total`.
+    /// The walks go down the tree level by level together, so their cache misses overlap instead of queueing.
     ///
-    /// The result always has a positive priority when `total() > 0`, even where rounding puts `mass` at or past
-    /// the total (the last slot with positive priority is returned) or below 0 (the first). With `total() == 0`
-    /// it returns 0.
-    pub fn find(&self, mass: f64) -> usize {
-        // `!(mass > 0.0)` also catches NaN.
-        let mut mass = if mass > 0.0 { mass } else { 0.0 };
-        let mut k = 1;
-        // Invariant: the subtree at `k` has a positive sum (when the total is), so one child does too.
-        while k < self.leaves {
-            let left = self.sums[2 * k];
-            if mass < left || self.sums[2 * k + 1] == 0.0 {
-                k *= 2;
-            } else {
-                mass -= left;
-                k = 2 * k + 1;
-            }
-        }
-        // Unreachable for a positive total (unset slots past `capacity` sum to 0), kept for total == 0.
-        (k - self.leaves).min(self.capacity.saturating_sub(1))
-    }
-
-    /// [`SumTree::find`] for each of `masses` (overwritten: used as scratch), into `out`. The same answers,
-    /// several times faster for a batch: the walks go down the tree level by level together, so their cache
-    /// misses overlap instead of queueing.
+    /// Each result has a positive priority when `total() > 0`, even where rounding puts `mass` at or past the
+    /// total (the last slot with positive priority is returned) or below 0 (the first). With `total() == 0`
+    /// it is 0.
     ///
     /// # Panics
     /// If the two slices differ in length.
@@ -154,14 +132,6 @@ impl SumTree {
     }
 }
 
-fn check_slot(index: usize, capacity: usize) -> Result<()> {
-    if index < capacity {
-        Ok(())
-    } else {
-        Err(Error::BadLength { what: format!("sum tree slot index {index}"), got: index + 1, expected: capacity })
-    }
-}
-
 fn check_priority(index: usize, priority: f64) -> Result<()> {
     if priority.is_finite() && priority >= 0.0 {
         Ok(())
@@ -172,6 +142,28 @@ fn check_priority(index: usize, priority: f64) -> Result<()> {
             value: priority.to_string(),
             detail: format!("priority of slot {index} must be finite and ≥ 0"),
         })
+    }
+}
+
+#[cfg(test)]
+impl SumTree {
+    /// [`SumTree::find_many`] for one `mass`, one walk at a time (the reference it is tested against).
+    pub(crate) fn find(&self, mass: f64) -> usize {
+        // `!(mass > 0.0)` also catches NaN.
+        let mut mass = if mass > 0.0 { mass } else { 0.0 };
+        let mut k = 1;
+        // Invariant: the subtree at `k` has a positive sum (when the total is), so one child does too.
+        while k < self.leaves {
+            let left = self.sums[2 * k];
+            if mass < left || self.sums[2 * k + 1] == 0.0 {
+                k *= 2;
+            } else {
+                mass -= left;
+                k = 2 * k + 1;
+            }
+        }
+        // Unreachable for a positive total (unset slots past `capacity` sum to 0), kept for total == 0.
+        (k - self.leaves).min(self.capacity.saturating_sub(1))
     }
 }
 

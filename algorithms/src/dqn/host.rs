@@ -30,14 +30,6 @@ pub(crate) struct DqnHost {
     td: Vec<f32>,
 }
 
-/// What a step returns for the metrics: the loss and the mean Q of the taken actions (the TD errors are
-/// [`DqnHost::td`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct DqnStep {
-    pub loss: f32,
-    pub mean_q: f32,
-}
-
 impl DqnHost {
     /// The fused path for an MLP of these layers (weight indices into `online`, each followed by its bias),
     /// when `online` is a CPU f32 buffer with nothing frozen; `None` otherwise. With `bf16`, the hidden
@@ -78,7 +70,8 @@ impl DqnHost {
     /// One gradient step on the replay sample `s`: the TD target from the target network (its argmax taken by
     /// the online network with `double_q`), the Huber loss (weighted by `s.weights`, all 1 for uniform
     /// sampling), backward, gradient clipping to `max_grad_norm`, Adam. A non-finite gradient norm is an
-    /// error and no step is taken. The TD errors are [`DqnHost::td`] afterwards.
+    /// error and no step is taken. Returns the loss and the mean Q of the taken actions; the TD errors are
+    /// [`DqnHost::td`] afterwards.
     pub(crate) fn step(
         &mut self,
         online: &mut FlatParams,
@@ -87,7 +80,7 @@ impl DqnHost {
         s: &ReplaySample<f32>,
         double_q: bool,
         max_grad_norm: f64,
-    ) -> Result<DqnStep> {
+    ) -> Result<(f32, f32)> {
         let rows = s.rewards.len();
         let a = self.n_actions;
         let target_theta =
@@ -160,7 +153,7 @@ impl DqnHost {
         }
         self.tape.d_out[0] = d_out;
         self.tape.keep_rows(rows);
-        let out = DqnStep { loss: (loss / rows as f64) as f32, mean_q: (q_sum / rows as f64) as f32 };
+        let out = ((loss / rows as f64) as f32, (q_sum / rows as f64) as f32);
         self.grad.resize(theta.len(), 0.0);
         twin_backward(&self.layers, self.activation, theta, &s.obs, 1, &mut self.tape, &mut self.grad, None);
         clip_and_step(theta, &mut self.grad, opt, max_grad_norm, "dqn")?;
@@ -179,28 +172,14 @@ fn huber(x: f32) -> (f32, f32) {
 }
 
 /// The greedy action of a row of Q-values, or (`z` > 1) of per-action groups of `z` quantiles by their means
-/// (first maximum, as [`argmax`]), without allocating: it runs per sample in every gradient step.
+/// (the first maximum, as libtorch's `argmax`), without allocating: it runs per sample in every gradient step.
 fn greedy(row: &[f32], z: usize) -> usize {
-    if z == 1 {
-        return argmax(row);
-    }
     let mean = |g: &[f32]| g.iter().sum::<f32>() / z as f32;
     let (mut best, mut best_q) = (0, f32::NEG_INFINITY);
     for (i, g) in row.chunks_exact(z).enumerate() {
         let q = mean(g);
         if i == 0 || q > best_q {
             (best, best_q) = (i, q);
-        }
-    }
-    best
-}
-
-/// The first index of the largest value (libtorch's `argmax` on ties).
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
         }
     }
     best

@@ -39,12 +39,12 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::acting::{Acting, ActingPolicy, ActingSetup};
+use crate::acting::{Acting, ActingNet, ActingSetup, WarmupPolicy};
 use crate::algorithm::{Algorithm, Prepared, ReplayFeed};
 use crate::checkpoint::Checkpoint;
 use crate::data::frame_replay::FrameReplay;
 use crate::data::n_step::NStep;
-use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
+use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample, check_len};
 use crate::dqn::host::DqnHost;
 use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
 use crate::kind::{AlgorithmKind, Family, members_as};
@@ -259,8 +259,11 @@ impl AlgorithmKind for DqnConfig {
     }
 
     fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
-        let ActingSetup { observation_space: o, action_space: a, seed, epsilon_floor, .. } = *setup;
-        Ok(Acting::Chunks(Box::new(DqnPolicy::new(o, a, self.clone(), epsilon_floor, seed)?)))
+        let ActingSetup { observation_space: o, action_space: a, seed, epsilon_floor: floor, .. } = *setup;
+        self.validate()?;
+        let (q, named) = QNet::init(o, a, self, seed)?;
+        let explore = Epsilon { schedule: self.clone(), floor, epsilon: self.exploration_initial_eps };
+        Ok(Acting::Chunks(Box::new(WarmupPolicy::new(q, named, explore, self.learning_starts, seed ^ 0xd9_ac70))))
     }
 
     fn update_members(
@@ -308,16 +311,14 @@ impl DqnConfig {
         Ok(())
     }
 
-    /// ε at `progress_remaining` (SB3's `get_linear_fn`).
+    /// ε at `progress_remaining` (SB3's `get_linear_fn`): from the initial to the final ε linearly over the first
+    /// `exploration_fraction` of training, then the final ε.
     pub fn epsilon(&self, progress_remaining: f64) -> f64 {
-        linear(self.exploration_initial_eps, self.exploration_final_eps, self.exploration_fraction, progress_remaining)
+        let (start, end, fraction) =
+            (self.exploration_initial_eps, self.exploration_final_eps, self.exploration_fraction);
+        let elapsed = 1.0 - progress_remaining;
+        if fraction <= 0.0 || elapsed > fraction { end } else { start + elapsed * (end - start) / fraction }
     }
-}
-
-/// `start → end` linearly over the first `fraction` of training, then `end`.
-pub fn linear(start: f64, end: f64, fraction: f64, progress_remaining: f64) -> f64 {
-    let elapsed = 1.0 - progress_remaining;
-    if fraction <= 0.0 || elapsed > fraction { end } else { start + elapsed * (end - start) / fraction }
 }
 
 /// The n-step accumulator and the replay it feeds: uniform or prioritized replay of f32 vectors, or uniform
@@ -355,8 +356,6 @@ pub struct Dqn {
     pub(crate) target: FlatParams,
     pub(crate) opt: Adam,
     pub(crate) side: Arc<Mutex<DataSide>>,
-    n_actions: usize,
-    obs_dim: usize,
     n_envs: usize,
     /// Loss and mean Q of the prepared batches trained on so far in the current training phase.
     phase: Vec<(Tensor, Tensor)>,
@@ -571,13 +570,9 @@ enum QNets<'a> {
         online: Rows,
         /// The target networks' rows as [`mlp_operands`].
         target: Vec<Tensor>,
-        layers: Vec<usize>,
-        activation: crate::nn::nets::Activation,
+        /// Every member's network (a plain MLP; its precision and quantiles).
+        q: QNet,
         opt: StackedAdam,
-        /// The hidden layers in bf16 (every member's [`QNet::bf16`]).
-        bf16: bool,
-        /// Every member's [`QNet::quantiles`].
-        quantiles: usize,
     },
 }
 
@@ -587,9 +582,9 @@ impl QNets<'_> {
     fn q(&self, obs: &Tensor, target: bool) -> Tensor {
         match self {
             QNets::Alone { q, online, target: t, .. } => {
-                q.train_forward(if target { t } else { online }, &obs.squeeze_dim(0)).unsqueeze(0)
+                q.forward_in(if target { t } else { online }, &obs.squeeze_dim(0), q.bf16).unsqueeze(0)
             }
-            QNets::Stacked { online, target: t, layers, activation, bf16, quantiles, .. } => {
+            QNets::Stacked { online, target: t, q, .. } => {
                 let online_operands;
                 let params = if target {
                     t
@@ -597,9 +592,10 @@ impl QNets<'_> {
                     online_operands = mlp_operands(&online.views);
                     &online_operands
                 };
-                let z = batched_mlp(params, layers, &|h| activation.apply(h), obs, *bf16);
+                let (layers, activation) = q.mlp_layout().expect("checked by unbatchable");
+                let z = batched_mlp(params, layers, &|h| activation.apply(h), obs, q.bf16);
                 let size = z.size();
-                z.view([size[0], size[1], -1, *quantiles as i64])
+                z.view([size[0], size[1], -1, q.quantiles as i64])
             }
         }
     }
@@ -764,13 +760,11 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
             "dqn population: members' training phases fell due apart ({dues:?} gradient steps)"
         )));
     }
-    let (layers, activation) = members[0].q.mlp_layout().expect("checked by unbatchable");
     let online = Rows::new(&members.iter().map(|m| &m.online).collect::<Vec<_>>());
     let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
     let targets = Tensor::stack(&members.iter().map(|m| m.target.flat().detach()).collect::<Vec<_>>(), 0);
     let target = tch::no_grad(|| mlp_operands(&member_views(&targets, &members[0].target)));
-    let (bf16, quantiles) = (members[0].q.bf16, members[0].q.quantiles);
-    let mut nets = QNets::Stacked { online, target, layers: layers.to_vec(), activation, opt, bf16, quantiles };
+    let mut nets = QNets::Stacked { online, target, q: members[0].q.clone(), opt };
     let lrs: Vec<f64> = members.iter().map(|m| m.opt.lr).collect();
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
     let (layout, batch, double_q) = (members[0].q.layout(), members[0].config.batch_size, members[0].config.double_q);
@@ -793,10 +787,7 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
         .enumerate()
         .map(|(k, m)| {
             let own: Vec<(Tensor, Tensor)> = phase.iter().map(|(l, q)| (l.get(k as i64), q.get(k as i64))).collect();
-            let (epsilon, beta) = {
-                let c = &lock(&m.side).counters;
-                (c.epsilon, c.beta)
-            };
+            let Counters { epsilon, beta, .. } = lock(&m.side).counters;
             m.phase_metrics(&own, epsilon, beta).map(Some)
         })
         .collect()
@@ -852,7 +843,7 @@ impl ReplayFeed for DqnFeed {
     }
 }
 
-/// The Q-network's layout and forward passes, shared by the agent and its acting copy ([`DqnPolicy`]).
+/// The Q-network's layout and forward passes, shared by the agent and its acting copy ([`WarmupPolicy`]).
 #[derive(Debug, Clone)]
 pub(crate) struct QNet {
     body: QBody,
@@ -862,8 +853,8 @@ pub(crate) struct QNet {
     /// Q heads, one per task (1 without task heads); a row reads its task's, by the one-hot ending its input.
     pub(crate) heads: usize,
     pub(crate) device: Device,
-    /// The MLP's hidden layers in bf16 in training passes ([`QNet::train_forward`]; [`DqnConfig::bf16`] on the
-    /// CPU); acting passes are f32.
+    /// The MLP's hidden layers in bf16 in training passes ([`DqnConfig::bf16`] on the CPU); acting passes are
+    /// f32.
     pub(crate) bf16: bool,
     /// Return quantiles per action (1: DQN's expected value; [`DqnConfig::n_quantiles`]).
     pub(crate) quantiles: usize,
@@ -937,12 +928,6 @@ impl QNet {
         Ok((q, named))
     }
 
-    /// Observations as the network takes them on the device: `[B, obs_dim]` floats, or `[B, C, H, W]` frames
-    /// in their own dtype.
-    fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
-        self.layout().tensor(obs)
-    }
-
     /// How observations become the network's input.
     pub(crate) fn layout(&self) -> ObsLayout {
         let image = match &self.body {
@@ -958,13 +943,8 @@ impl QNet {
         if self.quantiles == 1 { z.squeeze_dim(-1) } else { z.mean_dim(-1, false, Kind::Float) }
     }
 
-    /// The return quantiles `[B, n_actions, quantiles]` (`quantiles` 1: the Q-values) as a gradient step computes
-    /// them: an MLP's hidden layers in bf16 where [`QNet::bf16`].
-    fn train_forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        self.forward_in(params, obs, self.bf16)
-    }
-
-    /// `[B, n_actions, quantiles]`.
+    /// The return quantiles `[B, n_actions, quantiles]` (`quantiles` 1: the Q-values); with `bf16` (a gradient
+    /// step's choice, [`QNet::bf16`]) an MLP's hidden layers in bf16.
     fn forward_in(&self, params: &FlatParams, obs: &Tensor, bf16: bool) -> Tensor {
         let mut out = match &self.body {
             QBody::Mlp(net) => net.forward_in(params, obs, bf16),
@@ -1034,7 +1014,7 @@ impl QNet {
                 }
             }
         } else {
-            let x = self.obs_tensor(obs)?;
+            let x = self.layout().tensor(obs)?;
             let q = tch::no_grad(|| self.forward(params, &x));
             *q_values = Vec::<f32>::try_from(q.flatten(0, -1).to_device(Device::Cpu))?;
         }
@@ -1065,70 +1045,40 @@ fn epsilon_greedy(n_actions: usize, epsilon: Option<f64>, rng: &mut Pcg64, out: 
     }
 }
 
-/// DQN's acting policy in an actor process: the online Q-network's weights (from the learner's broadcast) and
-/// ε-greedy exploration with ε = max(its Ape-X floor, the run's schedule at the learner's progress), uniformly
-/// random while the learner has fewer than `learning_starts` env steps. No replay, no target, no optimiser.
+/// An acting copy's ε-greedy exploration: ε = max(its Ape-X floor, the run's schedule at the learner's progress).
 #[derive(Debug)]
-pub struct DqnPolicy {
-    config: DqnConfig,
-    q: QNet,
-    params: FlatParams,
+pub(crate) struct Epsilon {
+    schedule: DqnConfig,
     floor: f64,
     epsilon: f64,
-    learner_env_steps: u64,
-    rng: Pcg64,
-    host: (HostScratch, Vec<f32>),
 }
 
-impl DqnPolicy {
-    /// An acting policy for these spaces with Ape-X floor `epsilon_floor`; `seed` fixes exploration.
-    pub fn new(
-        observation_space: &Space,
-        action_space: &Space,
-        config: DqnConfig,
-        epsilon_floor: f64,
-        seed: u64,
-    ) -> Result<Self> {
-        config.validate()?;
-        let (q, named) = QNet::init(observation_space, action_space, &config, seed)?;
-        Ok(DqnPolicy {
-            params: FlatParams::new(named, Device::Cpu),
-            q,
-            floor: epsilon_floor,
-            epsilon: config.exploration_initial_eps,
-            learner_env_steps: 0,
-            rng: Pcg64::seed_from_u64(seed ^ 0xd9_ac70),
-            host: Default::default(),
-            config,
-        })
-    }
-}
+impl ActingNet for QNet {
+    type Explore = Epsilon;
 
-impl Policy for DqnPolicy {
-    fn obs_dim(&self) -> usize {
-        self.q.obs_dim
+    fn dims(&self) -> (usize, usize) {
+        (self.obs_dim, 1)
     }
 
-    fn act_dim(&self) -> usize {
-        1
-    }
-
-    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.q.q_values(&self.params, obs, &mut self.host, &mut out.q_values)?;
-        let eps = if self.learner_env_steps < self.config.learning_starts { 1.0 } else { self.floor.max(self.epsilon) };
-        epsilon_greedy(self.q.n_actions, (mode == ActMode::Explore).then_some(eps), &mut self.rng, out);
+    /// Greedy in `Q`; when exploring, ε-greedy (ε = 1 during the warm-up). Fills `q_values`.
+    fn act(
+        &self,
+        params: &FlatParams,
+        obs: ObsRef<'_>,
+        warm_up: bool,
+        explore: Option<&mut Epsilon>,
+        rng: &mut Pcg64,
+        host: &mut (HostScratch, Vec<f32>),
+        out: &mut ActOutput,
+    ) -> Result<()> {
+        self.q_values(params, obs, host, &mut out.q_values)?;
+        let eps = explore.map(|e| if warm_up { 1.0 } else { e.floor.max(e.epsilon) });
+        epsilon_greedy(self.n_actions, eps, rng, out);
         Ok(())
     }
-}
 
-impl ActingPolicy for DqnPolicy {
-    fn params(&self) -> &FlatParams {
-        &self.params
-    }
-
-    fn set_progress(&mut self, progress: &Progress) {
-        self.epsilon = self.config.epsilon(progress.remaining());
-        self.learner_env_steps = progress.env_steps;
+    fn follow(e: &mut Epsilon, progress: &Progress) {
+        e.epsilon = e.schedule.epsilon(progress.remaining());
     }
 }
 
@@ -1155,7 +1105,7 @@ impl Dqn {
         let (mut q, named) = QNet::init(observation_space, action_space, &config, seed)?;
         q.device = device;
         q.bf16 = config.bf16 && device == Device::Cpu && q.mlp_layout().is_some();
-        let (obs_dim, n_actions) = (q.obs_dim, q.n_actions);
+        let obs_dim = q.obs_dim;
         let online = FlatParams::new(named, device);
         let target = online.target_copy();
         let opt = Adam::new(&online, config.learning_rate, config.adam_eps);
@@ -1205,8 +1155,6 @@ impl Dqn {
             target,
             opt,
             side: Arc::new(Mutex::new(side)),
-            n_actions,
-            obs_dim,
             n_envs,
             phase: Vec::new(),
             host: Default::default(),
@@ -1214,11 +1162,6 @@ impl Dqn {
             host_step: None,
             config,
         })
-    }
-
-    /// The online network's parameters.
-    pub fn params(&self) -> &FlatParams {
-        &self.online
     }
 
     /// One gradient step on the given transitions rather than a replay sample (offline data, distillation,
@@ -1234,27 +1177,15 @@ impl Dqn {
         bootstrap: &[f32],
         next_obs: ObsRef<'_>,
     ) -> Result<f64> {
-        let b = actions.len();
-        for (what, got) in [("rewards", rewards.len()), ("bootstrap", bootstrap.len())] {
-            if got != b {
-                return Err(Error::BadLength { what: format!("dqn train_on {what}"), got, expected: b });
-            }
+        let (b, od, n) = (actions.len(), self.q.obs_dim, self.q.n_actions);
+        let sizes = [("rewards", rewards.len(), b), ("bootstrap", bootstrap.len(), b)];
+        for (what, got, expected) in
+            sizes.into_iter().chain([("obs", obs.len(), b * od), ("next_obs", next_obs.len(), b * od)])
+        {
+            check_len(&format!("dqn train_on {what}"), got, expected)?;
         }
-        for (what, o) in [("obs", &obs), ("next_obs", &next_obs)] {
-            if o.len() != b * self.obs_dim {
-                return Err(Error::BadLength {
-                    what: format!("dqn train_on {what}"),
-                    got: o.len(),
-                    expected: b * self.obs_dim,
-                });
-            }
-        }
-        if let Some(a) = actions.iter().find(|a| **a < 0 || **a as usize >= self.n_actions) {
-            return Err(Error::BadLength {
-                what: format!("dqn train_on action {a}"),
-                got: 1,
-                expected: self.n_actions,
-            });
+        if let Some(a) = actions.iter().find(|a| **a < 0 || **a as usize >= n) {
+            return Err(Error::BadLength { what: format!("dqn train_on action {a}"), got: 1, expected: n });
         }
         let layout = self.q.layout();
         let d = layout.device;
@@ -1297,7 +1228,7 @@ impl Dqn {
             return None;
         }
         let (layers, activation) = self.q.mlp_layout()?;
-        let (n_actions, quantiles, bf16) = (self.n_actions, self.q.quantiles, self.q.bf16);
+        let (n_actions, quantiles, bf16) = (self.q.n_actions, self.q.quantiles, self.q.bf16);
         self.host_step.take().or_else(|| DqnHost::new(&self.online, layers, activation, n_actions, quantiles, bf16))
     }
 
@@ -1324,14 +1255,15 @@ impl Dqn {
     /// the step count; (loss, mean Q).
     fn fused_step(&mut self, host: &mut DqnHost, sample: &ReplaySample<f32>) -> Result<(Tensor, Tensor)> {
         let (double_q, max_grad_norm) = (self.config.double_q, self.config.max_grad_norm);
-        let step = host.step(&mut self.online, &self.target, &mut self.opt, sample, double_q, max_grad_norm)?;
+        let (loss, mean_q) =
+            host.step(&mut self.online, &self.target, &mut self.opt, sample, double_q, max_grad_norm)?;
         let mut side = lock(&self.side);
         let side = &mut *side;
         if let Memory::Prioritized(_, r) = &mut side.memory {
             r.update_priorities(&sample.indices, host.td())?;
         }
         side.counters.gradient_steps += 1;
-        Ok((Tensor::from(step.loss), Tensor::from(step.mean_q)))
+        Ok((Tensor::from(loss), Tensor::from(mean_q)))
     }
 
     /// The learning rate at `progress`.
@@ -1361,7 +1293,7 @@ impl Dqn {
 
 impl Policy for Dqn {
     fn obs_dim(&self) -> usize {
-        self.obs_dim
+        self.q.obs_dim
     }
 
     fn act_dim(&self) -> usize {
@@ -1374,7 +1306,7 @@ impl Policy for Dqn {
         let side = &mut *lock(&self.side);
         let c = &side.counters;
         let eps = if c.env_steps < self.config.learning_starts { 1.0 } else { c.epsilon };
-        epsilon_greedy(self.n_actions, (mode == ActMode::Explore).then_some(eps), &mut side.rng, out);
+        epsilon_greedy(self.q.n_actions, (mode == ActMode::Explore).then_some(eps), &mut side.rng, out);
         Ok(())
     }
 }
@@ -1394,7 +1326,7 @@ impl Algorithm for Dqn {
 
     /// The online network's Q-values.
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
-        let x = self.q.obs_tensor(obs)?;
+        let x = self.q.layout().tensor(obs)?;
         Ok(crate::teaching::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))
     }
 
@@ -1425,10 +1357,7 @@ impl Algorithm for Dqn {
                 steps.push(self.gradient_step(&sample)?);
             }
         }
-        let (epsilon, beta) = {
-            let c = &lock(&self.side).counters;
-            (c.epsilon, c.beta)
-        };
+        let Counters { epsilon, beta, .. } = lock(&self.side).counters;
         Ok(Some(self.phase_metrics(&steps, epsilon, beta)?))
     }
 
@@ -1559,7 +1488,16 @@ mod apex_tests {
     fn an_actor_explores_at_its_floor_after_the_learners_warm_up() {
         let space = Space::box1d(vec![-1.0; 2], vec![1.0; 2]);
         let config = DqnConfig { exploration_final_eps: 0.0, ..Default::default() };
-        let mut dqn = DqnPolicy::new(&space, &Space::discrete(3), config, 0.0, 0).unwrap();
+        let (action_space, frozen) = (Space::discrete(3), []);
+        let setup = ActingSetup {
+            observation_space: &space,
+            action_space: &action_space,
+            n_envs: 64,
+            seed: 0,
+            epsilon_floor: 0.0,
+            frozen: &frozen,
+        };
+        let Acting::Chunks(mut dqn) = config.build_acting(&setup).unwrap() else { panic!("dqn acts") };
         let mut random = ActOutput::default();
         dqn.act(ObsRef::F32(&[0.3f32, -0.2].repeat(64)), ActMode::Explore, &mut random).unwrap();
         let distinct = random.actions.iter().map(|a| *a as usize).collect::<std::collections::HashSet<_>>();
@@ -1622,7 +1560,7 @@ mod tests {
             let mut dqn = Dqn::new(&o, &a, 2, c, Device::Cpu, 3).unwrap();
             let rows = [0.1f32, -0.4, 0.7, 0.9, 0.2, -0.3];
             let x = Tensor::from_slice(&rows).view([2, 3]);
-            let z = dqn.q.train_forward(&dqn.online, &x);
+            let z = dqn.q.forward_in(&dqn.online, &x, dqn.q.bf16);
             assert_eq!(z.size(), [2, 2, 4], "[B, actions, quantiles]");
             let want = Vec::<f32>::try_from(z.mean_dim(-1, false, Kind::Float).view([-1])).unwrap();
             let mut out = ActOutput::default();
@@ -2269,7 +2207,7 @@ mod member_tests {
         }
         assert!(phases >= 6 * configs.len(), "{phases} training phases");
         for (k, (a, b)) in together.iter().zip(&alone).enumerate() {
-            let d = rel_diff(a.params().flat(), b.params().flat());
+            let d = rel_diff(a.online.flat(), b.online.flat());
             assert!(d <= 1e-6, "member {k}: online parameters differ by {d:e} (relative)");
             let d = rel_diff(a.target.flat(), b.target.flat());
             assert!(d <= 1e-6, "member {k}: target parameters differ by {d:e} (relative)");

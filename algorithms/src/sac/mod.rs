@@ -26,16 +26,16 @@
 //! Metrics: `losses/critic_loss`, `losses/actor_loss`, `losses/ent_coef_loss`, `charts/ent_coef` (α after
 //! the update), `losses/q_values` (mean `Q_j(s, a)`), `charts/learning_rate`, `charts/gradient_steps`.
 use flotilla_core::{Chunk, ObsRef, Space};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::acting::{Acting, ActingPolicy, ActingSetup};
+use crate::acting::{Acting, ActingNet, ActingSetup, WarmupPolicy};
 use crate::algorithm::{Algorithm, Replicated};
 use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::fill_standard_normal;
-use crate::continuous::{ActionReplay, Critics, Transitions, action_bounds, adam_step, mean_of, polyak, unscale_rows};
+use crate::continuous::{ActionReplay, Critics, Transitions, act_tanh, action_bounds, adam_step, mean_of, polyak};
 use crate::export::{Architecture, Network, PolicyOutput, widths};
 use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
@@ -201,12 +201,14 @@ impl AlgorithmKind for SacConfig {
 
     fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
         let ActingSetup { observation_space: o, action_space: a, seed, .. } = *setup;
-        Ok(Acting::Chunks(Box::new(SacPolicy::new(o, a, self, seed)?)))
+        self.validate()?;
+        let (pi, named) = with_torch_seed(seed, || GaussianActor::init(o, a, self, Device::Cpu))?;
+        Ok(Acting::Chunks(Box::new(WarmupPolicy::new(pi, named, (), self.learning_starts, seed ^ 0x5ac_ac70))))
     }
 }
 
 /// The squashed Gaussian policy: the mean's MLP `actor.{k}` and the log-std head `log_std.0` on its last
-/// hidden layer, in one [`FlatParams`]; shared by the agent and its acting copy ([`SacPolicy`]).
+/// hidden layer, in one [`FlatParams`]; shared by the agent and its acting copy ([`WarmupPolicy`]).
 #[derive(Debug, Clone)]
 pub(crate) struct GaussianActor {
     net: FlatMlp,
@@ -273,37 +275,36 @@ impl GaussianActor {
         let log_prob = eps_density - (log_std + squash).sum_dim_intlist(1, true, Kind::Float);
         (action, log_prob)
     }
+}
 
-    /// Actions for a batch in the env's bounds: uniformly random with `random`, the mean's `tanh` with
-    /// `deterministic`, else a sample. The mean runs without libtorch on CPU parameters.
-    #[allow(clippy::too_many_arguments)]
+impl ActingNet for GaussianActor {
+    type Explore = ();
+
+    fn dims(&self) -> (usize, usize) {
+        (self.obs_dim, self.act_dim)
+    }
+
+    /// A sample scaled to the bounds, or without `explore` the mean's `tanh`. The mean runs without libtorch on
+    /// CPU parameters.
     fn act(
         &self,
         params: &FlatParams,
-        obs: &[f32],
-        (random, deterministic): (bool, bool),
+        obs: ObsRef<'_>,
+        warm_up: bool,
+        explore: Option<&mut ()>,
         rng: &mut Pcg64,
         host: &mut (HostScratch, Vec<f32>),
         out: &mut ActOutput,
     ) -> Result<()> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        let rows = obs.len() / self.obs_dim;
-        out.log_probs.clear();
-        out.values.clear();
-        out.q_values.clear();
-        out.actions.resize(rows * self.act_dim, 0.0);
-        let (scratch, raw) = host;
-        if random {
-            for a in &mut out.actions {
-                *a = rng.random_range(-1.0..1.0);
+        let (obs, deterministic) = (f32_obs("sac", obs)?, explore.is_none());
+        act_tanh(obs, self.obs_dim, (&self.low, &self.high), warm_up, None, rng, out, |rows, rng, actions| {
+            let (scratch, raw) = host;
+            if deterministic && self.net.forward_host(params, obs, rows, scratch, raw) {
+                for (a, r) in actions.iter_mut().zip(raw.iter()) {
+                    *a = r.tanh();
+                }
+                return Ok(());
             }
-        } else if deterministic && self.net.forward_host(params, obs, rows, scratch, raw) {
-            for (a, r) in out.actions.iter_mut().zip(raw.iter()) {
-                *a = r.tanh();
-            }
-        } else {
             let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
             let a = tch::no_grad(|| {
                 if deterministic {
@@ -316,10 +317,8 @@ impl GaussianActor {
                     self.squashed(params, &x, &eps, false).0
                 }
             });
-            a.to_device(Device::Cpu).f_copy_data(&mut out.actions, rows * self.act_dim)?;
-        }
-        unscale_rows(&mut out.actions, &self.low, &self.high);
-        Ok(())
+            Ok(a.to_device(Device::Cpu).f_copy_data(actions, rows * self.act_dim)?)
+        })
     }
 }
 
@@ -588,8 +587,7 @@ impl Policy for Sac {
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         let explore = mode == ActMode::Explore;
         let random = explore && self.data.counters.env_steps < self.config.learning_starts;
-        let obs = f32_obs("sac", obs)?;
-        self.pi.act(&self.actor, obs, (random, !explore), &mut self.rng, &mut self.host, out)
+        self.pi.act(&self.actor, obs, random, explore.then_some(&mut ()), &mut self.rng, &mut self.host, out)
     }
 }
 
@@ -671,7 +669,7 @@ impl Algorithm for Sac {
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
         let mut out = ActOutput::default();
         let x = f32_obs("sac", obs)?;
-        self.pi.act(&self.actor, x, (false, true), &mut self.rng, &mut self.host, &mut out)?;
+        self.pi.act(&self.actor, ObsRef::F32(x), false, None, &mut self.rng, &mut self.host, &mut out)?;
         let rows = (x.len() / self.pi.obs_dim) as i64;
         Ok(Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
     }
@@ -682,61 +680,6 @@ impl Replicated for Sac {
         parallel.check_batch("sac", "batch_size", self.config.batch_size)?;
         self.parallel = parallel;
         Ok(())
-    }
-}
-
-/// SAC's acting policy in an actor process: the actor's weights (from the learner's broadcast) and a seeded
-/// generator for its samples; uniformly random actions while the learner has fewer than `learning_starts`
-/// env steps. No critics, no replay, no optimiser.
-#[derive(Debug)]
-pub struct SacPolicy {
-    pi: GaussianActor,
-    params: FlatParams,
-    learning_starts: u64,
-    learner_env_steps: u64,
-    rng: Pcg64,
-    host: (HostScratch, Vec<f32>),
-}
-
-impl SacPolicy {
-    /// An acting policy for these spaces; `seed` fixes its samples.
-    pub fn new(o: &Space, a: &Space, config: &SacConfig, seed: u64) -> Result<Self> {
-        config.validate()?;
-        let (pi, named) = with_torch_seed(seed, || GaussianActor::init(o, a, config, Device::Cpu))?;
-        Ok(SacPolicy {
-            pi,
-            params: FlatParams::new(named, Device::Cpu),
-            learning_starts: config.learning_starts,
-            learner_env_steps: 0,
-            rng: Pcg64::seed_from_u64(seed ^ 0x5ac_ac70),
-            host: Default::default(),
-        })
-    }
-}
-
-impl Policy for SacPolicy {
-    fn obs_dim(&self) -> usize {
-        self.pi.obs_dim
-    }
-
-    fn act_dim(&self) -> usize {
-        self.pi.act_dim
-    }
-
-    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        let explore = mode == ActMode::Explore;
-        let random = explore && self.learner_env_steps < self.learning_starts;
-        self.pi.act(&self.params, f32_obs("sac", obs)?, (random, !explore), &mut self.rng, &mut self.host, out)
-    }
-}
-
-impl ActingPolicy for SacPolicy {
-    fn params(&self) -> &FlatParams {
-        &self.params
-    }
-
-    fn set_progress(&mut self, progress: &Progress) {
-        self.learner_env_steps = progress.env_steps;
     }
 }
 

@@ -32,17 +32,17 @@
 //! `charts/gradient_steps` (critic updates in this call).
 
 use flotilla_core::{Chunk, ObsRef, Space};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Reduction, Tensor};
 
-use crate::acting::{Acting, ActingPolicy, ActingSetup};
+use crate::acting::{Acting, ActingNet, ActingSetup, WarmupPolicy};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::continuous::{
-    ActionReplay, Critics, Transitions, action_bounds, activate, adam_step, mean_of, polyak, sum_of, unscale_rows,
+    ActionReplay, Critics, Transitions, act_tanh, action_bounds, activate, adam_step, mean_of, polyak, sum_of,
 };
 use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
 use crate::kind::{AlgorithmKind, Family, members_as};
@@ -56,61 +56,98 @@ use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 
-/// TD3 hyperparameters. `Default` is RL Zoo's Pendulum-v1 TD3.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Td3Config {
-    /// Adam learning rate (actor and critics).
-    pub learning_rate: f64,
-    /// Adam ε.
-    pub adam_eps: f64,
-    /// Transitions per gradient step.
-    pub batch_size: usize,
-    /// Replay capacity (transitions).
-    pub buffer_size: usize,
-    /// Env steps of uniformly random actions before learning starts.
-    pub learning_starts: u64,
-    /// Discount factor γ.
-    pub gamma: f64,
-    /// Polyak coefficient of the target updates.
-    pub tau: f64,
-    /// Vectorised env steps between training phases.
-    pub train_freq: u64,
-    /// Gradient steps per training phase.
-    pub gradient_steps: usize,
-    /// Exploration noise added to the actor's `[−1, 1]` action.
-    pub noise_type: NoiseType,
-    /// σ of the exploration noise, in units of the `[−1, 1]` action.
-    pub noise_std: f64,
-    /// Hidden layer widths of the actor and of each critic.
-    pub hidden_sizes: Vec<i64>,
-    /// Hidden nonlinearity.
-    pub activation: Activation,
-    /// Critics; the target is the minimum of their target networks (clipped double-Q with 2).
-    pub n_critics: usize,
-    /// Critic updates per actor and target update.
-    pub policy_delay: u64,
-    /// σ̃ of the Gaussian noise added to the target action (target policy smoothing), `[−1, 1]` units.
-    pub target_policy_noise: f64,
-    /// The target-action noise is clipped to `[−c, c]`.
-    pub target_noise_clip: f64,
-    /// `[[tasks]]` runs: an action head on the actor and a Q head on each critic per task (the shared
-    /// torsos as in multi-task DQN), each observation reading its task's by the one-hot ending it (else one
-    /// head for all tasks, told apart by the one-hot input alone).
-    pub task_heads: bool,
-    /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
-    #[serde(skip)]
-    pub tasks: usize,
-    /// On the CPU, take each Adam step and each Polyak target update as one host loop over the flat buffers
-    /// (one pass over memory) instead of libtorch's several elementwise ops; the forward and backward passes
-    /// stay on libtorch (MKL's matmuls, compute-bound at these sizes). Same maths to float rounding; `false`
-    /// runs everything on libtorch. Layers frozen or buffers off the CPU: libtorch.
-    pub fused_cpu: bool,
-    /// Mixed precision for the update on the CPU: the hidden layers' matmuls in bf16 as PyTorch's CPU autocast
-    /// runs a linear layer, with the parameters, their gradients, the optimiser and the output layers in f32.
-    /// Default: on where the CPU computes bf16 natively (AVX512-BF16 or AMX; [`cpu_has_native_bf16`]), off
-    /// elsewhere (libtorch would emulate it, several times slower than f32). Acting stays f32; ignored on CUDA.
-    pub bf16: bool,
+/// TD3's and DDPG's configs from one field list: DDPG has every field but the `td3` ones, which it runs at the
+/// values given there (one critic, no delay, no target policy smoothing).
+macro_rules! td3_configs {
+    (
+        shared { $($(#[$sm:meta])* $s:ident: $st:ty,)* }
+        td3 { $($(#[$tm:meta])* $t:ident: $tt:ty = $ddpg:expr,)* }
+        shared { $($(#[$lm:meta])* $l:ident: $lt:ty,)* }
+    ) => {
+        /// TD3 hyperparameters. `Default` is RL Zoo's Pendulum-v1 TD3.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Td3Config {
+            $($(#[$sm])* pub $s: $st,)*
+            $($(#[$tm])* pub $t: $tt,)*
+            $($(#[$lm])* pub $l: $lt,)*
+        }
+
+        /// DDPG hyperparameters. `Default` is RL Zoo's Pendulum-v1 DDPG.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct DdpgConfig {
+            $($(#[$sm])* pub $s: $st,)*
+            $($(#[$lm])* pub $l: $lt,)*
+        }
+
+        /// DDPG as TD3 runs it.
+        impl From<DdpgConfig> for Td3Config {
+            fn from(c: DdpgConfig) -> Self {
+                Td3Config { $($s: c.$s,)* $($t: $ddpg,)* $($l: c.$l,)* }
+            }
+        }
+    };
+}
+
+td3_configs! {
+    shared {
+        /// Adam learning rate (actor and critics).
+        learning_rate: f64,
+        /// Adam ε.
+        adam_eps: f64,
+        /// Transitions per gradient step.
+        batch_size: usize,
+        /// Replay capacity (transitions).
+        buffer_size: usize,
+        /// Env steps of uniformly random actions before learning starts.
+        learning_starts: u64,
+        /// Discount factor γ.
+        gamma: f64,
+        /// Polyak coefficient of the target updates.
+        tau: f64,
+        /// Vectorised env steps between training phases.
+        train_freq: u64,
+        /// Gradient steps per training phase.
+        gradient_steps: usize,
+        /// Exploration noise added to the actor's `[−1, 1]` action.
+        noise_type: NoiseType,
+        /// σ of the exploration noise, in units of the `[−1, 1]` action.
+        noise_std: f64,
+        /// Hidden layer widths of the actor and of each critic.
+        hidden_sizes: Vec<i64>,
+        /// Hidden nonlinearity.
+        activation: Activation,
+    }
+    td3 {
+        /// Critics; the target is the minimum of their target networks (clipped double-Q with 2).
+        n_critics: usize = 1,
+        /// Critic updates per actor and target update.
+        policy_delay: u64 = 1,
+        /// σ̃ of the Gaussian noise added to the target action (target policy smoothing), `[−1, 1]` units.
+        target_policy_noise: f64 = 0.0,
+        /// The target-action noise is clipped to `[−c, c]`.
+        target_noise_clip: f64 = 0.0,
+    }
+    shared {
+        /// `[[tasks]]` runs: an action head on the actor and a Q head on each critic per task (the shared
+        /// torsos as in multi-task DQN), each observation reading its task's by the one-hot ending it (else one
+        /// head for all tasks, told apart by the one-hot input alone).
+        task_heads: bool,
+        /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
+        #[serde(skip)]
+        tasks: usize,
+        /// On the CPU, take each Adam step and each Polyak target update as one host loop over the flat buffers
+        /// (one pass over memory) instead of libtorch's several elementwise ops; the forward and backward passes
+        /// stay on libtorch (MKL's matmuls, compute-bound at these sizes). Same maths to float rounding; `false`
+        /// runs everything on libtorch. Layers frozen or buffers off the CPU: libtorch.
+        fused_cpu: bool,
+        /// Mixed precision for the update on the CPU: the hidden layers' matmuls in bf16 as PyTorch's CPU autocast
+        /// runs a linear layer, with the parameters, their gradients, the optimiser and the output layers in f32.
+        /// Default: on where the CPU computes bf16 natively (AVX512-BF16 or AMX; [`cpu_has_native_bf16`]), off
+        /// elsewhere (libtorch would emulate it, several times slower than f32). Acting stays f32; ignored on CUDA.
+        bf16: bool,
+    }
 }
 
 impl Default for Td3Config {
@@ -118,55 +155,6 @@ impl Default for Td3Config {
         let d = DdpgConfig::default();
         Td3Config { n_critics: 2, policy_delay: 2, target_policy_noise: 0.2, target_noise_clip: 0.5, ..d.into() }
     }
-}
-
-/// DDPG hyperparameters. `Default` is RL Zoo's Pendulum-v1 DDPG.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DdpgConfig {
-    /// Adam learning rate (actor and critic).
-    pub learning_rate: f64,
-    /// Adam ε.
-    pub adam_eps: f64,
-    /// Transitions per gradient step.
-    pub batch_size: usize,
-    /// Replay capacity (transitions).
-    pub buffer_size: usize,
-    /// Env steps of uniformly random actions before learning starts.
-    pub learning_starts: u64,
-    /// Discount factor γ.
-    pub gamma: f64,
-    /// Polyak coefficient of the target updates.
-    pub tau: f64,
-    /// Vectorised env steps between training phases.
-    pub train_freq: u64,
-    /// Gradient steps per training phase.
-    pub gradient_steps: usize,
-    /// Exploration noise added to the actor's `[−1, 1]` action.
-    pub noise_type: NoiseType,
-    /// σ of the exploration noise, in units of the `[−1, 1]` action.
-    pub noise_std: f64,
-    /// Hidden layer widths of the actor and of the critic.
-    pub hidden_sizes: Vec<i64>,
-    /// Hidden nonlinearity.
-    pub activation: Activation,
-    /// `[[tasks]]` runs: an action head on the actor and a Q head on each critic per task (the shared
-    /// torsos as in multi-task DQN), each observation reading its task's by the one-hot ending it (else one
-    /// head for all tasks, told apart by the one-hot input alone).
-    pub task_heads: bool,
-    /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
-    #[serde(skip)]
-    pub tasks: usize,
-    /// On the CPU, take each Adam step and each Polyak target update as one host loop over the flat buffers
-    /// (one pass over memory) instead of libtorch's several elementwise ops; the forward and backward passes
-    /// stay on libtorch (MKL's matmuls, compute-bound at these sizes). Same maths to float rounding; `false`
-    /// runs everything on libtorch. Layers frozen or buffers off the CPU: libtorch.
-    pub fused_cpu: bool,
-    /// Mixed precision for the update on the CPU: the hidden layers' matmuls in bf16 as PyTorch's CPU autocast
-    /// runs a linear layer, with the parameters, their gradients, the optimiser and the output layers in f32.
-    /// Default: on where the CPU computes bf16 natively (AVX512-BF16 or AMX; [`cpu_has_native_bf16`]), off
-    /// elsewhere (libtorch would emulate it, several times slower than f32). Acting stays f32; ignored on CUDA.
-    pub bf16: bool,
 }
 
 impl Default for DdpgConfig {
@@ -189,35 +177,6 @@ impl Default for DdpgConfig {
             tasks: 0,
             fused_cpu: true,
             bf16: cpu_has_native_bf16(),
-        }
-    }
-}
-
-/// DDPG as TD3 runs it: one critic, no delay, no target policy smoothing.
-impl From<DdpgConfig> for Td3Config {
-    fn from(c: DdpgConfig) -> Self {
-        Td3Config {
-            learning_rate: c.learning_rate,
-            adam_eps: c.adam_eps,
-            batch_size: c.batch_size,
-            buffer_size: c.buffer_size,
-            learning_starts: c.learning_starts,
-            gamma: c.gamma,
-            tau: c.tau,
-            train_freq: c.train_freq,
-            gradient_steps: c.gradient_steps,
-            noise_type: c.noise_type,
-            noise_std: c.noise_std,
-            hidden_sizes: c.hidden_sizes,
-            activation: c.activation,
-            task_heads: c.task_heads,
-            tasks: c.tasks,
-            fused_cpu: c.fused_cpu,
-            bf16: c.bf16,
-            n_critics: 1,
-            policy_delay: 1,
-            target_policy_noise: 0.0,
-            target_noise_clip: 0.0,
         }
     }
 }
@@ -256,7 +215,12 @@ macro_rules! td3_kind {
 
             fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
                 let ActingSetup { observation_space: o, action_space: a, n_envs, seed, .. } = *setup;
-                Ok(Acting::Chunks(Box::new(Td3Policy::new($name, o, a, n_envs, &$td3(self), seed)?)))
+                let c = $td3(self);
+                c.validate_as($name)?;
+                let (pi, named) = with_torch_seed(seed, || ActorNet::init($name, o, a, &c, Device::Cpu))?;
+                let noise = ActionNoise::new(c.noise_type, c.noise_std, n_envs, pi.act_dim);
+                let policy = WarmupPolicy::new(pi, named, noise, c.learning_starts, seed ^ 0x7d3_ac70);
+                Ok(Acting::Chunks(Box::new(policy)))
             }
 
             fn update_members(
@@ -988,7 +952,7 @@ impl Policy for Td3 {
         let explore = mode == ActMode::Explore;
         let random = explore && self.data.counters.env_steps < self.config.learning_starts;
         let noise = explore.then_some(&mut self.noise);
-        self.pi.act(&self.actor, f32_obs("td3", obs)?, random, noise, &mut self.rng, &mut self.host, out)
+        self.pi.act(&self.actor, obs, random, noise, &mut self.rng, &mut self.host, out)
     }
 }
 
@@ -1061,7 +1025,7 @@ impl Algorithm for Td3 {
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         let mut out = ActOutput::default();
         let x = f32_obs(self.name, obs)?;
-        self.pi.act(&self.actor, x, false, None, &mut self.rng, &mut self.host, &mut out)?;
+        self.pi.act(&self.actor, ObsRef::F32(x), false, None, &mut self.rng, &mut self.host, &mut out)?;
         let rows = (x.len() / self.obs_dim) as i64;
         Ok(crate::teaching::Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
     }
@@ -1084,7 +1048,7 @@ impl crate::algorithm::Replicated for Td3 {
 }
 
 /// The deterministic actor `π(obs) = tanh(MLP(obs))` in `[−1, 1]`, scaled to the action bounds for the env;
-/// shared by the agent and its acting copy ([`Td3Policy`]).
+/// shared by the agent and its acting copy ([`WarmupPolicy`]).
 #[derive(Debug, Clone)]
 pub(crate) struct ActorNet {
     pub(crate) net: FlatMlp,
@@ -1139,125 +1103,44 @@ impl ActorNet {
             out.tanh()
         }
     }
+}
 
-    /// Actions for a batch in the env's bounds: `π(obs)`, or uniformly random with `random`, plus `noise`
-    /// (clipped to `[−1, 1]`) when given. On CPU parameters the network runs without libtorch.
-    #[allow(clippy::too_many_arguments)]
+impl ActingNet for ActorNet {
+    type Explore = ActionNoise;
+
+    fn dims(&self) -> (usize, usize) {
+        (self.obs_dim, self.act_dim)
+    }
+
+    /// `π(obs)` scaled to the bounds, plus the noise when exploring.
     fn act(
         &self,
         params: &FlatParams,
-        obs: &[f32],
-        random: bool,
+        obs: ObsRef<'_>,
+        warm_up: bool,
         noise: Option<&mut ActionNoise>,
         rng: &mut Pcg64,
         host: &mut (HostScratch, Vec<f32>),
         out: &mut ActOutput,
     ) -> Result<()> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        let rows = obs.len() / self.obs_dim;
-        out.log_probs.clear();
-        out.values.clear();
-        out.q_values.clear();
-        out.actions.resize(rows * self.act_dim, 0.0);
-        if random {
-            for a in &mut out.actions {
-                *a = rng.random_range(-1.0..1.0);
-            }
-        } else {
+        let obs = f32_obs("td3", obs)?;
+        act_tanh(obs, self.obs_dim, (&self.low, &self.high), warm_up, noise, rng, out, |rows, _, actions| {
             let (scratch, raw) = host;
             if self.net.forward_host(params, obs, rows, scratch, raw) {
                 // The network without libtorch (CPU parameters), its task heads, then `forward`'s tanh.
                 if self.heads > 1 {
                     crate::nn::nets::select_task_heads(obs, self.obs_dim, self.heads, raw);
                 }
-                for (a, r) in out.actions.iter_mut().zip(raw.iter()) {
+                for (a, r) in actions.iter_mut().zip(raw.iter()) {
                     *a = r.tanh();
                 }
             } else {
                 let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
                 let a = tch::no_grad(|| self.forward(params, &x)).to_device(Device::Cpu);
-                a.f_copy_data(&mut out.actions, rows * self.act_dim)?;
+                a.f_copy_data(actions, rows * self.act_dim)?;
             }
-        }
-        if let Some(noise) = noise
-            && noise.kind() != NoiseType::None
-        {
-            noise.add_to(&mut out.actions, rng)?;
-            for a in &mut out.actions {
-                *a = a.clamp(-1.0, 1.0);
-            }
-        }
-        unscale_rows(&mut out.actions, &self.low, &self.high);
-        Ok(())
-    }
-}
-
-/// DDPG's and TD3's acting policy in an actor process: the actor network's weights (from the learner's
-/// broadcast) and exploration noise; uniformly random actions while the learner has fewer than
-/// `learning_starts` env steps. No critics, no replay, no optimiser.
-#[derive(Debug)]
-pub struct Td3Policy {
-    pi: ActorNet,
-    params: FlatParams,
-    noise: ActionNoise,
-    learning_starts: u64,
-    learner_env_steps: u64,
-    rng: Pcg64,
-    host: (HostScratch, Vec<f32>),
-}
-
-impl Td3Policy {
-    /// An acting policy (`name`: "ddpg" or "td3", for errors) for `n_envs` envs; `seed` fixes exploration.
-    pub fn new(
-        name: &'static str,
-        observation_space: &Space,
-        action_space: &Space,
-        n_envs: usize,
-        config: &Td3Config,
-        seed: u64,
-    ) -> Result<Self> {
-        config.validate_as(name)?;
-        let (pi, named) =
-            with_torch_seed(seed, || ActorNet::init(name, observation_space, action_space, config, Device::Cpu))?;
-        let act_dim = pi.act_dim;
-        Ok(Td3Policy {
-            pi,
-            params: FlatParams::new(named, Device::Cpu),
-            noise: ActionNoise::new(config.noise_type, config.noise_std, n_envs, act_dim),
-            learning_starts: config.learning_starts,
-            learner_env_steps: 0,
-            rng: Pcg64::seed_from_u64(seed ^ 0x7d3_ac70),
-            host: Default::default(),
+            Ok(())
         })
-    }
-}
-
-impl Policy for Td3Policy {
-    fn obs_dim(&self) -> usize {
-        self.pi.obs_dim
-    }
-
-    fn act_dim(&self) -> usize {
-        self.pi.act_dim
-    }
-
-    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        let explore = mode == ActMode::Explore;
-        let random = explore && self.learner_env_steps < self.learning_starts;
-        let noise = explore.then_some(&mut self.noise);
-        self.pi.act(&self.params, f32_obs("td3", obs)?, random, noise, &mut self.rng, &mut self.host, out)
-    }
-}
-
-impl ActingPolicy for Td3Policy {
-    fn params(&self) -> &FlatParams {
-        &self.params
-    }
-
-    fn set_progress(&mut self, progress: &Progress) {
-        self.learner_env_steps = progress.env_steps;
     }
 }
 
@@ -1534,7 +1417,15 @@ mod tests {
         let pi = Vec::<f32>::try_from(pi.flatten(0, -1)).unwrap();
         let want: Vec<f32> = pi.iter().map(|a| unscale_action(*a, -1.0, 2.0)).collect();
         assert!(out.actions.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5), "{:?} vs {want:?}", out.actions);
-        let mut acting = Td3Policy::new("td3", &obs_space, &act_space, 1, &config, 9).unwrap();
+        let setup = ActingSetup {
+            observation_space: &obs_space,
+            action_space: &act_space,
+            n_envs: 1,
+            seed: 9,
+            epsilon_floor: 0.0,
+            frozen: &[],
+        };
+        let Acting::Chunks(mut acting) = config.build_acting(&setup).unwrap() else { panic!("td3 acts") };
         acting.load_params(&values(&agent.actor)).unwrap();
         let mut copy = ActOutput::default();
         acting.act(ObsRef::F32(&x), ActMode::Deterministic, &mut copy).unwrap();
