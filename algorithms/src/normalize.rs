@@ -214,18 +214,10 @@ pub struct Normalized {
     returns: BTreeMap<(u64, usize), f64>,
     /// The inner policy's parameters and the f32 observation statistics (with `obs`).
     mirror: Option<FlatParams>,
-    scale: ObsScale,
+    /// Acting's normalisation (with `obs`).
+    scale: Option<ObsScale>,
     dim: usize,
     scratch: Vec<f32>,
-}
-
-impl std::fmt::Debug for Normalized {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Normalized")
-            .field("inner", &self.inner.name())
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Normalized {
@@ -238,7 +230,7 @@ impl Normalized {
             obs_rms: config.obs.then(|| RunningMeanStd::new(dim)),
             ret_rms: config.reward.then(|| RunningMeanStd::new(1)),
             returns: BTreeMap::new(),
-            scale: ObsScale::new(dim, config),
+            scale: config.obs.then(|| ObsScale::new(dim, config)),
             config: config.clone(),
             mirror,
             dim,
@@ -247,11 +239,6 @@ impl Normalized {
         };
         agent.sync()?;
         Ok(agent)
-    }
-
-    /// The observation statistics (with `obs`).
-    pub fn obs_rms(&self) -> Option<&RunningMeanStd> {
-        self.obs_rms.as_ref()
     }
 
     /// The mirror after the inner parameters or the statistics changed: the inner policy's values, then the
@@ -266,7 +253,9 @@ impl Normalized {
 
     /// The mirror's statistics after they changed (the inner parameters did not), and acting's scale from them.
     fn sync_stats(&mut self) -> Result<()> {
-        let (Some(mirror), Some(rms)) = (&self.mirror, &self.obs_rms) else { return Ok(()) };
+        let (Some(mirror), Some(rms), Some(scale)) = (&self.mirror, &self.obs_rms, &mut self.scale) else {
+            return Ok(());
+        };
         let stats: Vec<f32> = rms.mean.iter().chain(&rms.var).map(|&x| x as f32).collect();
         tch::no_grad(|| {
             let flat = mirror.flat();
@@ -274,7 +263,7 @@ impl Normalized {
                 .copy_(&Tensor::from_slice(&stats).to_device(flat.device()));
         });
         let (mean, var) = mirror_stats(mirror, self.dim)?;
-        self.scale.set(&mean, &var);
+        scale.set(&mean, &var);
         Ok(())
     }
 
@@ -282,7 +271,7 @@ impl Normalized {
     /// by the return's (which take in this chunk's returns step by step).
     fn normalize_chunk(&mut self, chunk: &Chunk) -> Result<Chunk> {
         chunk.check_lengths(chunk.n_envs, self.dim, self.inner.act_dim(), false)?;
-        let obs = |buf: &ObsBuf| if self.mirror.is_some() { self.scale.apply_buf(buf) } else { Ok(buf.clone()) };
+        let obs = |buf: &ObsBuf| self.scale.as_ref().map_or_else(|| Ok(buf.clone()), |s| s.apply_buf(buf));
         let mut c = Chunk {
             obs: obs(&chunk.obs)?,
             bootstrap_obs: obs(&chunk.bootstrap_obs)?,
@@ -325,39 +314,54 @@ impl Normalized {
     }
 }
 
-impl Policy for Normalized {
-    fn obs_dim(&self) -> usize {
-        self.inner.obs_dim()
-    }
-
-    fn act_dim(&self) -> usize {
-        self.inner.act_dim()
-    }
-
-    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        if self.mirror.is_none() {
-            return self.inner.act(obs, mode, out);
-        }
-        self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
-        self.inner.act(ObsRef::F32(&self.scratch), mode, out)
-    }
-
-    fn state_dim(&self) -> usize {
-        self.inner.state_dim()
-    }
-
-    fn state_bounded(&self) -> usize {
-        self.inner.state_bounded()
-    }
-
-    fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        if self.mirror.is_none() {
-            return self.inner.act_with_state(obs, state, mode, out);
-        }
-        self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
-        self.inner.act_with_state(ObsRef::F32(&self.scratch), state, mode, out)
-    }
+/// `obs` as the inner policy takes it: normalised into `scratch` by `scale`, if any.
+fn scaled<'a>(scale: Option<&ObsScale>, obs: ObsRef<'a>, scratch: &'a mut Vec<f32>) -> Result<ObsRef<'a>> {
+    let Some(scale) = scale else { return Ok(obs) };
+    scale.apply(f32_obs("normalize", obs)?, scratch);
+    Ok(ObsRef::F32(scratch))
 }
+
+/// [`Policy`] for a wrapper acting through its `inner` policy on observations normalised by its `scale`.
+macro_rules! scaled_policy {
+    ($wrapper:ty) => {
+        impl Policy for $wrapper {
+            fn obs_dim(&self) -> usize {
+                self.inner.obs_dim()
+            }
+
+            fn act_dim(&self) -> usize {
+                self.inner.act_dim()
+            }
+
+            fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
+                let obs = scaled(self.scale.as_ref(), obs, &mut self.scratch)?;
+                self.inner.act(obs, mode, out)
+            }
+
+            fn state_dim(&self) -> usize {
+                self.inner.state_dim()
+            }
+
+            fn state_bounded(&self) -> usize {
+                self.inner.state_bounded()
+            }
+
+            fn act_with_state(
+                &mut self,
+                obs: ObsRef<'_>,
+                state: &mut [f32],
+                mode: ActMode,
+                out: &mut ActOutput,
+            ) -> Result<()> {
+                let obs = scaled(self.scale.as_ref(), obs, &mut self.scratch)?;
+                self.inner.act_with_state(obs, state, mode, out)
+            }
+        }
+    };
+}
+
+scaled_policy!(Normalized);
+scaled_policy!(NormalizedPolicy);
 
 impl Algorithm for Normalized {
     fn name(&self) -> &'static str {
@@ -427,7 +431,9 @@ impl Algorithm for Normalized {
 
     /// Weights saved by `save_weights` (the mirror): the inner policy's, and the statistics acting reads.
     fn load_weights(&mut self, path: &Path) -> Result<()> {
-        let Some(mirror) = &mut self.mirror else { return self.inner.load_weights(path) };
+        let (Some(mirror), Some(scale)) = (&mut self.mirror, &mut self.scale) else {
+            return self.inner.load_weights(path);
+        };
         mirror.load(path)?;
         let n = self.inner.policy_params().numel();
         let head = mirror.flat().narrow(0, 0, n).copy();
@@ -438,16 +444,13 @@ impl Algorithm for Normalized {
             rms.mean = mean.iter().map(|&x| f64::from(x)).collect();
             rms.var = var.iter().map(|&x| f64::from(x)).collect();
         }
-        self.scale.set(&mean, &var);
+        scale.set(&mean, &var);
         Ok(())
     }
 
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
-        if self.mirror.is_none() {
-            return self.inner.teach(obs);
-        }
-        self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
-        self.inner.teach(ObsRef::F32(&self.scratch))
+        let obs = scaled(self.scale.as_ref(), obs, &mut self.scratch)?;
+        self.inner.teach(obs)
     }
 }
 
@@ -455,15 +458,10 @@ impl Algorithm for Normalized {
 pub struct NormalizedPolicy {
     inner: Box<dyn ActingPolicy>,
     mirror: FlatParams,
-    scale: ObsScale,
+    /// Always set (an `Option` as [`Normalized`]'s).
+    scale: Option<ObsScale>,
     dim: usize,
     scratch: Vec<f32>,
-}
-
-impl std::fmt::Debug for NormalizedPolicy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NormalizedPolicy").field("dim", &self.dim).finish_non_exhaustive()
-    }
 }
 
 impl NormalizedPolicy {
@@ -472,35 +470,7 @@ impl NormalizedPolicy {
         config.validate()?;
         let dim = config.obs_dim(observation_space)?;
         let mirror = mirror_of(inner.params(), dim, config)?;
-        Ok(NormalizedPolicy { inner, mirror, scale: ObsScale::new(dim, config), dim, scratch: Vec::new() })
-    }
-}
-
-impl Policy for NormalizedPolicy {
-    fn obs_dim(&self) -> usize {
-        self.inner.obs_dim()
-    }
-
-    fn act_dim(&self) -> usize {
-        self.inner.act_dim()
-    }
-
-    fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
-        self.inner.act(ObsRef::F32(&self.scratch), mode, out)
-    }
-
-    fn state_dim(&self) -> usize {
-        self.inner.state_dim()
-    }
-
-    fn state_bounded(&self) -> usize {
-        self.inner.state_bounded()
-    }
-
-    fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.scale.apply(f32_obs("normalize", obs)?, &mut self.scratch);
-        self.inner.act_with_state(ObsRef::F32(&self.scratch), state, mode, out)
+        Ok(NormalizedPolicy { inner, mirror, scale: Some(ObsScale::new(dim, config)), dim, scratch: Vec::new() })
     }
 }
 
@@ -514,7 +484,9 @@ impl ActingPolicy for NormalizedPolicy {
         let n = self.inner.n_params();
         self.inner.load_params(&values[..n])?;
         let (mean, var) = (&values[n..n + self.dim], &values[n + self.dim..]);
-        self.scale.set(mean, var);
+        if let Some(scale) = &mut self.scale {
+            scale.set(mean, var);
+        }
         Ok(())
     }
 
@@ -529,10 +501,8 @@ pub fn wrap_learner(
     config: Option<&NormalizeConfig>,
     observation_space: &Space,
 ) -> Result<Box<dyn Algorithm>> {
-    match config {
-        None => Ok(agent),
-        Some(c) => Ok(Box::new(Normalized::new(agent, c, observation_space)?)),
-    }
+    let Some(c) = config else { return Ok(agent) };
+    Ok(Box::new(Normalized::new(agent, c, observation_space)?))
 }
 
 /// An actor's acting policy with normalisation, where `[normalize]` asks for it (A3C's gradient workers
@@ -547,6 +517,14 @@ pub fn wrap_acting(acting: Acting, config: Option<&NormalizeConfig>, observation
         (Some(_), Acting::Gradients(_)) => Err(Error::Unsupported(
             "[normalize] with A3C: its actors' gradients cannot see the learner's statistics".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+impl Normalized {
+    /// The observation statistics (with `obs`).
+    pub(crate) fn obs_rms(&self) -> Option<&RunningMeanStd> {
+        self.obs_rms.as_ref()
     }
 }
 

@@ -48,11 +48,6 @@ impl ActionNoise {
         ActionNoise { kind, std, n_envs, act_dim, state: vec![0.0; n_envs * act_dim] }
     }
 
-    /// The noise kind.
-    pub fn kind(&self) -> NoiseType {
-        self.kind
-    }
-
     /// Add one noise draw to each of the `rows × act_dim` values in `actions` (row-major). OU noise needs one
     /// row per env (`rows = n_envs`), since each env has its own process.
     pub fn add_to(&mut self, actions: &mut [f32], rng: &mut impl Rng) -> Result<()> {

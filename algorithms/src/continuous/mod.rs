@@ -94,6 +94,11 @@ pub(crate) fn act_tanh(
     Ok(())
 }
 
+/// `parts` concatenated along `dim`, or the one part itself.
+pub(crate) fn cat_or_one(mut parts: Vec<Tensor>, dim: i64) -> Tensor {
+    if parts.len() == 1 { parts.pop().expect("one part") } else { Tensor::cat(&parts, dim) }
+}
+
 pub(crate) fn activate(activation: Activation, x: Tensor) -> Tensor {
     match activation {
         Activation::Relu => x.relu(),
@@ -114,18 +119,20 @@ pub(crate) struct Critics {
     pub(crate) heads: usize,
     /// Observation width: the one-hot ends at this column of `[obs | action]`.
     obs_dim: i64,
-    /// The hidden layers' matmuls in bf16 ([`Critics::with_bf16`]).
-    bf16: bool,
+    /// The hidden layers' matmuls in bf16 ([`crate::nn::mixed::dense`]): critics run only in updates, so the
+    /// setting is theirs; the update reads it for its actor too.
+    pub(crate) bf16: bool,
 }
 
 impl Critics {
     /// Initial parameters: `n` critics, each drawn as its own PyTorch-default MLP of `hidden` widths with one
-    /// output per head, on `[obs | action]` (`obs_dim + act_dim` inputs).
+    /// output per head, on `[obs | action]` (`obs_dim + act_dim` inputs); hidden matmuls in bf16 where `bf16`.
     pub(crate) fn init(
         prefix: &str,
         (obs_dim, act_dim): (i64, i64),
         (n, hidden, activation): (usize, &[i64], Activation),
         heads: usize,
+        bf16: bool,
     ) -> (Self, Vec<(String, Tensor)>) {
         let mut named = Vec::new();
         let mut nets = Vec::with_capacity(n);
@@ -142,19 +149,7 @@ impl Critics {
             nets.push(net);
             named.extend(params);
         }
-        (Critics { nets, layers: hidden.len() + 1, activation, heads, obs_dim, bf16: false }, named)
-    }
-
-    /// These critics with their hidden layers' matmuls in bf16 (`on`) or f32 ([`crate::nn::mixed::dense`]):
-    /// critics run only in updates, so the setting is theirs; the update reads it for its actor too.
-    pub(crate) fn with_bf16(mut self, on: bool) -> Self {
-        self.bf16 = on;
-        self
-    }
-
-    /// Whether the hidden layers' matmuls run in bf16.
-    pub(crate) fn bf16(&self) -> bool {
-        self.bf16
+        (Critics { nets, layers: hidden.len() + 1, activation, heads, obs_dim, bf16 }, named)
     }
 
     /// Each row's own task's Q head of one critic's output `[B, heads]` → `[B, 1]`.
@@ -164,13 +159,7 @@ impl Critics {
 
     /// Every critic on the same input `[B, inputs]`: `[B, n]`.
     pub(crate) fn forward(&self, params: &FlatParams, x: &Tensor) -> Tensor {
-        match self.nets.as_slice() {
-            [one] => self.own_head(x, one.forward_in(params, x, self.bf16)),
-            nets => Tensor::cat(
-                &nets.iter().map(|net| self.own_head(x, net.forward_in(params, x, self.bf16))).collect::<Vec<_>>(),
-                1,
-            ),
-        }
+        cat_or_one(self.nets.iter().map(|net| self.own_head(x, net.forward_in(params, x, self.bf16))).collect(), 1)
     }
 
     /// The first `critics` critics' weights and biases as detached aliases of `params`' buffer: they follow
@@ -194,10 +183,7 @@ impl Critics {
             }
             self.own_head(x, h)
         };
-        match weights.len() / (2 * self.layers) {
-            1 => one(weights),
-            _ => Tensor::cat(&weights.chunks(2 * self.layers).map(one).collect::<Vec<_>>(), 1),
-        }
+        cat_or_one(weights.chunks(2 * self.layers).map(one).collect(), 1)
     }
 }
 

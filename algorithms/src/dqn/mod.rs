@@ -526,30 +526,23 @@ impl DataSide {
 }
 
 impl DqnBatch {
-    /// This batch on the member axis, as one member's (`[1, B, …]`).
-    fn one_member(&self) -> DqnBatch {
-        let one = |t: &Tensor| t.unsqueeze(0);
-        DqnBatch {
-            obs: one(&self.obs),
-            next_obs: one(&self.next_obs),
-            actions: one(&self.actions),
-            rewards: one(&self.rewards),
-            bootstrap: one(&self.bootstrap),
-            prioritized: self.prioritized.as_ref().map(|(w, i)| (one(w), i.clone())),
-            host: None,
-        }
-    }
-
-    /// The members' batches (one shape, uniform replay) stacked on the member axis.
+    /// The members' batches (one shape) stacked on the member axis, `[N, B, …]`: a lone member's as a view,
+    /// with its prioritized replay's weights and slots; several members' with uniform replay.
     fn stack(batches: &[DqnBatch]) -> DqnBatch {
-        let stack = |f: fn(&DqnBatch) -> &Tensor| Tensor::stack(&batches.iter().map(f).collect::<Vec<_>>(), 0);
+        let stack = |f: fn(&DqnBatch) -> &Tensor| match batches {
+            [one] => f(one).unsqueeze(0),
+            _ => Tensor::stack(&batches.iter().map(f).collect::<Vec<_>>(), 0),
+        };
         DqnBatch {
             obs: stack(|b| &b.obs),
             next_obs: stack(|b| &b.next_obs),
             actions: stack(|b| &b.actions),
             rewards: stack(|b| &b.rewards),
             bootstrap: stack(|b| &b.bootstrap),
-            prioritized: None,
+            prioritized: match batches {
+                [one] => one.prioritized.as_ref().map(|(w, i)| (w.unsqueeze(0), i.clone())),
+                _ => None,
+            },
             host: None,
         }
     }
@@ -877,24 +870,16 @@ impl QNet {
         seed: u64,
     ) -> Result<(QNet, Vec<(String, Tensor)>)> {
         let Space::Discrete { n: n_actions, .. } = *action_space else {
-            return Err(Error::UnsupportedSpace {
-                which: "action",
-                algorithm: "dqn",
-                detail: format!("{action_space:?}: DQN needs discrete actions"),
-            });
+            return Err(unsupported("dqn", format!("{action_space:?}: DQN needs discrete actions")));
         };
         // A dueling network's last layer holds the value head next to the advantage head; with task heads,
         // one such head per task.
         let heads = if config.task_heads { config.tasks.max(1) } else { 1 };
         if heads > 1 && (is_image(observation_space) || observation_space.flat_dim() <= heads) {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "dqn",
-                detail: format!(
-                    "{observation_space:?}: {heads} task heads need vector observations ending in the task's \
-                     one-hot ([[tasks]])"
-                ),
-            });
+            return Err(bad_obs(format!(
+                "{observation_space:?}: {heads} task heads need vector observations ending in the task's one-hot \
+                 ([[tasks]])"
+            )));
         }
         let quantiles = config.n_quantiles.max(1);
         let outputs = ((n_actions + usize::from(config.dueling)) * quantiles * heads) as i64;
@@ -902,10 +887,8 @@ impl QNet {
             let shape = observation_space.shape();
             let built = with_torch_seed(seed, || NatureCnn::init("q", shape, &[(outputs, 1.0)], 0))
                 .map(|(cnn, named)| (cnn.with_options(config.cnn), named));
-            let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "dqn",
-                detail: format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
+            let (cnn, named) = built.ok_or_else(|| {
+                bad_obs(format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"))
             })?;
             (observation_space.flat_dim(), QBody::Cnn(cnn), named)
         } else {
@@ -1022,12 +1005,12 @@ impl QNet {
     }
 }
 
+fn bad_obs(detail: String) -> Error {
+    Error::UnsupportedSpace { which: "observation", algorithm: "dqn", detail }
+}
+
 fn unsupported_obs(obs: ObsRef<'_>) -> Error {
-    Error::UnsupportedSpace {
-        which: "observation",
-        algorithm: "dqn",
-        detail: format!("{:?} observations for a network built for frames", obs.dtype()),
-    }
+    bad_obs(format!("{:?} observations for a network built for frames", obs.dtype()))
 }
 
 /// Fill `out` from `out.q_values`: the greedy action, or with `epsilon` a uniformly random one with that
@@ -1208,7 +1191,13 @@ impl Dqn {
         let lr = self.opt.lr;
         let Dqn { q, online, target, opt, parallel, config, .. } = self;
         let mut nets = QNets::Alone { q, online, target, opt, parallel };
-        let (loss, q, target) = td_step(&mut nets, &b.one_member(), config.double_q, &[config.max_grad_norm], &[lr])?;
+        let (loss, q, target) = td_step(
+            &mut nets,
+            &DqnBatch::stack(std::slice::from_ref(b)),
+            config.double_q,
+            &[config.max_grad_norm],
+            &[lr],
+        )?;
         let mut side = lock(&self.side);
         if let (Some((_, indices)), Memory::Prioritized(_, r)) = (&b.prioritized, &mut side.memory) {
             let td: Vec<f32> = Vec::try_from((&q - &target).to_device(Device::Cpu).view([-1]))?;
@@ -1232,23 +1221,29 @@ impl Dqn {
         self.host_step.take().or_else(|| DqnHost::new(&self.online, layers, activation, n_actions, quantiles, bf16))
     }
 
-    /// `due` gradient steps on the fused CPU path, each on a fresh replay sample (drawn as the libtorch path
-    /// draws it, from the same RNG); (loss, mean Q) per step.
-    fn fused_steps(&mut self, host: &mut DqnHost, due: usize) -> Result<Vec<(Tensor, Tensor)>> {
-        let batch = self.config.batch_size;
-        let mut steps = Vec::with_capacity(due);
-        for _ in 0..due {
-            // The sample buffers leave the data side for the step (it locks the side again) and come back.
-            let sample = {
-                let mut side = lock(&self.side);
-                side.draw(batch)?;
-                std::mem::take(&mut side.sample)
-            };
-            let step = self.fused_step(host, &sample);
-            lock(&self.side).sample = sample;
-            steps.push(step?);
-        }
-        Ok(steps)
+    /// One gradient step on the prepared batch, or (`None`) on a fresh replay sample: on the fused CPU path
+    /// where it applies (a prepared batch needs its host rows), else on libtorch ([`Dqn::gradient_step`]), each
+    /// drawing from the same RNG; (loss, mean Q).
+    fn step(&mut self, prepared: Option<&DqnBatch>) -> Result<(Tensor, Tensor)> {
+        let mut host = self.fused_path();
+        let step = match (host.as_mut(), prepared) {
+            (Some(host), Some(DqnBatch { host: Some(sample), .. })) => self.fused_step(host, sample),
+            (Some(host), None) => {
+                // The sample buffers leave the data side for the step (it locks the side again) and come back.
+                let drawn = lock(&self.side).draw(self.config.batch_size);
+                let sample = std::mem::take(&mut lock(&self.side).sample);
+                let step = drawn.and_then(|()| self.fused_step(host, &sample));
+                lock(&self.side).sample = sample;
+                step
+            }
+            (_, Some(b)) => self.gradient_step(b),
+            (None, None) => {
+                let sample = lock(&self.side).sample(self.config.batch_size, &self.q.layout());
+                sample.and_then(|b| self.gradient_step(&b))
+            }
+        };
+        self.host_step = host;
+        step
     }
 
     /// One fused CPU gradient step on a host replay sample, then the new priorities (prioritized replay) and
@@ -1341,22 +1336,11 @@ impl Algorithm for Dqn {
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
         self.set_learning_rate(progress);
-        let (batch, layout) = (self.config.batch_size, self.q.layout());
         let due = lock(&self.side).phase_due(&self.config, progress);
         if due == 0 {
             return Ok(None);
         }
-        let mut steps = Vec::with_capacity(due);
-        if let Some(mut host) = self.fused_path() {
-            let fused = self.fused_steps(&mut host, due);
-            self.host_step = Some(host);
-            steps = fused?;
-        } else {
-            for _ in 0..due {
-                let sample = lock(&self.side).sample(batch, &layout)?;
-                steps.push(self.gradient_step(&sample)?);
-            }
-        }
+        let steps = (0..due).map(|_| self.step(None)).collect::<Result<Vec<_>>>()?;
         let Counters { epsilon, beta, .. } = lock(&self.side).counters;
         Ok(Some(self.phase_metrics(&steps, epsilon, beta)?))
     }
@@ -1439,19 +1423,8 @@ impl crate::algorithm::ReplayAhead for Dqn {
             }
             DqnWork::Batch(batch, at) => {
                 self.set_learning_rate(&at.progress);
-                let step = match (batch.host.as_deref(), self.fused_path()) {
-                    (Some(sample), Some(mut host)) => {
-                        let step = self.fused_step(&mut host, sample);
-                        self.host_step = Some(host);
-                        step
-                    }
-                    (_, host) => {
-                        self.host_step = host;
-                        self.gradient_step(&batch)
-                    }
-                };
                 // A failed step ends its phase: the next batch starts a fresh one.
-                let step = step.inspect_err(|_| self.phase.clear())?;
+                let step = self.step(Some(&batch)).inspect_err(|_| self.phase.clear())?;
                 self.phase.push(step);
                 if !at.last {
                     return Ok(None);

@@ -88,13 +88,9 @@ pub struct SacConfig {
     pub activation: Activation,
     /// Critics; targets and the actor read the minimum of them.
     pub n_critics: usize,
-    /// On the CPU, take each Adam step and each Polyak update as one host loop over the flat buffers instead
-    /// of libtorch's several elementwise ops (same maths to float rounding); `false` runs all on libtorch.
+    /// Adam steps and Polyak updates as one host loop on the CPU, as [`crate::td3::Td3Config::fused_cpu`].
     pub fused_cpu: bool,
-    /// Mixed precision for the update on the CPU: the hidden layers' matmuls in bf16 as PyTorch's CPU autocast
-    /// runs a linear layer, with the parameters, their gradients, the optimiser and the output layers in f32.
-    /// Default: on where the CPU computes bf16 natively (AVX512-BF16 or AMX; [`cpu_has_native_bf16`]), off
-    /// elsewhere (libtorch would emulate it, several times slower than f32). Acting stays f32; ignored on CUDA.
+    /// Mixed precision for the update on the CPU, as [`crate::td3::Td3Config::bf16`].
     pub bf16: bool,
 }
 
@@ -365,11 +361,11 @@ impl Sac {
         let (pi, actor, critic_net, mut critic) = with_torch_seed(seed, || -> Result<_> {
             let (pi, actor) = GaussianActor::init(o, a, c, device)?;
             let dims = (pi.obs_dim as i64, pi.act_dim as i64);
-            let (critic_net, q) = Critics::init("critic", dims, (c.n_critics, &c.hidden_sizes, c.activation), 1);
-            let critic_net = critic_net.with_bf16(c.bf16 && device == Device::Cpu);
+            let spec = (c.n_critics, &c.hidden_sizes[..], c.activation);
+            let (critic_net, q) = Critics::init("critic", dims, spec, 1, c.bf16 && device == Device::Cpu);
             Ok((pi, FlatParams::new(actor, device), critic_net, FlatParams::new(q, device)))
         })?;
-        if critic_net.bf16() {
+        if critic_net.bf16 {
             // The detached critics below alias its bf16 copy; `step_on` refreshes every copy it reads.
             critic.refresh_bf16();
         }
@@ -403,11 +399,6 @@ impl Sac {
             parallel: DataParallel::default(),
             config,
         })
-    }
-
-    /// The resolved config.
-    pub fn config(&self) -> &SacConfig {
-        &self.config
     }
 
     /// The entropy coefficient α now.
@@ -473,7 +464,7 @@ impl Sac {
     /// targets.
     fn step_on(&mut self, x: &Tensor) -> Result<StepLosses> {
         let (od, ad, b) = (self.pi.obs_dim as i64, self.pi.act_dim as i64, x.size()[0]);
-        let (fused, bf16) = (self.config.fused_cpu, self.critic_net.bf16());
+        let (fused, bf16) = (self.config.fused_cpu, self.critic_net.bf16);
         let column = |start: i64, len: i64| x.narrow(1, start, len);
         let (obs, action, next_obs) = (column(0, od), column(od, ad), column(od + ad, od));
         let (reward, bootstrap) = (column(2 * od + ad, 1), column(2 * od + ad + 1, 1));
@@ -829,7 +820,7 @@ mod tests {
     fn a_bf16_step_follows_the_f32_step() {
         let config = |bf16| SacConfig { bf16, hidden_sizes: vec![64, 64], ..tiny() };
         let (mut f32s, mut mixed) = (sac(config(false), 1, 5), sac(config(true), 1, 5));
-        assert!(mixed.critic_net.bf16() && !f32s.critic_net.bf16());
+        assert!(mixed.critic_net.bf16 && !f32s.critic_net.bf16);
         let (od, ad, b) = (mixed.pi.obs_dim, mixed.pi.act_dim, 64);
         let before = [values(&f32s.actor), values(&f32s.critic)];
         for step in 0..3 {

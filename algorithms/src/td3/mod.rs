@@ -3,10 +3,8 @@
 //! as in SB3, DDPG is TD3 with one critic, `policy_delay = 1` and no target policy smoothing.
 //!
 //! Implementation details that matter (SB3's `TD3` / `DDPG`):
-//! * the actor is an MLP ending in `tanh`: actions live in `[−1, 1]` and are scaled to the Box bounds,
-//!   `low + (a + 1)/2 · (high − low)`, only when handed to the env ([`unscale_action`]). **Replay stores the
-//!   `[−1, 1]` action** (SB3's `buffer_action`): [`Algorithm::observe`] rescales the env-unit action it is
-//!   given with [`scale_action`], so the critics always see `[−1, 1]` actions, from replay and from the actor;
+//! * the actor is an MLP ending in `tanh`: actions live in `[−1, 1]` and are scaled to the Box bounds only when
+//!   handed to the env; replay stores the `[−1, 1]` action, as [`crate::continuous`] says;
 //! * exploration: uniformly random actions before `learning_starts` env steps, then the actor's action; in
 //!   both cases plus Gaussian or Ornstein–Uhlenbeck noise ([`crate::continuous::action_noise`], σ in `[−1, 1]` units, OU
 //!   state per env, reset when its episode ends), clipped to `[−1, 1]`;
@@ -42,7 +40,8 @@ use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::{ActionNoise, NoiseType, fill_standard_normal};
 use crate::continuous::{
-    ActionReplay, Critics, Transitions, act_tanh, action_bounds, activate, adam_step, mean_of, polyak, sum_of,
+    ActionReplay, Critics, Transitions, act_tanh, action_bounds, activate, adam_step, cat_or_one, mean_of, polyak,
+    sum_of,
 };
 use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
 use crate::kind::{AlgorithmKind, Family, members_as};
@@ -411,12 +410,11 @@ impl Td3 {
         let (pi, actor, critic_net, mut critic) = with_torch_seed(seed, || -> Result<_> {
             let (pi, a) = ActorNet::init(name, observation_space, action_space, c, device)?;
             let dims = (pi.obs_dim as i64, pi.act_dim as i64);
-            let (critic_net, q) =
-                Critics::init("critic", dims, (c.n_critics, &c.hidden_sizes, c.activation), c.heads());
-            let critic_net = critic_net.with_bf16(c.bf16 && device == Device::Cpu);
+            let spec = (c.n_critics, &c.hidden_sizes[..], c.activation);
+            let (critic_net, q) = Critics::init("critic", dims, spec, c.heads(), c.bf16 && device == Device::Cpu);
             Ok((pi, FlatParams::new(a, device), critic_net, FlatParams::new(q, device)))
         })?;
-        if critic_net.bf16() {
+        if critic_net.bf16 {
             // Critic 1's detached weights below alias its bf16 copy; each step refreshes every copy it reads
             // (`Td3Nets::refresh_bf16`).
             critic.refresh_bf16();
@@ -455,15 +453,9 @@ impl Td3 {
         })
     }
 
-    /// The resolved configuration (a DDPG agent's is TD3's with one critic, no delay and no smoothing).
     /// The online critics' parameters (the policy's are [`Algorithm::policy_params`]).
     pub fn critic_params(&self) -> &FlatParams {
         &self.critic
-    }
-
-    /// The resolved config.
-    pub fn config(&self) -> &Td3Config {
-        &self.config
     }
 
     /// Sample a batch and lay it out in `self.batch` (see its doc), drawing the target-action noise. Returns
@@ -472,13 +464,6 @@ impl Td3 {
         let c = &self.config;
         let noise = target_noise(c, self.act_dim);
         self.data.sample_rows(c.batch_size, &mut self.rng, &mut self.batch, |rng, out| noise(rng, out))
-    }
-
-    /// One critic update, and with `update_actor` an actor update and Polyak target updates. Returns the
-    /// critic loss, the mean Q and the actor loss, as tensors (no device sync).
-    fn gradient_step(&mut self, update_actor: bool) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let width = self.fill_batch()?;
-        self.step_on_batch(width, self.config.batch_size, update_actor)
     }
 
     /// One gradient step on explicit transitions rather than a replay sample (offline data, tests):
@@ -503,12 +488,6 @@ impl Td3 {
         let width = rows.lay_out(dims, &mut self.batch, |out| noise(rng, out));
         let (critic, _, actor) = self.step_on_batch(width, b, update_actor)?;
         Ok((f64::try_from(critic)?, actor.map(|a| f64::try_from(a)).transpose()?))
-    }
-
-    /// The gradient steps due now ([`Algorithm::update`]'s trigger): `gradient_steps` for each training phase
-    /// fallen due since the last update, none before `learning_starts` (those phases are dropped).
-    pub(crate) fn phase_due(&mut self, progress: &Progress) -> usize {
-        self.data.phase_due(self.config.learning_starts, self.config.gradient_steps, progress)
     }
 
     /// Whether the next critic update brings an actor and target update (the policy delay, counted over the
@@ -584,7 +563,7 @@ impl Td3Nets<'_> {
         match self {
             Td3Nets::Alone(m) => {
                 let params = if target { &m.actor_target } else { &m.actor };
-                m.pi.forward_in(params, &obs.squeeze_dim(0), m.critic_net.bf16()).unsqueeze(0)
+                m.pi.forward_in(params, &obs.squeeze_dim(0), m.critic_net.bf16).unsqueeze(0)
             }
             Td3Nets::Stacked(s) => {
                 let views = if target { &s.actor.target_views } else { &s.actor.online.views };
@@ -602,13 +581,7 @@ impl Td3Nets<'_> {
             Td3Nets::Stacked(s) => {
                 let views = if target { &s.critic.target_views } else { &s.critic.online.views };
                 let (params, hidden) = (mlp_operands(views), |h: &Tensor| s.activation.apply(h));
-                match s.critic_layers.as_slice() {
-                    [one] => batched_mlp(&params, one, &hidden, x, s.bf16),
-                    all => Tensor::cat(
-                        &all.iter().map(|l| batched_mlp(&params, l, &hidden, x, s.bf16)).collect::<Vec<_>>(),
-                        2,
-                    ),
-                }
+                cat_or_one(s.critic_layers.iter().map(|l| batched_mlp(&params, l, &hidden, x, s.bf16)).collect(), 2)
             }
         }
     }
@@ -629,7 +602,7 @@ impl Td3Nets<'_> {
     /// the online critics' (`critics_only`, after their step); stacked members cast as they go.
     fn refresh_bf16(&mut self, critics_only: bool) {
         if let Td3Nets::Alone(m) = self
-            && m.critic_net.bf16()
+            && m.critic_net.bf16
         {
             m.critic.refresh_bf16();
             if !critics_only {
@@ -748,7 +721,7 @@ fn td3_step(nets: &mut Td3Nets, x: &Tensor, update_actor: bool) -> Result<(Tenso
     } else {
         None
     };
-    let q = if qs.len() == 1 { qs.pop().expect("one") } else { Tensor::cat(&qs, 1) };
+    let q = cat_or_one(qs, 1);
     Ok((sum_of(critic_losses), q.mean_dim(dims.as_slice(), false, Kind::Float), actor_loss))
 }
 
@@ -851,7 +824,7 @@ pub fn unbatchable(members: &[&Td3]) -> Option<String> {
         let c = &m.config;
         if layout(m) != l0
             || c.hidden_sizes != c0.hidden_sizes
-            || m.critic_net.bf16() != first.critic_net.bf16()
+            || m.critic_net.bf16 != first.critic_net.bf16
             || (m.obs_dim, m.act_dim) != (first.obs_dim, first.act_dim)
             || (m.actor.numel(), m.critic.numel()) != (first.actor.numel(), first.critic.numel())
             || m.device != first.device
@@ -882,7 +855,8 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
     if members.len() == 1 || unbatchable(&refs).is_some() {
         return members.iter_mut().map(|m| m.update(progress)).collect();
     }
-    let dues: Vec<usize> = members.iter_mut().map(|m| m.phase_due(progress)).collect();
+    let due = |m: &mut &mut Td3| m.data.phase_due(m.config.learning_starts, m.config.gradient_steps, progress);
+    let dues: Vec<usize> = members.iter_mut().map(due).collect();
     if dues.iter().all(|&d| d == 0) {
         return Ok(vec![None; members.len()]);
     }
@@ -900,7 +874,7 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         actor_layers: m0.pi.net.layout().0.to_vec(),
         critic_layers: m0.critic_net.nets.iter().map(|n| n.layout().0.to_vec()).collect(),
         activation: m0.config.activation,
-        bf16: m0.critic_net.bf16(),
+        bf16: m0.critic_net.bf16,
         first_views,
         taus: members.iter().map(|m| m.config.tau).collect(),
         dims: (m0.obs_dim as i64, m0.act_dim as i64, m0.config.smoothing()),
@@ -971,13 +945,15 @@ impl Algorithm for Td3 {
     }
 
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
-        let steps = self.phase_due(progress);
+        let steps = self.data.phase_due(self.config.learning_starts, self.config.gradient_steps, progress);
         if steps == 0 {
             return Ok(None);
         }
         let (mut critic_losses, mut qs, mut actor_losses) = (Vec::with_capacity(steps), Vec::new(), Vec::new());
         for _ in 0..steps {
-            let (critic_loss, q, actor_loss) = self.gradient_step(self.actor_step_due())?;
+            let update_actor = self.actor_step_due();
+            let width = self.fill_batch()?;
+            let (critic_loss, q, actor_loss) = self.step_on_batch(width, self.config.batch_size, update_actor)?;
             critic_losses.push(critic_loss);
             qs.push(q);
             actor_losses.extend(actor_loss);
@@ -1435,7 +1411,7 @@ mod tests {
         let q = agent.critic_net.forward(&agent.critic, &xa);
         assert_eq!(q.size(), [6, 2]);
         for (j, net) in agent.critic_net.nets.iter().enumerate() {
-            let raw = net.forward_in(&agent.critic, &xa, agent.critic_net.bf16());
+            let raw = net.forward_in(&agent.critic, &xa, agent.critic_net.bf16);
             assert_eq!(raw.size(), [6, 3]);
             for r in 0..6i64 {
                 assert!(
@@ -1554,7 +1530,7 @@ mod member_tests {
                 }
             };
             let (mut f32s, mut mixed) = (build(false), build(true));
-            assert!(mixed.critic_net.bf16() && !f32s.critic_net.bf16());
+            assert!(mixed.critic_net.bf16 && !f32s.critic_net.bf16);
             let before = [values(&f32s.actor), values(&f32s.critic)];
             for step in 0..3 {
                 let [o, a, r, g, n] = random_rows(step, 32, f32s.obs_dim, f32s.act_dim);
