@@ -16,7 +16,7 @@ use tch::{Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::ActionNoise;
-use crate::data::replay::{Experience, ReplayBuffer, ReplaySample};
+use crate::data::replay::{Experience, ReplayBuffer, ReplaySample, check_len};
 use crate::nn::adam::Adam;
 use crate::nn::nets::{Activation, FlatMlp, LayerInit};
 use crate::nn::params::FlatParams;
@@ -245,9 +245,7 @@ impl Transitions<'_> {
             ("actions", self.actions.len(), b * ad),
             ("bootstrap", self.bootstrap.len(), b),
         ] {
-            if got != expected {
-                return Err(Error::BadLength { what: format!("{what} {field}"), got, expected });
-            }
+            check_len(&format!("{what} {field}"), got, expected)?;
         }
         Ok(())
     }

@@ -36,6 +36,7 @@ use crate::algorithm::{Algorithm, Replicated};
 use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::fill_standard_normal;
 use crate::continuous::{ActionReplay, Critics, Transitions, act_tanh, action_bounds, adam_step, mean_of, polyak};
+use crate::data::replay::check_len;
 use crate::export::{Architecture, Network, PolicyOutput, widths};
 use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
@@ -442,9 +443,7 @@ impl Sac {
         let rows = Transitions { obs, actions, rewards, bootstrap, next_obs };
         rows.check("sac train_on", dims)?;
         for (what, got) in [("eps", eps.len()), ("next_eps", next_eps.len())] {
-            if got != b * dims.1 {
-                return Err(Error::BadLength { what: format!("sac train_on {what}"), got, expected: b * dims.1 });
-            }
+            check_len(&format!("sac train_on {what}"), got, b * dims.1)?;
         }
         self.parallel.check_batch("sac", "train_on batch", b)?;
         let mut row = 0;
