@@ -564,7 +564,7 @@ enum QNets<'a> {
         /// The target networks' rows as [`mlp_operands`].
         target: Vec<Tensor>,
         /// Every member's network (a plain MLP; its precision and quantiles).
-        q: QNet,
+        q: Box<QNet>,
         opt: StackedAdam,
     },
 }
@@ -757,7 +757,7 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
     let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
     let targets = Tensor::stack(&members.iter().map(|m| m.target.flat().detach()).collect::<Vec<_>>(), 0);
     let target = tch::no_grad(|| mlp_operands(&member_views(&targets, &members[0].target)));
-    let mut nets = QNets::Stacked { online, target, q: members[0].q.clone(), opt };
+    let mut nets = QNets::Stacked { online, target, q: Box::new(members[0].q.clone()), opt };
     let lrs: Vec<f64> = members.iter().map(|m| m.opt.lr).collect();
     let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
     let (layout, batch, double_q) = (members[0].q.layout(), members[0].config.batch_size, members[0].config.double_q);
