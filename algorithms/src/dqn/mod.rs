@@ -1209,7 +1209,7 @@ impl Dqn {
 
     /// The fused CPU step's state when this agent's steps can take it ([`DqnConfig::fused_cpu`]: an f32 MLP
     /// without dueling or task heads on the CPU, uniform or prioritized replay of f32 observations, no
-    /// data-parallel replicas or accumulation, nothing frozen), taken out of `self` for the phase.
+    /// data-parallel replicas or accumulation, nothing frozen), taken out of `self` for a step.
     fn fused_path(&mut self) -> Option<DqnHost> {
         let single = self.parallel.replicas() == 1 && self.parallel.accumulate() == 1;
         let frames = matches!(lock(&self.side).memory, Memory::Frames(..));
@@ -1230,8 +1230,10 @@ impl Dqn {
             (Some(host), Some(DqnBatch { host: Some(sample), .. })) => self.fused_step(host, sample),
             (Some(host), None) => {
                 // The sample buffers leave the data side for the step (it locks the side again) and come back.
-                let drawn = lock(&self.side).draw(self.config.batch_size);
-                let sample = std::mem::take(&mut lock(&self.side).sample);
+                let (drawn, sample) = {
+                    let mut side = lock(&self.side);
+                    (side.draw(self.config.batch_size), std::mem::take(&mut side.sample))
+                };
                 let step = drawn.and_then(|()| self.fused_step(host, &sample));
                 lock(&self.side).sample = sample;
                 step
