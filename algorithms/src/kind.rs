@@ -1,5 +1,7 @@
 //! One algorithm kind's answers to every per-kind question ([`AlgorithmKind`]), implemented by the kind's config type in
 //! the kind's own folder. The registry lists the kinds, one line each; nothing else matches on the kind.
+use std::any::Any;
+
 use flotilla_core::Space;
 use tch::Device;
 
@@ -124,9 +126,8 @@ pub trait AlgorithmKind {
 
 /// Every member as an `A`, or `None` if any is another kind (a kind's [`AlgorithmKind::update_members`] takes its own).
 pub fn members_as<'a, A: Algorithm>(members: &'a mut [&mut dyn Algorithm]) -> Option<Vec<&'a mut A>> {
-    // `(**m)`: the agent itself, not the reference to it (which is `Any` too).
-    if members.len() < 2 || !members.iter_mut().all(|m| (**m).as_any_mut().is::<A>()) {
+    if members.len() < 2 {
         return None;
     }
-    Some(members.iter_mut().map(|m| (**m).as_any_mut().downcast_mut::<A>().expect("checked just above")).collect())
+    members.iter_mut().map(|m| (&mut **m as &mut dyn Any).downcast_mut::<A>()).collect()
 }

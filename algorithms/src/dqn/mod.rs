@@ -1500,7 +1500,6 @@ impl crate::algorithm::ReplayAhead for Dqn {
     fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>> {
         let work = work
             .0
-            .into_any()
             .downcast::<DqnWork>()
             .map_err(|_| Error::Unsupported("dqn: prepared work made by another kind of agent".into()))?;
         match *work {
