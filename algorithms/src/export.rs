@@ -471,7 +471,7 @@ fn text<T: Serialize + ?Sized>(value: &T) -> String {
 }
 
 pub(crate) fn unsupported(algorithm: &'static str, detail: String) -> Error {
-    Error::UnsupportedSpace { which: "action", algorithm, detail }
+    Error::space("action", algorithm, detail)
 }
 
 /// Input width, hidden widths, output width.
@@ -500,11 +500,7 @@ pub(crate) fn policy_width(policy: &PolicyOutput) -> usize {
 }
 
 pub(crate) fn image_shape(space: &Space) -> Result<[usize; 3]> {
-    <[usize; 3]>::try_from(space.shape()).map_err(|_| Error::UnsupportedSpace {
-        which: "observation",
-        algorithm: "cnn",
-        detail: format!("{space:?}"),
-    })
+    <[usize; 3]>::try_from(space.shape()).map_err(|_| Error::space("observation", "cnn", format!("{space:?}")))
 }
 
 /// A space as JSON (`{"kind": "discrete", "n": 2, "start": 0}`, `{"kind": "box", "low": [...], ...}`), bounds

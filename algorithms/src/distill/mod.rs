@@ -225,55 +225,56 @@ impl AlgorithmKind for DistillConfig {
 impl DistillConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field, value: String, detail: &str| {
-            Err(Error::InvalidConfig { algorithm: "distill", field, value, detail: detail.to_string() })
-        };
+        let bad =
+            |field, value: &dyn ToString, detail: &str| Err(Error::config("distill", field, value.to_string(), detail));
         if self.teachers.is_empty() {
-            return bad("teachers", "[]".into(), "name the run directory of a trained teacher");
+            return bad("teachers", &"[]", "name the run directory of a trained teacher");
         }
         if self.act_with == ActWith::Teacher && self.teachers.len() > 1 {
             return bad(
                 "act_with",
-                "\"teacher\"".into(),
+                &"\"teacher\"",
                 "one teacher acts for one task; with a teacher per task the student acts (act_with = \"student\")",
             );
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
-            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+            return bad("hidden_sizes", &format!("{:?}", self.hidden_sizes), "widths must be positive");
         }
         if self.cnn_channels.len() != 3 || self.cnn_channels.iter().any(|&c| c <= 0) {
-            return bad("cnn_channels", format!("{:?}", self.cnn_channels), "three positive channel counts");
+            return bad("cnn_channels", &format!("{:?}", self.cnn_channels), "three positive channel counts");
         }
         if let Some(t) = self.temperature
             && !(t > 0.0 && t.is_finite())
         {
-            return bad("temperature", t.to_string(), "must be > 0");
+            return bad("temperature", &t, "must be > 0");
         }
         if self.buffer_size == 0 {
-            return bad("buffer_size", "0".into(), "must be at least 1");
+            return bad("buffer_size", &0, "must be at least 1");
         }
         if self.batch_size == 0 {
-            return bad("batch_size", "0".into(), "must be at least 1");
+            return bad("batch_size", &0, "must be at least 1");
         }
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            return bad("learning_rate", self.learning_rate.to_string(), "must be > 0");
+            return bad("learning_rate", &self.learning_rate, "must be > 0");
         }
         if self.train_freq == 0 {
-            return bad("train_freq", "0".into(), "must be at least 1");
+            return bad("train_freq", &0, "must be at least 1");
         }
         if !(self.max_grad_norm > 0.0) {
-            return bad("max_grad_norm", self.max_grad_norm.to_string(), "must be > 0");
+            return bad("max_grad_norm", &self.max_grad_norm, "must be > 0");
         }
         Ok(())
     }
 
     /// The student CNN's channels (checked by [`DistillConfig::validate`]).
     fn student_channels(&self) -> Result<[i64; 3]> {
-        <[i64; 3]>::try_from(self.cnn_channels.as_slice()).map_err(|_| Error::InvalidConfig {
-            algorithm: "distill",
-            field: "cnn_channels",
-            value: format!("{:?}", self.cnn_channels),
-            detail: "three positive channel counts".into(),
+        <[i64; 3]>::try_from(self.cnn_channels.as_slice()).map_err(|_| {
+            Error::config(
+                "distill",
+                "cnn_channels",
+                format!("{:?}", self.cnn_channels),
+                "three positive channel counts",
+            )
         })
     }
 
@@ -281,26 +282,25 @@ impl DistillConfig {
     fn student_features(&self) -> Result<i64> {
         match self.hidden_sizes[..] {
             [f] if f > 0 => Ok(f),
-            _ => Err(Error::InvalidConfig {
-                algorithm: "distill",
-                field: "hidden_sizes",
-                value: format!("{:?}", self.hidden_sizes),
-                detail: "on frames the student is a CNN with one fc layer: give its width, e.g. [256]".into(),
-            }),
+            _ => Err(Error::config(
+                "distill",
+                "hidden_sizes",
+                format!("{:?}", self.hidden_sizes),
+                "on frames the student is a CNN with one fc layer: give its width, e.g. [256]",
+            )),
         }
     }
 
     /// Whether actor processes can generate the data: they act with the student (broadcast like any policy).
     pub fn check_distributed(&self) -> Result<()> {
         if self.act_with == ActWith::Teacher {
-            return Err(Error::InvalidConfig {
-                algorithm: "distill",
-                field: "act_with",
-                value: "\"teacher\"".into(),
-                detail: "actor processes act with the student (its parameters are what the learner broadcasts); \
-                         use act_with = \"student\" with actors, or train in one process"
-                    .into(),
-            });
+            return Err(Error::config(
+                "distill",
+                "act_with",
+                "\"teacher\"",
+                "actor processes act with the student (its parameters are what the learner broadcasts); \
+                 use act_with = \"student\" with actors, or train in one process",
+            ));
         }
         Ok(())
     }
@@ -343,32 +343,24 @@ impl StudentNet {
         let head = match act {
             Space::Discrete { n, .. } => Head::Discrete(*n),
             Space::Box { shape, .. } if shape.len() == 1 => Head::Gaussian(shape[0]),
-            other => {
-                return Err(Error::UnsupportedSpace {
-                    which: "action",
-                    algorithm: "distill",
-                    detail: format!("{other:?}"),
-                });
-            }
+            other => return Err(Error::space("action", "distill", format!("{other:?}"))),
         };
         let frames = is_image(obs);
         let obs_dim = if frames { obs.flat_dim() } else { mlp_input_dim("distill", obs)? };
         let heads = config.teachers.len().max(1);
         if heads > 1 && frames {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "distill",
-                detail: format!("{heads} teachers (one per task) need vector observations with a task one-hot"),
-            });
+            return Err(Error::space(
+                "observation",
+                "distill",
+                format!("{heads} teachers (one per task) need vector observations with a task one-hot"),
+            ));
         }
         if heads > 1 && obs_dim <= heads {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "distill",
-                detail: format!(
-                    "{heads} teachers need observations ending with a {heads}-task one-hot; got {obs_dim} floats"
-                ),
-            });
+            return Err(Error::space(
+                "observation",
+                "distill",
+                format!("{heads} teachers need observations ending with a {heads}-task one-hot; got {obs_dim} floats"),
+            ));
         }
         let outputs = match head {
             Head::Discrete(n) | Head::Gaussian(n) => n as i64,
@@ -378,10 +370,12 @@ impl StudentNet {
             let built = with_torch_seed(seed, || {
                 NatureCnn::init_sized("student", obs.shape(), channels, features, &[(outputs, 0.01)], 0)
             });
-            let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "distill",
-                detail: format!("{:?}: frames must be [C, H, W] with H, W ≥ 36", obs.shape()),
+            let (cnn, named) = built.ok_or_else(|| {
+                Error::space(
+                    "observation",
+                    "distill",
+                    format!("{:?}: frames must be [C, H, W] with H, W ≥ 36", obs.shape()),
+                )
             })?;
             (Body::Cnn(cnn.with_options(config.cnn)), named)
         } else {
@@ -473,21 +467,15 @@ impl StudentNet {
     /// Observations as the network's input `[B, obs_dim]` on the parameters' device (frames stay u8).
     fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
         if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+            return Err(Error::length("observation batch", obs.len(), self.obs_dim));
         }
         let x = match (obs, self.takes_frames()) {
             (ObsRef::F32(x), false) => Tensor::f_from_slice(x)?,
             (ObsRef::U8(x), true) => Tensor::f_from_slice(x)?,
             (other, frames) => {
-                return Err(Error::UnsupportedSpace {
-                    which: "observation",
-                    algorithm: "distill",
-                    detail: format!(
-                        "{:?} observations for a student that takes {}",
-                        other.dtype(),
-                        if frames { "u8 frames" } else { "f32 vectors" }
-                    ),
-                });
+                let takes = if frames { "u8 frames" } else { "f32 vectors" };
+                let detail = format!("{:?} observations for a student that takes {takes}", other.dtype());
+                return Err(Error::space("observation", "distill", detail));
             }
         };
         Ok(x.f_view([-1, self.obs_dim as i64])?.to_device(self.params.flat().device()))
@@ -554,11 +542,7 @@ impl Policy for DistillPolicy {
     /// Samples the student's policy (or takes its mode); fills actions and their log-probs.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         if obs.is_empty() || !obs.len().is_multiple_of(self.net.obs_dim) {
-            return Err(Error::BadLength {
-                what: "observation batch".into(),
-                got: obs.len(),
-                expected: self.net.obs_dim,
-            });
+            return Err(Error::length("observation batch", obs.len(), self.net.obs_dim));
         }
         let rows = obs.len() / self.net.obs_dim;
         let deterministic = mode == ActMode::Deterministic;
@@ -626,12 +610,12 @@ pub fn distill_loss(
     temperature: f64,
 ) -> Result<Tensor> {
     let mismatch = |detail: &str| {
-        Err(Error::InvalidConfig {
-            algorithm: "distill",
-            field: "loss",
-            value: format!("\"{}\"", loss.name()),
-            detail: format!("{detail} (teacher gives {kind:?})"),
-        })
+        Err(Error::config(
+            "distill",
+            "loss",
+            format!("\"{}\"", loss.name()),
+            format!("{detail} (teacher gives {kind:?})"),
+        ))
     };
     let rows = |t: Tensor| t.sum_dim_intlist(-1, false, Kind::Float).mean(Kind::Float);
     Ok(match (kind, student_log_std) {
@@ -706,14 +690,11 @@ impl LabelledReplay {
     pub fn push(&mut self, obs: ObsRef<'_>, labels: &[f32]) -> Result<()> {
         let rows = obs.len() / self.obs_dim;
         if rows == 0 || obs.len() != rows * self.obs_dim || !labels.len().is_multiple_of(rows) {
-            return Err(Error::BadLength { what: "labelled states".into(), got: labels.len(), expected: rows });
+            return Err(Error::length("labelled states", labels.len(), rows));
         }
         if obs.dtype() != self.obs.dtype() {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "distill",
-                detail: format!("{:?} states for a replay of {:?}", obs.dtype(), self.obs.dtype()),
-            });
+            let detail = format!("{:?} states for a replay of {:?}", obs.dtype(), self.obs.dtype());
+            return Err(Error::space("observation", "distill", detail));
         }
         let l = labels.len() / rows;
         if self.label_dim == 0 {
@@ -721,7 +702,7 @@ impl LabelledReplay {
             self.obs = ObsBuf::zeros(self.obs.dtype(), self.capacity * self.obs_dim);
             self.labels = vec![0.0; self.capacity * l];
         } else if l != self.label_dim {
-            return Err(Error::BadLength { what: "teacher labels per state".into(), got: l, expected: self.label_dim });
+            return Err(Error::length("teacher labels per state", l, self.label_dim));
         }
         let d = self.obs_dim;
         for (r, y) in labels.chunks_exact(l).enumerate() {
@@ -869,15 +850,15 @@ impl Distill {
         let discrete = matches!(kind, TeachingKind::Logits | TeachingKind::QValues);
         match self.config.temperature {
             Some(t) if self.config.loss == DistillLoss::Kl && discrete => Ok(t),
-            Some(t) => Err(Error::InvalidConfig {
-                algorithm: "distill",
-                field: "temperature",
-                value: t.to_string(),
-                detail: format!(
+            Some(t) => Err(Error::config(
+                "distill",
+                "temperature",
+                t,
+                format!(
                     "only the kl loss on a discrete teacher uses a temperature (loss = \"{}\", teacher gives {kind:?})",
                     self.config.loss.name()
                 ),
-            }),
+            )),
             None if kind == TeachingKind::QValues => Ok(0.01),
             None => Ok(1.0),
         }
