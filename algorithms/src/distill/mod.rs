@@ -42,7 +42,8 @@ use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::nets::{
-    Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, is_image, mlp_input_dim, with_torch_seed,
+    Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, is_image, mlp_input_dim, select_task_heads,
+    select_task_heads_tensor, with_torch_seed,
 };
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
@@ -61,16 +62,6 @@ pub enum DistillLoss {
     Nll,
     /// Mean squared error between the student's and the teacher's raw outputs.
     Mse,
-}
-
-impl DistillLoss {
-    fn name(self) -> &'static str {
-        match self {
-            DistillLoss::Kl => "kl",
-            DistillLoss::Nll => "nll",
-            DistillLoss::Mse => "mse",
-        }
-    }
 }
 
 /// Who picks the actions that generate the states to label.
@@ -170,8 +161,18 @@ impl AlgorithmKind for DistillConfig {
         DistillConfig::validate(self)
     }
 
+    /// Actor processes act with the student (broadcast like any policy), never the teacher.
     fn check_distributed(&self) -> Result<()> {
-        DistillConfig::check_distributed(self)
+        if self.act_with == ActWith::Teacher {
+            return Err(Error::config(
+                "distill",
+                "act_with",
+                "\"teacher\"",
+                "actor processes act with the student (its parameters are what the learner broadcasts); \
+                 use act_with = \"student\" with actors, or train in one process",
+            ));
+        }
+        Ok(())
     }
 
     fn check_assemble_ahead(&self) -> std::result::Result<(), String> {
@@ -290,20 +291,6 @@ impl DistillConfig {
             )),
         }
     }
-
-    /// Whether actor processes can generate the data: they act with the student (broadcast like any policy).
-    pub fn check_distributed(&self) -> Result<()> {
-        if self.act_with == ActWith::Teacher {
-            return Err(Error::config(
-                "distill",
-                "act_with",
-                "\"teacher\"",
-                "actor processes act with the student (its parameters are what the learner broadcasts); \
-                 use act_with = \"student\" with actors, or train in one process",
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Discrete (`n` logits) or continuous (`D` Gaussian means) actions.
@@ -415,12 +402,7 @@ impl StudentNet {
             }
         };
         let all = mlp.forward(&self.params, x);
-        if self.heads == 1 {
-            return all;
-        }
-        let (b, h, n) = (x.size()[0], self.heads as i64, self.outputs() as i64);
-        let task = x.narrow(1, self.obs_dim as i64 - h, h).argmax(1, false);
-        all.view([b, h, n]).gather(1, &task.view([b, 1, 1]).expand([b, 1, n], false), false).squeeze_dim(1)
+        if self.heads == 1 { all } else { select_task_heads_tensor(x, self.heads, &all) }
     }
 
     /// The task of each row of `x` (`rows × obs_dim`): where its one-hot is hot (0 for a single teacher).
@@ -438,52 +420,29 @@ impl StudentNet {
             .collect()
     }
 
-    /// Keep each row's own head of a host forward pass (`rows × heads·n` → `rows × n`), in place.
-    fn select_heads(&self, x: &[f32], out: &mut Vec<f32>) {
-        if self.heads == 1 {
-            return;
-        }
-        let n = self.outputs();
-        let tasks = self.tasks_of(x);
-        let mut w = 0;
-        for (r, t) in tasks.iter().enumerate() {
-            let from = r * self.heads * n + t * n;
-            out.copy_within(from..from + n, w);
-            w += n;
-        }
-        out.truncate(w);
-    }
-
     /// The log-std parameter of a Gaussian student.
     fn log_std(&self) -> Option<&Tensor> {
         self.log_std.map(|i| self.params.view(i))
     }
 
-    /// Whether the student takes frames (u8), not float vectors.
-    fn takes_frames(&self) -> bool {
-        matches!(self.body, Body::Cnn(_))
+    /// What the student takes: u8 frames (a CNN) or f32 vectors (an MLP).
+    fn dtype(&self) -> DType {
+        if matches!(self.body, Body::Cnn(_)) { DType::U8 } else { DType::F32 }
     }
 
-    /// Observations as the network's input `[B, obs_dim]` on the parameters' device (frames stay u8).
+    /// Observations as the network's input on the parameters' device (frames stay u8).
     fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::length("observation batch", obs.len(), self.obs_dim));
-        }
-        let x = match (obs, self.takes_frames()) {
-            (ObsRef::F32(x), false) => Tensor::f_from_slice(x)?,
-            (ObsRef::U8(x), true) => Tensor::f_from_slice(x)?,
-            (other, frames) => {
-                let takes = if frames { "u8 frames" } else { "f32 vectors" };
-                let detail = format!("{:?} observations for a student that takes {takes}", other.dtype());
-                return Err(Error::space("observation", "distill", detail));
-            }
+        let image = match &self.body {
+            Body::Cnn(cnn) => Some(cnn.shape()),
+            Body::Mlp(_) => None,
         };
-        Ok(x.f_view([-1, self.obs_dim as i64])?.to_device(self.params.flat().device()))
-    }
-
-    /// Zero observations of the student's dtype, `rows` of them (probes).
-    fn zero_obs(&self, rows: usize) -> ObsBuf {
-        ObsBuf::zeros(if self.takes_frames() { DType::U8 } else { DType::F32 }, rows * self.obs_dim)
+        let x = ObsLayout { obs_dim: self.obs_dim, image, device: self.params.flat().device() }.tensor(obs)?;
+        if obs.dtype() != self.dtype() {
+            let takes = if self.dtype() == DType::U8 { "u8 frames" } else { "f32 vectors" };
+            let detail = format!("{:?} observations for a student that takes {takes}", obs.dtype());
+            return Err(Error::space("observation", "distill", detail));
+        }
+        Ok(x)
     }
 
     /// The teaching kinds a student with this head can learn from.
@@ -550,8 +509,8 @@ impl Policy for DistillPolicy {
         let on_host = match (&self.net.body, obs) {
             (Body::Mlp(mlp), ObsRef::F32(x)) => {
                 let done = mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head);
-                if done {
-                    self.net.select_heads(x, &mut self.head);
+                if done && self.net.heads > 1 {
+                    select_task_heads(x, self.net.obs_dim, self.net.heads, &mut self.head);
                 }
                 done
             }
@@ -609,14 +568,9 @@ pub fn distill_loss(
     student_log_std: Option<&Tensor>,
     temperature: f64,
 ) -> Result<Tensor> {
-    let mismatch = |detail: &str| {
-        Err(Error::config(
-            "distill",
-            "loss",
-            format!("\"{}\"", loss.name()),
-            format!("{detail} (teacher gives {kind:?})"),
-        ))
-    };
+    let value = format!("\"{loss:?}\"").to_lowercase();
+    let mismatch =
+        |detail: &str| Err(Error::config("distill", "loss", &value, format!("{detail} (teacher gives {kind:?})")));
     let rows = |t: Tensor| t.sum_dim_intlist(-1, false, Kind::Float).mean(Kind::Float);
     Ok(match (kind, student_log_std) {
         (TeachingKind::Logits | TeachingKind::QValues, None) => match loss {
@@ -829,8 +783,7 @@ impl Distill {
         config.validate()?;
         let net = StudentNet::new(obs, act, &config, device, seed)?;
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
-        let dtype = if net.takes_frames() { DType::U8 } else { DType::F32 };
-        let replay = LabelledReplay::new(config.buffer_size, net.obs_dim, dtype);
+        let replay = LabelledReplay::new(config.buffer_size, net.obs_dim, net.dtype());
         Ok(Distill {
             pi: DistillPolicy::of(net, seed),
             opt,
@@ -856,7 +809,7 @@ impl Distill {
                 t,
                 format!(
                     "only the kl loss on a discrete teacher uses a temperature (loss = \"{}\", teacher gives {kind:?})",
-                    self.config.loss.name()
+                    format!("{:?}", self.config.loss).to_lowercase()
                 ),
             )),
             None if kind == TeachingKind::QValues => Ok(0.01),
@@ -1072,11 +1025,7 @@ impl crate::algorithm::Student for Distill {
                     self.pi.act_dim()
                 )));
             }
-            let teaching = if self.pi.net.takes_frames() {
-                teacher.teach(ObsRef::U8(&vec![0u8; task_dim]))?
-            } else {
-                teacher.teach(ObsRef::F32(&vec![0.0f32; task_dim]))?
-            };
+            let teaching = teacher.teach(ObsBuf::zeros(self.pi.net.dtype(), task_dim).as_ref())?;
             let width = teaching.labels().size()[1];
             let outputs = self.pi.net.outputs() as i64;
             let k_kind = teaching.kind();
@@ -1096,7 +1045,7 @@ impl crate::algorithm::Student for Distill {
             self.temperature(k_kind)?;
             // Loss and teacher must pair up (e.g. kl has nothing to match in a deterministic teacher).
             let labels = teaching.labels().to_device(self.pi.net.params.flat().device());
-            let probe = self.pi.net.zero_obs(1);
+            let probe = ObsBuf::zeros(self.pi.net.dtype(), self.pi.net.obs_dim);
             let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(probe.as_ref()).expect("one row")));
             let _ = distill_loss(self.config.loss, k_kind, &labels, &out, self.pi.net.log_std(), 1.0)?;
             kind = Some(k_kind);
