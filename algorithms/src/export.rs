@@ -80,6 +80,11 @@ impl Network {
             policy_outputs,
         })
     }
+
+    /// An MLP `inputs → hidden… → outputs`.
+    pub(crate) fn mlp(prefix: &str, inputs: usize, hidden: &[i64], outputs: usize, activation: Activation) -> Self {
+        Network::Mlp { prefix: prefix.into(), widths: widths(inputs, hidden, outputs), activation }
+    }
 }
 
 /// How `model.safetensors` stores the acting network.
@@ -619,26 +624,6 @@ impl PytorchPolicy {
     pub fn save(&self, path: &Path) -> Result<()> {
         write_safetensors(path, &self.tensors, &self.metadata)
     }
-
-    /// The module's output as PyTorch computes it (`nn.Linear`: x·Wᵀ + b), for checks in Rust.
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        let param = |name: String| &self.tensors.iter().find(|(n, _)| *n == name).expect("exported tensor").1;
-        let mut h = x.to_kind(Kind::Float);
-        for (i, layer) in self.layers.iter().enumerate() {
-            h = match *layer {
-                TorchLayer::Linear(..) => h.linear(param(format!("{i}.weight")), Some(param(format!("{i}.bias")))),
-                TorchLayer::Conv2d(_, _, _, s) => {
-                    let (w, b) = (param(format!("{i}.weight")), param(format!("{i}.bias")));
-                    h.conv2d(w, Some(b), [s as i64, s as i64], [0, 0], [1, 1], 1)
-                }
-                TorchLayer::Relu => h.relu(),
-                TorchLayer::Tanh => h.tanh(),
-                TorchLayer::Flatten => h.flatten(1, -1),
-                TorchLayer::Hardtanh(c) => h.clamp(-c, c),
-            };
-        }
-        h
-    }
 }
 
 /// The acting policy of `model.safetensors`' `tensors` (described by `arch`) as a PyTorch `nn.Sequential`.
@@ -755,16 +740,15 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             let target = if arch.recurrent.is_some() { &mut pre } else { &mut layers };
             target.insert(0, (TorchLayer::Linear(d, d), Some((inv_std.diag(0), bias))));
             target.insert(1, (TorchLayer::Hardtanh(norm.clip), None));
+            let which = if arch.recurrent.is_some() { "pre_layers" } else { "layers" };
             metadata.insert(
                 "obs_norm".into(),
                 format!(
-                    "folded: {} 0-1 normalise raw observations, clamp((x - mean) / sqrt(var + {}), -{c}, {c})",
-                    if arch.recurrent.is_some() { "pre_layers" } else { "layers" },
+                    "folded: {which} 0-1 normalise raw observations, clamp((x - mean) / sqrt(var + {}), -{c}, {c})",
                     norm.epsilon,
                     c = norm.clip
                 ),
             );
-            let which = if arch.recurrent.is_some() { "pre_layers" } else { "layers" };
             format!("{input}, raw (normalised by {which} 0-1)")
         }
     };
@@ -786,7 +770,7 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             if *dueling || *quantiles > 1 {
                 // Q = M · y: the quantile means (1/N over each group of N), then Q = V + A − mean(A) with
                 // [1 | I − 1/n]; both linear, so M folds into the last layer.
-                let (layer, Some((w, b))) = layers.pop().expect("an output layer") else { unreachable!("affine") };
+                let Some((TorchLayer::Linear(inputs, _), Some((w, b)))) = layers.pop() else { unreachable!("affine") };
                 let (n, z) = (*n as i64, *quantiles as i64);
                 let opts = (Kind::Double, tch::Device::Cpu);
                 let groups = n + i64::from(*dueling);
@@ -806,10 +790,6 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
                         format!("folded: the last layer outputs Q, the mean of each action's {z} return quantiles"),
                     );
                 }
-                let inputs = match layer {
-                    TorchLayer::Linear(i, _) => i,
-                    _ => unreachable!("the output layer is linear"),
-                };
                 layers.push((TorchLayer::Linear(inputs, n as usize), Some((m.matmul(&w), m.matmul(&b)))));
             }
             ("q_values", "argmax over the outputs (first maximum): the action's index")
@@ -827,19 +807,17 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
         }
     };
     let mut named = Vec::new();
-    for (i, (_, params)) in layers.iter().enumerate() {
-        if let Some((w, b)) = params {
-            named.push((format!("{i}.weight"), w.to_kind(Kind::Float).contiguous()));
-            named.push((format!("{i}.bias"), b.to_kind(Kind::Float).contiguous()));
-        }
-    }
-    if arch.recurrent.is_some() {
-        for (i, (_, params)) in pre.iter().enumerate() {
+    let mut write = |prefix: &str, layers: &[(TorchLayer, Option<(Tensor, Tensor)>)]| {
+        for (i, (_, params)) in layers.iter().enumerate() {
             if let Some((w, b)) = params {
-                named.push((format!("pre.{i}.weight"), w.to_kind(Kind::Float).contiguous()));
-                named.push((format!("pre.{i}.bias"), b.to_kind(Kind::Float).contiguous()));
+                named.push((format!("{prefix}{i}.weight"), w.to_kind(Kind::Float).contiguous()));
+                named.push((format!("{prefix}{i}.bias"), b.to_kind(Kind::Float).contiguous()));
             }
         }
+    };
+    write("", &layers);
+    if arch.recurrent.is_some() {
+        write("pre.", &pre);
         for suffix in ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"] {
             let name = format!("{}.{suffix}", RecurrentLayout::PREFIX);
             named.push((name.clone(), get(name).to_kind(Kind::Float).contiguous()));
@@ -862,6 +840,29 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
         ("action_space".into(), space_to_json(&arch.action_space)),
     ]);
     Ok(PytorchPolicy { layers, tensors: named, metadata })
+}
+
+#[cfg(test)]
+impl PytorchPolicy {
+    /// The module's output as PyTorch computes it (`nn.Linear`: x·Wᵀ + b), for checks in Rust.
+    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
+        let param = |name: String| &self.tensors.iter().find(|(n, _)| *n == name).expect("exported tensor").1;
+        let mut h = x.to_kind(Kind::Float);
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match *layer {
+                TorchLayer::Linear(..) => h.linear(param(format!("{i}.weight")), Some(param(format!("{i}.bias")))),
+                TorchLayer::Conv2d(_, _, _, s) => {
+                    let (w, b) = (param(format!("{i}.weight")), param(format!("{i}.bias")));
+                    h.conv2d(w, Some(b), [s as i64, s as i64], [0, 0], [1, 1], 1)
+                }
+                TorchLayer::Relu => h.relu(),
+                TorchLayer::Tanh => h.tanh(),
+                TorchLayer::Flatten => h.flatten(1, -1),
+                TorchLayer::Hardtanh(c) => h.clamp(-c, c),
+            };
+        }
+        h
+    }
 }
 
 #[cfg(test)]

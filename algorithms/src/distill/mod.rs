@@ -36,7 +36,7 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::export::{Architecture, Network, policy_head, policy_width, widths};
+use crate::export::{Architecture, Network, policy_head, policy_width};
 use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
@@ -203,12 +203,7 @@ impl AlgorithmKind for DistillConfig {
             let (channels, features) = (self.student_channels()?, self.student_features()?);
             Network::nature_cnn("student", o, channels, features, outputs, outputs)?
         } else {
-            let inputs = mlp_input_dim("distill", o)?;
-            Network::Mlp {
-                prefix: "student".into(),
-                widths: widths(inputs, &self.hidden_sizes, outputs),
-                activation: self.activation,
-            }
+            Network::mlp("student", mlp_input_dim("distill", o)?, &self.hidden_sizes, outputs, self.activation)
         };
         Ok(Architecture::new("distill", network, policy, heads, o, a))
     }

@@ -46,7 +46,7 @@ use crate::data::frame_replay::FrameReplay;
 use crate::data::n_step::NStep;
 use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
 use crate::dqn::host::DqnHost;
-use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
+use crate::export::{Architecture, Network, PolicyOutput, unsupported};
 use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
@@ -247,12 +247,7 @@ impl AlgorithmKind for DqnConfig {
         let network = if is_image(o) {
             Network::nature_cnn("q", o, NatureCnn::CHANNELS, NatureCnn::FEATURES, outputs, outputs)?
         } else {
-            let inputs = mlp_input_dim("dqn", o)?;
-            Network::Mlp {
-                prefix: "q".into(),
-                widths: widths(inputs, &self.hidden_sizes, outputs),
-                activation: self.activation,
-            }
+            Network::mlp("q", mlp_input_dim("dqn", o)?, &self.hidden_sizes, outputs, self.activation)
         };
         let policy = PolicyOutput::QValues { n, dueling: self.dueling, quantiles: self.n_quantiles.max(1) };
         Ok(Architecture::new("dqn", network, policy, heads, o, a))

@@ -36,7 +36,7 @@ use crate::algorithm::{Algorithm, Replicated};
 use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::fill_standard_normal;
 use crate::continuous::{ActionReplay, Critics, Transitions, action_bounds, adam_step, mean_of, polyak, unscale_rows};
-use crate::export::{Architecture, Network, PolicyOutput, widths};
+use crate::export::{Architecture, Network, PolicyOutput};
 use crate::kind::{AlgorithmKind, Family};
 use crate::nn::adam::Adam;
 use crate::nn::data_parallel::DataParallel;
@@ -191,11 +191,7 @@ impl AlgorithmKind for SacConfig {
     /// The mean's MLP (`actor.{k}`) and `tanh`, scaled to the bounds: the deterministic action.
     fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
         let (low, high) = action_bounds("sac", a)?;
-        let network = Network::Mlp {
-            prefix: "actor".into(),
-            widths: widths(mlp_input_dim("sac", o)?, &self.hidden_sizes, low.len()),
-            activation: self.activation,
-        };
+        let network = Network::mlp("actor", mlp_input_dim("sac", o)?, &self.hidden_sizes, low.len(), self.activation);
         Ok(Architecture::new("sac", network, PolicyOutput::TanhScaled { low, high }, 1, o, a))
     }
 

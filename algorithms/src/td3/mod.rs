@@ -44,7 +44,7 @@ use crate::continuous::action_noise::{ActionNoise, NoiseType, fill_standard_norm
 use crate::continuous::{
     ActionReplay, Critics, Transitions, action_bounds, activate, adam_step, mean_of, polyak, sum_of, unscale_rows,
 };
-use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
+use crate::export::{Architecture, Network, PolicyOutput, unsupported};
 use crate::kind::{AlgorithmKind, Family, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
@@ -282,12 +282,7 @@ fn architecture(c: &Td3Config, algorithm: &str, o: &Space, a: &Space) -> Result<
         return Err(unsupported("td3", format!("{a:?}: needs a 1-D box")));
     }
     let heads = if c.task_heads { c.tasks.max(1) } else { 1 };
-    let inputs = mlp_input_dim("td3", o)?;
-    let network = Network::Mlp {
-        prefix: "actor".into(),
-        widths: widths(inputs, &c.hidden_sizes, low.len() * heads),
-        activation: c.activation,
-    };
+    let network = Network::mlp("actor", mlp_input_dim("td3", o)?, &c.hidden_sizes, low.len() * heads, c.activation);
     let policy = PolicyOutput::TanhScaled { low: low.clone(), high: high.clone() };
     Ok(Architecture::new(algorithm, network, policy, heads, o, a))
 }
