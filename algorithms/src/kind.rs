@@ -24,14 +24,17 @@ pub enum Family {
     Gradients,
 }
 
-/// Everything the rest of the workspace asks of an algorithm kind, answered by its `[algorithm]` config.
-pub trait AlgorithmKind {
+/// A kind's name and family, implemented for each config by its line in [`crate::registry`].
+pub trait KindName {
     /// Short name, as in configs (`"ppo"`).
     fn name(&self) -> &'static str;
 
     /// How a learner fed by actors uses their data.
     fn family(&self) -> Family;
+}
 
+/// Everything the rest of the workspace asks of an algorithm kind, answered by its `[algorithm]` config.
+pub trait AlgorithmKind: KindName {
     /// Range checks serde cannot express; `num_envs` envs feed each update.
     fn validate(&self, num_envs: usize) -> Result<()>;
 
@@ -122,6 +125,11 @@ pub trait AlgorithmKind {
     ) -> Result<bool> {
         Ok(false)
     }
+}
+
+/// [`AlgorithmKind::check_data_parallel`]'s answer for a kind whose updates run on one learner alone.
+pub(crate) fn not_data_parallel(name: &str) -> std::result::Result<(), String> {
+    Err(format!("{name} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG and TD3 can)"))
 }
 
 /// Every member as an `A`, or `None` if any is another kind (a kind's [`AlgorithmKind::update_members`] takes its own).

@@ -37,7 +37,7 @@ use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::export::{Architecture, Network, policy_head, policy_width};
-use crate::kind::{AlgorithmKind, Family};
+use crate::kind::{AlgorithmKind, KindName, not_data_parallel};
 use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
@@ -149,14 +149,6 @@ impl Default for DistillConfig {
 }
 
 impl AlgorithmKind for DistillConfig {
-    fn name(&self) -> &'static str {
-        "distill"
-    }
-
-    fn family(&self) -> Family {
-        Family::OffPolicy
-    }
-
     fn validate(&self, _num_envs: usize) -> Result<()> {
         DistillConfig::validate(self)
     }
@@ -180,10 +172,7 @@ impl AlgorithmKind for DistillConfig {
     }
 
     fn check_data_parallel(&self) -> std::result::Result<(), String> {
-        Err(format!(
-            "{} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG and TD3 can)",
-            self.name()
-        ))
+        not_data_parallel(self.name())
     }
 
     fn learner(&self, o: &Space, a: &Space, _n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {

@@ -47,7 +47,7 @@ use crate::data::n_step::NStep;
 use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample};
 use crate::dqn::host::DqnHost;
 use crate::export::{Architecture, Network, PolicyOutput, unsupported};
-use crate::kind::{AlgorithmKind, Family, members_as};
+use crate::kind::{AlgorithmKind, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
@@ -186,14 +186,6 @@ impl Default for DqnConfig {
 }
 
 impl AlgorithmKind for DqnConfig {
-    fn name(&self) -> &'static str {
-        "dqn"
-    }
-
-    fn family(&self) -> Family {
-        Family::OffPolicy
-    }
-
     fn validate(&self, _num_envs: usize) -> Result<()> {
         DqnConfig::validate(self)
     }

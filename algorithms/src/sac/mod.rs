@@ -37,7 +37,7 @@ use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::fill_standard_normal;
 use crate::continuous::{ActionReplay, Critics, Transitions, action_bounds, adam_step, mean_of, polyak, unscale_rows};
 use crate::export::{Architecture, Network, PolicyOutput};
-use crate::kind::{AlgorithmKind, Family};
+use crate::kind::AlgorithmKind;
 use crate::nn::adam::Adam;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
@@ -168,14 +168,6 @@ impl SacConfig {
 }
 
 impl AlgorithmKind for SacConfig {
-    fn name(&self) -> &'static str {
-        "sac"
-    }
-
-    fn family(&self) -> Family {
-        Family::OffPolicy
-    }
-
     fn validate(&self, _num_envs: usize) -> Result<()> {
         SacConfig::validate(self)
     }

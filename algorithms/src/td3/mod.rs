@@ -45,7 +45,7 @@ use crate::continuous::{
     ActionReplay, Critics, Transitions, action_bounds, activate, adam_step, mean_of, polyak, sum_of, unscale_rows,
 };
 use crate::export::{Architecture, Network, PolicyOutput, unsupported};
-use crate::kind::{AlgorithmKind, Family, members_as};
+use crate::kind::{AlgorithmKind, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
@@ -226,14 +226,6 @@ impl From<DdpgConfig> for Td3Config {
 macro_rules! td3_kind {
     ($config:ty, $name:literal, $td3:expr, $learner:path) => {
         impl AlgorithmKind for $config {
-            fn name(&self) -> &'static str {
-                $name
-            }
-
-            fn family(&self) -> Family {
-                Family::OffPolicy
-            }
-
             fn validate(&self, _num_envs: usize) -> Result<()> {
                 <$config>::validate(self)
             }
