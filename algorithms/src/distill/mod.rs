@@ -442,8 +442,8 @@ impl StudentNet {
         let x = self.obs_tensor(obs)?;
         let out = tch::no_grad(|| self.forward(&x));
         Ok(match self.log_std() {
-            None => Teaching::Logits(out),
-            Some(log_std) => Teaching::Gaussian { mean: out, log_std: log_std.detach() },
+            None => Teaching::new(TeachingKind::Logits, &out),
+            Some(log_std) => Teaching::gaussian(&out, log_std),
         })
     }
 }
@@ -752,7 +752,7 @@ impl Distill {
         let labels = if self.teachers.len() == 1 {
             let teaching = self.teachers[0].teach(obs)?;
             check_kind(kind, &teaching)?;
-            Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?
+            Vec::<f32>::try_from(teaching.labels.flatten(0, -1))?
         } else {
             self.label_by_task(f32_obs("distill", obs)?, kind)?
         };
@@ -830,8 +830,8 @@ impl Distill {
 
 /// A teacher's teaching must keep the kind it had when it was handed over.
 fn check_kind(kind: TeachingKind, teaching: &Teaching) -> Result<()> {
-    if teaching.kind() != kind {
-        return Err(Error::Unsupported(format!("distill: the teacher changed from {kind:?} to {:?}", teaching.kind())));
+    if teaching.kind != kind {
+        return Err(Error::Unsupported(format!("distill: the teacher changed from {kind:?} to {:?}", teaching.kind)));
     }
     Ok(())
 }
@@ -852,7 +852,7 @@ impl Distill {
             let x: Vec<f32> = rows.iter().flat_map(|r| obs[r * dim..(r + 1) * dim - heads].iter().copied()).collect();
             let teaching = teacher.teach(ObsRef::F32(&x))?;
             check_kind(kind, &teaching)?;
-            let y = Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?;
+            let y = Vec::<f32>::try_from(teaching.labels.flatten(0, -1))?;
             width = y.len() / rows.len();
             labels.resize(tasks.len() * width, 0.0);
             for (i, r) in rows.iter().enumerate() {
@@ -1010,9 +1010,9 @@ impl crate::algorithm::Student for Distill {
                 )));
             }
             let teaching = teacher.teach(ObsBuf::zeros(self.pi.net.dtype(), task_dim).as_ref())?;
-            let width = teaching.labels().size()[1];
+            let width = teaching.labels.size()[1];
             let outputs = self.pi.net.outputs() as i64;
-            let k_kind = teaching.kind();
+            let k_kind = teaching.kind;
             if !self.pi.net.learns_from(k_kind) || (k_kind != TeachingKind::Gaussian && width != outputs) {
                 return Err(Error::Unsupported(format!(
                     "distill: {which} gives {k_kind:?} of {width} values per state; this student has {outputs} \
@@ -1028,7 +1028,7 @@ impl crate::algorithm::Student for Distill {
             }
             self.temperature(k_kind)?;
             // Loss and teacher must pair up (e.g. kl has nothing to match in a deterministic teacher).
-            let labels = teaching.labels().to_device(self.pi.net.params.flat().device());
+            let labels = teaching.labels.to_device(self.pi.net.params.flat().device());
             let probe = ObsBuf::zeros(self.pi.net.dtype(), self.pi.net.obs_dim);
             let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(probe.as_ref()).expect("one row")));
             let _ = distill_loss(self.config.loss, k_kind, &labels, &out, self.pi.net.log_std(), 1.0)?;
@@ -1213,8 +1213,10 @@ mod tests {
         let mut rng = Pcg64::seed_from_u64(99);
         let probe: Vec<f32> = (0..512 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
         let agreement = |s: &mut Distill| {
-            let t = s.teachers[0].teach(ObsRef::F32(&probe)).unwrap().labels().argmax(-1, false);
-            let Teaching::Logits(l) = s.teach(ObsRef::F32(&probe)).unwrap() else { panic!("a discrete student") };
+            let t = s.teachers[0].teach(ObsRef::F32(&probe)).unwrap().labels.argmax(-1, false);
+            let Teaching { kind: TeachingKind::Logits, labels: l } = s.teach(ObsRef::F32(&probe)).unwrap() else {
+                panic!("a discrete student")
+            };
             f64::try_from(l.argmax(-1, false).eq_tensor(&t).to_kind(Kind::Float).mean(Kind::Float)).unwrap()
         };
         let before = agreement(&mut student);
@@ -1266,7 +1268,10 @@ mod tests {
         let probe = tasked_states(1000, 4, 2, &mut rng);
         let mut out = ActOutput::default();
         student.act(ObsRef::F32(&probe), ActMode::Deterministic, &mut out).unwrap();
-        let Teaching::Logits(logits) = student.teach(ObsRef::F32(&probe)).unwrap() else { panic!() };
+        let Teaching { kind: TeachingKind::Logits, labels: logits } = student.teach(ObsRef::F32(&probe)).unwrap()
+        else {
+            panic!()
+        };
         let greedy = Vec::<i64>::try_from(logits.argmax(-1, false)).unwrap();
         let acted: Vec<i64> = out.actions.iter().map(|a| *a as i64).collect();
         assert_eq!(acted, greedy, "the host path and libtorch pick the same head");
@@ -1274,11 +1279,11 @@ mod tests {
         for k in 0..2 {
             let rows: Vec<usize> = (0..1000).filter(|r| tasks[*r] == k).collect();
             let x: Vec<f32> = rows.iter().flat_map(|r| probe[r * 6..r * 6 + 4].iter().copied()).collect();
-            let t = student.teachers[k].teach(ObsRef::F32(&x)).unwrap().labels().argmax(-1, false);
+            let t = student.teachers[k].teach(ObsRef::F32(&x)).unwrap().labels.argmax(-1, false);
             let t = Vec::<i64>::try_from(t).unwrap();
             let agree = rows.iter().zip(&t).filter(|(r, a)| greedy[**r] == **a).count() as f64 / rows.len() as f64;
             // The other teacher's actions agree far less often: the heads really are per task.
-            let other = student.teachers[1 - k].teach(ObsRef::F32(&x)).unwrap().labels().argmax(-1, false);
+            let other = student.teachers[1 - k].teach(ObsRef::F32(&x)).unwrap().labels.argmax(-1, false);
             let other = Vec::<i64>::try_from(other).unwrap();
             let cross = rows.iter().zip(&other).filter(|(r, a)| greedy[**r] == **a).count() as f64 / rows.len() as f64;
             assert!(
@@ -1310,10 +1315,17 @@ mod tests {
         let mut rng = Pcg64::seed_from_u64(4);
         let probe: Vec<f32> = (0..256 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
         let error = |s: &mut Distill| {
-            let Teaching::Gaussian { mean: t, log_std: tl } = s.teachers[0].teach(ObsRef::F32(&probe)).unwrap() else {
+            let Teaching { kind: TeachingKind::Gaussian, labels: t } =
+                s.teachers[0].teach(ObsRef::F32(&probe)).unwrap()
+            else {
                 panic!("a PPO teacher on boxes is Gaussian")
             };
-            let Teaching::Gaussian { mean, log_std } = s.teach(ObsRef::F32(&probe)).unwrap() else { panic!() };
+            let Teaching { kind: TeachingKind::Gaussian, labels: own } = s.teach(ObsRef::F32(&probe)).unwrap() else {
+                panic!()
+            };
+            let d = t.size()[1] / 2;
+            let (t, tl, mean, log_std) =
+                (t.narrow(1, 0, d), t.narrow(1, d, d), own.narrow(1, 0, d), own.narrow(1, d, d));
             let mean_err = f64::try_from((&mean - &t).abs().mean(Kind::Float)).unwrap();
             let std_err = f64::try_from((log_std.expand_as(&t) - tl.expand_as(&t)).abs().mean(Kind::Float)).unwrap();
             (mean_err, std_err)
@@ -1380,8 +1392,10 @@ mod tests {
         let mut rng = Pcg64::seed_from_u64(99);
         let probe: Vec<u8> = (0..32).flat_map(|_| block_frames(&mut rng)).collect();
         let agreement = |s: &mut Distill| {
-            let t = s.teachers[0].teach(ObsRef::U8(&probe)).unwrap().labels().argmax(-1, false);
-            let Teaching::Logits(l) = s.teach(ObsRef::U8(&probe)).unwrap() else { panic!("a discrete student") };
+            let t = s.teachers[0].teach(ObsRef::U8(&probe)).unwrap().labels.argmax(-1, false);
+            let Teaching { kind: TeachingKind::Logits, labels: l } = s.teach(ObsRef::U8(&probe)).unwrap() else {
+                panic!("a discrete student")
+            };
             f64::try_from(l.argmax(-1, false).eq_tensor(&t).to_kind(Kind::Float).mean(Kind::Float)).unwrap()
         };
         let run = |s: &mut Distill, steps: usize, seed: u64| {

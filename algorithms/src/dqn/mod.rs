@@ -1382,7 +1382,8 @@ impl Algorithm for Dqn {
     /// The online network's Q-values.
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         let x = self.q.obs_tensor(obs)?;
-        Ok(crate::teaching::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))
+        let q = tch::no_grad(|| self.q.forward(&self.online, &x));
+        Ok(crate::teaching::Teaching::new(crate::teaching::TeachingKind::QValues, &q))
     }
 
     fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {

@@ -46,7 +46,7 @@ use crate::nn::nets::{Activation, FlatMlp, LayerInit, cpu_has_native_bf16, mlp_i
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
-use crate::teaching::Teaching;
+use crate::teaching::{Teaching, TeachingKind};
 use crate::{Error, Metrics, Result};
 
 /// SB3's bounds on the policy's log standard deviation.
@@ -661,7 +661,7 @@ impl Algorithm for Sac {
         let x = f32_obs("sac", obs)?;
         self.pi.act(&self.actor, x, (false, true), &mut self.rng, &mut self.host, &mut out)?;
         let rows = (x.len() / self.pi.obs_dim) as i64;
-        Ok(Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
+        Ok(Teaching::new(TeachingKind::Actions, &Tensor::from_slice(&out.actions).view([rows, -1])))
     }
 }
 

@@ -1050,7 +1050,8 @@ impl Algorithm for Td3 {
         let x = f32_obs(self.name, obs)?;
         self.pi.act(&self.actor, x, false, None, &mut self.rng, &mut self.host, &mut out)?;
         let rows = (x.len() / self.obs_dim) as i64;
-        Ok(crate::teaching::Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
+        let actions = Tensor::from_slice(&out.actions).view([rows, -1]);
+        Ok(crate::teaching::Teaching::new(crate::teaching::TeachingKind::Actions, &actions))
     }
 
     fn policy_params_mut(&mut self) -> &mut FlatParams {
