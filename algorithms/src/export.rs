@@ -33,6 +33,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use flotilla_core::{DType, Space};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
@@ -440,8 +441,14 @@ impl Architecture {
         let parse = |key: &str| -> Result<Value> {
             serde_json::from_str(get(key)?).map_err(|e| bad(format!("{key:?} is not JSON: {e}")))
         };
-        let network = serde_json::from_value(parse("network")?).map_err(|e| bad(format!("\"network\": {e}")))?;
-        let policy = serde_json::from_value(parse("policy")?).map_err(|e| bad(format!("\"policy\": {e}")))?;
+        fn json<T: DeserializeOwned>(
+            parse: impl Fn(&str) -> Result<Value>,
+            key: &str,
+            bad: impl Fn(String) -> Error,
+        ) -> Result<T> {
+            serde_json::from_value(parse(key)?).map_err(|e| bad(format!("{key:?}: {e}")))
+        }
+        let (network, policy) = (json(&parse, "network", &bad)?, json(&parse, "policy", &bad)?);
         let task_heads = get("task_heads")?.parse().map_err(|e| bad(format!("\"task_heads\": {e}")))?;
         let space = |key: &str| space_from_json(&parse(key)?).map_err(|e| bad(format!("{key:?}: {e}")));
         Ok(Some(Architecture {
@@ -451,16 +458,8 @@ impl Architecture {
             task_heads,
             observation_space: space("observation_space")?,
             action_space: space("action_space")?,
-            obs_norm: match meta.get("obs_norm") {
-                None => None,
-                Some(_) => serde_json::from_value(parse("obs_norm")?).map_err(|e| bad(format!("\"obs_norm\": {e}")))?,
-            },
-            recurrent: match meta.get("recurrent") {
-                None => None,
-                Some(_) => {
-                    serde_json::from_value(parse("recurrent")?).map_err(|e| bad(format!("\"recurrent\": {e}")))?
-                }
-            },
+            obs_norm: if meta.contains_key("obs_norm") { json(&parse, "obs_norm", &bad)? } else { None },
+            recurrent: if meta.contains_key("recurrent") { json(&parse, "recurrent", &bad)? } else { None },
         }))
     }
 }
@@ -653,28 +652,21 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
     // (weight [out, in], bias [out]) of each affine layer, in f64 until written; modules in order.
     let mut layers: Vec<(TorchLayer, Option<(Tensor, Tensor)>)> = Vec::new();
     let input = match &arch.network {
-        Network::TwinMlp { prefix, widths, activation, policy_outputs, .. } => {
+        Network::TwinMlp { prefix, widths, activation, .. } | Network::Mlp { prefix, widths, activation } => {
+            // A twin's policy is its index 0, reading the output layer's first `policy_outputs` columns.
+            let (twin, outputs) = match arch.network {
+                Network::TwinMlp { policy_outputs, .. } => (true, policy_outputs),
+                _ => (false, widths[widths.len() - 1]),
+            };
             let last = widths.len() - 2;
             for k in 0..=last {
-                let (mut w, mut b) =
-                    (get(format!("{prefix}.{k}.weight")).get(0), get(format!("{prefix}.{k}.bias")).get(0).get(0));
-                if k == last {
-                    w = w.narrow(1, 0, *policy_outputs as i64);
-                    b = b.narrow(0, 0, *policy_outputs as i64);
+                let (mut w, mut b) = (get(format!("{prefix}.{k}.weight")), get(format!("{prefix}.{k}.bias")));
+                if twin {
+                    (w, b) = (w.get(0), b.get(0).get(0));
                 }
-                let out = if k == last { *policy_outputs } else { widths[k + 1] };
+                let out = if k == last { outputs } else { widths[k + 1] };
+                let (w, b) = (w.narrow(1, 0, out as i64), b.narrow(0, 0, out as i64));
                 layers.push((TorchLayer::Linear(widths[k], out), Some((w.transpose(0, 1), b))));
-                if k < last {
-                    layers.push((TorchLayer::of(*activation), None));
-                }
-            }
-            format!("observations [B, {}] float32", widths[0])
-        }
-        Network::Mlp { prefix, widths, activation } => {
-            let last = widths.len() - 2;
-            for k in 0..=last {
-                let (w, b) = (get(format!("{prefix}.{k}.weight")), get(format!("{prefix}.{k}.bias")));
-                layers.push((TorchLayer::Linear(widths[k], widths[k + 1]), Some((w.transpose(0, 1), b))));
                 if k < last {
                     layers.push((TorchLayer::of(*activation), None));
                 }
