@@ -743,6 +743,14 @@ impl std::fmt::Debug for Distill {
     }
 }
 
+/// A teacher's teaching must keep the kind it had when it was handed over.
+fn check_kind(kind: TeachingKind, teaching: &Teaching) -> Result<()> {
+    if teaching.kind != kind {
+        return Err(Error::Unsupported(format!("distill: the teacher changed from {kind:?} to {:?}", teaching.kind)));
+    }
+    Ok(())
+}
+
 impl Distill {
     /// Label states, each by its task's teacher, and keep them.
     fn label(&mut self, obs: ObsRef<'_>) -> Result<()> {
@@ -826,17 +834,7 @@ impl Distill {
         };
         Ok((value, agreement))
     }
-}
 
-/// A teacher's teaching must keep the kind it had when it was handed over.
-fn check_kind(kind: TeachingKind, teaching: &Teaching) -> Result<()> {
-    if teaching.kind != kind {
-        return Err(Error::Unsupported(format!("distill: the teacher changed from {kind:?} to {:?}", teaching.kind)));
-    }
-    Ok(())
-}
-
-impl Distill {
     /// Labels for `obs` (rows with a task one-hot at the end): each task's rows, one-hot stripped, taught by
     /// that task's teacher, written back in row order.
     fn label_by_task(&mut self, obs: &[f32], kind: TeachingKind) -> Result<Vec<f32>> {
