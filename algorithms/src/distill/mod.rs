@@ -987,11 +987,8 @@ impl crate::algorithm::Student for Distill {
         let task_dim = self.pi.obs_dim() - if heads > 1 { heads } else { 0 };
         let mut kind = None;
         for (k, teacher) in teachers.iter_mut().enumerate() {
-            let which = if heads > 1 {
-                format!("teacher {k} ({})", teacher.name())
-            } else {
-                format!("the teacher ({})", teacher.name())
-            };
+            let who = if heads > 1 { format!("teacher {k}") } else { "the teacher".into() };
+            let which = format!("{who} ({})", teacher.name());
             if teacher.state_dim() > 0 {
                 return Err(Error::Unsupported(format!(
                     "distill: {which} is recurrent; distilling a recurrent teacher (its labels depend on each \
