@@ -442,9 +442,9 @@ impl Architecture {
             serde_json::from_str(get(key)?).map_err(|e| bad(format!("{key:?} is not JSON: {e}")))
         };
         fn json<T: DeserializeOwned>(
-            parse: impl Fn(&str) -> Result<Value>,
+            parse: &dyn Fn(&str) -> Result<Value>,
             key: &str,
-            bad: impl Fn(String) -> Error,
+            bad: &dyn Fn(String) -> Error,
         ) -> Result<T> {
             serde_json::from_value(parse(key)?).map_err(|e| bad(format!("{key:?}: {e}")))
         }
