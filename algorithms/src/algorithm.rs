@@ -150,7 +150,7 @@ pub trait ReplayAhead {
 }
 
 /// Capability: updates spread over the replicas of a data-parallel group and/or over micro-batches
-/// ([`DataParallel`]) (PPO, A2C, DQN, DDPG, TD3).
+/// ([`DataParallel`]) (PPO, A2C, DQN, DDPG, TD3, SAC).
 pub trait Replicated {
     /// Take the group (or the micro-batch count); a batch that does not split refuses, naming why.
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()>;

@@ -129,7 +129,9 @@ pub trait AlgorithmKind: KindName {
 
 /// [`AlgorithmKind::check_data_parallel`]'s answer for a kind whose updates run on one learner alone.
 pub(crate) fn not_data_parallel(name: &str) -> std::result::Result<(), String> {
-    Err(format!("{name} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG and TD3 can)"))
+    Err(format!(
+        "{name} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG, TD3 and SAC can)"
+    ))
 }
 
 /// Every member as an `A`, or `None` if any is another kind (a kind's [`AlgorithmKind::update_members`] takes its own).
