@@ -49,10 +49,8 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const EXPORT_VERSION: u32 = 1;
 
 /// Units of the Nature CNN's hidden linear layer.
-const CNN_FEATURES: usize = NatureCnn::FEATURES as usize;
-
 fn cnn_features() -> usize {
-    CNN_FEATURES
+    NatureCnn::FEATURES as usize
 }
 
 /// `(out_channels, kernel, stride)` of each convolution of a CNN of the Nature CNN's shape with `channels` (as
@@ -302,7 +300,7 @@ impl Architecture {
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
         if let Some(shape) = self.recurrent.and_then(|r| r.torso) {
-            out.extend(cnn_torso_shapes("cnn", &shape, &cnn_convs(NatureCnn::CHANNELS), CNN_FEATURES));
+            out.extend(cnn_torso_shapes("cnn", &shape, &cnn_convs(NatureCnn::CHANNELS), cnn_features()));
         }
         if let Some(r) = &self.recurrent {
             let g = if r.cell == crate::nn::recurrent::Recurrence::Lstm { 4 } else { 3 };
