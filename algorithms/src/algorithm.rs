@@ -29,40 +29,13 @@ use crate::progress::Progress;
 use crate::teaching::Teaching;
 use crate::{Metrics, Result};
 
-/// The concrete agent behind a `dyn Algorithm`, for a kind's own batched update alone: it takes a population's
-/// members as its own type ([`crate::kind::members_as`] in [`crate::kind::AlgorithmKind::update_members`]).
-/// Every `'static` type has it — a
-/// `Box<dyn Algorithm>` too, so call it on the agent itself (`(*boxed).as_any_mut()`), not on its box.
-pub trait AsAny: std::any::Any {
-    /// `self` as [`std::any::Any`].
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
-}
-
-impl<T: std::any::Any> AsAny for T {
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
-}
-
 /// Work an off-policy agent's [`ReplayFeed`] prepared ahead of its update (a replay minibatch already on the
 /// device, or a target-network sync), to be applied in the order it was made with
 /// [`crate::algorithm::ReplayAhead::train_prepared`]. Opaque: only the agent that made it reads it (the kind's own type
 /// inside).
 /// `Send`, so a learner's batch-assembly thread can hand it to the update thread.
 #[derive(Debug)]
-pub struct Prepared(pub(crate) Box<dyn PreparedWork>);
-
-/// What a kind puts in a [`Prepared`]: its own type, read back by its own `train_prepared`.
-pub(crate) trait PreparedWork: std::any::Any + Send + std::fmt::Debug {
-    /// The work as `Any`, for its kind to take back.
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
-}
-
-impl<T: std::any::Any + Send + std::fmt::Debug> PreparedWork for T {
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
-        self
-    }
-}
+pub struct Prepared(pub(crate) Box<dyn std::any::Any + Send>);
 
 /// An off-policy agent's data side, run on a learner's batch-assembly thread
 /// ([`crate::algorithm::ReplayAhead::replay_feed`]): it observes chunks into the agent's replay and prepares
@@ -75,7 +48,7 @@ pub trait ReplayFeed: Send {
 }
 
 /// A learning algorithm: a [`Policy`] that also learns from what it observes and can save its whole state.
-pub trait Algorithm: Policy + AsAny {
+pub trait Algorithm: Policy + std::any::Any {
     /// Short name, as in configs (`"ppo"`, `"dqn"`, ...).
     fn name(&self) -> &'static str;
     /// Take in trajectory chunks, the one way data enters an algorithm: on-policy kinds append them, stacked
@@ -177,7 +150,7 @@ pub trait ReplayAhead {
 }
 
 /// Capability: updates spread over the replicas of a data-parallel group and/or over micro-batches
-/// ([`DataParallel`]) (PPO, A2C, DQN, DDPG, TD3).
+/// ([`DataParallel`]) (PPO, A2C, DQN, DDPG, TD3, SAC).
 pub trait Replicated {
     /// Take the group (or the micro-batch count); a batch that does not split refuses, naming why.
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()>;

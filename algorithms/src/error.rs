@@ -70,8 +70,30 @@ pub enum Error {
 /// `Result` with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
+impl Error {
+    /// [`Error::BadLength`].
+    pub(crate) fn length(what: impl Into<String>, got: usize, expected: usize) -> Self {
+        Error::BadLength { what: what.into(), got, expected }
+    }
+
+    /// [`Error::UnsupportedSpace`].
+    pub(crate) fn space(which: &'static str, algorithm: &'static str, detail: impl Into<String>) -> Self {
+        Error::UnsupportedSpace { which, algorithm, detail: detail.into() }
+    }
+
+    /// [`Error::InvalidConfig`].
+    pub(crate) fn config(
+        algorithm: &'static str,
+        field: &'static str,
+        value: impl ToString,
+        detail: impl Into<String>,
+    ) -> Self {
+        Error::InvalidConfig { algorithm, field, value: value.to_string(), detail: detail.into() }
+    }
+}
+
 impl From<flotilla_core::LengthMismatch> for Error {
     fn from(m: flotilla_core::LengthMismatch) -> Self {
-        Error::BadLength { what: m.what.into(), got: m.got, expected: m.expected }
+        Error::length(m.what, m.got, m.expected)
     }
 }

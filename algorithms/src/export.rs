@@ -33,6 +33,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use flotilla_core::{DType, Space};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tch::{Kind, Tensor};
@@ -48,10 +49,8 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const EXPORT_VERSION: u32 = 1;
 
 /// Units of the Nature CNN's hidden linear layer.
-const CNN_FEATURES: usize = NatureCnn::FEATURES as usize;
-
 fn cnn_features() -> usize {
-    CNN_FEATURES
+    NatureCnn::FEATURES as usize
 }
 
 /// `(out_channels, kernel, stride)` of each convolution of a CNN of the Nature CNN's shape with `channels` (as
@@ -79,6 +78,11 @@ impl Network {
             outputs,
             policy_outputs,
         })
+    }
+
+    /// An MLP `inputs → hidden… → outputs`.
+    pub(crate) fn mlp(prefix: &str, inputs: usize, hidden: &[i64], outputs: usize, activation: Activation) -> Self {
+        Network::Mlp { prefix: prefix.into(), widths: widths(inputs, hidden, outputs), activation }
     }
 }
 
@@ -296,7 +300,7 @@ impl Architecture {
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let mut out = Vec::new();
         if let Some(shape) = self.recurrent.and_then(|r| r.torso) {
-            out.extend(cnn_torso_shapes("cnn", &shape, &cnn_convs(NatureCnn::CHANNELS), CNN_FEATURES));
+            out.extend(cnn_torso_shapes("cnn", &shape, &cnn_convs(NatureCnn::CHANNELS), cnn_features()));
         }
         if let Some(r) = &self.recurrent {
             let g = if r.cell == crate::nn::recurrent::Recurrence::Lstm { 4 } else { 3 };
@@ -435,8 +439,14 @@ impl Architecture {
         let parse = |key: &str| -> Result<Value> {
             serde_json::from_str(get(key)?).map_err(|e| bad(format!("{key:?} is not JSON: {e}")))
         };
-        let network = serde_json::from_value(parse("network")?).map_err(|e| bad(format!("\"network\": {e}")))?;
-        let policy = serde_json::from_value(parse("policy")?).map_err(|e| bad(format!("\"policy\": {e}")))?;
+        fn json<T: DeserializeOwned>(
+            parse: &dyn Fn(&str) -> Result<Value>,
+            key: &str,
+            bad: &dyn Fn(String) -> Error,
+        ) -> Result<T> {
+            serde_json::from_value(parse(key)?).map_err(|e| bad(format!("{key:?}: {e}")))
+        }
+        let (network, policy) = (json(&parse, "network", &bad)?, json(&parse, "policy", &bad)?);
         let task_heads = get("task_heads")?.parse().map_err(|e| bad(format!("\"task_heads\": {e}")))?;
         let space = |key: &str| space_from_json(&parse(key)?).map_err(|e| bad(format!("{key:?}: {e}")));
         Ok(Some(Architecture {
@@ -446,16 +456,8 @@ impl Architecture {
             task_heads,
             observation_space: space("observation_space")?,
             action_space: space("action_space")?,
-            obs_norm: match meta.get("obs_norm") {
-                None => None,
-                Some(_) => serde_json::from_value(parse("obs_norm")?).map_err(|e| bad(format!("\"obs_norm\": {e}")))?,
-            },
-            recurrent: match meta.get("recurrent") {
-                None => None,
-                Some(_) => {
-                    serde_json::from_value(parse("recurrent")?).map_err(|e| bad(format!("\"recurrent\": {e}")))?
-                }
-            },
+            obs_norm: if meta.contains_key("obs_norm") { json(&parse, "obs_norm", &bad)? } else { None },
+            recurrent: if meta.contains_key("recurrent") { json(&parse, "recurrent", &bad)? } else { None },
         }))
     }
 }
@@ -471,7 +473,7 @@ fn text<T: Serialize + ?Sized>(value: &T) -> String {
 }
 
 pub(crate) fn unsupported(algorithm: &'static str, detail: String) -> Error {
-    Error::UnsupportedSpace { which: "action", algorithm, detail }
+    Error::space("action", algorithm, detail)
 }
 
 /// Input width, hidden widths, output width.
@@ -500,11 +502,7 @@ pub(crate) fn policy_width(policy: &PolicyOutput) -> usize {
 }
 
 pub(crate) fn image_shape(space: &Space) -> Result<[usize; 3]> {
-    <[usize; 3]>::try_from(space.shape()).map_err(|_| Error::UnsupportedSpace {
-        which: "observation",
-        algorithm: "cnn",
-        detail: format!("{space:?}"),
-    })
+    <[usize; 3]>::try_from(space.shape()).map_err(|_| Error::space("observation", "cnn", format!("{space:?}")))
 }
 
 /// A space as JSON (`{"kind": "discrete", "n": 2, "start": 0}`, `{"kind": "box", "low": [...], ...}`), bounds
@@ -623,26 +621,6 @@ impl PytorchPolicy {
     pub fn save(&self, path: &Path) -> Result<()> {
         write_safetensors(path, &self.tensors, &self.metadata)
     }
-
-    /// The module's output as PyTorch computes it (`nn.Linear`: x·Wᵀ + b), for checks in Rust.
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        let param = |name: String| &self.tensors.iter().find(|(n, _)| *n == name).expect("exported tensor").1;
-        let mut h = x.to_kind(Kind::Float);
-        for (i, layer) in self.layers.iter().enumerate() {
-            h = match *layer {
-                TorchLayer::Linear(..) => h.linear(param(format!("{i}.weight")), Some(param(format!("{i}.bias")))),
-                TorchLayer::Conv2d(_, _, _, s) => {
-                    let (w, b) = (param(format!("{i}.weight")), param(format!("{i}.bias")));
-                    h.conv2d(w, Some(b), [s as i64, s as i64], [0, 0], [1, 1], 1)
-                }
-                TorchLayer::Relu => h.relu(),
-                TorchLayer::Tanh => h.tanh(),
-                TorchLayer::Flatten => h.flatten(1, -1),
-                TorchLayer::Hardtanh(c) => h.clamp(-c, c),
-            };
-        }
-        h
-    }
 }
 
 /// The acting policy of `model.safetensors`' `tensors` (described by `arch`) as a PyTorch `nn.Sequential`.
@@ -672,28 +650,21 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
     // (weight [out, in], bias [out]) of each affine layer, in f64 until written; modules in order.
     let mut layers: Vec<(TorchLayer, Option<(Tensor, Tensor)>)> = Vec::new();
     let input = match &arch.network {
-        Network::TwinMlp { prefix, widths, activation, policy_outputs, .. } => {
+        Network::TwinMlp { prefix, widths, activation, .. } | Network::Mlp { prefix, widths, activation } => {
+            // A twin's policy is its index 0, reading the output layer's first `policy_outputs` columns.
+            let (twin, outputs) = match arch.network {
+                Network::TwinMlp { policy_outputs, .. } => (true, policy_outputs),
+                _ => (false, widths[widths.len() - 1]),
+            };
             let last = widths.len() - 2;
             for k in 0..=last {
-                let (mut w, mut b) =
-                    (get(format!("{prefix}.{k}.weight")).get(0), get(format!("{prefix}.{k}.bias")).get(0).get(0));
-                if k == last {
-                    w = w.narrow(1, 0, *policy_outputs as i64);
-                    b = b.narrow(0, 0, *policy_outputs as i64);
+                let (mut w, mut b) = (get(format!("{prefix}.{k}.weight")), get(format!("{prefix}.{k}.bias")));
+                if twin {
+                    (w, b) = (w.get(0), b.get(0).get(0));
                 }
-                let out = if k == last { *policy_outputs } else { widths[k + 1] };
+                let out = if k == last { outputs } else { widths[k + 1] };
+                let (w, b) = (w.narrow(1, 0, out as i64), b.narrow(0, 0, out as i64));
                 layers.push((TorchLayer::Linear(widths[k], out), Some((w.transpose(0, 1), b))));
-                if k < last {
-                    layers.push((TorchLayer::of(*activation), None));
-                }
-            }
-            format!("observations [B, {}] float32", widths[0])
-        }
-        Network::Mlp { prefix, widths, activation } => {
-            let last = widths.len() - 2;
-            for k in 0..=last {
-                let (w, b) = (get(format!("{prefix}.{k}.weight")), get(format!("{prefix}.{k}.bias")));
-                layers.push((TorchLayer::Linear(widths[k], widths[k + 1]), Some((w.transpose(0, 1), b))));
                 if k < last {
                     layers.push((TorchLayer::of(*activation), None));
                 }
@@ -759,16 +730,15 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             let target = if arch.recurrent.is_some() { &mut pre } else { &mut layers };
             target.insert(0, (TorchLayer::Linear(d, d), Some((inv_std.diag(0), bias))));
             target.insert(1, (TorchLayer::Hardtanh(norm.clip), None));
+            let which = if arch.recurrent.is_some() { "pre_layers" } else { "layers" };
             metadata.insert(
                 "obs_norm".into(),
                 format!(
-                    "folded: {} 0-1 normalise raw observations, clamp((x - mean) / sqrt(var + {}), -{c}, {c})",
-                    if arch.recurrent.is_some() { "pre_layers" } else { "layers" },
+                    "folded: {which} 0-1 normalise raw observations, clamp((x - mean) / sqrt(var + {}), -{c}, {c})",
                     norm.epsilon,
                     c = norm.clip
                 ),
             );
-            let which = if arch.recurrent.is_some() { "pre_layers" } else { "layers" };
             format!("{input}, raw (normalised by {which} 0-1)")
         }
     };
@@ -790,7 +760,7 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
             if *dueling || *quantiles > 1 {
                 // Q = M · y: the quantile means (1/N over each group of N), then Q = V + A − mean(A) with
                 // [1 | I − 1/n]; both linear, so M folds into the last layer.
-                let (layer, Some((w, b))) = layers.pop().expect("an output layer") else { unreachable!("affine") };
+                let Some((TorchLayer::Linear(inputs, _), Some((w, b)))) = layers.pop() else { unreachable!("affine") };
                 let (n, z) = (*n as i64, *quantiles as i64);
                 let opts = (Kind::Double, tch::Device::Cpu);
                 let groups = n + i64::from(*dueling);
@@ -810,10 +780,6 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
                         format!("folded: the last layer outputs Q, the mean of each action's {z} return quantiles"),
                     );
                 }
-                let inputs = match layer {
-                    TorchLayer::Linear(i, _) => i,
-                    _ => unreachable!("the output layer is linear"),
-                };
                 layers.push((TorchLayer::Linear(inputs, n as usize), Some((m.matmul(&w), m.matmul(&b)))));
             }
             ("q_values", "argmax over the outputs (first maximum): the action's index")
@@ -831,19 +797,17 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
         }
     };
     let mut named = Vec::new();
-    for (i, (_, params)) in layers.iter().enumerate() {
-        if let Some((w, b)) = params {
-            named.push((format!("{i}.weight"), w.to_kind(Kind::Float).contiguous()));
-            named.push((format!("{i}.bias"), b.to_kind(Kind::Float).contiguous()));
-        }
-    }
-    if arch.recurrent.is_some() {
-        for (i, (_, params)) in pre.iter().enumerate() {
+    let mut write = |prefix: &str, layers: &[(TorchLayer, Option<(Tensor, Tensor)>)]| {
+        for (i, (_, params)) in layers.iter().enumerate() {
             if let Some((w, b)) = params {
-                named.push((format!("pre.{i}.weight"), w.to_kind(Kind::Float).contiguous()));
-                named.push((format!("pre.{i}.bias"), b.to_kind(Kind::Float).contiguous()));
+                named.push((format!("{prefix}{i}.weight"), w.to_kind(Kind::Float).contiguous()));
+                named.push((format!("{prefix}{i}.bias"), b.to_kind(Kind::Float).contiguous()));
             }
         }
+    };
+    write("", &layers);
+    if arch.recurrent.is_some() {
+        write("pre.", &pre);
         for suffix in ["weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0"] {
             let name = format!("{}.{suffix}", RecurrentLayout::PREFIX);
             named.push((name.clone(), get(name).to_kind(Kind::Float).contiguous()));
@@ -866,6 +830,29 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
         ("action_space".into(), space_to_json(&arch.action_space)),
     ]);
     Ok(PytorchPolicy { layers, tensors: named, metadata })
+}
+
+#[cfg(test)]
+impl PytorchPolicy {
+    /// The module's output as PyTorch computes it (`nn.Linear`: x·Wᵀ + b), for checks in Rust.
+    pub(crate) fn forward(&self, x: &Tensor) -> Tensor {
+        let param = |name: String| &self.tensors.iter().find(|(n, _)| *n == name).expect("exported tensor").1;
+        let mut h = x.to_kind(Kind::Float);
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = match *layer {
+                TorchLayer::Linear(..) => h.linear(param(format!("{i}.weight")), Some(param(format!("{i}.bias")))),
+                TorchLayer::Conv2d(_, _, _, s) => {
+                    let (w, b) = (param(format!("{i}.weight")), param(format!("{i}.bias")));
+                    h.conv2d(w, Some(b), [s as i64, s as i64], [0, 0], [1, 1], 1)
+                }
+                TorchLayer::Relu => h.relu(),
+                TorchLayer::Tanh => h.tanh(),
+                TorchLayer::Flatten => h.flatten(1, -1),
+                TorchLayer::Hardtanh(c) => h.clamp(-c, c),
+            };
+        }
+        h
+    }
 }
 
 #[cfg(test)]

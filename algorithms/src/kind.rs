@@ -1,5 +1,7 @@
 //! One algorithm kind's answers to every per-kind question ([`AlgorithmKind`]), implemented by the kind's config type in
 //! the kind's own folder. The registry lists the kinds, one line each; nothing else matches on the kind.
+use std::any::Any;
+
 use flotilla_core::Space;
 use tch::Device;
 
@@ -22,14 +24,17 @@ pub enum Family {
     Gradients,
 }
 
-/// Everything the rest of the workspace asks of an algorithm kind, answered by its `[algorithm]` config.
-pub trait AlgorithmKind {
+/// A kind's name and family, implemented for each config by its line in [`crate::registry`].
+pub trait KindName {
     /// Short name, as in configs (`"ppo"`).
     fn name(&self) -> &'static str;
 
     /// How a learner fed by actors uses their data.
     fn family(&self) -> Family;
+}
 
+/// Everything the rest of the workspace asks of an algorithm kind, answered by its `[algorithm]` config.
+pub trait AlgorithmKind: KindName {
     /// Range checks serde cannot express; `num_envs` envs feed each update.
     fn validate(&self, num_envs: usize) -> Result<()>;
 
@@ -122,11 +127,17 @@ pub trait AlgorithmKind {
     }
 }
 
+/// [`AlgorithmKind::check_data_parallel`]'s answer for a kind whose updates run on one learner alone.
+pub(crate) fn not_data_parallel(name: &str) -> std::result::Result<(), String> {
+    Err(format!(
+        "{name} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG, TD3 and SAC can)"
+    ))
+}
+
 /// Every member as an `A`, or `None` if any is another kind (a kind's [`AlgorithmKind::update_members`] takes its own).
 pub fn members_as<'a, A: Algorithm>(members: &'a mut [&mut dyn Algorithm]) -> Option<Vec<&'a mut A>> {
-    // `(**m)`: the agent itself, not the reference to it (which is `Any` too).
-    if members.len() < 2 || !members.iter_mut().all(|m| (**m).as_any_mut().is::<A>()) {
+    if members.len() < 2 {
         return None;
     }
-    Some(members.iter_mut().map(|m| (**m).as_any_mut().downcast_mut::<A>().expect("checked just above")).collect())
+    members.iter_mut().map(|m| (&mut **m as &mut dyn Any).downcast_mut::<A>()).collect()
 }

@@ -59,11 +59,7 @@ pub trait Policy {
     /// episode starts), overwriting it with the state after. A feed-forward policy takes an empty `state`.
     fn act_with_state(&mut self, obs: ObsRef<'_>, state: &mut [f32], mode: ActMode, out: &mut ActOutput) -> Result<()> {
         if !state.is_empty() {
-            return Err(crate::Error::BadLength {
-                what: "recurrent state of a feed-forward policy".into(),
-                got: state.len(),
-                expected: 0,
-            });
+            return Err(crate::Error::length("recurrent state of a feed-forward policy", state.len(), 0));
         }
         self.act(obs, mode, out)
     }
@@ -90,11 +86,7 @@ pub struct Memory {
 impl Memory {
     /// Zero state for `rows` envs of `policy`.
     pub fn new(policy: &dyn Policy, rows: usize) -> Self {
-        Self::with_dim(policy.state_dim(), rows)
-    }
-
-    /// Zero state of `dim` floats for `rows` envs.
-    pub fn with_dim(dim: usize, rows: usize) -> Self {
+        let dim = policy.state_dim();
         Memory { dim, state: vec![0.0; dim * rows], before: vec![0.0; dim * rows] }
     }
 
@@ -138,11 +130,7 @@ impl Memory {
     /// Restore states saved from [`Memory::state`] (a checkpoint); a wrong length is an error naming it.
     pub fn set_state(&mut self, state: Vec<f32>) -> Result<()> {
         if state.len() != self.state.len() {
-            return Err(crate::Error::BadLength {
-                what: "saved recurrent state".into(),
-                got: state.len(),
-                expected: self.state.len(),
-            });
+            return Err(crate::Error::length("saved recurrent state", state.len(), self.state.len()));
         }
         self.state = state;
         Ok(())
@@ -152,9 +140,11 @@ impl Memory {
 /// The floats of `obs`, for networks that take f32 observations (MLPs): frames are refused with an error naming
 /// `algorithm`, never converted silently.
 pub fn f32_obs<'a>(algorithm: &'static str, obs: ObsRef<'a>) -> Result<&'a [f32]> {
-    obs.as_f32().ok_or_else(|| crate::Error::UnsupportedSpace {
-        which: "observation",
-        algorithm,
-        detail: format!("{:?} observations; this network takes f32 vectors", obs.dtype()),
+    obs.as_f32().ok_or_else(|| {
+        crate::Error::space(
+            "observation",
+            algorithm,
+            format!("{:?} observations; this network takes f32 vectors", obs.dtype()),
+        )
     })
 }

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! [algorithm] kind = "ppo" ─► AlgorithmConfig::Ppo(PpoConfig)       (serde, from the experiment TOML)
-//!   config.algorithm.kind(): .validate(num_envs) · .name() · .family() · .rollout_steps() · …   (dyn AlgorithmKind)
+//!   config.algorithm: .validate(num_envs) · .name() · .family() · .rollout_steps() · …   (dyn AlgorithmKind)
 //!   .build_learner(spaces, n_envs, device, seed)  ─► Box<dyn Algorithm>    (trainer, learner, eval)
 //!   .build_acting(&ActingSetup)                   ─► Acting                 (actor processes)
 //!   .update_members(&mut [&mut dyn Algorithm], progress)  a population's batched update, where its kind has one
@@ -21,14 +21,14 @@ use crate::a2c::{A2cConfig, A3cConfig};
 use crate::algorithm::Algorithm;
 use crate::distill::DistillConfig;
 use crate::dqn::DqnConfig;
-pub use crate::kind::{AlgorithmKind, Family};
+pub use crate::kind::{AlgorithmKind, Family, KindName};
 use crate::ppo::PpoConfig;
 use crate::sac::SacConfig;
 use crate::td3::{DdpgConfig, Td3Config};
 
-/// The kinds: `Variant(ConfigType)`, its TOML `kind` the variant's name in lower case.
+/// The kinds: `Variant(ConfigType) = "name", Family`, its TOML `kind` the name (the variant's in lower case).
 macro_rules! kinds {
-    ($($(#[$doc:meta])* $variant:ident($config:ty),)*) => {
+    ($($(#[$doc:meta])* $variant:ident($config:ty) = $name:literal, $family:ident;)*) => {
         /// `[algorithm]`: `kind` picks the algorithm; the other keys are its config struct's fields.
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
@@ -36,16 +36,30 @@ macro_rules! kinds {
             $($(#[$doc])* $variant($config),)*
         }
 
-        impl AlgorithmConfig {
-            /// The kind's answers to every per-kind question.
-            pub fn kind(&self) -> &(dyn AlgorithmKind + 'static) {
+        $(impl KindName for $config {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn family(&self) -> Family {
+                Family::$family
+            }
+        })*
+
+        /// `config.family()`, `config.validate(n)`, … : every [`AlgorithmKind`] question asked of the config itself.
+        impl std::ops::Deref for AlgorithmConfig {
+            type Target = dyn AlgorithmKind;
+
+            fn deref(&self) -> &(dyn AlgorithmKind + 'static) {
                 match self {
                     $(AlgorithmConfig::$variant(c) => c,)*
                 }
             }
+        }
 
-            /// The same, to change (`set_tasks`).
-            pub fn kind_mut(&mut self) -> &mut (dyn AlgorithmKind + 'static) {
+        /// The same, to change (`set_tasks`).
+        impl std::ops::DerefMut for AlgorithmConfig {
+            fn deref_mut(&mut self) -> &mut (dyn AlgorithmKind + 'static) {
                 match self {
                     $(AlgorithmConfig::$variant(c) => c,)*
                 }
@@ -56,37 +70,22 @@ macro_rules! kinds {
 
 kinds! {
     /// Proximal Policy Optimization.
-    Ppo(PpoConfig),
+    Ppo(PpoConfig) = "ppo", OnPolicy;
     /// Deep Q-Networks (double-Q, dueling, prioritized replay, n-step as options).
-    Dqn(DqnConfig),
+    Dqn(DqnConfig) = "dqn", OffPolicy;
     /// Advantage Actor-Critic (synchronous A3C).
-    A2c(A2cConfig),
+    A2c(A2cConfig) = "a2c", OnPolicy;
     /// Asynchronous Advantage Actor-Critic: actors compute A2C gradients on their own chunks and the learner
     /// applies them as a parameter server (needs actors: `--actors N`). Same fields as `a2c`.
-    A3c(A3cConfig),
+    A3c(A3cConfig) = "a3c", Gradients;
     /// Deep Deterministic Policy Gradient.
-    Ddpg(DdpgConfig),
+    Ddpg(DdpgConfig) = "ddpg", OffPolicy;
     /// Twin Delayed DDPG.
-    Td3(Td3Config),
+    Td3(Td3Config) = "td3", OffPolicy;
     /// Soft Actor-Critic (twin critics, learnt entropy coefficient).
-    Sac(SacConfig),
+    Sac(SacConfig) = "sac", OffPolicy;
     /// Policy distillation: a student learns a trained teacher's outputs on the states it visits.
-    Distill(DistillConfig),
-}
-
-/// `config.family()`, `config.validate(n)`, … : every [`AlgorithmKind`] question asked of the config itself.
-impl std::ops::Deref for AlgorithmConfig {
-    type Target = dyn AlgorithmKind;
-
-    fn deref(&self) -> &(dyn AlgorithmKind + 'static) {
-        self.kind()
-    }
-}
-
-impl std::ops::DerefMut for AlgorithmConfig {
-    fn deref_mut(&mut self) -> &mut (dyn AlgorithmKind + 'static) {
-        self.kind_mut()
-    }
+    Distill(DistillConfig) = "distill", OffPolicy;
 }
 
 impl AlgorithmConfig {

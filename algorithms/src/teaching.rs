@@ -5,53 +5,35 @@ use tch::{Device, Kind, Tensor};
 
 /// What a trained policy says about a batch of `B` states, the target a student learns (no gradient).
 #[derive(Debug)]
-pub enum Teaching {
-    /// Action logits of a categorical policy, `[B, n]`.
-    Logits(Tensor),
-    /// Q-values, `[B, n]`.
-    QValues(Tensor),
-    /// A diagonal Gaussian policy: means `[B, D]`, log standard deviations `[B, D]` or `[D]`.
-    Gaussian {
-        /// Means.
-        mean: Tensor,
-        /// Log standard deviations.
-        log_std: Tensor,
-    },
-    /// A deterministic policy's actions in env units, `[B, D]`.
-    Actions(Tensor),
+pub struct Teaching {
+    /// What the labels are.
+    pub kind: TeachingKind,
+    /// The label rows stored in replay, `[B, L]` on the CPU: the outputs (`n` or `D` floats), or for a
+    /// Gaussian its means then its log-stds (`2D`).
+    pub labels: Tensor,
 }
 
-/// Which of the [`Teaching`] variants a teacher gives.
+/// What a teacher gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TeachingKind {
-    /// [`Teaching::Logits`].
+    /// Action logits of a categorical policy, `[B, n]`.
     Logits,
-    /// [`Teaching::QValues`].
+    /// Q-values, `[B, n]`.
     QValues,
-    /// [`Teaching::Gaussian`].
+    /// A diagonal Gaussian policy ([`Teaching::gaussian`]).
     Gaussian,
-    /// [`Teaching::Actions`].
+    /// A deterministic policy's actions in env units, `[B, D]`.
     Actions,
 }
 
 impl Teaching {
-    /// Which kind this is.
-    pub fn kind(&self) -> TeachingKind {
-        match self {
-            Teaching::Logits(_) => TeachingKind::Logits,
-            Teaching::QValues(_) => TeachingKind::QValues,
-            Teaching::Gaussian { .. } => TeachingKind::Gaussian,
-            Teaching::Actions(_) => TeachingKind::Actions,
-        }
+    /// Outputs `[B, L]` of `kind` as labels.
+    pub fn new(kind: TeachingKind, outputs: &Tensor) -> Self {
+        Teaching { kind, labels: outputs.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous() }
     }
 
-    /// The label rows stored in replay, `[B, L]` on the CPU: the outputs (`n` or `D` floats), or for a
-    /// Gaussian its means then its log-stds (`2D`).
-    pub fn labels(&self) -> Tensor {
-        let t = match self {
-            Teaching::Logits(t) | Teaching::QValues(t) | Teaching::Actions(t) => t.shallow_clone(),
-            Teaching::Gaussian { mean, log_std } => Tensor::cat(&[mean.shallow_clone(), log_std.expand_as(mean)], 1),
-        };
-        t.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous()
+    /// A diagonal Gaussian: means `[B, D]`, log standard deviations `[B, D]` or `[D]`.
+    pub fn gaussian(mean: &Tensor, log_std: &Tensor) -> Self {
+        Teaching::new(TeachingKind::Gaussian, &Tensor::cat(&[mean.shallow_clone(), log_std.expand_as(mean)], 1))
     }
 }

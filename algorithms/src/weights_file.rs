@@ -19,11 +19,8 @@ pub fn write_safetensors<S: AsRef<str>>(
     tensors: &[(S, Tensor)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let fail = |e: String| Error::Weights {
-        action: "saving",
-        path: path.display().to_string(),
-        source: tch::TchError::FileFormat(e),
-    };
+    let error = |source| Error::Weights { action: "saving", path: path.display().to_string(), source };
+    let fail = |e: String| error(tch::TchError::FileFormat(e));
     let mut data = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         let t = t.detach().to_device(tch::Device::Cpu).contiguous();
@@ -47,11 +44,7 @@ pub fn write_safetensors<S: AsRef<str>>(
         (!metadata.is_empty()).then(|| metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
     let mut bytes = safetensors::serialize(views, &info).map_err(|e| fail(format!("{e:?}")))?;
     sort_header(&mut bytes).map_err(fail)?;
-    crate::atomic_write::write_atomic(path, |tmp| std::fs::write(tmp, &bytes)).map_err(|e| Error::Weights {
-        action: "saving",
-        path: path.display().to_string(),
-        source: tch::TchError::Io(e),
-    })
+    crate::atomic_write::write_atomic(path, |tmp| std::fs::write(tmp, &bytes)).map_err(|e| error(tch::TchError::Io(e)))
 }
 
 /// Rewrite a serialised safetensors header with its keys (and its metadata's keys) in sorted order, in place.

@@ -47,7 +47,7 @@ use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector};
 use crate::data::vtrace::VtraceConfig;
 use crate::export::Architecture;
-use crate::kind::{AlgorithmKind, Family};
+use crate::kind::{AlgorithmKind, KindName, not_data_parallel};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_train::clip_grad_norm;
@@ -246,14 +246,6 @@ on_policy_kind!(A2cConfig, A2cKind, update_members);
 
 /// A3C: A2C's answers, but actors send gradients (a [`A3cWorker`] each) to an [`A2c`] learner applying them.
 impl AlgorithmKind for A3cConfig {
-    fn name(&self) -> &'static str {
-        "a3c"
-    }
-
-    fn family(&self) -> Family {
-        Family::Gradients
-    }
-
     fn validate(&self, num_envs: usize) -> Result<()> {
         if self.0.recurrent.is_some() {
             return Err(Error::InvalidConfig {
@@ -280,10 +272,7 @@ impl AlgorithmKind for A3cConfig {
     }
 
     fn check_data_parallel(&self) -> std::result::Result<(), String> {
-        Err(format!(
-            "{} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG and TD3 can)",
-            self.name()
-        ))
+        not_data_parallel(self.name())
     }
 
     fn cnn_options(&self) -> Option<CnnOptions> {

@@ -300,14 +300,6 @@ impl<K: OnPolicyKind> Replicated for OnPolicyAgent<K> {
 macro_rules! on_policy_kind {
     ($config:ty, $kind:ty, $update:path) => {
         impl $crate::kind::AlgorithmKind for $config {
-            fn name(&self) -> &'static str {
-                <$kind as $crate::actor_critic::agent::OnPolicyKind>::NAME
-            }
-
-            fn family(&self) -> $crate::kind::Family {
-                $crate::kind::Family::OnPolicy
-            }
-
             fn validate(&self, num_envs: usize) -> $crate::Result<()> {
                 <$config>::validate(self, num_envs)
             }

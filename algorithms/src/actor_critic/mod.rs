@@ -654,8 +654,8 @@ impl ActorCritic {
         let x = self.obs_tensor(obs)?;
         let (head, _) = tch::no_grad(|| self.forward(&x));
         Ok(match self.log_std {
-            None => crate::teaching::Teaching::Logits(head),
-            Some(i) => crate::teaching::Teaching::Gaussian { mean: head, log_std: self.params.view(i).detach() },
+            None => crate::teaching::Teaching::new(crate::teaching::TeachingKind::Logits, &head),
+            Some(i) => crate::teaching::Teaching::gaussian(&head, self.params.view(i)),
         })
     }
 

@@ -36,13 +36,14 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
-use crate::export::{Architecture, Network, policy_head, policy_width, widths};
-use crate::kind::{AlgorithmKind, Family};
+use crate::export::{Architecture, Network, policy_head, policy_width};
+use crate::kind::{AlgorithmKind, KindName, not_data_parallel};
 use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::nets::{
-    Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, is_image, mlp_input_dim, with_torch_seed,
+    Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, is_image, mlp_input_dim, select_task_heads,
+    select_task_heads_tensor, with_torch_seed,
 };
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
@@ -61,16 +62,6 @@ pub enum DistillLoss {
     Nll,
     /// Mean squared error between the student's and the teacher's raw outputs.
     Mse,
-}
-
-impl DistillLoss {
-    fn name(self) -> &'static str {
-        match self {
-            DistillLoss::Kl => "kl",
-            DistillLoss::Nll => "nll",
-            DistillLoss::Mse => "mse",
-        }
-    }
 }
 
 /// Who picks the actions that generate the states to label.
@@ -158,20 +149,22 @@ impl Default for DistillConfig {
 }
 
 impl AlgorithmKind for DistillConfig {
-    fn name(&self) -> &'static str {
-        "distill"
-    }
-
-    fn family(&self) -> Family {
-        Family::OffPolicy
-    }
-
     fn validate(&self, _num_envs: usize) -> Result<()> {
         DistillConfig::validate(self)
     }
 
+    /// Actor processes act with the student (broadcast like any policy), never the teacher.
     fn check_distributed(&self) -> Result<()> {
-        DistillConfig::check_distributed(self)
+        if self.act_with == ActWith::Teacher {
+            return Err(Error::config(
+                "distill",
+                "act_with",
+                "\"teacher\"",
+                "actor processes act with the student (its parameters are what the learner broadcasts); \
+                 use act_with = \"student\" with actors, or train in one process",
+            ));
+        }
+        Ok(())
     }
 
     fn check_assemble_ahead(&self) -> std::result::Result<(), String> {
@@ -179,10 +172,7 @@ impl AlgorithmKind for DistillConfig {
     }
 
     fn check_data_parallel(&self) -> std::result::Result<(), String> {
-        Err(format!(
-            "{} updates cannot be spread over learners or micro-batches (PPO, A2C, DQN, DDPG and TD3 can)",
-            self.name()
-        ))
+        not_data_parallel(self.name())
     }
 
     fn learner(&self, o: &Space, a: &Space, _n_envs: usize, device: Device, seed: u64) -> Result<Box<dyn Algorithm>> {
@@ -202,12 +192,7 @@ impl AlgorithmKind for DistillConfig {
             let (channels, features) = (self.student_channels()?, self.student_features()?);
             Network::nature_cnn("student", o, channels, features, outputs, outputs)?
         } else {
-            let inputs = mlp_input_dim("distill", o)?;
-            Network::Mlp {
-                prefix: "student".into(),
-                widths: widths(inputs, &self.hidden_sizes, outputs),
-                activation: self.activation,
-            }
+            Network::mlp("student", mlp_input_dim("distill", o)?, &self.hidden_sizes, outputs, self.activation)
         };
         Ok(Architecture::new("distill", network, policy, heads, o, a))
     }
@@ -225,55 +210,56 @@ impl AlgorithmKind for DistillConfig {
 impl DistillConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field, value: String, detail: &str| {
-            Err(Error::InvalidConfig { algorithm: "distill", field, value, detail: detail.to_string() })
-        };
+        let bad =
+            |field, value: &dyn ToString, detail: &str| Err(Error::config("distill", field, value.to_string(), detail));
         if self.teachers.is_empty() {
-            return bad("teachers", "[]".into(), "name the run directory of a trained teacher");
+            return bad("teachers", &"[]", "name the run directory of a trained teacher");
         }
         if self.act_with == ActWith::Teacher && self.teachers.len() > 1 {
             return bad(
                 "act_with",
-                "\"teacher\"".into(),
+                &"\"teacher\"",
                 "one teacher acts for one task; with a teacher per task the student acts (act_with = \"student\")",
             );
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
-            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
+            return bad("hidden_sizes", &format!("{:?}", self.hidden_sizes), "widths must be positive");
         }
         if self.cnn_channels.len() != 3 || self.cnn_channels.iter().any(|&c| c <= 0) {
-            return bad("cnn_channels", format!("{:?}", self.cnn_channels), "three positive channel counts");
+            return bad("cnn_channels", &format!("{:?}", self.cnn_channels), "three positive channel counts");
         }
         if let Some(t) = self.temperature
             && !(t > 0.0 && t.is_finite())
         {
-            return bad("temperature", t.to_string(), "must be > 0");
+            return bad("temperature", &t, "must be > 0");
         }
         if self.buffer_size == 0 {
-            return bad("buffer_size", "0".into(), "must be at least 1");
+            return bad("buffer_size", &0, "must be at least 1");
         }
         if self.batch_size == 0 {
-            return bad("batch_size", "0".into(), "must be at least 1");
+            return bad("batch_size", &0, "must be at least 1");
         }
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            return bad("learning_rate", self.learning_rate.to_string(), "must be > 0");
+            return bad("learning_rate", &self.learning_rate, "must be > 0");
         }
         if self.train_freq == 0 {
-            return bad("train_freq", "0".into(), "must be at least 1");
+            return bad("train_freq", &0, "must be at least 1");
         }
         if !(self.max_grad_norm > 0.0) {
-            return bad("max_grad_norm", self.max_grad_norm.to_string(), "must be > 0");
+            return bad("max_grad_norm", &self.max_grad_norm, "must be > 0");
         }
         Ok(())
     }
 
     /// The student CNN's channels (checked by [`DistillConfig::validate`]).
     fn student_channels(&self) -> Result<[i64; 3]> {
-        <[i64; 3]>::try_from(self.cnn_channels.as_slice()).map_err(|_| Error::InvalidConfig {
-            algorithm: "distill",
-            field: "cnn_channels",
-            value: format!("{:?}", self.cnn_channels),
-            detail: "three positive channel counts".into(),
+        <[i64; 3]>::try_from(self.cnn_channels.as_slice()).map_err(|_| {
+            Error::config(
+                "distill",
+                "cnn_channels",
+                format!("{:?}", self.cnn_channels),
+                "three positive channel counts",
+            )
         })
     }
 
@@ -281,28 +267,13 @@ impl DistillConfig {
     fn student_features(&self) -> Result<i64> {
         match self.hidden_sizes[..] {
             [f] if f > 0 => Ok(f),
-            _ => Err(Error::InvalidConfig {
-                algorithm: "distill",
-                field: "hidden_sizes",
-                value: format!("{:?}", self.hidden_sizes),
-                detail: "on frames the student is a CNN with one fc layer: give its width, e.g. [256]".into(),
-            }),
+            _ => Err(Error::config(
+                "distill",
+                "hidden_sizes",
+                format!("{:?}", self.hidden_sizes),
+                "on frames the student is a CNN with one fc layer: give its width, e.g. [256]",
+            )),
         }
-    }
-
-    /// Whether actor processes can generate the data: they act with the student (broadcast like any policy).
-    pub fn check_distributed(&self) -> Result<()> {
-        if self.act_with == ActWith::Teacher {
-            return Err(Error::InvalidConfig {
-                algorithm: "distill",
-                field: "act_with",
-                value: "\"teacher\"".into(),
-                detail: "actor processes act with the student (its parameters are what the learner broadcasts); \
-                         use act_with = \"student\" with actors, or train in one process"
-                    .into(),
-            });
-        }
-        Ok(())
     }
 }
 
@@ -343,32 +314,24 @@ impl StudentNet {
         let head = match act {
             Space::Discrete { n, .. } => Head::Discrete(*n),
             Space::Box { shape, .. } if shape.len() == 1 => Head::Gaussian(shape[0]),
-            other => {
-                return Err(Error::UnsupportedSpace {
-                    which: "action",
-                    algorithm: "distill",
-                    detail: format!("{other:?}"),
-                });
-            }
+            other => return Err(Error::space("action", "distill", format!("{other:?}"))),
         };
         let frames = is_image(obs);
         let obs_dim = if frames { obs.flat_dim() } else { mlp_input_dim("distill", obs)? };
         let heads = config.teachers.len().max(1);
         if heads > 1 && frames {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "distill",
-                detail: format!("{heads} teachers (one per task) need vector observations with a task one-hot"),
-            });
+            return Err(Error::space(
+                "observation",
+                "distill",
+                format!("{heads} teachers (one per task) need vector observations with a task one-hot"),
+            ));
         }
         if heads > 1 && obs_dim <= heads {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "distill",
-                detail: format!(
-                    "{heads} teachers need observations ending with a {heads}-task one-hot; got {obs_dim} floats"
-                ),
-            });
+            return Err(Error::space(
+                "observation",
+                "distill",
+                format!("{heads} teachers need observations ending with a {heads}-task one-hot; got {obs_dim} floats"),
+            ));
         }
         let outputs = match head {
             Head::Discrete(n) | Head::Gaussian(n) => n as i64,
@@ -378,10 +341,12 @@ impl StudentNet {
             let built = with_torch_seed(seed, || {
                 NatureCnn::init_sized("student", obs.shape(), channels, features, &[(outputs, 0.01)], 0)
             });
-            let (cnn, named) = built.ok_or_else(|| Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "distill",
-                detail: format!("{:?}: frames must be [C, H, W] with H, W ≥ 36", obs.shape()),
+            let (cnn, named) = built.ok_or_else(|| {
+                Error::space(
+                    "observation",
+                    "distill",
+                    format!("{:?}: frames must be [C, H, W] with H, W ≥ 36", obs.shape()),
+                )
             })?;
             (Body::Cnn(cnn.with_options(config.cnn)), named)
         } else {
@@ -421,12 +386,7 @@ impl StudentNet {
             }
         };
         let all = mlp.forward(&self.params, x);
-        if self.heads == 1 {
-            return all;
-        }
-        let (b, h, n) = (x.size()[0], self.heads as i64, self.outputs() as i64);
-        let task = x.narrow(1, self.obs_dim as i64 - h, h).argmax(1, false);
-        all.view([b, h, n]).gather(1, &task.view([b, 1, 1]).expand([b, 1, n], false), false).squeeze_dim(1)
+        if self.heads == 1 { all } else { select_task_heads_tensor(x, self.heads, &all) }
     }
 
     /// The task of each row of `x` (`rows × obs_dim`): where its one-hot is hot (0 for a single teacher).
@@ -444,58 +404,29 @@ impl StudentNet {
             .collect()
     }
 
-    /// Keep each row's own head of a host forward pass (`rows × heads·n` → `rows × n`), in place.
-    fn select_heads(&self, x: &[f32], out: &mut Vec<f32>) {
-        if self.heads == 1 {
-            return;
-        }
-        let n = self.outputs();
-        let tasks = self.tasks_of(x);
-        let mut w = 0;
-        for (r, t) in tasks.iter().enumerate() {
-            let from = r * self.heads * n + t * n;
-            out.copy_within(from..from + n, w);
-            w += n;
-        }
-        out.truncate(w);
-    }
-
     /// The log-std parameter of a Gaussian student.
     fn log_std(&self) -> Option<&Tensor> {
         self.log_std.map(|i| self.params.view(i))
     }
 
-    /// Whether the student takes frames (u8), not float vectors.
-    fn takes_frames(&self) -> bool {
-        matches!(self.body, Body::Cnn(_))
+    /// What the student takes: u8 frames (a CNN) or f32 vectors (an MLP).
+    fn dtype(&self) -> DType {
+        if matches!(self.body, Body::Cnn(_)) { DType::U8 } else { DType::F32 }
     }
 
-    /// Observations as the network's input `[B, obs_dim]` on the parameters' device (frames stay u8).
+    /// Observations as the network's input on the parameters' device (frames stay u8).
     fn obs_tensor(&self, obs: ObsRef<'_>) -> Result<Tensor> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
-        }
-        let x = match (obs, self.takes_frames()) {
-            (ObsRef::F32(x), false) => Tensor::f_from_slice(x)?,
-            (ObsRef::U8(x), true) => Tensor::f_from_slice(x)?,
-            (other, frames) => {
-                return Err(Error::UnsupportedSpace {
-                    which: "observation",
-                    algorithm: "distill",
-                    detail: format!(
-                        "{:?} observations for a student that takes {}",
-                        other.dtype(),
-                        if frames { "u8 frames" } else { "f32 vectors" }
-                    ),
-                });
-            }
+        let image = match &self.body {
+            Body::Cnn(cnn) => Some(cnn.shape()),
+            Body::Mlp(_) => None,
         };
-        Ok(x.f_view([-1, self.obs_dim as i64])?.to_device(self.params.flat().device()))
-    }
-
-    /// Zero observations of the student's dtype, `rows` of them (probes).
-    fn zero_obs(&self, rows: usize) -> ObsBuf {
-        ObsBuf::zeros(if self.takes_frames() { DType::U8 } else { DType::F32 }, rows * self.obs_dim)
+        let x = ObsLayout { obs_dim: self.obs_dim, image, device: self.params.flat().device() }.tensor(obs)?;
+        if obs.dtype() != self.dtype() {
+            let takes = if self.dtype() == DType::U8 { "u8 frames" } else { "f32 vectors" };
+            let detail = format!("{:?} observations for a student that takes {takes}", obs.dtype());
+            return Err(Error::space("observation", "distill", detail));
+        }
+        Ok(x)
     }
 
     /// The teaching kinds a student with this head can learn from.
@@ -511,8 +442,8 @@ impl StudentNet {
         let x = self.obs_tensor(obs)?;
         let out = tch::no_grad(|| self.forward(&x));
         Ok(match self.log_std() {
-            None => Teaching::Logits(out),
-            Some(log_std) => Teaching::Gaussian { mean: out, log_std: log_std.detach() },
+            None => Teaching::new(TeachingKind::Logits, &out),
+            Some(log_std) => Teaching::gaussian(&out, log_std),
         })
     }
 }
@@ -554,11 +485,7 @@ impl Policy for DistillPolicy {
     /// Samples the student's policy (or takes its mode); fills actions and their log-probs.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         if obs.is_empty() || !obs.len().is_multiple_of(self.net.obs_dim) {
-            return Err(Error::BadLength {
-                what: "observation batch".into(),
-                got: obs.len(),
-                expected: self.net.obs_dim,
-            });
+            return Err(Error::length("observation batch", obs.len(), self.net.obs_dim));
         }
         let rows = obs.len() / self.net.obs_dim;
         let deterministic = mode == ActMode::Deterministic;
@@ -566,8 +493,8 @@ impl Policy for DistillPolicy {
         let on_host = match (&self.net.body, obs) {
             (Body::Mlp(mlp), ObsRef::F32(x)) => {
                 let done = mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head);
-                if done {
-                    self.net.select_heads(x, &mut self.head);
+                if done && self.net.heads > 1 {
+                    select_task_heads(x, self.net.obs_dim, self.net.heads, &mut self.head);
                 }
                 done
             }
@@ -625,14 +552,9 @@ pub fn distill_loss(
     student_log_std: Option<&Tensor>,
     temperature: f64,
 ) -> Result<Tensor> {
-    let mismatch = |detail: &str| {
-        Err(Error::InvalidConfig {
-            algorithm: "distill",
-            field: "loss",
-            value: format!("\"{}\"", loss.name()),
-            detail: format!("{detail} (teacher gives {kind:?})"),
-        })
-    };
+    let value = format!("\"{loss:?}\"").to_lowercase();
+    let mismatch =
+        |detail: &str| Err(Error::config("distill", "loss", &value, format!("{detail} (teacher gives {kind:?})")));
     let rows = |t: Tensor| t.sum_dim_intlist(-1, false, Kind::Float).mean(Kind::Float);
     Ok(match (kind, student_log_std) {
         (TeachingKind::Logits | TeachingKind::QValues, None) => match loss {
@@ -706,14 +628,11 @@ impl LabelledReplay {
     pub fn push(&mut self, obs: ObsRef<'_>, labels: &[f32]) -> Result<()> {
         let rows = obs.len() / self.obs_dim;
         if rows == 0 || obs.len() != rows * self.obs_dim || !labels.len().is_multiple_of(rows) {
-            return Err(Error::BadLength { what: "labelled states".into(), got: labels.len(), expected: rows });
+            return Err(Error::length("labelled states", labels.len(), rows));
         }
         if obs.dtype() != self.obs.dtype() {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: "distill",
-                detail: format!("{:?} states for a replay of {:?}", obs.dtype(), self.obs.dtype()),
-            });
+            let detail = format!("{:?} states for a replay of {:?}", obs.dtype(), self.obs.dtype());
+            return Err(Error::space("observation", "distill", detail));
         }
         let l = labels.len() / rows;
         if self.label_dim == 0 {
@@ -721,7 +640,7 @@ impl LabelledReplay {
             self.obs = ObsBuf::zeros(self.obs.dtype(), self.capacity * self.obs_dim);
             self.labels = vec![0.0; self.capacity * l];
         } else if l != self.label_dim {
-            return Err(Error::BadLength { what: "teacher labels per state".into(), got: l, expected: self.label_dim });
+            return Err(Error::length("teacher labels per state", l, self.label_dim));
         }
         let d = self.obs_dim;
         for (r, y) in labels.chunks_exact(l).enumerate() {
@@ -824,6 +743,14 @@ impl std::fmt::Debug for Distill {
     }
 }
 
+/// A teacher's teaching must keep the kind it had when it was handed over.
+fn check_kind(kind: TeachingKind, teaching: &Teaching) -> Result<()> {
+    if teaching.kind != kind {
+        return Err(Error::Unsupported(format!("distill: the teacher changed from {kind:?} to {:?}", teaching.kind)));
+    }
+    Ok(())
+}
+
 impl Distill {
     /// Label states, each by its task's teacher, and keep them.
     fn label(&mut self, obs: ObsRef<'_>) -> Result<()> {
@@ -833,7 +760,7 @@ impl Distill {
         let labels = if self.teachers.len() == 1 {
             let teaching = self.teachers[0].teach(obs)?;
             check_kind(kind, &teaching)?;
-            Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?
+            Vec::<f32>::try_from(teaching.labels.flatten(0, -1))?
         } else {
             self.label_by_task(f32_obs("distill", obs)?, kind)?
         };
@@ -848,8 +775,7 @@ impl Distill {
         config.validate()?;
         let net = StudentNet::new(obs, act, &config, device, seed)?;
         let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
-        let dtype = if net.takes_frames() { DType::U8 } else { DType::F32 };
-        let replay = LabelledReplay::new(config.buffer_size, net.obs_dim, dtype);
+        let replay = LabelledReplay::new(config.buffer_size, net.obs_dim, net.dtype());
         Ok(Distill {
             pi: DistillPolicy::of(net, seed),
             opt,
@@ -869,15 +795,15 @@ impl Distill {
         let discrete = matches!(kind, TeachingKind::Logits | TeachingKind::QValues);
         match self.config.temperature {
             Some(t) if self.config.loss == DistillLoss::Kl && discrete => Ok(t),
-            Some(t) => Err(Error::InvalidConfig {
-                algorithm: "distill",
-                field: "temperature",
-                value: t.to_string(),
-                detail: format!(
+            Some(t) => Err(Error::config(
+                "distill",
+                "temperature",
+                t,
+                format!(
                     "only the kl loss on a discrete teacher uses a temperature (loss = \"{}\", teacher gives {kind:?})",
-                    self.config.loss.name()
+                    format!("{:?}", self.config.loss).to_lowercase()
                 ),
-            }),
+            )),
             None if kind == TeachingKind::QValues => Ok(0.01),
             None => Ok(1.0),
         }
@@ -908,17 +834,7 @@ impl Distill {
         };
         Ok((value, agreement))
     }
-}
 
-/// A teacher's teaching must keep the kind it had when it was handed over.
-fn check_kind(kind: TeachingKind, teaching: &Teaching) -> Result<()> {
-    if teaching.kind() != kind {
-        return Err(Error::Unsupported(format!("distill: the teacher changed from {kind:?} to {:?}", teaching.kind())));
-    }
-    Ok(())
-}
-
-impl Distill {
     /// Labels for `obs` (rows with a task one-hot at the end): each task's rows, one-hot stripped, taught by
     /// that task's teacher, written back in row order.
     fn label_by_task(&mut self, obs: &[f32], kind: TeachingKind) -> Result<Vec<f32>> {
@@ -934,7 +850,7 @@ impl Distill {
             let x: Vec<f32> = rows.iter().flat_map(|r| obs[r * dim..(r + 1) * dim - heads].iter().copied()).collect();
             let teaching = teacher.teach(ObsRef::F32(&x))?;
             check_kind(kind, &teaching)?;
-            let y = Vec::<f32>::try_from(teaching.labels().flatten(0, -1))?;
+            let y = Vec::<f32>::try_from(teaching.labels.flatten(0, -1))?;
             width = y.len() / rows.len();
             labels.resize(tasks.len() * width, 0.0);
             for (i, r) in rows.iter().enumerate() {
@@ -1071,11 +987,8 @@ impl crate::algorithm::Student for Distill {
         let task_dim = self.pi.obs_dim() - if heads > 1 { heads } else { 0 };
         let mut kind = None;
         for (k, teacher) in teachers.iter_mut().enumerate() {
-            let which = if heads > 1 {
-                format!("teacher {k} ({})", teacher.name())
-            } else {
-                format!("the teacher ({})", teacher.name())
-            };
+            let who = if heads > 1 { format!("teacher {k}") } else { "the teacher".into() };
+            let which = format!("{who} ({})", teacher.name());
             if teacher.state_dim() > 0 {
                 return Err(Error::Unsupported(format!(
                     "distill: {which} is recurrent; distilling a recurrent teacher (its labels depend on each \
@@ -1091,14 +1004,10 @@ impl crate::algorithm::Student for Distill {
                     self.pi.act_dim()
                 )));
             }
-            let teaching = if self.pi.net.takes_frames() {
-                teacher.teach(ObsRef::U8(&vec![0u8; task_dim]))?
-            } else {
-                teacher.teach(ObsRef::F32(&vec![0.0f32; task_dim]))?
-            };
-            let width = teaching.labels().size()[1];
+            let teaching = teacher.teach(ObsBuf::zeros(self.pi.net.dtype(), task_dim).as_ref())?;
+            let width = teaching.labels.size()[1];
             let outputs = self.pi.net.outputs() as i64;
-            let k_kind = teaching.kind();
+            let k_kind = teaching.kind;
             if !self.pi.net.learns_from(k_kind) || (k_kind != TeachingKind::Gaussian && width != outputs) {
                 return Err(Error::Unsupported(format!(
                     "distill: {which} gives {k_kind:?} of {width} values per state; this student has {outputs} \
@@ -1114,8 +1023,8 @@ impl crate::algorithm::Student for Distill {
             }
             self.temperature(k_kind)?;
             // Loss and teacher must pair up (e.g. kl has nothing to match in a deterministic teacher).
-            let labels = teaching.labels().to_device(self.pi.net.params.flat().device());
-            let probe = self.pi.net.zero_obs(1);
+            let labels = teaching.labels.to_device(self.pi.net.params.flat().device());
+            let probe = ObsBuf::zeros(self.pi.net.dtype(), self.pi.net.obs_dim);
             let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(probe.as_ref()).expect("one row")));
             let _ = distill_loss(self.config.loss, k_kind, &labels, &out, self.pi.net.log_std(), 1.0)?;
             kind = Some(k_kind);
@@ -1299,8 +1208,10 @@ mod tests {
         let mut rng = Pcg64::seed_from_u64(99);
         let probe: Vec<f32> = (0..512 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
         let agreement = |s: &mut Distill| {
-            let t = s.teachers[0].teach(ObsRef::F32(&probe)).unwrap().labels().argmax(-1, false);
-            let Teaching::Logits(l) = s.teach(ObsRef::F32(&probe)).unwrap() else { panic!("a discrete student") };
+            let t = s.teachers[0].teach(ObsRef::F32(&probe)).unwrap().labels.argmax(-1, false);
+            let Teaching { kind: TeachingKind::Logits, labels: l } = s.teach(ObsRef::F32(&probe)).unwrap() else {
+                panic!("a discrete student")
+            };
             f64::try_from(l.argmax(-1, false).eq_tensor(&t).to_kind(Kind::Float).mean(Kind::Float)).unwrap()
         };
         let before = agreement(&mut student);
@@ -1352,7 +1263,10 @@ mod tests {
         let probe = tasked_states(1000, 4, 2, &mut rng);
         let mut out = ActOutput::default();
         student.act(ObsRef::F32(&probe), ActMode::Deterministic, &mut out).unwrap();
-        let Teaching::Logits(logits) = student.teach(ObsRef::F32(&probe)).unwrap() else { panic!() };
+        let Teaching { kind: TeachingKind::Logits, labels: logits } = student.teach(ObsRef::F32(&probe)).unwrap()
+        else {
+            panic!()
+        };
         let greedy = Vec::<i64>::try_from(logits.argmax(-1, false)).unwrap();
         let acted: Vec<i64> = out.actions.iter().map(|a| *a as i64).collect();
         assert_eq!(acted, greedy, "the host path and libtorch pick the same head");
@@ -1360,11 +1274,11 @@ mod tests {
         for k in 0..2 {
             let rows: Vec<usize> = (0..1000).filter(|r| tasks[*r] == k).collect();
             let x: Vec<f32> = rows.iter().flat_map(|r| probe[r * 6..r * 6 + 4].iter().copied()).collect();
-            let t = student.teachers[k].teach(ObsRef::F32(&x)).unwrap().labels().argmax(-1, false);
+            let t = student.teachers[k].teach(ObsRef::F32(&x)).unwrap().labels.argmax(-1, false);
             let t = Vec::<i64>::try_from(t).unwrap();
             let agree = rows.iter().zip(&t).filter(|(r, a)| greedy[**r] == **a).count() as f64 / rows.len() as f64;
             // The other teacher's actions agree far less often: the heads really are per task.
-            let other = student.teachers[1 - k].teach(ObsRef::F32(&x)).unwrap().labels().argmax(-1, false);
+            let other = student.teachers[1 - k].teach(ObsRef::F32(&x)).unwrap().labels.argmax(-1, false);
             let other = Vec::<i64>::try_from(other).unwrap();
             let cross = rows.iter().zip(&other).filter(|(r, a)| greedy[**r] == **a).count() as f64 / rows.len() as f64;
             assert!(
@@ -1396,10 +1310,17 @@ mod tests {
         let mut rng = Pcg64::seed_from_u64(4);
         let probe: Vec<f32> = (0..256 * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
         let error = |s: &mut Distill| {
-            let Teaching::Gaussian { mean: t, log_std: tl } = s.teachers[0].teach(ObsRef::F32(&probe)).unwrap() else {
+            let Teaching { kind: TeachingKind::Gaussian, labels: t } =
+                s.teachers[0].teach(ObsRef::F32(&probe)).unwrap()
+            else {
                 panic!("a PPO teacher on boxes is Gaussian")
             };
-            let Teaching::Gaussian { mean, log_std } = s.teach(ObsRef::F32(&probe)).unwrap() else { panic!() };
+            let Teaching { kind: TeachingKind::Gaussian, labels: own } = s.teach(ObsRef::F32(&probe)).unwrap() else {
+                panic!()
+            };
+            let d = t.size()[1] / 2;
+            let (t, tl, mean, log_std) =
+                (t.narrow(1, 0, d), t.narrow(1, d, d), own.narrow(1, 0, d), own.narrow(1, d, d));
             let mean_err = f64::try_from((&mean - &t).abs().mean(Kind::Float)).unwrap();
             let std_err = f64::try_from((log_std.expand_as(&t) - tl.expand_as(&t)).abs().mean(Kind::Float)).unwrap();
             (mean_err, std_err)
@@ -1466,8 +1387,10 @@ mod tests {
         let mut rng = Pcg64::seed_from_u64(99);
         let probe: Vec<u8> = (0..32).flat_map(|_| block_frames(&mut rng)).collect();
         let agreement = |s: &mut Distill| {
-            let t = s.teachers[0].teach(ObsRef::U8(&probe)).unwrap().labels().argmax(-1, false);
-            let Teaching::Logits(l) = s.teach(ObsRef::U8(&probe)).unwrap() else { panic!("a discrete student") };
+            let t = s.teachers[0].teach(ObsRef::U8(&probe)).unwrap().labels.argmax(-1, false);
+            let Teaching { kind: TeachingKind::Logits, labels: l } = s.teach(ObsRef::U8(&probe)).unwrap() else {
+                panic!("a discrete student")
+            };
             f64::try_from(l.argmax(-1, false).eq_tensor(&t).to_kind(Kind::Float).mean(Kind::Float)).unwrap()
         };
         let run = |s: &mut Distill, steps: usize, seed: u64| {

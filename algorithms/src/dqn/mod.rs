@@ -46,8 +46,8 @@ use crate::data::frame_replay::FrameReplay;
 use crate::data::n_step::NStep;
 use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample, check_len};
 use crate::dqn::host::DqnHost;
-use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
-use crate::kind::{AlgorithmKind, Family, members_as};
+use crate::export::{Architecture, Network, PolicyOutput, unsupported};
+use crate::kind::{AlgorithmKind, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
@@ -186,14 +186,6 @@ impl Default for DqnConfig {
 }
 
 impl AlgorithmKind for DqnConfig {
-    fn name(&self) -> &'static str {
-        "dqn"
-    }
-
-    fn family(&self) -> Family {
-        Family::OffPolicy
-    }
-
     fn validate(&self, _num_envs: usize) -> Result<()> {
         DqnConfig::validate(self)
     }
@@ -247,12 +239,7 @@ impl AlgorithmKind for DqnConfig {
         let network = if is_image(o) {
             Network::nature_cnn("q", o, NatureCnn::CHANNELS, NatureCnn::FEATURES, outputs, outputs)?
         } else {
-            let inputs = mlp_input_dim("dqn", o)?;
-            Network::Mlp {
-                prefix: "q".into(),
-                widths: widths(inputs, &self.hidden_sizes, outputs),
-                activation: self.activation,
-            }
+            Network::mlp("q", mlp_input_dim("dqn", o)?, &self.hidden_sizes, outputs, self.activation)
         };
         let policy = PolicyOutput::QValues { n, dueling: self.dueling, quantiles: self.n_quantiles.max(1) };
         Ok(Architecture::new("dqn", network, policy, heads, o, a))
@@ -1324,7 +1311,8 @@ impl Algorithm for Dqn {
     /// The online network's Q-values.
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<crate::teaching::Teaching> {
         let x = self.q.layout().tensor(obs)?;
-        Ok(crate::teaching::Teaching::QValues(tch::no_grad(|| self.q.forward(&self.online, &x))))
+        let q = tch::no_grad(|| self.q.forward(&self.online, &x));
+        Ok(crate::teaching::Teaching::new(crate::teaching::TeachingKind::QValues, &q))
     }
 
     fn observe(&mut self, chunks: &[Chunk]) -> Result<()> {
@@ -1415,7 +1403,6 @@ impl crate::algorithm::ReplayAhead for Dqn {
     fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>> {
         let work = work
             .0
-            .into_any()
             .downcast::<DqnWork>()
             .map_err(|_| Error::Unsupported("dqn: prepared work made by another kind of agent".into()))?;
         match *work {

@@ -38,6 +38,7 @@ use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_v
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, sequence_rows};
 use crate::data::vtrace::VtraceConfig;
+use crate::kind::KindName;
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::members::{Coef, host, to_device_async};

@@ -37,8 +37,8 @@ use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::fill_standard_normal;
 use crate::continuous::{ActionReplay, Critics, Transitions, act_tanh, action_bounds, adam_step, mean_of, polyak};
 use crate::data::replay::check_len;
-use crate::export::{Architecture, Network, PolicyOutput, widths};
-use crate::kind::{AlgorithmKind, Family};
+use crate::export::{Architecture, Network, PolicyOutput};
+use crate::kind::AlgorithmKind;
 use crate::nn::adam::Adam;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
@@ -47,7 +47,7 @@ use crate::nn::nets::{Activation, FlatMlp, LayerInit, cpu_has_native_bf16, mlp_i
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
-use crate::teaching::Teaching;
+use crate::teaching::{Teaching, TeachingKind};
 use crate::{Error, Metrics, Result};
 
 /// SB3's bounds on the policy's log standard deviation.
@@ -165,14 +165,6 @@ impl SacConfig {
 }
 
 impl AlgorithmKind for SacConfig {
-    fn name(&self) -> &'static str {
-        "sac"
-    }
-
-    fn family(&self) -> Family {
-        Family::OffPolicy
-    }
-
     fn validate(&self, _num_envs: usize) -> Result<()> {
         SacConfig::validate(self)
     }
@@ -188,11 +180,7 @@ impl AlgorithmKind for SacConfig {
     /// The mean's MLP (`actor.{k}`) and `tanh`, scaled to the bounds: the deterministic action.
     fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
         let (low, high) = action_bounds("sac", a)?;
-        let network = Network::Mlp {
-            prefix: "actor".into(),
-            widths: widths(mlp_input_dim("sac", o)?, &self.hidden_sizes, low.len()),
-            activation: self.activation,
-        };
+        let network = Network::mlp("actor", mlp_input_dim("sac", o)?, &self.hidden_sizes, low.len(), self.activation);
         Ok(Architecture::new("sac", network, PolicyOutput::TanhScaled { low, high }, 1, o, a))
     }
 
@@ -661,7 +649,7 @@ impl Algorithm for Sac {
         let x = f32_obs("sac", obs)?;
         self.pi.act(&self.actor, ObsRef::F32(x), false, None, &mut self.rng, &mut self.host, &mut out)?;
         let rows = (x.len() / self.pi.obs_dim) as i64;
-        Ok(Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
+        Ok(Teaching::new(TeachingKind::Actions, &Tensor::from_slice(&out.actions).view([rows, -1])))
     }
 }
 

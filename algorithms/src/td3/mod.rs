@@ -43,8 +43,8 @@ use crate::continuous::{
     ActionReplay, Critics, Transitions, act_tanh, action_bounds, activate, adam_step, cat_or_one, mean_of, polyak,
     sum_of,
 };
-use crate::export::{Architecture, Network, PolicyOutput, unsupported, widths};
-use crate::kind::{AlgorithmKind, Family, members_as};
+use crate::export::{Architecture, Network, PolicyOutput, unsupported};
+use crate::kind::{AlgorithmKind, members_as};
 use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
@@ -184,14 +184,6 @@ impl Default for DdpgConfig {
 macro_rules! td3_kind {
     ($config:ty, $name:literal, $td3:expr, $learner:path) => {
         impl AlgorithmKind for $config {
-            fn name(&self) -> &'static str {
-                $name
-            }
-
-            fn family(&self) -> Family {
-                Family::OffPolicy
-            }
-
             fn validate(&self, _num_envs: usize) -> Result<()> {
                 <$config>::validate(self)
             }
@@ -245,12 +237,7 @@ fn architecture(c: &Td3Config, algorithm: &str, o: &Space, a: &Space) -> Result<
         return Err(unsupported("td3", format!("{a:?}: needs a 1-D box")));
     }
     let heads = if c.task_heads { c.tasks.max(1) } else { 1 };
-    let inputs = mlp_input_dim("td3", o)?;
-    let network = Network::Mlp {
-        prefix: "actor".into(),
-        widths: widths(inputs, &c.hidden_sizes, low.len() * heads),
-        activation: c.activation,
-    };
+    let network = Network::mlp("actor", mlp_input_dim("td3", o)?, &c.hidden_sizes, low.len() * heads, c.activation);
     let policy = PolicyOutput::TanhScaled { low: low.clone(), high: high.clone() };
     Ok(Architecture::new(algorithm, network, policy, heads, o, a))
 }
@@ -1003,7 +990,8 @@ impl Algorithm for Td3 {
         let x = f32_obs(self.name, obs)?;
         self.pi.act(&self.actor, ObsRef::F32(x), false, None, &mut self.rng, &mut self.host, &mut out)?;
         let rows = (x.len() / self.obs_dim) as i64;
-        Ok(crate::teaching::Teaching::Actions(Tensor::from_slice(&out.actions).view([rows, -1])))
+        let actions = Tensor::from_slice(&out.actions).view([rows, -1]);
+        Ok(crate::teaching::Teaching::new(crate::teaching::TeachingKind::Actions, &actions))
     }
 
     fn policy_params_mut(&mut self) -> &mut FlatParams {
