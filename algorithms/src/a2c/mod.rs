@@ -701,13 +701,8 @@ impl A2c {
         Ok(A2c::with(config, pi, opt, n_envs, n_steps))
     }
 
-    /// Overwrite the network's parameters, e.g. with a parameter server's broadcast.
-    pub fn set_params(&mut self, flat: &Tensor) -> Result<()> {
-        self.pi.net.params.copy_from(flat)
-    }
-
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
-    /// `max_grad_norm`: a detached flat tensor of the trainable parameters, laid out like [`A2c::params`] with
+    /// `max_grad_norm`: a detached flat tensor of the trainable parameters, laid out like the parameter buffer with
     /// frozen layers left out ([`FlatParams::trainable_grad`]). Neither the parameters nor the
     /// optimiser change; [`A2c::apply_gradients`] (here or on another copy of the agent) takes the step.
     ///
@@ -1123,7 +1118,7 @@ mod tests {
                 let init: Vec<f32> = Vec::try_from(make(true).params().flat().detach()).unwrap();
                 assert_ne!(a, init, "{what}: weights moved");
                 if u == 1 {
-                    actor.set_params(&fused.params().flat().detach().copy()).unwrap();
+                    actor.pi.net.params.copy_from(&fused.params().flat().detach().copy()).unwrap();
                 }
             }
             // The optimiser states agree too: a checkpoint of each restores into the other's path.

@@ -665,14 +665,9 @@ impl ActorCritic {
         let (_, v) = tch::no_grad(|| self.forward(&x));
         Ok(Vec::<f32>::try_from(v.to_device(Device::Cpu))?)
     }
-    /// Log-probabilities of the stored `actions` and values of `obs` under the current parameters, without
-    /// gradient.
-    pub fn evaluate(&self, obs: ObsRef<'_>, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
-        self.evaluate_input(&self.obs_tensor(obs)?, actions)
-    }
-
-    /// [`ActorCritic::evaluate`] on observations already in the network's input layout.
-    fn evaluate_input(&self, x: &Tensor, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+    /// Log-probabilities of the stored `actions` and values of `x` (in the network's input layout) under the
+    /// current parameters, without gradient.
+    fn evaluate(&self, x: &Tensor, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
         let rows = x.size()[0] as usize;
         if actions.len() != rows * self.act_dim() {
             return Err(Error::BadLength {
@@ -744,7 +739,7 @@ impl ActorCritic {
         let (target_log_probs, values, next_values) = if self.state_dim() > 0 {
             self.sequence_eval(rollout, obs)?
         } else {
-            let (target_log_probs, values) = self.evaluate_input(obs, &rollout.actions)?;
+            let (target_log_probs, values) = self.evaluate(obs, &rollout.actions)?;
             let next_values = rollout.next_values_under(&values, |rows| self.values(rows))?;
             (target_log_probs, values, next_values)
         };

@@ -5,7 +5,7 @@
 use flotilla_core::{DType, Space};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
-use tch::nn::{self, Init, LinearConfig};
+use tch::nn::{self, Init};
 
 pub use crate::nn::activation::Activation;
 use crate::nn::host_mlp::{self, HostScratch};
@@ -52,12 +52,6 @@ impl ObsLayout {
             Some([c, h, w]) => t.view([-1, c, h, w]).to_device(self.device),
         })
     }
-}
-
-/// A linear layer with orthogonal weights of the given gain and zero bias.
-pub fn orthogonal_linear(p: nn::Path, inputs: i64, outputs: i64, gain: f64) -> nn::Linear {
-    let cfg = LinearConfig { ws_init: Init::Orthogonal { gain }, bs_init: Some(Init::Const(0.0)), bias: true };
-    nn::linear(p, inputs, outputs, cfg)
 }
 
 /// Input width of an MLP for this observation space: its size if it is a 1-D box; otherwise an error naming

@@ -301,7 +301,7 @@ impl FlatParams {
     }
 
     /// Keep the parameters under `layers` fixed: their gradient is zero from now on (after every backward
-    /// pass and [`FlatParams::zero_frozen_grads`]), so clipping ignores them, data-parallel learners all-reduce
+    /// pass), so clipping ignores them, data-parallel learners all-reduce
     /// zeros for them and the optimiser's moments for them stay zero — Adam and RMSprop never move them.
     /// Returns how many scalars are frozen.
     pub fn freeze(&mut self, what: &str, layers: &[String]) -> Result<i64> {
@@ -409,22 +409,13 @@ impl FlatParams {
         Ok(())
     }
 
-    /// Zero the frozen parameters' gradients (for a gradient written into the buffer from elsewhere, e.g. an
-    /// A3C actor's).
-    pub fn zero_frozen_grads(&mut self) {
+    /// Zero the frozen parameters' gradients.
+    fn zero_frozen_grads(&mut self) {
         tch::no_grad(|| {
             for (g, _) in self.grad_views.iter().zip(&self.frozen).filter(|(_, f)| **f) {
                 let _ = g.shallow_clone().zero_();
             }
         });
-    }
-
-    /// Reset the accumulated gradient to zero (one op).
-    pub fn zero_grad(&mut self) {
-        let mut g = self.flat.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
     }
 
     /// Scale the gradient so its global L2 norm is at most `max_norm` (as `torch.nn.utils.clip_grad_norm_`,
@@ -535,6 +526,17 @@ pub(crate) fn assert_params_close(what: &str, a: &FlatParams, b: &FlatParams, re
     let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst <= rel * scale, "{what}: parameters differ by {worst} (scale {scale})");
     a
+}
+
+#[cfg(test)]
+impl FlatParams {
+    /// Reset the accumulated gradient to zero (one op).
+    pub(crate) fn zero_grad(&mut self) {
+        let mut g = self.flat.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
 }
 
 #[cfg(test)]
