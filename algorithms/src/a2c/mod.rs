@@ -10,7 +10,7 @@
 //!   bootstrap from `V(true final observation)` ([`crate::data::gae`]);
 //! * loss `−E[Â log π(a|s)] + vf_coef · E[(R − V)²] − ent_coef · E[H]`; advantages not normalised; global
 //!   gradient-norm clipping at 0.5;
-//! * `torch.optim.RMSprop` (α 0.99, ε 1e-5, ε outside the square root: [`crate::nn::rmsprop`]) at a constant
+//! * `torch.optim.RMSprop` (α 0.99, ε 1e-5, ε outside the square root: [`crate::nn::optimiser`]) at a constant
 //!   learning rate 7e-4;
 //! * the gradient is computed and applied in two calls ([`A2c::compute_gradients`], [`A2c::apply_gradients`]),
 //!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server);
@@ -38,9 +38,7 @@ use crate::acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::explained_variance;
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
-use crate::actor_critic::members::{
-    Batch, MemberNet, Nets, Optimiser, StackedActorCritic, StackedOptimiser, stacking_refused,
-};
+use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, stacking_refused};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
@@ -48,14 +46,13 @@ use crate::data::rollout::{Rollout, RolloutCollector};
 use crate::data::vtrace::VtraceConfig;
 use crate::export::Architecture;
 use crate::kind::{AlgorithmKind, Family};
-use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
-use crate::nn::host_train::clip_grad_norm;
+use crate::nn::host_train::clip_and_step;
 use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
+use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::Recurrence;
-use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
@@ -350,110 +347,6 @@ pub(crate) fn a2c_loss(
     A2cLoss { total, policy, value, entropy }
 }
 
-/// The optimiser state, whichever was configured.
-#[derive(Debug)]
-pub enum Optimizer {
-    /// RMSprop (`optimizer = "rmsprop"`).
-    RmsProp(RmsProp),
-    /// Adam (`optimizer = "adam"`).
-    Adam(Adam),
-}
-
-impl Optimizer {
-    /// Steps taken so far.
-    pub(crate) fn steps(&self) -> u64 {
-        match self {
-            Optimizer::RmsProp(o) => o.steps,
-            Optimizer::Adam(o) => o.steps,
-        }
-    }
-
-    /// Set the learning rate of the next steps.
-    fn set_lr(&mut self, lr: f64) {
-        match self {
-            Optimizer::RmsProp(o) => o.lr = lr,
-            Optimizer::Adam(o) => o.lr = lr,
-        }
-    }
-
-    /// [`Optimizer::step`] on host slices (the fused CPU step); false, changing nothing, where the state is not
-    /// a host buffer of `theta`'s size.
-    fn step_host(&mut self, theta: &mut [f32], grad: &[f32], lr: f64) -> bool {
-        match self {
-            Optimizer::RmsProp(o) => {
-                o.lr = lr;
-                o.step_host(theta, grad)
-            }
-            Optimizer::Adam(o) => {
-                o.lr = lr;
-                o.step_host(theta, grad)
-            }
-        }
-    }
-
-    fn write_to(&self, c: &mut Checkpoint) -> Result<()> {
-        match self {
-            Optimizer::RmsProp(o) => o.write_to(c, "rmsprop"),
-            Optimizer::Adam(o) => o.write_to(c, "adam"),
-        }
-    }
-
-    fn read_from(&mut self, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
-        match self {
-            Optimizer::RmsProp(o) => o.read_from(c, "rmsprop", params),
-            Optimizer::Adam(o) => o.read_from(c, "adam", params),
-        }
-    }
-}
-
-impl Optimiser for Optimizer {
-    fn step(&mut self, params: &mut FlatParams) {
-        match self {
-            Optimizer::RmsProp(o) => o.step(params),
-            Optimizer::Adam(o) => o.step(params),
-        }
-    }
-}
-
-/// The members' optimiser states stacked ([`Optimizer`]'s stacked form; one kind for all members).
-enum StackedOptimizer {
-    RmsProp(StackedRmsProp),
-    Adam(StackedAdam),
-}
-
-impl StackedOptimizer {
-    /// The members' states for the rows of `params` (`[N, P]`); `None` where their kinds differ.
-    fn new(opts: &[&Optimizer], params: &Tensor) -> Option<Self> {
-        let rmsprop: Option<Vec<&RmsProp>> =
-            opts.iter().map(|o| if let Optimizer::RmsProp(o) = o { Some(o) } else { None }).collect();
-        let adam: Option<Vec<&Adam>> =
-            opts.iter().map(|o| if let Optimizer::Adam(o) = o { Some(o) } else { None }).collect();
-        match (rmsprop, adam) {
-            (Some(o), _) => Some(StackedOptimizer::RmsProp(StackedRmsProp::new(&o, params))),
-            (_, Some(o)) => Some(StackedOptimizer::Adam(StackedAdam::new(&o, params))),
-            _ => None,
-        }
-    }
-
-    /// Member `k`'s state back into its optimiser.
-    fn write_back(&self, k: usize, opt: &mut Optimizer) {
-        match (self, opt) {
-            (StackedOptimizer::RmsProp(s), Optimizer::RmsProp(o)) => s.write_back(k, o),
-            (StackedOptimizer::Adam(s), Optimizer::Adam(o)) => s.write_back(k, o),
-            _ => unreachable!("stacked from these members' optimisers"),
-        }
-    }
-}
-
-impl StackedOptimiser for StackedOptimizer {
-    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
-        match self {
-            StackedOptimizer::RmsProp(o) => o.step(params, grad, lrs),
-            StackedOptimizer::Adam(o) => o.step(params, grad, lrs),
-        }
-    }
-}
-
 /// The actor-critic network `config` describes (`name` for errors); `seed` fixes its initialisation.
 fn network(
     name: &'static str,
@@ -548,12 +441,11 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
     let batch = Batch::new(&nets, rollouts, c0.gamma as f32, c0.vtrace.as_ref())?;
     let stacked = (members.len() > 1).then(|| {
         let net = StackedActorCritic::new(&nets);
-        let opts: Vec<&Optimizer> = members.iter().map(|m| &m.opt).collect();
-        let opt = StackedOptimizer::new(&opts, net.params()).expect("unbatchable saw one optimiser kind");
+        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
         Nets::Stacked(net, opt)
     });
     for (m, &lr) in members.iter_mut().zip(&lrs) {
-        m.opt.set_lr(lr);
+        m.opt.lr = lr;
     }
     let configs: Vec<A2cConfig> = members.iter().map(|m| m.config.clone()).collect();
     let configs: Vec<&A2cConfig> = configs.iter().collect();
@@ -573,7 +465,7 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
         }
         None => {
             let A2c { pi, parallel, opt, .. } = &mut *members[0];
-            let mut nets: Nets<StackedOptimizer> = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
+            let mut nets: Nets = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
             let metrics = a2c_gradient(&mut nets, &configs, batch)?;
             nets.step(&lrs);
             metrics
@@ -589,7 +481,7 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
 /// The clipped A2C loss gradient of every member on its rollout in `batch`, written once over the member axis
 /// ([`Nets`]): a member alone averages it over its replicas and accumulates it over its micro-batches. Returns
 /// each member's metrics (the loss terms, means over the micro-batches; explained variance; V-trace's).
-fn a2c_gradient<S: StackedOptimiser>(nets: &mut Nets<S>, configs: &[&A2cConfig], batch: Batch) -> Result<Vec<Metrics>> {
+fn a2c_gradient(nets: &mut Nets, configs: &[&A2cConfig], batch: Batch) -> Result<Vec<Metrics>> {
     let d = batch.obs.device();
     let each = |f: fn(&A2cConfig) -> f64| Coef::of(configs.iter().map(|c| f(c)), d);
     let coefficients = Coefficients { ent_coef: each(|c| c.ent_coef), vf_coef: each(|c| c.vf_coef) };
@@ -648,7 +540,7 @@ pub struct A2cKind;
 
 impl OnPolicyKind for A2cKind {
     type Config = A2cConfig;
-    type Optimizer = Optimizer;
+    type Optimizer = Optimiser;
     const NAME: &'static str = "a2c";
 
     fn gamma_lambda(c: &A2cConfig) -> (f32, f32) {
@@ -659,12 +551,12 @@ impl OnPolicyKind for A2cKind {
         agent.update_from(rollout, progress_remaining)
     }
 
-    fn write_optimizer(opt: &Optimizer, c: &mut Checkpoint) -> Result<()> {
-        opt.write_to(c)
+    fn write_optimizer(opt: &Optimiser, c: &mut Checkpoint) -> Result<()> {
+        opt.write_to(c, opt.rule.name())
     }
 
-    fn read_optimizer(opt: &mut Optimizer, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
-        opt.read_from(c, params)
+    fn read_optimizer(opt: &mut Optimiser, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
+        opt.read_from(c, opt.rule.name(), params)
     }
 
     fn check_replicas(agent: &A2c, parallel: &DataParallel) -> Result<()> {
@@ -693,8 +585,8 @@ impl A2c {
         let net = network("a2c", observation_space, action_space, &config, device, seed)?;
         let (lr, eps) = (config.learning_rate, config.optimizer_eps);
         let opt = match config.optimizer {
-            OptimizerKind::RmsProp => Optimizer::RmsProp(RmsProp::new(&net.params, lr, config.rmsprop_alpha, eps)),
-            OptimizerKind::Adam => Optimizer::Adam(Adam::new(&net.params, lr, eps)),
+            OptimizerKind::RmsProp => Optimiser::rmsprop(&net.params, lr, config.rmsprop_alpha, eps),
+            OptimizerKind::Adam => Optimiser::new(&net.params, lr, eps),
         };
         let pi = ActorCriticPolicy::with_rng(net, Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c));
         let n_steps = config.n_steps;
@@ -713,7 +605,7 @@ impl A2c {
         check_rollout(&self.pi.net, rollout)?;
         let batch = Batch::new(&[&self.pi.net], &[rollout], gamma, vtrace)?;
         let A2c { pi, parallel, opt, config, .. } = self;
-        let mut nets: Nets<StackedOptimizer> = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
+        let mut nets: Nets = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
         let mut metrics = a2c_gradient(&mut nets, &[config], batch)?;
         // Packed: the trainable parameters' gradient only (all of it while nothing is frozen).
         Ok((pi.net.params.trainable_grad().detach().copy(), metrics.pop().expect("one member")))
@@ -732,8 +624,8 @@ impl A2c {
         }
         params.set_trainable_grad(flat_grad)?;
         let lr = self.config.learning_rate_at(progress_remaining);
-        self.opt.set_lr(lr);
-        Optimiser::step(&mut self.opt, &mut self.pi.net.params);
+        self.opt.lr = lr;
+        self.opt.step(&mut self.pi.net.params);
         Ok(lr)
     }
 
@@ -792,17 +684,9 @@ impl A2c {
         let theta =
             net.params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
         let loss: StepLoss = host.gradient(theta, &mb, Objective::A2c { ent_coef: c.ent_coef, vf_coef: c.vf_coef });
-        let grad = host.grad_mut();
-        let norm = clip_grad_norm(grad, c.max_grad_norm);
-        if !norm.is_finite() {
-            return Err(Error::NonFinite(format!("a2c: gradient norm {norm} (non-finite loss); step not taken")));
-        }
         let lr = c.learning_rate_at(progress_remaining);
-        if !self.opt.step_host(theta, grad, lr) {
-            return Err(Error::Unsupported(
-                "fused CPU step: optimiser state is not a host buffer of the model's size".into(),
-            ));
-        }
+        self.opt.lr = lr;
+        clip_and_step(theta, host.grad_mut(), &mut self.opt, c.max_grad_norm, "a2c")?;
         let mut m = Metrics::default();
         m.push("losses/policy_loss", loss.policy);
         m.push("losses/value_loss", loss.value);
@@ -877,7 +761,7 @@ impl GradientWorker for A3cWorker {
             .and_then(|_| Batch::new(&[&*net], &[&rollout], gamma, self.config.vtrace.as_ref()));
         let out = batch.and_then(|batch| {
             let parallel = &mut DataParallel::default();
-            let mut nets: Nets<StackedOptimizer> = Nets::Alone { net: &mut *net, parallel, opt: None };
+            let mut nets: Nets = Nets::Alone { net: &mut *net, parallel, opt: None };
             a2c_gradient(&mut nets, &[&self.config], batch)
         });
         self.collector.recycle(rollout);
@@ -1323,10 +1207,7 @@ mod member_tests {
 
     /// A member's optimiser state as one flat tensor: RMSprop's running mean, or Adam's two moments.
     fn optimiser_state(a: &A2c) -> Tensor {
-        match &a.opt {
-            Optimizer::RmsProp(o) => o.square_avg.shallow_clone(),
-            Optimizer::Adam(o) => Tensor::cat(&[&o.exp_avg, &o.exp_avg_sq], 0),
-        }
+        Tensor::cat(&a.opt.state, 0)
     }
 
     /// Members (seed 100 + k, config k, libtorch path) updated together match twins (same seeds, configs and

@@ -9,11 +9,11 @@
 use crate::actor_critic::ActorCritic;
 use crate::actor_critic::LossCoefficients;
 use crate::nn::activation::Activation;
-use crate::nn::adam::Adam;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::LOG_SQRT_2PI;
 use crate::nn::host_lstm::{HostLstm, LstmTape};
 use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
+use crate::nn::optimiser::Optimiser;
 use crate::nn::params::FlatParams;
 use crate::{Error, Result};
 
@@ -154,7 +154,7 @@ impl ActorCriticHost {
     pub(crate) fn step(
         &mut self,
         params: &mut FlatParams,
-        opt: &mut Adam,
+        opt: &mut Optimiser,
         mb: &Minibatch<'_>,
         c: &LossCoefficients,
         max_grad_norm: f64,

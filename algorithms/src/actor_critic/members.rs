@@ -15,55 +15,18 @@ use tch::{Device, Tensor};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, explained_variance};
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::VtraceConfig;
-use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::ActionDist;
 use crate::nn::members::{
     Rows, backward_alone, check_finite, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
 };
+use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
-use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
 use crate::policy::ActOutput;
 use crate::{Metrics, Result};
 
-/// An optimiser of one member's [`FlatParams`] (its learning rate set by the caller).
-pub(crate) trait Optimiser {
-    /// One step from the gradient in `params`.
-    fn step(&mut self, params: &mut FlatParams);
-}
-
-impl Optimiser for Adam {
-    fn step(&mut self, params: &mut FlatParams) {
-        Adam::step(self, params)
-    }
-}
-
-impl Optimiser for RmsProp {
-    fn step(&mut self, params: &mut FlatParams) {
-        RmsProp::step(self, params)
-    }
-}
-
-/// An optimiser of stacked members' rows (`[N, P]`), with per-member learning rates.
-pub(crate) trait StackedOptimiser {
-    /// One step of every row of `params` from its row of `grad`.
-    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]);
-}
-
-impl StackedOptimiser for StackedAdam {
-    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
-        StackedAdam::step(self, params, grad, lrs)
-    }
-}
-
-impl StackedOptimiser for StackedRmsProp {
-    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
-        StackedRmsProp::step(self, params, grad, lrs)
-    }
-}
-
 /// The networks (and optimisers) an actor-critic update trains, on the member axis.
-pub(crate) enum Nets<'a, S> {
+pub(crate) enum Nets<'a> {
     /// One member with its own network, replicas and optimiser.
     Alone {
         /// The network.
@@ -71,13 +34,13 @@ pub(crate) enum Nets<'a, S> {
         /// Its replicas and micro-batches.
         parallel: &'a mut DataParallel,
         /// Its optimiser (`None` for a gradient worker, which computes gradients and takes no step).
-        opt: Option<&'a mut dyn Optimiser>,
+        opt: Option<&'a mut Optimiser>,
     },
     /// Plain twin MLPs of one layout, stacked, with their optimiser states stacked.
-    Stacked(StackedActorCritic, S),
+    Stacked(StackedActorCritic, StackedOptimiser),
 }
 
-impl<S: StackedOptimiser> Nets<'_, S> {
+impl Nets<'_> {
     /// The members' policies (`[N, B, …]` heads) and values `[N, B]` on their own observations `[N, B, …]`.
     pub(crate) fn forward(&self, obs: &Tensor) -> (ActionDist, Tensor) {
         match self {

@@ -14,8 +14,8 @@ use tch::{Kind, Tensor};
 
 use crate::checkpoint::Checkpoint;
 use crate::data::replay::{Experience, ReplayBuffer, ReplaySample};
-use crate::nn::adam::Adam;
 use crate::nn::nets::{Activation, FlatMlp, LayerInit};
+use crate::nn::optimiser::Adam;
 use crate::nn::params::FlatParams;
 use crate::policy::f32_obs;
 use crate::progress::Progress;

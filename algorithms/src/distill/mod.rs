@@ -38,12 +38,12 @@ use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::export::{Architecture, Network, policy_head, policy_width, widths};
 use crate::kind::{AlgorithmKind, Family};
-use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::nets::{
     Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, is_image, mlp_input_dim, with_torch_seed,
 };
+use crate::nn::optimiser::Adam;
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;

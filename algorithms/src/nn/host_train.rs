@@ -410,12 +410,12 @@ fn clip_lanes(grad: &mut [f32], max_norm: f64) -> f64 {
     norm
 }
 
-/// The end of a fused step: clip `grad` to `max_grad_norm` and take `opt`'s Adam step on `theta`. A
+/// The end of a fused step: clip `grad` to `max_grad_norm` and take `opt`'s step on `theta`. A
 /// non-finite gradient norm is an error naming `algorithm`, and no step is taken.
 pub(crate) fn clip_and_step(
     theta: &mut [f32],
     grad: &mut [f32],
-    opt: &mut crate::nn::adam::Adam,
+    opt: &mut crate::nn::optimiser::Optimiser,
     max_grad_norm: f64,
     algorithm: &str,
 ) -> crate::Result<()> {
@@ -427,7 +427,7 @@ pub(crate) fn clip_and_step(
     }
     if !opt.step_host(theta, grad) {
         return Err(crate::Error::Unsupported(
-            "fused CPU step: Adam moments are not host buffers of the model's size".into(),
+            "fused CPU step: optimiser state is not a host buffer of the model's size".into(),
         ));
     }
     Ok(())
@@ -436,7 +436,7 @@ pub(crate) fn clip_and_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nn::adam::adam_step;
+    use crate::nn::optimiser::adam_step;
     use crate::nn::params::FlatParams;
     use tch::{Device, Kind, Tensor};
 
@@ -542,7 +542,7 @@ mod tests {
     fn adam_and_clipping_match_the_libtorch_path() {
         let (mut params, _) = random_twin(&[3, 4, 2], 3);
         let mut theta = params.host_values().unwrap().to_vec();
-        let mut adam = crate::nn::adam::Adam::new(&params, 3e-3, 1e-5);
+        let mut adam = crate::nn::optimiser::Adam::new(&params, 3e-3, 1e-5);
         let (mut m, mut v) = (vec![0.0; theta.len()], vec![0.0; theta.len()]);
         for t in 1..=5u64 {
             let g = randn(&[theta.len() as i64], 9000 + t) * 2.0;

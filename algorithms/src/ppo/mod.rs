@@ -38,10 +38,10 @@ use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_v
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, sequence_rows};
 use crate::data::vtrace::VtraceConfig;
-use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::members::{Coef, host, to_device_async};
 use crate::nn::nets::{Activation, CnnOptions};
+use crate::nn::optimiser::{Adam, StackedOptimiser};
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::Recurrence;
 use crate::{Error, Metrics, Result};
@@ -400,7 +400,7 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
     let batch = Batch::new(&nets, rollouts, c0.gamma as f32, c0.vtrace.as_ref())?;
     let stacked = (members.len() > 1).then(|| {
         let net = StackedActorCritic::new(&nets);
-        let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
+        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
         (net, opt)
     });
 
@@ -1273,7 +1273,7 @@ mod member_tests {
             for (k, (a, b)) in together.iter().zip(&alone).enumerate() {
                 let d = rel_diff(a.params().flat(), b.params().flat());
                 assert!(d <= 1e-6, "update {update} member {k}: parameters differ by {d:e} (relative)");
-                let d = rel_diff(&a.opt.exp_avg_sq, &b.opt.exp_avg_sq);
+                let d = rel_diff(&a.opt.state[1], &b.opt.state[1]);
                 assert!(d <= 1e-5, "update {update} member {k}: Adam moments differ by {d:e}");
                 assert_eq!(a.opt.steps, b.opt.steps);
                 assert_eq!(a.pi.rng, b.pi.rng, "member {k}: the shuffles drew the same numbers");
