@@ -37,9 +37,9 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::explained_variance;
-use crate::actor_critic::host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
+use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients, NetConfig, actor_critic_loss};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector};
@@ -303,50 +303,6 @@ impl AlgorithmKind for A3cConfig {
     }
 }
 
-/// The loss terms of one rollout, one per member (`[N]`, differentiable where it matters).
-#[derive(Debug)]
-pub struct A2cLoss {
-    /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
-    pub total: Tensor,
-    /// Policy-gradient loss `−E[Â log π(a|s)]`.
-    pub policy: Tensor,
-    /// `E[(R − V)²]`.
-    pub value: Tensor,
-    /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
-    pub entropy: Option<Tensor>,
-}
-
-/// Coefficients of [`a2c_loss`], each one value or one per member.
-#[derive(Debug)]
-pub(crate) struct Coefficients {
-    /// Entropy coefficient.
-    pub(crate) ent_coef: Coef,
-    /// Value loss coefficient.
-    pub(crate) vf_coef: Coef,
-}
-
-/// The A2C loss of each member from per-sample tensors (all `[N, B]`, or `[B]` for one): log-probs of the
-/// actions taken under the current policy, advantages (constants, normalised already where asked), entropies
-/// (optional), values and value targets.
-pub(crate) fn a2c_loss(
-    log_prob: &Tensor,
-    advantages: &Tensor,
-    entropy: Option<&Tensor>,
-    values: &Tensor,
-    returns: &Tensor,
-    c: &Coefficients,
-) -> A2cLoss {
-    let mean = |t: Tensor| t.mean_dim(-1, false, Kind::Float);
-    let policy = -mean(advantages.detach() * log_prob);
-    let value = mean((returns.detach() - values).square());
-    let mut total = &policy + c.vf_coef.mul(&value);
-    let entropy = entropy.map(|e| mean(e.shallow_clone()));
-    if let Some(e) = &entropy {
-        total -= c.ent_coef.mul(e);
-    }
-    A2cLoss { total, policy, value, entropy }
-}
-
 /// The actor-critic network `config` describes (`name` for errors); `seed` fixes its initialisation.
 fn network(
     name: &'static str,
@@ -484,9 +440,14 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
 fn a2c_gradient(nets: &mut Nets, configs: &[&A2cConfig], batch: Batch) -> Result<Vec<Metrics>> {
     let d = batch.obs.device();
     let each = |f: fn(&A2cConfig) -> f64| Coef::of(configs.iter().map(|c| f(c)), d);
-    let coefficients = Coefficients { ent_coef: each(|c| c.ent_coef), vf_coef: each(|c| c.vf_coef) };
+    let coefficients = LossCoefficients {
+        clip_range: None,
+        clip_range_vf: None,
+        ent_coef: each(|c| c.ent_coef),
+        vf_coef: each(|c| c.vf_coef),
+    };
     let need_entropy = configs.iter().any(|c| c.ent_coef != 0.0);
-    let Batch { obs, actions, mut advantages, returns, explained, vtrace, sequences, .. } = batch;
+    let Batch { obs, actions, old_log_prob, mut advantages, returns, old_values, explained, vtrace, sequences } = batch;
     // Normalised here, over every replica's rollout, never inside the loss (which may see a micro-batch).
     if configs[0].normalize_advantage {
         advantages = nets.normalize(&advantages)?;
@@ -505,7 +466,10 @@ fn a2c_gradient(nets: &mut Nets, configs: &[&A2cConfig], batch: Batch) -> Result
         };
         let entropy = need_entropy.then(|| dist.entropy());
         let log_prob = dist.log_prob(&micro(&actions));
-        let loss = a2c_loss(&log_prob, &micro(&advantages), entropy.as_ref(), &values, &micro(&returns), &coefficients);
+        let (old, adv, old_values, returns) =
+            (micro(&old_log_prob), micro(&advantages), micro(&old_values), micro(&returns));
+        let loss =
+            actor_critic_loss(&log_prob, &old, &adv, entropy.as_ref(), &values, &old_values, &returns, &coefficients);
         nets.backward(&loss.total, scale, j > 0);
         let entropy = match &loss.entropy {
             Some(e) => e.detach(),
@@ -683,7 +647,9 @@ impl A2c {
         };
         let theta =
             net.params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
-        let loss: StepLoss = host.gradient(theta, &mb, Objective::A2c { ent_coef: c.ent_coef, vf_coef: c.vf_coef });
+        let coefficients =
+            LossCoefficients { clip_range: None, clip_range_vf: None, ent_coef: c.ent_coef, vf_coef: c.vf_coef };
+        let loss: StepLoss = host.gradient(theta, &mb, &coefficients);
         let lr = c.learning_rate_at(progress_remaining);
         self.opt.lr = lr;
         clip_and_step(theta, host.grad_mut(), &mut self.opt, c.max_grad_norm, "a2c")?;
@@ -780,6 +746,28 @@ mod tests {
     use flotilla_core::Chunk;
     use rand::Rng;
 
+    /// A2C's coefficients of [`actor_critic_loss`] (no clipping).
+    fn a2c_coefficients(ent_coef: f64, vf_coef: f64) -> LossCoefficients<Coef> {
+        LossCoefficients {
+            clip_range: None,
+            clip_range_vf: None,
+            ent_coef: Coef::One(ent_coef),
+            vf_coef: Coef::One(vf_coef),
+        }
+    }
+
+    /// [`actor_critic_loss`] with A2C's coefficients (which read no behaviour log-probs or old values).
+    fn a2c_loss(
+        lp: &Tensor,
+        adv: &Tensor,
+        ent: Option<&Tensor>,
+        v: &Tensor,
+        ret: &Tensor,
+        c: &LossCoefficients<Coef>,
+    ) -> crate::actor_critic::ActorCriticLoss {
+        actor_critic_loss(lp, &lp.detach(), adv, ent, v, &v.detach(), ret, c)
+    }
+
     /// The A2C loss in the paper's notation, sample by sample, in f64: (policy, value, total).
     fn reference_loss(
         lp: &[f64],
@@ -814,7 +802,7 @@ mod tests {
             (draw(-2.0, -0.1), draw(-3.0, 3.0), draw(0.0, 0.7), draw(-1.0, 1.0), draw(-2.0, 2.0));
         let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
         for (normalize, ent_coef) in [(false, 0.0), (false, 0.01), (true, 0.05)] {
-            let c = Coefficients { ent_coef: Coef::One(ent_coef), vf_coef: Coef::One(0.5) };
+            let c = a2c_coefficients(ent_coef, 0.5);
             let entropy = (ent_coef != 0.0).then(|| t(&ent));
             // Advantages are normalised by the update, per member, before the loss.
             let advantages = match normalize {
@@ -840,7 +828,7 @@ mod tests {
         let lp = Tensor::from_slice(&[-0.7f32, -0.7]).set_requires_grad(true);
         let v = Tensor::from_slice(&[0.0f32, 0.0]).set_requires_grad(true);
         let ent = Tensor::from_slice(&[0.5f32, 0.5]).set_requires_grad(true);
-        let c = Coefficients { ent_coef: Coef::One(0.1), vf_coef: Coef::One(0.5) };
+        let c = a2c_coefficients(0.1, 0.5);
         let adv = Tensor::from_slice(&[2.0f32, -1.0]);
         let ret = Tensor::from_slice(&[1.0f32, -3.0]);
         a2c_loss(&lp, &adv, Some(&ent), &v, &ret, &c).total.backward();

@@ -19,21 +19,6 @@ use crate::{Error, Result};
 
 const LOG_SQRT_2PI_F32: f32 = LOG_SQRT_2PI as f32;
 
-/// Which loss a step minimises.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Objective<'a> {
-    /// PPO's clipped surrogate, (clipped) value loss and entropy bonus.
-    Ppo(&'a LossCoefficients),
-    /// A2C's `−E[Â ln π(a|s)] + vf_coef·E[(R − V)²] − ent_coef·E[H]` (the behaviour log-probs and old values
-    /// are not read).
-    A2c {
-        /// Entropy coefficient.
-        ent_coef: f64,
-        /// Value loss coefficient.
-        vf_coef: f64,
-    },
-}
-
 /// The policy head's distribution on the host.
 #[derive(Debug, Clone, Copy)]
 enum HostDist {
@@ -160,20 +145,20 @@ impl ActorCriticHost {
         max_grad_norm: f64,
     ) -> Result<StepLoss> {
         let theta = params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
-        let loss = self.gradient(theta, mb, Objective::Ppo(c));
+        let loss = self.gradient(theta, mb, c);
         clip_and_step(theta, &mut self.grad, opt, max_grad_norm, "ppo")?;
         Ok(loss)
     }
 
     /// The loss terms at `theta` on `mb` and their gradient, left in [`ActorCriticHost::grad_mut`] (the flat
     /// buffer's layout, every slot written): forward, loss, backward; no step.
-    pub(crate) fn gradient(&mut self, theta: &[f32], mb: &Minibatch<'_>, objective: Objective<'_>) -> StepLoss {
+    pub(crate) fn gradient(&mut self, theta: &[f32], mb: &Minibatch<'_>, c: &LossCoefficients) -> StepLoss {
         let rows = mb.advantages.len();
         // Every slot is written below: the twin layers (and a core) by the backward pass, a log-std by the loss.
         self.grad.resize(theta.len(), 0.0);
         let Some((core, mut core_tape)) = self.core.take() else {
             twin_forward(&self.layers, self.activation, theta, mb.obs, rows, 2, &mut self.tape);
-            let loss = self.loss_and_output_gradients(theta, mb, objective);
+            let loss = self.loss_and_output_gradients(theta, mb, c);
             twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad, None);
             return loss;
         };
@@ -181,7 +166,7 @@ impl ActorCriticHost {
         core.forward(theta, mb.obs, mb.starts, mb.state0, &mut core_tape);
         let features = &core_tape.out;
         twin_forward(&self.layers, self.activation, theta, features, rows, 2, &mut self.tape);
-        let loss = self.loss_and_output_gradients(theta, mb, objective);
+        let loss = self.loss_and_output_gradients(theta, mb, c);
         let (layers, activation) = (&self.layers, self.activation);
         let d_features = Some(&mut self.d_features);
         twin_backward(layers, activation, theta, features, 2, &mut self.tape, &mut self.grad, d_features);
@@ -197,15 +182,12 @@ impl ActorCriticHost {
 
     /// The distribution's log-probs and entropies, the loss terms, and `∂loss/∂ln π`, `∂loss/∂V` per sample;
     /// `∂loss/∂V` goes into the value net's output gradient.
-    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<'_>, objective: Objective<'_>) -> StepLoss {
+    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<'_>, c: &LossCoefficients) -> StepLoss {
         let rows = mb.advantages.len();
         let inv = 1.0 / rows as f32;
         self.dist_forward(theta, mb.actions, rows);
-        let (c, (vf, ent)) = match objective {
-            Objective::Ppo(c) => (Some(c), (c.vf_coef as f32, c.ent_coef as f32)),
-            Objective::A2c { ent_coef, vf_coef } => (None, (vf_coef as f32, ent_coef as f32)),
-        };
-        let (clip_range, clip_range_vf) = c.map_or((0.0, None), |c| (c.clip_range, c.clip_range_vf));
+        let (vf, ent) = (c.vf_coef as f32, c.ent_coef as f32);
+        let clip_range = c.clip_range.unwrap_or(0.0);
         let (lo, hi) = ((1.0 - clip_range) as f32, (1.0 + clip_range) as f32);
         self.d_log_prob.clear();
         self.d_value.clear();
@@ -214,7 +196,7 @@ impl ActorCriticHost {
             let a = mb.advantages[i];
             let (v, r) = (self.tape.out(1)[i * self.padded], mb.returns[i]);
             entropy += self.entropy[i] as f64;
-            if c.is_none() {
+            if c.clip_range.is_none() {
                 // A2C: −Â ln π and (R − V)².
                 policy -= (a * self.log_prob[i]) as f64;
                 self.d_log_prob.push(-inv * a);
@@ -237,7 +219,7 @@ impl ActorCriticHost {
             let in_range = if (lo..=hi).contains(&ratio) { 1.0 } else { 0.0 };
             let d_ratio = -inv * (ws * a + wc * a * in_range);
             self.d_log_prob.push(d_ratio * ratio);
-            let d_v = match clip_range_vf {
+            let d_v = match c.clip_range_vf {
                 None => {
                     value += ((r - v) * (r - v)) as f64;
                     -2.0 * (r - v)

@@ -21,6 +21,7 @@ use crate::export::{Architecture, Network, RecurrentLayout, image_shape, policy_
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
+use crate::nn::members::Coef;
 use crate::nn::nets::{
     Activation, CnnOptions, NatureCnn, TwinMlp, is_image, mlp_input_dim, select_task_heads, select_task_heads_tensor,
     with_torch_seed,
@@ -85,17 +86,75 @@ enum Body {
     Cnn(NatureCnn),
 }
 
-/// Coefficients of the fused host step's PPO objective (the libtorch loss takes them per member).
+/// The coefficients of the actor-critic loss ([`actor_critic_loss`]), each one value (`f64`: the fused host
+/// step) or one per member (`Coef`: the libtorch update).
 #[derive(Debug, Clone, Copy)]
-pub struct LossCoefficients {
-    /// Surrogate clipping ε.
-    pub clip_range: f64,
+pub struct LossCoefficients<C = f64> {
+    /// PPO's surrogate clipping ε; `None` is A2C's policy-gradient loss `−E[Â ln π(a|s)]`.
+    pub clip_range: Option<C>,
     /// Value clipping range, if any.
-    pub clip_range_vf: Option<f64>,
+    pub clip_range_vf: Option<C>,
     /// Entropy coefficient.
-    pub ent_coef: f64,
+    pub ent_coef: C,
     /// Value loss coefficient.
-    pub vf_coef: f64,
+    pub vf_coef: C,
+}
+
+/// The loss terms of one minibatch, one per member (`[N]`, differentiable where it matters).
+#[derive(Debug)]
+pub struct ActorCriticLoss {
+    /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
+    pub total: Tensor,
+    /// PPO's clipped surrogate loss `−E[min(ρ Â, clip(ρ, 1±ε) Â)]`, or A2C's `−E[Â ln π(a|s)]`.
+    pub policy: Tensor,
+    /// `E[(R − V)²]`, or the clipped variant.
+    pub value: Tensor,
+    /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
+    pub entropy: Option<Tensor>,
+    /// `ln ρ` per sample (`[N, B]`), for diagnostics.
+    pub log_ratio: Tensor,
+}
+
+/// The PPO or A2C loss of each member from per-sample tensors (all `[N, B]`, or `[B]` for one): new and old
+/// log-probs, advantages (constants, normalised already where asked), entropies (optional), new and old
+/// values, and value targets.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn actor_critic_loss(
+    log_prob: &Tensor,
+    old_log_prob: &Tensor,
+    advantages: &Tensor,
+    entropy: Option<&Tensor>,
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    c: &LossCoefficients<Coef>,
+) -> ActorCriticLoss {
+    let mean = |t: Tensor| t.mean_dim(-1, false, Kind::Float);
+    let log_ratio = log_prob - old_log_prob;
+    let policy = match &c.clip_range {
+        None => -mean(advantages.detach() * log_prob),
+        Some(eps) => {
+            let ratio = log_ratio.exp();
+            let surrogate = advantages * &ratio;
+            let clipped = advantages * eps.clamp_around(&ratio, 1.0);
+            -mean(surrogate.min_other(&clipped))
+        }
+    };
+    let value = match &c.clip_range_vf {
+        None => mean((returns.detach() - values).square()),
+        Some(eps) => {
+            let clipped_values = old_values + eps.clamp_around(&(values - old_values), 0.0);
+            let unclipped = (returns - values).square();
+            let clipped = (returns - clipped_values).square();
+            mean(unclipped.max_other(&clipped))
+        }
+    };
+    let mut total = &policy + c.vf_coef.mul(&value);
+    let entropy = entropy.map(|e| mean(e.shallow_clone()));
+    if let Some(e) = &entropy {
+        total -= c.ent_coef.mul(e);
+    }
+    ActorCriticLoss { total, policy, value, entropy, log_ratio }
 }
 
 /// `1 − Var(returns − values) / Var(returns)`: 1 is a perfect value function, ≤ 0 no better than a constant.

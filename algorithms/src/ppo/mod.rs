@@ -30,11 +30,12 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-pub use crate::actor_critic::LossCoefficients;
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance};
+use crate::actor_critic::{
+    ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, NetConfig, actor_critic_loss, explained_variance,
+};
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, sequence_rows};
 use crate::data::vtrace::VtraceConfig;
@@ -222,30 +223,15 @@ impl PpoConfig {
 
 on_policy_kind!(PpoConfig, PpoKind, update_members);
 
-/// The loss terms of one minibatch, one per member (`[N]`, differentiable where it matters).
-#[derive(Debug)]
-pub struct PpoLoss {
-    /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
-    pub total: Tensor,
-    /// Clipped surrogate loss `−E[min(ρ Â, clip(ρ, 1±ε) Â)]`.
-    pub policy: Tensor,
-    /// `E[(R − V)²]`, or the clipped variant.
-    pub value: Tensor,
-    /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
-    pub entropy: Option<Tensor>,
-    /// `ln ρ` per sample (`[N, B]`), for diagnostics.
-    pub log_ratio: Tensor,
-}
-
-impl PpoLoss {
+impl ActorCriticLoss {
     /// One minibatch's loss from its micro-batches' (equal sizes): the means of their terms, all log-ratios;
     /// the last micro-batch's distribution stands for the minibatch's in the metrics.
-    fn merge<D>(mut parts: Vec<(PpoLoss, D)>) -> (PpoLoss, D) {
+    fn merge<D>(mut parts: Vec<(ActorCriticLoss, D)>) -> (ActorCriticLoss, D) {
         if parts.len() == 1 {
             return parts.pop().expect("one part");
         }
         let k = parts.len() as f64;
-        let mean = |f: &dyn Fn(&PpoLoss) -> Tensor| {
+        let mean = |f: &dyn Fn(&ActorCriticLoss) -> Tensor| {
             tch::no_grad(|| parts.iter().map(|(l, _)| f(l)).fold(Tensor::from(0.0f32), |a, b| a + b) / k)
         };
         let total = mean(&|l| l.total.detach());
@@ -255,7 +241,7 @@ impl PpoLoss {
             parts[0].0.entropy.is_some().then(|| mean(&|l| l.entropy.as_ref().expect("all or none").detach()));
         let log_ratio = Tensor::cat(&parts.iter().map(|(l, _)| l.log_ratio.detach()).collect::<Vec<_>>(), -1);
         let (_, dist) = parts.pop().expect("k > 1 parts");
-        (PpoLoss { total, policy, value, entropy, log_ratio }, dist)
+        (ActorCriticLoss { total, policy, value, entropy, log_ratio }, dist)
     }
 
     /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance estimate of KL(old ‖ new) (Schulman 2020), no gradient.
@@ -273,56 +259,6 @@ impl PpoLoss {
             outside(&(self.log_ratio.exp() - 1.0).abs()).to_kind(Kind::Float).mean_dim(-1, false, Kind::Float)
         })
     }
-}
-
-/// The coefficients of [`ppo_loss`], each one value or one per member.
-#[derive(Debug)]
-pub(crate) struct Coefficients {
-    /// Surrogate clipping ε.
-    pub(crate) clip_range: Coef,
-    /// Value clipping range, if any.
-    pub(crate) clip_range_vf: Option<Coef>,
-    /// Entropy coefficient.
-    pub(crate) ent_coef: Coef,
-    /// Value loss coefficient.
-    pub(crate) vf_coef: Coef,
-}
-
-/// The PPO loss of each member from per-sample tensors (all `[N, B]`, or `[B]` for one): new and old
-/// log-probs, advantages (normalised already, where asked), entropies (optional), new and old values, and value
-/// targets.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn ppo_loss(
-    log_prob: &Tensor,
-    old_log_prob: &Tensor,
-    advantages: &Tensor,
-    entropy: Option<&Tensor>,
-    values: &Tensor,
-    old_values: &Tensor,
-    returns: &Tensor,
-    c: &Coefficients,
-) -> PpoLoss {
-    let mean = |t: Tensor| t.mean_dim(-1, false, Kind::Float);
-    let log_ratio = log_prob - old_log_prob;
-    let ratio = log_ratio.exp();
-    let surrogate = advantages * &ratio;
-    let clipped = advantages * c.clip_range.clamp_around(&ratio, 1.0);
-    let policy = -mean(surrogate.min_other(&clipped));
-    let value = match &c.clip_range_vf {
-        None => mean((returns - values).square()),
-        Some(eps) => {
-            let clipped_values = old_values + eps.clamp_around(&(values - old_values), 0.0);
-            let unclipped = (returns - values).square();
-            let clipped = (returns - clipped_values).square();
-            mean(unclipped.max_other(&clipped))
-        }
-    };
-    let mut total = &policy + c.vf_coef.mul(&value);
-    let entropy = entropy.map(|e| mean(e.shallow_clone()));
-    if let Some(e) = &entropy {
-        total -= c.ent_coef.mul(e);
-    }
-    PpoLoss { total, policy, value, entropy, log_ratio }
 }
 
 /// Why these PPO members cannot be stacked into one update (`None`: they can). Members that cannot are
@@ -388,8 +324,8 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
     let clips: Vec<f64> = members.iter().map(|m| anneal(m.config.anneal_clip_range, m.config.clip_range)).collect();
     let device = members[0].pi.net.device;
     let each = |f: fn(&PpoConfig) -> f64| Coef::of(members.iter().map(|m| f(&m.config)), device);
-    let coefficients = Coefficients {
-        clip_range: Coef::of(clips.iter().copied(), device),
+    let coefficients = LossCoefficients {
+        clip_range: Some(Coef::of(clips.iter().copied(), device)),
         clip_range_vf: c0.clip_range_vf.map(|_| each(|c| c.clip_range_vf.expect("all or none"))),
         ent_coef: each(|c| c.ent_coef),
         vf_coef: each(|c| c.vf_coef),
@@ -477,7 +413,7 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
                     None => nets.forward(&micro(&mb_obs)),
                 };
                 let entropy = need_entropy.then(|| dist.entropy());
-                let loss = ppo_loss(
+                let loss = actor_critic_loss(
                     &dist.log_prob(&micro(&mb_actions)),
                     &micro(&mb_old_log_prob),
                     &micro(&mb_advantages),
@@ -493,7 +429,7 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
             nets.reduce_and_clip(&max_norms, "ppo")?;
             nets.step(&lrs);
             gradient_steps += 1;
-            let (loss, dist) = PpoLoss::merge(parts);
+            let (loss, dist) = ActorCriticLoss::merge(parts);
             let stop = match c0.target_kl {
                 None => false,
                 Some(t) => {
@@ -522,7 +458,8 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
         Some(e) => e.shallow_clone(),
         None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
     };
-    let (approx_kl, clip_fraction) = (loss.approx_kl(), loss.clip_fraction(&coefficients.clip_range));
+    let (approx_kl, clip_fraction) =
+        (loss.approx_kl(), loss.clip_fraction(coefficients.clip_range.as_ref().expect("PPO clips")));
     let [policy, value, entropy, approx_kl, clip_fraction] =
         [loss.policy, loss.value, entropy, approx_kl, clip_fraction].map(|t| host(&t));
     let (policy, value, entropy, approx_kl, clip_fraction) = (policy?, value?, entropy?, approx_kl?, clip_fraction?);
@@ -618,8 +555,12 @@ impl Ppo {
         let lr = if c.anneal_lr { c.learning_rate * progress } else { c.learning_rate };
         let clip_range = if c.anneal_clip_range { c.clip_range * progress } else { c.clip_range };
         self.opt.lr = lr;
-        let coefficients =
-            LossCoefficients { clip_range, clip_range_vf: c.clip_range_vf, ent_coef: c.ent_coef, vf_coef: c.vf_coef };
+        let coefficients = LossCoefficients {
+            clip_range: Some(clip_range),
+            clip_range_vf: c.clip_range_vf,
+            ent_coef: c.ent_coef,
+            vf_coef: c.vf_coef,
+        };
         let targets = self.pi.net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
@@ -803,10 +744,10 @@ pub(crate) mod tests {
     use flotilla_core::Chunk;
     use rand::{Rng, SeedableRng};
 
-    /// One member's [`Coefficients`].
-    fn coefficients(c: LossCoefficients) -> Coefficients {
-        Coefficients {
-            clip_range: Coef::One(c.clip_range),
+    /// One member's [`LossCoefficients`] as the libtorch loss takes them.
+    fn coefficients(c: LossCoefficients) -> LossCoefficients<Coef> {
+        LossCoefficients {
+            clip_range: c.clip_range.map(Coef::One),
             clip_range_vf: c.clip_range_vf.map(Coef::One),
             ent_coef: Coef::One(c.ent_coef),
             vf_coef: Coef::One(c.vf_coef),
@@ -833,7 +774,8 @@ pub(crate) mod tests {
         for i in 0..adv.len() {
             let a = if normalize_advantage { (adv[i] - mean) / (std + 1e-8) } else { adv[i] };
             let r = (lp[i] - old[i]).exp();
-            l_clip += (r * a).min(r.clamp(1.0 - c.clip_range, 1.0 + c.clip_range) * a);
+            let eps = c.clip_range.unwrap();
+            l_clip += (r * a).min(r.clamp(1.0 - eps, 1.0 + eps) * a);
             l_vf += match c.clip_range_vf {
                 None => (ret[i] - v[i]).powi(2),
                 Some(e) => (ret[i] - v[i]).powi(2).max((ret[i] - (old_v[i] + (v[i] - old_v[i]).clamp(-e, e))).powi(2)),
@@ -853,13 +795,13 @@ pub(crate) mod tests {
             (draw(-3.0, 3.0), draw(-1.0, 1.0), draw(-1.0, 1.0), draw(-2.0, 2.0), draw(0.0, 0.7));
         let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
         for (normalize, vf_clip) in [(true, None), (false, Some(0.2)), (true, Some(0.05))] {
-            let c = LossCoefficients { clip_range: 0.2, clip_range_vf: vf_clip, ent_coef: 0.01, vf_coef: 0.5 };
+            let c = LossCoefficients { clip_range: Some(0.2), clip_range_vf: vf_clip, ent_coef: 0.01, vf_coef: 0.5 };
             // Advantages are normalised by the update, per member, before the loss.
             let advantages = match normalize {
                 true => crate::nn::members::normalize_rows(&t(&adv).unsqueeze(0)).squeeze_dim(0),
                 false => t(&adv),
             };
-            let loss = ppo_loss(
+            let loss = actor_critic_loss(
                 &t(&lp),
                 &t(&old),
                 &advantages,
@@ -889,8 +831,9 @@ pub(crate) mod tests {
         // Ratio 1.5 with a positive advantage: the clipped branch is active, so d loss / d log_prob = 0.
         let lp = Tensor::from_slice(&[1.5f32.ln()]).set_requires_grad(true);
         let zero = Tensor::from_slice(&[0.0f32]);
-        let c = coefficients(LossCoefficients { clip_range: 0.2, clip_range_vf: None, ent_coef: 0.0, vf_coef: 0.0 });
-        let loss = ppo_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), None, &zero, &zero, &zero, &c);
+        let c =
+            coefficients(LossCoefficients { clip_range: Some(0.2), clip_range_vf: None, ent_coef: 0.0, vf_coef: 0.0 });
+        let loss = actor_critic_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), None, &zero, &zero, &zero, &c);
         loss.total.backward();
         assert_eq!(f64::try_from(lp.grad()).unwrap(), 0.0);
     }
