@@ -39,7 +39,7 @@ use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::explained_variance;
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients, NetConfig, actor_critic_loss};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients, actor_critic_loss};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector};
@@ -158,19 +158,6 @@ impl Default for A2cConfig {
 }
 
 impl A2cConfig {
-    /// The network this config describes.
-    pub fn net(&self) -> NetConfig<'_> {
-        NetConfig {
-            hidden: &self.hidden_sizes,
-            activation: self.activation,
-            log_std_init: self.log_std_init,
-            cnn: self.cnn,
-            heads: if self.task_heads { self.tasks.max(1) } else { 1 },
-            recurrent: self.recurrent,
-            recurrent_hidden: self.recurrent_hidden,
-        }
-    }
-
     /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
     pub fn validate(&self, num_envs: usize) -> Result<()> {
         let bad = |field, value: String, detail: &str| {

@@ -286,9 +286,24 @@ impl<K: OnPolicyKind> Replicated for OnPolicyAgent<K> {
 }
 
 /// `impl AlgorithmKind` for an on-policy kind's config (`$config`, the config of `$kind`): the answers PPO and
-/// A2C share, with `$update` their batched update over the member axis.
+/// A2C share, with `$update` their batched update over the member axis; and the config's network.
 macro_rules! on_policy_kind {
     ($config:ty, $kind:ty, $update:path) => {
+        impl $config {
+            /// The network this config describes.
+            pub fn net(&self) -> $crate::actor_critic::NetConfig<'_> {
+                $crate::actor_critic::NetConfig {
+                    hidden: &self.hidden_sizes,
+                    activation: self.activation,
+                    log_std_init: self.log_std_init,
+                    cnn: self.cnn,
+                    heads: if self.task_heads { self.tasks.max(1) } else { 1 },
+                    recurrent: self.recurrent,
+                    recurrent_hidden: self.recurrent_hidden,
+                }
+            }
+        }
+
         impl $crate::kind::AlgorithmKind for $config {
             fn name(&self) -> &'static str {
                 <$kind as $crate::actor_critic::agent::OnPolicyKind>::NAME

@@ -34,7 +34,7 @@ use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
 use crate::actor_critic::{
-    ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, NetConfig, actor_critic_loss, explained_variance,
+    ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, actor_critic_loss, explained_variance,
 };
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, sequence_rows};
@@ -145,21 +145,6 @@ impl Default for PpoConfig {
             fused_cpu: true,
             recurrent: Recurrence::None,
             recurrent_hidden: 64,
-        }
-    }
-}
-
-impl PpoConfig {
-    /// The network this config describes.
-    pub fn net(&self) -> NetConfig<'_> {
-        NetConfig {
-            hidden: &self.hidden_sizes,
-            activation: self.activation,
-            log_std_init: self.log_std_init,
-            cnn: self.cnn,
-            heads: if self.task_heads { self.tasks.max(1) } else { 1 },
-            recurrent: self.recurrent,
-            recurrent_hidden: self.recurrent_hidden,
         }
     }
 }
