@@ -37,7 +37,7 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::explained_variance;
-use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
+use crate::actor_critic::host::{ActorCriticHost, Schedule};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, stacking_refused};
 use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients, actor_critic_loss};
 use crate::algorithm::Algorithm;
@@ -47,7 +47,6 @@ use crate::data::vtrace::VtraceConfig;
 use crate::export::Architecture;
 use crate::kind::{AlgorithmKind, Family};
 use crate::nn::data_parallel::DataParallel;
-use crate::nn::host_train::clip_and_step;
 use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
 use crate::nn::optimiser::{Optimiser, StackedOptimiser};
@@ -614,32 +613,20 @@ impl A2c {
         check_rollout(net, rollout)?;
         let targets = net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
-        let ObsRef::F32(obs) = rollout.obs.as_ref() else {
-            return Err(Error::Unsupported("the fused CPU step takes f32 observations".into()));
-        };
-        let mut adv = advantages.to_vec();
-        if c.normalize_advantage {
-            normalize_host(&mut adv);
-        }
-        let starts = if net.state_dim() > 0 { rollout.episode_starts() } else { Vec::new() };
-        let mb = Minibatch {
-            obs,
-            starts: &starts,
-            state0: &rollout.initial_state,
-            actions: &rollout.actions,
-            old_log_prob: &rollout.log_probs,
-            advantages: &adv,
-            old_values: values,
-            returns,
-        };
-        let theta =
-            net.params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
-        let coefficients =
-            LossCoefficients { clip_range: None, clip_range_vf: None, ent_coef: c.ent_coef, vf_coef: c.vf_coef };
-        let loss: StepLoss = host.gradient(theta, &mb, &coefficients);
         let lr = c.learning_rate_at(progress_remaining);
         self.opt.lr = lr;
-        clip_and_step(theta, host.grad_mut(), &mut self.opt, c.max_grad_norm, "a2c")?;
+        let coefficients =
+            LossCoefficients { clip_range: None, clip_range_vf: None, ent_coef: c.ent_coef, vf_coef: c.vf_coef };
+        let schedule = Schedule {
+            n_epochs: 1,
+            batch_size: rollout.len(),
+            normalize_advantage: c.normalize_advantage,
+            target_kl: None,
+            max_grad_norm: c.max_grad_norm,
+            algorithm: "a2c",
+        };
+        let targets_host = (advantages, returns, values);
+        let (loss, _) = host.train(net, &mut self.opt, rollout, targets_host, &coefficients, &schedule, None)?;
         let mut m = Metrics::default();
         m.push("losses/policy_loss", loss.policy);
         m.push("losses/value_loss", loss.value);

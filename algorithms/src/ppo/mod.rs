@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
-use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
+use crate::actor_critic::host::{ActorCriticHost, Schedule, StepLoss};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
 use crate::actor_critic::{
     ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, actor_critic_loss, explained_variance,
@@ -525,7 +525,9 @@ impl Ppo {
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under the current parameters (the rollout itself is left as the behaviour policy's record).
     pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        let Some(mut host) = self.fused_path() else {
+        let Some(mut host) =
+            ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net)
+        else {
             let mut metrics = update_torch(&mut [self], &[rollout], progress_remaining)?;
             return Ok(metrics.pop().expect("one member"));
         };
@@ -549,7 +551,16 @@ impl Ppo {
         let targets = self.pi.net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
-        let fused = self.update_fused(&mut host, rollout, (advantages, returns, values), coefficients);
+        let schedule = Schedule {
+            n_epochs: c.n_epochs,
+            batch_size: c.batch_size,
+            normalize_advantage: c.normalize_advantage,
+            target_kl: c.target_kl,
+            max_grad_norm: c.max_grad_norm,
+            algorithm: "ppo",
+        };
+        let (net, opt, rng) = (&mut self.pi.net, &mut self.opt, Some(&mut self.pi.rng));
+        let fused = host.train(net, opt, rollout, (advantages, returns, values), &coefficients, &schedule, rng);
         self.host = Some(host);
         let (loss, gradient_steps) = fused?;
         let mut m = Metrics::default();
@@ -558,143 +569,6 @@ impl Ppo {
             t.weights.push_metrics(&mut m);
         }
         Ok(m)
-    }
-}
-
-impl Ppo {
-    /// The fused CPU step's state when this update can take it ([`PpoConfig::fused_cpu`]), taken out of
-    /// `self` for the update (put back after).
-    fn fused_path(&mut self) -> Option<ActorCriticHost> {
-        ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net)
-    }
-
-    /// [`Ppo::update_from`]'s epochs on the fused CPU path: the same shuffles from the same RNG, minibatch
-    /// advantage normalisation, loss, clipping and Adam. Returns the last step's loss terms and the steps
-    /// taken.
-    fn update_fused(
-        &mut self,
-        host: &mut ActorCriticHost,
-        rollout: &Rollout,
-        (advantages, returns, values): (&[f32], &[f32], &[f32]),
-        coefficients: LossCoefficients,
-    ) -> Result<(StepLoss, usize)> {
-        let c = &self.config;
-        let n = rollout.len();
-        let ObsRef::F32(obs) = rollout.obs.as_ref() else {
-            return Err(Error::Unsupported("the fused CPU step takes f32 observations".into()));
-        };
-        let (act_dim, obs_dim) = (rollout.act_dim, rollout.obs_dim);
-        let mut adv = advantages.to_vec();
-        let normalize_minibatch = c.normalize_advantage && c.batch_size != n;
-        if c.normalize_advantage && c.batch_size == n {
-            normalize_host(&mut adv);
-        }
-        let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
-        // What a minibatch draws: transitions, or for a recurrent policy whole env sequences (as the libtorch
-        // update: the same shuffles of the same units).
-        let s = self.pi.net.state_dim();
-        if rollout.initial_state.len() != rollout.n_envs * s {
-            let what = "rollout initial recurrent state (chunks carry it as initial_state)".into();
-            return Err(Error::BadLength { what, got: rollout.initial_state.len(), expected: rollout.n_envs * s });
-        }
-        let (units, unit_rows) = if s > 0 { (rollout.n_envs, n / rollout.n_envs) } else { (n, 1) };
-        let starts = if s > 0 { rollout.episode_starts() } else { Vec::new() };
-        let mut order: Vec<usize> = (0..units).collect();
-        let mut rows = Vec::with_capacity(batch_size);
-        let mut gathered = Gathered::default();
-        let mut last = None;
-        let mut gradient_steps = 0usize;
-        'epochs: for _ in 0..n_epochs {
-            order.shuffle(&mut self.pi.rng);
-            for minibatch in order.chunks(batch_size / unit_rows) {
-                let mb = if batch_size == n {
-                    // Every sample: no gather (the loss is a mean, so order does not matter; sequences stay whole).
-                    Minibatch {
-                        obs,
-                        starts: &starts,
-                        state0: &rollout.initial_state,
-                        actions: &rollout.actions,
-                        old_log_prob: &rollout.log_probs,
-                        advantages: &adv,
-                        old_values: values,
-                        returns,
-                    }
-                } else {
-                    let g = &mut gathered;
-                    g.clear();
-                    rows.clear();
-                    if s == 0 {
-                        rows.extend_from_slice(minibatch);
-                    } else {
-                        // Time-major rows t · E + e of the drawn envs, and their initial states.
-                        let e = rollout.n_envs;
-                        rows.extend(sequence_rows(unit_rows, e, minibatch.iter().copied()));
-                        g.starts.extend(rows.iter().map(|&i| starts[i]));
-                        for &env in minibatch {
-                            g.state0.extend_from_slice(&rollout.initial_state[env * s..(env + 1) * s]);
-                        }
-                    }
-                    for &i in &rows {
-                        g.obs.extend_from_slice(&obs[i * obs_dim..(i + 1) * obs_dim]);
-                        g.actions.extend_from_slice(&rollout.actions[i * act_dim..(i + 1) * act_dim]);
-                        g.old_log_prob.push(rollout.log_probs[i]);
-                        g.advantages.push(adv[i]);
-                        g.old_values.push(values[i]);
-                        g.returns.push(returns[i]);
-                    }
-                    if normalize_minibatch && rows.len() > 1 {
-                        normalize_host(&mut g.advantages);
-                    }
-                    Minibatch {
-                        obs: &g.obs,
-                        starts: &g.starts,
-                        state0: &g.state0,
-                        actions: &g.actions,
-                        old_log_prob: &g.old_log_prob,
-                        advantages: &g.advantages,
-                        old_values: &g.old_values,
-                        returns: &g.returns,
-                    }
-                };
-                let loss = host.step(&mut self.pi.net.params, &mut self.opt, &mb, &coefficients, max_grad_norm)?;
-                gradient_steps += 1;
-                last = Some(loss);
-                if target_kl.is_some_and(|t| loss.approx_kl > 1.5 * t) {
-                    break 'epochs;
-                }
-            }
-        }
-        Ok((last.expect("at least one minibatch"), gradient_steps))
-    }
-}
-
-/// A minibatch gathered from a rollout for the fused CPU step (buffers reused across minibatches).
-#[derive(Default)]
-struct Gathered {
-    obs: Vec<f32>,
-    starts: Vec<f32>,
-    state0: Vec<f32>,
-    actions: Vec<f32>,
-    old_log_prob: Vec<f32>,
-    advantages: Vec<f32>,
-    old_values: Vec<f32>,
-    returns: Vec<f32>,
-}
-
-impl Gathered {
-    fn clear(&mut self) {
-        for v in [
-            &mut self.obs,
-            &mut self.starts,
-            &mut self.state0,
-            &mut self.actions,
-            &mut self.old_log_prob,
-            &mut self.advantages,
-            &mut self.old_values,
-            &mut self.returns,
-        ] {
-            v.clear();
-        }
     }
 }
 
