@@ -438,33 +438,20 @@ fn a2c_gradient(nets: &mut Nets, configs: &[&A2cConfig], batch: Batch) -> Result
     if configs[0].normalize_advantage {
         advantages = nets.normalize(&advantages)?;
     }
-    let (micro_batches, scale) = nets.micro_batches(obs.size()[1]);
-    let mut parts = Vec::with_capacity(micro_batches.len());
-    for (j, &(start, len)) in micro_batches.iter().enumerate() {
-        let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
-        let (dist, values) = match &sequences {
-            // A recurrent policy: every env's whole sequence (replicas and micro-batches are refused).
-            Some(s) => {
-                let (starts, state0) = s.of(None, None);
-                nets.forward_sequence(&obs, &starts, &state0)
-            }
-            None => nets.forward(&micro(&obs)),
-        };
-        let entropy = need_entropy.then(|| dist.entropy());
-        let log_prob = dist.log_prob(&micro(&actions));
-        let (old, adv, old_values, returns) =
-            (micro(&old_log_prob), micro(&advantages), micro(&old_values), micro(&returns));
-        let loss =
-            actor_critic_loss(&log_prob, &old, &adv, entropy.as_ref(), &values, &old_values, &returns, &coefficients);
-        nets.backward(&loss.total, scale, j > 0);
-        let entropy = match &loss.entropy {
-            Some(e) => e.detach(),
-            None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
-        };
-        parts.push([loss.policy.detach(), loss.value.detach(), entropy]);
-    }
+    let sequence = sequences.as_ref().map(|s| s.of(None, None));
+    let mb = [&obs, &actions, &old_log_prob, &advantages, &old_values, &returns];
     let max_norms: Vec<f64> = configs.iter().map(|c| c.max_grad_norm).collect();
-    nets.reduce_and_clip(&max_norms, "a2c")?;
+    let parts = nets.gradient(mb, sequence, &coefficients, need_entropy, &max_norms, "a2c")?;
+    let parts: Vec<[Tensor; 3]> = parts
+        .iter()
+        .map(|(loss, dist)| {
+            let entropy = match &loss.entropy {
+                Some(e) => e.detach(),
+                None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
+            };
+            [loss.policy.detach(), loss.value.detach(), entropy]
+        })
+        .collect();
     let mean = |i: usize| host(&(parts.iter().map(|p| p[i].shallow_clone()).sum::<Tensor>() / parts.len() as f64));
     let (policy, value, entropy) = (mean(0)?, mean(1)?, mean(2)?);
     Ok((0..configs.len())

@@ -12,13 +12,15 @@
 use flotilla_core::ObsRef;
 use tch::{Device, Tensor};
 
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, explained_variance};
+use crate::actor_critic::{
+    ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, actor_critic_loss, explained_variance,
+};
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::VtraceConfig;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::ActionDist;
 use crate::nn::members::{
-    Rows, backward_alone, check_finite, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
+    Coef, Rows, backward_alone, check_finite, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
 };
 use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
@@ -87,6 +89,39 @@ impl Nets<'_> {
             Nets::Alone { net, .. } => backward_alone(&mut net.params, losses, scale, add),
             Nets::Stacked(net, _) => net.rows.backward(losses),
         }
+    }
+
+    /// The clipped loss gradient of every member on a minibatch (`[N, B, …]` observations, actions, behaviour
+    /// log-probs, advantages, old values and returns), accumulated over a member alone's micro-batches;
+    /// `sequence` (a recurrent member alone: the starts and initial states of [`Sequences::of`]) runs it as
+    /// whole env sequences. Returns each micro-batch's loss and policy.
+    pub(crate) fn gradient(
+        &mut self,
+        [obs, actions, old_log_prob, advantages, old_values, returns]: [&Tensor; 6],
+        sequence: Option<(Tensor, Tensor)>,
+        c: &LossCoefficients<Coef>,
+        need_entropy: bool,
+        max_norms: &[f64],
+        algorithm: &str,
+    ) -> Result<Vec<(ActorCriticLoss, ActionDist)>> {
+        let (micro_batches, scale) = self.micro_batches(obs.size()[1]);
+        let mut parts = Vec::with_capacity(micro_batches.len());
+        for (j, &(start, len)) in micro_batches.iter().enumerate() {
+            let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
+            let (dist, values) = match &sequence {
+                Some((starts, state0)) => self.forward_sequence(obs, starts, state0),
+                None => self.forward(&micro(obs)),
+            };
+            let entropy = need_entropy.then(|| dist.entropy());
+            let log_prob = dist.log_prob(&micro(actions));
+            let (old, adv, old_values, returns) =
+                (micro(old_log_prob), micro(advantages), micro(old_values), micro(returns));
+            let loss = actor_critic_loss(&log_prob, &old, &adv, entropy.as_ref(), &values, &old_values, &returns, c);
+            self.backward(&loss.total, scale, j > 0);
+            parts.push((loss, dist));
+        }
+        self.reduce_and_clip(max_norms, algorithm)?;
+        Ok(parts)
     }
 
     /// Average the gradients over replicas and clip each member's to its limit. A member alone: a non-finite

@@ -33,9 +33,7 @@ use tch::{Device, Kind, Tensor};
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::host::{ActorCriticHost, Schedule, StepLoss};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
-use crate::actor_critic::{
-    ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, actor_critic_loss, explained_variance,
-};
+use crate::actor_critic::{ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, explained_variance};
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, sequence_rows};
 use crate::data::vtrace::VtraceConfig;
@@ -385,33 +383,10 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
             }
             let (mb_obs, mb_actions, mb_old_log_prob) = (pick(&obs), pick(&actions), pick(&old_log_prob));
             let (mb_old_values, mb_returns) = (pick(&old_values), pick(&returns));
-            let (micro_batches, scale) = nets.micro_batches(c0.batch_size as i64);
-            let mut parts = Vec::with_capacity(micro_batches.len());
-            for (j, &(start, len)) in micro_batches.iter().enumerate() {
-                let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
-                let (dist, values) = match &sequences {
-                    Some(s) => {
-                        let envs = (!full_batch).then(|| &orders[0][first..first + per_minibatch]);
-                        let (starts, state0) = s.of(envs, idx.as_ref());
-                        nets.forward_sequence(&mb_obs, &starts, &state0)
-                    }
-                    None => nets.forward(&micro(&mb_obs)),
-                };
-                let entropy = need_entropy.then(|| dist.entropy());
-                let loss = actor_critic_loss(
-                    &dist.log_prob(&micro(&mb_actions)),
-                    &micro(&mb_old_log_prob),
-                    &micro(&mb_advantages),
-                    entropy.as_ref(),
-                    &values,
-                    &micro(&mb_old_values),
-                    &micro(&mb_returns),
-                    &coefficients,
-                );
-                nets.backward(&loss.total, scale, j > 0);
-                parts.push((loss, dist));
-            }
-            nets.reduce_and_clip(&max_norms, "ppo")?;
+            let envs = (!full_batch).then(|| &orders[0][first..first + per_minibatch]);
+            let sequence = sequences.as_ref().map(|s| s.of(envs, idx.as_ref()));
+            let mb = [&mb_obs, &mb_actions, &mb_old_log_prob, &mb_advantages, &mb_old_values, &mb_returns];
+            let parts = nets.gradient(mb, sequence, &coefficients, need_entropy, &max_norms, "ppo")?;
             nets.step(&lrs);
             gradient_steps += 1;
             let (loss, dist) = ActorCriticLoss::merge(parts);
@@ -594,6 +569,7 @@ fn push_update_metrics(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::actor_critic::actor_critic_loss;
     use crate::algorithm::Algorithm;
     use crate::data::rollout::Rollout;
     use crate::data::rollout::RolloutCollector;
