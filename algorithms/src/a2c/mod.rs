@@ -39,7 +39,7 @@ use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::explained_variance;
 use crate::actor_critic::host::{ActorCriticHost, Schedule};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients, actor_critic_loss};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector};
@@ -289,18 +289,6 @@ impl AlgorithmKind for A3cConfig {
     }
 }
 
-/// The actor-critic network `config` describes (`name` for errors); `seed` fixes its initialisation.
-fn network(
-    name: &'static str,
-    observation_space: &Space,
-    action_space: &Space,
-    config: &A2cConfig,
-    device: Device,
-    seed: u64,
-) -> Result<ActorCritic> {
-    ActorCritic::new(name, observation_space, action_space, &config.net(), device, seed)
-}
-
 /// A rollout A2C can learn from: not empty, with the network's action size.
 fn check_rollout(net: &ActorCritic, rollout: &Rollout) -> Result<()> {
     let n = rollout.len();
@@ -467,6 +455,19 @@ fn a2c_gradient(nets: &mut Nets, configs: &[&A2cConfig], batch: Batch) -> Result
         .collect())
 }
 
+/// The clipped A2C loss gradient of one network on a rollout (left in its buffer), and its metrics.
+fn rollout_gradient(
+    net: &mut ActorCritic,
+    parallel: &mut DataParallel,
+    config: &A2cConfig,
+    rollout: &Rollout,
+) -> Result<Metrics> {
+    check_rollout(net, rollout)?;
+    let batch = Batch::new(&[&*net], &[rollout], config.gamma as f32, config.vtrace.as_ref())?;
+    let mut nets = Nets::Alone { net, parallel, opt: None };
+    Ok(a2c_gradient(&mut nets, &[config], batch)?.pop().expect("one member"))
+}
+
 /// An A2C agent: the actor-critic network, its optimiser (RMSprop or Adam) and the RNG used to act.
 pub type A2c = OnPolicyAgent<A2cKind>;
 
@@ -519,7 +520,7 @@ impl A2c {
         seed: u64,
     ) -> Result<Self> {
         config.validate(n_envs)?;
-        let net = network("a2c", observation_space, action_space, &config, device, seed)?;
+        let net = ActorCritic::new("a2c", observation_space, action_space, &config.net(), device, seed)?;
         let (lr, eps) = (config.learning_rate, config.optimizer_eps);
         let opt = match config.optimizer {
             OptimizerKind::RmsProp => Optimiser::rmsprop(&net.params, lr, config.rmsprop_alpha, eps),
@@ -538,14 +539,9 @@ impl A2c {
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under this agent's parameters (the rollout itself is left as the behaviour policy's record).
     pub fn compute_gradients(&mut self, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
-        let (gamma, vtrace) = (self.config.gamma as f32, self.config.vtrace.as_ref());
-        check_rollout(&self.pi.net, rollout)?;
-        let batch = Batch::new(&[&self.pi.net], &[rollout], gamma, vtrace)?;
-        let A2c { pi, parallel, opt, config, .. } = self;
-        let mut nets: Nets = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
-        let mut metrics = a2c_gradient(&mut nets, &[config], batch)?;
+        let metrics = rollout_gradient(&mut self.pi.net, &mut self.parallel, &self.config, rollout)?;
         // Packed: the trainable parameters' gradient only (all of it while nothing is frozen).
-        Ok((pi.net.params.trainable_grad().detach().copy(), metrics.pop().expect("one member")))
+        Ok((self.pi.net.params.trainable_grad().detach().copy(), metrics))
     }
 
     /// One optimiser step with a gradient from [`A2c::compute_gradients`] (of this agent or of a copy with the
@@ -659,7 +655,7 @@ impl A3cWorker {
         seed: u64,
     ) -> Result<Self> {
         config.validate(n_envs)?;
-        let net = network("a3c", observation_space, action_space, &config, Device::Cpu, seed)?;
+        let net = ActorCritic::new("a3c", observation_space, action_space, &config.net(), Device::Cpu, seed)?;
         let policy = ActorCriticPolicy::new(net, seed);
         let collector = RolloutCollector::new(n_envs, config.n_steps, policy.net.obs_dim(), policy.net.act_dim());
         Ok(A3cWorker { config, policy, collector })
@@ -684,15 +680,9 @@ impl GradientWorker for A3cWorker {
         let rollout = self.collector.finish(|obs: ObsRef<'_>| net.values(obs), gamma, lambda)?.ok_or_else(|| {
             Error::BadLength { what: "A3C chunk steps".into(), got: chunk.n_steps, expected: self.config.n_steps }
         })?;
-        let batch = check_rollout(net, &rollout)
-            .and_then(|_| Batch::new(&[&*net], &[&rollout], gamma, self.config.vtrace.as_ref()));
-        let out = batch.and_then(|batch| {
-            let parallel = &mut DataParallel::default();
-            let mut nets: Nets = Nets::Alone { net: &mut *net, parallel, opt: None };
-            a2c_gradient(&mut nets, &[&self.config], batch)
-        });
+        let out = rollout_gradient(net, &mut DataParallel::default(), &self.config, &rollout);
         self.collector.recycle(rollout);
-        let metrics = out?.pop().expect("one member");
+        let metrics = out?;
         let grad = net.params.trainable_grad().to_device(Device::Cpu).view([-1]);
         Ok((Vec::<f32>::try_from(grad)?, metrics))
     }
@@ -701,6 +691,7 @@ impl GradientWorker for A3cWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actor_critic::actor_critic_loss;
     use crate::data::vtrace::VtraceConfig;
     use crate::nn::params::assert_params_close;
     use crate::policy::{ActMode, ActOutput, Policy};

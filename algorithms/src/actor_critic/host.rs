@@ -126,8 +126,8 @@ pub(crate) struct ActorCriticHost {
 impl ActorCriticHost {
     /// The fused step's state for an update that can take it — `enabled` (the config's `fused_cpu`), one
     /// data-parallel replica without gradient accumulation, nothing frozen (now: layers can be frozen after the
-    /// agent is built), and an MLP whose buffer [`ActorCriticHost::new`] takes — reusing `cached`'s buffers.
-    /// `None`: the update runs on libtorch.
+    /// agent is built), and an MLP actor-critic (one head) whose parameters are a CPU f32 buffer — reusing
+    /// `cached`'s buffers. `None`: the update runs on libtorch.
     pub(crate) fn for_update(
         cached: &mut Option<Self>,
         enabled: bool,
@@ -138,17 +138,11 @@ impl ActorCriticHost {
         if !enabled || !single || net.params.has_frozen() {
             return None;
         }
-        cached.take().or_else(|| ActorCriticHost::new(net))
-    }
-
-    /// The fused path for this network, when it can take it: an MLP actor-critic (one head) whose
-    /// parameters are a CPU f32 buffer with nothing frozen. `None` otherwise (the libtorch loop runs).
-    pub(crate) fn new(net: &ActorCritic) -> Option<Self> {
+        if let Some(host) = cached.take() {
+            return Some(host);
+        }
         let params = &net.params;
         params.host_values()?;
-        if params.has_frozen() {
-            return None;
-        }
         let (core, (indices, activation, outputs, log_std)) = match net.recurrent_twin_layout() {
             Some((core, layout)) => (Some((HostLstm::of(core, params)?, LstmTape::default())), layout),
             None => (None, net.twin_layout()?),

@@ -23,7 +23,7 @@
 //! `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean `min(ρ̄, π/μ)`),
 //! `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with `π/μ > ρ̄`) and
 //! `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)), all before the update.
-use flotilla_core::{ObsRef, Space};
+use flotilla_core::Space;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_pcg::Pcg64;
@@ -577,6 +577,7 @@ pub(crate) mod tests {
     use crate::nn::params::assert_params_close;
     use crate::policy::{ActMode, ActOutput, Policy};
     use flotilla_core::Chunk;
+    use flotilla_core::ObsRef;
     use rand::{Rng, SeedableRng};
 
     /// One member's [`LossCoefficients`] as the libtorch loss takes them.
