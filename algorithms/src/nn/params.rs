@@ -453,8 +453,6 @@ impl FlatParams {
         t.flat = t.flat.detach();
         t.views = t.entries.iter().map(|e| t.flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
         t.grad_views.clear();
-        t.frozen = vec![false; t.entries.len()];
-        t.runs = vec![(0, t.numel())];
         t
     }
 
