@@ -16,11 +16,8 @@
 //!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server);
 //! * on the CPU, an MLP's update runs as one fused step without libtorch (`fused_cpu`,
 //!   [`crate::actor_critic::host`]): the same loss, gradient, clipping and optimiser step, to float rounding;
-//! * optional V-trace correction (`vtrace`, `[algorithm.vtrace]` in TOML) for rollouts that actors collected
-//!   with parameters a few versions old, which makes the update IMPALA's (Espeholt et al. 2018): the current
-//!   parameters (no gradient) recompute `V(x_t)` and `V(x_{t+1})` (from the kept final and bootstrap
-//!   observations) and `ln π(a|x)` for the importance weights, and the advantages and value targets become
-//!   V-trace's `ρ^pg (r + γ v_{t+1} − V(x_t))` and `v_t` ([`crate::data::vtrace`]; `gae_lambda` is then unused).
+//! * optional V-trace correction (`vtrace`, as PPO's: [`crate::ppo`]) for rollouts that actors collected with
+//!   parameters a few versions old, which makes the update IMPALA's (Espeholt et al. 2018).
 //!
 //! Defaults follow RL Zoo's CartPole-v1 A2C (with `[env] num_envs = 8`): SB3's defaults with no entropy bonus.
 //!
@@ -100,28 +97,19 @@ pub struct A2cConfig {
     pub activation: Activation,
     /// Initial log standard deviation of Gaussian policies.
     pub log_std_init: f64,
-    /// Off-policy correction for rollouts collected with stale parameters: when set (`[algorithm.vtrace]`,
-    /// with its truncation thresholds), advantages and value targets are recomputed with V-trace under the
-    /// current parameters before each gradient, and `gae_lambda` is unused. `None` is plain A2C.
+    /// V-trace's off-policy correction, as [`crate::ppo::PpoConfig::vtrace`] (before each gradient).
     pub vtrace: Option<VtraceConfig>,
     /// How the Nature CNN computes for image observations (`[algorithm.cnn]`: channels-last, bf16).
     pub cnn: CnnOptions,
-    /// `[[tasks]]` runs: one policy head and one value per task on the shared MLP torso, each observation
-    /// reading its task's (else one head for all tasks, told apart by the one-hot input alone).
+    /// A head per task, as [`crate::ppo::PpoConfig::task_heads`].
     pub task_heads: bool,
     /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
     #[serde(skip)]
     pub tasks: usize,
-    /// Run each update of an MLP on the CPU as one fused step without libtorch ([`crate::nn::host_train`]:
-    /// hand-written forward/backward over `sgemm`, host RMSprop or Adam), several times faster for small
-    /// networks. Same maths, same results to float rounding. Used only where it applies (CPU, MLP, one head,
-    /// no data-parallel replicas or accumulation, nothing frozen, a local update: an A3C gradient from an actor
-    /// is applied on libtorch); `false` runs every update on libtorch.
+    /// The fused CPU step, as [`crate::ppo::PpoConfig::fused_cpu`] (host RMSprop or Adam; an A3C gradient from
+    /// an actor is applied on libtorch).
     pub fused_cpu: bool,
-    /// A recurrent core (`"lstm"` or `"gru"`) between the observations and the policy and value MLPs, for
-    /// tasks whose observations do not hold the whole state; `"none"` (the default) is feed-forward. Actors
-    /// keep each env's state and send it with every chunk; the learner re-runs whole env sequences from it
-    /// (truncated BPTT over the rollout, states zeroed where episodes start).
+    /// A recurrent core, as [`crate::ppo::PpoConfig::recurrent`] (each update runs every env's whole sequence).
     pub recurrent: Recurrence,
     /// Hidden units of the recurrent core.
     pub recurrent_hidden: i64,
