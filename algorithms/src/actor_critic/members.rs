@@ -346,16 +346,13 @@ impl StackedActorCritic {
     fn forward(&self, x: &Tensor) -> (ActionDist, Tensor) {
         let (n_members, views) = (self.n_members, &self.rows.views);
         let b = x.size()[1];
-        let mut h = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
-        let last = self.layers.len() - 1;
-        for (k, &i) in self.layers.iter().enumerate() {
+        let x = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
+        let param = |k: usize, _| {
+            let i = self.layers[k];
             let w = views[i].reshape([2 * n_members, views[i].size()[2], views[i].size()[3]]);
-            let bias = views[i + 1].reshape([2 * n_members, 1, -1]);
-            h = bias.baddbmm(&h, &w, 1.0, 1.0);
-            if k < last {
-                h = self.activation.apply(&h);
-            }
-        }
+            (w, views[i + 1].reshape([2 * n_members, 1, -1]))
+        };
+        let h = crate::nn::mixed::mlp(self.layers.len(), param, |h| self.activation.apply(h), &x, false);
         let h = h.view([n_members, 2, b, -1]);
         let head = h.select(1, 0).narrow(2, 0, self.outputs[0]);
         let dist = match self.log_std {

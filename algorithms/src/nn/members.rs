@@ -264,15 +264,8 @@ pub(crate) fn batched_mlp(
     x: &Tensor,
     bf16: bool,
 ) -> Tensor {
-    let last = layers.len() - 1;
-    let mut h = x.shallow_clone();
-    for (k, &i) in layers.iter().enumerate() {
-        h = crate::nn::mixed::dense(&h, &params[i], &params[i + 1], bf16 && k < last);
-        if k < last {
-            h = activate(&h);
-        }
-    }
-    h
+    let param = |k: usize, _| (params[layers[k]].shallow_clone(), params[layers[k] + 1].shallow_clone());
+    crate::nn::mixed::mlp(layers.len(), param, activate, x, bf16)
 }
 
 /// Largest |a − b| over the largest |b|, of two flat buffers (the tests' measure of "matches its run alone").

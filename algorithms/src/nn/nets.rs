@@ -151,16 +151,11 @@ impl FlatMlp {
     /// [`FlatMlp::forward`] with the hidden layers' matmuls in bf16 where `bf16` ([`crate::nn::mixed::dense`]; an update's
     /// choice, on a CPU with native bf16: [`cpu_has_native_bf16`]); the output is f32 either way.
     pub(crate) fn forward_in(&self, params: &crate::nn::params::FlatParams, x: &Tensor, bf16: bool) -> Tensor {
-        let last = self.layers.len() - 1;
-        let mut h = x.shallow_clone();
-        for (k, &i) in self.layers.iter().enumerate() {
-            let low = bf16 && k < last;
-            h = crate::nn::mixed::dense(&h, params.view_in(i, low), params.view_in(i + 1, low), low);
-            if k < last {
-                h = self.activation.apply(&h);
-            }
-        }
-        h
+        let param = |k, low| {
+            let i = self.layers[k];
+            (params.view_in(i, low).shallow_clone(), params.view_in(i + 1, low).shallow_clone())
+        };
+        crate::nn::mixed::mlp(self.layers.len(), param, |h| self.activation.apply(h), x, bf16)
     }
 }
 
@@ -256,14 +251,10 @@ impl TwinMlp {
 
     /// Both nets on the same input `[B, inputs]`: `([B, outputs[0]], [B, outputs[1]])`.
     pub fn forward(&self, params: &crate::nn::params::FlatParams, x: &Tensor) -> (Tensor, Tensor) {
-        let mut h = x.unsqueeze(0).expand([2, -1, -1], false);
-        let last = self.layers.len() - 1;
-        for (k, &i) in self.layers.iter().enumerate() {
-            h = params.view(i + 1).baddbmm(&h, params.view(i), 1.0, 1.0);
-            if k < last {
-                h = self.activation.apply(&h);
-            }
-        }
+        let x = x.unsqueeze(0).expand([2, -1, -1], false);
+        let param =
+            |k: usize| (params.view(self.layers[k]).shallow_clone(), params.view(self.layers[k] + 1).shallow_clone());
+        let h = crate::nn::mixed::mlp(self.layers.len(), |k, _| param(k), |h| self.activation.apply(h), &x, false);
         (h.get(0).narrow(1, 0, self.outputs[0]), h.get(1).narrow(1, 0, self.outputs[1]))
     }
 }
