@@ -582,7 +582,7 @@ impl A2c {
         let c = &self.config;
         let net = &mut self.pi.net;
         check_rollout(net, rollout)?;
-        let targets = net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+        let targets = net.targets(rollout, None, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let lr = c.learning_rate_at(progress_remaining);
         self.opt.lr = lr;
@@ -1077,7 +1077,8 @@ mod tests {
         assert!((m.get("losses/vtrace_mean_ratio").unwrap() - 0.5).abs() < 1e-5);
         assert_eq!(m.get("losses/vtrace_rho_clip_fraction"), Some(0.0));
         assert!(lagged.allclose(&(&plain * 0.5), 1e-4, 1e-7, false), "ρ = 0.5 halves the gradient");
-        let t = a2c.pi.net.vtrace_targets(&rollout, a2c.config.gamma as f32, &VtraceConfig::default()).unwrap();
+        let vtrace = Some(&VtraceConfig::default());
+        let t = a2c.pi.net.targets(&rollout, None, a2c.config.gamma as f32, vtrace).unwrap().vtrace.unwrap();
         for i in 0..rollout.len() {
             let td = rollout.rewards[i] - t.values[i];
             assert!((t.pg_advantages[i] - 0.5 * td).abs() < 1e-5 * (1.0 + td.abs()), "step {i}");

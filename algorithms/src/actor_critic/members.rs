@@ -269,7 +269,7 @@ impl Batch {
                 Some(x) => x.to_device(staging),
                 None => crate::nn::nets::ObsLayout { device: staging, ..net.obs_layout() }.tensor(r.obs.as_ref())?,
             };
-            let targets = net.targets(r, &obs, gamma, vtrace)?;
+            let targets = net.targets(r, Some(&obs), gamma, vtrace)?;
             let (advantages, returns, values) = targets.advantages_returns_values();
             explained.push(explained_variance(values, returns));
             let mut m = Metrics::default();

@@ -6,7 +6,7 @@
 //! orthogonal, gain √2 on hidden layers, 0.01 on the policy head, 1 on the value head.
 //!
 //! It also re-evaluates a rollout that older parameters collected, for the V-trace correction both algorithms
-//! can apply ([`ActorCritic::vtrace_targets`]).
+//! can apply ([`ActorCritic::targets`]).
 pub mod agent;
 pub(crate) mod host;
 pub(crate) mod members;
@@ -745,41 +745,28 @@ impl ActorCritic {
     }
 
     /// What to train on: with `vtrace`, advantages, value targets and values recomputed under the current
-    /// parameters ([`ActorCritic::vtrace_targets`]); without, the rollout's own (GAE). `obs` is the rollout's
-    /// observations as the network's input ([`ActorCritic::rollout_obs`]), which the update uses too.
+    /// parameters (`vtrace_targets`); without, the rollout's own (GAE). `obs` is the rollout's observations as
+    /// the network's input ([`ActorCritic::rollout_obs`]) where the caller has them (else built for V-trace).
     pub fn targets<'r>(
         &self,
         rollout: &'r Rollout,
-        obs: &Tensor,
+        obs: Option<&Tensor>,
         gamma: f32,
         vtrace: Option<&VtraceConfig>,
     ) -> Result<Targets<'r>> {
-        let vtrace = vtrace.map(|v| self.vtrace_targets_on(rollout, obs, gamma, v)).transpose()?;
-        Ok(Targets { rollout, vtrace })
+        let Some(config) = vtrace else { return Ok(Targets { rollout, vtrace: None }) };
+        let vtrace = match obs {
+            Some(obs) => self.vtrace_targets(rollout, obs, gamma, config)?,
+            None => self.vtrace_targets(rollout, &self.rollout_obs(rollout)?, gamma, config)?,
+        };
+        Ok(Targets { rollout, vtrace: Some(vtrace) })
     }
 
-    /// [`ActorCritic::targets`] where the caller has no use for the observations as a tensor: they are built
-    /// only for V-trace.
-    pub fn targets_of<'r>(
-        &self,
-        rollout: &'r Rollout,
-        gamma: f32,
-        vtrace: Option<&VtraceConfig>,
-    ) -> Result<Targets<'r>> {
-        let vtrace = vtrace.map(|v| self.vtrace_targets(rollout, gamma, v)).transpose()?;
-        Ok(Targets { rollout, vtrace })
-    }
-
-    /// V-trace for a rollout the behaviour policy `μ` collected (its log-probs are the rollout's), with the
-    /// current parameters as the target policy `π` and value function: recomputes `ln π(a_s|x_s)`, `V(x_s)` and
-    /// every `V(x_{s+1})` (from the kept final and bootstrap observations), without gradient, then
-    /// [`vtrace`]. The rollout's own values and advantages are not read.
-    pub fn vtrace_targets(&self, rollout: &Rollout, gamma: f32, config: &VtraceConfig) -> Result<VtraceTargets> {
-        self.vtrace_targets_on(rollout, &self.rollout_obs(rollout)?, gamma, config)
-    }
-
-    /// [`ActorCritic::vtrace_targets`] with the rollout's observations already as the network's input.
-    fn vtrace_targets_on(
+    /// V-trace for a rollout the behaviour policy `μ` collected (its log-probs are the rollout's; `obs` its
+    /// observations as the network's input), with the current parameters as the target policy `π` and value
+    /// function: recomputes `ln π(a_s|x_s)`, `V(x_s)` and every `V(x_{s+1})` (from the kept final and bootstrap
+    /// observations), without gradient, then [`vtrace`]. The rollout's own values and advantages are not read.
+    fn vtrace_targets(
         &self,
         rollout: &Rollout,
         obs: &Tensor,

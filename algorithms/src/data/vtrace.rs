@@ -19,7 +19,7 @@
 //! the rollout's last step `v_{T}` is the bootstrap value `next_values` itself.
 //!
 //! PPO and A2C apply it to a [`crate::data::rollout::Rollout`] collected with stale parameters when their config
-//! sets `vtrace` ([`crate::actor_critic::ActorCritic::vtrace_targets`]), logging [`ImportanceWeights`] as
+//! sets `vtrace` ([`crate::actor_critic::ActorCritic::targets`]), logging [`ImportanceWeights`] as
 //! `losses/vtrace_mean_rho`, `losses/vtrace_mean_ratio`, `losses/vtrace_rho_clip_fraction` and
 //! `losses/vtrace_behaviour_kl`.
 use serde::{Deserialize, Serialize};

@@ -523,7 +523,7 @@ impl Ppo {
             ent_coef: c.ent_coef,
             vf_coef: c.vf_coef,
         };
-        let targets = self.pi.net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+        let targets = self.pi.net.targets(rollout, None, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
         let schedule = Schedule {
@@ -936,7 +936,7 @@ pub(crate) mod tests {
         for v in rollout.values.iter_mut().chain(&mut rollout.next_values) {
             *v += 0.5;
         }
-        let t = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let t = ppo.pi.net.targets(&rollout, None, gamma, Some(&cfg)).unwrap().vtrace.unwrap();
         assert_close(&t.vs, &want_returns, 1e-5, "v_s vs GAE(λ = 1) returns");
         assert_close(&t.pg_advantages, &want_advantages, 1e-5, "pg advantages vs GAE(λ = 1) advantages");
         assert_close(&t.target_log_probs, &rollout.log_probs, 1e-5, "π vs μ on-policy");
@@ -953,13 +953,13 @@ pub(crate) mod tests {
         let mut ppo = vtrace_ppo(cfg.clone(), 4);
         let gamma = ppo.config.gamma as f32;
         let mut rollout = collect_cut_rollout(&mut ppo, 16);
-        let on_policy = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let on_policy = ppo.pi.net.targets(&rollout, None, gamma, Some(&cfg)).unwrap().vtrace.unwrap();
         // π/μ = 4 at even steps (μ made the action less likely than π does), 0.5 at odd ones.
         let ratio = |i: usize| if (i / 2).is_multiple_of(2) { 4.0f32 } else { 0.5 };
         for (i, lp) in rollout.log_probs.iter_mut().enumerate() {
             *lp -= ratio(i).ln();
         }
-        let t = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let t = ppo.pi.net.targets(&rollout, None, gamma, Some(&cfg)).unwrap().vtrace.unwrap();
         let w = t.weights;
         assert!((w.mean_rho - (2.0 + 0.5) / 2.0).abs() < 1e-5, "ρ = min(ρ̄, π/μ) = 2 or 0.5: {w:?}");
         assert!((w.mean_ratio - (4.0 + 0.5) / 2.0).abs() < 1e-5 && w.rho_clip_fraction == 0.5, "{w:?}");
