@@ -128,18 +128,8 @@ impl FlatMlp {
         init: LayerInit,
         first_index: usize,
     ) -> (Self, Vec<(String, Tensor)>) {
-        let mut widths = vec![inputs];
-        widths.extend_from_slice(hidden);
-        widths.push(outputs);
-        let mut named = Vec::new();
-        let mut layers = Vec::new();
-        for k in 0..widths.len() - 1 {
-            let (w, b) = init.layer(widths[k], widths[k + 1], k == widths.len() - 2);
-            layers.push(first_index + named.len());
-            named.push((format!("{prefix}.{k}.weight"), w));
-            named.push((format!("{prefix}.{k}.bias"), b));
-        }
-        let widths = widths.iter().map(|&w| w as usize).collect();
+        let layer = |fan_in, fan_out, last| init.layer(fan_in, fan_out, last);
+        let (layers, widths, named) = init_layers(prefix, [&[inputs], hidden, &[outputs]].concat(), first_index, layer);
         (FlatMlp { layers, widths, activation }, named)
     }
 
@@ -157,6 +147,40 @@ impl FlatMlp {
         };
         crate::nn::mixed::mlp(self.layers.len(), param, |h| self.activation.apply(h), x, bf16)
     }
+
+    /// [`FlatMlp::forward`] without libtorch, on `x` (`rows × inputs`, row-major) into `out` (`rows × outputs`),
+    /// when `params` live on the CPU; returns false (and leaves `out` alone) when they do not.
+    pub fn forward_host(
+        &self,
+        params: &crate::nn::params::FlatParams,
+        x: &[f32],
+        rows: usize,
+        scratch: &mut HostScratch,
+        out: &mut Vec<f32>,
+    ) -> bool {
+        let Some(v) = params.host_values() else { return false };
+        host_mlp::mlp(host_layers(&self.layers, &self.widths, params, v, 0), self.activation, x, rows, scratch, out);
+        true
+    }
+}
+
+/// An MLP's layers for `widths` (input, hidden…, output), made in order by `layer(fan_in, fan_out, last)` and
+/// named `{prefix}.{k}.weight` / `.bias`, to place in a `FlatParams` at index `first_index` onwards: each
+/// weight's index, the widths and the named tensors.
+fn init_layers(
+    prefix: &str,
+    widths: Vec<i64>,
+    first_index: usize,
+    mut layer: impl FnMut(i64, i64, bool) -> (Tensor, Tensor),
+) -> (Vec<usize>, Vec<usize>, Vec<(String, Tensor)>) {
+    let (mut layers, mut named) = (Vec::new(), Vec::new());
+    for k in 0..widths.len() - 1 {
+        let (w, b) = layer(widths[k], widths[k + 1], k == widths.len() - 2);
+        layers.push(first_index + named.len());
+        named.push((format!("{prefix}.{k}.weight"), w));
+        named.push((format!("{prefix}.{k}.bias"), b));
+    }
+    (layers, widths.iter().map(|&w| w as usize).collect(), named)
 }
 
 /// Weight and bias slices, layer by layer, of net `j` in the CPU buffer `v` of `params`: layer `k`'s weight
@@ -173,23 +197,6 @@ fn host_layers<'a>(
         let (w, b) = (params.offset(i) + j * fan_in * fan_out, params.offset(i + 1) + j * fan_out);
         (&v[w..w + fan_in * fan_out], &v[b..b + fan_out])
     })
-}
-
-impl FlatMlp {
-    /// [`FlatMlp::forward`] without libtorch, on `x` (`rows × inputs`, row-major) into `out` (`rows × outputs`),
-    /// when `params` live on the CPU; returns false (and leaves `out` alone) when they do not.
-    pub fn forward_host(
-        &self,
-        params: &crate::nn::params::FlatParams,
-        x: &[f32],
-        rows: usize,
-        scratch: &mut HostScratch,
-        out: &mut Vec<f32>,
-    ) -> bool {
-        let Some(v) = params.host_values() else { return false };
-        host_mlp::mlp(host_layers(&self.layers, &self.widths, params, v, 0), self.activation, x, rows, scratch, out);
-        true
-    }
 }
 
 /// Two MLPs of the same hidden widths (e.g. a policy and a value network) evaluated together as one chain of
@@ -221,15 +228,8 @@ impl TwinMlp {
         first_index: usize,
     ) -> (Self, Vec<(String, Tensor)>) {
         let cpu = tch::Device::Cpu;
-        let width_out = outputs[0].max(outputs[1]);
-        let mut widths = vec![inputs];
-        widths.extend_from_slice(hidden);
-        widths.push(width_out);
-        let mut named = Vec::new();
-        let mut layers = Vec::new();
-        for k in 0..widths.len() - 1 {
-            let (fan_in, fan_out) = (widths[k], widths[k + 1]);
-            let last = k == widths.len() - 2;
+        let widths = [&[inputs], hidden, &[outputs[0].max(outputs[1])]].concat();
+        let layer = |fan_in, fan_out, last| {
             let weights: Vec<Tensor> = (0..2)
                 .map(|j| {
                     let (rows, gain) = if last { (outputs[j], out_gains[j]) } else { (fan_out, 2f64.sqrt()) };
@@ -241,11 +241,9 @@ impl TwinMlp {
                     }
                 })
                 .collect();
-            layers.push(first_index + named.len());
-            named.push((format!("{prefix}.{k}.weight"), Tensor::stack(&weights, 0)));
-            named.push((format!("{prefix}.{k}.bias"), Tensor::zeros([2, 1, fan_out], (tch::Kind::Float, cpu))));
-        }
-        let widths = widths.iter().map(|&w| w as usize).collect();
+            (Tensor::stack(&weights, 0), Tensor::zeros([2, 1, fan_out], (tch::Kind::Float, cpu)))
+        };
+        let (layers, widths, named) = init_layers(prefix, widths, first_index, layer);
         (TwinMlp { layers, widths, activation, outputs }, named)
     }
 
@@ -257,17 +255,13 @@ impl TwinMlp {
         let h = crate::nn::mixed::mlp(self.layers.len(), |k, _| param(k), |h| self.activation.apply(h), &x, false);
         (h.get(0).narrow(1, 0, self.outputs[0]), h.get(1).narrow(1, 0, self.outputs[1]))
     }
-}
 
-impl TwinMlp {
     /// Parameter indices of each layer's weight (its bias follows), its nonlinearity and the two nets' output
     /// widths: what a population's batched forward pass needs to run many members' copies side by side.
     pub(crate) fn layout(&self) -> (&[usize], Activation, [i64; 2]) {
         (&self.layers, self.activation, self.outputs)
     }
-}
 
-impl TwinMlp {
     /// [`TwinMlp::forward`] without libtorch, on `x` (`rows × inputs`) into `outs[j]` (`rows × outputs[j]`),
     /// when `params` live on the CPU; returns false (and leaves `outs` alone) when they do not.
     pub fn forward_host(
