@@ -86,7 +86,7 @@ enum Body {
     Cnn(NatureCnn),
 }
 
-/// The coefficients of the actor-critic loss ([`actor_critic_loss`]), each one value (`f64`: the fused host
+/// The coefficients of the actor-critic loss (`actor_critic_loss`), each one value (`f64`: the fused host
 /// step) or one per member (`Coef`: the libtorch update).
 #[derive(Debug, Clone, Copy)]
 pub struct LossCoefficients<C = f64> {

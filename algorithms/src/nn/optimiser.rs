@@ -1,5 +1,5 @@
 //! The optimisers over a [`FlatParams`] buffer, Adam and RMSprop: one step is a handful of tensor ops for the
-//! whole model, or one host loop on the fused CPU path ([`crate::nn::host_train`]).
+//! whole model, or one host loop on the fused CPU path (`nn::host_train`).
 //!
 //! * Adam (Kingma & Ba 2015) as `torch.optim.Adam` (no weight decay, no AMSGrad):
 //!   `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`, `θ ← θ − (lr / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε)`.
