@@ -10,17 +10,14 @@
 //!   bootstrap from `V(true final observation)` ([`crate::data::gae`]);
 //! * loss `−E[Â log π(a|s)] + vf_coef · E[(R − V)²] − ent_coef · E[H]`; advantages not normalised; global
 //!   gradient-norm clipping at 0.5;
-//! * `torch.optim.RMSprop` (α 0.99, ε 1e-5, ε outside the square root: [`crate::nn::rmsprop`]) at a constant
+//! * `torch.optim.RMSprop` (α 0.99, ε 1e-5, ε outside the square root: [`crate::nn::optimiser`]) at a constant
 //!   learning rate 7e-4;
 //! * the gradient is computed and applied in two calls ([`A2c::compute_gradients`], [`A2c::apply_gradients`]),
 //!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server);
 //! * on the CPU, an MLP's update runs as one fused step without libtorch (`fused_cpu`,
 //!   [`crate::actor_critic::host`]): the same loss, gradient, clipping and optimiser step, to float rounding;
-//! * optional V-trace correction (`vtrace`, `[algorithm.vtrace]` in TOML) for rollouts that actors collected
-//!   with parameters a few versions old, which makes the update IMPALA's (Espeholt et al. 2018): the current
-//!   parameters (no gradient) recompute `V(x_t)` and `V(x_{t+1})` (from the kept final and bootstrap
-//!   observations) and `ln π(a|x)` for the importance weights, and the advantages and value targets become
-//!   V-trace's `ρ^pg (r + γ v_{t+1} − V(x_t))` and `v_t` ([`crate::data::vtrace`]; `gae_lambda` is then unused).
+//! * optional V-trace correction (`vtrace`, as PPO's: [`crate::ppo`]) for rollouts that actors collected with
+//!   parameters a few versions old, which makes the update IMPALA's (Espeholt et al. 2018).
 //!
 //! Defaults follow RL Zoo's CartPole-v1 A2C (with `[env] num_envs = 8`): SB3's defaults with no entropy bonus.
 //!
@@ -37,25 +34,21 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
 use crate::actor_critic::explained_variance;
-use crate::actor_critic::host::{ActorCriticHost, Minibatch, Objective, StepLoss, normalize_host};
-use crate::actor_critic::members::{
-    Batch, MemberNet, Nets, Optimiser, StackedActorCritic, StackedOptimiser, stacking_refused,
-};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig};
+use crate::actor_critic::host::{ActorCriticHost, Schedule};
+use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, stacking_refused};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector};
 use crate::data::vtrace::VtraceConfig;
 use crate::export::Architecture;
 use crate::kind::{AlgorithmKind, KindName, not_data_parallel};
-use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
-use crate::nn::host_train::clip_grad_norm;
 use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
+use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::Recurrence;
-use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 use flotilla_core::Chunk;
@@ -104,28 +97,19 @@ pub struct A2cConfig {
     pub activation: Activation,
     /// Initial log standard deviation of Gaussian policies.
     pub log_std_init: f64,
-    /// Off-policy correction for rollouts collected with stale parameters: when set (`[algorithm.vtrace]`,
-    /// with its truncation thresholds), advantages and value targets are recomputed with V-trace under the
-    /// current parameters before each gradient, and `gae_lambda` is unused. `None` is plain A2C.
+    /// V-trace's off-policy correction, as [`crate::ppo::PpoConfig::vtrace`] (before each gradient).
     pub vtrace: Option<VtraceConfig>,
     /// How the Nature CNN computes for image observations (`[algorithm.cnn]`: channels-last, bf16).
     pub cnn: CnnOptions,
-    /// `[[tasks]]` runs: one policy head and one value per task on the shared MLP torso, each observation
-    /// reading its task's (else one head for all tasks, told apart by the one-hot input alone).
+    /// A head per task, as [`crate::ppo::PpoConfig::task_heads`].
     pub task_heads: bool,
     /// The run's task count, set from `[[tasks]]` when the experiment config is parsed (not a setting).
     #[serde(skip)]
     pub tasks: usize,
-    /// Run each update of an MLP on the CPU as one fused step without libtorch ([`crate::nn::host_train`]:
-    /// hand-written forward/backward over `sgemm`, host RMSprop or Adam), several times faster for small
-    /// networks. Same maths, same results to float rounding. Used only where it applies (CPU, MLP, one head,
-    /// no data-parallel replicas or accumulation, nothing frozen, a local update: an A3C gradient from an actor
-    /// is applied on libtorch); `false` runs every update on libtorch.
+    /// The fused CPU step, as [`crate::ppo::PpoConfig::fused_cpu`] (host RMSprop or Adam; an A3C gradient from
+    /// an actor is applied on libtorch).
     pub fused_cpu: bool,
-    /// A recurrent core (`"lstm"` or `"gru"`) between the observations and the policy and value MLPs, for
-    /// tasks whose observations do not hold the whole state; `"none"` (the default) is feed-forward. Actors
-    /// keep each env's state and send it with every chunk; the learner re-runs whole env sequences from it
-    /// (truncated BPTT over the rollout, states zeroed where episodes start).
+    /// A recurrent core, as [`crate::ppo::PpoConfig::recurrent`] (each update runs every env's whole sequence).
     pub recurrent: Recurrence,
     /// Hidden units of the recurrent core.
     pub recurrent_hidden: i64,
@@ -161,19 +145,6 @@ impl Default for A2cConfig {
 }
 
 impl A2cConfig {
-    /// The network this config describes.
-    pub fn net(&self) -> NetConfig<'_> {
-        NetConfig {
-            hidden: &self.hidden_sizes,
-            activation: self.activation,
-            log_std_init: self.log_std_init,
-            cnn: self.cnn,
-            heads: if self.task_heads { self.tasks.max(1) } else { 1 },
-            recurrent: self.recurrent,
-            recurrent_hidden: self.recurrent_hidden,
-        }
-    }
-
     /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
     pub fn validate(&self, num_envs: usize) -> Result<()> {
         let bad = |field, value: String, detail: &str| {
@@ -295,166 +266,6 @@ impl AlgorithmKind for A3cConfig {
     }
 }
 
-/// The loss terms of one rollout, one per member (`[N]`, differentiable where it matters).
-#[derive(Debug)]
-pub struct A2cLoss {
-    /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
-    pub total: Tensor,
-    /// Policy-gradient loss `−E[Â log π(a|s)]`.
-    pub policy: Tensor,
-    /// `E[(R − V)²]`.
-    pub value: Tensor,
-    /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
-    pub entropy: Option<Tensor>,
-}
-
-/// Coefficients of [`a2c_loss`], each one value or one per member.
-#[derive(Debug)]
-pub(crate) struct Coefficients {
-    /// Entropy coefficient.
-    pub(crate) ent_coef: Coef,
-    /// Value loss coefficient.
-    pub(crate) vf_coef: Coef,
-}
-
-/// The A2C loss of each member from per-sample tensors (all `[N, B]`, or `[B]` for one): log-probs of the
-/// actions taken under the current policy, advantages (constants, normalised already where asked), entropies
-/// (optional), values and value targets.
-pub(crate) fn a2c_loss(
-    log_prob: &Tensor,
-    advantages: &Tensor,
-    entropy: Option<&Tensor>,
-    values: &Tensor,
-    returns: &Tensor,
-    c: &Coefficients,
-) -> A2cLoss {
-    let mean = |t: Tensor| t.mean_dim(-1, false, Kind::Float);
-    let policy = -mean(advantages.detach() * log_prob);
-    let value = mean((returns.detach() - values).square());
-    let mut total = &policy + c.vf_coef.mul(&value);
-    let entropy = entropy.map(|e| mean(e.shallow_clone()));
-    if let Some(e) = &entropy {
-        total -= c.ent_coef.mul(e);
-    }
-    A2cLoss { total, policy, value, entropy }
-}
-
-/// The optimiser state, whichever was configured.
-#[derive(Debug)]
-pub enum Optimizer {
-    /// RMSprop (`optimizer = "rmsprop"`).
-    RmsProp(RmsProp),
-    /// Adam (`optimizer = "adam"`).
-    Adam(Adam),
-}
-
-impl Optimizer {
-    /// Steps taken so far.
-    pub(crate) fn steps(&self) -> u64 {
-        match self {
-            Optimizer::RmsProp(o) => o.steps,
-            Optimizer::Adam(o) => o.steps,
-        }
-    }
-
-    /// Set the learning rate of the next steps.
-    fn set_lr(&mut self, lr: f64) {
-        match self {
-            Optimizer::RmsProp(o) => o.lr = lr,
-            Optimizer::Adam(o) => o.lr = lr,
-        }
-    }
-
-    /// [`Optimizer::step`] on host slices (the fused CPU step); false, changing nothing, where the state is not
-    /// a host buffer of `theta`'s size.
-    fn step_host(&mut self, theta: &mut [f32], grad: &[f32], lr: f64) -> bool {
-        match self {
-            Optimizer::RmsProp(o) => {
-                o.lr = lr;
-                o.step_host(theta, grad)
-            }
-            Optimizer::Adam(o) => {
-                o.lr = lr;
-                o.step_host(theta, grad)
-            }
-        }
-    }
-
-    fn write_to(&self, c: &mut Checkpoint) -> Result<()> {
-        match self {
-            Optimizer::RmsProp(o) => o.write_to(c, "rmsprop"),
-            Optimizer::Adam(o) => o.write_to(c, "adam"),
-        }
-    }
-
-    fn read_from(&mut self, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
-        match self {
-            Optimizer::RmsProp(o) => o.read_from(c, "rmsprop", params),
-            Optimizer::Adam(o) => o.read_from(c, "adam", params),
-        }
-    }
-}
-
-impl Optimiser for Optimizer {
-    fn step(&mut self, params: &mut FlatParams) {
-        match self {
-            Optimizer::RmsProp(o) => o.step(params),
-            Optimizer::Adam(o) => o.step(params),
-        }
-    }
-}
-
-/// The members' optimiser states stacked ([`Optimizer`]'s stacked form; one kind for all members).
-enum StackedOptimizer {
-    RmsProp(StackedRmsProp),
-    Adam(StackedAdam),
-}
-
-impl StackedOptimizer {
-    /// The members' states for the rows of `params` (`[N, P]`); `None` where their kinds differ.
-    fn new(opts: &[&Optimizer], params: &Tensor) -> Option<Self> {
-        let rmsprop: Option<Vec<&RmsProp>> =
-            opts.iter().map(|o| if let Optimizer::RmsProp(o) = o { Some(o) } else { None }).collect();
-        let adam: Option<Vec<&Adam>> =
-            opts.iter().map(|o| if let Optimizer::Adam(o) = o { Some(o) } else { None }).collect();
-        match (rmsprop, adam) {
-            (Some(o), _) => Some(StackedOptimizer::RmsProp(StackedRmsProp::new(&o, params))),
-            (_, Some(o)) => Some(StackedOptimizer::Adam(StackedAdam::new(&o, params))),
-            _ => None,
-        }
-    }
-
-    /// Member `k`'s state back into its optimiser.
-    fn write_back(&self, k: usize, opt: &mut Optimizer) {
-        match (self, opt) {
-            (StackedOptimizer::RmsProp(s), Optimizer::RmsProp(o)) => s.write_back(k, o),
-            (StackedOptimizer::Adam(s), Optimizer::Adam(o)) => s.write_back(k, o),
-            _ => unreachable!("stacked from these members' optimisers"),
-        }
-    }
-}
-
-impl StackedOptimiser for StackedOptimizer {
-    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
-        match self {
-            StackedOptimizer::RmsProp(o) => o.step(params, grad, lrs),
-            StackedOptimizer::Adam(o) => o.step(params, grad, lrs),
-        }
-    }
-}
-
-/// The actor-critic network `config` describes (`name` for errors); `seed` fixes its initialisation.
-fn network(
-    name: &'static str,
-    observation_space: &Space,
-    action_space: &Space,
-    config: &A2cConfig,
-    device: Device,
-    seed: u64,
-) -> Result<ActorCritic> {
-    ActorCritic::new(name, observation_space, action_space, &config.net(), device, seed)
-}
-
 /// A rollout A2C can learn from: not empty, with the network's action size.
 fn check_rollout(net: &ActorCritic, rollout: &Rollout) -> Result<()> {
     let n = rollout.len();
@@ -537,12 +348,11 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
     let batch = Batch::new(&nets, rollouts, c0.gamma as f32, c0.vtrace.as_ref())?;
     let stacked = (members.len() > 1).then(|| {
         let net = StackedActorCritic::new(&nets);
-        let opts: Vec<&Optimizer> = members.iter().map(|m| &m.opt).collect();
-        let opt = StackedOptimizer::new(&opts, net.params()).expect("unbatchable saw one optimiser kind");
+        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
         Nets::Stacked(net, opt)
     });
     for (m, &lr) in members.iter_mut().zip(&lrs) {
-        m.opt.set_lr(lr);
+        m.opt.lr = lr;
     }
     let configs: Vec<A2cConfig> = members.iter().map(|m| m.config.clone()).collect();
     let configs: Vec<&A2cConfig> = configs.iter().collect();
@@ -562,7 +372,7 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
         }
         None => {
             let A2c { pi, parallel, opt, .. } = &mut *members[0];
-            let mut nets: Nets<StackedOptimizer> = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
+            let mut nets: Nets = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
             let metrics = a2c_gradient(&mut nets, &configs, batch)?;
             nets.step(&lrs);
             metrics
@@ -578,40 +388,35 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
 /// The clipped A2C loss gradient of every member on its rollout in `batch`, written once over the member axis
 /// ([`Nets`]): a member alone averages it over its replicas and accumulates it over its micro-batches. Returns
 /// each member's metrics (the loss terms, means over the micro-batches; explained variance; V-trace's).
-fn a2c_gradient<S: StackedOptimiser>(nets: &mut Nets<S>, configs: &[&A2cConfig], batch: Batch) -> Result<Vec<Metrics>> {
+fn a2c_gradient(nets: &mut Nets, configs: &[&A2cConfig], batch: Batch) -> Result<Vec<Metrics>> {
     let d = batch.obs.device();
     let each = |f: fn(&A2cConfig) -> f64| Coef::of(configs.iter().map(|c| f(c)), d);
-    let coefficients = Coefficients { ent_coef: each(|c| c.ent_coef), vf_coef: each(|c| c.vf_coef) };
+    let coefficients = LossCoefficients {
+        clip_range: None,
+        clip_range_vf: None,
+        ent_coef: each(|c| c.ent_coef),
+        vf_coef: each(|c| c.vf_coef),
+    };
     let need_entropy = configs.iter().any(|c| c.ent_coef != 0.0);
-    let Batch { obs, actions, mut advantages, returns, explained, vtrace, sequences, .. } = batch;
+    let Batch { obs, actions, old_log_prob, mut advantages, returns, old_values, explained, vtrace, sequences } = batch;
     // Normalised here, over every replica's rollout, never inside the loss (which may see a micro-batch).
     if configs[0].normalize_advantage {
         advantages = nets.normalize(&advantages)?;
     }
-    let (micro_batches, scale) = nets.micro_batches(obs.size()[1]);
-    let mut parts = Vec::with_capacity(micro_batches.len());
-    for (j, &(start, len)) in micro_batches.iter().enumerate() {
-        let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
-        let (dist, values) = match &sequences {
-            // A recurrent policy: every env's whole sequence (replicas and micro-batches are refused).
-            Some(s) => {
-                let (starts, state0) = s.of(None, None);
-                nets.forward_sequence(&obs, &starts, &state0)
-            }
-            None => nets.forward(&micro(&obs)),
-        };
-        let entropy = need_entropy.then(|| dist.entropy());
-        let log_prob = dist.log_prob(&micro(&actions));
-        let loss = a2c_loss(&log_prob, &micro(&advantages), entropy.as_ref(), &values, &micro(&returns), &coefficients);
-        nets.backward(&loss.total, scale, j > 0);
-        let entropy = match &loss.entropy {
-            Some(e) => e.detach(),
-            None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
-        };
-        parts.push([loss.policy.detach(), loss.value.detach(), entropy]);
-    }
+    let sequence = sequences.as_ref().map(|s| s.of(None, None));
+    let mb = [&obs, &actions, &old_log_prob, &advantages, &old_values, &returns];
     let max_norms: Vec<f64> = configs.iter().map(|c| c.max_grad_norm).collect();
-    nets.reduce_and_clip(&max_norms, "a2c")?;
+    let parts = nets.gradient(mb, sequence, &coefficients, need_entropy, &max_norms, "a2c")?;
+    let parts: Vec<[Tensor; 3]> = parts
+        .iter()
+        .map(|(loss, dist)| {
+            let entropy = match &loss.entropy {
+                Some(e) => e.detach(),
+                None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
+            };
+            [loss.policy.detach(), loss.value.detach(), entropy]
+        })
+        .collect();
     let mean = |i: usize| host(&(parts.iter().map(|p| p[i].shallow_clone()).sum::<Tensor>() / parts.len() as f64));
     let (policy, value, entropy) = (mean(0)?, mean(1)?, mean(2)?);
     Ok((0..configs.len())
@@ -627,6 +432,19 @@ fn a2c_gradient<S: StackedOptimiser>(nets: &mut Nets<S>, configs: &[&A2cConfig],
         .collect())
 }
 
+/// The clipped A2C loss gradient of one network on a rollout (left in its buffer), and its metrics.
+fn rollout_gradient(
+    net: &mut ActorCritic,
+    parallel: &mut DataParallel,
+    config: &A2cConfig,
+    rollout: &Rollout,
+) -> Result<Metrics> {
+    check_rollout(net, rollout)?;
+    let batch = Batch::new(&[&*net], &[rollout], config.gamma as f32, config.vtrace.as_ref())?;
+    let mut nets = Nets::Alone { net, parallel, opt: None };
+    Ok(a2c_gradient(&mut nets, &[config], batch)?.pop().expect("one member"))
+}
+
 /// An A2C agent: the actor-critic network, its optimiser (RMSprop or Adam) and the RNG used to act.
 pub type A2c = OnPolicyAgent<A2cKind>;
 
@@ -637,7 +455,7 @@ pub struct A2cKind;
 
 impl OnPolicyKind for A2cKind {
     type Config = A2cConfig;
-    type Optimizer = Optimizer;
+    type Optimizer = Optimiser;
     const NAME: &'static str = "a2c";
 
     fn gamma_lambda(c: &A2cConfig) -> (f32, f32) {
@@ -648,12 +466,12 @@ impl OnPolicyKind for A2cKind {
         agent.update_from(rollout, progress_remaining)
     }
 
-    fn write_optimizer(opt: &Optimizer, c: &mut Checkpoint) -> Result<()> {
-        opt.write_to(c)
+    fn write_optimizer(opt: &Optimiser, c: &mut Checkpoint) -> Result<()> {
+        opt.write_to(c, opt.rule.name())
     }
 
-    fn read_optimizer(opt: &mut Optimizer, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
-        opt.read_from(c, params)
+    fn read_optimizer(opt: &mut Optimiser, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
+        opt.read_from(c, opt.rule.name(), params)
     }
 
     fn check_replicas(agent: &A2c, parallel: &DataParallel) -> Result<()> {
@@ -679,38 +497,28 @@ impl A2c {
         seed: u64,
     ) -> Result<Self> {
         config.validate(n_envs)?;
-        let net = network("a2c", observation_space, action_space, &config, device, seed)?;
+        let net = ActorCritic::new("a2c", observation_space, action_space, &config.net(), device, seed)?;
         let (lr, eps) = (config.learning_rate, config.optimizer_eps);
         let opt = match config.optimizer {
-            OptimizerKind::RmsProp => Optimizer::RmsProp(RmsProp::new(&net.params, lr, config.rmsprop_alpha, eps)),
-            OptimizerKind::Adam => Optimizer::Adam(Adam::new(&net.params, lr, eps)),
+            OptimizerKind::RmsProp => Optimiser::rmsprop(&net.params, lr, config.rmsprop_alpha, eps),
+            OptimizerKind::Adam => Optimiser::new(&net.params, lr, eps),
         };
         let pi = ActorCriticPolicy::with_rng(net, Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c));
         let n_steps = config.n_steps;
         Ok(A2c::with(config, pi, opt, n_envs, n_steps))
     }
 
-    /// Overwrite the network's parameters, e.g. with a parameter server's broadcast.
-    pub fn set_params(&mut self, flat: &Tensor) -> Result<()> {
-        self.pi.net.params.copy_from(flat)
-    }
-
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
-    /// `max_grad_norm`: a detached flat tensor of the trainable parameters, laid out like [`A2c::params`] with
+    /// `max_grad_norm`: a detached flat tensor of the trainable parameters, laid out like the parameter buffer with
     /// frozen layers left out ([`FlatParams::trainable_grad`]). Neither the parameters nor the
     /// optimiser change; [`A2c::apply_gradients`] (here or on another copy of the agent) takes the step.
     ///
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under this agent's parameters (the rollout itself is left as the behaviour policy's record).
     pub fn compute_gradients(&mut self, rollout: &Rollout) -> Result<(Tensor, Metrics)> {
-        let (gamma, vtrace) = (self.config.gamma as f32, self.config.vtrace.as_ref());
-        check_rollout(&self.pi.net, rollout)?;
-        let batch = Batch::new(&[&self.pi.net], &[rollout], gamma, vtrace)?;
-        let A2c { pi, parallel, opt, config, .. } = self;
-        let mut nets: Nets<StackedOptimizer> = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
-        let mut metrics = a2c_gradient(&mut nets, &[config], batch)?;
+        let metrics = rollout_gradient(&mut self.pi.net, &mut self.parallel, &self.config, rollout)?;
         // Packed: the trainable parameters' gradient only (all of it while nothing is frozen).
-        Ok((pi.net.params.trainable_grad().detach().copy(), metrics.pop().expect("one member")))
+        Ok((self.pi.net.params.trainable_grad().detach().copy(), metrics))
     }
 
     /// One optimiser step with a gradient from [`A2c::compute_gradients`] (of this agent or of a copy with the
@@ -726,8 +534,8 @@ impl A2c {
         }
         params.set_trainable_grad(flat_grad)?;
         let lr = self.config.learning_rate_at(progress_remaining);
-        self.opt.set_lr(lr);
-        Optimiser::step(&mut self.opt, &mut self.pi.net.params);
+        self.opt.lr = lr;
+        self.opt.step(&mut self.pi.net.params);
         Ok(lr)
     }
 
@@ -763,40 +571,22 @@ impl A2c {
         let c = &self.config;
         let net = &mut self.pi.net;
         check_rollout(net, rollout)?;
-        let targets = net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+        let targets = net.targets(rollout, None, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
-        let ObsRef::F32(obs) = rollout.obs.as_ref() else {
-            return Err(Error::Unsupported("the fused CPU step takes f32 observations".into()));
-        };
-        let mut adv = advantages.to_vec();
-        if c.normalize_advantage {
-            normalize_host(&mut adv);
-        }
-        let starts = if net.state_dim() > 0 { rollout.episode_starts() } else { Vec::new() };
-        let mb = Minibatch {
-            obs,
-            starts: &starts,
-            state0: &rollout.initial_state,
-            actions: &rollout.actions,
-            old_log_prob: &rollout.log_probs,
-            advantages: &adv,
-            old_values: values,
-            returns,
-        };
-        let theta =
-            net.params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
-        let loss: StepLoss = host.gradient(theta, &mb, Objective::A2c { ent_coef: c.ent_coef, vf_coef: c.vf_coef });
-        let grad = host.grad_mut();
-        let norm = clip_grad_norm(grad, c.max_grad_norm);
-        if !norm.is_finite() {
-            return Err(Error::NonFinite(format!("a2c: gradient norm {norm} (non-finite loss); step not taken")));
-        }
         let lr = c.learning_rate_at(progress_remaining);
-        if !self.opt.step_host(theta, grad, lr) {
-            return Err(Error::Unsupported(
-                "fused CPU step: optimiser state is not a host buffer of the model's size".into(),
-            ));
-        }
+        self.opt.lr = lr;
+        let coefficients =
+            LossCoefficients { clip_range: None, clip_range_vf: None, ent_coef: c.ent_coef, vf_coef: c.vf_coef };
+        let schedule = Schedule {
+            n_epochs: 1,
+            batch_size: rollout.len(),
+            normalize_advantage: c.normalize_advantage,
+            target_kl: None,
+            max_grad_norm: c.max_grad_norm,
+            algorithm: "a2c",
+        };
+        let targets_host = (advantages, returns, values);
+        let (loss, _) = host.train(net, &mut self.opt, rollout, targets_host, &coefficients, &schedule, None)?;
         let mut m = Metrics::default();
         m.push("losses/policy_loss", loss.policy);
         m.push("losses/value_loss", loss.value);
@@ -842,7 +632,7 @@ impl A3cWorker {
         seed: u64,
     ) -> Result<Self> {
         config.validate(n_envs)?;
-        let net = network("a3c", observation_space, action_space, &config, Device::Cpu, seed)?;
+        let net = ActorCritic::new("a3c", observation_space, action_space, &config.net(), Device::Cpu, seed)?;
         let policy = ActorCriticPolicy::new(net, seed);
         let collector = RolloutCollector::new(n_envs, config.n_steps, policy.net.obs_dim(), policy.net.act_dim());
         Ok(A3cWorker { config, policy, collector })
@@ -867,15 +657,9 @@ impl GradientWorker for A3cWorker {
         let rollout = self.collector.finish(|obs: ObsRef<'_>| net.values(obs), gamma, lambda)?.ok_or_else(|| {
             Error::BadLength { what: "A3C chunk steps".into(), got: chunk.n_steps, expected: self.config.n_steps }
         })?;
-        let batch = check_rollout(net, &rollout)
-            .and_then(|_| Batch::new(&[&*net], &[&rollout], gamma, self.config.vtrace.as_ref()));
-        let out = batch.and_then(|batch| {
-            let parallel = &mut DataParallel::default();
-            let mut nets: Nets<StackedOptimizer> = Nets::Alone { net: &mut *net, parallel, opt: None };
-            a2c_gradient(&mut nets, &[&self.config], batch)
-        });
+        let out = rollout_gradient(net, &mut DataParallel::default(), &self.config, &rollout);
         self.collector.recycle(rollout);
-        let metrics = out?.pop().expect("one member");
+        let metrics = out?;
         let grad = net.params.trainable_grad().to_device(Device::Cpu).view([-1]);
         Ok((Vec::<f32>::try_from(grad)?, metrics))
     }
@@ -884,11 +668,34 @@ impl GradientWorker for A3cWorker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actor_critic::actor_critic_loss;
     use crate::data::vtrace::VtraceConfig;
     use crate::nn::params::assert_params_close;
     use crate::policy::{ActMode, ActOutput, Policy};
     use flotilla_core::Chunk;
     use rand::Rng;
+
+    /// A2C's coefficients of [`actor_critic_loss`] (no clipping).
+    fn a2c_coefficients(ent_coef: f64, vf_coef: f64) -> LossCoefficients<Coef> {
+        LossCoefficients {
+            clip_range: None,
+            clip_range_vf: None,
+            ent_coef: Coef::One(ent_coef),
+            vf_coef: Coef::One(vf_coef),
+        }
+    }
+
+    /// [`actor_critic_loss`] with A2C's coefficients (which read no behaviour log-probs or old values).
+    fn a2c_loss(
+        lp: &Tensor,
+        adv: &Tensor,
+        ent: Option<&Tensor>,
+        v: &Tensor,
+        ret: &Tensor,
+        c: &LossCoefficients<Coef>,
+    ) -> crate::actor_critic::ActorCriticLoss {
+        actor_critic_loss(lp, &lp.detach(), adv, ent, v, &v.detach(), ret, c)
+    }
 
     /// The A2C loss in the paper's notation, sample by sample, in f64: (policy, value, total).
     fn reference_loss(
@@ -924,7 +731,7 @@ mod tests {
             (draw(-2.0, -0.1), draw(-3.0, 3.0), draw(0.0, 0.7), draw(-1.0, 1.0), draw(-2.0, 2.0));
         let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
         for (normalize, ent_coef) in [(false, 0.0), (false, 0.01), (true, 0.05)] {
-            let c = Coefficients { ent_coef: Coef::One(ent_coef), vf_coef: Coef::One(0.5) };
+            let c = a2c_coefficients(ent_coef, 0.5);
             let entropy = (ent_coef != 0.0).then(|| t(&ent));
             // Advantages are normalised by the update, per member, before the loss.
             let advantages = match normalize {
@@ -950,7 +757,7 @@ mod tests {
         let lp = Tensor::from_slice(&[-0.7f32, -0.7]).set_requires_grad(true);
         let v = Tensor::from_slice(&[0.0f32, 0.0]).set_requires_grad(true);
         let ent = Tensor::from_slice(&[0.5f32, 0.5]).set_requires_grad(true);
-        let c = Coefficients { ent_coef: Coef::One(0.1), vf_coef: Coef::One(0.5) };
+        let c = a2c_coefficients(0.1, 0.5);
         let adv = Tensor::from_slice(&[2.0f32, -1.0]);
         let ret = Tensor::from_slice(&[1.0f32, -3.0]);
         a2c_loss(&lp, &adv, Some(&ent), &v, &ret, &c).total.backward();
@@ -1112,7 +919,7 @@ mod tests {
                 let init: Vec<f32> = Vec::try_from(make(true).params().flat().detach()).unwrap();
                 assert_ne!(a, init, "{what}: weights moved");
                 if u == 1 {
-                    actor.set_params(&fused.params().flat().detach().copy()).unwrap();
+                    actor.pi.net.params.copy_from(&fused.params().flat().detach().copy()).unwrap();
                 }
             }
             // The optimiser states agree too: a checkpoint of each restores into the other's path.
@@ -1259,7 +1066,8 @@ mod tests {
         assert!((m.get("losses/vtrace_mean_ratio").unwrap() - 0.5).abs() < 1e-5);
         assert_eq!(m.get("losses/vtrace_rho_clip_fraction"), Some(0.0));
         assert!(lagged.allclose(&(&plain * 0.5), 1e-4, 1e-7, false), "ρ = 0.5 halves the gradient");
-        let t = a2c.pi.net.vtrace_targets(&rollout, a2c.config.gamma as f32, &VtraceConfig::default()).unwrap();
+        let vtrace = Some(&VtraceConfig::default());
+        let t = a2c.pi.net.targets(&rollout, None, a2c.config.gamma as f32, vtrace).unwrap().vtrace.unwrap();
         for i in 0..rollout.len() {
             let td = rollout.rewards[i] - t.values[i];
             assert!((t.pg_advantages[i] - 0.5 * td).abs() < 1e-5 * (1.0 + td.abs()), "step {i}");
@@ -1317,10 +1125,7 @@ mod member_tests {
 
     /// A member's optimiser state as one flat tensor: RMSprop's running mean, or Adam's two moments.
     fn optimiser_state(a: &A2c) -> Tensor {
-        match &a.opt {
-            Optimizer::RmsProp(o) => o.square_avg.shallow_clone(),
-            Optimizer::Adam(o) => Tensor::cat(&[&o.exp_avg, &o.exp_avg_sq], 0),
-        }
+        Tensor::cat(&a.opt.state, 0)
     }
 
     /// Members (seed 100 + k, config k, libtorch path) updated together match twins (same seeds, configs and

@@ -74,16 +74,6 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
         OnPolicyAgent { config, pi, opt, collector, parallel, host: None, defer_values: false }
     }
 
-    /// The network's parameters (for saving, broadcasting or inspecting).
-    pub fn params(&self) -> &FlatParams {
-        &self.pi.net.params
-    }
-
-    /// `V(obs)` for a batch of observations.
-    pub fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
-        self.pi.net.values(obs)
-    }
-
     /// The collected rollout with its advantages, once it is complete (what [`Algorithm::update`] trains on);
     /// `None` before. Hand it back with [`OnPolicyAgent::recycle`] after updating.
     pub fn finish_rollout(&mut self) -> Result<Option<Rollout>> {
@@ -296,9 +286,24 @@ impl<K: OnPolicyKind> Replicated for OnPolicyAgent<K> {
 }
 
 /// `impl AlgorithmKind` for an on-policy kind's config (`$config`, the config of `$kind`): the answers PPO and
-/// A2C share, with `$update` their batched update over the member axis.
+/// A2C share, with `$update` their batched update over the member axis; and the config's network.
 macro_rules! on_policy_kind {
     ($config:ty, $kind:ty, $update:path) => {
+        impl $config {
+            /// The network this config describes.
+            pub fn net(&self) -> $crate::actor_critic::NetConfig<'_> {
+                $crate::actor_critic::NetConfig {
+                    hidden: &self.hidden_sizes,
+                    activation: self.activation,
+                    log_std_init: self.log_std_init,
+                    cnn: self.cnn,
+                    heads: if self.task_heads { self.tasks.max(1) } else { 1 },
+                    recurrent: self.recurrent,
+                    recurrent_hidden: self.recurrent_hidden,
+                }
+            }
+        }
+
         impl $crate::kind::AlgorithmKind for $config {
             fn validate(&self, num_envs: usize) -> $crate::Result<()> {
                 <$config>::validate(self, num_envs)
@@ -381,4 +386,17 @@ pub(crate) use on_policy_kind;
 /// ([`ActorCritic::sequence_eval`]), so truncated episodes and the bootstrap are valued from the states reached.
 fn sequence_values(net: &ActorCritic) -> Sequences<impl FnMut(&Rollout) -> Result<Vec<f32>> + '_> {
     Sequences(move |r: &Rollout| Ok(net.sequence_eval(r, &net.rollout_obs(r)?)?.2))
+}
+
+#[cfg(test)]
+impl<K: OnPolicyKind> OnPolicyAgent<K> {
+    /// The network's parameters.
+    pub(crate) fn params(&self) -> &FlatParams {
+        &self.pi.net.params
+    }
+
+    /// `V(obs)` for a batch of observations.
+    pub(crate) fn values(&self, obs: ObsRef<'_>) -> Result<Vec<f32>> {
+        self.pi.net.values(obs)
+    }
 }

@@ -1,4 +1,4 @@
-//! PPO's and A2C's gradient step on the fused CPU path ([`crate::nn::host_train`]): the same loss, gradient,
+//! PPO's and A2C's update on the fused CPU path ([`crate::nn::host_train`]): the same loss, gradient,
 //! clipping and optimiser step as [`crate::ppo::Ppo::update_from`]'s and [`crate::a2c::A2c::update_from`]'s
 //! libtorch code, for MLP actor-critics on the CPU.
 //!
@@ -6,33 +6,21 @@
 //! equal branches (`minimum`/`maximum` split the gradient half and half on ties; `clamp` passes it on its
 //! bounds), so the two paths agree to float rounding (`ppo::tests::fused_cpu_update_matches_libtorch`,
 //! `a2c::tests::fused_cpu_update_matches_libtorch`).
-use crate::actor_critic::ActorCritic;
-use crate::actor_critic::LossCoefficients;
+use flotilla_core::ObsRef;
+use rand::seq::SliceRandom;
+use rand_pcg::Pcg64;
+
+use crate::actor_critic::{ActorCritic, LossCoefficients};
+use crate::data::rollout::{Rollout, sequence_rows};
 use crate::nn::activation::Activation;
-use crate::nn::adam::Adam;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::LOG_SQRT_2PI;
 use crate::nn::host_lstm::{HostLstm, LstmTape};
 use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
-use crate::nn::params::FlatParams;
+use crate::nn::optimiser::Optimiser;
 use crate::{Error, Result};
 
 const LOG_SQRT_2PI_F32: f32 = LOG_SQRT_2PI as f32;
-
-/// Which loss a step minimises.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Objective<'a> {
-    /// PPO's clipped surrogate, (clipped) value loss and entropy bonus.
-    Ppo(&'a LossCoefficients),
-    /// A2C's `−E[Â ln π(a|s)] + vf_coef·E[(R − V)²] − ent_coef·E[H]` (the behaviour log-probs and old values
-    /// are not read).
-    A2c {
-        /// Entropy coefficient.
-        ent_coef: f64,
-        /// Value loss coefficient.
-        vf_coef: f64,
-    },
-}
 
 /// The policy head's distribution on the host.
 #[derive(Debug, Clone, Copy)]
@@ -71,6 +59,48 @@ pub(crate) struct StepLoss {
     pub clip_fraction: f64,
 }
 
+/// How [`ActorCriticHost::train`] goes over a rollout: PPO's epochs of minibatches, A2C's one full batch.
+pub(crate) struct Schedule {
+    pub n_epochs: usize,
+    pub batch_size: usize,
+    pub normalize_advantage: bool,
+    /// Stop early when a step's approximate KL passes `1.5 ·` this.
+    pub target_kl: Option<f64>,
+    pub max_grad_norm: f64,
+    /// The algorithm's name, for errors.
+    pub algorithm: &'static str,
+}
+
+/// A minibatch gathered from a rollout (buffers reused across minibatches).
+#[derive(Default)]
+struct Gathered {
+    obs: Vec<f32>,
+    starts: Vec<f32>,
+    state0: Vec<f32>,
+    actions: Vec<f32>,
+    old_log_prob: Vec<f32>,
+    advantages: Vec<f32>,
+    old_values: Vec<f32>,
+    returns: Vec<f32>,
+}
+
+impl Gathered {
+    fn clear(&mut self) {
+        for v in [
+            &mut self.obs,
+            &mut self.starts,
+            &mut self.state0,
+            &mut self.actions,
+            &mut self.old_log_prob,
+            &mut self.advantages,
+            &mut self.old_values,
+            &mut self.returns,
+        ] {
+            v.clear();
+        }
+    }
+}
+
 /// The fused CPU step's layout and reusable buffers, for one actor-critic network.
 #[derive(Debug, Clone)]
 pub(crate) struct ActorCriticHost {
@@ -96,8 +126,8 @@ pub(crate) struct ActorCriticHost {
 impl ActorCriticHost {
     /// The fused step's state for an update that can take it — `enabled` (the config's `fused_cpu`), one
     /// data-parallel replica without gradient accumulation, nothing frozen (now: layers can be frozen after the
-    /// agent is built), and an MLP whose buffer [`ActorCriticHost::new`] takes — reusing `cached`'s buffers.
-    /// `None`: the update runs on libtorch.
+    /// agent is built), and an MLP actor-critic (one head) whose parameters are a CPU f32 buffer — reusing
+    /// `cached`'s buffers. `None`: the update runs on libtorch.
     pub(crate) fn for_update(
         cached: &mut Option<Self>,
         enabled: bool,
@@ -108,17 +138,11 @@ impl ActorCriticHost {
         if !enabled || !single || net.params.has_frozen() {
             return None;
         }
-        cached.take().or_else(|| ActorCriticHost::new(net))
-    }
-
-    /// The fused path for this network, when it can take it: an MLP actor-critic (one head) whose
-    /// parameters are a CPU f32 buffer with nothing frozen. `None` otherwise (the libtorch loop runs).
-    pub(crate) fn new(net: &ActorCritic) -> Option<Self> {
+        if let Some(host) = cached.take() {
+            return Some(host);
+        }
         let params = &net.params;
         params.host_values()?;
-        if params.has_frozen() {
-            return None;
-        }
         let (core, (indices, activation, outputs, log_std)) = match net.recurrent_twin_layout() {
             Some((core, layout)) => (Some((HostLstm::of(core, params)?, LstmTape::default())), layout),
             None => (None, net.twin_layout()?),
@@ -149,31 +173,128 @@ impl ActorCriticHost {
         })
     }
 
-    /// One PPO gradient step on `mb`: forward, loss, backward, gradient clipping to `max_grad_norm`, Adam.
-    /// Returns the loss terms before the step. A non-finite gradient norm is an error and no step is taken.
-    pub(crate) fn step(
+    /// The fused update on a rollout with its targets `(advantages, returns, values)`: `s.n_epochs` passes over
+    /// minibatches of `s.batch_size` samples (for a recurrent policy, whole env sequences), in an order `rng`
+    /// shuffles each epoch (`None`: in order, no draw), advantages normalised where asked (per minibatch, or
+    /// once for a full batch); each a forward, loss, backward, clipping and optimiser step, until the
+    /// approximate KL passes `1.5 · s.target_kl`. A non-finite gradient norm is an error and no step is taken.
+    /// Returns the last step's loss terms (before it) and the steps taken.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn train(
         &mut self,
-        params: &mut FlatParams,
-        opt: &mut Adam,
-        mb: &Minibatch<'_>,
+        net: &mut ActorCritic,
+        opt: &mut Optimiser,
+        rollout: &Rollout,
+        (advantages, returns, values): (&[f32], &[f32], &[f32]),
         c: &LossCoefficients,
-        max_grad_norm: f64,
-    ) -> Result<StepLoss> {
-        let theta = params.host_values_mut().ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
-        let loss = self.gradient(theta, mb, Objective::Ppo(c));
-        clip_and_step(theta, &mut self.grad, opt, max_grad_norm, "ppo")?;
-        Ok(loss)
+        s: &Schedule,
+        mut rng: Option<&mut Pcg64>,
+    ) -> Result<(StepLoss, usize)> {
+        let n = rollout.len();
+        let ObsRef::F32(obs) = rollout.obs.as_ref() else {
+            return Err(Error::Unsupported("the fused CPU step takes f32 observations".into()));
+        };
+        let (act_dim, obs_dim, batch_size) = (rollout.act_dim, rollout.obs_dim, s.batch_size);
+        let mut adv = advantages.to_vec();
+        let normalize_minibatch = s.normalize_advantage && batch_size != n;
+        if s.normalize_advantage && batch_size == n {
+            normalize_host(&mut adv);
+        }
+        // What a minibatch draws: transitions, or for a recurrent policy whole env sequences (as the libtorch
+        // update: the same shuffles of the same units).
+        let state_dim = net.state_dim();
+        if rollout.initial_state.len() != rollout.n_envs * state_dim {
+            let what = "rollout initial recurrent state (chunks carry it as initial_state)".into();
+            let (got, expected) = (rollout.initial_state.len(), rollout.n_envs * state_dim);
+            return Err(Error::BadLength { what, got, expected });
+        }
+        let recurrent = state_dim > 0;
+        let (units, unit_rows) = if recurrent { (rollout.n_envs, n / rollout.n_envs) } else { (n, 1) };
+        let starts = if recurrent { rollout.episode_starts() } else { Vec::new() };
+        let mut order: Vec<usize> = (0..units).collect();
+        let mut rows = Vec::with_capacity(batch_size);
+        let mut gathered = Gathered::default();
+        let mut last = None;
+        let mut gradient_steps = 0usize;
+        'epochs: for _ in 0..s.n_epochs {
+            if let Some(rng) = rng.as_deref_mut() {
+                order.shuffle(rng);
+            }
+            for minibatch in order.chunks(batch_size / unit_rows) {
+                let mb = if batch_size == n {
+                    // Every sample: no gather (the loss is a mean, so order does not matter; sequences stay whole).
+                    Minibatch {
+                        obs,
+                        starts: &starts,
+                        state0: &rollout.initial_state,
+                        actions: &rollout.actions,
+                        old_log_prob: &rollout.log_probs,
+                        advantages: &adv,
+                        old_values: values,
+                        returns,
+                    }
+                } else {
+                    let g = &mut gathered;
+                    g.clear();
+                    rows.clear();
+                    if !recurrent {
+                        rows.extend_from_slice(minibatch);
+                    } else {
+                        // Time-major rows t · E + e of the drawn envs, and their initial states.
+                        let e = rollout.n_envs;
+                        rows.extend(sequence_rows(unit_rows, e, minibatch.iter().copied()));
+                        g.starts.extend(rows.iter().map(|&i| starts[i]));
+                        for &env in minibatch {
+                            g.state0.extend_from_slice(&rollout.initial_state[env * state_dim..(env + 1) * state_dim]);
+                        }
+                    }
+                    for &i in &rows {
+                        g.obs.extend_from_slice(&obs[i * obs_dim..(i + 1) * obs_dim]);
+                        g.actions.extend_from_slice(&rollout.actions[i * act_dim..(i + 1) * act_dim]);
+                        g.old_log_prob.push(rollout.log_probs[i]);
+                        g.advantages.push(adv[i]);
+                        g.old_values.push(values[i]);
+                        g.returns.push(returns[i]);
+                    }
+                    if normalize_minibatch && rows.len() > 1 {
+                        normalize_host(&mut g.advantages);
+                    }
+                    Minibatch {
+                        obs: &g.obs,
+                        starts: &g.starts,
+                        state0: &g.state0,
+                        actions: &g.actions,
+                        old_log_prob: &g.old_log_prob,
+                        advantages: &g.advantages,
+                        old_values: &g.old_values,
+                        returns: &g.returns,
+                    }
+                };
+                let theta = net
+                    .params
+                    .host_values_mut()
+                    .ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
+                let loss = self.gradient(theta, &mb, c);
+                clip_and_step(theta, &mut self.grad, opt, s.max_grad_norm, s.algorithm)?;
+                gradient_steps += 1;
+                last = Some(loss);
+                if s.target_kl.is_some_and(|t| loss.approx_kl > 1.5 * t) {
+                    break 'epochs;
+                }
+            }
+        }
+        Ok((last.expect("at least one minibatch"), gradient_steps))
     }
 
-    /// The loss terms at `theta` on `mb` and their gradient, left in [`ActorCriticHost::grad_mut`] (the flat
-    /// buffer's layout, every slot written): forward, loss, backward; no step.
-    pub(crate) fn gradient(&mut self, theta: &[f32], mb: &Minibatch<'_>, objective: Objective<'_>) -> StepLoss {
+    /// The loss terms at `theta` on `mb` and their gradient, left in `self.grad` (the flat buffer's layout,
+    /// every slot written): forward, loss, backward; no step.
+    fn gradient(&mut self, theta: &[f32], mb: &Minibatch<'_>, c: &LossCoefficients) -> StepLoss {
         let rows = mb.advantages.len();
         // Every slot is written below: the twin layers (and a core) by the backward pass, a log-std by the loss.
         self.grad.resize(theta.len(), 0.0);
         let Some((core, mut core_tape)) = self.core.take() else {
             twin_forward(&self.layers, self.activation, theta, mb.obs, rows, 2, &mut self.tape);
-            let loss = self.loss_and_output_gradients(theta, mb, objective);
+            let loss = self.loss_and_output_gradients(theta, mb, c);
             twin_backward(&self.layers, self.activation, theta, mb.obs, 2, &mut self.tape, &mut self.grad, None);
             return loss;
         };
@@ -181,7 +302,7 @@ impl ActorCriticHost {
         core.forward(theta, mb.obs, mb.starts, mb.state0, &mut core_tape);
         let features = &core_tape.out;
         twin_forward(&self.layers, self.activation, theta, features, rows, 2, &mut self.tape);
-        let loss = self.loss_and_output_gradients(theta, mb, objective);
+        let loss = self.loss_and_output_gradients(theta, mb, c);
         let (layers, activation) = (&self.layers, self.activation);
         let d_features = Some(&mut self.d_features);
         twin_backward(layers, activation, theta, features, 2, &mut self.tape, &mut self.grad, d_features);
@@ -190,22 +311,14 @@ impl ActorCriticHost {
         loss
     }
 
-    /// The gradient [`ActorCriticHost::gradient`] left (for clipping and an optimiser step).
-    pub(crate) fn grad_mut(&mut self) -> &mut [f32] {
-        &mut self.grad
-    }
-
     /// The distribution's log-probs and entropies, the loss terms, and `∂loss/∂ln π`, `∂loss/∂V` per sample;
     /// `∂loss/∂V` goes into the value net's output gradient.
-    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<'_>, objective: Objective<'_>) -> StepLoss {
+    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<'_>, c: &LossCoefficients) -> StepLoss {
         let rows = mb.advantages.len();
         let inv = 1.0 / rows as f32;
         self.dist_forward(theta, mb.actions, rows);
-        let (c, (vf, ent)) = match objective {
-            Objective::Ppo(c) => (Some(c), (c.vf_coef as f32, c.ent_coef as f32)),
-            Objective::A2c { ent_coef, vf_coef } => (None, (vf_coef as f32, ent_coef as f32)),
-        };
-        let (clip_range, clip_range_vf) = c.map_or((0.0, None), |c| (c.clip_range, c.clip_range_vf));
+        let (vf, ent) = (c.vf_coef as f32, c.ent_coef as f32);
+        let clip_range = c.clip_range.unwrap_or(0.0);
         let (lo, hi) = ((1.0 - clip_range) as f32, (1.0 + clip_range) as f32);
         self.d_log_prob.clear();
         self.d_value.clear();
@@ -214,7 +327,7 @@ impl ActorCriticHost {
             let a = mb.advantages[i];
             let (v, r) = (self.tape.out(1)[i * self.padded], mb.returns[i]);
             entropy += self.entropy[i] as f64;
-            if c.is_none() {
+            if c.clip_range.is_none() {
                 // A2C: −Â ln π and (R − V)².
                 policy -= (a * self.log_prob[i]) as f64;
                 self.d_log_prob.push(-inv * a);
@@ -237,7 +350,7 @@ impl ActorCriticHost {
             let in_range = if (lo..=hi).contains(&ratio) { 1.0 } else { 0.0 };
             let d_ratio = -inv * (ws * a + wc * a * in_range);
             self.d_log_prob.push(d_ratio * ratio);
-            let d_v = match clip_range_vf {
+            let d_v = match c.clip_range_vf {
                 None => {
                     value += ((r - v) * (r - v)) as f64;
                     -2.0 * (r - v)

@@ -12,58 +12,23 @@
 use flotilla_core::ObsRef;
 use tch::{Device, Tensor};
 
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, explained_variance};
+use crate::actor_critic::{
+    ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, actor_critic_loss, explained_variance,
+};
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::VtraceConfig;
-use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::ActionDist;
 use crate::nn::members::{
-    Rows, backward_alone, check_finite, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
+    Coef, Rows, backward_alone, check_finite, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
 };
+use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
-use crate::nn::rmsprop::{RmsProp, StackedRmsProp};
 use crate::policy::ActOutput;
 use crate::{Metrics, Result};
 
-/// An optimiser of one member's [`FlatParams`] (its learning rate set by the caller).
-pub(crate) trait Optimiser {
-    /// One step from the gradient in `params`.
-    fn step(&mut self, params: &mut FlatParams);
-}
-
-impl Optimiser for Adam {
-    fn step(&mut self, params: &mut FlatParams) {
-        Adam::step(self, params)
-    }
-}
-
-impl Optimiser for RmsProp {
-    fn step(&mut self, params: &mut FlatParams) {
-        RmsProp::step(self, params)
-    }
-}
-
-/// An optimiser of stacked members' rows (`[N, P]`), with per-member learning rates.
-pub(crate) trait StackedOptimiser {
-    /// One step of every row of `params` from its row of `grad`.
-    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]);
-}
-
-impl StackedOptimiser for StackedAdam {
-    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
-        StackedAdam::step(self, params, grad, lrs)
-    }
-}
-
-impl StackedOptimiser for StackedRmsProp {
-    fn step(&mut self, params: &Tensor, grad: &Tensor, lrs: &[f64]) {
-        StackedRmsProp::step(self, params, grad, lrs)
-    }
-}
-
 /// The networks (and optimisers) an actor-critic update trains, on the member axis.
-pub(crate) enum Nets<'a, S> {
+pub(crate) enum Nets<'a> {
     /// One member with its own network, replicas and optimiser.
     Alone {
         /// The network.
@@ -71,13 +36,13 @@ pub(crate) enum Nets<'a, S> {
         /// Its replicas and micro-batches.
         parallel: &'a mut DataParallel,
         /// Its optimiser (`None` for a gradient worker, which computes gradients and takes no step).
-        opt: Option<&'a mut dyn Optimiser>,
+        opt: Option<&'a mut Optimiser>,
     },
     /// Plain twin MLPs of one layout, stacked, with their optimiser states stacked.
-    Stacked(StackedActorCritic, S),
+    Stacked(StackedActorCritic, StackedOptimiser),
 }
 
-impl<S: StackedOptimiser> Nets<'_, S> {
+impl Nets<'_> {
     /// The members' policies (`[N, B, …]` heads) and values `[N, B]` on their own observations `[N, B, …]`.
     pub(crate) fn forward(&self, obs: &Tensor) -> (ActionDist, Tensor) {
         match self {
@@ -124,6 +89,39 @@ impl<S: StackedOptimiser> Nets<'_, S> {
             Nets::Alone { net, .. } => backward_alone(&mut net.params, losses, scale, add),
             Nets::Stacked(net, _) => net.rows.backward(losses),
         }
+    }
+
+    /// The clipped loss gradient of every member on a minibatch (`[N, B, …]` observations, actions, behaviour
+    /// log-probs, advantages, old values and returns), accumulated over a member alone's micro-batches;
+    /// `sequence` (a recurrent member alone: the starts and initial states of [`Sequences::of`]) runs it as
+    /// whole env sequences. Returns each micro-batch's loss and policy.
+    pub(crate) fn gradient(
+        &mut self,
+        [obs, actions, old_log_prob, advantages, old_values, returns]: [&Tensor; 6],
+        sequence: Option<(Tensor, Tensor)>,
+        c: &LossCoefficients<Coef>,
+        need_entropy: bool,
+        max_norms: &[f64],
+        algorithm: &str,
+    ) -> Result<Vec<(ActorCriticLoss, ActionDist)>> {
+        let (micro_batches, scale) = self.micro_batches(obs.size()[1]);
+        let mut parts = Vec::with_capacity(micro_batches.len());
+        for (j, &(start, len)) in micro_batches.iter().enumerate() {
+            let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
+            let (dist, values) = match &sequence {
+                Some((starts, state0)) => self.forward_sequence(obs, starts, state0),
+                None => self.forward(&micro(obs)),
+            };
+            let entropy = need_entropy.then(|| dist.entropy());
+            let log_prob = dist.log_prob(&micro(actions));
+            let (old, adv, old_values, returns) =
+                (micro(old_log_prob), micro(advantages), micro(old_values), micro(returns));
+            let loss = actor_critic_loss(&log_prob, &old, &adv, entropy.as_ref(), &values, &old_values, &returns, c);
+            self.backward(&loss.total, scale, j > 0);
+            parts.push((loss, dist));
+        }
+        self.reduce_and_clip(max_norms, algorithm)?;
+        Ok(parts)
     }
 
     /// Average the gradients over replicas and clip each member's to its limit. A member alone: a non-finite
@@ -271,7 +269,7 @@ impl Batch {
                 Some(x) => x.to_device(staging),
                 None => crate::nn::nets::ObsLayout { device: staging, ..net.obs_layout() }.tensor(r.obs.as_ref())?,
             };
-            let targets = net.targets(r, &obs, gamma, vtrace)?;
+            let targets = net.targets(r, Some(&obs), gamma, vtrace)?;
             let (advantages, returns, values) = targets.advantages_returns_values();
             explained.push(explained_variance(values, returns));
             let mut m = Metrics::default();
@@ -348,16 +346,13 @@ impl StackedActorCritic {
     fn forward(&self, x: &Tensor) -> (ActionDist, Tensor) {
         let (n_members, views) = (self.n_members, &self.rows.views);
         let b = x.size()[1];
-        let mut h = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
-        let last = self.layers.len() - 1;
-        for (k, &i) in self.layers.iter().enumerate() {
+        let x = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
+        let param = |k: usize, _| {
+            let i = self.layers[k];
             let w = views[i].reshape([2 * n_members, views[i].size()[2], views[i].size()[3]]);
-            let bias = views[i + 1].reshape([2 * n_members, 1, -1]);
-            h = bias.baddbmm(&h, &w, 1.0, 1.0);
-            if k < last {
-                h = self.activation.apply(&h);
-            }
-        }
+            (w, views[i + 1].reshape([2 * n_members, 1, -1]))
+        };
+        let h = crate::nn::mixed::mlp(self.layers.len(), param, |h| self.activation.apply(h), &x, false);
         let h = h.view([n_members, 2, b, -1]);
         let head = h.select(1, 0).narrow(2, 0, self.outputs[0]);
         let dist = match self.log_std {

@@ -6,7 +6,7 @@
 //! orthogonal, gain √2 on hidden layers, 0.01 on the policy head, 1 on the value head.
 //!
 //! It also re-evaluates a rollout that older parameters collected, for the V-trace correction both algorithms
-//! can apply ([`ActorCritic::vtrace_targets`]).
+//! can apply ([`ActorCritic::targets`]).
 pub mod agent;
 pub(crate) mod host;
 pub(crate) mod members;
@@ -21,6 +21,7 @@ use crate::export::{Architecture, Network, RecurrentLayout, image_shape, policy_
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
+use crate::nn::members::Coef;
 use crate::nn::nets::{
     Activation, CnnOptions, NatureCnn, TwinMlp, is_image, mlp_input_dim, select_task_heads, select_task_heads_tensor,
     with_torch_seed,
@@ -85,17 +86,75 @@ enum Body {
     Cnn(NatureCnn),
 }
 
-/// Coefficients of the fused host step's PPO objective (the libtorch loss takes them per member).
+/// The coefficients of the actor-critic loss (`actor_critic_loss`), each one value (`f64`: the fused host
+/// step) or one per member (`Coef`: the libtorch update).
 #[derive(Debug, Clone, Copy)]
-pub struct LossCoefficients {
-    /// Surrogate clipping ε.
-    pub clip_range: f64,
+pub struct LossCoefficients<C = f64> {
+    /// PPO's surrogate clipping ε; `None` is A2C's policy-gradient loss `−E[Â ln π(a|s)]`.
+    pub clip_range: Option<C>,
     /// Value clipping range, if any.
-    pub clip_range_vf: Option<f64>,
+    pub clip_range_vf: Option<C>,
     /// Entropy coefficient.
-    pub ent_coef: f64,
+    pub ent_coef: C,
     /// Value loss coefficient.
-    pub vf_coef: f64,
+    pub vf_coef: C,
+}
+
+/// The loss terms of one minibatch, one per member (`[N]`, differentiable where it matters).
+#[derive(Debug)]
+pub struct ActorCriticLoss {
+    /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
+    pub total: Tensor,
+    /// PPO's clipped surrogate loss `−E[min(ρ Â, clip(ρ, 1±ε) Â)]`, or A2C's `−E[Â ln π(a|s)]`.
+    pub policy: Tensor,
+    /// `E[(R − V)²]`, or the clipped variant.
+    pub value: Tensor,
+    /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
+    pub entropy: Option<Tensor>,
+    /// `ln ρ` per sample (`[N, B]`), for diagnostics.
+    pub log_ratio: Tensor,
+}
+
+/// The PPO or A2C loss of each member from per-sample tensors (all `[N, B]`, or `[B]` for one): new and old
+/// log-probs, advantages (constants, normalised already where asked), entropies (optional), new and old
+/// values, and value targets.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn actor_critic_loss(
+    log_prob: &Tensor,
+    old_log_prob: &Tensor,
+    advantages: &Tensor,
+    entropy: Option<&Tensor>,
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    c: &LossCoefficients<Coef>,
+) -> ActorCriticLoss {
+    let mean = |t: Tensor| t.mean_dim(-1, false, Kind::Float);
+    let log_ratio = log_prob - old_log_prob;
+    let policy = match &c.clip_range {
+        None => -mean(advantages.detach() * log_prob),
+        Some(eps) => {
+            let ratio = log_ratio.exp();
+            let surrogate = advantages * &ratio;
+            let clipped = advantages * eps.clamp_around(&ratio, 1.0);
+            -mean(surrogate.min_other(&clipped))
+        }
+    };
+    let value = match &c.clip_range_vf {
+        None => mean((returns.detach() - values).square()),
+        Some(eps) => {
+            let clipped_values = old_values + eps.clamp_around(&(values - old_values), 0.0);
+            let unclipped = (returns - values).square();
+            let clipped = (returns - clipped_values).square();
+            mean(unclipped.max_other(&clipped))
+        }
+    };
+    let mut total = &policy + c.vf_coef.mul(&value);
+    let entropy = entropy.map(|e| mean(e.shallow_clone()));
+    if let Some(e) = &entropy {
+        total -= c.ent_coef.mul(e);
+    }
+    ActorCriticLoss { total, policy, value, entropy, log_ratio }
 }
 
 /// `1 − Var(returns − values) / Var(returns)`: 1 is a perfect value function, ≤ 0 no better than a constant.
@@ -665,14 +724,9 @@ impl ActorCritic {
         let (_, v) = tch::no_grad(|| self.forward(&x));
         Ok(Vec::<f32>::try_from(v.to_device(Device::Cpu))?)
     }
-    /// Log-probabilities of the stored `actions` and values of `obs` under the current parameters, without
-    /// gradient.
-    pub fn evaluate(&self, obs: ObsRef<'_>, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
-        self.evaluate_input(&self.obs_tensor(obs)?, actions)
-    }
-
-    /// [`ActorCritic::evaluate`] on observations already in the network's input layout.
-    fn evaluate_input(&self, x: &Tensor, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+    /// Log-probabilities of the stored `actions` and values of `x` (in the network's input layout) under the
+    /// current parameters, without gradient.
+    fn evaluate(&self, x: &Tensor, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
         let rows = x.size()[0] as usize;
         if actions.len() != rows * self.act_dim() {
             return Err(Error::BadLength {
@@ -691,41 +745,28 @@ impl ActorCritic {
     }
 
     /// What to train on: with `vtrace`, advantages, value targets and values recomputed under the current
-    /// parameters ([`ActorCritic::vtrace_targets`]); without, the rollout's own (GAE). `obs` is the rollout's
-    /// observations as the network's input ([`ActorCritic::rollout_obs`]), which the update uses too.
+    /// parameters (`vtrace_targets`); without, the rollout's own (GAE). `obs` is the rollout's observations as
+    /// the network's input ([`ActorCritic::rollout_obs`]) where the caller has them (else built for V-trace).
     pub fn targets<'r>(
         &self,
         rollout: &'r Rollout,
-        obs: &Tensor,
+        obs: Option<&Tensor>,
         gamma: f32,
         vtrace: Option<&VtraceConfig>,
     ) -> Result<Targets<'r>> {
-        let vtrace = vtrace.map(|v| self.vtrace_targets_on(rollout, obs, gamma, v)).transpose()?;
-        Ok(Targets { rollout, vtrace })
+        let Some(config) = vtrace else { return Ok(Targets { rollout, vtrace: None }) };
+        let vtrace = match obs {
+            Some(obs) => self.vtrace_targets(rollout, obs, gamma, config)?,
+            None => self.vtrace_targets(rollout, &self.rollout_obs(rollout)?, gamma, config)?,
+        };
+        Ok(Targets { rollout, vtrace: Some(vtrace) })
     }
 
-    /// [`ActorCritic::targets`] where the caller has no use for the observations as a tensor: they are built
-    /// only for V-trace.
-    pub fn targets_of<'r>(
-        &self,
-        rollout: &'r Rollout,
-        gamma: f32,
-        vtrace: Option<&VtraceConfig>,
-    ) -> Result<Targets<'r>> {
-        let vtrace = vtrace.map(|v| self.vtrace_targets(rollout, gamma, v)).transpose()?;
-        Ok(Targets { rollout, vtrace })
-    }
-
-    /// V-trace for a rollout the behaviour policy `μ` collected (its log-probs are the rollout's), with the
-    /// current parameters as the target policy `π` and value function: recomputes `ln π(a_s|x_s)`, `V(x_s)` and
-    /// every `V(x_{s+1})` (from the kept final and bootstrap observations), without gradient, then
-    /// [`vtrace`]. The rollout's own values and advantages are not read.
-    pub fn vtrace_targets(&self, rollout: &Rollout, gamma: f32, config: &VtraceConfig) -> Result<VtraceTargets> {
-        self.vtrace_targets_on(rollout, &self.rollout_obs(rollout)?, gamma, config)
-    }
-
-    /// [`ActorCritic::vtrace_targets`] with the rollout's observations already as the network's input.
-    fn vtrace_targets_on(
+    /// V-trace for a rollout the behaviour policy `μ` collected (its log-probs are the rollout's; `obs` its
+    /// observations as the network's input), with the current parameters as the target policy `π` and value
+    /// function: recomputes `ln π(a_s|x_s)`, `V(x_s)` and every `V(x_{s+1})` (from the kept final and bootstrap
+    /// observations), without gradient, then [`vtrace`]. The rollout's own values and advantages are not read.
+    fn vtrace_targets(
         &self,
         rollout: &Rollout,
         obs: &Tensor,
@@ -744,7 +785,7 @@ impl ActorCritic {
         let (target_log_probs, values, next_values) = if self.state_dim() > 0 {
             self.sequence_eval(rollout, obs)?
         } else {
-            let (target_log_probs, values) = self.evaluate_input(obs, &rollout.actions)?;
+            let (target_log_probs, values) = self.evaluate(obs, &rollout.actions)?;
             let next_values = rollout.next_values_under(&values, |rows| self.values(rows))?;
             (target_log_probs, values, next_values)
         };

@@ -27,12 +27,8 @@ pub fn gae(
     advantages: &mut [f32],
     returns: &mut [f32],
 ) {
-    let len = rewards.len();
-    for slice_len in [values.len(), next_values.len(), terminated.len(), dones.len(), advantages.len(), returns.len()] {
-        assert_eq!(slice_len, len, "gae: rollout buffers of different lengths");
-    }
-    assert_eq!(len % n_envs, 0, "gae: rollout length {len} is not a multiple of n_envs {n_envs}");
-    let steps = len / n_envs;
+    let lens = [rewards, values, next_values, advantages, returns].map(<[f32]>::len);
+    let steps = time_major_steps("gae", &[&lens[..], &[terminated.len(), dones.len()]].concat(), n_envs);
     for env in 0..n_envs {
         let mut next_advantage = 0.0f32;
         for t in (0..steps).rev() {
@@ -45,6 +41,17 @@ pub fn gae(
             returns[i] = next_advantage + values[i];
         }
     }
+}
+
+/// The steps of a time-major rollout of `n_envs` envs whose buffers have lengths `lens`; panics (naming `what`)
+/// unless they are equal and a multiple of `n_envs`.
+pub(crate) fn time_major_steps(what: &str, lens: &[usize], n_envs: usize) -> usize {
+    let len = lens[0];
+    for &slice_len in lens {
+        assert_eq!(slice_len, len, "{what}: rollout buffers of different lengths");
+    }
+    assert_eq!(len % n_envs, 0, "{what}: rollout length {len} is not a multiple of n_envs {n_envs}");
+    len / n_envs
 }
 
 #[cfg(test)]

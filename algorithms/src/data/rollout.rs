@@ -21,15 +21,9 @@ use crate::nn::nets::ObsLayout;
 use crate::{Error, Result};
 
 /// A rollout's observations already on the learner's device, in the network's input layout
-/// ([`Rollout::put_obs_on_device`]). Cloning shares the tensor (it is never written to).
+/// ([`Rollout::put_obs_on_device`]).
 #[derive(Debug)]
 pub struct DeviceObs(Tensor);
-
-impl Clone for DeviceObs {
-    fn clone(&self) -> Self {
-        DeviceObs(self.0.shallow_clone())
-    }
-}
 
 /// The shape of the rollouts an on-policy learner fed by actors trains on, and how its network takes their
 /// observations: what a batch-assembly thread needs to stack chunks ([`Rollout::stack_chunks`]) and put the
@@ -57,7 +51,8 @@ impl RolloutLayout {
 }
 
 /// One rollout. Index `t · n_envs + env` for per-transition values, times `obs_dim` / `act_dim` for vectors.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
+#[cfg_attr(test, derive(Clone))]
 pub struct Rollout {
     /// Number of parallel envs.
     pub n_envs: usize,
@@ -534,7 +529,7 @@ impl<F: FnMut(&Rollout) -> Result<Vec<f32>>> NextValues for Sequences<F> {
 /// one-step chunks one after another, or actors' whole chunks stacked row-wise: truncated episodes are
 /// bootstrapped from `V(true final observation)`, and the rollout is finished with `V` of the observations
 /// after its last step. Both kinds of observation are kept in the rollout.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RolloutCollector {
     rollout: Rollout,
     /// The first of the rollout's final observations whose value is not computed yet
@@ -729,6 +724,13 @@ fn dtype_mismatch(what: &str, buf: &ObsBuf, obs: ObsRef<'_>) -> Error {
 
 fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
     if got == expected { Ok(()) } else { Err(Error::BadLength { what: what.to_string(), got, expected }) }
+}
+
+#[cfg(test)]
+impl Clone for DeviceObs {
+    fn clone(&self) -> Self {
+        DeviceObs(self.0.shallow_clone())
+    }
 }
 
 #[cfg(test)]

@@ -19,11 +19,12 @@
 //! the rollout's last step `v_{T}` is the bootstrap value `next_values` itself.
 //!
 //! PPO and A2C apply it to a [`crate::data::rollout::Rollout`] collected with stale parameters when their config
-//! sets `vtrace` ([`crate::actor_critic::ActorCritic::vtrace_targets`]), logging [`ImportanceWeights`] as
+//! sets `vtrace` ([`crate::actor_critic::ActorCritic::targets`]), logging [`ImportanceWeights`] as
 //! `losses/vtrace_mean_rho`, `losses/vtrace_mean_ratio`, `losses/vtrace_rho_clip_fraction` and
 //! `losses/vtrace_behaviour_kl`.
 use serde::{Deserialize, Serialize};
 
+use crate::data::gae::time_major_steps;
 use crate::{Error, Metrics, Result};
 
 /// Truncation thresholds of the importance weights. `Default` is the paper's `ρ̄ = c̄ = 1` (and `ρ̄_pg = 1`).
@@ -90,24 +91,12 @@ pub fn vtrace(
     vs: &mut [f32],
     pg_advantages: &mut [f32],
 ) {
-    let len = rewards.len();
-    for slice_len in [
-        behaviour_log_probs.len(),
-        target_log_probs.len(),
-        values.len(),
-        next_values.len(),
-        terminated.len(),
-        dones.len(),
-        vs.len(),
-        pg_advantages.len(),
-    ] {
-        assert_eq!(slice_len, len, "vtrace: rollout buffers of different lengths");
-    }
-    assert_eq!(len % n_envs, 0, "vtrace: rollout length {len} is not a multiple of n_envs {n_envs}");
+    let lens =
+        [rewards, behaviour_log_probs, target_log_probs, values, next_values, vs, pg_advantages].map(<[f32]>::len);
+    let steps = time_major_steps("vtrace", &[&lens[..], &[terminated.len(), dones.len()]].concat(), n_envs);
     let rho_bar = config.clip_rho_threshold as f32;
     let c_bar = config.clip_c_threshold as f32;
     let pg_rho_bar = config.clip_pg_rho_threshold as f32;
-    let steps = len / n_envs;
     for env in 0..n_envs {
         // v_{s+1} − V(x_{s+1}); zero after the rollout's last step, where v_T is the bootstrap value.
         let mut next_correction = 0.0f32;

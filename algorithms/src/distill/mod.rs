@@ -38,13 +38,13 @@ use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::export::{Architecture, Network, policy_head, policy_width};
 use crate::kind::{AlgorithmKind, KindName, not_data_parallel};
-use crate::nn::adam::Adam;
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::nets::{
     Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, is_image, mlp_input_dim, select_task_heads,
     select_task_heads_tensor, with_torch_seed,
 };
+use crate::nn::optimiser::Adam;
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;

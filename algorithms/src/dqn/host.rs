@@ -4,8 +4,8 @@
 //! (`fused_cpu_steps_match_libtorch`).
 use crate::data::replay::ReplaySample;
 use crate::nn::activation::Activation;
-use crate::nn::adam::Adam;
 use crate::nn::host_train::{TwinLayer, TwinTape, clip_and_step, twin_backward, twin_forward};
+use crate::nn::optimiser::Adam;
 use crate::nn::params::FlatParams;
 use crate::{Error, Result};
 

@@ -48,7 +48,6 @@ use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample, check_l
 use crate::dqn::host::DqnHost;
 use crate::export::{Architecture, Network, PolicyOutput, unsupported};
 use crate::kind::{AlgorithmKind, members_as};
-use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::members::{
@@ -59,6 +58,7 @@ use crate::nn::nets::{
     Activation, CnnOptions, FlatMlp, LayerInit, NatureCnn, ObsLayout, cpu_has_native_bf16, mlp_input_dim,
     with_torch_seed,
 };
+use crate::nn::optimiser::{Adam, StackedAdam};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
@@ -1941,7 +1941,7 @@ mod tests {
             }
         };
         let floats = |t: &Tensor| Vec::<f32>::try_from(t.detach().flatten(0, -1)).unwrap();
-        for t in [dqn.online.flat(), dqn.target.flat(), &dqn.opt.exp_avg, &dqn.opt.exp_avg_sq] {
+        for t in [dqn.online.flat(), dqn.target.flat(), &dqn.opt.state[0], &dqn.opt.state[1]] {
             floats(t).iter().for_each(|v| eat(u64::from(v.to_bits())));
         }
         eat(dqn.opt.steps());

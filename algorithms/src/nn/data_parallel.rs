@@ -93,13 +93,8 @@ impl DataParallel {
         1.0 / self.accumulate as f64
     }
 
-    /// Average the accumulated gradient over the replicas (nothing to do alone).
-    pub(crate) fn reduce(&mut self, params: &mut FlatParams) -> Result<()> {
-        self.reduce_slot(0, params)
-    }
-
-    /// [`Self::reduce`] for the parameter set `slot` of an algorithm with several (see
-    /// [`GradientSync::mean_gradient`]).
+    /// Average the accumulated gradient of the parameter set `slot` (0, or one of an algorithm's several: see
+    /// [`GradientSync::mean_gradient`]) over the replicas (nothing to do alone).
     pub(crate) fn reduce_slot(&mut self, slot: usize, params: &mut FlatParams) -> Result<()> {
         if let Some(sync) = &mut self.sync {
             // Frozen layers' gradients (always zero) stay off the wire: only the trainable scalars go.

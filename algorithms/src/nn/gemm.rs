@@ -25,7 +25,8 @@ pub(crate) struct Operands<'a> {
 }
 
 impl Operands<'_> {
-    /// Panics unless `a`, `b` and `c` (row-major `m × n`) hold their shapes.
+    /// Panics unless `a`, `b` and `c` (row-major `m × n`) hold their shapes and `a`, `b` each have a unit
+    /// stride (row-major or transposed).
     fn check(&self, c: &[f32]) {
         let extent = |rows: usize, cols: usize, (rs, cs): (usize, usize)| {
             if rows == 0 || cols == 0 { 0 } else { (rows - 1) * rs + (cols - 1) * cs + 1 }
@@ -35,6 +36,7 @@ impl Operands<'_> {
             a.len() >= extent(m, k, sa) && b.len() >= extent(k, n, sb) && c.len() >= m * n,
             "gemm operand too short"
         );
+        assert!((sa.0 == 1 || sa.1 == 1) && (sb.0 == 1 || sb.1 == 1), "gemm operand without a unit stride");
     }
 }
 
@@ -268,21 +270,14 @@ mod native {
                     pairs_in_row(a.as_ptr().add(i * rs), k, row);
                 }
                 (kp, 1)
-            } else if rs == 1 {
+            } else {
+                // `rs == 1` (`Operands::check`).
                 for (p, row) in out.chunks_exact_mut(m).enumerate() {
                     let r0 = a.as_ptr().add(2 * p * cs);
                     let r1 = (2 * p + 1 < k).then(|| a.as_ptr().add((2 * p + 1) * cs));
                     pairs_of_rows(r0, r1, row);
                 }
                 (1, m)
-            } else {
-                for (i, row) in out.chunks_exact_mut(kp).enumerate() {
-                    for (p, v) in row.iter_mut().enumerate() {
-                        let hi = if 2 * p + 1 < k { super::bf16_bits(a[i * rs + (2 * p + 1) * cs]) } else { 0 };
-                        *v = super::bf16_bits(a[i * rs + 2 * p * cs]) | hi << 16;
-                    }
-                }
-                (kp, 1)
             }
         }
     }
@@ -322,8 +317,9 @@ mod native {
                         pairs_of_rows(r0.add(panel * NR), r1.map(|r| r.add(panel * NR)), dst);
                     }
                 }
-            } else if rs == 1 {
-                // Column `j`'s values are contiguous: pair them along it, then scatter into the panel.
+            } else {
+                // `rs == 1` (`Operands::check`): column `j`'s values are contiguous: pair them along it, then
+                // scatter into the panel.
                 column.resize(kp, 0);
                 for j in 0..n {
                     pairs_in_row(b.as_ptr().add(j * cs), k, column);
@@ -331,13 +327,6 @@ mod native {
                     let base = panel * kp * NR + c;
                     for (p, &v) in column.iter().enumerate() {
                         *out.get_unchecked_mut(base + p * NR) = v;
-                    }
-                }
-            } else {
-                for p in 0..kp {
-                    for j in 0..n {
-                        let hi = if 2 * p + 1 < k { super::bf16_bits(b[(2 * p + 1) * rs + j * cs]) } else { 0 };
-                        out[((j / NR) * kp + p) * NR + j % NR] = super::bf16_bits(b[2 * p * rs + j * cs]) | hi << 16;
                     }
                 }
             }

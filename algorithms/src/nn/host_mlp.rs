@@ -33,16 +33,6 @@ pub(crate) fn dense(x: &[f32], rows: usize, w: &[f32], b: &[f32], out: &mut Vec<
     }
 }
 
-impl Activation {
-    /// Apply in place.
-    pub(crate) fn apply_host(self, h: &mut [f32]) {
-        match self {
-            Activation::Tanh => crate::nn::host_train::tanh_in_place(h),
-            Activation::Relu => h.iter_mut().for_each(|v| *v = v.max(0.0)),
-        }
-    }
-}
-
 /// An MLP of `layers.len()` dense layers, `(weight, bias)` each, on `x` (`rows × inputs`): `activation` after
 /// every layer but the last; the output goes to `out`.
 pub(crate) fn mlp<'w>(

@@ -179,7 +179,7 @@ fn forward_lanes(
                 product(bf16, Operands { m: rows, k: fi, n: fo, a: input, sa: (fi, 1), b: w, sb: (fo, 1) }, 1.0, out);
             }
             if k < last {
-                activate(activation, out);
+                activation.apply_host(out);
             }
         }
     }
@@ -281,7 +281,7 @@ fn backward_lanes(
                     }
                     continue;
                 }
-                activation_backward(activation, input, delta_in);
+                activation.backward_host(input, delta_in);
                 std::mem::swap(delta, delta_in);
             }
         }
@@ -294,27 +294,6 @@ fn product(bf16: &mut Option<Bf16Gemm>, x: Operands<'_>, beta: f32, c: &mut [f32
     match bf16 {
         Some(g) => g.gemm(x, beta, c),
         None => gemm(x, beta, c),
-    }
-}
-
-/// Apply the nonlinearity in place.
-#[inline(always)]
-fn activate(activation: Activation, h: &mut [f32]) {
-    match activation {
-        Activation::Tanh => tanh_in_place(h),
-        Activation::Relu => h.iter_mut().for_each(|v| *v = v.max(0.0)),
-    }
-}
-
-/// `d ← d ⊙ act'` given the activation's output `y` (tanh' = 1 − y², relu' = [y > 0], as libtorch's
-/// backward kernels compute them from the output).
-#[inline(always)]
-fn activation_backward(activation: Activation, y: &[f32], d: &mut [f32]) {
-    match activation {
-        Activation::Tanh => d.iter_mut().zip(y).for_each(|(d, y)| *d *= 1.0 - y * y),
-        // A select, not a conditional store: the store's branch kept this loop scalar (half the backward
-        // pass's time on CartPole's DQN). Same values either way.
-        Activation::Relu => d.iter_mut().zip(y).for_each(|(d, &y)| *d = if y <= 0.0 { 0.0 } else { *d }),
     }
 }
 
@@ -410,24 +389,19 @@ fn clip_lanes(grad: &mut [f32], max_norm: f64) -> f64 {
     norm
 }
 
-/// The end of a fused step: clip `grad` to `max_grad_norm` and take `opt`'s Adam step on `theta`. A
+/// The end of a fused step: clip `grad` to `max_grad_norm` and take `opt`'s step on `theta`. A
 /// non-finite gradient norm is an error naming `algorithm`, and no step is taken.
 pub(crate) fn clip_and_step(
     theta: &mut [f32],
     grad: &mut [f32],
-    opt: &mut crate::nn::adam::Adam,
+    opt: &mut crate::nn::optimiser::Optimiser,
     max_grad_norm: f64,
     algorithm: &str,
 ) -> crate::Result<()> {
-    let norm = clip_grad_norm(grad, max_grad_norm);
-    if !norm.is_finite() {
-        return Err(crate::Error::NonFinite(format!(
-            "{algorithm}: gradient norm {norm} (non-finite loss); step not taken"
-        )));
-    }
+    crate::nn::members::finite_norm(clip_grad_norm(grad, max_grad_norm), algorithm)?;
     if !opt.step_host(theta, grad) {
         return Err(crate::Error::Unsupported(
-            "fused CPU step: Adam moments are not host buffers of the model's size".into(),
+            "fused CPU step: optimiser state is not a host buffer of the model's size".into(),
         ));
     }
     Ok(())
@@ -436,7 +410,7 @@ pub(crate) fn clip_and_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nn::adam::adam_step;
+    use crate::nn::optimiser::adam_step;
     use crate::nn::params::FlatParams;
     use tch::{Device, Kind, Tensor};
 
@@ -542,7 +516,7 @@ mod tests {
     fn adam_and_clipping_match_the_libtorch_path() {
         let (mut params, _) = random_twin(&[3, 4, 2], 3);
         let mut theta = params.host_values().unwrap().to_vec();
-        let mut adam = crate::nn::adam::Adam::new(&params, 3e-3, 1e-5);
+        let mut adam = crate::nn::optimiser::Adam::new(&params, 3e-3, 1e-5);
         let (mut m, mut v) = (vec![0.0; theta.len()], vec![0.0; theta.len()]);
         for t in 1..=5u64 {
             let g = randn(&[theta.len() as i64], 9000 + t) * 2.0;

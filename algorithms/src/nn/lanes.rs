@@ -67,7 +67,7 @@ fn choose_lanes(cap: Option<&str>) -> std::result::Result<Lanes, String> {
 /// must be `#[inline(always)]` (and what it calls that should be vectorised), or it is compiled once, for the
 /// baseline. A loop over several `&mut` slices captured by the closure may not vectorise (the closure's
 /// captures carry no `noalias`): such a loop takes its slices as arguments of a `#[target_feature]` function of
-/// its own, chosen by [`lanes`] (`nn::adam`'s step does). Panics if [`LANES_VAR`] is unreadable (binaries
+/// its own, chosen by [`lanes`] (`nn::optimiser`'s Adam step does). Panics if [`LANES_VAR`] is unreadable (binaries
 /// check [`host_lanes`] at start-up, naming it).
 #[inline(always)]
 pub(crate) fn widest_lanes<R>(f: impl FnOnce() -> R) -> R {

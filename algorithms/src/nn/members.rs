@@ -121,22 +121,6 @@ pub(crate) fn member_views(stacked: &Tensor, layout: &FlatParams) -> Vec<Tensor>
         .collect()
 }
 
-/// The gradient of the members' summed losses (`losses`, `[N]`: each member's gradient is its own) with
-/// respect to `views`, written into `grad_views` (zero where a loss does not reach), as `FlatParams::backward`.
-pub(crate) fn backward_into(losses: &Tensor, views: &[Tensor], grad_views: &[Tensor]) {
-    let grads = Tensor::run_backward(&[losses.sum(Kind::Float)], views, false, false);
-    tch::no_grad(|| {
-        for (dst, g) in grad_views.iter().zip(&grads) {
-            let mut dst = dst.shallow_clone();
-            if g.defined() {
-                dst.copy_(g);
-            } else {
-                let _ = dst.zero_();
-            }
-        }
-    });
-}
-
 /// Clip each member's gradient (a row of `grad`, `[N, P]`) to its own global-norm limit, as
 /// `FlatParams::clip_grad_norm` does (1e-6 guard); a non-finite norm is an error naming the member, before
 /// the caller takes its step. [`clip_per_member_lazily`] and an immediate [`check_finite`].
@@ -209,9 +193,20 @@ impl Rows {
         Rows { params, grad: Tensor::new(), views, grad_views: Vec::new(), nonfinite: Tensor::new() }
     }
 
-    /// Each member's gradient of its loss (`losses`, `[N]`) into [`Rows::grad`].
+    /// Each member's gradient of its loss (`losses`, `[N]`; the gradient of their sum) into [`Rows::grad`] (zero
+    /// where a loss does not reach), as `FlatParams::backward`.
     pub(crate) fn backward(&self, losses: &Tensor) {
-        backward_into(losses, &self.views, &self.grad_views);
+        let grads = Tensor::run_backward(&[losses.sum(Kind::Float)], &self.views, false, false);
+        tch::no_grad(|| {
+            for (dst, g) in self.grad_views.iter().zip(&grads) {
+                let mut dst = dst.shallow_clone();
+                if g.defined() {
+                    dst.copy_(g);
+                } else {
+                    let _ = dst.zero_();
+                }
+            }
+        });
     }
 
     /// Copy member `k`'s row into its own buffer.
@@ -238,8 +233,12 @@ pub(crate) fn reduce_and_clip_alone(
     max_norm: f64,
     algorithm: &str,
 ) -> Result<()> {
-    parallel.reduce(params)?;
-    let norm = params.clip_grad_norm(max_norm);
+    parallel.reduce_slot(0, params)?;
+    finite_norm(params.clip_grad_norm(max_norm), algorithm)
+}
+
+/// An error naming `algorithm` where a gradient's norm is not finite (the step is not taken).
+pub(crate) fn finite_norm(norm: f64, algorithm: &str) -> Result<()> {
     if !norm.is_finite() {
         return Err(Error::NonFinite(format!("{algorithm}: gradient norm {norm} (non-finite loss); step not taken")));
     }
@@ -265,15 +264,8 @@ pub(crate) fn batched_mlp(
     x: &Tensor,
     bf16: bool,
 ) -> Tensor {
-    let last = layers.len() - 1;
-    let mut h = x.shallow_clone();
-    for (k, &i) in layers.iter().enumerate() {
-        h = crate::nn::mixed::dense(&h, &params[i], &params[i + 1], bf16 && k < last);
-        if k < last {
-            h = activate(&h);
-        }
-    }
-    h
+    let param = |k: usize, _| (params[layers[k]].shallow_clone(), params[layers[k] + 1].shallow_clone());
+    crate::nn::mixed::mlp(layers.len(), param, activate, x, bf16)
 }
 
 /// Largest |a − b| over the largest |b|, of two flat buffers (the tests' measure of "matches its run alone").

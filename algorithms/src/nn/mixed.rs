@@ -13,3 +13,24 @@ pub(crate) fn dense(x: &Tensor, w: &Tensor, b: &Tensor, bf16: bool) -> Tensor {
     let (x, w, b) = (cast(x), cast(w), cast(b));
     if w.dim() == 3 { b.baddbmm(&x, &w, 1.0, 1.0) } else { b.addmm(&x, &w) }
 }
+
+/// An MLP's training forward pass on `x`: `layers` [`dense`] layers, layer `k`'s weight and bias
+/// `param(k, low)` (`low`: that layer runs in bf16, the hidden layers where `bf16`), `activate` between them.
+pub(crate) fn mlp(
+    layers: usize,
+    param: impl Fn(usize, bool) -> (Tensor, Tensor),
+    activate: impl Fn(&Tensor) -> Tensor,
+    x: &Tensor,
+    bf16: bool,
+) -> Tensor {
+    let mut h = x.shallow_clone();
+    for k in 0..layers {
+        let low = bf16 && k + 1 < layers;
+        let (w, b) = param(k, low);
+        h = dense(&h, &w, &b, low);
+        if k + 1 < layers {
+            h = activate(&h);
+        }
+    }
+    h
+}

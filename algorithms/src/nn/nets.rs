@@ -5,7 +5,7 @@
 use flotilla_core::{DType, Space};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
-use tch::nn::{self, Init, LinearConfig};
+use tch::nn::{self, Init};
 
 pub use crate::nn::activation::Activation;
 use crate::nn::host_mlp::{self, HostScratch};
@@ -52,12 +52,6 @@ impl ObsLayout {
             Some([c, h, w]) => t.view([-1, c, h, w]).to_device(self.device),
         })
     }
-}
-
-/// A linear layer with orthogonal weights of the given gain and zero bias.
-pub fn orthogonal_linear(p: nn::Path, inputs: i64, outputs: i64, gain: f64) -> nn::Linear {
-    let cfg = LinearConfig { ws_init: Init::Orthogonal { gain }, bs_init: Some(Init::Const(0.0)), bias: true };
-    nn::linear(p, inputs, outputs, cfg)
 }
 
 /// Input width of an MLP for this observation space: its size if it is a 1-D box; otherwise an error naming
@@ -134,18 +128,8 @@ impl FlatMlp {
         init: LayerInit,
         first_index: usize,
     ) -> (Self, Vec<(String, Tensor)>) {
-        let mut widths = vec![inputs];
-        widths.extend_from_slice(hidden);
-        widths.push(outputs);
-        let mut named = Vec::new();
-        let mut layers = Vec::new();
-        for k in 0..widths.len() - 1 {
-            let (w, b) = init.layer(widths[k], widths[k + 1], k == widths.len() - 2);
-            layers.push(first_index + named.len());
-            named.push((format!("{prefix}.{k}.weight"), w));
-            named.push((format!("{prefix}.{k}.bias"), b));
-        }
-        let widths = widths.iter().map(|&w| w as usize).collect();
+        let layer = |fan_in, fan_out, last| init.layer(fan_in, fan_out, last);
+        let (layers, widths, named) = init_layers(prefix, [&[inputs], hidden, &[outputs]].concat(), first_index, layer);
         (FlatMlp { layers, widths, activation }, named)
     }
 
@@ -157,17 +141,46 @@ impl FlatMlp {
     /// [`FlatMlp::forward`] with the hidden layers' matmuls in bf16 where `bf16` ([`crate::nn::mixed::dense`]; an update's
     /// choice, on a CPU with native bf16: [`cpu_has_native_bf16`]); the output is f32 either way.
     pub(crate) fn forward_in(&self, params: &crate::nn::params::FlatParams, x: &Tensor, bf16: bool) -> Tensor {
-        let last = self.layers.len() - 1;
-        let mut h = x.shallow_clone();
-        for (k, &i) in self.layers.iter().enumerate() {
-            let low = bf16 && k < last;
-            h = crate::nn::mixed::dense(&h, params.view_in(i, low), params.view_in(i + 1, low), low);
-            if k < last {
-                h = self.activation.apply(&h);
-            }
-        }
-        h
+        let param = |k, low| {
+            let i = self.layers[k];
+            (params.view_in(i, low).shallow_clone(), params.view_in(i + 1, low).shallow_clone())
+        };
+        crate::nn::mixed::mlp(self.layers.len(), param, |h| self.activation.apply(h), x, bf16)
     }
+
+    /// [`FlatMlp::forward`] without libtorch, on `x` (`rows × inputs`, row-major) into `out` (`rows × outputs`),
+    /// when `params` live on the CPU; returns false (and leaves `out` alone) when they do not.
+    pub fn forward_host(
+        &self,
+        params: &crate::nn::params::FlatParams,
+        x: &[f32],
+        rows: usize,
+        scratch: &mut HostScratch,
+        out: &mut Vec<f32>,
+    ) -> bool {
+        let Some(v) = params.host_values() else { return false };
+        host_mlp::mlp(host_layers(&self.layers, &self.widths, params, v, 0), self.activation, x, rows, scratch, out);
+        true
+    }
+}
+
+/// An MLP's layers for `widths` (input, hidden…, output), made in order by `layer(fan_in, fan_out, last)` and
+/// named `{prefix}.{k}.weight` / `.bias`, to place in a `FlatParams` at index `first_index` onwards: each
+/// weight's index, the widths and the named tensors.
+fn init_layers(
+    prefix: &str,
+    widths: Vec<i64>,
+    first_index: usize,
+    mut layer: impl FnMut(i64, i64, bool) -> (Tensor, Tensor),
+) -> (Vec<usize>, Vec<usize>, Vec<(String, Tensor)>) {
+    let (mut layers, mut named) = (Vec::new(), Vec::new());
+    for k in 0..widths.len() - 1 {
+        let (w, b) = layer(widths[k], widths[k + 1], k == widths.len() - 2);
+        layers.push(first_index + named.len());
+        named.push((format!("{prefix}.{k}.weight"), w));
+        named.push((format!("{prefix}.{k}.bias"), b));
+    }
+    (layers, widths.iter().map(|&w| w as usize).collect(), named)
 }
 
 /// Weight and bias slices, layer by layer, of net `j` in the CPU buffer `v` of `params`: layer `k`'s weight
@@ -184,23 +197,6 @@ fn host_layers<'a>(
         let (w, b) = (params.offset(i) + j * fan_in * fan_out, params.offset(i + 1) + j * fan_out);
         (&v[w..w + fan_in * fan_out], &v[b..b + fan_out])
     })
-}
-
-impl FlatMlp {
-    /// [`FlatMlp::forward`] without libtorch, on `x` (`rows × inputs`, row-major) into `out` (`rows × outputs`),
-    /// when `params` live on the CPU; returns false (and leaves `out` alone) when they do not.
-    pub fn forward_host(
-        &self,
-        params: &crate::nn::params::FlatParams,
-        x: &[f32],
-        rows: usize,
-        scratch: &mut HostScratch,
-        out: &mut Vec<f32>,
-    ) -> bool {
-        let Some(v) = params.host_values() else { return false };
-        host_mlp::mlp(host_layers(&self.layers, &self.widths, params, v, 0), self.activation, x, rows, scratch, out);
-        true
-    }
 }
 
 /// Two MLPs of the same hidden widths (e.g. a policy and a value network) evaluated together as one chain of
@@ -232,15 +228,8 @@ impl TwinMlp {
         first_index: usize,
     ) -> (Self, Vec<(String, Tensor)>) {
         let cpu = tch::Device::Cpu;
-        let width_out = outputs[0].max(outputs[1]);
-        let mut widths = vec![inputs];
-        widths.extend_from_slice(hidden);
-        widths.push(width_out);
-        let mut named = Vec::new();
-        let mut layers = Vec::new();
-        for k in 0..widths.len() - 1 {
-            let (fan_in, fan_out) = (widths[k], widths[k + 1]);
-            let last = k == widths.len() - 2;
+        let widths = [&[inputs], hidden, &[outputs[0].max(outputs[1])]].concat();
+        let layer = |fan_in, fan_out, last| {
             let weights: Vec<Tensor> = (0..2)
                 .map(|j| {
                     let (rows, gain) = if last { (outputs[j], out_gains[j]) } else { (fan_out, 2f64.sqrt()) };
@@ -252,37 +241,27 @@ impl TwinMlp {
                     }
                 })
                 .collect();
-            layers.push(first_index + named.len());
-            named.push((format!("{prefix}.{k}.weight"), Tensor::stack(&weights, 0)));
-            named.push((format!("{prefix}.{k}.bias"), Tensor::zeros([2, 1, fan_out], (tch::Kind::Float, cpu))));
-        }
-        let widths = widths.iter().map(|&w| w as usize).collect();
+            (Tensor::stack(&weights, 0), Tensor::zeros([2, 1, fan_out], (tch::Kind::Float, cpu)))
+        };
+        let (layers, widths, named) = init_layers(prefix, widths, first_index, layer);
         (TwinMlp { layers, widths, activation, outputs }, named)
     }
 
     /// Both nets on the same input `[B, inputs]`: `([B, outputs[0]], [B, outputs[1]])`.
     pub fn forward(&self, params: &crate::nn::params::FlatParams, x: &Tensor) -> (Tensor, Tensor) {
-        let mut h = x.unsqueeze(0).expand([2, -1, -1], false);
-        let last = self.layers.len() - 1;
-        for (k, &i) in self.layers.iter().enumerate() {
-            h = params.view(i + 1).baddbmm(&h, params.view(i), 1.0, 1.0);
-            if k < last {
-                h = self.activation.apply(&h);
-            }
-        }
+        let x = x.unsqueeze(0).expand([2, -1, -1], false);
+        let param =
+            |k: usize| (params.view(self.layers[k]).shallow_clone(), params.view(self.layers[k] + 1).shallow_clone());
+        let h = crate::nn::mixed::mlp(self.layers.len(), |k, _| param(k), |h| self.activation.apply(h), &x, false);
         (h.get(0).narrow(1, 0, self.outputs[0]), h.get(1).narrow(1, 0, self.outputs[1]))
     }
-}
 
-impl TwinMlp {
     /// Parameter indices of each layer's weight (its bias follows), its nonlinearity and the two nets' output
     /// widths: what a population's batched forward pass needs to run many members' copies side by side.
     pub(crate) fn layout(&self) -> (&[usize], Activation, [i64; 2]) {
         (&self.layers, self.activation, self.outputs)
     }
-}
 
-impl TwinMlp {
     /// [`TwinMlp::forward`] without libtorch, on `x` (`rows × inputs`) into `outs[j]` (`rows × outputs[j]`),
     /// when `params` live on the CPU; returns false (and leaves `outs` alone) when they do not.
     pub fn forward_host(

@@ -3,7 +3,7 @@
 //! Small RL networks are dispatch-bound: libtorch spends a few microseconds per op whatever the tensor size,
 //! so an optimiser that loops over a dozen weight tensors costs more than the maths. Keeping every parameter
 //! in one flat leaf tensor makes zeroing gradients, clipping the global gradient norm and an Adam step a
-//! handful of ops in total ([`crate::nn::adam`]), and makes broadcasting the weights one buffer copy.
+//! handful of ops in total ([`crate::nn::optimiser`]), and makes broadcasting the weights one buffer copy.
 //!
 //! The views are made once, with gradient tracking on, so gradients of a forward pass that uses them
 //! accumulate into the flat tensor's `.grad()`. Updates write the flat tensor in place under `no_grad`.
@@ -301,7 +301,7 @@ impl FlatParams {
     }
 
     /// Keep the parameters under `layers` fixed: their gradient is zero from now on (after every backward
-    /// pass and [`FlatParams::zero_frozen_grads`]), so clipping ignores them, data-parallel learners all-reduce
+    /// pass), so clipping ignores them, data-parallel learners all-reduce
     /// zeros for them and the optimiser's moments for them stay zero — Adam and RMSprop never move them.
     /// Returns how many scalars are frozen.
     pub fn freeze(&mut self, what: &str, layers: &[String]) -> Result<i64> {
@@ -409,22 +409,13 @@ impl FlatParams {
         Ok(())
     }
 
-    /// Zero the frozen parameters' gradients (for a gradient written into the buffer from elsewhere, e.g. an
-    /// A3C actor's).
-    pub fn zero_frozen_grads(&mut self) {
+    /// Zero the frozen parameters' gradients.
+    fn zero_frozen_grads(&mut self) {
         tch::no_grad(|| {
             for (g, _) in self.grad_views.iter().zip(&self.frozen).filter(|(_, f)| **f) {
                 let _ = g.shallow_clone().zero_();
             }
         });
-    }
-
-    /// Reset the accumulated gradient to zero (one op).
-    pub fn zero_grad(&mut self) {
-        let mut g = self.flat.grad();
-        if g.defined() {
-            let _ = g.zero_();
-        }
     }
 
     /// Scale the gradient so its global L2 norm is at most `max_norm` (as `torch.nn.utils.clip_grad_norm_`,
@@ -462,8 +453,6 @@ impl FlatParams {
         t.flat = t.flat.detach();
         t.views = t.entries.iter().map(|e| t.flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
         t.grad_views.clear();
-        t.frozen = vec![false; t.entries.len()];
-        t.runs = vec![(0, t.numel())];
         t
     }
 
@@ -535,6 +524,17 @@ pub(crate) fn assert_params_close(what: &str, a: &FlatParams, b: &FlatParams, re
     let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(worst <= rel * scale, "{what}: parameters differ by {worst} (scale {scale})");
     a
+}
+
+#[cfg(test)]
+impl FlatParams {
+    /// Reset the accumulated gradient to zero (one op).
+    pub(crate) fn zero_grad(&mut self) {
+        let mut g = self.flat.grad();
+        if g.defined() {
+            let _ = g.zero_();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -611,8 +611,8 @@ mod tests {
         let mut p = two_layers(0.5, 1);
         // Adam made before freezing (as an algorithm builds its optimiser before `[init]` applies) re-sizes
         // its moments to the trainable scalars at its first step.
-        let mut adam = crate::nn::adam::Adam::new(&p, 0.1, 1e-8);
-        assert_eq!(adam.state_numel(), 11);
+        let mut adam = crate::nn::optimiser::Adam::new(&p, 0.1, 1e-8);
+        assert_eq!(adam.state[0].numel(), 11);
         assert_eq!(p.freeze("test", &["l.0".into()]).unwrap(), 8);
         assert_eq!((p.trainable_numel(), p.has_frozen()), (3, true));
         let before = p.flat().copy();
@@ -623,7 +623,7 @@ mod tests {
             p.backward(&loss);
             assert_eq!(p.flat().grad().narrow(0, 0, 8).abs().sum(Kind::Float).double_value(&[]), 0.0);
             adam.step(&mut p);
-            assert_eq!(adam.state_numel(), 3, "moments for l.1 only");
+            assert_eq!(adam.state[0].numel(), 3, "moments for l.1 only");
             assert_eq!(p.trainable_grad().size(), [3], "the wire carries l.1's gradient only");
         }
         assert_eq!(adam.steps(), 3);
@@ -641,11 +641,12 @@ mod tests {
         // The moments round-trip through a checkpoint; a network with other frozen layers refuses them.
         let mut c = crate::checkpoint::Checkpoint::new();
         adam.write_to(&mut c, "adam").unwrap();
-        let mut back = crate::nn::adam::Adam::new(&p, 0.1, 1e-8);
+        let mut back = crate::nn::optimiser::Adam::new(&p, 0.1, 1e-8);
         back.read_from(&mut c, "adam", &p).unwrap();
-        assert_eq!((back.steps(), back.state_numel()), (3, 3));
+        assert_eq!((back.steps(), back.state[0].numel()), (3, 3));
         adam.write_to(&mut c, "adam").unwrap();
-        let e = crate::nn::adam::Adam::new(&p, 0.1, 1e-8).read_from(&mut c, "adam", &two_layers(0.5, 1)).unwrap_err();
+        let e =
+            crate::nn::optimiser::Adam::new(&p, 0.1, 1e-8).read_from(&mut c, "adam", &two_layers(0.5, 1)).unwrap_err();
         assert!(e.to_string().contains("adam.exp_avg") && e.to_string().contains("expected 11"), "{e}");
     }
 

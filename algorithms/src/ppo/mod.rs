@@ -23,26 +23,25 @@
 //! `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean `min(ρ̄, π/μ)`),
 //! `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with `π/μ > ρ̄`) and
 //! `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)), all before the update.
-use flotilla_core::{ObsRef, Space};
+use flotilla_core::Space;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-pub use crate::actor_critic::LossCoefficients;
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
-use crate::actor_critic::host::{ActorCriticHost, Minibatch, StepLoss, normalize_host};
+use crate::actor_critic::host::{ActorCriticHost, Schedule, StepLoss};
 use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, NetConfig, explained_variance};
+use crate::actor_critic::{ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, explained_variance};
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, sequence_rows};
 use crate::data::vtrace::VtraceConfig;
 use crate::kind::KindName;
-use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::members::{Coef, host, to_device_async};
 use crate::nn::nets::{Activation, CnnOptions};
+use crate::nn::optimiser::{Adam, StackedOptimiser};
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::Recurrence;
 use crate::{Error, Metrics, Result};
@@ -150,21 +149,6 @@ impl Default for PpoConfig {
 }
 
 impl PpoConfig {
-    /// The network this config describes.
-    pub fn net(&self) -> NetConfig<'_> {
-        NetConfig {
-            hidden: &self.hidden_sizes,
-            activation: self.activation,
-            log_std_init: self.log_std_init,
-            cnn: self.cnn,
-            heads: if self.task_heads { self.tasks.max(1) } else { 1 },
-            recurrent: self.recurrent,
-            recurrent_hidden: self.recurrent_hidden,
-        }
-    }
-}
-
-impl PpoConfig {
     /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
     pub fn validate(&self, num_envs: usize) -> Result<()> {
         let bad = |field, value: String, detail: &str| {
@@ -223,30 +207,15 @@ impl PpoConfig {
 
 on_policy_kind!(PpoConfig, PpoKind, update_members);
 
-/// The loss terms of one minibatch, one per member (`[N]`, differentiable where it matters).
-#[derive(Debug)]
-pub struct PpoLoss {
-    /// `policy + vf_coef · value − ent_coef · entropy`: what is minimised.
-    pub total: Tensor,
-    /// Clipped surrogate loss `−E[min(ρ Â, clip(ρ, 1±ε) Â)]`.
-    pub policy: Tensor,
-    /// `E[(R − V)²]`, or the clipped variant.
-    pub value: Tensor,
-    /// Mean entropy, when it was given (it is left out of the graph when its coefficient is 0).
-    pub entropy: Option<Tensor>,
-    /// `ln ρ` per sample (`[N, B]`), for diagnostics.
-    pub log_ratio: Tensor,
-}
-
-impl PpoLoss {
+impl ActorCriticLoss {
     /// One minibatch's loss from its micro-batches' (equal sizes): the means of their terms, all log-ratios;
     /// the last micro-batch's distribution stands for the minibatch's in the metrics.
-    fn merge<D>(mut parts: Vec<(PpoLoss, D)>) -> (PpoLoss, D) {
+    fn merge<D>(mut parts: Vec<(ActorCriticLoss, D)>) -> (ActorCriticLoss, D) {
         if parts.len() == 1 {
             return parts.pop().expect("one part");
         }
         let k = parts.len() as f64;
-        let mean = |f: &dyn Fn(&PpoLoss) -> Tensor| {
+        let mean = |f: &dyn Fn(&ActorCriticLoss) -> Tensor| {
             tch::no_grad(|| parts.iter().map(|(l, _)| f(l)).fold(Tensor::from(0.0f32), |a, b| a + b) / k)
         };
         let total = mean(&|l| l.total.detach());
@@ -256,7 +225,7 @@ impl PpoLoss {
             parts[0].0.entropy.is_some().then(|| mean(&|l| l.entropy.as_ref().expect("all or none").detach()));
         let log_ratio = Tensor::cat(&parts.iter().map(|(l, _)| l.log_ratio.detach()).collect::<Vec<_>>(), -1);
         let (_, dist) = parts.pop().expect("k > 1 parts");
-        (PpoLoss { total, policy, value, entropy, log_ratio }, dist)
+        (ActorCriticLoss { total, policy, value, entropy, log_ratio }, dist)
     }
 
     /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance estimate of KL(old ‖ new) (Schulman 2020), no gradient.
@@ -274,56 +243,6 @@ impl PpoLoss {
             outside(&(self.log_ratio.exp() - 1.0).abs()).to_kind(Kind::Float).mean_dim(-1, false, Kind::Float)
         })
     }
-}
-
-/// The coefficients of [`ppo_loss`], each one value or one per member.
-#[derive(Debug)]
-pub(crate) struct Coefficients {
-    /// Surrogate clipping ε.
-    pub(crate) clip_range: Coef,
-    /// Value clipping range, if any.
-    pub(crate) clip_range_vf: Option<Coef>,
-    /// Entropy coefficient.
-    pub(crate) ent_coef: Coef,
-    /// Value loss coefficient.
-    pub(crate) vf_coef: Coef,
-}
-
-/// The PPO loss of each member from per-sample tensors (all `[N, B]`, or `[B]` for one): new and old
-/// log-probs, advantages (normalised already, where asked), entropies (optional), new and old values, and value
-/// targets.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn ppo_loss(
-    log_prob: &Tensor,
-    old_log_prob: &Tensor,
-    advantages: &Tensor,
-    entropy: Option<&Tensor>,
-    values: &Tensor,
-    old_values: &Tensor,
-    returns: &Tensor,
-    c: &Coefficients,
-) -> PpoLoss {
-    let mean = |t: Tensor| t.mean_dim(-1, false, Kind::Float);
-    let log_ratio = log_prob - old_log_prob;
-    let ratio = log_ratio.exp();
-    let surrogate = advantages * &ratio;
-    let clipped = advantages * c.clip_range.clamp_around(&ratio, 1.0);
-    let policy = -mean(surrogate.min_other(&clipped));
-    let value = match &c.clip_range_vf {
-        None => mean((returns - values).square()),
-        Some(eps) => {
-            let clipped_values = old_values + eps.clamp_around(&(values - old_values), 0.0);
-            let unclipped = (returns - values).square();
-            let clipped = (returns - clipped_values).square();
-            mean(unclipped.max_other(&clipped))
-        }
-    };
-    let mut total = &policy + c.vf_coef.mul(&value);
-    let entropy = entropy.map(|e| mean(e.shallow_clone()));
-    if let Some(e) = &entropy {
-        total -= c.ent_coef.mul(e);
-    }
-    PpoLoss { total, policy, value, entropy, log_ratio }
 }
 
 /// Why these PPO members cannot be stacked into one update (`None`: they can). Members that cannot are
@@ -389,8 +308,8 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
     let clips: Vec<f64> = members.iter().map(|m| anneal(m.config.anneal_clip_range, m.config.clip_range)).collect();
     let device = members[0].pi.net.device;
     let each = |f: fn(&PpoConfig) -> f64| Coef::of(members.iter().map(|m| f(&m.config)), device);
-    let coefficients = Coefficients {
-        clip_range: Coef::of(clips.iter().copied(), device),
+    let coefficients = LossCoefficients {
+        clip_range: Some(Coef::of(clips.iter().copied(), device)),
         clip_range_vf: c0.clip_range_vf.map(|_| each(|c| c.clip_range_vf.expect("all or none"))),
         ent_coef: each(|c| c.ent_coef),
         vf_coef: each(|c| c.vf_coef),
@@ -401,7 +320,7 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
     let batch = Batch::new(&nets, rollouts, c0.gamma as f32, c0.vtrace.as_ref())?;
     let stacked = (members.len() > 1).then(|| {
         let net = StackedActorCritic::new(&nets);
-        let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
+        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
         (net, opt)
     });
 
@@ -465,36 +384,13 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
             }
             let (mb_obs, mb_actions, mb_old_log_prob) = (pick(&obs), pick(&actions), pick(&old_log_prob));
             let (mb_old_values, mb_returns) = (pick(&old_values), pick(&returns));
-            let (micro_batches, scale) = nets.micro_batches(c0.batch_size as i64);
-            let mut parts = Vec::with_capacity(micro_batches.len());
-            for (j, &(start, len)) in micro_batches.iter().enumerate() {
-                let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
-                let (dist, values) = match &sequences {
-                    Some(s) => {
-                        let envs = (!full_batch).then(|| &orders[0][first..first + per_minibatch]);
-                        let (starts, state0) = s.of(envs, idx.as_ref());
-                        nets.forward_sequence(&mb_obs, &starts, &state0)
-                    }
-                    None => nets.forward(&micro(&mb_obs)),
-                };
-                let entropy = need_entropy.then(|| dist.entropy());
-                let loss = ppo_loss(
-                    &dist.log_prob(&micro(&mb_actions)),
-                    &micro(&mb_old_log_prob),
-                    &micro(&mb_advantages),
-                    entropy.as_ref(),
-                    &values,
-                    &micro(&mb_old_values),
-                    &micro(&mb_returns),
-                    &coefficients,
-                );
-                nets.backward(&loss.total, scale, j > 0);
-                parts.push((loss, dist));
-            }
-            nets.reduce_and_clip(&max_norms, "ppo")?;
+            let envs = (!full_batch).then(|| &orders[0][first..first + per_minibatch]);
+            let sequence = sequences.as_ref().map(|s| s.of(envs, idx.as_ref()));
+            let mb = [&mb_obs, &mb_actions, &mb_old_log_prob, &mb_advantages, &mb_old_values, &mb_returns];
+            let parts = nets.gradient(mb, sequence, &coefficients, need_entropy, &max_norms, "ppo")?;
             nets.step(&lrs);
             gradient_steps += 1;
-            let (loss, dist) = PpoLoss::merge(parts);
+            let (loss, dist) = ActorCriticLoss::merge(parts);
             let stop = match c0.target_kl {
                 None => false,
                 Some(t) => {
@@ -523,7 +419,8 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
         Some(e) => e.shallow_clone(),
         None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
     };
-    let (approx_kl, clip_fraction) = (loss.approx_kl(), loss.clip_fraction(&coefficients.clip_range));
+    let (approx_kl, clip_fraction) =
+        (loss.approx_kl(), loss.clip_fraction(coefficients.clip_range.as_ref().expect("PPO clips")));
     let [policy, value, entropy, approx_kl, clip_fraction] =
         [loss.policy, loss.value, entropy, approx_kl, clip_fraction].map(|t| host(&t));
     let (policy, value, entropy, approx_kl, clip_fraction) = (policy?, value?, entropy?, approx_kl?, clip_fraction?);
@@ -604,7 +501,9 @@ impl Ppo {
     /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
     /// under the current parameters (the rollout itself is left as the behaviour policy's record).
     pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        let Some(mut host) = self.fused_path() else {
+        let Some(mut host) =
+            ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net)
+        else {
             let mut metrics = update_torch(&mut [self], &[rollout], progress_remaining)?;
             return Ok(metrics.pop().expect("one member"));
         };
@@ -619,12 +518,25 @@ impl Ppo {
         let lr = if c.anneal_lr { c.learning_rate * progress } else { c.learning_rate };
         let clip_range = if c.anneal_clip_range { c.clip_range * progress } else { c.clip_range };
         self.opt.lr = lr;
-        let coefficients =
-            LossCoefficients { clip_range, clip_range_vf: c.clip_range_vf, ent_coef: c.ent_coef, vf_coef: c.vf_coef };
-        let targets = self.pi.net.targets_of(rollout, c.gamma as f32, c.vtrace.as_ref())?;
+        let coefficients = LossCoefficients {
+            clip_range: Some(clip_range),
+            clip_range_vf: c.clip_range_vf,
+            ent_coef: c.ent_coef,
+            vf_coef: c.vf_coef,
+        };
+        let targets = self.pi.net.targets(rollout, None, c.gamma as f32, c.vtrace.as_ref())?;
         let (advantages, returns, values) = targets.advantages_returns_values();
         let explained_var = explained_variance(values, returns);
-        let fused = self.update_fused(&mut host, rollout, (advantages, returns, values), coefficients);
+        let schedule = Schedule {
+            n_epochs: c.n_epochs,
+            batch_size: c.batch_size,
+            normalize_advantage: c.normalize_advantage,
+            target_kl: c.target_kl,
+            max_grad_norm: c.max_grad_norm,
+            algorithm: "ppo",
+        };
+        let (net, opt, rng) = (&mut self.pi.net, &mut self.opt, Some(&mut self.pi.rng));
+        let fused = host.train(net, opt, rollout, (advantages, returns, values), &coefficients, &schedule, rng);
         self.host = Some(host);
         let (loss, gradient_steps) = fused?;
         let mut m = Metrics::default();
@@ -633,143 +545,6 @@ impl Ppo {
             t.weights.push_metrics(&mut m);
         }
         Ok(m)
-    }
-}
-
-impl Ppo {
-    /// The fused CPU step's state when this update can take it ([`PpoConfig::fused_cpu`]), taken out of
-    /// `self` for the update (put back after).
-    fn fused_path(&mut self) -> Option<ActorCriticHost> {
-        ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net)
-    }
-
-    /// [`Ppo::update_from`]'s epochs on the fused CPU path: the same shuffles from the same RNG, minibatch
-    /// advantage normalisation, loss, clipping and Adam. Returns the last step's loss terms and the steps
-    /// taken.
-    fn update_fused(
-        &mut self,
-        host: &mut ActorCriticHost,
-        rollout: &Rollout,
-        (advantages, returns, values): (&[f32], &[f32], &[f32]),
-        coefficients: LossCoefficients,
-    ) -> Result<(StepLoss, usize)> {
-        let c = &self.config;
-        let n = rollout.len();
-        let ObsRef::F32(obs) = rollout.obs.as_ref() else {
-            return Err(Error::Unsupported("the fused CPU step takes f32 observations".into()));
-        };
-        let (act_dim, obs_dim) = (rollout.act_dim, rollout.obs_dim);
-        let mut adv = advantages.to_vec();
-        let normalize_minibatch = c.normalize_advantage && c.batch_size != n;
-        if c.normalize_advantage && c.batch_size == n {
-            normalize_host(&mut adv);
-        }
-        let (n_epochs, batch_size, max_grad_norm, target_kl) = (c.n_epochs, c.batch_size, c.max_grad_norm, c.target_kl);
-        // What a minibatch draws: transitions, or for a recurrent policy whole env sequences (as the libtorch
-        // update: the same shuffles of the same units).
-        let s = self.pi.net.state_dim();
-        if rollout.initial_state.len() != rollout.n_envs * s {
-            let what = "rollout initial recurrent state (chunks carry it as initial_state)".into();
-            return Err(Error::BadLength { what, got: rollout.initial_state.len(), expected: rollout.n_envs * s });
-        }
-        let (units, unit_rows) = if s > 0 { (rollout.n_envs, n / rollout.n_envs) } else { (n, 1) };
-        let starts = if s > 0 { rollout.episode_starts() } else { Vec::new() };
-        let mut order: Vec<usize> = (0..units).collect();
-        let mut rows = Vec::with_capacity(batch_size);
-        let mut gathered = Gathered::default();
-        let mut last = None;
-        let mut gradient_steps = 0usize;
-        'epochs: for _ in 0..n_epochs {
-            order.shuffle(&mut self.pi.rng);
-            for minibatch in order.chunks(batch_size / unit_rows) {
-                let mb = if batch_size == n {
-                    // Every sample: no gather (the loss is a mean, so order does not matter; sequences stay whole).
-                    Minibatch {
-                        obs,
-                        starts: &starts,
-                        state0: &rollout.initial_state,
-                        actions: &rollout.actions,
-                        old_log_prob: &rollout.log_probs,
-                        advantages: &adv,
-                        old_values: values,
-                        returns,
-                    }
-                } else {
-                    let g = &mut gathered;
-                    g.clear();
-                    rows.clear();
-                    if s == 0 {
-                        rows.extend_from_slice(minibatch);
-                    } else {
-                        // Time-major rows t · E + e of the drawn envs, and their initial states.
-                        let e = rollout.n_envs;
-                        rows.extend(sequence_rows(unit_rows, e, minibatch.iter().copied()));
-                        g.starts.extend(rows.iter().map(|&i| starts[i]));
-                        for &env in minibatch {
-                            g.state0.extend_from_slice(&rollout.initial_state[env * s..(env + 1) * s]);
-                        }
-                    }
-                    for &i in &rows {
-                        g.obs.extend_from_slice(&obs[i * obs_dim..(i + 1) * obs_dim]);
-                        g.actions.extend_from_slice(&rollout.actions[i * act_dim..(i + 1) * act_dim]);
-                        g.old_log_prob.push(rollout.log_probs[i]);
-                        g.advantages.push(adv[i]);
-                        g.old_values.push(values[i]);
-                        g.returns.push(returns[i]);
-                    }
-                    if normalize_minibatch && rows.len() > 1 {
-                        normalize_host(&mut g.advantages);
-                    }
-                    Minibatch {
-                        obs: &g.obs,
-                        starts: &g.starts,
-                        state0: &g.state0,
-                        actions: &g.actions,
-                        old_log_prob: &g.old_log_prob,
-                        advantages: &g.advantages,
-                        old_values: &g.old_values,
-                        returns: &g.returns,
-                    }
-                };
-                let loss = host.step(&mut self.pi.net.params, &mut self.opt, &mb, &coefficients, max_grad_norm)?;
-                gradient_steps += 1;
-                last = Some(loss);
-                if target_kl.is_some_and(|t| loss.approx_kl > 1.5 * t) {
-                    break 'epochs;
-                }
-            }
-        }
-        Ok((last.expect("at least one minibatch"), gradient_steps))
-    }
-}
-
-/// A minibatch gathered from a rollout for the fused CPU step (buffers reused across minibatches).
-#[derive(Default)]
-struct Gathered {
-    obs: Vec<f32>,
-    starts: Vec<f32>,
-    state0: Vec<f32>,
-    actions: Vec<f32>,
-    old_log_prob: Vec<f32>,
-    advantages: Vec<f32>,
-    old_values: Vec<f32>,
-    returns: Vec<f32>,
-}
-
-impl Gathered {
-    fn clear(&mut self) {
-        for v in [
-            &mut self.obs,
-            &mut self.starts,
-            &mut self.state0,
-            &mut self.actions,
-            &mut self.old_log_prob,
-            &mut self.advantages,
-            &mut self.old_values,
-            &mut self.returns,
-        ] {
-            v.clear();
-        }
     }
 }
 
@@ -795,6 +570,7 @@ fn push_update_metrics(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::actor_critic::actor_critic_loss;
     use crate::algorithm::Algorithm;
     use crate::data::rollout::Rollout;
     use crate::data::rollout::RolloutCollector;
@@ -802,12 +578,13 @@ pub(crate) mod tests {
     use crate::nn::params::assert_params_close;
     use crate::policy::{ActMode, ActOutput, Policy};
     use flotilla_core::Chunk;
+    use flotilla_core::ObsRef;
     use rand::{Rng, SeedableRng};
 
-    /// One member's [`Coefficients`].
-    fn coefficients(c: LossCoefficients) -> Coefficients {
-        Coefficients {
-            clip_range: Coef::One(c.clip_range),
+    /// One member's [`LossCoefficients`] as the libtorch loss takes them.
+    fn coefficients(c: LossCoefficients) -> LossCoefficients<Coef> {
+        LossCoefficients {
+            clip_range: c.clip_range.map(Coef::One),
             clip_range_vf: c.clip_range_vf.map(Coef::One),
             ent_coef: Coef::One(c.ent_coef),
             vf_coef: Coef::One(c.vf_coef),
@@ -834,7 +611,8 @@ pub(crate) mod tests {
         for i in 0..adv.len() {
             let a = if normalize_advantage { (adv[i] - mean) / (std + 1e-8) } else { adv[i] };
             let r = (lp[i] - old[i]).exp();
-            l_clip += (r * a).min(r.clamp(1.0 - c.clip_range, 1.0 + c.clip_range) * a);
+            let eps = c.clip_range.unwrap();
+            l_clip += (r * a).min(r.clamp(1.0 - eps, 1.0 + eps) * a);
             l_vf += match c.clip_range_vf {
                 None => (ret[i] - v[i]).powi(2),
                 Some(e) => (ret[i] - v[i]).powi(2).max((ret[i] - (old_v[i] + (v[i] - old_v[i]).clamp(-e, e))).powi(2)),
@@ -854,13 +632,13 @@ pub(crate) mod tests {
             (draw(-3.0, 3.0), draw(-1.0, 1.0), draw(-1.0, 1.0), draw(-2.0, 2.0), draw(0.0, 0.7));
         let t = |x: &[f64]| Tensor::from_slice(x).to_kind(Kind::Float);
         for (normalize, vf_clip) in [(true, None), (false, Some(0.2)), (true, Some(0.05))] {
-            let c = LossCoefficients { clip_range: 0.2, clip_range_vf: vf_clip, ent_coef: 0.01, vf_coef: 0.5 };
+            let c = LossCoefficients { clip_range: Some(0.2), clip_range_vf: vf_clip, ent_coef: 0.01, vf_coef: 0.5 };
             // Advantages are normalised by the update, per member, before the loss.
             let advantages = match normalize {
                 true => crate::nn::members::normalize_rows(&t(&adv).unsqueeze(0)).squeeze_dim(0),
                 false => t(&adv),
             };
-            let loss = ppo_loss(
+            let loss = actor_critic_loss(
                 &t(&lp),
                 &t(&old),
                 &advantages,
@@ -890,8 +668,9 @@ pub(crate) mod tests {
         // Ratio 1.5 with a positive advantage: the clipped branch is active, so d loss / d log_prob = 0.
         let lp = Tensor::from_slice(&[1.5f32.ln()]).set_requires_grad(true);
         let zero = Tensor::from_slice(&[0.0f32]);
-        let c = coefficients(LossCoefficients { clip_range: 0.2, clip_range_vf: None, ent_coef: 0.0, vf_coef: 0.0 });
-        let loss = ppo_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), None, &zero, &zero, &zero, &c);
+        let c =
+            coefficients(LossCoefficients { clip_range: Some(0.2), clip_range_vf: None, ent_coef: 0.0, vf_coef: 0.0 });
+        let loss = actor_critic_loss(&lp, &zero, &Tensor::from_slice(&[1.0f32]), None, &zero, &zero, &zero, &c);
         loss.total.backward();
         assert_eq!(f64::try_from(lp.grad()).unwrap(), 0.0);
     }
@@ -1158,7 +937,7 @@ pub(crate) mod tests {
         for v in rollout.values.iter_mut().chain(&mut rollout.next_values) {
             *v += 0.5;
         }
-        let t = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let t = ppo.pi.net.targets(&rollout, None, gamma, Some(&cfg)).unwrap().vtrace.unwrap();
         assert_close(&t.vs, &want_returns, 1e-5, "v_s vs GAE(λ = 1) returns");
         assert_close(&t.pg_advantages, &want_advantages, 1e-5, "pg advantages vs GAE(λ = 1) advantages");
         assert_close(&t.target_log_probs, &rollout.log_probs, 1e-5, "π vs μ on-policy");
@@ -1175,13 +954,13 @@ pub(crate) mod tests {
         let mut ppo = vtrace_ppo(cfg.clone(), 4);
         let gamma = ppo.config.gamma as f32;
         let mut rollout = collect_cut_rollout(&mut ppo, 16);
-        let on_policy = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let on_policy = ppo.pi.net.targets(&rollout, None, gamma, Some(&cfg)).unwrap().vtrace.unwrap();
         // π/μ = 4 at even steps (μ made the action less likely than π does), 0.5 at odd ones.
         let ratio = |i: usize| if (i / 2).is_multiple_of(2) { 4.0f32 } else { 0.5 };
         for (i, lp) in rollout.log_probs.iter_mut().enumerate() {
             *lp -= ratio(i).ln();
         }
-        let t = ppo.pi.net.vtrace_targets(&rollout, gamma, &cfg).unwrap();
+        let t = ppo.pi.net.targets(&rollout, None, gamma, Some(&cfg)).unwrap().vtrace.unwrap();
         let w = t.weights;
         assert!((w.mean_rho - (2.0 + 0.5) / 2.0).abs() < 1e-5, "ρ = min(ρ̄, π/μ) = 2 or 0.5: {w:?}");
         assert!((w.mean_ratio - (4.0 + 0.5) / 2.0).abs() < 1e-5 && w.rho_clip_fraction == 0.5, "{w:?}");
@@ -1274,7 +1053,7 @@ mod member_tests {
             for (k, (a, b)) in together.iter().zip(&alone).enumerate() {
                 let d = rel_diff(a.params().flat(), b.params().flat());
                 assert!(d <= 1e-6, "update {update} member {k}: parameters differ by {d:e} (relative)");
-                let d = rel_diff(&a.opt.exp_avg_sq, &b.opt.exp_avg_sq);
+                let d = rel_diff(&a.opt.state[1], &b.opt.state[1]);
                 assert!(d <= 1e-5, "update {update} member {k}: Adam moments differ by {d:e}");
                 assert_eq!(a.opt.steps, b.opt.steps);
                 assert_eq!(a.pi.rng, b.pi.rng, "member {k}: the shuffles drew the same numbers");

@@ -39,11 +39,11 @@ use crate::continuous::{ActionReplay, Critics, Transitions, act_tanh, action_bou
 use crate::data::replay::check_len;
 use crate::export::{Architecture, Network, PolicyOutput};
 use crate::kind::AlgorithmKind;
-use crate::nn::adam::Adam;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::mixed::dense;
 use crate::nn::nets::{Activation, FlatMlp, LayerInit, cpu_has_native_bf16, mlp_input_dim, with_torch_seed};
+use crate::nn::optimiser::Adam;
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;

@@ -45,11 +45,11 @@ use crate::continuous::{
 };
 use crate::export::{Architecture, Network, PolicyOutput, unsupported};
 use crate::kind::{AlgorithmKind, members_as};
-use crate::nn::adam::{Adam, StackedAdam};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::members::{Rows, backward_alone, batched_mlp, member_views, mlp_operands, per_member};
 use crate::nn::nets::{Activation, FlatMlp, LayerInit, cpu_has_native_bf16, mlp_input_dim, with_torch_seed};
+use crate::nn::optimiser::{Adam, StackedAdam};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
@@ -1601,10 +1601,10 @@ mod member_tests {
                 ("actor target", a.actor_target.flat(), b.actor_target.flat()),
                 ("critics", a.critic.flat(), b.critic.flat()),
                 ("critic targets", a.critic_target.flat(), b.critic_target.flat()),
-                ("actor Adam m", &a.actor_opt.exp_avg, &b.actor_opt.exp_avg),
-                ("actor Adam v", &a.actor_opt.exp_avg_sq, &b.actor_opt.exp_avg_sq),
-                ("critic Adam m", &a.critic_opt.exp_avg, &b.critic_opt.exp_avg),
-                ("critic Adam v", &a.critic_opt.exp_avg_sq, &b.critic_opt.exp_avg_sq),
+                ("actor Adam m", &a.actor_opt.state[0], &b.actor_opt.state[0]),
+                ("actor Adam v", &a.actor_opt.state[1], &b.actor_opt.state[1]),
+                ("critic Adam m", &a.critic_opt.state[0], &b.critic_opt.state[0]),
+                ("critic Adam v", &a.critic_opt.state[1], &b.critic_opt.state[1]),
             ] {
                 let d = rel_diff(x, y);
                 assert!(d <= 1e-6, "{} member {k}: {what} differ by {d:e} (relative)", a.name());
