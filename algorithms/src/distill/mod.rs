@@ -552,9 +552,10 @@ pub fn distill_loss(
     student_log_std: Option<&Tensor>,
     temperature: f64,
 ) -> Result<Tensor> {
-    let value = format!("\"{loss:?}\"").to_lowercase();
-    let mismatch =
-        |detail: &str| Err(Error::config("distill", "loss", &value, format!("{detail} (teacher gives {kind:?})")));
+    let mismatch = |detail: &str| {
+        let value = format!("\"{loss:?}\"").to_lowercase();
+        Err(Error::config("distill", "loss", value, format!("{detail} (teacher gives {kind:?})")))
+    };
     let rows = |t: Tensor| t.sum_dim_intlist(-1, false, Kind::Float).mean(Kind::Float);
     Ok(match (kind, student_log_std) {
         (TeachingKind::Logits | TeachingKind::QValues, None) => match loss {
