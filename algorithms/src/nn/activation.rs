@@ -28,7 +28,7 @@ impl Activation {
     #[inline(always)]
     pub(crate) fn apply_host(self, h: &mut [f32]) {
         match self {
-            Activation::Tanh => crate::nn::host_train::tanh_in_place(h),
+            Activation::Tanh => tanh_in_place(h),
             Activation::Relu => h.iter_mut().for_each(|v| *v = v.max(0.0)),
         }
     }
@@ -44,4 +44,65 @@ impl Activation {
             Activation::Relu => d.iter_mut().zip(y).for_each(|(d, &y)| *d = if y <= 0.0 { 0.0 } else { *d }),
         }
     }
+}
+
+/// `tanh` of every element, vectorised (16 lanes with AVX-512, 8 with AVX2). Within 2 ulp-ish of the true
+/// value (absolute error < 1.5e-7 everywhere; tested against `f64::tanh`); same results with and without
+/// AVX (no fused multiply-adds).
+pub(crate) fn tanh_in_place(h: &mut [f32]) {
+    match crate::nn::lanes::lanes().unwrap_or_else(|e| panic!("{e}")) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX-512 only where the CPU has AVX-512F.
+        crate::nn::lanes::Lanes::Avx512 => unsafe { tanh_avx512(h) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `lanes` chose AVX2 only where the CPU has it.
+        crate::nn::lanes::Lanes::Avx2 => unsafe { tanh_avx2(h) },
+        _ => h.iter_mut().for_each(|v| *v = tanh_lane(*v)),
+    }
+}
+
+// The same loop compiled for wider vectors; lane for lane the same operations (no fused multiply-adds), so
+// the same results on every CPU.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn tanh_avx512(h: &mut [f32]) {
+    h.iter_mut().for_each(|v| *v = tanh_lane(*v));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tanh_avx2(h: &mut [f32]) {
+    h.iter_mut().for_each(|v| *v = tanh_lane(*v));
+}
+
+/// One lane of [`tanh_in_place`], branch-free so loops over it vectorise: `tanh a = m / (m + 2)` with
+/// `m = e^{2a} − 1` for `a = |x|`, the sign put back at the end.
+#[inline(always)]
+fn tanh_lane(x: f32) -> f32 {
+    let a = x.abs().min(10.0); // tanh(10) rounds to 1 in f32
+    let m = expm1_lane(2.0 * a);
+    let t = m / (m + 2.0);
+    // `min` above turned NaN into 10; keep NaN (a non-finite loss must stay visible).
+    if x.is_nan() { x } else { t.copysign(x) }
+}
+
+/// `e^y − 1` for `0 ≤ y ≤ 20`, branch-free and accurate near 0: `y = n ln 2 + r` with |r| ≤ ln2/2,
+/// `e^r − 1` by its Taylor polynomial to r⁷, then `2ⁿ(e^r − 1) + (2ⁿ − 1)` with `2ⁿ` put in the exponent bits.
+#[inline(always)]
+fn expm1_lane(y: f32) -> f32 {
+    const SHIFTER: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer, kept in the low bits
+    let shifted = y * std::f32::consts::LOG2_E + SHIFTER;
+    let n = shifted - SHIFTER;
+    // ln 2 split in two so n·LN2_HI is exact.
+    let r = (y - n * 0.693_145_75) - n * 1.428_606_8e-6;
+    let mut p = 1.0 / 5040.0f32;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    let em1_r = r + r * r * p;
+    // 2ⁿ from the integer in `shifted`'s mantissa (no float→int conversion, which would not vectorise).
+    let two_n = f32::from_bits(shifted.to_bits().wrapping_sub(SHIFTER.to_bits()).wrapping_add(127) << 23);
+    two_n * em1_r + (two_n - 1.0)
 }

@@ -7,8 +7,8 @@
 //! `c' = f c + i g`, `h' = o tanh c'`) with the state zeroed before each step where an episode starts, as
 //! [`crate::nn::recurrent::RecurrentCore::sequence`] computes it; the two agree to float rounding (tests here,
 //! and the PPO/A2C fused-vs-libtorch tests with a recurrent policy).
+use crate::nn::activation::tanh_in_place;
 use crate::nn::gemm::{Operands, gemm};
-use crate::nn::host_train::tanh_in_place;
 use crate::nn::lanes::{Lanes, lanes};
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::{Recurrence, RecurrentCore};
