@@ -173,11 +173,7 @@ impl<N: ActingNet> ActingPolicy for WarmupPolicy<N> {
 /// Copy a broadcast into `params` in place (the views share its storage), checking its length.
 pub(crate) fn load_flat(params: &FlatParams, values: &[f32]) -> Result<()> {
     if values.len() as i64 != params.numel() {
-        return Err(Error::BadLength {
-            what: "broadcast parameters".into(),
-            got: values.len(),
-            expected: params.numel() as usize,
-        });
+        return Err(Error::length("broadcast parameters", values.len(), params.numel() as usize));
     }
     let mut flat = params.flat().shallow_clone();
     let src = tch::Tensor::from_slice(values).to_device(flat.device());

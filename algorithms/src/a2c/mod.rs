@@ -147,9 +147,7 @@ impl Default for A2cConfig {
 impl A2cConfig {
     /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
     pub fn validate(&self, num_envs: usize) -> Result<()> {
-        let bad = |field, value: String, detail: &str| {
-            Err(Error::InvalidConfig { algorithm: "a2c", field, value, detail: detail.to_string() })
-        };
+        let bad = |field, value: String, detail: &str| Err(Error::config("a2c", field, value, detail.to_string()));
         if self.task_heads && self.tasks < 2 {
             return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
         }
@@ -219,13 +217,12 @@ on_policy_kind!(A2cConfig, A2cKind, update_members);
 impl AlgorithmKind for A3cConfig {
     fn validate(&self, num_envs: usize) -> Result<()> {
         if self.0.recurrent.is_some() {
-            return Err(Error::InvalidConfig {
-                algorithm: "a3c",
-                field: "recurrent",
-                value: format!("{:?}", self.0.recurrent).to_lowercase(),
-                detail: "recurrent A3C gradient workers are not built (recurrent A2C and PPO are, with actors too)"
-                    .into(),
-            });
+            return Err(Error::config(
+                "a3c",
+                "recurrent",
+                format!("{:?}", self.0.recurrent).to_lowercase(),
+                "recurrent A3C gradient workers are not built (recurrent A2C and PPO are, with actors too)",
+            ));
         }
         self.0.validate(num_envs)
     }
@@ -270,14 +267,10 @@ impl AlgorithmKind for A3cConfig {
 fn check_rollout(net: &ActorCritic, rollout: &Rollout) -> Result<()> {
     let n = rollout.len();
     if n == 0 {
-        return Err(Error::BadLength { what: "A2C rollout transitions".into(), got: 0, expected: rollout.n_steps });
+        return Err(Error::length("A2C rollout transitions", 0, rollout.n_steps));
     }
     if rollout.act_dim != net.act_dim() {
-        return Err(Error::BadLength {
-            what: "A2C rollout action size".into(),
-            got: rollout.act_dim,
-            expected: net.act_dim(),
-        });
+        return Err(Error::length("A2C rollout action size", rollout.act_dim, net.act_dim()));
     }
     Ok(())
 }
@@ -323,7 +316,7 @@ pub fn update_members(
 ) -> Result<Vec<Metrics>> {
     if members.len() != rollouts.len() {
         let (got, expected) = (rollouts.len(), members.len());
-        return Err(Error::BadLength { what: "population rollouts".into(), got, expected });
+        return Err(Error::length("population rollouts", got, expected));
     }
     let refs: Vec<&A2c> = members.iter().map(|m| &**m).collect();
     if members.len() == 1 || unbatchable(&refs).is_some() {
@@ -338,8 +331,8 @@ fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remain
     for (m, r) in members.iter().zip(rollouts) {
         check_rollout(&m.pi.net, r)?;
         if r.len() != rollouts[0].len() {
-            let what = "population rollout transitions (equal)".into();
-            return Err(Error::BadLength { what, got: r.len(), expected: rollouts[0].len() });
+            let what = "population rollout transitions (equal)";
+            return Err(Error::length(what, r.len(), rollouts[0].len()));
         }
     }
     let lrs: Vec<f64> = members.iter().map(|m| m.config.learning_rate_at(progress_remaining)).collect();
@@ -530,7 +523,7 @@ impl A2c {
         let params = &mut self.pi.net.params;
         let n = params.trainable_numel() as usize;
         if flat_grad.size() != [n as i64] {
-            return Err(Error::BadLength { what: "A2C flat gradient".into(), got: flat_grad.numel(), expected: n });
+            return Err(Error::length("A2C flat gradient", flat_grad.numel(), n));
         }
         params.set_trainable_grad(flat_grad)?;
         let lr = self.config.learning_rate_at(progress_remaining);
@@ -654,9 +647,10 @@ impl GradientWorker for A3cWorker {
         let net = &mut self.policy.net;
         self.collector.push_chunks(std::slice::from_ref(chunk), |obs: ObsRef<'_>| net.values(obs))?;
         let (gamma, lambda) = (self.config.gamma as f32, self.config.gae_lambda as f32);
-        let rollout = self.collector.finish(|obs: ObsRef<'_>| net.values(obs), gamma, lambda)?.ok_or_else(|| {
-            Error::BadLength { what: "A3C chunk steps".into(), got: chunk.n_steps, expected: self.config.n_steps }
-        })?;
+        let rollout = self
+            .collector
+            .finish(|obs: ObsRef<'_>| net.values(obs), gamma, lambda)?
+            .ok_or_else(|| Error::length("A3C chunk steps", chunk.n_steps, self.config.n_steps))?;
         let out = rollout_gradient(net, &mut DataParallel::default(), &self.config, &rollout);
         self.collector.recycle(rollout);
         let metrics = out?;

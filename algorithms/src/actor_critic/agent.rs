@@ -92,8 +92,8 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
         let (s, bounded) = (self.pi.net.state_dim(), self.pi.state_bounded());
         for c in chunks {
             if c.initial_state.len() != c.n_envs * s {
-                let what = "chunk initial recurrent state (recurrent policies send it with every chunk)".into();
-                return Err(crate::Error::BadLength { what, got: c.initial_state.len(), expected: c.n_envs * s });
+                let what = "chunk initial recurrent state (recurrent policies send it with every chunk)";
+                return Err(crate::Error::length(what, c.initial_state.len(), c.n_envs * s));
             }
             if let Some(i) = c.initial_state.iter().position(|x| !x.is_finite()) {
                 return Err(crate::Error::Unsupported(format!(
@@ -268,8 +268,8 @@ impl<K: OnPolicyKind> OnPolicy for OnPolicyAgent<K> {
             // Truncated episodes' values come with the sequences' states at `finish_rollout`.
             let s = self.pi.net.state_dim() * rollout.n_envs;
             if rollout.initial_state.len() != s || rollout.initial_state.iter().any(|x| !x.is_finite()) {
-                let what = "stacked rollout's initial recurrent state (finite)".into();
-                return Err(crate::Error::BadLength { what, got: rollout.initial_state.len(), expected: s });
+                let what = "stacked rollout's initial recurrent state (finite)";
+                return Err(crate::Error::length(what, rollout.initial_state.len(), s));
             }
             return self.collector.push_stacked(rollout, sequence_values(&self.pi.net));
         }

@@ -204,9 +204,9 @@ impl ActorCriticHost {
         // update: the same shuffles of the same units).
         let state_dim = net.state_dim();
         if rollout.initial_state.len() != rollout.n_envs * state_dim {
-            let what = "rollout initial recurrent state (chunks carry it as initial_state)".into();
+            let what = "rollout initial recurrent state (chunks carry it as initial_state)";
             let (got, expected) = (rollout.initial_state.len(), rollout.n_envs * state_dim);
-            return Err(Error::BadLength { what, got, expected });
+            return Err(Error::length(what, got, expected));
         }
         let recurrent = state_dim > 0;
         let (units, unit_rows) = if recurrent { (rollout.n_envs, n / rollout.n_envs) } else { (n, 1) };

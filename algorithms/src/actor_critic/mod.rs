@@ -304,34 +304,34 @@ impl ActorCritic {
         let action = match action_space {
             Space::Discrete { n, .. } => ActionKind::Discrete(*n),
             Space::Box { shape, .. } if shape.len() == 1 => ActionKind::Continuous(shape[0]),
-            other => return Err(Error::UnsupportedSpace { which: "action", algorithm, detail: format!("{other:?}") }),
+            other => return Err(Error::space("action", algorithm, format!("{other:?}"))),
         };
         let outputs = match action {
             ActionKind::Discrete(n) | ActionKind::Continuous(n) => n as i64,
         };
         if heads > 1 && (is_image(observation_space) || observation_space.flat_dim() <= heads) {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
+            return Err(Error::space(
+                "observation",
                 algorithm,
-                detail: format!(
+                format!(
                     "{observation_space:?}: {heads} task heads need vector observations ending in the task's \
                      one-hot ([[tasks]])"
                 ),
-            });
+            ));
         }
         if recurrent.is_some() && heads > 1 {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
+            return Err(Error::space(
+                "observation",
                 algorithm,
-                detail: format!(
-                    "{observation_space:?}: a recurrent core with task heads is not built (use one or the other)"
-                ),
-            });
+                format!("{observation_space:?}: a recurrent core with task heads is not built (use one or the other)"),
+            ));
         }
-        let cnn_refused = |shape: &[usize]| Error::UnsupportedSpace {
-            which: "observation",
-            algorithm,
-            detail: format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
+        let cnn_refused = |shape: &[usize]| {
+            Error::space(
+                "observation",
+                algorithm,
+                format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
+            )
         };
         let (obs_dim, body, mut named) = if recurrent.is_some() {
             let image = is_image(observation_space);
@@ -545,11 +545,11 @@ impl ActorCritic {
         let n = rollout.len();
         let t = n / e.max(1);
         if rollout.initial_state.len() != e * s {
-            return Err(Error::BadLength {
-                what: "rollout initial recurrent state (chunks carry it as initial_state)".into(),
-                got: rollout.initial_state.len(),
-                expected: e * s,
-            });
+            return Err(Error::length(
+                "rollout initial recurrent state (chunks carry it as initial_state)",
+                rollout.initial_state.len(),
+                e * s,
+            ));
         }
         let d = self.device;
         let starts = Tensor::from_slice(&rollout.episode_starts()).view([t as i64, e as i64]).to_device(d);
@@ -615,7 +615,7 @@ impl ActorCritic {
         out: &mut ActOutput,
     ) -> Result<()> {
         if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+            return Err(Error::length("observation batch", obs.len(), self.obs_dim));
         }
         let (rows, s) = (obs.len() / self.obs_dim, self.state_dim());
         if state.len() != rows * s {
@@ -625,7 +625,7 @@ impl ActorCritic {
                         .into(),
                 ));
             }
-            return Err(Error::BadLength { what: "recurrent state rows".into(), got: state.len(), expected: rows * s });
+            return Err(Error::length("recurrent state rows", state.len(), rows * s));
         }
         out.q_values.clear();
         let ActScratch { samples, host, head } = scratch;
@@ -729,11 +729,11 @@ impl ActorCritic {
     fn evaluate(&self, x: &Tensor, actions: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
         let rows = x.size()[0] as usize;
         if actions.len() != rows * self.act_dim() {
-            return Err(Error::BadLength {
-                what: format!("actions of {rows} observations to evaluate"),
-                got: actions.len(),
-                expected: rows * self.act_dim(),
-            });
+            return Err(Error::length(
+                format!("actions of {rows} observations to evaluate"),
+                actions.len(),
+                rows * self.act_dim(),
+            ));
         }
         let a = self.actions_tensor(actions);
         let (log_probs, values) = tch::no_grad(|| {
@@ -779,7 +779,7 @@ impl ActorCritic {
             ("rollout behaviour log-probs", rollout.log_probs.len(), n),
         ] {
             if got != expected {
-                return Err(Error::BadLength { what: what.into(), got, expected });
+                return Err(Error::length(what, got, expected));
             }
         }
         let (target_log_probs, values, next_values) = if self.state_dim() > 0 {

@@ -58,14 +58,14 @@ impl ActionNoise {
             }
             NoiseType::OrnsteinUhlenbeck => {
                 if actions.len() != self.state.len() {
-                    return Err(Error::BadLength {
-                        what: format!(
+                    return Err(Error::length(
+                        format!(
                             "actions to add Ornstein–Uhlenbeck noise to ({} envs × {} action values)",
                             self.n_envs, self.act_dim
                         ),
-                        got: actions.len(),
-                        expected: self.state.len(),
-                    });
+                        actions.len(),
+                        self.state.len(),
+                    ));
                 }
                 let (state, std) = (&mut self.state, self.std);
                 fill_standard_normal(rng, actions.len(), |i, eps| {

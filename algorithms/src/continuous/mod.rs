@@ -43,11 +43,9 @@ pub(crate) fn action_bounds(name: &'static str, action_space: &Space) -> Result<
         {
             Ok((low.clone(), high.clone()))
         }
-        other => Err(Error::UnsupportedSpace {
-            which: "action",
-            algorithm: name,
-            detail: format!("{other:?}: needs a 1-D box with finite bounds, low < high"),
-        }),
+        other => {
+            Err(Error::space("action", name, format!("{other:?}: needs a 1-D box with finite bounds, low < high")))
+        }
     }
 }
 
@@ -66,7 +64,7 @@ pub(crate) fn act_tanh(
     network: impl FnOnce(usize, &mut Pcg64, &mut [f32]) -> Result<()>,
 ) -> Result<()> {
     if obs.is_empty() || !obs.len().is_multiple_of(obs_dim) {
-        return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: obs_dim });
+        return Err(Error::length("observation batch", obs.len(), obs_dim));
     }
     let rows = obs.len() / obs_dim;
     out.log_probs.clear();

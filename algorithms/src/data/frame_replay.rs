@@ -94,11 +94,11 @@ impl FrameReplay {
     /// Room for `capacity` transitions of `stack × frame_len`-byte observations and `act_dim` action values.
     pub fn new(capacity: usize, stack: usize, frame_len: usize, act_dim: usize) -> Result<Self> {
         if capacity == 0 || stack == 0 || frame_len == 0 {
-            return Err(Error::BadLength {
-                what: "frame replay capacity, stack and frame size (all must be positive)".into(),
-                got: capacity.min(stack).min(frame_len),
-                expected: 1,
-            });
+            return Err(Error::length(
+                "frame replay capacity, stack and frame size (all must be positive)",
+                capacity.min(stack).min(frame_len),
+                1,
+            ));
         }
         // Obs frames come from the last step or two of the same env: a window of a few thousand writes
         // covers hundreds of envs. The margin holds the frames of transitions with more than one new frame

@@ -51,12 +51,7 @@ struct NStepState {
 impl<O: Element> NStep<O> {
     /// Empty queues for `n_envs` envs and `n`-step returns with discount `gamma` (in [0, 1]).
     pub fn new(n: usize, n_envs: usize, obs_dim: usize, act_dim: usize, gamma: f64) -> Result<Self> {
-        let invalid = |field, value: String, detail: &str| Error::InvalidConfig {
-            algorithm: "n-step returns",
-            field,
-            value,
-            detail: detail.into(),
-        };
+        let invalid = |field, value: String, detail: &str| Error::config("n-step returns", field, value, detail);
         if n == 0 {
             return Err(invalid("n_steps", n.to_string(), "must be at least 1"));
         }

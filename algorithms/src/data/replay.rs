@@ -132,12 +132,7 @@ impl<O: Element> ReplayBuffer<O> {
     /// An empty buffer of `capacity` transitions, all memory allocated now.
     pub fn new(capacity: usize, obs_dim: usize, act_dim: usize) -> Result<Self> {
         if capacity == 0 {
-            return Err(Error::InvalidConfig {
-                algorithm: "replay",
-                field: "buffer_size",
-                value: "0".into(),
-                detail: "the buffer must hold at least one transition".into(),
-            });
+            return Err(Error::config("replay", "buffer_size", "0", "the buffer must hold at least one transition"));
         }
         Ok(ReplayBuffer {
             capacity,
@@ -277,12 +272,7 @@ impl<O: Element> PrioritizedReplay<O> {
     /// An empty buffer of `capacity` transitions with priority exponent `alpha` (≥ 0; 0 is uniform) and
     /// `eps` (> 0) added to `|δ|` so that no transition gets priority 0.
     pub fn new(capacity: usize, obs_dim: usize, act_dim: usize, alpha: f64, eps: f64) -> Result<Self> {
-        let invalid = |field, value: f64, detail: &str| Error::InvalidConfig {
-            algorithm: "prioritized replay",
-            field,
-            value: value.to_string(),
-            detail: detail.into(),
-        };
+        let invalid = |field, value: f64, detail: &str| Error::config("prioritized replay", field, value, detail);
         if !(alpha.is_finite() && alpha >= 0.0) {
             return Err(invalid("alpha", alpha, "must be finite and ≥ 0"));
         }
@@ -315,12 +305,7 @@ impl<O: Element> PrioritizedReplay<O> {
     pub fn sample(&self, batch_size: usize, beta: f64, rng: &mut impl Rng, out: &mut ReplaySample<O>) -> Result<()> {
         check_not_empty("replay buffer", self.buffer.len, batch_size)?;
         if !(beta.is_finite() && beta >= 0.0) {
-            return Err(Error::InvalidConfig {
-                algorithm: "prioritized replay",
-                field: "beta",
-                value: beta.to_string(),
-                detail: "must be finite and ≥ 0".into(),
-            });
+            return Err(Error::config("prioritized replay", "beta", beta, "must be finite and ≥ 0"));
         }
         out.resize(batch_size, self.buffer.obs_dim, self.buffer.act_dim);
         // Row j draws uniformly from the j-th of batch_size equal slices of the total mass.
@@ -344,19 +329,19 @@ impl<O: Element> PrioritizedReplay<O> {
         check_len("prioritized replay TD errors (one per index)", td_errors.len(), indices.len())?;
         for (row, (&i, &delta)) in indices.iter().zip(td_errors).enumerate() {
             if i >= self.buffer.len() {
-                return Err(Error::BadLength {
-                    what: format!("prioritized replay index {i} (row {row}) into the stored transitions"),
-                    got: i + 1,
-                    expected: self.buffer.len(),
-                });
+                return Err(Error::length(
+                    format!("prioritized replay index {i} (row {row}) into the stored transitions"),
+                    i + 1,
+                    self.buffer.len(),
+                ));
             }
             if !delta.is_finite() {
-                return Err(Error::InvalidConfig {
-                    algorithm: "prioritized replay",
-                    field: "td_errors",
-                    value: delta.to_string(),
-                    detail: format!("TD error of slot {i} (row {row}) must be finite"),
-                });
+                return Err(Error::config(
+                    "prioritized replay",
+                    "td_errors",
+                    delta,
+                    format!("TD error of slot {i} (row {row}) must be finite"),
+                ));
             }
         }
         for (&i, &delta) in indices.iter().zip(td_errors) {
@@ -400,13 +385,13 @@ impl<O: Element> PrioritizedReplay<O> {
 
 /// A `BadLength` error unless `got == expected`.
 pub(crate) fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
-    if got == expected { Ok(()) } else { Err(Error::BadLength { what: what.to_string(), got, expected }) }
+    if got == expected { Ok(()) } else { Err(Error::length(what, got, expected)) }
 }
 
 /// A `BadLength` error if `what` holds nothing to sample `batch_size` transitions from.
 pub(crate) fn check_not_empty(what: &str, len: usize, batch_size: usize) -> Result<()> {
     let what = format!("{what} to sample {batch_size} transitions from (it is empty)");
-    if len == 0 { Err(Error::BadLength { what, got: 0, expected: 1 }) } else { Ok(()) }
+    if len == 0 { Err(Error::length(what, 0, 1)) } else { Ok(()) }
 }
 
 /// Take tensor `name` from `c`, checking its kind and shape.

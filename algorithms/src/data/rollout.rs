@@ -274,19 +274,19 @@ impl Rollout {
         let mut seen = vec![false; n];
         for &i in &self.final_obs_steps {
             if i >= n || !cut(i) || std::mem::replace(&mut seen[i], true) {
-                return Err(Error::BadLength {
-                    what: format!("rollout final observations (one per truncated step; transition {i} is not one)"),
-                    got: self.final_obs_steps.len(),
-                    expected: needed,
-                });
+                return Err(Error::length(
+                    format!("rollout final observations (one per truncated step; transition {i} is not one)"),
+                    self.final_obs_steps.len(),
+                    needed,
+                ));
             }
         }
         if self.final_obs_steps.len() != needed || self.final_obs.len() != needed * self.obs_dim {
-            return Err(Error::BadLength {
-                what: "rollout final observations of truncated steps (chunks carry them)".into(),
-                got: self.final_obs_steps.len(),
-                expected: needed,
-            });
+            return Err(Error::length(
+                "rollout final observations of truncated steps (chunks carry them)",
+                self.final_obs_steps.len(),
+                needed,
+            ));
         }
         let need_bootstrap = (n - self.n_envs..n).any(|i| !self.terminated[i] && !self.truncated[i]);
         if need_bootstrap {
@@ -351,21 +351,17 @@ impl Rollout {
             c.check_lengths(e, d, a, true)?;
         }
         if r.steps + steps > r.n_steps {
-            return Err(Error::BadLength {
-                what: "rollout steps after the chunks (it holds n_steps)".into(),
-                got: r.steps + steps,
-                expected: r.n_steps,
-            });
+            return Err(Error::length("rollout steps after the chunks (it holds n_steps)", r.steps + steps, r.n_steps));
         }
         if r.steps == 0 {
             // The state each env had before the rollout began (recurrent policies): all chunks carry it or none.
             let with = chunks.iter().filter(|c| !c.initial_state.is_empty()).count();
             if with != 0 && with != chunks.len() {
-                return Err(Error::BadLength {
-                    what: "chunks carrying an initial recurrent state (all or none)".into(),
-                    got: with,
-                    expected: chunks.len(),
-                });
+                return Err(Error::length(
+                    "chunks carrying an initial recurrent state (all or none)",
+                    with,
+                    chunks.len(),
+                ));
             }
             r.initial_state.clear();
             for c in chunks {
@@ -629,11 +625,11 @@ impl RolloutCollector {
 
     fn check_empty(&self, what: &str) -> Result<()> {
         if self.rollout.steps != 0 {
-            return Err(Error::BadLength {
-                what: format!("rollout steps before {what} (it fills a whole rollout)"),
-                got: self.rollout.steps,
-                expected: 0,
-            });
+            return Err(Error::length(
+                format!("rollout steps before {what} (it fills a whole rollout)"),
+                self.rollout.steps,
+                0,
+            ));
         }
         Ok(())
     }
@@ -715,15 +711,11 @@ fn append(what: &str, buf: &mut ObsBuf, obs: ObsRef<'_>) -> Result<()> {
 }
 
 fn dtype_mismatch(what: &str, buf: &ObsBuf, obs: ObsRef<'_>) -> Error {
-    Error::BadLength {
-        what: format!("{what}: {:?} values into a rollout holding {:?}", obs.dtype(), buf.dtype()),
-        got: obs.len(),
-        expected: 0,
-    }
+    Error::length(format!("{what}: {:?} values into a rollout holding {:?}", obs.dtype(), buf.dtype()), obs.len(), 0)
 }
 
 fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
-    if got == expected { Ok(()) } else { Err(Error::BadLength { what: what.to_string(), got, expected }) }
+    if got == expected { Ok(()) } else { Err(Error::length(what.to_string(), got, expected)) }
 }
 
 #[cfg(test)]

@@ -60,7 +60,7 @@ impl SumTree {
     pub fn set(&mut self, index: usize, priority: f64) -> Result<()> {
         if index >= self.capacity {
             let what = format!("sum tree slot index {index}");
-            return Err(Error::BadLength { what, got: index + 1, expected: self.capacity });
+            return Err(Error::length(what, index + 1, self.capacity));
         }
         check_priority(index, priority)?;
         let mut k = self.leaves + index;
@@ -77,11 +77,7 @@ impl SumTree {
     /// Replace the whole tree: slots `0..priorities.len()` get `priorities`, the others become unset. O(n).
     pub fn rebuild(&mut self, priorities: &[f64]) -> Result<()> {
         if priorities.len() > self.capacity {
-            return Err(Error::BadLength {
-                what: "sum tree priorities".into(),
-                got: priorities.len(),
-                expected: self.capacity,
-            });
+            return Err(Error::length("sum tree priorities", priorities.len(), self.capacity));
         }
         for (i, &p) in priorities.iter().enumerate() {
             check_priority(i, p)?;
@@ -136,12 +132,12 @@ fn check_priority(index: usize, priority: f64) -> Result<()> {
     if priority.is_finite() && priority >= 0.0 {
         Ok(())
     } else {
-        Err(Error::InvalidConfig {
-            algorithm: "prioritized replay",
-            field: "priority",
-            value: priority.to_string(),
-            detail: format!("priority of slot {index} must be finite and ≥ 0"),
-        })
+        Err(Error::config(
+            "prioritized replay",
+            "priority",
+            priority,
+            format!("priority of slot {index} must be finite and ≥ 0"),
+        ))
     }
 }
 

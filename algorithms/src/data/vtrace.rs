@@ -55,12 +55,7 @@ impl VtraceConfig {
             ("clip_pg_rho_threshold", self.clip_pg_rho_threshold),
         ] {
             if value.is_nan() || value <= 0.0 {
-                return Err(Error::InvalidConfig {
-                    algorithm: "vtrace",
-                    field,
-                    value: value.to_string(),
-                    detail: "must be > 0 (inf disables clipping)".to_string(),
-                });
+                return Err(Error::config("vtrace", field, value, "must be > 0 (inf disables clipping)".to_string()));
             }
         }
         Ok(())

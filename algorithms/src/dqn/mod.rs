@@ -196,14 +196,13 @@ impl AlgorithmKind for DqnConfig {
 
     fn check_distributed(&self) -> Result<()> {
         if self.n_step > 1 {
-            return Err(Error::InvalidConfig {
-                algorithm: "dqn",
-                field: "n_step",
-                value: self.n_step.to_string(),
-                detail: "n-step returns need one queue per actor env, which the distributed learner does not keep \
-                         yet; use n_step = 1 with actors"
-                    .into(),
-            });
+            return Err(Error::config(
+                "dqn",
+                "n_step",
+                self.n_step,
+                "n-step returns need one queue per actor env, which the distributed learner does not keep \
+                 yet; use n_step = 1 with actors",
+            ));
         }
         Ok(())
     }
@@ -265,9 +264,7 @@ impl AlgorithmKind for DqnConfig {
 impl DqnConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field, value: String, detail: &str| {
-            Err(Error::InvalidConfig { algorithm: "dqn", field, value, detail: detail.to_string() })
-        };
+        let bad = |field, value: String, detail: &str| Err(Error::config("dqn", field, value, detail.to_string()));
         if self.task_heads && self.tasks < 2 {
             return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
         }
@@ -953,7 +950,7 @@ impl QNet {
         q_values: &mut Vec<f32>,
     ) -> Result<()> {
         if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
-            return Err(Error::BadLength { what: "observation batch".into(), got: obs.len(), expected: self.obs_dim });
+            return Err(Error::length("observation batch", obs.len(), self.obs_dim));
         }
         let rows = obs.len() / self.obs_dim;
         let (scratch, raw) = host;
@@ -993,7 +990,7 @@ impl QNet {
 }
 
 fn bad_obs(detail: String) -> Error {
-    Error::UnsupportedSpace { which: "observation", algorithm: "dqn", detail }
+    Error::space("observation", "dqn", detail)
 }
 
 fn unsupported_obs(obs: ObsRef<'_>) -> Error {
@@ -1081,14 +1078,13 @@ impl Dqn {
         let opt = Adam::new(&online, config.learning_rate, config.adam_eps);
         let frames = is_image(observation_space);
         if frames && config.prioritized_replay {
-            return Err(Error::InvalidConfig {
-                algorithm: "dqn",
-                field: "prioritized_replay",
-                value: "true".into(),
-                detail: "prioritized replay of frame stacks is not implemented; set it to false for image \
-                         observations (they use a frame-deduplicating uniform replay)"
-                    .into(),
-            });
+            return Err(Error::config(
+                "dqn",
+                "prioritized_replay",
+                "true",
+                "prioritized replay of frame stacks is not implemented; set it to false for image \
+                 observations (they use a frame-deduplicating uniform replay)",
+            ));
         }
         let (n, gamma) = (config.n_step, config.gamma);
         let memory = if frames {
@@ -1155,7 +1151,7 @@ impl Dqn {
             check_len(&format!("dqn train_on {what}"), got, expected)?;
         }
         if let Some(a) = actions.iter().find(|a| **a < 0 || **a as usize >= n) {
-            return Err(Error::BadLength { what: format!("dqn train_on action {a}"), got: 1, expected: n });
+            return Err(Error::length(format!("dqn train_on action {a}"), 1, n));
         }
         let layout = self.q.layout();
         let d = layout.device;

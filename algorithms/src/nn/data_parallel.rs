@@ -71,12 +71,12 @@ impl DataParallel {
     /// Check that a minibatch of `batch` samples splits into equal micro-batches.
     pub fn check_batch(&self, algorithm: &'static str, field: &'static str, batch: usize) -> Result<()> {
         if !batch.is_multiple_of(self.accumulate) || batch < self.accumulate {
-            return Err(Error::InvalidConfig {
+            return Err(Error::config(
                 algorithm,
                 field,
-                value: batch.to_string(),
-                detail: format!("must split into accumulate = {} equal micro-batches", self.accumulate),
-            });
+                batch,
+                format!("must split into accumulate = {} equal micro-batches", self.accumulate),
+            ));
         }
         Ok(())
     }

@@ -37,11 +37,7 @@ impl ObsLayout {
     pub fn tensor(&self, obs: flotilla_core::ObsRef<'_>) -> crate::Result<Tensor> {
         let obs_dim = self.obs_dim;
         if obs.is_empty() || !obs.len().is_multiple_of(obs_dim) {
-            return Err(crate::Error::BadLength {
-                what: "observation batch".into(),
-                got: obs.len(),
-                expected: obs_dim,
-            });
+            return Err(crate::Error::length("observation batch", obs.len(), obs_dim));
         }
         let t = match obs {
             flotilla_core::ObsRef::F32(v) => Tensor::from_slice(v),
@@ -59,11 +55,7 @@ impl ObsLayout {
 pub fn mlp_input_dim(algorithm: &'static str, observation_space: &flotilla_core::Space) -> crate::Result<usize> {
     match observation_space {
         flotilla_core::Space::Box { shape, .. } if shape.len() == 1 => Ok(shape[0]),
-        other => Err(crate::Error::UnsupportedSpace {
-            which: "observation",
-            algorithm,
-            detail: format!("{other:?}: MLP networks take 1-D boxes"),
-        }),
+        other => Err(crate::Error::space("observation", algorithm, format!("{other:?}: MLP networks take 1-D boxes"))),
     }
 }
 

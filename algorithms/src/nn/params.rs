@@ -342,11 +342,11 @@ impl FlatParams {
         }
         let n = self.trainable_numel();
         if saved.size() != [n] {
-            return Err(Error::BadLength {
-                what: format!("checkpoint {name} (optimiser state of the trainable parameters)"),
-                got: saved.numel(),
-                expected: n as usize,
-            });
+            return Err(Error::length(
+                format!("checkpoint {name} (optimiser state of the trainable parameters)"),
+                saved.numel(),
+                n as usize,
+            ));
         }
         Ok(saved.to_kind(Kind::Float).to_device(self.flat.device()))
     }
@@ -397,7 +397,7 @@ impl FlatParams {
     fn unpack(&self, full: &Tensor, packed: &Tensor, what: &str, write: impl Fn(&mut Tensor, &Tensor)) -> Result<()> {
         let n = self.trainable_numel();
         if packed.size() != [n] {
-            return Err(Error::BadLength { what: what.into(), got: packed.numel(), expected: n as usize });
+            return Err(Error::length(what, packed.numel(), n as usize));
         }
         tch::no_grad(|| {
             let mut at = 0;
@@ -436,11 +436,7 @@ impl FlatParams {
     /// Overwrite all values from another buffer of the same layout (e.g. a target network or a broadcast).
     pub fn copy_from(&mut self, values: &Tensor) -> Result<()> {
         if values.size() != self.flat.size() {
-            return Err(Error::BadLength {
-                what: "flat parameters".into(),
-                got: values.numel(),
-                expected: self.flat.numel(),
-            });
+            return Err(Error::length("flat parameters", values.numel(), self.flat.numel()));
         }
         tch::no_grad(|| self.flat.copy_(values));
         Ok(())

@@ -151,9 +151,7 @@ impl Default for PpoConfig {
 impl PpoConfig {
     /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
     pub fn validate(&self, num_envs: usize) -> Result<()> {
-        let bad = |field, value: String, detail: &str| {
-            Err(Error::InvalidConfig { algorithm: "ppo", field, value, detail: detail.to_string() })
-        };
+        let bad = |field, value: String, detail: &str| Err(Error::config("ppo", field, value, detail.to_string()));
         if self.task_heads && self.tasks < 2 {
             return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
         }
@@ -282,7 +280,7 @@ pub fn update_members(
 ) -> Result<Vec<Metrics>> {
     if members.len() != rollouts.len() {
         let (got, expected) = (rollouts.len(), members.len());
-        return Err(Error::BadLength { what: "population rollouts".into(), got, expected });
+        return Err(Error::length("population rollouts", got, expected));
     }
     let refs: Vec<&Ppo> = members.iter().map(|m| &**m).collect();
     if members.len() == 1 || unbatchable(&refs).is_some() {
@@ -298,8 +296,8 @@ fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remain
     let n = rollouts[0].len();
     for r in rollouts {
         if r.len() != n || n == 0 || !n.is_multiple_of(c0.batch_size) {
-            let what = "rollout transitions (equal for every member, a multiple of batch_size)".into();
-            return Err(Error::BadLength { what, got: r.len(), expected: c0.batch_size });
+            let what = "rollout transitions (equal for every member, a multiple of batch_size)";
+            return Err(Error::length(what, r.len(), c0.batch_size));
         }
     }
     let progress = progress_remaining.clamp(0.0, 1.0);
@@ -511,8 +509,8 @@ impl Ppo {
         let n = rollout.len();
         if n == 0 || !n.is_multiple_of(c.batch_size) {
             self.host = Some(host);
-            let what = "rollout transitions (a multiple of batch_size)".into();
-            return Err(Error::BadLength { what, got: n, expected: c.batch_size });
+            let what = "rollout transitions (a multiple of batch_size)";
+            return Err(Error::length(what, n, c.batch_size));
         }
         let progress = progress_remaining.clamp(0.0, 1.0);
         let lr = if c.anneal_lr { c.learning_rate * progress } else { c.learning_rate };

@@ -123,9 +123,7 @@ impl Default for SacConfig {
 impl SacConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field, value: String, detail: &str| {
-            Err(Error::InvalidConfig { algorithm: "sac", field, value, detail: detail.to_string() })
-        };
+        let bad = |field, value: String, detail: &str| Err(Error::config("sac", field, value, detail.to_string()));
         let positive = |x: f64| x.is_finite() && x > 0.0;
         for (field, value) in [("learning_rate", self.learning_rate), ("adam_eps", self.adam_eps)] {
             if !positive(value) {

@@ -256,9 +256,7 @@ impl Td3Config {
     }
 
     fn validate_as(&self, algorithm: &'static str) -> Result<()> {
-        let bad = |field, value: String, detail: &str| {
-            Err(Error::InvalidConfig { algorithm, field, value, detail: detail.to_string() })
-        };
+        let bad = |field, value: String, detail: &str| Err(Error::config(algorithm, field, value, detail.to_string()));
         let non_negative = |x: f64| x.is_finite() && x >= 0.0;
         if self.task_heads && self.tasks < 2 {
             return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
@@ -1039,14 +1037,14 @@ impl ActorNet {
         let (low, high) = action_bounds(name, action_space)?;
         let (act_dim, heads) = (low.len(), c.heads());
         if heads > 1 && obs_dim <= heads {
-            return Err(Error::UnsupportedSpace {
-                which: "observation",
-                algorithm: name,
-                detail: format!(
+            return Err(Error::space(
+                "observation",
+                name,
+                format!(
                     "{observation_space:?}: {heads} task heads need observations ending in the task's one-hot \
                      ([[tasks]])"
                 ),
-            });
+            ));
         }
         let (od, outputs) = (obs_dim as i64, (act_dim * heads) as i64);
         let (net, named) = FlatMlp::init("actor", od, &c.hidden_sizes, outputs, c.activation, LayerInit::Torch, 0);
