@@ -29,7 +29,7 @@ pub mod run_dir;
 pub mod stats;
 pub mod train;
 
-pub use allocator::tune_allocator;
+pub use allocator::{ALLOCATOR_TUNABLES, tune_allocator};
 pub use error::{Error, Result};
 /// From policy outputs to env actions (moved to `flotilla_envs::env_actions`, shared with the actors).
 pub use flotilla_envs::env_actions as actions;

@@ -21,7 +21,8 @@
 //! estimate) and are set against this machine's measured f32 matmul peak (1024² `matmul`, same threads).
 //! PyTorch runs the same update from Python (`tests/peers/ppo_update_torch.py`: CleanRL's network and loss) when
 //! `scripts/setup_peers.sh --torch` has installed it, as is (NCHW f32, oneDNN convolutions), in channels-last
-//! memory format and under CPU bf16 autocast; the ratio is against its fastest variant.
+//! memory format and under CPU bf16 autocast; the ratio is against its fastest variant. Both sides run under the
+//! trainer's glibc malloc setting (`flotilla_learner::tune_allocator`; `GLIBC_TUNABLES` for the Python process).
 use std::process::Command;
 use std::time::Instant;
 
@@ -94,8 +95,10 @@ fn torch_samples_per_sec(python: &str, threads: i32, rounds: usize, variant: &st
     let script = std::env::var("FLOTILLA_PEERS_DIR")
         .unwrap_or_else(|_| format!("{}/peers", env!("CARGO_MANIFEST_DIR")))
         + "/ppo_update_torch.py";
-    let out =
-        Command::new(python).args([&script, &threads.to_string(), &rounds.to_string(), variant, device]).output()?;
+    let out = Command::new(python)
+        .args([&script, &threads.to_string(), &rounds.to_string(), variant, device])
+        .env("GLIBC_TUNABLES", flotilla_learner::ALLOCATOR_TUNABLES)
+        .output()?;
     if !out.status.success() {
         return Err(format!("{script} {variant}: {}", String::from_utf8_lossy(&out.stderr)).into());
     }
@@ -241,6 +244,7 @@ fn actors_table(games: &[String], steps: usize, rounds: u64) -> BenchResult<()> 
 }
 
 fn main() -> BenchResult<()> {
+    flotilla_learner::tune_allocator();
     let mut steps = 2_000;
     let mut rounds = 3;
     let mut only: Option<String> = None;
