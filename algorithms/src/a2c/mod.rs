@@ -253,8 +253,7 @@ on_policy_kind! {
 
         fn metrics(&self, s: &Settings, loss: &StepLoss, explained: f64, vtrace: &Metrics, steps: usize) -> Metrics {
             let mut m = gradient_metrics(loss, explained, vtrace);
-            m.push("charts/learning_rate", s.lr);
-            m.push("charts/gradient_steps", steps as f64);
+            m.0.extend([("charts/learning_rate", s.lr), ("charts/gradient_steps", steps as f64)]);
             m
         }
 
@@ -386,10 +385,7 @@ impl crate::algorithm::ParameterServer for A2c {
     fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
         let grad = Tensor::from_slice(gradient);
         let lr = self.apply_gradients(&grad, progress.remaining())?;
-        let mut m = Metrics::default();
-        m.push("charts/learning_rate", lr);
-        m.push("charts/gradient_steps", 1.0);
-        Ok(m)
+        Ok(Metrics(vec![("charts/learning_rate", lr), ("charts/gradient_steps", 1.0)]))
     }
 }
 

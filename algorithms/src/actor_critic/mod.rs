@@ -305,6 +305,9 @@ impl NetConfig<'_> {
     }
 }
 
+/// A plain twin MLP's layer weight indices, nonlinearity and output widths, and the log-std's index.
+pub(crate) type TwinLayout<'a> = (&'a [usize], Activation, [i64; 2], Option<usize>);
+
 /// Policy and value networks over one parameter buffer.
 #[derive(Debug)]
 pub struct ActorCritic {
@@ -420,7 +423,7 @@ impl ActorCritic {
 
     /// The twin MLP's layout (layer weight indices, nonlinearity, output widths) and the log-std's index, for a
     /// population's batched update; `None` for the CNN body or task heads, which it does not batch.
-    pub(crate) fn twin_layout(&self) -> Option<(&[usize], crate::nn::nets::Activation, [i64; 2], Option<usize>)> {
+    pub(crate) fn twin_layout(&self) -> Option<TwinLayout<'_>> {
         match &self.body {
             Body::Mlp(twin) if self.heads == 1 => {
                 let (layers, activation, outputs) = twin.layout();
@@ -432,10 +435,7 @@ impl ActorCritic {
 
     /// A recurrent body's core and the [`ActorCritic::twin_layout`] of the twin MLP after it, for the fused CPU
     /// step; `None` for the other bodies (and a recurrent body with a CNN torso, which trains on libtorch).
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn recurrent_twin_layout(
-        &self,
-    ) -> Option<(&RecurrentCore, (&[usize], crate::nn::nets::Activation, [i64; 2], Option<usize>))> {
+    pub(crate) fn recurrent_twin_layout(&self) -> Option<(&RecurrentCore, TwinLayout<'_>)> {
         match &self.body {
             Body::Recurrent { torso: None, core, twin } => {
                 let (layers, activation, outputs) = twin.layout();
@@ -678,18 +678,6 @@ impl ActorCritic {
             out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
             *head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
         }
-        self.sample(deterministic, rng, samples, head, out)
-    }
-
-    /// Sample (or take the mode of) the policy heads in `head` into `out`'s actions and log-probs.
-    fn sample(
-        &self,
-        deterministic: bool,
-        rng: &mut impl Rng,
-        samples: &mut Vec<(i64, f32)>,
-        head: &mut [f32],
-        out: &mut ActOutput,
-    ) -> Result<()> {
         // A Gaussian's log-std, read in place where the parameters are on the host.
         let log_std = match self.log_std {
             None => Cow::Borrowed(&[][..]),
@@ -702,8 +690,9 @@ impl ActorCritic {
         Ok(())
     }
 
-    /// [`ActorCritic::sample`] with a Gaussian policy's log-std given (`log_std`, ignored for a categorical
-    /// one): the members' batched acting pass fetched every member's at once.
+    /// Sample (or take the mode of) the policy heads in `head` into `out`'s actions and log-probs, with a
+    /// Gaussian policy's log-std given (`log_std`, ignored for a categorical one; the members' batched acting
+    /// pass fetches every member's at once).
     pub(crate) fn sample_with(
         &self,
         deterministic: bool,

@@ -589,15 +589,7 @@ impl RolloutCollector {
     /// rows (as [`RolloutCollector::push_chunks`]), and hand back the collector's empty buffer for the next
     /// one. The rollout must match the collector's shape.
     pub fn push_stacked(&mut self, mut rollout: Rollout, mut values: impl NextValues) -> Result<Rollout> {
-        self.check_stacked(&rollout)?;
-        if let Some(of_rows) = values.of_rows() {
-            rollout.bootstrap_truncated(0, of_rows)?;
-        }
-        Ok(std::mem::replace(&mut self.rollout, rollout))
-    }
-
-    fn check_stacked(&self, rollout: &Rollout) -> Result<()> {
-        let (r, mine) = (rollout, &self.rollout);
+        let (r, mine) = (&rollout, &self.rollout);
         if mine.steps != 0 {
             let what = "rollout steps before push_stacked (it fills a whole rollout)";
             return Err(Error::length(what, mine.steps, 0));
@@ -606,7 +598,11 @@ impl RolloutCollector {
         check_len("stacked rollout steps", r.n_steps, mine.n_steps)?;
         check_len("stacked rollout observation size", r.obs_dim, mine.obs_dim)?;
         check_len("stacked rollout action size", r.act_dim, mine.act_dim)?;
-        check_len("stacked rollout filled steps", r.steps, r.n_steps)
+        check_len("stacked rollout filled steps", r.steps, r.n_steps)?;
+        if let Some(of_rows) = values.of_rows() {
+            rollout.bootstrap_truncated(0, of_rows)?;
+        }
+        Ok(std::mem::replace(&mut self.rollout, rollout))
     }
 
     /// The layout of the rollouts this collector takes from [`RolloutCollector::push_stacked`], for a network
