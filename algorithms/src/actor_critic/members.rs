@@ -436,9 +436,9 @@ fn host(t: &Tensor) -> Result<Vec<f32>> {
 /// One acting pass of a population's members whose networks stack ([`stackable`]; `Ok(false)` where they do
 /// not, and nothing is done): every member's observations (`obs[k]`) go through the `2N` MLPs as one chain of
 /// batched matmuls, the heads and values come back to the host in one copy each, and each member samples from
-/// its own rows with its own RNG, as [`ActorCritic::act`] does — so a member's actions, log-probs and values are
-/// its acting alone's to float rounding (the matmuls' sums may add in another order). On an accelerator this is
-/// one pass instead of `N` launch-bound ones.
+/// its own rows with its own RNG, as [`ActorCritic::act_with_state`] does — so a member's actions, log-probs
+/// and values are its acting alone's to float rounding (the matmuls' sums may add in another order). On an
+/// accelerator this is one pass instead of `N` launch-bound ones.
 pub(crate) fn act_stacked(
     pis: &mut [&mut ActorCriticPolicy],
     obs: &[ObsRef<'_>],

@@ -32,7 +32,7 @@ use crate::nn::recurrent::{Recurrence, RecurrentCore};
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::{Error, Metrics, Result};
 
-/// Buffers [`ActorCritic::act`] reuses between calls.
+/// Buffers [`ActorCritic::act_with_state`] reuses between calls.
 #[derive(Debug, Default, Clone)]
 pub struct ActScratch {
     samples: Vec<(i64, f32)>,
@@ -615,21 +615,9 @@ impl ActorCritic {
     }
 
     /// Sample (or, with `deterministic`, take the mode of) the policy for a batch; fills actions, their
-    /// log-probs and the values. `scratch` is reused between calls. On the CPU, MLPs on f32 observations run
-    /// without libtorch ([`crate::nn::host_mlp`]).
-    pub fn act(
-        &self,
-        obs: ObsRef<'_>,
-        deterministic: bool,
-        rng: &mut impl Rng,
-        scratch: &mut ActScratch,
-        out: &mut ActOutput,
-    ) -> Result<()> {
-        self.act_with_state(obs, &mut [], deterministic, rng, scratch, out)
-    }
-
-    /// [`ActorCritic::act`] with recurrent state: `state` (`rows × state_dim`, empty for a feed-forward
-    /// network) is each row's state before the step and is overwritten with the state after.
+    /// log-probs and the values. `state` (`rows × state_dim`, empty for a feed-forward network) is each row's
+    /// state before the step and is overwritten with the state after. `scratch` is reused between calls. On the
+    /// CPU, MLPs on f32 observations run without libtorch ([`crate::nn::host_mlp`]).
     pub fn act_with_state(
         &self,
         obs: ObsRef<'_>,
@@ -846,7 +834,7 @@ impl Policy for ActorCriticPolicy {
     }
 
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
+        self.act_with_state(obs, &mut [], mode, out)
     }
 
     fn state_dim(&self) -> usize {
@@ -968,3 +956,18 @@ mod tests {
 
 #[cfg(test)]
 mod recurrent_tests;
+
+#[cfg(test)]
+impl ActorCritic {
+    /// [`ActorCritic::act_with_state`] for a feed-forward network.
+    pub(crate) fn act(
+        &self,
+        obs: ObsRef<'_>,
+        deterministic: bool,
+        rng: &mut impl Rng,
+        scratch: &mut ActScratch,
+        out: &mut ActOutput,
+    ) -> Result<()> {
+        self.act_with_state(obs, &mut [], deterministic, rng, scratch, out)
+    }
+}
