@@ -25,33 +25,28 @@
 //! `charts/learning_rate`, `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean
 //! `min(ρ̄, π/μ)`), `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with
 //! `π/μ > ρ̄`) and `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)).
-use flotilla_core::{ObsRef, Space};
-use rand::SeedableRng;
-use rand_pcg::Pcg64;
+use flotilla_core::{Chunk, ObsRef, Space};
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::acting::{Acting, ActingPolicy, ActingSetup, GradientWorker};
 use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
-use crate::actor_critic::explained_variance;
-use crate::actor_critic::host::{ActorCriticHost, Schedule};
-use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients};
+use crate::actor_critic::members::{self, Batch, Nets};
+use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients, Settings, StepLoss};
 use crate::algorithm::Algorithm;
-use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector};
 use crate::data::vtrace::VtraceConfig;
 use crate::export::Architecture;
 use crate::kind::{AlgorithmKind, KindName, not_data_parallel};
 use crate::nn::data_parallel::DataParallel;
-use crate::nn::members::{Coef, host};
 use crate::nn::nets::{Activation, CnnOptions};
-use crate::nn::optimiser::{Optimiser, StackedOptimiser};
+use crate::nn::optimiser::Optimiser;
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::Recurrence;
 use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
-use flotilla_core::Chunk;
+
+pub use crate::actor_critic::agent::{unbatchable, update_members};
 
 /// Which optimiser applies the gradients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,7 +147,6 @@ impl A2cConfig {
             return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;
-        let non_negative = |x: f64| x.is_finite() && x >= 0.0;
         if self.n_steps == 0 {
             return bad("n_steps", "0".into(), "must be at least 1");
         }
@@ -163,29 +157,20 @@ impl A2cConfig {
                 &format!("needs at least 2 samples per rollout, n_steps × num_envs = {}", self.n_steps * num_envs),
             );
         }
-        if !(0.0..=1.0).contains(&self.gamma) {
-            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
-        }
-        if !(0.0..=1.0).contains(&self.gae_lambda) {
-            return bad("gae_lambda", self.gae_lambda.to_string(), "must be in [0, 1]");
-        }
-        if !positive(self.learning_rate) {
-            return bad("learning_rate", self.learning_rate.to_string(), "must be > 0");
-        }
-        if !self.ent_coef.is_finite() {
-            return bad("ent_coef", self.ent_coef.to_string(), "must be finite");
-        }
-        if !non_negative(self.vf_coef) {
-            return bad("vf_coef", self.vf_coef.to_string(), "must be ≥ 0");
-        }
-        if !positive(self.max_grad_norm) {
-            return bad("max_grad_norm", self.max_grad_norm.to_string(), "must be > 0");
-        }
-        if !(0.0..1.0).contains(&self.rmsprop_alpha) {
-            return bad("rmsprop_alpha", self.rmsprop_alpha.to_string(), "must be in [0, 1)");
-        }
-        if !positive(self.optimizer_eps) {
-            return bad("optimizer_eps", self.optimizer_eps.to_string(), "must be > 0");
+        let unit = |x: f64| (0.0..=1.0).contains(&x);
+        for (field, value, ok, detail) in [
+            ("gamma", self.gamma, unit(self.gamma), "must be in [0, 1]"),
+            ("gae_lambda", self.gae_lambda, unit(self.gae_lambda), "must be in [0, 1]"),
+            ("learning_rate", self.learning_rate, positive(self.learning_rate), "must be > 0"),
+            ("ent_coef", self.ent_coef, self.ent_coef.is_finite(), "must be finite"),
+            ("vf_coef", self.vf_coef, self.vf_coef.is_finite() && self.vf_coef >= 0.0, "must be ≥ 0"),
+            ("max_grad_norm", self.max_grad_norm, positive(self.max_grad_norm), "must be > 0"),
+            ("rmsprop_alpha", self.rmsprop_alpha, (0.0..1.0).contains(&self.rmsprop_alpha), "must be in [0, 1)"),
+            ("optimizer_eps", self.optimizer_eps, positive(self.optimizer_eps), "must be > 0"),
+        ] {
+            if !ok {
+                return bad(field, value.to_string(), detail);
+            }
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
@@ -211,7 +196,77 @@ impl A2cConfig {
 #[serde(transparent)]
 pub struct A3cConfig(pub A2cConfig);
 
-on_policy_kind!(A2cConfig, A2cKind, update_members);
+on_policy_kind! {
+    impl OnPolicyKind for A2cConfig {
+        const NAME: &'static str = "a2c";
+        const RNG_SALT: u64 = 0xa2c0_0a2c;
+
+        fn optimiser(&self, params: &FlatParams) -> Optimiser {
+            let (lr, eps) = (self.learning_rate, self.optimizer_eps);
+            match self.optimizer {
+                OptimizerKind::RmsProp => Optimiser::rmsprop(params, lr, self.rmsprop_alpha, eps),
+                OptimizerKind::Adam => Optimiser::new(params, lr, eps),
+            }
+        }
+
+        fn settings(&self, n: usize, progress_remaining: f64) -> Settings {
+            Settings {
+                lr: self.learning_rate_at(progress_remaining),
+                coefficients: LossCoefficients {
+                    clip_range: None,
+                    clip_range_vf: None,
+                    ent_coef: self.ent_coef,
+                    vf_coef: self.vf_coef,
+                },
+                n_epochs: 1,
+                batch_size: n,
+                normalize_advantage: self.normalize_advantage,
+                target_kl: None,
+                max_grad_norm: self.max_grad_norm,
+                shuffle: false,
+                algorithm: "a2c",
+            }
+        }
+
+        fn check_rollout(&self, net: &ActorCritic, rollout: &Rollout, population: Option<usize>) -> Result<()> {
+            if rollout.is_empty() {
+                return Err(Error::length("A2C rollout transitions", 0, rollout.n_steps));
+            }
+            if rollout.act_dim != net.act_dim() {
+                return Err(Error::length("A2C rollout action size", rollout.act_dim, net.act_dim()));
+            }
+            match population {
+                Some(n) if rollout.len() != n => {
+                    Err(Error::length("population rollout transitions (equal)", rollout.len(), n))
+                }
+                _ => Ok(()),
+            }
+        }
+
+        fn unbatchable(&self, first: &Self) -> Option<&'static str> {
+            if self.vtrace.is_some() {
+                return Some("V-trace targets (`vtrace`)");
+            }
+            let schedule = |c: &Self| (c.n_steps, c.normalize_advantage, c.anneal_lr, c.optimizer);
+            (schedule(self) != schedule(first)).then_some("members' update schedules or optimisers differ")
+        }
+
+        fn metrics(&self, s: &Settings, loss: &StepLoss, explained: f64, vtrace: &Metrics, steps: usize) -> Metrics {
+            let mut m = gradient_metrics(loss, explained, vtrace);
+            m.0.extend([("charts/learning_rate", s.lr), ("charts/gradient_steps", steps as f64)]);
+            m
+        }
+
+        fn check_replicas(agent: &A2c, parallel: &DataParallel) -> Result<()> {
+            let layout = agent.collector.layout(agent.pi.net.obs_layout());
+            parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)
+        }
+
+        fn parameter_server(agent: &mut A2c) -> Option<&mut dyn crate::algorithm::ParameterServer> {
+            Some(agent)
+        }
+    }
+}
 
 /// A3C: A2C's answers, but actors send gradients (a [`A3cWorker`] each) to an [`A2c`] learner applying them.
 impl AlgorithmKind for A3cConfig {
@@ -263,166 +318,15 @@ impl AlgorithmKind for A3cConfig {
     }
 }
 
-/// A rollout A2C can learn from: not empty, with the network's action size.
-fn check_rollout(net: &ActorCritic, rollout: &Rollout) -> Result<()> {
-    let n = rollout.len();
-    if n == 0 {
-        return Err(Error::length("A2C rollout transitions", 0, rollout.n_steps));
-    }
-    if rollout.act_dim != net.act_dim() {
-        return Err(Error::length("A2C rollout action size", rollout.act_dim, net.act_dim()));
-    }
-    Ok(())
-}
-
-/// Why these A2C members cannot be stacked into one update (`None`: they can). Members that cannot are
-/// updated one by one, with the same results, only slower.
-pub fn unbatchable(members: &[&A2c]) -> Option<String> {
-    let first = members.first()?;
-    let c0 = &first.config;
-    let nets: Vec<MemberNet> = members
-        .iter()
-        .map(|m| MemberNet {
-            net: &m.pi.net,
-            fused_cpu: m.config.fused_cpu,
-            parallel: &m.parallel,
-            steps: m.opt.steps(),
-        })
-        .collect();
-    if let Some(why) = stacking_refused(&nets) {
-        return Some(why);
-    }
-    for m in members {
-        let c = &m.config;
-        if c.vtrace.is_some() {
-            return Some("V-trace targets (`vtrace`)".into());
-        }
-        if (c.n_steps, c.normalize_advantage, c.anneal_lr, c.optimizer)
-            != (c0.n_steps, c0.normalize_advantage, c0.anneal_lr, c0.optimizer)
-        {
-            return Some("members' update schedules or optimisers differ".into());
-        }
-    }
-    None
-}
-
-/// One A2C update of every member on its finished rollout (GAE computed): stacked into one batched program
-/// where [`unbatchable`] allows, else one by one ([`A2c::update_from`]). `progress_remaining` (1 → 0) anneals
-/// each member's learning rate. Returns each member's metrics.
-pub fn update_members(
-    members: &mut [&mut A2c],
-    rollouts: &[&Rollout],
-    progress_remaining: f64,
-) -> Result<Vec<Metrics>> {
-    if members.len() != rollouts.len() {
-        let (got, expected) = (rollouts.len(), members.len());
-        return Err(Error::length("population rollouts", got, expected));
-    }
-    let refs: Vec<&A2c> = members.iter().map(|m| &**m).collect();
-    if members.len() == 1 || unbatchable(&refs).is_some() {
-        return members.iter_mut().zip(rollouts).map(|(m, r)| m.update_from(r, progress_remaining)).collect();
-    }
-    update_torch(members, rollouts, progress_remaining)
-}
-
-/// A2C's update on libtorch, written once over the member axis: a member alone (any network, replicas,
-/// micro-batches, V-trace) or several stacked ([`Nets`]): [`a2c_gradient`], then one optimiser step.
-fn update_torch(members: &mut [&mut A2c], rollouts: &[&Rollout], progress_remaining: f64) -> Result<Vec<Metrics>> {
-    for (m, r) in members.iter().zip(rollouts) {
-        check_rollout(&m.pi.net, r)?;
-        if r.len() != rollouts[0].len() {
-            let what = "population rollout transitions (equal)";
-            return Err(Error::length(what, r.len(), rollouts[0].len()));
-        }
-    }
-    let lrs: Vec<f64> = members.iter().map(|m| m.config.learning_rate_at(progress_remaining)).collect();
-    let c0 = members[0].config.clone();
-    let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
-    let batch = Batch::new(&nets, rollouts, c0.gamma as f32, c0.vtrace.as_ref())?;
-    let stacked = (members.len() > 1).then(|| {
-        let net = StackedActorCritic::new(&nets);
-        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
-        Nets::Stacked(net, opt)
-    });
-    for (m, &lr) in members.iter_mut().zip(&lrs) {
-        m.opt.lr = lr;
-    }
-    let configs: Vec<A2cConfig> = members.iter().map(|m| m.config.clone()).collect();
-    let configs: Vec<&A2cConfig> = configs.iter().collect();
-    let mut metrics = match stacked {
-        Some(mut nets) => {
-            let metrics = a2c_gradient(&mut nets, &configs, batch)?;
-            nets.step(&lrs);
-            let Nets::Stacked(net, opt) = &nets else { unreachable!("stacked above") };
-            net.check_finite("a2c")?;
-            tch::no_grad(|| {
-                for (k, m) in members.iter_mut().enumerate() {
-                    net.write_back(k, &m.pi.net.params);
-                    opt.write_back(k, &mut m.opt);
-                }
-            });
-            metrics
-        }
-        None => {
-            let A2c { pi, parallel, opt, .. } = &mut *members[0];
-            let mut nets: Nets = Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) };
-            let metrics = a2c_gradient(&mut nets, &configs, batch)?;
-            nets.step(&lrs);
-            metrics
-        }
-    };
-    for (m, lr) in metrics.iter_mut().zip(lrs) {
-        m.push("charts/learning_rate", lr);
-        m.push("charts/gradient_steps", 1.0);
-    }
-    Ok(metrics)
-}
-
-/// The clipped A2C loss gradient of every member on its rollout in `batch`, written once over the member axis
-/// ([`Nets`]): a member alone averages it over its replicas and accumulates it over its micro-batches. Returns
-/// each member's metrics (the loss terms, means over the micro-batches; explained variance; V-trace's).
-fn a2c_gradient(nets: &mut Nets, configs: &[&A2cConfig], batch: Batch) -> Result<Vec<Metrics>> {
-    let d = batch.obs.device();
-    let each = |f: fn(&A2cConfig) -> f64| Coef::of(configs.iter().map(|c| f(c)), d);
-    let coefficients = LossCoefficients {
-        clip_range: None,
-        clip_range_vf: None,
-        ent_coef: each(|c| c.ent_coef),
-        vf_coef: each(|c| c.vf_coef),
-    };
-    let need_entropy = configs.iter().any(|c| c.ent_coef != 0.0);
-    let Batch { obs, actions, old_log_prob, mut advantages, returns, old_values, explained, vtrace, sequences } = batch;
-    // Normalised here, over every replica's rollout, never inside the loss (which may see a micro-batch).
-    if configs[0].normalize_advantage {
-        advantages = nets.normalize(&advantages)?;
-    }
-    let sequence = sequences.as_ref().map(|s| s.of(None, None));
-    let mb = [&obs, &actions, &old_log_prob, &advantages, &old_values, &returns];
-    let max_norms: Vec<f64> = configs.iter().map(|c| c.max_grad_norm).collect();
-    let parts = nets.gradient(mb, sequence, &coefficients, need_entropy, &max_norms, "a2c")?;
-    let parts: Vec<[Tensor; 3]> = parts
-        .iter()
-        .map(|(loss, dist)| {
-            let entropy = match &loss.entropy {
-                Some(e) => e.detach(),
-                None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
-            };
-            [loss.policy.detach(), loss.value.detach(), entropy]
-        })
-        .collect();
-    let mean = |i: usize| host(&(parts.iter().map(|p| p[i].shallow_clone()).sum::<Tensor>() / parts.len() as f64));
-    let (policy, value, entropy) = (mean(0)?, mean(1)?, mean(2)?);
-    Ok((0..configs.len())
-        .map(|k| {
-            let mut m = Metrics::default();
-            m.push("losses/policy_loss", policy[k]);
-            m.push("losses/value_loss", value[k]);
-            m.push("losses/entropy", entropy[k]);
-            m.push("losses/explained_variance", explained[k]);
-            m.0.extend(vtrace[k].iter().copied());
-            m
-        })
-        .collect())
+/// A gradient's metrics: the loss terms, the explained variance and V-trace's.
+fn gradient_metrics(loss: &StepLoss, explained: f64, vtrace: &Metrics) -> Metrics {
+    let mut m = Metrics::default();
+    m.push("losses/policy_loss", loss.policy);
+    m.push("losses/value_loss", loss.value);
+    m.push("losses/entropy", loss.entropy);
+    m.push("losses/explained_variance", explained);
+    m.0.extend(vtrace.iter().copied());
+    m
 }
 
 /// The clipped A2C loss gradient of one network on a rollout (left in its buffer), and its metrics.
@@ -432,75 +336,18 @@ fn rollout_gradient(
     config: &A2cConfig,
     rollout: &Rollout,
 ) -> Result<Metrics> {
-    check_rollout(net, rollout)?;
+    config.check_rollout(net, rollout, None)?;
     let batch = Batch::new(&[&*net], &[rollout], config.gamma as f32, config.vtrace.as_ref())?;
+    let settings = config.settings(rollout.len(), 1.0);
     let mut nets = Nets::Alone { net, parallel, opt: None };
-    Ok(a2c_gradient(&mut nets, &[config], batch)?.pop().expect("one member"))
+    let (losses, _) = members::train(&mut nets, Vec::new(), &batch, &[settings])?;
+    Ok(gradient_metrics(&losses[0], batch.explained[0], &batch.vtrace[0]))
 }
 
 /// An A2C agent: the actor-critic network, its optimiser (RMSprop or Adam) and the RNG used to act.
-pub type A2c = OnPolicyAgent<A2cKind>;
-
-/// A2C as an [`OnPolicyKind`]: its config, optimiser and [`A2c::update_from`]; its learner is A3C's parameter
-/// server too.
-#[derive(Debug)]
-pub struct A2cKind;
-
-impl OnPolicyKind for A2cKind {
-    type Config = A2cConfig;
-    type Optimizer = Optimiser;
-    const NAME: &'static str = "a2c";
-
-    fn gamma_lambda(c: &A2cConfig) -> (f32, f32) {
-        (c.gamma as f32, c.gae_lambda as f32)
-    }
-
-    fn update_from(agent: &mut A2c, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        agent.update_from(rollout, progress_remaining)
-    }
-
-    fn write_optimizer(opt: &Optimiser, c: &mut Checkpoint) -> Result<()> {
-        opt.write_to(c, opt.rule.name())
-    }
-
-    fn read_optimizer(opt: &mut Optimiser, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
-        opt.read_from(c, opt.rule.name(), params)
-    }
-
-    fn check_replicas(agent: &A2c, parallel: &DataParallel) -> Result<()> {
-        crate::actor_critic::refuse_recurrent_replicas("a2c", &agent.pi.net, parallel)?;
-        let layout = agent.collector.layout(agent.pi.net.obs_layout());
-        parallel.check_batch("a2c", "n_steps × envs", layout.n_envs * layout.n_steps)
-    }
-
-    fn parameter_server(agent: &mut A2c) -> Option<&mut dyn crate::algorithm::ParameterServer> {
-        Some(agent)
-    }
-}
+pub type A2c = OnPolicyAgent<A2cConfig>;
 
 impl A2c {
-    /// A fresh agent for these spaces, collecting rollouts from `n_envs` envs. `seed` fixes the weights'
-    /// initialisation (through libtorch's global generator) and action sampling.
-    pub fn new(
-        observation_space: &Space,
-        action_space: &Space,
-        n_envs: usize,
-        config: A2cConfig,
-        device: Device,
-        seed: u64,
-    ) -> Result<Self> {
-        config.validate(n_envs)?;
-        let net = ActorCritic::new("a2c", observation_space, action_space, &config.net(), device, seed)?;
-        let (lr, eps) = (config.learning_rate, config.optimizer_eps);
-        let opt = match config.optimizer {
-            OptimizerKind::RmsProp => Optimiser::rmsprop(&net.params, lr, config.rmsprop_alpha, eps),
-            OptimizerKind::Adam => Optimiser::new(&net.params, lr, eps),
-        };
-        let pi = ActorCriticPolicy::with_rng(net, Pcg64::seed_from_u64(seed ^ 0xa2c0_0a2c));
-        let n_steps = config.n_steps;
-        Ok(A2c::with(config, pi, opt, n_envs, n_steps))
-    }
-
     /// The loss gradient on a finished rollout (GAE already computed), with its global norm clipped to
     /// `max_grad_norm`: a detached flat tensor of the trainable parameters, laid out like the parameter buffer with
     /// frozen layers left out ([`FlatParams::trainable_grad`]). Neither the parameters nor the
@@ -531,65 +378,6 @@ impl A2c {
         self.opt.step(&mut self.pi.net.params);
         Ok(lr)
     }
-
-    /// One A2C update on a finished rollout: the fused CPU step where it applies, else the libtorch update over
-    /// the member axis as a population of one (the same loss and step as [`A2c::compute_gradients`] followed by
-    /// [`A2c::apply_gradients`], without the gradient leaving the buffer).
-    /// [`Algorithm::update`] calls this on the rollout [`Algorithm::observe`] collected.
-    pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        let Some(mut host) =
-            ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net)
-        else {
-            return Ok(update_torch(&mut [self], &[rollout], progress_remaining)?.pop().expect("one member"));
-        };
-        let update = self.update_fused(&mut host, rollout, progress_remaining);
-        self.host = Some(host);
-        let (mut metrics, lr) = update?;
-        metrics.push("charts/learning_rate", lr);
-        metrics.push("charts/gradient_steps", 1.0);
-        Ok(metrics)
-    }
-}
-
-impl A2c {
-    /// [`A2c::update_from`] on the fused CPU path: the same targets, advantage normalisation, loss, clipping
-    /// and optimiser step, on host slices of the parameter buffer. Returns the gradient's metrics and the
-    /// learning rate.
-    fn update_fused(
-        &mut self,
-        host: &mut ActorCriticHost,
-        rollout: &Rollout,
-        progress_remaining: f64,
-    ) -> Result<(Metrics, f64)> {
-        let c = &self.config;
-        let net = &mut self.pi.net;
-        check_rollout(net, rollout)?;
-        let targets = net.targets(rollout, None, c.gamma as f32, c.vtrace.as_ref())?;
-        let (advantages, returns, values) = targets.advantages_returns_values();
-        let lr = c.learning_rate_at(progress_remaining);
-        self.opt.lr = lr;
-        let coefficients =
-            LossCoefficients { clip_range: None, clip_range_vf: None, ent_coef: c.ent_coef, vf_coef: c.vf_coef };
-        let schedule = Schedule {
-            n_epochs: 1,
-            batch_size: rollout.len(),
-            normalize_advantage: c.normalize_advantage,
-            target_kl: None,
-            max_grad_norm: c.max_grad_norm,
-            algorithm: "a2c",
-        };
-        let targets_host = (advantages, returns, values);
-        let (loss, _) = host.train(net, &mut self.opt, rollout, targets_host, &coefficients, &schedule, None)?;
-        let mut m = Metrics::default();
-        m.push("losses/policy_loss", loss.policy);
-        m.push("losses/value_loss", loss.value);
-        m.push("losses/entropy", loss.entropy);
-        m.push("losses/explained_variance", explained_variance(values, returns));
-        if let Some(t) = &targets.vtrace {
-            t.weights.push_metrics(&mut m);
-        }
-        Ok((m, lr))
-    }
 }
 
 impl crate::algorithm::ParameterServer for A2c {
@@ -597,10 +385,7 @@ impl crate::algorithm::ParameterServer for A2c {
     fn apply_gradient(&mut self, gradient: &[f32], progress: &Progress) -> Result<Metrics> {
         let grad = Tensor::from_slice(gradient);
         let lr = self.apply_gradients(&grad, progress.remaining())?;
-        let mut m = Metrics::default();
-        m.push("charts/learning_rate", lr);
-        m.push("charts/gradient_steps", 1.0);
-        Ok(m)
+        Ok(Metrics(vec![("charts/learning_rate", lr), ("charts/gradient_steps", 1.0)]))
     }
 }
 
@@ -663,11 +448,15 @@ impl GradientWorker for A3cWorker {
 mod tests {
     use super::*;
     use crate::actor_critic::actor_critic_loss;
+    use crate::checkpoint::Checkpoint;
     use crate::data::vtrace::VtraceConfig;
+    use crate::nn::members::Coef;
     use crate::nn::params::assert_params_close;
     use crate::policy::{ActMode, ActOutput, Policy};
     use flotilla_core::Chunk;
-    use rand::Rng;
+    use rand::{Rng, SeedableRng};
+    use rand_pcg::Pcg64;
+    use tch::Kind;
 
     /// A2C's coefficients of [`actor_critic_loss`] (no clipping).
     fn a2c_coefficients(ent_coef: f64, vf_coef: f64) -> LossCoefficients<Coef> {

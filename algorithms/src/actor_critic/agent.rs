@@ -1,40 +1,58 @@
 //! PPO's and A2C's agent, written once ([`OnPolicyAgent`]): the actor-critic network with its acting RNG, the
-//! rollout being collected, the optimiser, data-parallel replicas and the fused CPU step's state, and every
-//! trait a learner asks of them. What differs — the config, the optimiser, the update — is the kind's
-//! ([`OnPolicyKind`]: `ppo::PpoKind`, `a2c::A2cKind`).
-use flotilla_core::{Chunk, ObsRef};
+//! rollout being collected, the optimiser, data-parallel replicas and the fused CPU step's state, every trait a
+//! learner asks of them, and the update — the fused CPU step where it applies, else the libtorch loop over the
+//! member axis ([`members::train`]). What differs is the kind's, answered by its config ([`OnPolicyKind`]:
+//! `ppo::PpoConfig`, `a2c::A2cConfig`): the optimiser, the update's settings, the metrics.
+use flotilla_core::{Chunk, ObsRef, Space};
+use rand::SeedableRng;
+use tch::Device;
 
-use crate::actor_critic::ActorCritic;
-use crate::actor_critic::ActorCriticPolicy;
 use crate::actor_critic::host::ActorCriticHost;
-use crate::actor_critic::members;
+use crate::actor_critic::members::{self, Batch, Nets, StackedActorCritic};
+use crate::actor_critic::{
+    ActScratch, ActorCritic, ActorCriticPolicy, NetConfig, Settings, StepLoss, explained_variance,
+};
 use crate::algorithm::{Algorithm, OnPolicy, ParameterServer, Replicated};
 use crate::checkpoint::Checkpoint;
 use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout, Sequences};
+use crate::data::vtrace::VtraceConfig;
+use crate::kind::AlgorithmKind;
 use crate::nn::data_parallel::DataParallel;
+use crate::nn::members::{Rows, check_finite};
+use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::progress::Progress;
 use crate::teaching::Teaching;
-use crate::{Metrics, Result};
+use crate::{Error, Metrics, Result};
 
-/// What makes an on-policy actor-critic agent PPO or A2C.
-pub trait OnPolicyKind: Sized + std::fmt::Debug + Send + 'static {
-    /// Its hyperparameters.
-    type Config: Clone + std::fmt::Debug + Send + 'static;
-    /// Its optimiser.
-    type Optimizer: std::fmt::Debug + Send + 'static;
+/// What makes an on-policy actor-critic agent PPO or A2C: its config.
+pub trait OnPolicyKind: AlgorithmKind + Clone + std::fmt::Debug + Send + 'static {
     /// The kind's name, as in configs.
     const NAME: &'static str;
-    /// The discount and GAE λ of `config`.
-    fn gamma_lambda(config: &Self::Config) -> (f32, f32);
-    /// One update on a finished rollout; `progress_remaining` goes from 1 to 0 over the run.
-    fn update_from(agent: &mut OnPolicyAgent<Self>, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics>;
-    /// Save the optimiser's state.
-    fn write_optimizer(opt: &Self::Optimizer, c: &mut Checkpoint) -> Result<()>;
-    /// Restore what [`OnPolicyKind::write_optimizer`] saved, for `params`.
-    fn read_optimizer(opt: &mut Self::Optimizer, c: &mut Checkpoint, params: &FlatParams) -> Result<()>;
-    /// Refuse replicas that cannot split this agent's batches.
+    /// Mixed into the seed of the agent's RNG (acting, and PPO's minibatch shuffles).
+    const RNG_SALT: u64;
+    /// The network.
+    fn net(&self) -> NetConfig<'_>;
+    /// The discount γ and GAE λ.
+    fn gamma_lambda(&self) -> (f32, f32);
+    /// V-trace's correction, where it is on.
+    fn vtrace(&self) -> Option<&VtraceConfig>;
+    /// Whether an MLP's update on the CPU takes the fused step.
+    fn fused_cpu(&self) -> bool;
+    /// A fresh optimiser for `params`.
+    fn optimiser(&self, params: &FlatParams) -> Optimiser;
+    /// The update of a rollout of `n` transitions at `progress_remaining` (1 at the start of training, 0 at
+    /// the end).
+    fn settings(&self, n: usize, progress_remaining: f64) -> Settings;
+    /// Refuse a rollout the update cannot take; `population`: the length every member's must have.
+    fn check_rollout(&self, net: &ActorCritic, rollout: &Rollout, population: Option<usize>) -> Result<()>;
+    /// Why a member of this config cannot update as one with a member of `first`'s, their networks aside.
+    fn unbatchable(&self, first: &Self) -> Option<&'static str>;
+    /// An update's metrics (the kind's module docs list them): its last minibatch's loss terms, the explained
+    /// variance, V-trace's metrics and the steps taken.
+    fn metrics(&self, s: &Settings, loss: &StepLoss, explained: f64, vtrace: &Metrics, steps: usize) -> Metrics;
+    /// Refuse replicas that cannot split this agent's batches (a recurrent policy's are refused for every kind).
     fn check_replicas(agent: &OnPolicyAgent<Self>, parallel: &DataParallel) -> Result<()>;
     /// A3C's parameter server (A2C only).
     fn parameter_server(_agent: &mut OnPolicyAgent<Self>) -> Option<&mut dyn ParameterServer> {
@@ -46,10 +64,10 @@ pub trait OnPolicyKind: Sized + std::fmt::Debug + Send + 'static {
 #[derive(Debug)]
 pub struct OnPolicyAgent<K: OnPolicyKind> {
     /// Hyperparameters.
-    pub config: K::Config,
+    pub config: K,
     /// The acting half: network, sampling RNG (also drawing minibatch shuffles), buffers.
     pub(crate) pi: ActorCriticPolicy,
-    pub(crate) opt: K::Optimizer,
+    pub(crate) opt: Optimiser,
     /// The rollout being collected by [`Algorithm::observe`].
     pub(crate) collector: RolloutCollector,
     /// Replicas to average gradients with, and micro-batches per step.
@@ -61,23 +79,68 @@ pub struct OnPolicyAgent<K: OnPolicyKind> {
 }
 
 impl<K: OnPolicyKind> OnPolicyAgent<K> {
-    /// An agent acting with `pi`, collecting `n_envs × n_steps` rollouts.
-    pub(crate) fn with(
-        config: K::Config,
-        pi: ActorCriticPolicy,
-        opt: K::Optimizer,
+    /// A fresh agent for these spaces, collecting rollouts from `n_envs` envs. `seed` fixes the weights'
+    /// initialisation (through libtorch's global generator), action sampling and minibatch shuffling.
+    pub fn new(
+        observation_space: &Space,
+        action_space: &Space,
         n_envs: usize,
-        n_steps: usize,
-    ) -> Self {
-        let collector = RolloutCollector::new(n_envs, n_steps, pi.net.obs_dim(), pi.net.act_dim());
+        config: K,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self> {
+        config.validate(n_envs)?;
+        let net = ActorCritic::new(K::NAME, observation_space, action_space, &config.net(), device, seed)?;
+        let opt = config.optimiser(&net.params);
+        let n_steps = config.rollout_steps().expect("on-policy kinds collect rollouts");
+        let collector = RolloutCollector::new(n_envs, n_steps, net.obs_dim(), net.act_dim());
+        let rng = rand_pcg::Pcg64::seed_from_u64(seed ^ K::RNG_SALT);
+        let pi = ActorCriticPolicy { net, rng, scratch: ActScratch::default() };
         let parallel = DataParallel::default();
-        OnPolicyAgent { config, pi, opt, collector, parallel, host: None, defer_values: false }
+        Ok(OnPolicyAgent { config, pi, opt, collector, parallel, host: None, defer_values: false })
+    }
+
+    /// One update on a finished rollout (advantages computed): the fused CPU step where it applies, else the
+    /// libtorch update over the member axis as a population of one. `progress_remaining` goes from 1 (start of
+    /// training) to 0 (end) and drives the annealing. [`Algorithm::update`] calls this on the rollout
+    /// [`Algorithm::observe`] collected.
+    ///
+    /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
+    /// under the current parameters (the rollout itself is left as the behaviour policy's record).
+    pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
+        let fused = self.config.fused_cpu();
+        let Some(mut host) = ActorCriticHost::for_update(&mut self.host, fused, &self.parallel, &self.pi.net) else {
+            return Ok(update_torch(&mut [self], &[rollout], progress_remaining)?.pop().expect("one member"));
+        };
+        let metrics = self.update_fused(&mut host, rollout, progress_remaining);
+        self.host = Some(host);
+        metrics
+    }
+
+    /// [`OnPolicyAgent::update_from`] on the fused CPU path: the same targets, advantage normalisation, loss,
+    /// clipping and optimiser steps, on host slices of the parameter buffer.
+    fn update_fused(
+        &mut self,
+        host: &mut ActorCriticHost,
+        rollout: &Rollout,
+        progress_remaining: f64,
+    ) -> Result<Metrics> {
+        let c = &self.config;
+        c.check_rollout(&self.pi.net, rollout, None)?;
+        let s = c.settings(rollout.len(), progress_remaining);
+        let targets = self.pi.net.targets(rollout, None, c.gamma_lambda().0, c.vtrace())?;
+        let (advantages, returns, values) = targets.advantages_returns_values();
+        self.opt.lr = s.lr;
+        let rng = s.shuffle.then_some(&mut self.pi.rng);
+        let targets_host = (advantages, returns, values);
+        let (loss, steps) = host.train(&mut self.pi.net, &mut self.opt, rollout, targets_host, &s, rng)?;
+        Ok(c.metrics(&s, &loss, explained_variance(values, returns), &targets.vtrace_metrics(), steps))
     }
 
     /// The collected rollout with its advantages, once it is complete (what [`Algorithm::update`] trains on);
     /// `None` before. Hand it back with [`OnPolicyAgent::recycle`] after updating.
     pub fn finish_rollout(&mut self) -> Result<Option<Rollout>> {
-        let (gamma, lambda) = K::gamma_lambda(&self.config);
+        let (gamma, lambda) = self.config.gamma_lambda();
         let net = &self.pi.net;
         if net.state_dim() > 0 {
             return self.collector.finish(sequence_values(net), gamma, lambda);
@@ -93,17 +156,17 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
         for c in chunks {
             if c.initial_state.len() != c.n_envs * s {
                 let what = "chunk initial recurrent state (recurrent policies send it with every chunk)";
-                return Err(crate::Error::length(what, c.initial_state.len(), c.n_envs * s));
+                return Err(Error::length(what, c.initial_state.len(), c.n_envs * s));
             }
             if let Some(i) = c.initial_state.iter().position(|x| !x.is_finite()) {
-                return Err(crate::Error::Unsupported(format!(
+                return Err(Error::Unsupported(format!(
                     "chunk initial recurrent state [{i}] is {}, must be finite",
                     c.initial_state[i]
                 )));
             }
             for (env, row) in c.initial_state.chunks_exact(s.max(1)).enumerate() {
                 if let Some(k) = row[..bounded].iter().position(|x| x.abs() > 1.0) {
-                    return Err(crate::Error::Unsupported(format!(
+                    return Err(Error::Unsupported(format!(
                         "chunk initial recurrent state [{}] is {}, outside [-1, 1] (env {env}'s hidden state h)",
                         env * s + k,
                         row[k]
@@ -143,7 +206,7 @@ impl<K: OnPolicyKind> OnPolicyAgent<K> {
             .iter_mut()
             .zip(values.into_iter().zip(finals))
             .map(|(a, (mut v, f))| {
-                let (gamma, lambda) = K::gamma_lambda(&a.config);
+                let (gamma, lambda) = a.config.gamma_lambda();
                 let last = v.split_off(f);
                 a.collector.finish_valued(v, last, gamma, lambda)
             })
@@ -172,7 +235,6 @@ impl<K: OnPolicyKind> Policy for OnPolicyAgent<K> {
         self.pi.net.act_dim()
     }
 
-    /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
         self.pi.act(obs, mode, out)
     }
@@ -227,7 +289,7 @@ impl<K: OnPolicyKind> Algorithm for OnPolicyAgent<K> {
         let Some(rollout) = self.finish_rollout()? else {
             return Ok(None);
         };
-        let metrics = K::update_from(self, &rollout, progress.remaining());
+        let metrics = self.update_from(&rollout, progress.remaining());
         self.recycle(rollout);
         metrics.map(Some)
     }
@@ -235,7 +297,7 @@ impl<K: OnPolicyKind> Algorithm for OnPolicyAgent<K> {
     fn checkpoint(&self) -> Result<Checkpoint> {
         let mut c = Checkpoint::new();
         c.put_tensor("params", self.pi.net.params.flat());
-        K::write_optimizer(&self.opt, &mut c)?;
+        self.opt.write_to(&mut c, self.opt.rule.name())?;
         self.collector.write_to(&mut c, "rollout")?;
         c.put_meta("rng", &self.pi.rng)?;
         Ok(c)
@@ -243,7 +305,7 @@ impl<K: OnPolicyKind> Algorithm for OnPolicyAgent<K> {
 
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
         c.copy_into("params", self.pi.net.params.flat())?;
-        K::read_optimizer(&mut self.opt, c, &self.pi.net.params)?;
+        self.opt.read_from(c, self.opt.rule.name(), &self.pi.net.params)?;
         self.collector.read_from(c, "rollout")?;
         self.pi.rng = c.meta("rng")?;
         Ok(())
@@ -269,7 +331,7 @@ impl<K: OnPolicyKind> OnPolicy for OnPolicyAgent<K> {
             let s = self.pi.net.state_dim() * rollout.n_envs;
             if rollout.initial_state.len() != s || rollout.initial_state.iter().any(|x| !x.is_finite()) {
                 let what = "stacked rollout's initial recurrent state (finite)";
-                return Err(crate::Error::length(what, rollout.initial_state.len(), s));
+                return Err(Error::length(what, rollout.initial_state.len(), s));
             }
             return self.collector.push_stacked(rollout, sequence_values(&self.pi.net));
         }
@@ -279,16 +341,149 @@ impl<K: OnPolicyKind> OnPolicy for OnPolicyAgent<K> {
 
 impl<K: OnPolicyKind> Replicated for OnPolicyAgent<K> {
     fn set_data_parallel(&mut self, parallel: DataParallel) -> Result<()> {
+        if self.pi.net.state_dim() > 0 && (parallel.replicas() > 1 || parallel.accumulate() > 1) {
+            return Err(Error::Unsupported(format!(
+                "{} with `recurrent`: data-parallel learners and gradient accumulation are not built for \
+                 recurrent policies (they split minibatches by transitions, not by env sequences)",
+                K::NAME
+            )));
+        }
         K::check_replicas(self, &parallel)?;
         self.parallel = parallel;
         Ok(())
     }
 }
 
-/// `impl AlgorithmKind` for an on-policy kind's config (`$config`, the config of `$kind`): the answers PPO and
-/// A2C share, with `$update` their batched update over the member axis; and the config's network.
+/// Why these members cannot be stacked into one update (`None`: they can): not plain MLPs of one layout, the
+/// fused CPU step, data-parallel replicas, accumulation or frozen layers, different parameter counts,
+/// optimiser steps or devices, or what their kind refuses ([`OnPolicyKind::unbatchable`]). Members that cannot
+/// are updated one by one, with the same results, only slower.
+pub fn unbatchable<K: OnPolicyKind>(members: &[&OnPolicyAgent<K>]) -> Option<String> {
+    let first = members.first()?;
+    let l0 = first.pi.net.twin_layout();
+    if l0.is_none() {
+        return Some("the network is not a plain MLP (a CNN, or task heads)".into());
+    }
+    for m in members {
+        let (net, net0) = (&m.pi.net, &first.pi.net);
+        if net.twin_layout() != l0 {
+            return Some("members' networks differ".into());
+        }
+        if m.config.fused_cpu() && net.device == Device::Cpu {
+            // One fused step per minibatch has no per-op dispatch for a batch to share, and one member's
+            // activations stay in the caches: members update in turn, each exactly as alone.
+            return Some("members take the fused CPU step (`fused_cpu`)".into());
+        }
+        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || net.params.has_frozen() {
+            return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
+        }
+        if net.params.numel() != net0.params.numel() || m.opt.steps() != first.opt.steps() || net.device != net0.device
+        {
+            return Some("members' parameter counts, optimiser steps or devices differ".into());
+        }
+    }
+    members.iter().find_map(|m| m.config.unbatchable(&first.config)).map(String::from)
+}
+
+/// One update of every member on its finished rollout (advantages computed): stacked into one batched program
+/// where [`unbatchable`] allows, else one by one ([`OnPolicyAgent::update_from`]). `progress_remaining`
+/// (1 → 0) anneals each member's settings. Returns each member's metrics.
+pub fn update_members<K: OnPolicyKind>(
+    members: &mut [&mut OnPolicyAgent<K>],
+    rollouts: &[&Rollout],
+    progress_remaining: f64,
+) -> Result<Vec<Metrics>> {
+    if members.len() != rollouts.len() {
+        return Err(Error::length("population rollouts", rollouts.len(), members.len()));
+    }
+    let refs: Vec<&OnPolicyAgent<K>> = members.iter().map(|m| &**m).collect();
+    if members.len() == 1 || unbatchable(&refs).is_some() {
+        return members.iter_mut().zip(rollouts).map(|(m, r)| m.update_from(r, progress_remaining)).collect();
+    }
+    update_torch(members, rollouts, progress_remaining)
+}
+
+/// The update on libtorch, written once over the member axis: a member alone (any network, replicas,
+/// micro-batches, V-trace, a KL early stop) or several stacked ([`Nets`]).
+fn update_torch<K: OnPolicyKind>(
+    members: &mut [&mut OnPolicyAgent<K>],
+    rollouts: &[&Rollout],
+    progress_remaining: f64,
+) -> Result<Vec<Metrics>> {
+    let n = rollouts[0].len();
+    for (m, r) in members.iter().zip(rollouts) {
+        m.config.check_rollout(&m.pi.net, r, Some(n))?;
+    }
+    let settings: Vec<Settings> = members.iter().map(|m| m.config.settings(n, progress_remaining)).collect();
+    let c0 = &members[0].config;
+    let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
+    let batch = Batch::new(&nets, rollouts, c0.gamma_lambda().0, c0.vtrace())?;
+    let stacked = (members.len() > 1).then(|| {
+        let net = StackedActorCritic::new(&nets, Rows::new);
+        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &net.rows.params);
+        Nets::Stacked(net, opt)
+    });
+
+    // Each member's shuffling RNG (where the kind shuffles), and the networks: a member alone lends its own.
+    let mut rngs = Vec::with_capacity(members.len());
+    let mut nets = stacked;
+    for (m, s) in members.iter_mut().zip(&settings) {
+        let OnPolicyAgent { pi, opt, parallel, .. } = &mut **m;
+        opt.lr = s.lr;
+        if s.shuffle {
+            rngs.push(&mut pi.rng);
+        }
+        if nets.is_none() {
+            nets = Some(Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) });
+        }
+    }
+    let mut nets = nets.expect("at least one member");
+    let (losses, steps) = members::train(&mut nets, rngs, &batch, &settings)?;
+    if let Nets::Stacked(net, opt) = &nets {
+        // A member's non-finite gradient norm stops the whole update before any member is written back.
+        check_finite(&net.rows.nonfinite, K::NAME)?;
+        tch::no_grad(|| {
+            for (k, m) in members.iter_mut().enumerate() {
+                net.rows.write_back(k, &m.pi.net.params);
+                opt.write_back(k, &mut m.opt);
+            }
+        });
+    }
+    let each = members.iter().zip(&settings).zip(losses).enumerate();
+    Ok(each
+        .map(|(k, ((m, s), loss))| m.config.metrics(s, &loss, batch.explained[k], &batch.vtrace[k], steps))
+        .collect())
+}
+
+/// A population's batched update (`AlgorithmKind::update_members`): once every member's rollout is complete,
+/// one [`update_members`] of them all, then each rollout's storage back to its member; nothing before.
+pub(crate) fn update_population<K: OnPolicyKind>(
+    mut agents: Vec<&mut OnPolicyAgent<K>>,
+    progress: &Progress,
+) -> Result<Option<Vec<Option<Metrics>>>> {
+    // One bootstrap pass for all where each member's own is launch-bound.
+    let batched = agents[0].pi.net.device != Device::Cpu;
+    let rollouts = OnPolicyAgent::finish_rollouts(&mut agents, batched)?;
+    if rollouts.iter().all(Option::is_none) {
+        return Ok(Some(vec![None; agents.len()]));
+    }
+    let Some(rollouts) = rollouts.into_iter().collect::<Option<Vec<_>>>() else {
+        return Err(Error::Unsupported(format!(
+            "a population's {} members completed their rollouts at different steps",
+            K::NAME
+        )));
+    };
+    let metrics = update_members(&mut agents, &rollouts.iter().collect::<Vec<_>>(), progress.remaining())?;
+    for (a, r) in agents.iter_mut().zip(rollouts) {
+        a.recycle(r);
+    }
+    Ok(Some(metrics.into_iter().map(Some).collect()))
+}
+
+/// `impl OnPolicyKind` for a PPO or A2C config (`$config`), with the answers that read the fields both have
+/// written once here, its network, and `impl AlgorithmKind` with the answers PPO and A2C share.
 macro_rules! on_policy_kind {
-    ($config:ty, $kind:ty, $update:path) => {
+    (impl OnPolicyKind for $config:ty { $($kind:tt)* }) => {
         impl $config {
             /// The network this config describes.
             pub fn net(&self) -> $crate::actor_critic::NetConfig<'_> {
@@ -302,6 +497,26 @@ macro_rules! on_policy_kind {
                     recurrent_hidden: self.recurrent_hidden,
                 }
             }
+        }
+
+        impl $crate::actor_critic::agent::OnPolicyKind for $config {
+            fn net(&self) -> $crate::actor_critic::NetConfig<'_> {
+                <$config>::net(self)
+            }
+
+            fn gamma_lambda(&self) -> (f32, f32) {
+                (self.gamma as f32, self.gae_lambda as f32)
+            }
+
+            fn vtrace(&self) -> Option<&$crate::data::vtrace::VtraceConfig> {
+                self.vtrace.as_ref()
+            }
+
+            fn fused_cpu(&self) -> bool {
+                self.fused_cpu
+            }
+
+            $($kind)*
         }
 
         impl $crate::kind::AlgorithmKind for $config {
@@ -329,8 +544,7 @@ macro_rules! on_policy_kind {
                 device: tch::Device,
                 seed: u64,
             ) -> $crate::Result<Box<dyn $crate::algorithm::Algorithm>> {
-                let agent =
-                    $crate::actor_critic::agent::OnPolicyAgent::<$kind>::new(o, a, n_envs, self.clone(), device, seed);
+                let agent = $crate::actor_critic::agent::OnPolicyAgent::new(o, a, n_envs, self.clone(), device, seed);
                 Ok(Box::new(agent?))
             }
 
@@ -339,11 +553,14 @@ macro_rules! on_policy_kind {
                 o: &flotilla_core::Space,
                 a: &flotilla_core::Space,
             ) -> $crate::Result<$crate::export::Architecture> {
-                self.net().architecture(self.name(), o, a)
+                <$config>::net(self).architecture(self.name(), o, a)
             }
 
             fn build_acting(&self, setup: &$crate::acting::ActingSetup<'_>) -> $crate::Result<$crate::acting::Acting> {
-                self.net().acting(<$kind as $crate::actor_critic::agent::OnPolicyKind>::NAME, setup)
+                use $crate::actor_critic::{ActorCritic, ActorCriticPolicy, agent::OnPolicyKind};
+                let (o, a, seed) = (setup.observation_space, setup.action_space, setup.seed);
+                let net = ActorCritic::new(Self::NAME, o, a, &<$config>::net(self), tch::Device::Cpu, seed)?;
+                Ok($crate::acting::Acting::Chunks(Box::new(ActorCriticPolicy::new(net, seed))))
             }
 
             fn update_members(
@@ -351,12 +568,9 @@ macro_rules! on_policy_kind {
                 members: &mut [&mut dyn $crate::algorithm::Algorithm],
                 progress: &$crate::progress::Progress,
             ) -> $crate::Result<Option<Vec<Option<$crate::Metrics>>>> {
-                type Agent = $crate::actor_critic::agent::OnPolicyAgent<$kind>;
+                type Agent = $crate::actor_critic::agent::OnPolicyAgent<$config>;
                 let Some(agents) = $crate::kind::members_as::<Agent>(members) else { return Ok(None) };
-                // One bootstrap pass for all where each member's own is launch-bound.
-                let batched = agents[0].pi.net.device != tch::Device::Cpu;
-                let finish = |a: &mut [&mut Agent]| Agent::finish_rollouts(a, batched);
-                $crate::actor_critic::update_rollouts(self.name(), agents, finish, Agent::recycle, $update, progress)
+                $crate::actor_critic::agent::update_population(agents, progress)
             }
 
             fn act_members(
@@ -366,7 +580,7 @@ macro_rules! on_policy_kind {
                 mode: $crate::policy::ActMode,
                 outs: &mut [&mut $crate::policy::ActOutput],
             ) -> $crate::Result<bool> {
-                type Agent = $crate::actor_critic::agent::OnPolicyAgent<$kind>;
+                type Agent = $crate::actor_critic::agent::OnPolicyAgent<$config>;
                 let Some(mut agents) = $crate::kind::members_as::<Agent>(members) else { return Ok(false) };
                 let mut pis: Vec<_> = agents.iter_mut().map(|a| &mut a.pi).collect();
                 let deterministic = mode == $crate::policy::ActMode::Deterministic;

@@ -1,6 +1,6 @@
 //! PPO's and A2C's update on the fused CPU path ([`crate::nn::host_train`]): the same loss, gradient,
-//! clipping and optimiser step as [`crate::ppo::Ppo::update_from`]'s and [`crate::a2c::A2c::update_from`]'s
-//! libtorch code, for MLP actor-critics on the CPU.
+//! clipping and optimiser step as their libtorch update ([`crate::actor_critic::members::train`]), for MLP
+//! actor-critics on the CPU.
 //!
 //! The loss's gradient is written out by hand, following libtorch's autograd rules where they choose between
 //! equal branches (`minimum`/`maximum` split the gradient half and half on ties; `clamp` passes it on its
@@ -10,7 +10,7 @@ use flotilla_core::ObsRef;
 use rand::seq::SliceRandom;
 use rand_pcg::Pcg64;
 
-use crate::actor_critic::{ActorCritic, LossCoefficients};
+use crate::actor_critic::{ActorCritic, LossCoefficients, Settings, StepLoss};
 use crate::data::rollout::{Rollout, sequence_rows};
 use crate::nn::activation::Activation;
 use crate::nn::data_parallel::DataParallel;
@@ -31,72 +31,41 @@ enum HostDist {
     Gaussian { d: usize, log_std: usize },
 }
 
-/// One minibatch, row-major host slices: observations `B × obs_dim`, actions `B × act_dim`, and per sample the
-/// behaviour log-prob, the (already normalised, where asked) advantage, the old value and the value target.
-/// For a recurrent policy the rows are `M` whole env sequences, time-major (`t · M + m`), with each row's
-/// episode-start flag in `starts` and each sequence's initial state in `state0` (`M × S`); both are empty for a
-/// feed-forward policy.
-pub(crate) struct Minibatch<'a> {
-    pub obs: &'a [f32],
-    pub starts: &'a [f32],
-    pub state0: &'a [f32],
-    pub actions: &'a [f32],
-    pub old_log_prob: &'a [f32],
-    pub advantages: &'a [f32],
-    pub old_values: &'a [f32],
-    pub returns: &'a [f32],
-}
-
-/// The loss terms of a step (before it), for the metrics.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct StepLoss {
-    pub policy: f64,
-    pub value: f64,
-    pub entropy: f64,
-    /// `E[(ρ − 1) − ln ρ]`.
-    pub approx_kl: f64,
-    /// Share of samples with `|ρ − 1| > ε`.
-    pub clip_fraction: f64,
-}
-
-/// How [`ActorCriticHost::train`] goes over a rollout: PPO's epochs of minibatches, A2C's one full batch.
-pub(crate) struct Schedule {
-    pub n_epochs: usize,
-    pub batch_size: usize,
-    pub normalize_advantage: bool,
-    /// Stop early when a step's approximate KL passes `1.5 ·` this.
-    pub target_kl: Option<f64>,
-    pub max_grad_norm: f64,
-    /// The algorithm's name, for errors.
-    pub algorithm: &'static str,
-}
-
-/// A minibatch gathered from a rollout (buffers reused across minibatches).
+/// One minibatch's columns, row-major (host slices, or the buffers a gather fills): observations
+/// `B × obs_dim`, actions `B × act_dim`, and per sample the behaviour log-prob, the (already normalised, where
+/// asked) advantage, the old value and the value target. For a recurrent policy the rows are `M` whole env
+/// sequences, time-major (`t · M + m`), with each row's episode-start flag in `starts` and each sequence's
+/// initial state in `state0` (`M × S`); both are empty for a feed-forward policy.
 #[derive(Default)]
-struct Gathered {
-    obs: Vec<f32>,
-    starts: Vec<f32>,
-    state0: Vec<f32>,
-    actions: Vec<f32>,
-    old_log_prob: Vec<f32>,
-    advantages: Vec<f32>,
-    old_values: Vec<f32>,
-    returns: Vec<f32>,
+pub(crate) struct Minibatch<T> {
+    pub obs: T,
+    pub starts: T,
+    pub state0: T,
+    pub actions: T,
+    pub old_log_prob: T,
+    pub advantages: T,
+    pub old_values: T,
+    pub returns: T,
 }
 
-impl Gathered {
+impl Minibatch<Vec<f32>> {
     fn clear(&mut self) {
-        for v in [
-            &mut self.obs,
-            &mut self.starts,
-            &mut self.state0,
-            &mut self.actions,
-            &mut self.old_log_prob,
-            &mut self.advantages,
-            &mut self.old_values,
-            &mut self.returns,
-        ] {
+        let Minibatch { obs, starts, state0, actions, old_log_prob, advantages, old_values, returns } = self;
+        for v in [obs, starts, state0, actions, old_log_prob, advantages, old_values, returns] {
             v.clear();
+        }
+    }
+
+    fn slices(&self) -> Minibatch<&[f32]> {
+        Minibatch {
+            obs: &self.obs,
+            starts: &self.starts,
+            state0: &self.state0,
+            actions: &self.actions,
+            old_log_prob: &self.old_log_prob,
+            advantages: &self.advantages,
+            old_values: &self.old_values,
+            returns: &self.returns,
         }
     }
 }
@@ -179,15 +148,13 @@ impl ActorCriticHost {
     /// once for a full batch); each a forward, loss, backward, clipping and optimiser step, until the
     /// approximate KL passes `1.5 · s.target_kl`. A non-finite gradient norm is an error and no step is taken.
     /// Returns the last step's loss terms (before it) and the steps taken.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn train(
         &mut self,
         net: &mut ActorCritic,
         opt: &mut Optimiser,
         rollout: &Rollout,
         (advantages, returns, values): (&[f32], &[f32], &[f32]),
-        c: &LossCoefficients,
-        s: &Schedule,
+        s: &Settings,
         mut rng: Option<&mut Pcg64>,
     ) -> Result<(StepLoss, usize)> {
         let n = rollout.len();
@@ -213,7 +180,7 @@ impl ActorCriticHost {
         let starts = if recurrent { rollout.episode_starts() } else { Vec::new() };
         let mut order: Vec<usize> = (0..units).collect();
         let mut rows = Vec::with_capacity(batch_size);
-        let mut gathered = Gathered::default();
+        let mut gathered = Minibatch::<Vec<f32>>::default();
         let mut last = None;
         let mut gradient_steps = 0usize;
         'epochs: for _ in 0..s.n_epochs {
@@ -221,7 +188,7 @@ impl ActorCriticHost {
                 order.shuffle(rng);
             }
             for minibatch in order.chunks(batch_size / unit_rows) {
-                let mb = if batch_size == n {
+                let mb: Minibatch<&[f32]> = if batch_size == n {
                     // Every sample: no gather (the loss is a mean, so order does not matter; sequences stay whole).
                     Minibatch {
                         obs,
@@ -259,22 +226,13 @@ impl ActorCriticHost {
                     if normalize_minibatch && rows.len() > 1 {
                         normalize_host(&mut g.advantages);
                     }
-                    Minibatch {
-                        obs: &g.obs,
-                        starts: &g.starts,
-                        state0: &g.state0,
-                        actions: &g.actions,
-                        old_log_prob: &g.old_log_prob,
-                        advantages: &g.advantages,
-                        old_values: &g.old_values,
-                        returns: &g.returns,
-                    }
+                    g.slices()
                 };
                 let theta = net
                     .params
                     .host_values_mut()
                     .ok_or_else(|| Error::Unsupported("fused CPU step off the CPU".into()))?;
-                let loss = self.gradient(theta, &mb, c);
+                let loss = self.gradient(theta, &mb, &s.coefficients);
                 clip_and_step(theta, &mut self.grad, opt, s.max_grad_norm, s.algorithm)?;
                 gradient_steps += 1;
                 last = Some(loss);
@@ -288,7 +246,7 @@ impl ActorCriticHost {
 
     /// The loss terms at `theta` on `mb` and their gradient, left in `self.grad` (the flat buffer's layout,
     /// every slot written): forward, loss, backward; no step.
-    fn gradient(&mut self, theta: &[f32], mb: &Minibatch<'_>, c: &LossCoefficients) -> StepLoss {
+    fn gradient(&mut self, theta: &[f32], mb: &Minibatch<&[f32]>, c: &LossCoefficients) -> StepLoss {
         let rows = mb.advantages.len();
         // Every slot is written below: the twin layers (and a core) by the backward pass, a log-std by the loss.
         self.grad.resize(theta.len(), 0.0);
@@ -313,7 +271,7 @@ impl ActorCriticHost {
 
     /// The distribution's log-probs and entropies, the loss terms, and `∂loss/∂ln π`, `∂loss/∂V` per sample;
     /// `∂loss/∂V` goes into the value net's output gradient.
-    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<'_>, c: &LossCoefficients) -> StepLoss {
+    fn loss_and_output_gradients(&mut self, theta: &[f32], mb: &Minibatch<&[f32]>, c: &LossCoefficients) -> StepLoss {
         let rows = mb.advantages.len();
         let inv = 1.0 / rows as f32;
         self.dist_forward(theta, mb.actions, rows);

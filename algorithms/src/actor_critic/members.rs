@@ -10,17 +10,20 @@
 //! rounding: elementwise maths is the same ops; only reductions (matmuls, means, norms) may add in another order
 //! (tests in `ppo` and `a2c`: within 1e-6 relative after several updates).
 use flotilla_core::ObsRef;
-use tch::{Device, Tensor};
+use rand::seq::SliceRandom;
+use rand_pcg::Pcg64;
+use tch::{Device, Kind, Tensor};
 
 use crate::actor_critic::{
-    ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, actor_critic_loss, explained_variance,
+    ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, Settings, StepLoss, actor_critic_loss,
+    explained_variance, mean_of,
 };
-use crate::data::rollout::Rollout;
+use crate::data::rollout::{Rollout, sequence_rows};
 use crate::data::vtrace::VtraceConfig;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::ActionDist;
 use crate::nn::members::{
-    Coef, Rows, backward_alone, check_finite, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
+    Coef, Rows, backward_alone, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack, to_device_async,
 };
 use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
@@ -43,59 +46,23 @@ pub(crate) enum Nets<'a> {
 }
 
 impl Nets<'_> {
-    /// The members' policies (`[N, B, …]` heads) and values `[N, B]` on their own observations `[N, B, …]`.
-    pub(crate) fn forward(&self, obs: &Tensor) -> (ActionDist, Tensor) {
-        match self {
-            Nets::Alone { net, .. } => {
-                let (head, values) = net.forward(&obs.squeeze_dim(0));
-                (net.dist(head.unsqueeze(0)), values.unsqueeze(0))
-            }
-            Nets::Stacked(net, _) => net.forward(obs),
-        }
-    }
-
-    /// A recurrent member alone on whole env sequences: observations `[1, T · M, …]` (time-major rows),
-    /// `starts` `[T, M]` and the states before the first step `[M, S]` (`ActorCritic::forward_sequence`).
-    pub(crate) fn forward_sequence(&self, obs: &Tensor, starts: &Tensor, state: &Tensor) -> (ActionDist, Tensor) {
-        match self {
-            Nets::Alone { net, .. } => {
-                let (head, values, _) = net.forward_sequence(&obs.squeeze_dim(0), starts, state);
-                (net.dist(head.unsqueeze(0)), values.unsqueeze(0))
-            }
-            Nets::Stacked(..) => unreachable!("recurrent members are not stacked (stacking_refused)"),
-        }
-    }
-
     /// Each member's advantages `[N, B]` to zero mean and unit variance (a member alone: over every replica's).
-    pub(crate) fn normalize(&mut self, x: &Tensor) -> Result<Tensor> {
+    fn normalize(&mut self, x: &Tensor) -> Result<Tensor> {
         match self {
             Nets::Alone { parallel, .. } => parallel.normalize(x),
             Nets::Stacked(..) => Ok(normalize_rows(x)),
         }
     }
 
-    /// A minibatch of `len` samples as micro-batches `(start, len)`, and the scale of each one's loss.
-    pub(crate) fn micro_batches(&self, len: i64) -> (Vec<(i64, i64)>, f64) {
-        match self {
-            Nets::Alone { parallel, .. } => (parallel.micro_batches(len).collect(), parallel.micro_scale()),
-            Nets::Stacked(..) => (vec![(0, len)], 1.0),
-        }
-    }
-
-    /// The gradient of `scale ·` each member's loss (`losses`, `[N]`) into its buffer, added to what is there
-    /// with `add` (micro-batches after the first).
-    pub(crate) fn backward(&mut self, losses: &Tensor, scale: f64, add: bool) {
-        match self {
-            Nets::Alone { net, .. } => backward_alone(&mut net.params, losses, scale, add),
-            Nets::Stacked(net, _) => net.rows.backward(losses),
-        }
-    }
-
     /// The clipped loss gradient of every member on a minibatch (`[N, B, …]` observations, actions, behaviour
-    /// log-probs, advantages, old values and returns), accumulated over a member alone's micro-batches;
-    /// `sequence` (a recurrent member alone: the starts and initial states of [`Sequences::of`]) runs it as
-    /// whole env sequences. Returns each micro-batch's loss and policy.
-    pub(crate) fn gradient(
+    /// log-probs, advantages, old values and returns), accumulated over a member alone's micro-batches (each
+    /// loss scaled by their share) and averaged over its replicas; `sequence` (a recurrent member alone: the
+    /// starts `[T, M]` and initial states `[M, S]` of [`Sequences::of`]) runs it as whole env sequences. Each
+    /// member's gradient is clipped to its limit. A member alone: a non-finite norm is an error naming
+    /// `algorithm` (the step is not taken). Members stacked: it is recorded on the device, without waiting for
+    /// the GPU, and `nn::members::check_finite` reports it before the update is written back to any
+    /// member (the whole update is not applied). Returns each micro-batch's loss and policy.
+    fn gradient(
         &mut self,
         [obs, actions, old_log_prob, advantages, old_values, returns]: [&Tensor; 6],
         sequence: Option<(Tensor, Tensor)>,
@@ -104,44 +71,47 @@ impl Nets<'_> {
         max_norms: &[f64],
         algorithm: &str,
     ) -> Result<Vec<(ActorCriticLoss, ActionDist)>> {
-        let (micro_batches, scale) = self.micro_batches(obs.size()[1]);
+        let (micro_batches, scale) = match self {
+            Nets::Alone { parallel, .. } => (parallel.micro_batches(obs.size()[1]).collect(), parallel.micro_scale()),
+            Nets::Stacked(..) => (vec![(0, obs.size()[1])], 1.0),
+        };
         let mut parts = Vec::with_capacity(micro_batches.len());
         for (j, &(start, len)) in micro_batches.iter().enumerate() {
             let micro = |t: &Tensor| if scale == 1.0 { t.shallow_clone() } else { t.narrow(1, start, len) };
-            let (dist, values) = match &sequence {
-                Some((starts, state0)) => self.forward_sequence(obs, starts, state0),
-                None => self.forward(&micro(obs)),
+            let (dist, values) = match (&*self, &sequence) {
+                (Nets::Alone { net, .. }, Some((starts, state0))) => {
+                    let (head, values, _) = net.forward_sequence(&obs.squeeze_dim(0), starts, state0);
+                    (net.dist(head.unsqueeze(0)), values.unsqueeze(0))
+                }
+                (Nets::Alone { net, .. }, None) => {
+                    let (head, values) = net.forward(&micro(obs).squeeze_dim(0));
+                    (net.dist(head.unsqueeze(0)), values.unsqueeze(0))
+                }
+                (Nets::Stacked(net, _), None) => net.forward(&micro(obs)),
+                (Nets::Stacked(..), Some(_)) => unreachable!("recurrent members are not stacked (unbatchable)"),
             };
             let entropy = need_entropy.then(|| dist.entropy());
             let log_prob = dist.log_prob(&micro(actions));
             let (old, adv, old_values, returns) =
                 (micro(old_log_prob), micro(advantages), micro(old_values), micro(returns));
             let loss = actor_critic_loss(&log_prob, &old, &adv, entropy.as_ref(), &values, &old_values, &returns, c);
-            self.backward(&loss.total, scale, j > 0);
+            match self {
+                Nets::Alone { net, .. } => backward_alone(&mut net.params, &loss.total, scale, j > 0),
+                Nets::Stacked(net, _) => net.rows.backward(&loss.total),
+            }
             parts.push((loss, dist));
         }
-        self.reduce_and_clip(max_norms, algorithm)?;
+        match self {
+            Nets::Alone { net, parallel, .. } => {
+                reduce_and_clip_alone(&mut net.params, parallel, max_norms[0], algorithm)?
+            }
+            Nets::Stacked(net, _) => clip_per_member_lazily(&net.rows.grad, max_norms, &mut net.rows.nonfinite),
+        }
         Ok(parts)
     }
 
-    /// Average the gradients over replicas and clip each member's to its limit. A member alone: a non-finite
-    /// norm is an error naming `algorithm` (the step is not taken). Members stacked: it is recorded on the
-    /// device, without waiting for the GPU, and [`StackedActorCritic::check_finite`] reports it before the
-    /// update is written back to any member (the whole update is not applied).
-    pub(crate) fn reduce_and_clip(&mut self, max_norms: &[f64], algorithm: &str) -> Result<()> {
-        match self {
-            Nets::Alone { net, parallel, .. } => {
-                reduce_and_clip_alone(&mut net.params, parallel, max_norms[0], algorithm)
-            }
-            Nets::Stacked(net, _) => {
-                clip_per_member_lazily(&net.rows.grad, max_norms, &mut net.rows.nonfinite);
-                Ok(())
-            }
-        }
-    }
-
     /// One optimiser step of every member (learning rates `lrs`; a member alone has its own set already).
-    pub(crate) fn step(&mut self, lrs: &[f64]) {
+    fn step(&mut self, lrs: &[f64]) {
         match self {
             Nets::Alone { net, opt: Some(opt), .. } => opt.step(&mut net.params),
             Nets::Alone { opt: None, .. } => {}
@@ -150,57 +120,12 @@ impl Nets<'_> {
     }
 
     /// The mean of `x` over a member alone's replicas (members stacked have none).
-    pub(crate) fn replica_mean(&mut self, x: f64) -> Result<f64> {
+    fn replica_mean(&mut self, x: f64) -> Result<f64> {
         match self {
             Nets::Alone { parallel, .. } => parallel.mean(x),
             Nets::Stacked(..) => Ok(x),
         }
     }
-}
-
-/// What [`stacking_refused`] reads of one PPO or A2C member.
-pub(crate) struct MemberNet<'a> {
-    pub(crate) net: &'a ActorCritic,
-    pub(crate) fused_cpu: bool,
-    pub(crate) parallel: &'a DataParallel,
-    /// Optimiser steps taken.
-    pub(crate) steps: u64,
-}
-
-/// Why actor-critic members cannot be stacked, whatever their algorithm: not plain MLPs of one layout, the
-/// fused CPU step, data-parallel replicas, accumulation or frozen layers, or different parameter counts,
-/// optimiser steps or devices. `None`: nothing here stops them.
-pub(crate) fn stacking_refused(members: &[MemberNet]) -> Option<String> {
-    let first = members.first()?;
-    let layout = |m: &MemberNet| {
-        m.net
-            .twin_layout()
-            .map(|(layers, activation, outputs, log_std)| (layers.to_vec(), activation, outputs, log_std))
-    };
-    let l0 = layout(first);
-    if l0.is_none() {
-        return Some("the network is not a plain MLP (a CNN, or task heads)".into());
-    }
-    for m in members {
-        if layout(m) != l0 {
-            return Some("members' networks differ".into());
-        }
-        if m.fused_cpu && m.net.device == Device::Cpu {
-            // One fused step per minibatch has no per-op dispatch for a batch to share, and one member's
-            // activations stay in the caches: members update in turn, each exactly as alone.
-            return Some("members take the fused CPU step (`fused_cpu`)".into());
-        }
-        if m.parallel.replicas() > 1 || m.parallel.accumulate() > 1 || m.net.params.has_frozen() {
-            return Some("data-parallel replicas, gradient accumulation or frozen layers".into());
-        }
-        if m.net.params.numel() != first.net.params.numel()
-            || m.steps != first.steps
-            || m.net.device != first.net.device
-        {
-            return Some("members' parameter counts, optimiser steps or devices differ".into());
-        }
-    }
-    None
 }
 
 /// The members' rollouts (equal lengths) and their training targets, stacked on the member axis.
@@ -272,14 +197,10 @@ impl Batch {
             let targets = net.targets(r, Some(&obs), gamma, vtrace)?;
             let (advantages, returns, values) = targets.advantages_returns_values();
             explained.push(explained_variance(values, returns));
-            let mut m = Metrics::default();
-            if let Some(t) = &targets.vtrace {
-                t.weights.push_metrics(&mut m);
-            }
-            weights.push(m);
+            weights.push(targets.vtrace_metrics());
             let values = [advantages, returns, values, &r.log_probs[..r.len()]]
                 .map(|v| Tensor::from_slice(v).to_device(staging));
-            let actions = net.actions_tensor_on(&r.actions, staging);
+            let actions = net.actions_tensor(&r.actions, staging);
             for (col, t) in cols.iter_mut().zip([obs, actions].into_iter().chain(values)) {
                 col.push(t);
             }
@@ -300,8 +221,139 @@ impl Batch {
     }
 }
 
+/// The update on libtorch over the member axis, as the members' settings `s` say (their schedules equal):
+/// `n_epochs` passes over minibatches of `batch_size` samples (for a recurrent member, whole env sequences) in
+/// orders each member's RNG in `rngs` shuffles every epoch (none: in order, nothing drawn), advantages normalised
+/// where asked (per minibatch, or once for a full batch); each a gradient and an optimiser step of every member,
+/// until a member alone's approximate KL passes `1.5 · target_kl`. Returns each member's loss terms on the last
+/// minibatch ([`step_losses`]) and the steps taken.
+pub(crate) fn train(
+    nets: &mut Nets,
+    mut rngs: Vec<&mut Pcg64>,
+    batch: &Batch,
+    s: &[Settings],
+) -> Result<(Vec<StepLoss>, usize)> {
+    let (s0, device, n) = (&s[0], batch.obs.device(), batch.obs.size()[1] as usize);
+    let each = |f: fn(&LossCoefficients) -> f64| Coef::of(s.iter().map(|s| f(&s.coefficients)), device);
+    let coefficients = LossCoefficients {
+        clip_range: s0.coefficients.clip_range.map(|_| each(|c| c.clip_range.expect("all or none"))),
+        clip_range_vf: s0.coefficients.clip_range_vf.map(|_| each(|c| c.clip_range_vf.expect("all or none"))),
+        ent_coef: each(|c| c.ent_coef),
+        vf_coef: each(|c| c.vf_coef),
+    };
+    let need_entropy = s.iter().any(|s| s.coefficients.ent_coef != 0.0);
+    let max_norms: Vec<f64> = s.iter().map(|s| s.max_grad_norm).collect();
+    let lrs: Vec<f64> = s.iter().map(|s| s.lr).collect();
+    let Batch { obs, actions, old_log_prob, returns, old_values, sequences, .. } = batch;
+    // What a minibatch draws: transitions, or for a recurrent policy whole env sequences (`T` rows each).
+    let (units, unit_rows) = match sequences {
+        Some(q) => (q.n_envs, n / q.n_envs),
+        None => (n, 1),
+    };
+    let per_minibatch = s0.batch_size / unit_rows;
+    let full_batch = s0.batch_size == n;
+    let mut advantages = batch.advantages.shallow_clone();
+    if s0.normalize_advantage && full_batch {
+        // One minibatch holds every sample, so its normalisation is the same in every epoch: done once.
+        advantages = nets.normalize(&advantages)?;
+    }
+    let normalize_minibatch = s0.normalize_advantage && !full_batch && s0.batch_size > 1;
+    let mut orders: Vec<Vec<i64>> = s.iter().map(|_| (0..units as i64).collect()).collect();
+    let mut gradient_steps = 0usize;
+    let mut last = None;
+    'epochs: for _ in 0..s0.n_epochs {
+        for (rng, order) in rngs.iter_mut().zip(orders.iter_mut()) {
+            order.shuffle(*rng);
+        }
+        // The epoch's draws of transitions, every member's row of `[N, n]` indices into the flattened batch
+        // (member k's transition i at k · n + i), on the device in one copy rather than one per minibatch.
+        let epoch_rows = (!full_batch && sequences.is_none()).then(|| {
+            let rows: Vec<i64> =
+                orders.iter().enumerate().flat_map(|(k, o)| o.iter().map(move |&i| i + (k * n) as i64)).collect();
+            to_device_async(Tensor::from_slice(&rows), device).view([orders.len() as i64, units as i64])
+        });
+        for first in (0..units).step_by(per_minibatch) {
+            // A full-batch "minibatch" needs no gather: each member's loss is a mean over its samples.
+            let idx = match (sequences, &epoch_rows) {
+                // Whole env sequences, time-major: row t · E + e for each step t of each drawn env e.
+                (Some(q), _) if !full_batch => {
+                    let envs = orders[0][first..first + per_minibatch].iter().map(|&e| e as usize);
+                    let rows: Vec<i64> = sequence_rows(unit_rows, q.n_envs, envs).map(|i| i as i64).collect();
+                    Some(Tensor::from_slice(&rows).to_device(device))
+                }
+                // Each member's next `per_minibatch` draws, member after member.
+                (None, Some(rows)) => Some(rows.narrow(1, first as i64, per_minibatch as i64).reshape([-1])),
+                _ => None,
+            };
+            let pick = |t: &Tensor| idx.as_ref().map_or_else(|| t.shallow_clone(), |i| pick(t, i));
+            let mut mb_advantages = pick(&advantages);
+            if normalize_minibatch {
+                mb_advantages = nets.normalize(&mb_advantages)?;
+            }
+            let (mb_obs, mb_actions, mb_old_log_prob) = (pick(obs), pick(actions), pick(old_log_prob));
+            let (mb_old_values, mb_returns) = (pick(old_values), pick(returns));
+            let envs = (!full_batch).then(|| &orders[0][first..first + per_minibatch]);
+            let sequence = sequences.as_ref().map(|q| q.of(envs, idx.as_ref()));
+            let mb = [&mb_obs, &mb_actions, &mb_old_log_prob, &mb_advantages, &mb_old_values, &mb_returns];
+            let parts = nets.gradient(mb, sequence, &coefficients, need_entropy, &max_norms, s0.algorithm)?;
+            // Without a clip range (A2C: one step), the loss terms are read before the step.
+            let before = match coefficients.clip_range {
+                None => Some(step_losses(&parts, None)?),
+                Some(_) => None,
+            };
+            nets.step(&lrs);
+            gradient_steps += 1;
+            let stop = match s0.target_kl {
+                None => false,
+                Some(t) => {
+                    let kl = ActorCriticLoss::merge(&parts).approx_kl().sum(Kind::Float);
+                    nets.replica_mean(f64::try_from(kl).unwrap_or(0.0))? > 1.5 * t
+                }
+            };
+            last = Some((parts, before));
+            if stop {
+                break 'epochs;
+            }
+        }
+    }
+    let losses = match last.expect("at least one minibatch") {
+        (_, Some(before)) => before,
+        (parts, None) => step_losses(&parts, coefficients.clip_range.as_ref())?,
+    };
+    Ok((losses, gradient_steps))
+}
+
+/// Each member's loss terms on a minibatch from its micro-batches' (`parts`): [`ActorCriticLoss::merge`]'s,
+/// with PPO's approximate KL and clip fraction where there is a clip range (`clip`). An entropy left out of the
+/// loss (coefficient 0) is the distributions': PPO's the last micro-batch's, A2C's the mean of theirs.
+fn step_losses(parts: &[(ActorCriticLoss, ActionDist)], clip: Option<&Coef>) -> Result<Vec<StepLoss>> {
+    let loss = ActorCriticLoss::merge(parts);
+    let kl_clipped = clip.map(|c| (loss.approx_kl(), loss.clip_fraction(c)));
+    let dist_entropy = |d: &ActionDist| tch::no_grad(|| d.entropy().mean_dim(-1, false, Kind::Float));
+    let entropy = match (loss.entropy, clip) {
+        (Some(e), _) => e,
+        (None, Some(_)) => dist_entropy(&parts[parts.len() - 1].1),
+        (None, None) => mean_of(parts.iter().map(|(_, d)| dist_entropy(d)).collect()),
+    };
+    let host = crate::nn::members::host;
+    let (policy, value, entropy) = (host(&loss.policy)?, host(&loss.value)?, host(&entropy)?);
+    let (kl, clipped) = match kl_clipped {
+        Some((kl, clipped)) => (host(&kl)?, host(&clipped)?),
+        None => (vec![0.0; policy.len()], vec![0.0; policy.len()]),
+    };
+    Ok((0..policy.len())
+        .map(|k| StepLoss {
+            policy: policy[k],
+            value: value[k],
+            entropy: entropy[k],
+            approx_kl: kl[k],
+            clip_fraction: clipped[k],
+        })
+        .collect())
+}
+
 /// Rows `idx` (`[N · B]`, member `k`'s rows numbered from `k · n`) of `t` (`[N, n, …]`), as `[N, B, …]`.
-pub(crate) fn pick(t: &Tensor, idx: &Tensor) -> Tensor {
+fn pick(t: &Tensor, idx: &Tensor) -> Tensor {
     let mut shape = t.size();
     shape[1] = -1;
     t.flatten(0, 1).index_select(0, idx).view(shape.as_slice())
@@ -315,30 +367,18 @@ pub(crate) struct StackedActorCritic {
     activation: crate::nn::nets::Activation,
     outputs: [i64; 2],
     log_std: Option<usize>,
-    rows: Rows,
+    /// The stacked parameters and their gradient (the optimiser's rows, what is written back to each member).
+    pub(crate) rows: Rows,
 }
 
 impl StackedActorCritic {
-    /// Gather the members' current parameters (their layouts must match: [`stacking_refused`] checks).
-    pub(crate) fn new(nets: &[&ActorCritic]) -> Self {
-        Self::with_rows(nets, Rows::new)
-    }
-
-    /// [`StackedActorCritic::new`] to run forward only (no gradient buffer).
-    fn frozen(nets: &[&ActorCritic]) -> Self {
-        Self::with_rows(nets, Rows::frozen)
-    }
-
-    fn with_rows(nets: &[&ActorCritic], rows: fn(&[&FlatParams]) -> Rows) -> Self {
+    /// Gather the members' current parameters (their layouts must match: `agent::unbatchable` checks) into
+    /// `rows` (`Rows::new`; `Rows::frozen` to run forward only, without a gradient buffer).
+    pub(crate) fn new(nets: &[&ActorCritic], rows: fn(&[&FlatParams]) -> Rows) -> Self {
         let (l, activation, outputs, log_std) = nets[0].twin_layout().expect("checked by the caller");
         let rows = rows(&nets.iter().map(|n| &n.params).collect::<Vec<_>>());
         let n_members = nets.len() as i64;
         StackedActorCritic { n_members, layers: l.to_vec(), activation, outputs, log_std, rows }
-    }
-
-    /// The stacked parameters `[N, P]` (for the optimiser's stacked state).
-    pub(crate) fn params(&self) -> &Tensor {
-        &self.rows.params
     }
 
     /// Every member's policy `[N, B, A]` and values `[N, B]` on its own observations `x` (`[N, B, obs]`): the
@@ -361,17 +401,6 @@ impl StackedActorCritic {
         };
         (dist, h.select(1, 1).narrow(2, 0, self.outputs[1]).squeeze_dim(2))
     }
-
-    /// An error naming the first member whose gradient norm was non-finite in this update (one copy to the
-    /// host): check before writing any member back.
-    pub(crate) fn check_finite(&self, algorithm: &str) -> Result<()> {
-        check_finite(&self.rows.nonfinite, algorithm)
-    }
-
-    /// Copy member `k`'s row of the parameters into its own buffer.
-    pub(crate) fn write_back(&self, k: usize, params: &FlatParams) {
-        self.rows.write_back(k, params)
-    }
 }
 
 /// The members' networks and observations as one forward pass needs them: plain twin MLPs of one layout on one
@@ -379,10 +408,9 @@ impl StackedActorCritic {
 /// zero-padded to the most any has (`R`). `None` where they are not (then each member runs alone).
 fn stackable(nets: &[&ActorCritic], obs: &[ObsRef<'_>]) -> Option<(Tensor, usize)> {
     let first = nets.first()?;
-    let layout = |n: &ActorCritic| n.twin_layout().map(|(l, a, o, s)| (l.to_vec(), a, o, s));
-    let l0 = layout(first)?;
+    let l0 = first.twin_layout()?;
     let same = |n: &&ActorCritic| {
-        n.device == first.device && n.params.numel() == first.params.numel() && layout(n).as_ref() == Some(&l0)
+        n.device == first.device && n.params.numel() == first.params.numel() && n.twin_layout() == Some(l0)
     };
     let (len, obs_dim) = (obs.iter().map(ObsRef::len).max()?, first.obs_dim());
     let whole = obs.iter().all(|o| o.len().is_multiple_of(obs_dim) && matches!(o, ObsRef::F32(_)));
@@ -408,9 +436,9 @@ fn host(t: &Tensor) -> Result<Vec<f32>> {
 /// One acting pass of a population's members whose networks stack ([`stackable`]; `Ok(false)` where they do
 /// not, and nothing is done): every member's observations (`obs[k]`) go through the `2N` MLPs as one chain of
 /// batched matmuls, the heads and values come back to the host in one copy each, and each member samples from
-/// its own rows with its own RNG, as [`ActorCritic::act`] does — so a member's actions, log-probs and values are
-/// its acting alone's to float rounding (the matmuls' sums may add in another order). On an accelerator this is
-/// one pass instead of `N` launch-bound ones.
+/// its own rows with its own RNG, as [`ActorCritic::act_with_state`] does — so a member's actions, log-probs
+/// and values are its acting alone's to float rounding (the matmuls' sums may add in another order). On an
+/// accelerator this is one pass instead of `N` launch-bound ones.
 pub(crate) fn act_stacked(
     pis: &mut [&mut ActorCriticPolicy],
     obs: &[ObsRef<'_>],
@@ -422,14 +450,13 @@ pub(crate) fn act_stacked(
         return Ok(false);
     }
     let Some((x, rows)) = stackable(&nets, obs) else { return Ok(false) };
-    let stacked = StackedActorCritic::frozen(&nets);
+    let stacked = StackedActorCritic::new(&nets, Rows::frozen);
     let (dist, values) = tch::no_grad(|| stacked.forward(&x));
-    let (head, log_std) = match &dist {
+    let (mut head, log_std) = match &dist {
         ActionDist::Categorical { logits } => (host(logits)?, Vec::new()),
         ActionDist::DiagGaussian { mean, log_std } => (host(mean)?, host(log_std)?),
     };
     let values = host(&values)?;
-    let mut head = head;
     let (head_len, std_len) = (rows * stacked.outputs[0] as usize, log_std.len() / pis.len());
     for (k, (pi, out)) in pis.iter_mut().zip(outs.iter_mut()).enumerate() {
         let ActorCriticPolicy { net, rng, scratch } = &mut **pi;
@@ -446,7 +473,7 @@ pub(crate) fn act_stacked(
 /// networks stack ([`stackable`]); `None` where they do not.
 pub(crate) fn values_stacked(nets: &[&ActorCritic], obs: &[ObsRef<'_>]) -> Result<Option<Vec<Vec<f32>>>> {
     let Some((x, rows)) = stackable(nets, obs) else { return Ok(None) };
-    let (_, values) = tch::no_grad(|| StackedActorCritic::frozen(nets).forward(&x));
+    let (_, values) = tch::no_grad(|| StackedActorCritic::new(nets, Rows::frozen).forward(&x));
     let obs_dim = nets[0].obs_dim();
     let values = host(&values)?;
     Ok(Some(values.chunks(rows).zip(obs).map(|(v, o)| v[..o.len() / obs_dim].to_vec()).collect()))

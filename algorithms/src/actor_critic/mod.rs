@@ -10,15 +10,16 @@
 pub mod agent;
 pub(crate) mod host;
 pub(crate) mod members;
+use std::borrow::Cow;
+
 use flotilla_core::{ObsRef, Space};
 use rand::Rng;
 use tch::{Device, Kind, Tensor};
 
-use crate::acting::{Acting, ActingPolicy, ActingSetup};
+use crate::acting::ActingPolicy;
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::{ImportanceWeights, VtraceConfig, VtraceTargets, vtrace};
 use crate::export::{Architecture, Network, RecurrentLayout, image_shape, policy_head, policy_width, widths};
-use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::{ActionDist, sample_categorical, sample_diag_gaussian};
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::members::Coef;
@@ -29,10 +30,9 @@ use crate::nn::nets::{
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::{Recurrence, RecurrentCore};
 use crate::policy::{ActMode, ActOutput, Policy};
-use crate::progress::Progress;
 use crate::{Error, Metrics, Result};
 
-/// Buffers [`ActorCritic::act`] reuses between calls.
+/// Buffers [`ActorCritic::act_with_state`] reuses between calls.
 #[derive(Debug, Default, Clone)]
 pub struct ActScratch {
     samples: Vec<(i64, f32)>,
@@ -57,6 +57,15 @@ impl Targets<'_> {
             None => (&self.rollout.advantages[..n], &self.rollout.returns[..n], &self.rollout.values),
         }
     }
+
+    /// V-trace's importance-weight metrics (none without V-trace).
+    pub(crate) fn vtrace_metrics(&self) -> Metrics {
+        let mut m = Metrics::default();
+        if let Some(t) = &self.vtrace {
+            t.weights.push_metrics(&mut m);
+        }
+        m
+    }
 }
 
 /// How actions are represented.
@@ -77,9 +86,7 @@ enum Body {
     Recurrent {
         /// The frames' Nature CNN up to its fc layer (`None`: 1-D observations go to the core as they are).
         torso: Option<NatureCnn>,
-        /// The core.
         core: RecurrentCore,
-        /// The policy and value MLPs on the core's output.
         twin: TwinMlp,
     },
     /// One Nature-CNN torso whose output layer is `[policy head | value]`, for image observations.
@@ -113,6 +120,78 @@ pub struct ActorCriticLoss {
     pub entropy: Option<Tensor>,
     /// `ln ρ` per sample (`[N, B]`), for diagnostics.
     pub log_ratio: Tensor,
+}
+
+impl ActorCriticLoss {
+    /// A minibatch's loss from its micro-batches' (`parts`, equal sizes), without gradient: the means of their
+    /// terms, all their log-ratios.
+    pub(crate) fn merge<D>(parts: &[(ActorCriticLoss, D)]) -> ActorCriticLoss {
+        let mean = |f: &dyn Fn(&ActorCriticLoss) -> Tensor| mean_of(parts.iter().map(|(l, _)| f(l)).collect());
+        let entropy =
+            parts[0].0.entropy.is_some().then(|| mean(&|l| l.entropy.as_ref().expect("all or none").detach()));
+        ActorCriticLoss {
+            total: mean(&|l| l.total.detach()),
+            policy: mean(&|l| l.policy.detach()),
+            value: mean(&|l| l.value.detach()),
+            entropy,
+            log_ratio: Tensor::cat(&parts.iter().map(|(l, _)| l.log_ratio.detach()).collect::<Vec<_>>(), -1),
+        }
+    }
+
+    /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance estimate of KL(old ‖ new) (Schulman 2020), no gradient.
+    pub fn approx_kl(&self) -> Tensor {
+        tch::no_grad(|| (self.log_ratio.exp() - 1.0 - &self.log_ratio).mean_dim(-1, false, Kind::Float))
+    }
+
+    /// Fraction of samples whose ratio left `[1 − ε, 1 + ε]`, no gradient.
+    pub(crate) fn clip_fraction(&self, clip_range: &Coef) -> Tensor {
+        let outside = |x: &Tensor| match clip_range {
+            Coef::One(c) => x.gt(*c),
+            Coef::Each(c) => x.gt_tensor(&c.unsqueeze(1)),
+        };
+        tch::no_grad(|| {
+            outside(&(self.log_ratio.exp() - 1.0).abs()).to_kind(Kind::Float).mean_dim(-1, false, Kind::Float)
+        })
+    }
+}
+
+/// The mean of equal-shaped tensors, without gradient (one is returned as it is).
+pub(crate) fn mean_of(mut tensors: Vec<Tensor>) -> Tensor {
+    if tensors.len() == 1 {
+        return tensors.pop().expect("one tensor");
+    }
+    let k = tensors.len() as f64;
+    tch::no_grad(|| tensors.into_iter().fold(Tensor::from(0.0f32), |a, b| a + b) / k)
+}
+
+/// An update's loss terms on its last minibatch, for the metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepLoss {
+    pub(crate) policy: f64,
+    pub(crate) value: f64,
+    pub(crate) entropy: f64,
+    /// `E[(ρ − 1) − ln ρ]` (PPO).
+    pub(crate) approx_kl: f64,
+    /// Share of samples with `|ρ − 1| > ε` (PPO).
+    pub(crate) clip_fraction: f64,
+}
+
+/// How one member's update goes over a rollout ([`agent::OnPolicyKind::settings`]), on the fused CPU path and
+/// on libtorch alike: PPO's epochs of shuffled minibatches, A2C's one full batch.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub(crate) lr: f64,
+    pub(crate) coefficients: LossCoefficients,
+    pub(crate) n_epochs: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) normalize_advantage: bool,
+    /// Stop early when a step's approximate KL passes `1.5 ·` this.
+    pub(crate) target_kl: Option<f64>,
+    pub(crate) max_grad_norm: f64,
+    /// Shuffle the minibatches each epoch with the agent's RNG (else take them in order, drawing nothing).
+    pub(crate) shuffle: bool,
+    /// The algorithm's name, for errors.
+    pub(crate) algorithm: &'static str,
 }
 
 /// The PPO or A2C loss of each member from per-sample tensors (all `[N, B]`, or `[B]` for one): new and old
@@ -224,53 +303,10 @@ impl NetConfig<'_> {
         }
         Ok(arch)
     }
-
-    /// What an actor runs for `algorithm`'s actor-critic: the acting policy on the CPU.
-    pub fn acting(&self, algorithm: &'static str, setup: &ActingSetup<'_>) -> Result<Acting> {
-        let net =
-            ActorCritic::new(algorithm, setup.observation_space, setup.action_space, self, Device::Cpu, setup.seed)?;
-        Ok(Acting::Chunks(Box::new(ActorCriticPolicy::new(net, setup.seed))))
-    }
 }
 
-/// Data-parallel replicas and gradient accumulation split minibatches by transitions; a recurrent policy's are
-/// whole sequences, which that split would cut: refused, naming `algorithm`.
-pub(crate) fn refuse_recurrent_replicas(algorithm: &str, net: &ActorCritic, parallel: &DataParallel) -> Result<()> {
-    if net.state_dim() > 0 && (parallel.replicas() > 1 || parallel.accumulate() > 1) {
-        return Err(Error::Unsupported(format!(
-            "{algorithm} with `recurrent`: data-parallel learners and gradient accumulation are not built for \
-             recurrent policies (they split minibatches by transitions, not by env sequences)"
-        )));
-    }
-    Ok(())
-}
-
-/// A population's batched update for on-policy members (PPO, A2C): once every member's rollout is complete
-/// (`finish`), one `update` of them all over the member axis, then each rollout's storage back to its member
-/// (`recycle`); nothing before.
-pub(crate) fn update_rollouts<A>(
-    kind: &str,
-    mut members: Vec<&mut A>,
-    finish: impl FnOnce(&mut [&mut A]) -> Result<Vec<Option<Rollout>>>,
-    recycle: impl Fn(&mut A, Rollout),
-    update: impl FnOnce(&mut [&mut A], &[&Rollout], f64) -> Result<Vec<Metrics>>,
-    progress: &Progress,
-) -> Result<Option<Vec<Option<Metrics>>>> {
-    let rollouts = finish(&mut members)?;
-    if rollouts.iter().all(Option::is_none) {
-        return Ok(Some(vec![None; members.len()]));
-    }
-    let Some(rollouts) = rollouts.into_iter().collect::<Option<Vec<_>>>() else {
-        return Err(Error::Unsupported(format!(
-            "a population's {kind} members completed their rollouts at different steps"
-        )));
-    };
-    let metrics = update(&mut members, &rollouts.iter().collect::<Vec<_>>(), progress.remaining())?;
-    for (m, r) in members.iter_mut().zip(rollouts) {
-        recycle(m, r);
-    }
-    Ok(Some(metrics.into_iter().map(Some).collect()))
-}
+/// A plain twin MLP's layer weight indices, nonlinearity and output widths, and the log-std's index.
+pub(crate) type TwinLayout<'a> = (&'a [usize], Activation, [i64; 2], Option<usize>);
 
 /// Policy and value networks over one parameter buffer.
 #[derive(Debug)]
@@ -333,14 +369,13 @@ impl ActorCritic {
                 format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"),
             )
         };
-        let (obs_dim, body, mut named) = if recurrent.is_some() {
-            let image = is_image(observation_space);
-            let obs_dim =
-                if image { observation_space.flat_dim() } else { mlp_input_dim(algorithm, observation_space)? };
+        let (image, shape) = (is_image(observation_space), observation_space.shape());
+        let obs_dim = if image { observation_space.flat_dim() } else { mlp_input_dim(algorithm, observation_space)? };
+        let (body, mut named) = if recurrent.is_some() {
             let (torso, core, twin, named) = with_torch_seed(seed, || {
                 // Frames: the CNN torso first (its tensors `cnn.*`), its 512 features into the core.
                 let (torso, mut named) = if image {
-                    match NatureCnn::init("cnn", observation_space.shape(), &[], 0) {
+                    match NatureCnn::init("cnn", shape, &[], 0) {
                         Some((cnn, named)) => (Some(cnn.with_options(cnn_options)), named),
                         None => return None,
                     }
@@ -362,20 +397,18 @@ impl ActorCritic {
                 named.extend(more);
                 Some((torso, core, twin, named))
             })
-            .ok_or_else(|| cnn_refused(observation_space.shape()))?;
-            (obs_dim, Body::Recurrent { torso, core, twin }, named)
-        } else if is_image(observation_space) {
-            let shape = observation_space.shape();
+            .ok_or_else(|| cnn_refused(shape))?;
+            (Body::Recurrent { torso, core, twin }, named)
+        } else if image {
             let built = with_torch_seed(seed, || NatureCnn::init("cnn", shape, &[(outputs, 0.01), (1, 1.0)], 0));
             let (cnn, named) = built.ok_or_else(|| cnn_refused(shape))?;
-            (observation_space.flat_dim(), Body::Cnn(cnn.with_options(cnn_options)), named)
+            (Body::Cnn(cnn.with_options(cnn_options)), named)
         } else {
-            let obs_dim = mlp_input_dim(algorithm, observation_space)?;
             let (twin, named) = with_torch_seed(seed, || {
                 let h = heads as i64;
                 TwinMlp::init("pi_vf", obs_dim as i64, hidden, [outputs * h, h], activation, [0.01, 1.0], 0)
             });
-            (obs_dim, Body::Mlp(twin), named)
+            (Body::Mlp(twin), named)
         };
         let log_std = match action {
             ActionKind::Discrete(_) => None,
@@ -390,7 +423,7 @@ impl ActorCritic {
 
     /// The twin MLP's layout (layer weight indices, nonlinearity, output widths) and the log-std's index, for a
     /// population's batched update; `None` for the CNN body or task heads, which it does not batch.
-    pub(crate) fn twin_layout(&self) -> Option<(&[usize], crate::nn::nets::Activation, [i64; 2], Option<usize>)> {
+    pub(crate) fn twin_layout(&self) -> Option<TwinLayout<'_>> {
         match &self.body {
             Body::Mlp(twin) if self.heads == 1 => {
                 let (layers, activation, outputs) = twin.layout();
@@ -402,10 +435,7 @@ impl ActorCritic {
 
     /// A recurrent body's core and the [`ActorCritic::twin_layout`] of the twin MLP after it, for the fused CPU
     /// step; `None` for the other bodies (and a recurrent body with a CNN torso, which trains on libtorch).
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn recurrent_twin_layout(
-        &self,
-    ) -> Option<(&RecurrentCore, (&[usize], crate::nn::nets::Activation, [i64; 2], Option<usize>))> {
+    pub(crate) fn recurrent_twin_layout(&self) -> Option<(&RecurrentCore, TwinLayout<'_>)> {
         match &self.body {
             Body::Recurrent { torso: None, core, twin } => {
                 let (layers, activation, outputs) = twin.layout();
@@ -452,13 +482,8 @@ impl ActorCritic {
         }
     }
 
-    /// Stored actions as the distribution takes them: i64 indices `[B]` or floats `[B, D]`.
-    pub fn actions_tensor(&self, actions: &[f32]) -> Tensor {
-        self.actions_tensor_on(actions, self.device)
-    }
-
-    /// [`ActorCritic::actions_tensor`] on `device`.
-    pub(crate) fn actions_tensor_on(&self, actions: &[f32], device: Device) -> Tensor {
+    /// Stored actions as the distribution takes them, on `device`: i64 indices `[B]` or floats `[B, D]`.
+    pub fn actions_tensor(&self, actions: &[f32], device: Device) -> Tensor {
         let t = Tensor::from_slice(actions);
         match self.action {
             ActionKind::Discrete(_) => t.to_kind(Kind::Int64).to_device(device),
@@ -554,7 +579,7 @@ impl ActorCritic {
         let d = self.device;
         let starts = Tensor::from_slice(&rollout.episode_starts()).view([t as i64, e as i64]).to_device(d);
         let state0 = Tensor::from_slice(&rollout.initial_state).view([e as i64, s as i64]).to_device(d);
-        let a = self.actions_tensor(&rollout.actions);
+        let a = self.actions_tensor(&rollout.actions, d);
         let (log_probs, values, states) = tch::no_grad(|| {
             let (head, values, states) = self.forward_sequence(obs, &starts, &state0);
             (self.dist(head).log_prob(&a), values, states)
@@ -590,21 +615,9 @@ impl ActorCritic {
     }
 
     /// Sample (or, with `deterministic`, take the mode of) the policy for a batch; fills actions, their
-    /// log-probs and the values. `scratch` is reused between calls. On the CPU, MLPs on f32 observations run
-    /// without libtorch ([`crate::nn::host_mlp`]).
-    pub fn act(
-        &self,
-        obs: ObsRef<'_>,
-        deterministic: bool,
-        rng: &mut impl Rng,
-        scratch: &mut ActScratch,
-        out: &mut ActOutput,
-    ) -> Result<()> {
-        self.act_with_state(obs, &mut [], deterministic, rng, scratch, out)
-    }
-
-    /// [`ActorCritic::act`] with recurrent state: `state` (`rows × state_dim`, empty for a feed-forward
-    /// network) is each row's state before the step and is overwritten with the state after.
+    /// log-probs and the values. `state` (`rows × state_dim`, empty for a feed-forward network) is each row's
+    /// state before the step and is overwritten with the state after. `scratch` is reused between calls. On the
+    /// CPU, MLPs on f32 observations run without libtorch ([`crate::nn::host_mlp`]).
     pub fn act_with_state(
         &self,
         obs: ObsRef<'_>,
@@ -653,36 +666,21 @@ impl ActorCritic {
             out.values = Vec::<f32>::try_from(values.to_device(Device::Cpu))?;
             *head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
         }
-        self.sample(deterministic, rng, samples, head, out)
-    }
-
-    /// Sample (or take the mode of) the policy heads in `head` into `out`'s actions and log-probs.
-    fn sample(
-        &self,
-        deterministic: bool,
-        rng: &mut impl Rng,
-        samples: &mut Vec<(i64, f32)>,
-        head: &mut [f32],
-        out: &mut ActOutput,
-    ) -> Result<()> {
-        match self.action {
-            ActionKind::Discrete(_) => self.sample_with(deterministic, rng, samples, head, &[], out),
-            ActionKind::Continuous(d) => {
-                let i = self.log_std.expect("Gaussian policies have a log-std");
-                if let Some(v) = self.params.host_values() {
-                    let log_std = &v[self.params.offset(i)..self.params.offset(i) + d];
-                    self.sample_with(deterministic, rng, samples, head, log_std, out);
-                } else {
-                    let log_std = Vec::<f32>::try_from(self.params.view(i).detach().to_device(Device::Cpu))?;
-                    self.sample_with(deterministic, rng, samples, head, &log_std, out);
-                }
-            }
-        }
+        // A Gaussian's log-std, read in place where the parameters are on the host.
+        let log_std = match self.log_std {
+            None => Cow::Borrowed(&[][..]),
+            Some(i) => match self.params.host_values() {
+                Some(v) => Cow::Borrowed(&v[self.params.offset(i)..self.params.offset(i) + self.act_dim()]),
+                None => Cow::Owned(Vec::<f32>::try_from(self.params.view(i).detach().to_device(Device::Cpu))?),
+            },
+        };
+        self.sample_with(deterministic, rng, samples, head, &log_std, out);
         Ok(())
     }
 
-    /// [`ActorCritic::sample`] with a Gaussian policy's log-std given (`log_std`, ignored for a categorical
-    /// one): the members' batched acting pass fetched every member's at once.
+    /// Sample (or take the mode of) the policy heads in `head` into `out`'s actions and log-probs, with a
+    /// Gaussian policy's log-std given (`log_std`, ignored for a categorical one; the members' batched acting
+    /// pass fetches every member's at once).
     pub(crate) fn sample_with(
         &self,
         deterministic: bool,
@@ -735,7 +733,7 @@ impl ActorCritic {
                 rows * self.act_dim(),
             ));
         }
-        let a = self.actions_tensor(actions);
+        let a = self.actions_tensor(actions, self.device);
         let (log_probs, values) = tch::no_grad(|| {
             let (head, values) = self.forward(x);
             (self.dist(head).log_prob(&a), values)
@@ -821,11 +819,7 @@ pub struct ActorCriticPolicy {
 impl ActorCriticPolicy {
     /// The acting policy of `net` (build it on the CPU: actors act there); `seed` fixes action sampling.
     pub fn new(net: ActorCritic, seed: u64) -> Self {
-        Self::with_rng(net, <rand_pcg::Pcg64 as rand::SeedableRng>::seed_from_u64(seed ^ 0xac70_0001))
-    }
-
-    /// The policy of a network a learner built (PPO and A2C hold their acting half as one of these).
-    pub(crate) fn with_rng(net: ActorCritic, rng: rand_pcg::Pcg64) -> Self {
+        let rng = <rand_pcg::Pcg64 as rand::SeedableRng>::seed_from_u64(seed ^ 0xac70_0001);
         ActorCriticPolicy { net, rng, scratch: ActScratch::default() }
     }
 }
@@ -839,9 +833,8 @@ impl Policy for ActorCriticPolicy {
         self.net.act_dim()
     }
 
-    /// Samples from the policy (or takes its mode); fills actions, log-probs and values.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        self.net.act(obs, mode == ActMode::Deterministic, &mut self.rng, &mut self.scratch, out)
+        self.act_with_state(obs, &mut [], mode, out)
     }
 
     fn state_dim(&self) -> usize {
@@ -963,3 +956,18 @@ mod tests {
 
 #[cfg(test)]
 mod recurrent_tests;
+
+#[cfg(test)]
+impl ActorCritic {
+    /// [`ActorCritic::act_with_state`] for a feed-forward network.
+    pub(crate) fn act(
+        &self,
+        obs: ObsRef<'_>,
+        deterministic: bool,
+        rng: &mut impl Rng,
+        scratch: &mut ActScratch,
+        out: &mut ActOutput,
+    ) -> Result<()> {
+        self.act_with_state(obs, &mut [], deterministic, rng, scratch, out)
+    }
+}

@@ -197,16 +197,6 @@ impl Rollout {
         (0..n).map(|i| if i >= e && (self.terminated[i - e] || self.truncated[i - e]) { 1.0 } else { 0.0 }).collect()
     }
 
-    /// [`Rollout::finish`] with every next-state value given (a recurrent policy's, which
-    /// `ActorCritic::sequence_eval` computes from the states its sequences reach): GAE advantages and returns.
-    pub fn finish_with_next_values(&mut self, next_values: &[f32], gamma: f32, lambda: f32) -> Result<()> {
-        let n = self.len();
-        check_len("rollout next values", next_values.len(), n)?;
-        self.next_values[..n].copy_from_slice(next_values);
-        self.gae_from_next_values(gamma, lambda);
-        Ok(())
-    }
-
     /// GAE advantages and returns from the rewards, values and the filled `next_values`.
     fn gae_from_next_values(&mut self, gamma: f32, lambda: f32) {
         let n = self.len();
@@ -599,21 +589,20 @@ impl RolloutCollector {
     /// rows (as [`RolloutCollector::push_chunks`]), and hand back the collector's empty buffer for the next
     /// one. The rollout must match the collector's shape.
     pub fn push_stacked(&mut self, mut rollout: Rollout, mut values: impl NextValues) -> Result<Rollout> {
-        self.check_stacked(&rollout)?;
-        if let Some(of_rows) = values.of_rows() {
-            rollout.bootstrap_truncated(0, of_rows)?;
+        let (r, mine) = (&rollout, &self.rollout);
+        if mine.steps != 0 {
+            let what = "rollout steps before push_stacked (it fills a whole rollout)";
+            return Err(Error::length(what, mine.steps, 0));
         }
-        Ok(std::mem::replace(&mut self.rollout, rollout))
-    }
-
-    fn check_stacked(&self, rollout: &Rollout) -> Result<()> {
-        self.check_empty("push_stacked")?;
-        let (r, mine) = (rollout, &self.rollout);
         check_len("stacked rollout envs", r.n_envs, mine.n_envs)?;
         check_len("stacked rollout steps", r.n_steps, mine.n_steps)?;
         check_len("stacked rollout observation size", r.obs_dim, mine.obs_dim)?;
         check_len("stacked rollout action size", r.act_dim, mine.act_dim)?;
-        check_len("stacked rollout filled steps", r.steps, r.n_steps)
+        check_len("stacked rollout filled steps", r.steps, r.n_steps)?;
+        if let Some(of_rows) = values.of_rows() {
+            rollout.bootstrap_truncated(0, of_rows)?;
+        }
+        Ok(std::mem::replace(&mut self.rollout, rollout))
     }
 
     /// The layout of the rollouts this collector takes from [`RolloutCollector::push_stacked`], for a network
@@ -621,17 +610,6 @@ impl RolloutCollector {
     pub fn layout(&self, obs: ObsLayout) -> RolloutLayout {
         let r = &self.rollout;
         RolloutLayout { n_envs: r.n_envs, n_steps: r.n_steps, obs_dim: r.obs_dim, act_dim: r.act_dim, obs }
-    }
-
-    fn check_empty(&self, what: &str) -> Result<()> {
-        if self.rollout.steps != 0 {
-            return Err(Error::length(
-                format!("rollout steps before {what} (it fills a whole rollout)"),
-                self.rollout.steps,
-                0,
-            ));
-        }
-        Ok(())
     }
 
     /// When the rollout is full: the values of the states after its last step (`V` of the bootstrap
@@ -647,10 +625,7 @@ impl RolloutCollector {
             self.rollout.bootstrap_truncated(from, of_rows)?;
             self.unvalued_from = None;
         }
-        let next = match values.of_rollout(&self.rollout) {
-            Some(next) => Some(next?),
-            None => None,
-        };
+        let next = values.of_rollout(&self.rollout).transpose()?;
         let last_values = match (&next, values.of_rows()) {
             (None, Some(of_rows)) => of_rows(self.rollout.bootstrap_obs.as_ref())?,
             _ => Vec::new(),
@@ -658,7 +633,12 @@ impl RolloutCollector {
         let empty = Rollout::new(self.rollout.n_envs, self.rollout.n_steps, self.rollout.obs_dim, self.rollout.act_dim);
         let mut rollout = std::mem::replace(&mut self.rollout, empty);
         match next {
-            Some(next) => rollout.finish_with_next_values(&next, gamma, lambda)?,
+            // Every next-state value given (a recurrent policy's, from the states its sequences reach).
+            Some(next) => {
+                check_len("rollout next values", next.len(), rollout.len())?;
+                rollout.next_values[..next.len()].copy_from_slice(&next);
+                rollout.gae_from_next_values(gamma, lambda);
+            }
             None => rollout.finish(&last_values, gamma, lambda)?,
         }
         Ok(Some(rollout))

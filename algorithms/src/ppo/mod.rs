@@ -23,28 +23,21 @@
 //! `charts/gradient_steps`; with V-trace also `losses/vtrace_mean_rho` (mean `min(ρ̄, π/μ)`),
 //! `losses/vtrace_mean_ratio` (mean `π/μ`), `losses/vtrace_rho_clip_fraction` (share with `π/μ > ρ̄`) and
 //! `losses/vtrace_behaviour_kl` (estimated KL(μ ‖ π)), all before the update.
-use flotilla_core::Space;
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
-use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
 
-use crate::actor_critic::agent::{OnPolicyAgent, OnPolicyKind, on_policy_kind};
-use crate::actor_critic::host::{ActorCriticHost, Schedule, StepLoss};
-use crate::actor_critic::members::{Batch, MemberNet, Nets, StackedActorCritic, pick, stacking_refused};
-use crate::actor_critic::{ActorCritic, ActorCriticLoss, ActorCriticPolicy, LossCoefficients, explained_variance};
-use crate::checkpoint::Checkpoint;
-use crate::data::rollout::{Rollout, sequence_rows};
+use crate::actor_critic::agent::{OnPolicyAgent, on_policy_kind};
+use crate::actor_critic::{ActorCritic, LossCoefficients, Settings, StepLoss};
+use crate::data::rollout::Rollout;
 use crate::data::vtrace::VtraceConfig;
 use crate::kind::KindName;
 use crate::nn::data_parallel::DataParallel;
-use crate::nn::members::{Coef, host, to_device_async};
 use crate::nn::nets::{Activation, CnnOptions};
-use crate::nn::optimiser::{Adam, StackedOptimiser};
+use crate::nn::optimiser::{Adam, Optimiser};
 use crate::nn::params::FlatParams;
 use crate::nn::recurrent::Recurrence;
 use crate::{Error, Metrics, Result};
+
+pub use crate::actor_critic::agent::{unbatchable, update_members};
 
 /// PPO hyperparameters. `Default` is RL Zoo's CartPole-v1 PPO.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,17 +159,16 @@ impl PpoConfig {
                 &format!("must divide n_steps × num_envs = {rollout}"),
             );
         }
-        if !(0.0..=1.0).contains(&self.gamma) {
-            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
-        }
-        if !(0.0..=1.0).contains(&self.gae_lambda) {
-            return bad("gae_lambda", self.gae_lambda.to_string(), "must be in [0, 1]");
-        }
-        if self.learning_rate.is_nan() || self.learning_rate <= 0.0 {
-            return bad("learning_rate", self.learning_rate.to_string(), "must be > 0");
-        }
-        if self.clip_range.is_nan() || self.clip_range <= 0.0 {
-            return bad("clip_range", self.clip_range.to_string(), "must be > 0");
+        let (unit, positive) = (|x: f64| (0.0..=1.0).contains(&x), |x: f64| !x.is_nan() && x > 0.0);
+        for (field, value, ok, detail) in [
+            ("gamma", self.gamma, unit(self.gamma), "must be in [0, 1]"),
+            ("gae_lambda", self.gae_lambda, unit(self.gae_lambda), "must be in [0, 1]"),
+            ("learning_rate", self.learning_rate, positive(self.learning_rate), "must be > 0"),
+            ("clip_range", self.clip_range, positive(self.clip_range), "must be > 0"),
+        ] {
+            if !ok {
+                return bad(field, value.to_string(), detail);
+            }
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
@@ -203,367 +195,82 @@ impl PpoConfig {
     }
 }
 
-on_policy_kind!(PpoConfig, PpoKind, update_members);
+on_policy_kind! {
+    impl OnPolicyKind for PpoConfig {
+        const NAME: &'static str = "ppo";
+        const RNG_SALT: u64 = 0x5050_4f00;
 
-impl ActorCriticLoss {
-    /// One minibatch's loss from its micro-batches' (equal sizes): the means of their terms, all log-ratios;
-    /// the last micro-batch's distribution stands for the minibatch's in the metrics.
-    fn merge<D>(mut parts: Vec<(ActorCriticLoss, D)>) -> (ActorCriticLoss, D) {
-        if parts.len() == 1 {
-            return parts.pop().expect("one part");
+        fn optimiser(&self, params: &FlatParams) -> Optimiser {
+            Adam::new(params, self.learning_rate, self.adam_eps)
         }
-        let k = parts.len() as f64;
-        let mean = |f: &dyn Fn(&ActorCriticLoss) -> Tensor| {
-            tch::no_grad(|| parts.iter().map(|(l, _)| f(l)).fold(Tensor::from(0.0f32), |a, b| a + b) / k)
-        };
-        let total = mean(&|l| l.total.detach());
-        let policy = mean(&|l| l.policy.detach());
-        let value = mean(&|l| l.value.detach());
-        let entropy =
-            parts[0].0.entropy.is_some().then(|| mean(&|l| l.entropy.as_ref().expect("all or none").detach()));
-        let log_ratio = Tensor::cat(&parts.iter().map(|(l, _)| l.log_ratio.detach()).collect::<Vec<_>>(), -1);
-        let (_, dist) = parts.pop().expect("k > 1 parts");
-        (ActorCriticLoss { total, policy, value, entropy, log_ratio }, dist)
-    }
 
-    /// `E[(ρ − 1) − ln ρ]`, an unbiased low-variance estimate of KL(old ‖ new) (Schulman 2020), no gradient.
-    pub fn approx_kl(&self) -> Tensor {
-        tch::no_grad(|| (self.log_ratio.exp() - 1.0 - &self.log_ratio).mean_dim(-1, false, Kind::Float))
-    }
-
-    /// Fraction of samples whose ratio left `[1 − ε, 1 + ε]`, no gradient.
-    pub(crate) fn clip_fraction(&self, clip_range: &Coef) -> Tensor {
-        let outside = |x: &Tensor| match clip_range {
-            Coef::One(c) => x.gt(*c),
-            Coef::Each(c) => x.gt_tensor(&c.unsqueeze(1)),
-        };
-        tch::no_grad(|| {
-            outside(&(self.log_ratio.exp() - 1.0).abs()).to_kind(Kind::Float).mean_dim(-1, false, Kind::Float)
-        })
-    }
-}
-
-/// Why these PPO members cannot be stacked into one update (`None`: they can). Members that cannot are
-/// updated one by one, with the same results, only slower.
-pub fn unbatchable(members: &[&Ppo]) -> Option<String> {
-    let first = members.first()?;
-    let c0 = &first.config;
-    let nets: Vec<MemberNet> = members
-        .iter()
-        .map(|m| MemberNet { net: &m.pi.net, fused_cpu: m.config.fused_cpu, parallel: &m.parallel, steps: m.opt.steps })
-        .collect();
-    if let Some(why) = stacking_refused(&nets) {
-        return Some(why);
-    }
-    for m in members {
-        let c = &m.config;
-        if c.vtrace.is_some() || c.target_kl.is_some() {
-            return Some("V-trace or a KL early stop".into());
-        }
-        if (c.n_epochs, c.batch_size, c.normalize_advantage, c.anneal_lr, c.anneal_clip_range)
-            != (c0.n_epochs, c0.batch_size, c0.normalize_advantage, c0.anneal_lr, c0.anneal_clip_range)
-            || c.clip_range_vf.is_some() != c0.clip_range_vf.is_some()
-        {
-            return Some("members' update schedules differ".into());
-        }
-    }
-    None
-}
-
-/// One PPO update of every member on its finished rollout (GAE computed): stacked into one batched program
-/// where [`unbatchable`] allows, else one by one ([`Ppo::update_from`]). `progress_remaining` (1 → 0) anneals
-/// each member's learning rate and clip range. Returns each member's metrics.
-pub fn update_members(
-    members: &mut [&mut Ppo],
-    rollouts: &[&Rollout],
-    progress_remaining: f64,
-) -> Result<Vec<Metrics>> {
-    if members.len() != rollouts.len() {
-        let (got, expected) = (rollouts.len(), members.len());
-        return Err(Error::length("population rollouts", got, expected));
-    }
-    let refs: Vec<&Ppo> = members.iter().map(|m| &**m).collect();
-    if members.len() == 1 || unbatchable(&refs).is_some() {
-        return members.iter_mut().zip(rollouts).map(|(m, r)| m.update_from(r, progress_remaining)).collect();
-    }
-    update_torch(members, rollouts, progress_remaining)
-}
-
-/// PPO's update on libtorch, written once over the member axis: a member alone (any network, replicas,
-/// micro-batches, V-trace, a KL early stop) or several stacked ([`Nets`]).
-fn update_torch(members: &mut [&mut Ppo], rollouts: &[&Rollout], progress_remaining: f64) -> Result<Vec<Metrics>> {
-    let c0 = members[0].config.clone();
-    let n = rollouts[0].len();
-    for r in rollouts {
-        if r.len() != n || n == 0 || !n.is_multiple_of(c0.batch_size) {
-            let what = "rollout transitions (equal for every member, a multiple of batch_size)";
-            return Err(Error::length(what, r.len(), c0.batch_size));
-        }
-    }
-    let progress = progress_remaining.clamp(0.0, 1.0);
-    let anneal = |on: bool, x: f64| if on { x * progress } else { x };
-    let lrs: Vec<f64> = members.iter().map(|m| anneal(m.config.anneal_lr, m.config.learning_rate)).collect();
-    let clips: Vec<f64> = members.iter().map(|m| anneal(m.config.anneal_clip_range, m.config.clip_range)).collect();
-    let device = members[0].pi.net.device;
-    let each = |f: fn(&PpoConfig) -> f64| Coef::of(members.iter().map(|m| f(&m.config)), device);
-    let coefficients = LossCoefficients {
-        clip_range: Some(Coef::of(clips.iter().copied(), device)),
-        clip_range_vf: c0.clip_range_vf.map(|_| each(|c| c.clip_range_vf.expect("all or none"))),
-        ent_coef: each(|c| c.ent_coef),
-        vf_coef: each(|c| c.vf_coef),
-    };
-    let need_entropy = members.iter().any(|m| m.config.ent_coef != 0.0);
-    let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
-    let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
-    let batch = Batch::new(&nets, rollouts, c0.gamma as f32, c0.vtrace.as_ref())?;
-    let stacked = (members.len() > 1).then(|| {
-        let net = StackedActorCritic::new(&nets);
-        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), net.params());
-        (net, opt)
-    });
-
-    // Each member's shuffling RNG, and the networks: a member alone lends its own.
-    let mut rngs = Vec::with_capacity(members.len());
-    let mut nets = stacked.map(|(net, opt)| Nets::Stacked(net, opt));
-    for (m, &lr) in members.iter_mut().zip(&lrs) {
-        let Ppo { pi, opt, parallel, .. } = &mut **m;
-        opt.lr = lr;
-        rngs.push(&mut pi.rng);
-        if nets.is_none() {
-            nets = Some(Nets::Alone { net: &mut pi.net, parallel, opt: Some(opt) });
-        }
-    }
-    let mut nets = nets.expect("at least one member");
-
-    let Batch { obs, actions, old_log_prob, returns, old_values, explained, vtrace, mut advantages, sequences } = batch;
-    // What a minibatch draws: transitions, or for a recurrent policy whole env sequences (`T` rows each).
-    let (units, unit_rows) = match &sequences {
-        Some(s) => (s.n_envs, n / s.n_envs),
-        None => (n, 1),
-    };
-    let per_minibatch = c0.batch_size / unit_rows;
-    let full_batch = c0.batch_size == n;
-    if c0.normalize_advantage && full_batch {
-        // One minibatch holds every sample, so its normalisation is the same in every epoch: done once.
-        advantages = nets.normalize(&advantages)?;
-    }
-    let normalize_minibatch = c0.normalize_advantage && !full_batch && c0.batch_size > 1;
-    let mut orders: Vec<Vec<i64>> = (0..rngs.len()).map(|_| (0..units as i64).collect()).collect();
-    let mut gradient_steps = 0usize;
-    let mut last = None;
-    'epochs: for _ in 0..c0.n_epochs {
-        for (rng, order) in rngs.iter_mut().zip(orders.iter_mut()) {
-            order.shuffle(*rng);
-        }
-        // The epoch's draws of transitions, every member's row of `[N, n]` indices into the flattened batch
-        // (member k's transition i at k · n + i), on the device in one copy rather than one per minibatch.
-        let epoch_rows = (!full_batch && sequences.is_none()).then(|| {
-            let rows: Vec<i64> =
-                orders.iter().enumerate().flat_map(|(k, o)| o.iter().map(move |&i| i + (k * n) as i64)).collect();
-            to_device_async(Tensor::from_slice(&rows), device).view([orders.len() as i64, units as i64])
-        });
-        for first in (0..units).step_by(per_minibatch) {
-            // A full-batch "minibatch" needs no gather: each member's loss is a mean over its samples.
-            let idx = match (&sequences, &epoch_rows) {
-                // Whole env sequences, time-major: row t · E + e for each step t of each drawn env e.
-                (Some(s), _) if !full_batch => {
-                    let envs = orders[0][first..first + per_minibatch].iter().map(|&e| e as usize);
-                    let rows: Vec<i64> = sequence_rows(unit_rows, s.n_envs, envs).map(|i| i as i64).collect();
-                    Some(Tensor::from_slice(&rows).to_device(device))
-                }
-                // Each member's next `per_minibatch` draws, member after member.
-                (None, Some(rows)) => Some(rows.narrow(1, first as i64, per_minibatch as i64).reshape([-1])),
-                _ => None,
-            };
-            let pick = |t: &Tensor| idx.as_ref().map_or_else(|| t.shallow_clone(), |i| pick(t, i));
-            let mut mb_advantages = pick(&advantages);
-            if normalize_minibatch {
-                mb_advantages = nets.normalize(&mb_advantages)?;
-            }
-            let (mb_obs, mb_actions, mb_old_log_prob) = (pick(&obs), pick(&actions), pick(&old_log_prob));
-            let (mb_old_values, mb_returns) = (pick(&old_values), pick(&returns));
-            let envs = (!full_batch).then(|| &orders[0][first..first + per_minibatch]);
-            let sequence = sequences.as_ref().map(|s| s.of(envs, idx.as_ref()));
-            let mb = [&mb_obs, &mb_actions, &mb_old_log_prob, &mb_advantages, &mb_old_values, &mb_returns];
-            let parts = nets.gradient(mb, sequence, &coefficients, need_entropy, &max_norms, "ppo")?;
-            nets.step(&lrs);
-            gradient_steps += 1;
-            let (loss, dist) = ActorCriticLoss::merge(parts);
-            let stop = match c0.target_kl {
-                None => false,
-                Some(t) => {
-                    nets.replica_mean(f64::try_from(loss.approx_kl().sum(Kind::Float)).unwrap_or(0.0))? > 1.5 * t
-                }
-            };
-            last = Some((loss, dist));
-            if stop {
-                break 'epochs;
+        fn settings(&self, _n: usize, progress_remaining: f64) -> Settings {
+            let progress = progress_remaining.clamp(0.0, 1.0);
+            let anneal = |on: bool, x: f64| if on { x * progress } else { x };
+            Settings {
+                lr: anneal(self.anneal_lr, self.learning_rate),
+                coefficients: LossCoefficients {
+                    clip_range: Some(anneal(self.anneal_clip_range, self.clip_range)),
+                    clip_range_vf: self.clip_range_vf,
+                    ent_coef: self.ent_coef,
+                    vf_coef: self.vf_coef,
+                },
+                n_epochs: self.n_epochs,
+                batch_size: self.batch_size,
+                normalize_advantage: self.normalize_advantage,
+                target_kl: self.target_kl,
+                max_grad_norm: self.max_grad_norm,
+                shuffle: true,
+                algorithm: "ppo",
             }
         }
-    }
-    drop(rngs);
-    if let Nets::Stacked(net, opt) = &nets {
-        net.check_finite("ppo")?;
-        tch::no_grad(|| {
-            for (k, m) in members.iter_mut().enumerate() {
-                net.write_back(k, &m.pi.net.params);
-                opt.write_back(k, &mut m.opt);
-            }
-        });
-    }
 
-    let (loss, dist) = last.expect("at least one minibatch");
-    let entropy = match &loss.entropy {
-        Some(e) => e.shallow_clone(),
-        None => tch::no_grad(|| dist.entropy().mean_dim(-1, false, Kind::Float)),
-    };
-    let (approx_kl, clip_fraction) =
-        (loss.approx_kl(), loss.clip_fraction(coefficients.clip_range.as_ref().expect("PPO clips")));
-    let [policy, value, entropy, approx_kl, clip_fraction] =
-        [loss.policy, loss.value, entropy, approx_kl, clip_fraction].map(|t| host(&t));
-    let (policy, value, entropy, approx_kl, clip_fraction) = (policy?, value?, entropy?, approx_kl?, clip_fraction?);
-    Ok((0..members.len())
-        .map(|k| {
-            let step = StepLoss {
-                policy: policy[k],
-                value: value[k],
-                entropy: entropy[k],
-                approx_kl: approx_kl[k],
-                clip_fraction: clip_fraction[k],
+        fn check_rollout(&self, _: &ActorCritic, rollout: &Rollout, population: Option<usize>) -> Result<()> {
+            let n = population.unwrap_or(rollout.len());
+            if rollout.len() != n || n == 0 || !n.is_multiple_of(self.batch_size) {
+                let what = match population {
+                    Some(_) => "rollout transitions (equal for every member, a multiple of batch_size)",
+                    None => "rollout transitions (a multiple of batch_size)",
+                };
+                return Err(Error::length(what, rollout.len(), self.batch_size));
+            }
+            Ok(())
+        }
+
+        fn unbatchable(&self, first: &Self) -> Option<&'static str> {
+            if self.vtrace.is_some() || self.target_kl.is_some() {
+                return Some("V-trace or a KL early stop");
+            }
+            let schedule = |c: &Self| {
+                let annealed = (c.anneal_lr, c.anneal_clip_range, c.clip_range_vf.is_some());
+                (c.n_epochs, c.batch_size, c.normalize_advantage, annealed)
             };
+            (schedule(self) != schedule(first)).then_some("members' update schedules differ")
+        }
+
+        fn metrics(&self, s: &Settings, loss: &StepLoss, explained: f64, vtrace: &Metrics, steps: usize) -> Metrics {
             let mut m = Metrics::default();
-            push_update_metrics(&mut m, &step, explained[k], (lrs[k], clips[k]), gradient_steps);
-            m.0.extend(vtrace[k].iter().copied());
+            m.push("losses/policy_loss", loss.policy);
+            m.push("losses/value_loss", loss.value);
+            m.push("losses/entropy", loss.entropy);
+            m.push("losses/approx_kl", loss.approx_kl);
+            m.push("losses/clip_fraction", loss.clip_fraction);
+            m.push("losses/explained_variance", explained);
+            m.push("charts/learning_rate", s.lr);
+            m.push("charts/clip_range", s.coefficients.clip_range.expect("PPO clips"));
+            m.push("charts/gradient_steps", steps as f64);
+            m.0.extend(vtrace.iter().copied());
             m
-        })
-        .collect())
+        }
+
+        fn check_replicas(agent: &Ppo, parallel: &DataParallel) -> Result<()> {
+            parallel.check_batch("ppo", "batch_size", agent.config.batch_size)
+        }
+    }
 }
 
 /// A PPO agent: the actor-critic network, its Adam optimiser and the RNG used to act and shuffle.
-pub type Ppo = OnPolicyAgent<PpoKind>;
-
-/// PPO as an [`OnPolicyKind`]: its config, Adam, and [`Ppo::update_from`].
-#[derive(Debug)]
-pub struct PpoKind;
-
-impl OnPolicyKind for PpoKind {
-    type Config = PpoConfig;
-    type Optimizer = Adam;
-    const NAME: &'static str = "ppo";
-
-    fn gamma_lambda(c: &PpoConfig) -> (f32, f32) {
-        (c.gamma as f32, c.gae_lambda as f32)
-    }
-
-    fn update_from(agent: &mut Ppo, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        agent.update_from(rollout, progress_remaining)
-    }
-
-    fn write_optimizer(opt: &Adam, c: &mut Checkpoint) -> Result<()> {
-        opt.write_to(c, "adam")
-    }
-
-    fn read_optimizer(opt: &mut Adam, c: &mut Checkpoint, params: &FlatParams) -> Result<()> {
-        opt.read_from(c, "adam", params)
-    }
-
-    fn check_replicas(agent: &Ppo, parallel: &DataParallel) -> Result<()> {
-        crate::actor_critic::refuse_recurrent_replicas("ppo", &agent.pi.net, parallel)?;
-        parallel.check_batch("ppo", "batch_size", agent.config.batch_size)
-    }
-}
-
-impl Ppo {
-    /// A fresh agent for these spaces, collecting rollouts from `n_envs` envs. `seed` fixes the weights'
-    /// initialisation (through libtorch's global generator), action sampling and minibatch shuffling.
-    pub fn new(
-        observation_space: &Space,
-        action_space: &Space,
-        n_envs: usize,
-        config: PpoConfig,
-        device: Device,
-        seed: u64,
-    ) -> Result<Self> {
-        config.validate(n_envs)?;
-        let net = ActorCritic::new("ppo", observation_space, action_space, &config.net(), device, seed)?;
-        let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
-        let pi = ActorCriticPolicy::with_rng(net, Pcg64::seed_from_u64(seed ^ 0x5050_4f00));
-        let n_steps = config.n_steps;
-        Ok(Ppo::with(config, pi, opt, n_envs, n_steps))
-    }
-
-    /// One PPO update on a finished rollout (GAE already computed). `progress_remaining` goes from 1 (start of
-    /// training) to 0 (end) and drives the learning-rate and clip-range annealing. [`Algorithm::update`] calls
-    /// this on the rollout [`Algorithm::observe`] collected.
-    ///
-    /// With `vtrace` set, the rollout's advantages, returns and values are not used: V-trace recomputes them
-    /// under the current parameters (the rollout itself is left as the behaviour policy's record).
-    pub fn update_from(&mut self, rollout: &Rollout, progress_remaining: f64) -> Result<Metrics> {
-        let Some(mut host) =
-            ActorCriticHost::for_update(&mut self.host, self.config.fused_cpu, &self.parallel, &self.pi.net)
-        else {
-            let mut metrics = update_torch(&mut [self], &[rollout], progress_remaining)?;
-            return Ok(metrics.pop().expect("one member"));
-        };
-        let c = &self.config;
-        let n = rollout.len();
-        if n == 0 || !n.is_multiple_of(c.batch_size) {
-            self.host = Some(host);
-            let what = "rollout transitions (a multiple of batch_size)";
-            return Err(Error::length(what, n, c.batch_size));
-        }
-        let progress = progress_remaining.clamp(0.0, 1.0);
-        let lr = if c.anneal_lr { c.learning_rate * progress } else { c.learning_rate };
-        let clip_range = if c.anneal_clip_range { c.clip_range * progress } else { c.clip_range };
-        self.opt.lr = lr;
-        let coefficients = LossCoefficients {
-            clip_range: Some(clip_range),
-            clip_range_vf: c.clip_range_vf,
-            ent_coef: c.ent_coef,
-            vf_coef: c.vf_coef,
-        };
-        let targets = self.pi.net.targets(rollout, None, c.gamma as f32, c.vtrace.as_ref())?;
-        let (advantages, returns, values) = targets.advantages_returns_values();
-        let explained_var = explained_variance(values, returns);
-        let schedule = Schedule {
-            n_epochs: c.n_epochs,
-            batch_size: c.batch_size,
-            normalize_advantage: c.normalize_advantage,
-            target_kl: c.target_kl,
-            max_grad_norm: c.max_grad_norm,
-            algorithm: "ppo",
-        };
-        let (net, opt, rng) = (&mut self.pi.net, &mut self.opt, Some(&mut self.pi.rng));
-        let fused = host.train(net, opt, rollout, (advantages, returns, values), &coefficients, &schedule, rng);
-        self.host = Some(host);
-        let (loss, gradient_steps) = fused?;
-        let mut m = Metrics::default();
-        push_update_metrics(&mut m, &loss, explained_var, (lr, clip_range), gradient_steps);
-        if let Some(t) = &targets.vtrace {
-            t.weights.push_metrics(&mut m);
-        }
-        Ok(m)
-    }
-}
-
-/// An update's metrics (see the module docs), from its last step's loss terms.
-fn push_update_metrics(
-    m: &mut Metrics,
-    loss: &StepLoss,
-    explained_var: f64,
-    (lr, clip_range): (f64, f64),
-    steps: usize,
-) {
-    m.push("losses/policy_loss", loss.policy);
-    m.push("losses/value_loss", loss.value);
-    m.push("losses/entropy", loss.entropy);
-    m.push("losses/approx_kl", loss.approx_kl);
-    m.push("losses/clip_fraction", loss.clip_fraction);
-    m.push("losses/explained_variance", explained_var);
-    m.push("charts/learning_rate", lr);
-    m.push("charts/clip_range", clip_range);
-    m.push("charts/gradient_steps", steps as f64);
-}
+pub type Ppo = OnPolicyAgent<PpoConfig>;
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -573,11 +280,15 @@ pub(crate) mod tests {
     use crate::data::rollout::Rollout;
     use crate::data::rollout::RolloutCollector;
     use crate::data::vtrace::VtraceConfig;
+    use crate::nn::members::Coef;
     use crate::nn::params::assert_params_close;
     use crate::policy::{ActMode, ActOutput, Policy};
     use flotilla_core::Chunk;
     use flotilla_core::ObsRef;
+    use flotilla_core::Space;
     use rand::{Rng, SeedableRng};
+    use rand_pcg::Pcg64;
+    use tch::{Device, Kind, Tensor};
 
     /// One member's [`LossCoefficients`] as the libtorch loss takes them.
     fn coefficients(c: LossCoefficients) -> LossCoefficients<Coef> {
@@ -1011,7 +722,7 @@ mod member_tests {
     use rand::Rng;
     use rand::SeedableRng;
     use rand_pcg::Pcg64;
-    use tch::Device;
+    use tch::{Device, Tensor};
 
     use super::*;
     use crate::actor_critic::members::tests::{cartpole, twin_rollout};
