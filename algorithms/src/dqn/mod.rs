@@ -1015,29 +1015,24 @@ impl Dqn {
         let online = FlatParams::new(named, device);
         let target = online.target_copy();
         let opt = Adam::new(&online, config.learning_rate, config.adam_eps);
-        let frames = is_image(o);
-        if frames && config.prioritized_replay {
-            let detail = "prioritized replay of frame stacks is not implemented; set it to false for image \
-                          observations (they use a frame-deduplicating uniform replay)";
-            return Err(Error::config("dqn", "prioritized_replay", "true", detail));
-        }
-        let (n, gamma) = (config.n_step, config.gamma);
-        let memory = if frames {
-            let shape = o.shape();
-            Memory::Frames(
-                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
-                FrameReplay::new(config.buffer_size, shape[0], shape[1] * shape[2], 1)?,
-            )
-        } else if config.prioritized_replay {
-            Memory::Prioritized(
-                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
-                PrioritizedReplay::new(config.buffer_size, obs_dim, 1, config.per_alpha, config.per_eps)?,
-            )
-        } else {
-            Memory::Uniform(
-                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
-                ReplayBuffer::new(config.buffer_size, obs_dim, 1)?,
-            )
+        let (n, gamma, capacity) = (config.n_step, config.gamma, config.buffer_size);
+        let memory = match (is_image(o), config.prioritized_replay) {
+            (true, true) => {
+                let detail = "prioritized replay of frame stacks is not implemented; set it to false for image \
+                              observations (they use a frame-deduplicating uniform replay)";
+                return Err(Error::config("dqn", "prioritized_replay", "true", detail));
+            }
+            (true, false) => {
+                let [c, h, w] = o.shape() else { unreachable!("image observations are [C, H, W]") };
+                Memory::Frames(NStep::new(n, n_envs, obs_dim, 1, gamma)?, FrameReplay::new(capacity, *c, h * w, 1)?)
+            }
+            (false, true) => {
+                let per = PrioritizedReplay::new(capacity, obs_dim, 1, config.per_alpha, config.per_eps);
+                Memory::Prioritized(NStep::new(n, n_envs, obs_dim, 1, gamma)?, per?)
+            }
+            (false, false) => {
+                Memory::Uniform(NStep::new(n, n_envs, obs_dim, 1, gamma)?, ReplayBuffer::new(capacity, obs_dim, 1)?)
+            }
         };
         let counters =
             Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
