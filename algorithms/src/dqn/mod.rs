@@ -528,7 +528,7 @@ impl DqnBatch {
 enum QNets<'a> {
     Alone(&'a mut Dqn),
     Stacked {
-        online: Rows,
+        online: Box<Rows>,
         /// The target networks' rows as [`mlp_operands`].
         target: Vec<Tensor>,
         /// Every member's network (a plain MLP; its precision and quantiles).
@@ -711,7 +711,7 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
             "dqn population: members' training phases fell due apart ({dues:?} gradient steps)"
         )));
     }
-    let online = Rows::new(&members.iter().map(|m| &m.online).collect::<Vec<_>>());
+    let online = Box::new(Rows::new(&members.iter().map(|m| &m.online).collect::<Vec<_>>()));
     let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
     let targets = Tensor::stack(&members.iter().map(|m| m.target.flat().detach()).collect::<Vec<_>>(), 0);
     let target = tch::no_grad(|| mlp_operands(&member_views(&targets, &members[0].target)));
@@ -998,10 +998,7 @@ impl ActingNet for QNet {
 /// Ape-X's per-actor exploration (Horgan et al. 2018): actor `i` of `n` uses `ε_i = ε^(1 + α·i/(n−1))`
 /// (ε = 0.4, α = 7 in the paper), so a few actors explore widely and most act nearly greedily.
 pub fn apex_epsilon(i: usize, n: usize, epsilon: f64, alpha: f64) -> f64 {
-    if n <= 1 {
-        return epsilon;
-    }
-    epsilon.powf(1.0 + alpha * i as f64 / (n - 1) as f64)
+    if n <= 1 { epsilon } else { epsilon.powf(1.0 + alpha * i as f64 / (n - 1) as f64) }
 }
 
 impl Dqn {
