@@ -781,9 +781,7 @@ impl ReplayFeed for DqnFeed {
         let host_copy = self.config.fused_cpu && self.layout.device == Device::Cpu && self.layout.image.is_none();
         for i in 0..due {
             let mut batch = side.sample(self.config.batch_size, &self.layout)?;
-            if host_copy {
-                batch.host = Some(Box::new(side.sample.clone()));
-            }
+            batch.host = host_copy.then(|| Box::new(side.sample.clone()));
             let c = &side.counters;
             let at = PhaseStep { progress: *progress, epsilon: c.epsilon, beta: c.beta, last: i + 1 == due };
             out.push(Prepared(Box::new(DqnWork::Batch(Box::new(batch), at))));
