@@ -94,11 +94,8 @@ impl FrameReplay {
     /// Room for `capacity` transitions of `stack × frame_len`-byte observations and `act_dim` action values.
     pub fn new(capacity: usize, stack: usize, frame_len: usize, act_dim: usize) -> Result<Self> {
         if capacity == 0 || stack == 0 || frame_len == 0 {
-            return Err(Error::length(
-                "frame replay capacity, stack and frame size (all must be positive)",
-                capacity.min(stack).min(frame_len),
-                1,
-            ));
+            let what = "frame replay capacity, stack and frame size (all must be positive)";
+            return Err(Error::length(what, capacity.min(stack).min(frame_len), 1));
         }
         // Obs frames come from the last step or two of the same env: a window of a few thousand writes
         // covers hundreds of envs. The margin holds the frames of transitions with more than one new frame
@@ -254,15 +251,8 @@ impl FrameReplay {
         c.put_f32(format!("{prefix}.rewards"), &self.rewards);
         c.put_tensor(format!("{prefix}.terminated"), &Tensor::f_from_slice(&self.terminated)?);
         c.put_f32(format!("{prefix}.discounts"), &self.discounts);
-        let state = FrameReplayState {
-            capacity: self.capacity,
-            stack: self.stack,
-            frame_len: self.frame_len,
-            frame_capacity: self.frame_capacity,
-            next_frame: self.next_frame,
-            pushed: self.pushed,
-            len: self.len,
-        };
+        let FrameReplay { capacity, stack, frame_len, frame_capacity, next_frame, pushed, len, .. } = *self;
+        let state = FrameReplayState { capacity, stack, frame_len, frame_capacity, next_frame, pushed, len };
         c.put_meta(format!("{prefix}.state"), &state)
     }
 
@@ -270,13 +260,11 @@ impl FrameReplay {
     /// checkpoint does not match); the frame index is rebuilt from the frames.
     pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         let state: FrameReplayState = c.meta(&format!("{prefix}.state"))?;
+        let saved = (state.capacity, state.stack, state.frame_len, state.frame_capacity);
         let ours = (self.capacity, self.stack, self.frame_len, self.frame_capacity);
-        if (state.capacity, state.stack, state.frame_len, state.frame_capacity) != ours || state.len > self.capacity {
-            return Err(Error::Checkpoint(format!(
-                "{prefix:?}: saved frame replay has sizes {:?} and {} transitions, this one {ours:?}",
-                (state.capacity, state.stack, state.frame_len, state.frame_capacity),
-                state.len
-            )));
+        if saved != ours || state.len > self.capacity {
+            let what = format!("saved frame replay has sizes {saved:?} and {} transitions", state.len);
+            return Err(Error::Checkpoint(format!("{prefix:?}: {what}, this one {ours:?}")));
         }
         let (cap, fc, k, ad) = (self.capacity, self.frame_capacity, self.stack, self.act_dim);
         let frames = take_checked(c, &format!("{prefix}.frames"), Kind::Uint8, &[fc * self.frame_len])?;

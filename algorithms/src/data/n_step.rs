@@ -123,15 +123,8 @@ impl<O: Element> NStep<O> {
         Ok(())
     }
 
-    /// The transition of env `env`'s `j`-th pending step over a window of `m` steps ending at `next_obs`.
-    fn experience<'a>(
-        &'a self,
-        env: usize,
-        j: usize,
-        m: usize,
-        next_obs: &'a [O],
-        terminated: bool,
-    ) -> Experience<'a, O> {
+    /// The transition of env `env`'s `j`-th pending step over a window of `m` steps ending at `next`.
+    fn experience<'a>(&'a self, env: usize, j: usize, m: usize, next: &'a [O], terminated: bool) -> Experience<'a, O> {
         let row = |k: usize| env * self.n + (self.head[env] + k) % self.n;
         let ret: f64 = (0..m).map(|k| self.powers[k] * self.rewards[row(j + k)] as f64).sum();
         let r = row(j);
@@ -139,7 +132,7 @@ impl<O: Element> NStep<O> {
             obs: &self.obs[r * self.obs_dim..(r + 1) * self.obs_dim],
             action: &self.actions[r * self.act_dim..(r + 1) * self.act_dim],
             reward: ret as f32,
-            next_obs,
+            next_obs: next,
             terminated,
             discount: self.powers[m] as f32,
         }
@@ -173,12 +166,10 @@ impl<O: Element> NStep<O> {
     pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         let (n, ne, od, ad) = (self.n, self.n_envs, self.obs_dim, self.act_dim);
         let state: NStepState = c.meta(&format!("{prefix}.state"))?;
-        if (state.n, state.n_envs, state.obs_dim, state.act_dim) != (n, ne, od, ad) {
-            return Err(Error::Checkpoint(format!(
-                "{prefix:?}: saved n-step queues have (n, n_envs, obs_dim, act_dim) = {:?}, these {:?}",
-                (state.n, state.n_envs, state.obs_dim, state.act_dim),
-                (n, ne, od, ad)
-            )));
+        let (saved, ours) = ((state.n, state.n_envs, state.obs_dim, state.act_dim), (n, ne, od, ad));
+        if saved != ours {
+            let what = "saved n-step queues have (n, n_envs, obs_dim, act_dim)";
+            return Err(Error::Checkpoint(format!("{prefix:?}: {what} = {saved:?}, these {ours:?}")));
         }
         if state.pending.len() != ne || state.pending.iter().any(|&p| p >= n) {
             return Err(Error::Checkpoint(format!("{prefix:?}: invalid pending counts {:?}", state.pending)));

@@ -14,20 +14,13 @@
 //! }
 //! ```
 //!
-//! Implementation details that matter:
-//! * every array is allocated once at construction; [`ReplayBuffer::push`] overwrites the oldest transition
-//!   when full, and `sample` copies rows into the caller's [`ReplaySample`] with no allocation once its
-//!   buffers have grown to the batch size;
-//! * observations keep their dtype ([`Element`]): Atari u8 frames stay u8 in memory and in the sample, and are
-//!   turned into a tensor of the right kind by [`Element::to_tensor`] (scale them on the device);
-//! * each transition carries its own bootstrap discount `γ^m` (n-step transitions cut short by an episode's end
-//!   have `m < n`) and a `terminated` flag (no bootstrap); truncated episodes bootstrap from the true final
-//!   observation stored in `next_obs`;
-//! * prioritized replay: priority `p_i = (|δ_i| + ε)^α`; new transitions get the largest priority seen so far
-//!   (1 at first); a batch of `k` is drawn stratified — one uniform draw in each of `k` equal slices of the
-//!   total mass, as in the paper's Appendix B.2.1, Dopamine and SB3 — and each row gets the importance weight
-//!   `w_i = (N · P(i))^(−β) / max_j w_j` with `P(i) = p_i / Σ p` and the maximum over the whole buffer,
-//!   `max_j w_j = (N · p_min / Σ p)^(−β)`.
+//! Every array is allocated once at construction, and `sample` copies rows into the caller's [`ReplaySample`] with
+//! no allocation once its buffers have grown to the batch size; observations keep their dtype ([`Element`]: Atari
+//! u8 frames stay u8). Prioritized replay: priority `p_i = (|δ_i| + ε)^α`; new transitions get the largest priority
+//! seen so far (1 at first); a batch of `k` is drawn stratified — one uniform draw in each of `k` equal slices of
+//! the total mass, as in the paper's Appendix B.2.1, Dopamine and SB3 — and each row gets the importance weight
+//! `w_i = (N · P(i))^(−β) / max_j w_j` with `P(i) = p_i / Σ p` and the maximum over the whole buffer,
+//! `max_j w_j = (N · p_min / Σ p)^(−β)`.
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
@@ -241,12 +234,11 @@ impl<O: Element> ReplayBuffer<O> {
     /// The saved sizes and cursor, checked against this buffer.
     fn read_state(&self, c: &Checkpoint, prefix: &str) -> Result<BufferState> {
         let state: BufferState = c.meta(&format!("{prefix}.state"))?;
+        let saved = (state.capacity, state.obs_dim, state.act_dim);
         let ours = (self.capacity, self.obs_dim, self.act_dim);
-        if (state.capacity, state.obs_dim, state.act_dim) != ours {
-            return Err(Error::Checkpoint(format!(
-                "{prefix:?}: saved replay buffer has (capacity, obs_dim, act_dim) = {:?}, this one {ours:?}",
-                (state.capacity, state.obs_dim, state.act_dim)
-            )));
+        if saved != ours {
+            let what = "saved replay buffer has (capacity, obs_dim, act_dim)";
+            return Err(Error::Checkpoint(format!("{prefix:?}: {what} = {saved:?}, this one {ours:?}")));
         }
         let full_or_filling =
             if state.len == state.capacity { state.pos < state.capacity } else { state.pos == state.len };
@@ -329,19 +321,12 @@ impl<O: Element> PrioritizedReplay<O> {
         check_len("prioritized replay TD errors (one per index)", td_errors.len(), indices.len())?;
         for (row, (&i, &delta)) in indices.iter().zip(td_errors).enumerate() {
             if i >= self.buffer.len() {
-                return Err(Error::length(
-                    format!("prioritized replay index {i} (row {row}) into the stored transitions"),
-                    i + 1,
-                    self.buffer.len(),
-                ));
+                let what = format!("prioritized replay index {i} (row {row}) into the stored transitions");
+                return Err(Error::length(what, i + 1, self.buffer.len()));
             }
             if !delta.is_finite() {
-                return Err(Error::config(
-                    "prioritized replay",
-                    "td_errors",
-                    delta,
-                    format!("TD error of slot {i} (row {row}) must be finite"),
-                ));
+                let detail = format!("TD error of slot {i} (row {row}) must be finite");
+                return Err(Error::config("prioritized replay", "td_errors", delta, detail));
             }
         }
         for (&i, &delta) in indices.iter().zip(td_errors) {
@@ -366,10 +351,9 @@ impl<O: Element> PrioritizedReplay<O> {
     /// stay this object's: they come from the config).
     pub fn read_from(&mut self, c: &mut Checkpoint, prefix: &str) -> Result<()> {
         let n = self.buffer.read_state(c, prefix)?.len;
-        let priorities = take_checked(c, &format!("{prefix}.priorities"), Kind::Double, &[n])?;
-        let max_priority = take_checked(c, &format!("{prefix}.max_priority"), Kind::Double, &[1])?;
-        let priorities = Vec::<f64>::try_from(&priorities)?;
-        let max_priority = Vec::<f64>::try_from(&max_priority)?[0];
+        let priorities = Vec::<f64>::try_from(&take_checked(c, &format!("{prefix}.priorities"), Kind::Double, &[n])?)?;
+        let max_priority =
+            take_checked(c, &format!("{prefix}.max_priority"), Kind::Double, &[1])?.f_double_value(&[0])?;
         // Validate before anything changes: the tree refuses non-finite or negative priorities.
         let mut tree = SumTree::new(self.buffer.capacity);
         tree.rebuild(&priorities)?;
@@ -398,11 +382,10 @@ pub(crate) fn check_not_empty(what: &str, len: usize, batch_size: usize) -> Resu
 pub(crate) fn take_checked(c: &mut Checkpoint, name: &str, kind: Kind, shape: &[usize]) -> Result<Tensor> {
     let t = c.take_tensor(name)?;
     let want: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    if t.kind() != kind || t.size() != want {
+    let (got, size) = (t.kind(), t.size());
+    if got != kind || size != want {
         return Err(Error::Checkpoint(format!(
-            "{name:?} is {:?} of shape {:?}, expected {kind:?} of shape {want:?}",
-            t.kind(),
-            t.size()
+            "{name:?} is {got:?} of shape {size:?}, expected {kind:?} of shape {want:?}"
         )));
     }
     Ok(t)

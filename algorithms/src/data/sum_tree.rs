@@ -130,15 +130,10 @@ impl SumTree {
 
 fn check_priority(index: usize, priority: f64) -> Result<()> {
     if priority.is_finite() && priority >= 0.0 {
-        Ok(())
-    } else {
-        Err(Error::config(
-            "prioritized replay",
-            "priority",
-            priority,
-            format!("priority of slot {index} must be finite and ≥ 0"),
-        ))
+        return Ok(());
     }
+    let detail = format!("priority of slot {index} must be finite and ≥ 0");
+    Err(Error::config("prioritized replay", "priority", priority, detail))
 }
 
 #[cfg(test)]

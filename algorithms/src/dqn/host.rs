@@ -10,7 +10,7 @@ use crate::nn::params::FlatParams;
 use crate::{Error, Result};
 
 /// The fused DQN step's layout and reusable buffers.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct DqnHost {
     layers: Vec<TwinLayer>,
     activation: Activation,
@@ -53,18 +53,7 @@ impl DqnHost {
         let (mut tape, mut infer) = (TwinTape::default(), TwinTape::default());
         tape.set_bf16(bf16);
         infer.set_bf16(bf16);
-        Some(DqnHost {
-            layers,
-            activation,
-            n_actions,
-            quantiles,
-            tape,
-            infer,
-            stacked: Vec::new(),
-            grad: Vec::new(),
-            targets: Vec::new(),
-            td: Vec::new(),
-        })
+        Some(DqnHost { layers, activation, n_actions, quantiles, tape, infer, ..Default::default() })
     }
 
     /// One gradient step on the replay sample `s`: the TD target from the target network (its argmax taken by

@@ -44,7 +44,7 @@ use crate::algorithm::{Algorithm, Prepared, ReplayFeed};
 use crate::checkpoint::Checkpoint;
 use crate::data::frame_replay::FrameReplay;
 use crate::data::n_step::NStep;
-use crate::data::replay::{PrioritizedReplay, ReplayBuffer, ReplaySample, check_len};
+use crate::data::replay::{Element, PrioritizedReplay, ReplayBuffer, ReplaySample, check_len};
 use crate::dqn::host::DqnHost;
 use crate::export::{Architecture, Network, PolicyOutput, unsupported};
 use crate::kind::{AlgorithmKind, members_as};
@@ -129,18 +129,13 @@ pub struct DqnConfig {
     #[serde(skip)]
     pub tasks: usize,
     /// Run each gradient step of an MLP Q-network on the CPU as one fused step without libtorch
-    /// ([`crate::nn::host_train`]), several times faster for small networks. Same maths, same results to float
-    /// rounding. Used only where it applies (CPU, MLP without dueling or task heads, f32 observations, no
-    /// data-parallel replicas or accumulation, nothing frozen; the single-process training loop); `false`
-    /// runs every step on libtorch.
+    /// ([`crate::nn::host_train`]): the same maths, several times faster for small networks. Used where it applies
+    /// (CPU, MLP without dueling or task heads, f32 observations, no replicas, accumulation or frozen layers).
     pub fused_cpu: bool,
     /// Mixed precision for an MLP Q-network's update on the CPU: the hidden layers' matrix products in bf16
-    /// (operands rounded to bf16, products summed in f32; parameters, gradients, Adam, the loss and acting stay
-    /// f32) — on the fused host step by its own AVX512-BF16 kernel (`nn::gemm`), on libtorch as PyTorch's CPU
-    /// autocast ([`crate::nn::mixed::dense`]). Default: on where the CPU computes bf16 natively
-    /// ([`cpu_has_native_bf16`]), off elsewhere — on CartPole's 256-256 network the fused step takes 0.59× the
-    /// f32 step's time and the results hold over 20 seeds (docs/benchmarks/continuous.md, "DQN's fused step in
-    /// bf16"). Image observations take `cnn.bf16` instead.
+    /// (products summed in f32; parameters, gradients, Adam, the loss and acting stay f32), on the fused step and on
+    /// libtorch ([`crate::nn::mixed::dense`]). Default: on where the CPU computes bf16 natively
+    /// ([`cpu_has_native_bf16`]). Image observations take `cnn.bf16` instead.
     pub bf16: bool,
     /// QR-DQN: the number of return quantiles per action (SB3-contrib's `n_quantiles`; its default is 200, RL
     /// Zoo's CartPole 10); `0` is DQN's expected values.
@@ -196,13 +191,9 @@ impl AlgorithmKind for DqnConfig {
 
     fn check_distributed(&self) -> Result<()> {
         if self.n_step > 1 {
-            return Err(Error::config(
-                "dqn",
-                "n_step",
-                self.n_step,
-                "n-step returns need one queue per actor env, which the distributed learner does not keep \
-                 yet; use n_step = 1 with actors",
-            ));
+            let detail = "n-step returns need one queue per actor env, which the distributed learner does not keep \
+                          yet; use n_step = 1 with actors";
+            return Err(Error::config("dqn", "n_step", self.n_step, detail));
         }
         Ok(())
     }
@@ -230,11 +221,7 @@ impl AlgorithmKind for DqnConfig {
 
     /// The Q-network ([`QNet`]).
     fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
-        let Space::Discrete { n, .. } = *a else {
-            return Err(unsupported("dqn", format!("{a:?}: DQN needs discrete actions")));
-        };
-        let heads = if self.task_heads { self.tasks.max(1) } else { 1 };
-        let outputs = (n + usize::from(self.dueling)) * self.n_quantiles.max(1) * heads;
+        let (n, heads, outputs) = self.q_shape(a)?;
         let network = if is_image(o) {
             Network::nature_cnn("q", o, NatureCnn::CHANNELS, NatureCnn::FEATURES, outputs, outputs)?
         } else {
@@ -264,35 +251,32 @@ impl AlgorithmKind for DqnConfig {
 impl DqnConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field, value: String, detail: &str| Err(Error::config("dqn", field, value, detail.to_string()));
-        if self.task_heads && self.tasks < 2 {
-            return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
+        let unit = |x: f64| (0.0..=1.0).contains(&x);
+        let checks: [(bool, &'static str, &dyn std::fmt::Display, &str); 9] = [
+            (self.task_heads && self.tasks < 2, "task_heads", &true, "a head per task needs [[tasks]] (two or more)"),
+            (self.batch_size == 0, "batch_size", &0, "must be at least 1"),
+            (self.buffer_size < self.batch_size, "buffer_size", &self.buffer_size, "must be at least batch_size"),
+            (self.n_step == 0, "n_step", &0, "must be at least 1"),
+            (self.train_freq == 0, "train_freq", &0, "must be at least 1"),
+            (!unit(self.gamma), "gamma", &self.gamma, "must be in [0, 1]"),
+            (!(self.tau > 0.0 && self.tau <= 1.0), "tau", &self.tau, "must be in (0, 1]"),
+            (!unit(self.exploration_fraction), "exploration_fraction", &self.exploration_fraction, "must be in [0, 1]"),
+            (self.n_quantiles > 1024, "n_quantiles", &self.n_quantiles, "at most 1024 (0: DQN's expected values)"),
+        ];
+        match checks.into_iter().find(|check| check.0) {
+            Some((_, field, value, detail)) => Err(Error::config("dqn", field, value, detail)),
+            None => Ok(()),
         }
-        if self.batch_size == 0 {
-            return bad("batch_size", "0".into(), "must be at least 1");
-        }
-        if self.buffer_size < self.batch_size {
-            return bad("buffer_size", self.buffer_size.to_string(), "must be at least batch_size");
-        }
-        if self.n_step == 0 {
-            return bad("n_step", "0".into(), "must be at least 1");
-        }
-        if self.train_freq == 0 {
-            return bad("train_freq", "0".into(), "must be at least 1");
-        }
-        if !(0.0..=1.0).contains(&self.gamma) {
-            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
-        }
-        if !(self.tau > 0.0 && self.tau <= 1.0) {
-            return bad("tau", self.tau.to_string(), "must be in (0, 1]");
-        }
-        if !(0.0..=1.0).contains(&self.exploration_fraction) {
-            return bad("exploration_fraction", self.exploration_fraction.to_string(), "must be in [0, 1]");
-        }
-        if self.n_quantiles > 1024 {
-            return bad("n_quantiles", self.n_quantiles.to_string(), "at most 1024 (0: DQN's expected values)");
-        }
-        Ok(())
+    }
+
+    /// The action count, Q heads and network outputs for `action_space` (a `Discrete` one). A dueling network's
+    /// last layer holds the value head next to the advantage head; with task heads, one such head per task.
+    fn q_shape(&self, action_space: &Space) -> Result<(usize, usize, usize)> {
+        let Space::Discrete { n, .. } = *action_space else {
+            return Err(unsupported("dqn", format!("{action_space:?}: DQN needs discrete actions")));
+        };
+        let heads = if self.task_heads { self.tasks.max(1) } else { 1 };
+        Ok((n, heads, (n + usize::from(self.dueling)) * self.n_quantiles.max(1) * heads))
     }
 
     /// ε at `progress_remaining` (SB3's `get_linear_fn`): from the initial to the final ε linearly over the first
@@ -399,8 +383,7 @@ impl DataSide {
     /// Record a chunk's steps in order (n-step windows, then replay); the number of times the target
     /// network fell due to follow the online one.
     fn observe(&mut self, chunk: &Chunk, config: &DqnConfig, n_envs: usize) -> Result<u64> {
-        let k = chunk.transitions();
-        if k == 0 {
+        if chunk.transitions() == 0 {
             return Ok(0);
         }
         chunk.check_lengths(n_envs, self.obs_dim, 1, false)?;
@@ -415,14 +398,10 @@ impl DataSide {
             let (a, r) = (&chunk.actions[rows.clone()], &chunk.rewards[rows.clone()]);
             let (te, tr) = (&chunk.terminated[rows.clone()], &chunk.truncated[rows]);
             match (&mut self.memory, obs, next) {
-                (Memory::Frames(n_step, replay), ObsRef::U8(obs), ObsRef::U8(next)) => {
-                    n_step.push(obs, a, r, te, tr, next, |e| replay.push(e))?
-                }
-                (Memory::Uniform(n_step, replay), ObsRef::F32(obs), ObsRef::F32(next)) => {
-                    n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?
-                }
-                (Memory::Prioritized(n_step, replay), ObsRef::F32(obs), ObsRef::F32(next)) => {
-                    n_step.push(obs, a, r, te, tr, next, |e| replay.push(e).map(drop))?
+                (Memory::Frames(n, m), ObsRef::U8(o), ObsRef::U8(x)) => n.push(o, a, r, te, tr, x, |e| m.push(e))?,
+                (Memory::Uniform(n, m), ObsRef::F32(o), ObsRef::F32(x)) => n.push(o, a, r, te, tr, x, |e| m.push(e))?,
+                (Memory::Prioritized(n, m), ObsRef::F32(o), ObsRef::F32(x)) => {
+                    n.push(o, a, r, te, tr, x, |e| m.push(e))?
                 }
                 (Memory::Frames(..), obs, _) => return Err(unsupported_obs(obs)),
                 (_, obs, _) => return Err(f32_obs("dqn", obs).err().unwrap_or_else(|| unsupported_obs(obs))),
@@ -468,36 +447,15 @@ impl DataSide {
     /// Draw one minibatch and put it on the device as `layout` says.
     pub(crate) fn sample(&mut self, batch: usize, layout: &ObsLayout) -> Result<DqnBatch> {
         self.draw(batch)?;
-        let d = layout.device;
-        let (obs, next_obs, s_actions, s_rewards, s_discounts, s_terminated) = match &self.memory {
-            Memory::Frames(..) => {
-                let s = &self.frames_sample;
-                let obs = layout.tensor(ObsRef::U8(&s.obs))?;
-                (obs, layout.tensor(ObsRef::U8(&s.next_obs))?, &s.actions, &s.rewards, &s.discounts, &s.terminated)
-            }
-            _ => {
-                let s = &self.sample;
-                let obs = layout.tensor(ObsRef::F32(&s.obs))?;
-                (obs, layout.tensor(ObsRef::F32(&s.next_obs))?, &s.actions, &s.rewards, &s.discounts, &s.terminated)
-            }
+        let mut b = match &self.memory {
+            Memory::Frames(..) => DqnBatch::of_sample(&self.frames_sample, layout)?,
+            _ => DqnBatch::of_sample(&self.sample, layout)?,
         };
-        let bootstrap: Vec<f32> =
-            s_discounts.iter().zip(s_terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
-        let prioritized = match &self.memory {
-            Memory::Prioritized(..) => {
-                Some((Tensor::from_slice(&self.sample.weights).to_device(d), self.sample.indices.clone()))
-            }
-            _ => None,
-        };
-        Ok(DqnBatch {
-            obs,
-            next_obs,
-            actions: Tensor::from_slice(s_actions).to_kind(Kind::Int64).to_device(d).unsqueeze(1),
-            rewards: Tensor::from_slice(s_rewards).to_device(d),
-            bootstrap: Tensor::from_slice(&bootstrap).to_device(d),
-            prioritized,
-            host: None,
-        })
+        if let Memory::Prioritized(..) = &self.memory {
+            let weights = Tensor::from_slice(&self.sample.weights).to_device(layout.device);
+            b.prioritized = Some((weights, self.sample.indices.clone()));
+        }
+        Ok(b)
     }
 
     fn replay_len(&self) -> usize {
@@ -510,6 +468,38 @@ impl DataSide {
 }
 
 impl DqnBatch {
+    /// A batch on `layout`'s device (`actions`: `[B]` int64 indices; `bootstrap`: γ^m, 0 where terminated).
+    fn new(
+        layout: &ObsLayout,
+        obs: ObsRef<'_>,
+        next_obs: ObsRef<'_>,
+        actions: Tensor,
+        rewards: &[f32],
+        bootstrap: &[f32],
+    ) -> Result<DqnBatch> {
+        let d = layout.device;
+        Ok(DqnBatch {
+            obs: layout.tensor(obs)?,
+            next_obs: layout.tensor(next_obs)?,
+            actions: actions.to_device(d).unsqueeze(1),
+            rewards: Tensor::from_slice(rewards).to_device(d),
+            bootstrap: Tensor::from_slice(bootstrap).to_device(d),
+            prioritized: None,
+            host: None,
+        })
+    }
+
+    /// A replay sample's batch on `layout`'s device (without prioritized replay's weights).
+    fn of_sample<'a, O: Element>(s: &'a ReplaySample<O>, layout: &ObsLayout) -> Result<DqnBatch>
+    where
+        ObsRef<'a>: From<&'a [O]>,
+    {
+        let bootstrap: Vec<f32> =
+            s.discounts.iter().zip(&s.terminated).map(|(g, t)| if *t { 0.0 } else { *g }).collect();
+        let actions = Tensor::from_slice(&s.actions).to_kind(Kind::Int64);
+        DqnBatch::new(layout, ObsRef::from(&s.obs[..]), ObsRef::from(&s.next_obs[..]), actions, &s.rewards, &bootstrap)
+    }
+
     /// The members' batches (one shape) stacked on the member axis, `[N, B, …]`: a lone member's as a view,
     /// with its prioritized replay's weights and slots; several members' with uniform replay.
     fn stack(batches: &[DqnBatch]) -> DqnBatch {
@@ -536,20 +526,17 @@ impl DqnBatch {
 /// (any network — MLP, CNN, dueling, task heads — with replicas and micro-batches), or the plain MLPs of a
 /// population's members stacked into `[N, P]` rows.
 enum QNets<'a> {
-    Alone {
-        q: &'a QNet,
-        online: &'a mut FlatParams,
-        target: &'a FlatParams,
-        opt: &'a mut Adam,
-        parallel: &'a mut DataParallel,
-    },
+    Alone(&'a mut Dqn),
     Stacked {
-        online: Rows,
+        online: Box<Rows>,
         /// The target networks' rows as [`mlp_operands`].
         target: Vec<Tensor>,
         /// Every member's network (a plain MLP; its precision and quantiles).
         q: Box<QNet>,
         opt: StackedAdam,
+        /// Each member's gradient-norm limit and (`lrs`) learning rate.
+        max_norms: Vec<f64>,
+        lrs: Vec<f64>,
     },
 }
 
@@ -558,17 +545,13 @@ impl QNets<'_> {
     /// members' observations `[N, B, …]`, with the online parameters or (`target`) the target network's.
     fn q(&self, obs: &Tensor, target: bool) -> Tensor {
         match self {
-            QNets::Alone { q, online, target: t, .. } => {
-                q.forward_in(if target { t } else { online }, &obs.squeeze_dim(0), q.bf16).unsqueeze(0)
+            QNets::Alone(m) => {
+                let params = if target { &m.target } else { &m.online };
+                m.q.forward_in(params, &obs.squeeze_dim(0), m.q.bf16).unsqueeze(0)
             }
             QNets::Stacked { online, target: t, q, .. } => {
-                let online_operands;
-                let params = if target {
-                    t
-                } else {
-                    online_operands = mlp_operands(&online.views);
-                    &online_operands
-                };
+                let online_operands = (!target).then(|| mlp_operands(&online.views));
+                let params = online_operands.as_ref().unwrap_or(t);
                 let (layers, activation) = q.mlp_layout().expect("checked by unbatchable");
                 let z = batched_mlp(params, layers, &|h| activation.apply(h), obs, q.bf16);
                 let size = z.size();
@@ -580,7 +563,7 @@ impl QNets<'_> {
     /// A minibatch of `len` samples as micro-batches `(start, len)`, and the scale of each one's loss.
     fn micro_batches(&self, len: i64) -> (Vec<(i64, i64)>, f64) {
         match self {
-            QNets::Alone { parallel, .. } => (parallel.micro_batches(len).collect(), parallel.micro_scale()),
+            QNets::Alone(m) => (m.parallel.micro_batches(len).collect(), m.parallel.micro_scale()),
             QNets::Stacked { .. } => (vec![(0, len)], 1.0),
         }
     }
@@ -588,20 +571,19 @@ impl QNets<'_> {
     /// Each member's gradient of `scale ·` its loss (`[N]`), added with `add`.
     fn backward(&mut self, losses: &Tensor, scale: f64, add: bool) {
         match self {
-            QNets::Alone { online, .. } => backward_alone(online, losses, scale, add),
+            QNets::Alone(m) => backward_alone(&mut m.online, losses, scale, add),
             QNets::Stacked { online, .. } => online.backward(losses),
         }
     }
 
-    /// Average over replicas, clip each member's gradient to its limit, and take one Adam step (`lrs`: each
-    /// member's learning rate; one alone has its own set).
-    fn clip_and_step(&mut self, max_norms: &[f64], lrs: &[f64]) -> Result<()> {
+    /// Average over replicas, clip each member's gradient to its limit, and take one Adam step.
+    fn clip_and_step(&mut self) -> Result<()> {
         match self {
-            QNets::Alone { online, opt, parallel, .. } => {
-                reduce_and_clip_alone(online, parallel, max_norms[0], "dqn")?;
-                opt.step(online);
+            QNets::Alone(m) => {
+                reduce_and_clip_alone(&mut m.online, &mut m.parallel, m.config.max_grad_norm, "dqn")?;
+                m.opt.step(&mut m.online);
             }
-            QNets::Stacked { online, opt, .. } => {
+            QNets::Stacked { online, opt, max_norms, lrs, .. } => {
                 clip_per_member(&online.grad, max_norms, "dqn")?;
                 opt.step(&online.params, &online.grad, lrs);
             }
@@ -610,18 +592,11 @@ impl QNets<'_> {
     }
 }
 
-/// DQN's gradient step, written once over the member axis: every member's Huber TD loss on its minibatch (`b`,
-/// `[N, B, …]`) against the (double-)Q target from its target network — or, with quantiles (QR-DQN), the quantile
-/// Huber loss against the target quantiles — a mean over its samples (importance-weighted with prioritized
-/// replay), averaged over replicas, clipped to its limit, and one Adam step. Returns each member's loss `[N]`, the
-/// Q-values of the actions taken `[N, B]` and their targets (with quantiles: their means).
-fn td_step(
-    nets: &mut QNets,
-    b: &DqnBatch,
-    double_q: bool,
-    max_norms: &[f64],
-    lrs: &[f64],
-) -> Result<(Tensor, Tensor, Tensor)> {
+/// DQN's gradient step, written once over the member axis: every member's Huber TD loss (QR-DQN: quantile Huber
+/// loss) on its minibatch `b` `[N, B, …]` against the (double-)Q target of its target network, a mean over its
+/// samples (importance-weighted with prioritized replay), averaged over replicas, clipped, and one Adam step.
+/// Returns each member's loss `[N]`, the Q-values of the actions taken `[N, B]` and their targets.
+fn td_step(nets: &mut QNets, b: &DqnBatch, double_q: bool) -> Result<(Tensor, Tensor, Tensor)> {
     // `[N, B, quantiles]`: the target network's quantiles (Q-values) of the greedy next action — greedy by the
     // online network's Q with double-Q — discounted onto the reward.
     let target = tch::no_grad(|| {
@@ -659,7 +634,7 @@ fn td_step(
     } else {
         (Tensor::cat(&qs, 1), Tensor::stack(&losses, 0).mean_dim(0, false, Kind::Float))
     };
-    nets.clip_and_step(max_norms, lrs)?;
+    nets.clip_and_step()?;
     Ok((loss, q, target.mean_dim(-1, false, Kind::Float)))
 }
 
@@ -726,8 +701,7 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
     let mut dues = Vec::with_capacity(members.len());
     for m in members.iter_mut() {
         m.set_learning_rate(progress);
-        let config = m.config.clone();
-        dues.push(lock(&m.side).phase_due(&config, progress));
+        dues.push(lock(&m.side).phase_due(&m.config, progress));
     }
     if dues.iter().all(|&d| d == 0) {
         return Ok(vec![None; members.len()]);
@@ -737,18 +711,18 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
             "dqn population: members' training phases fell due apart ({dues:?} gradient steps)"
         )));
     }
-    let online = Rows::new(&members.iter().map(|m| &m.online).collect::<Vec<_>>());
+    let online = Box::new(Rows::new(&members.iter().map(|m| &m.online).collect::<Vec<_>>()));
     let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
     let targets = Tensor::stack(&members.iter().map(|m| m.target.flat().detach()).collect::<Vec<_>>(), 0);
     let target = tch::no_grad(|| mlp_operands(&member_views(&targets, &members[0].target)));
-    let mut nets = QNets::Stacked { online, target, q: Box::new(members[0].q.clone()), opt };
-    let lrs: Vec<f64> = members.iter().map(|m| m.opt.lr).collect();
-    let max_norms: Vec<f64> = members.iter().map(|m| m.config.max_grad_norm).collect();
+    let lrs = members.iter().map(|m| m.opt.lr).collect();
+    let max_norms = members.iter().map(|m| m.config.max_grad_norm).collect();
+    let mut nets = QNets::Stacked { online, target, q: Box::new(members[0].q.clone()), opt, max_norms, lrs };
     let (layout, batch, double_q) = (members[0].q.layout(), members[0].config.batch_size, members[0].config.double_q);
     let mut phase = Vec::with_capacity(dues[0]);
     for _ in 0..dues[0] {
         let samples = members.iter().map(|m| lock(&m.side).sample(batch, &layout)).collect::<Result<Vec<_>>>()?;
-        let (loss, q, _) = td_step(&mut nets, &DqnBatch::stack(&samples), double_q, &max_norms, &lrs)?;
+        let (loss, q, _) = td_step(&mut nets, &DqnBatch::stack(&samples), double_q)?;
         for m in members.iter() {
             lock(&m.side).counters.gradient_steps += 1;
         }
@@ -770,12 +744,10 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
         .collect()
 }
 
-/// DQN's data side for a learner's batch-assembly thread ([`crate::algorithm::ReplayAhead::replay_feed`]): it observes
-/// transitions
-/// into the agent's replay and, whenever a training phase is due, samples its minibatches onto the device,
-/// handing them on as [`Prepared`] work — exactly the draws [`Algorithm::update`] would make at that point,
-/// so training on them gives the same result. Uniform and frame replay only: prioritized sampling needs the
-/// priorities of the update before it.
+/// DQN's data side for a learner's batch-assembly thread ([`crate::algorithm::ReplayAhead::replay_feed`]): it
+/// observes transitions into the agent's replay and, whenever a training phase is due, samples its minibatches onto
+/// the device as [`Prepared`] work — exactly the draws [`Algorithm::update`] would make at that point, so training
+/// on them gives the same result. Uniform and frame replay only.
 #[derive(Debug)]
 pub struct DqnFeed {
     side: Arc<Mutex<DataSide>>,
@@ -809,9 +781,7 @@ impl ReplayFeed for DqnFeed {
         let host_copy = self.config.fused_cpu && self.layout.device == Device::Cpu && self.layout.image.is_none();
         for i in 0..due {
             let mut batch = side.sample(self.config.batch_size, &self.layout)?;
-            if host_copy {
-                batch.host = Some(Box::new(side.sample.clone()));
-            }
+            batch.host = host_copy.then(|| Box::new(side.sample.clone()));
             let c = &side.counters;
             let at = PhaseStep { progress: *progress, epsilon: c.epsilon, beta: c.beta, last: i + 1 == due };
             out.push(Prepared(Box::new(DqnWork::Batch(Box::new(batch), at))));
@@ -847,60 +817,38 @@ enum QBody {
 impl QNet {
     /// The network for these spaces (a `Discrete` action space) and its initial parameters, seeded: PyTorch's
     /// default init for MLPs (SB3), orthogonal with gain √2 (output layer 1) for the CNN.
-    fn init(
-        observation_space: &Space,
-        action_space: &Space,
-        config: &DqnConfig,
-        seed: u64,
-    ) -> Result<(QNet, Vec<(String, Tensor)>)> {
-        let Space::Discrete { n: n_actions, .. } = *action_space else {
-            return Err(unsupported("dqn", format!("{action_space:?}: DQN needs discrete actions")));
-        };
-        // A dueling network's last layer holds the value head next to the advantage head; with task heads,
-        // one such head per task.
-        let heads = if config.task_heads { config.tasks.max(1) } else { 1 };
-        if heads > 1 && (is_image(observation_space) || observation_space.flat_dim() <= heads) {
+    fn init(o: &Space, a: &Space, config: &DqnConfig, seed: u64) -> Result<(QNet, Vec<(String, Tensor)>)> {
+        let (n_actions, heads, outputs) = config.q_shape(a)?;
+        if heads > 1 && (is_image(o) || o.flat_dim() <= heads) {
             return Err(bad_obs(format!(
-                "{observation_space:?}: {heads} task heads need vector observations ending in the task's one-hot \
+                "{o:?}: {heads} task heads need vector observations ending in the task's one-hot \
                  ([[tasks]])"
             )));
         }
-        let quantiles = config.n_quantiles.max(1);
-        let outputs = ((n_actions + usize::from(config.dueling)) * quantiles * heads) as i64;
-        let (obs_dim, body, named) = if is_image(observation_space) {
-            let shape = observation_space.shape();
-            let built = with_torch_seed(seed, || NatureCnn::init("q", shape, &[(outputs, 1.0)], 0))
+        let (obs_dim, body, named) = if is_image(o) {
+            let shape = o.shape();
+            let built = with_torch_seed(seed, || NatureCnn::init("q", shape, &[(outputs as i64, 1.0)], 0))
                 .map(|(cnn, named)| (cnn.with_options(config.cnn), named));
             let (cnn, named) = built.ok_or_else(|| {
                 bad_obs(format!("frames of shape {shape:?}: the Nature CNN takes [C, H, W] with H, W ≥ 36"))
             })?;
-            (observation_space.flat_dim(), QBody::Cnn(cnn), named)
+            (o.flat_dim(), QBody::Cnn(cnn), named)
         } else {
-            let obs_dim = mlp_input_dim("dqn", observation_space)?;
-            let (net, named) = with_torch_seed(seed, || {
-                FlatMlp::init(
-                    "q",
-                    obs_dim as i64,
-                    &config.hidden_sizes,
-                    outputs,
-                    config.activation,
-                    LayerInit::Torch,
-                    0,
-                )
-            });
+            let obs_dim = mlp_input_dim("dqn", o)?;
+            let DqnConfig { hidden_sizes, activation, .. } = config;
+            let mlp =
+                || FlatMlp::init("q", obs_dim as i64, hidden_sizes, outputs as i64, *activation, LayerInit::Torch, 0);
+            let (net, named) = with_torch_seed(seed, mlp);
             (obs_dim, QBody::Mlp(net), named)
         };
-        let dueling = config.dueling;
+        let (dueling, quantiles) = (config.dueling, config.n_quantiles.max(1));
         let q = QNet { body, dueling, n_actions, obs_dim, heads, device: Device::Cpu, bf16: false, quantiles };
         Ok((q, named))
     }
 
     /// How observations become the network's input.
     pub(crate) fn layout(&self) -> ObsLayout {
-        let image = match &self.body {
-            QBody::Mlp(_) => None,
-            QBody::Cnn(cnn) => Some(cnn.shape()),
-        };
+        let image = if let QBody::Cnn(cnn) = &self.body { Some(cnn.shape()) } else { None };
         ObsLayout { obs_dim: self.obs_dim, image, device: self.device }
     }
 
@@ -934,10 +882,7 @@ impl QNet {
     /// The MLP body's layer weight indices and nonlinearity (`None` for the CNN), for a population's batched
     /// update.
     pub(crate) fn mlp_layout(&self) -> Option<(&[usize], crate::nn::nets::Activation)> {
-        match &self.body {
-            QBody::Mlp(net) => Some(net.layout()),
-            QBody::Cnn(_) => None,
-        }
+        if let QBody::Mlp(net) = &self.body { Some(net.layout()) } else { None }
     }
 
     /// `Q(obs, ·)` for acting, row-major into `q_values`: an MLP on f32 observations without libtorch when the
@@ -955,14 +900,13 @@ impl QNet {
         let rows = obs.len() / self.obs_dim;
         let (scratch, raw) = host;
         let on_host = match (&self.body, obs) {
-            (QBody::Mlp(net), ObsRef::F32(x)) => net.forward_host(params, x, rows, scratch, raw),
-            _ => false,
+            (QBody::Mlp(net), ObsRef::F32(x)) => net.forward_host(params, x, rows, scratch, raw).then_some(x),
+            _ => None,
         };
-        if on_host {
+        if let Some(x) = on_host {
             // The network without libtorch (CPU parameters); the dueling combination as `forward` does it.
             q_values.clear();
             if self.heads > 1 {
-                let ObsRef::F32(x) = obs else { unreachable!("the host path takes f32 rows") };
                 crate::nn::nets::select_task_heads(x, self.obs_dim, self.heads, raw);
             }
             let n = self.quantiles;
@@ -1052,57 +996,38 @@ impl ActingNet for QNet {
 /// Ape-X's per-actor exploration (Horgan et al. 2018): actor `i` of `n` uses `ε_i = ε^(1 + α·i/(n−1))`
 /// (ε = 0.4, α = 7 in the paper), so a few actors explore widely and most act nearly greedily.
 pub fn apex_epsilon(i: usize, n: usize, epsilon: f64, alpha: f64) -> f64 {
-    if n <= 1 {
-        return epsilon;
-    }
-    epsilon.powf(1.0 + alpha * i as f64 / (n - 1) as f64)
+    if n <= 1 { epsilon } else { epsilon.powf(1.0 + alpha * i as f64 / (n - 1) as f64) }
 }
 
 impl Dqn {
-    /// A fresh agent for a `Discrete` action space fed by `n_envs` envs.
-    pub fn new(
-        observation_space: &Space,
-        action_space: &Space,
-        n_envs: usize,
-        config: DqnConfig,
-        device: Device,
-        seed: u64,
-    ) -> Result<Self> {
+    /// A fresh agent for observation space `o` and a `Discrete` action space `a`, fed by `n_envs` envs.
+    pub fn new(o: &Space, a: &Space, n_envs: usize, config: DqnConfig, device: Device, seed: u64) -> Result<Self> {
         config.validate()?;
-        let (mut q, named) = QNet::init(observation_space, action_space, &config, seed)?;
+        let (mut q, named) = QNet::init(o, a, &config, seed)?;
         q.device = device;
         q.bf16 = config.bf16 && device == Device::Cpu && q.mlp_layout().is_some();
         let obs_dim = q.obs_dim;
         let online = FlatParams::new(named, device);
         let target = online.target_copy();
         let opt = Adam::new(&online, config.learning_rate, config.adam_eps);
-        let frames = is_image(observation_space);
-        if frames && config.prioritized_replay {
-            return Err(Error::config(
-                "dqn",
-                "prioritized_replay",
-                "true",
-                "prioritized replay of frame stacks is not implemented; set it to false for image \
-                 observations (they use a frame-deduplicating uniform replay)",
-            ));
-        }
-        let (n, gamma) = (config.n_step, config.gamma);
-        let memory = if frames {
-            let shape = observation_space.shape();
-            Memory::Frames(
-                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
-                FrameReplay::new(config.buffer_size, shape[0], shape[1] * shape[2], 1)?,
-            )
-        } else if config.prioritized_replay {
-            Memory::Prioritized(
-                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
-                PrioritizedReplay::new(config.buffer_size, obs_dim, 1, config.per_alpha, config.per_eps)?,
-            )
-        } else {
-            Memory::Uniform(
-                NStep::new(n, n_envs, obs_dim, 1, gamma)?,
-                ReplayBuffer::new(config.buffer_size, obs_dim, 1)?,
-            )
+        let (n, gamma, capacity) = (config.n_step, config.gamma, config.buffer_size);
+        let memory = match (is_image(o), config.prioritized_replay) {
+            (true, true) => {
+                let detail = "prioritized replay of frame stacks is not implemented; set it to false for image \
+                              observations (they use a frame-deduplicating uniform replay)";
+                return Err(Error::config("dqn", "prioritized_replay", "true", detail));
+            }
+            (true, false) => {
+                let [c, h, w] = o.shape() else { unreachable!("image observations are [C, H, W]") };
+                Memory::Frames(NStep::new(n, n_envs, obs_dim, 1, gamma)?, FrameReplay::new(capacity, *c, h * w, 1)?)
+            }
+            (false, true) => {
+                let per = PrioritizedReplay::new(capacity, obs_dim, 1, config.per_alpha, config.per_eps);
+                Memory::Prioritized(NStep::new(n, n_envs, obs_dim, 1, gamma)?, per?)
+            }
+            (false, false) => {
+                Memory::Uniform(NStep::new(n, n_envs, obs_dim, 1, gamma)?, ReplayBuffer::new(capacity, obs_dim, 1)?)
+            }
         };
         let counters =
             Counters { epsilon: config.exploration_initial_eps, beta: config.per_beta0, ..Default::default() };
@@ -1131,10 +1056,8 @@ impl Dqn {
     }
 
     /// One gradient step on the given transitions rather than a replay sample (offline data, distillation,
-    /// tests): observations `obs` / `next_obs` (`B` rows of the network's observation, f32 or u8 frames),
-    /// `actions`, (n-step) `rewards` and `bootstrap` (γ^m, 0 where the episode terminated). Returns the TD
-    /// loss. Counts as a gradient step (target copies follow the usual interval only through
-    /// [`Algorithm::update`]).
+    /// tests): `B` rows of `obs` / `next_obs`, `actions`, (n-step) `rewards` and `bootstrap` (γ^m, 0 where the
+    /// episode terminated). Returns the TD loss. Counts as a gradient step; the target network does not follow.
     pub fn train_on(
         &mut self,
         obs: ObsRef<'_>,
@@ -1153,17 +1076,7 @@ impl Dqn {
         if let Some(a) = actions.iter().find(|a| **a < 0 || **a as usize >= n) {
             return Err(Error::length(format!("dqn train_on action {a}"), 1, n));
         }
-        let layout = self.q.layout();
-        let d = layout.device;
-        let batch = DqnBatch {
-            obs: layout.tensor(obs)?,
-            next_obs: layout.tensor(next_obs)?,
-            actions: Tensor::from_slice(actions).to_device(d).unsqueeze(1),
-            rewards: Tensor::from_slice(rewards).to_device(d),
-            bootstrap: Tensor::from_slice(bootstrap).to_device(d),
-            prioritized: None,
-            host: None,
-        };
+        let batch = DqnBatch::new(&self.q.layout(), obs, next_obs, Tensor::from_slice(actions), rewards, bootstrap)?;
         let (loss, _) = self.gradient_step(&batch)?;
         Ok(f64::try_from(loss)?)
     }
@@ -1171,16 +1084,8 @@ impl Dqn {
     /// One gradient step on a replay sample ([`td_step`] of this agent alone), then the new priorities
     /// (prioritized replay) and the step count; returns (loss, mean Q) as tensors.
     fn gradient_step(&mut self, b: &DqnBatch) -> Result<(Tensor, Tensor)> {
-        let lr = self.opt.lr;
-        let Dqn { q, online, target, opt, parallel, config, .. } = self;
-        let mut nets = QNets::Alone { q, online, target, opt, parallel };
-        let (loss, q, target) = td_step(
-            &mut nets,
-            &DqnBatch::stack(std::slice::from_ref(b)),
-            config.double_q,
-            &[config.max_grad_norm],
-            &[lr],
-        )?;
+        let (stacked, double_q) = (DqnBatch::stack(std::slice::from_ref(b)), self.config.double_q);
+        let (loss, q, target) = td_step(&mut QNets::Alone(self), &stacked, double_q)?;
         let mut side = lock(&self.side);
         if let (Some((_, indices)), Memory::Prioritized(_, r)) = (&b.prioritized, &mut side.memory) {
             let td: Vec<f32> = Vec::try_from((&q - &target).to_device(Device::Cpu).view([-1]))?;
@@ -1190,9 +1095,8 @@ impl Dqn {
         Ok((loss.squeeze_dim(0), q.mean(Kind::Float)))
     }
 
-    /// The fused CPU step's state when this agent's steps can take it ([`DqnConfig::fused_cpu`]: an f32 MLP
-    /// without dueling or task heads on the CPU, uniform or prioritized replay of f32 observations, no
-    /// data-parallel replicas or accumulation, nothing frozen), taken out of `self` for a step.
+    /// The fused CPU step's state, taken out of `self` for a step, when this agent's steps can take it
+    /// ([`DqnConfig::fused_cpu`]; uniform or prioritized replay of f32 observations).
     fn fused_path(&mut self) -> Option<DqnHost> {
         let single = self.parallel.replicas() == 1 && self.parallel.accumulate() == 1;
         let frames = matches!(lock(&self.side).memory, Memory::Frames(..));
@@ -1238,7 +1142,6 @@ impl Dqn {
         let (loss, mean_q) =
             host.step(&mut self.online, &self.target, &mut self.opt, sample, double_q, max_grad_norm)?;
         let mut side = lock(&self.side);
-        let side = &mut *side;
         if let Memory::Prioritized(_, r) = &mut side.memory {
             r.update_priorities(&sample.indices, host.td())?;
         }
@@ -1381,19 +1284,12 @@ impl crate::algorithm::ReplayAhead for Dqn {
     /// draw needs the priorities the update before it sets).
     fn replay_feed(&mut self) -> Result<Box<dyn ReplayFeed>> {
         if matches!(lock(&self.side).memory, Memory::Prioritized(..)) {
-            return Err(Error::Unsupported(
-                "dqn with prioritized_replay cannot sample ahead of its update: each draw needs the priorities \
-                 the update before it sets"
-                    .into(),
-            ));
+            let why = "dqn with prioritized_replay cannot sample ahead of its update: each draw needs the priorities \
+                       the update before it sets";
+            return Err(Error::Unsupported(why.into()));
         }
-        let feed = DqnFeed {
-            side: self.side.clone(),
-            config: self.config.clone(),
-            n_envs: self.n_envs,
-            layout: self.q.layout(),
-        };
-        Ok(Box::new(feed))
+        let (side, config, layout) = (self.side.clone(), self.config.clone(), self.q.layout());
+        Ok(Box::new(DqnFeed { side, config, n_envs: self.n_envs, layout }))
     }
 
     fn train_prepared(&mut self, work: Prepared) -> Result<Option<Metrics>> {
