@@ -441,8 +441,12 @@ impl Td3 {
         self.parallel.check_batch(self.name, "train_on batch", b)?;
         let (noise, rng) = (target_noise(&self.config, self.pi.act_dim), &mut self.rng);
         let width = rows.lay_out(dims, &mut self.batch, |out| noise(rng, out));
-        let (critic, _, actor) = self.step_on_batch(width, b, update_actor)?;
-        Ok((f64::try_from(critic)?, actor.map(|a| f64::try_from(a)).transpose()?))
+        let x = Tensor::f_from_slice(&self.batch)?.f_view([1, b as i64, width as i64])?.to_device(self.pi.device);
+        let (critic, _, actor) = td3_step(&mut Td3Nets::Alone(self), &x, update_actor)?;
+        self.data.counters.critic_updates += 1;
+        self.data.counters.actor_updates += u64::from(update_actor);
+        let scalar = |t: Tensor| f64::try_from(t.squeeze_dim(0));
+        Ok((scalar(critic)?, actor.map(scalar).transpose()?))
     }
 
     /// Whether the next critic update brings an actor and target update (the policy delay, counted over the
@@ -470,22 +474,6 @@ impl Td3 {
         m.push("charts/gradient_steps", critic_losses.len() as f64);
         Ok(m)
     }
-
-    /// The gradient step on the `batch` rows laid out in `self.batch` (`width` floats each): [`td3_step`] of
-    /// this agent alone.
-    fn step_on_batch(
-        &mut self,
-        width: usize,
-        batch: usize,
-        update_actor: bool,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let x = Tensor::f_from_slice(&self.batch)?.f_view([1, batch as i64, width as i64])?.to_device(self.pi.device);
-        let (critic_loss, q, actor_loss) = td3_step(&mut Td3Nets::Alone(self), &x, update_actor)?;
-        self.data.counters.critic_updates += 1;
-        self.data.counters.actor_updates += u64::from(update_actor);
-        let one = |t: Tensor| t.squeeze_dim(0);
-        Ok((one(critic_loss), one(q), actor_loss.map(one)))
-    }
 }
 
 /// TD3's (and DDPG's) networks on the member axis ([`crate::nn::members`]): one agent's own (task heads,
@@ -493,7 +481,7 @@ impl Td3 {
 /// stacked.
 enum Td3Nets<'a> {
     Alone(&'a mut Td3),
-    Stacked(Box<StackedTd3>),
+    Stacked(&'a mut StackedTd3),
 }
 
 /// The actor or the critics.
@@ -822,7 +810,7 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
     let critic = StackedNet::new(members, |m| (&m.critic, &m.critic_target, &m.critic_opt));
     let mut first_views = member_views(&critic.online.params.detach(), &m0.critic);
     first_views.truncate(2 * m0.critic_net.layers);
-    let stacked = StackedTd3 {
+    let mut stacked = StackedTd3 {
         actor: StackedNet::new(members, |m| (&m.actor, &m.actor_target, &m.actor_opt)),
         critic,
         actor_layers: m0.pi.net.layout().0.to_vec(),
@@ -833,16 +821,25 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         taus: members.iter().map(|m| m.config.tau).collect(),
         dims: (m0.pi.obs_dim as i64, m0.pi.act_dim as i64, m0.config.smoothing()),
     };
-    let (device, b) = (m0.pi.device, m0.config.batch_size as i64);
-    let mut nets = Td3Nets::Stacked(Box::new(stacked));
+    Ok(train_phase(members, Some(&mut stacked), dues[0])?.into_iter().map(Some).collect())
+}
+
+/// A training phase of `steps` [`td3_step`]s of `members`, stacked in `stacked` (else the one member alone),
+/// and each member's metrics, as its own update reports them.
+fn train_phase(members: &mut [&mut Td3], mut stacked: Option<&mut StackedTd3>, steps: usize) -> Result<Vec<Metrics>> {
+    let (device, b) = (members[0].pi.device, members[0].config.batch_size as i64);
     let (mut critic_losses, mut qs, mut actor_losses) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..dues[0] {
+    for _ in 0..steps {
         let update_actor = members[0].actor_step_due();
         let mut rows = Vec::with_capacity(members.len());
         for m in members.iter_mut() {
             let width = m.fill_batch()?;
             rows.push(Tensor::f_from_slice(&m.batch)?.f_view([b, width as i64])?);
         }
+        let mut nets = match stacked.as_deref_mut() {
+            Some(s) => Td3Nets::Stacked(s),
+            None => Td3Nets::Alone(&mut *members[0]),
+        };
         let (critic_loss, q, actor_loss) =
             td3_step(&mut nets, &Tensor::stack(&rows, 0).to_device(device), update_actor)?;
         for m in members.iter_mut() {
@@ -853,15 +850,16 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         qs.push(q);
         actor_losses.extend(actor_loss);
     }
-    let Td3Nets::Stacked(s) = &nets else { unreachable!("stacked above") };
     members
         .iter_mut()
         .enumerate()
         .map(|(k, m)| {
-            s.actor.scatter(k, &m.actor, &m.actor_target, &mut m.actor_opt);
-            s.critic.scatter(k, &m.critic, &m.critic_target, &mut m.critic_opt);
+            if let Some(s) = &stacked {
+                s.actor.scatter(k, &m.actor, &m.actor_target, &mut m.actor_opt);
+                s.critic.scatter(k, &m.critic, &m.critic_target, &mut m.critic_opt);
+            }
             let own = |ts: &[Tensor]| ts.iter().map(|t| t.get(k as i64)).collect::<Vec<_>>();
-            m.phase_metrics(&own(&critic_losses), &own(&qs), &own(&actor_losses)).map(Some)
+            m.phase_metrics(&own(&critic_losses), &own(&qs), &own(&actor_losses))
         })
         .collect()
 }
@@ -903,16 +901,7 @@ impl Algorithm for Td3 {
         if steps == 0 {
             return Ok(None);
         }
-        let (mut critic_losses, mut qs, mut actor_losses) = (Vec::with_capacity(steps), Vec::new(), Vec::new());
-        for _ in 0..steps {
-            let update_actor = self.actor_step_due();
-            let width = self.fill_batch()?;
-            let (critic_loss, q, actor_loss) = self.step_on_batch(width, self.config.batch_size, update_actor)?;
-            critic_losses.push(critic_loss);
-            qs.push(q);
-            actor_losses.extend(actor_loss);
-        }
-        self.phase_metrics(&critic_losses, &qs, &actor_losses).map(Some)
+        Ok(train_phase(&mut [self], None, steps)?.pop())
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {
