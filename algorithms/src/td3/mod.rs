@@ -414,13 +414,6 @@ impl Td3 {
         &self.critic
     }
 
-    /// Sample a batch and lay it out in `self.batch` (see its doc), drawing the target-action noise. Returns
-    /// the row width.
-    pub(crate) fn fill_batch(&mut self) -> Result<usize> {
-        let c = &self.config;
-        self.data.sample_rows(c.batch_size, &mut self.rng, &mut self.batch, target_noise(c, self.pi.act_dim))
-    }
-
     /// One gradient step on explicit transitions rather than a replay sample (offline data, tests):
     /// `obs` / `next_obs` (`B` rows of `obs_dim`), `actions` already in `[−1, 1]` (`B` rows of `act_dim`),
     /// `rewards`, and `bootstrap` (γ, 0 where the episode terminated). The critic steps; with `update_actor`
@@ -447,32 +440,6 @@ impl Td3 {
         self.data.counters.actor_updates += u64::from(update_actor);
         let scalar = |t: Tensor| f64::try_from(t.squeeze_dim(0));
         Ok((scalar(critic)?, actor.map(scalar).transpose()?))
-    }
-
-    /// Whether the next critic update brings an actor and target update (the policy delay, counted over the
-    /// whole run).
-    pub(crate) fn actor_step_due(&self) -> bool {
-        (self.data.counters.critic_updates + 1).is_multiple_of(self.config.policy_delay)
-    }
-
-    /// A training phase's metrics from its gradient steps' critic losses, mean Q-values and actor losses
-    /// (scalar tensors); records the latest actor loss.
-    pub(crate) fn phase_metrics(
-        &mut self,
-        critic_losses: &[Tensor],
-        qs: &[Tensor],
-        actor_losses: &[Tensor],
-    ) -> Result<Metrics> {
-        if !actor_losses.is_empty() {
-            self.data.counters.last_actor_loss = Some(mean_of(actor_losses)?);
-        }
-        let mut m = Metrics::default();
-        m.push("losses/critic_loss", mean_of(critic_losses)?);
-        m.push("losses/actor_loss", self.data.counters.last_actor_loss.unwrap_or(f64::NAN));
-        m.push("losses/q_values", mean_of(qs)?);
-        m.push("charts/learning_rate", self.actor_opt.lr);
-        m.push("charts/gradient_steps", critic_losses.len() as f64);
-        Ok(m)
     }
 }
 
@@ -830,10 +797,13 @@ fn train_phase(members: &mut [&mut Td3], mut stacked: Option<&mut StackedTd3>, s
     let (device, b) = (members[0].pi.device, members[0].config.batch_size as i64);
     let (mut critic_losses, mut qs, mut actor_losses) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..steps {
-        let update_actor = members[0].actor_step_due();
+        // The policy delay, counted over the whole run.
+        let update_actor = (members[0].data.counters.critic_updates + 1).is_multiple_of(members[0].config.policy_delay);
         let mut rows = Vec::with_capacity(members.len());
         for m in members.iter_mut() {
-            let width = m.fill_batch()?;
+            // A minibatch laid out in `batch` (see its doc), with its target-action noise.
+            let width =
+                m.data.sample_rows(b as usize, &mut m.rng, &mut m.batch, target_noise(&m.config, m.pi.act_dim))?;
             rows.push(Tensor::f_from_slice(&m.batch)?.f_view([b, width as i64])?);
         }
         let mut nets = match stacked.as_deref_mut() {
@@ -858,8 +828,19 @@ fn train_phase(members: &mut [&mut Td3], mut stacked: Option<&mut StackedTd3>, s
                 s.actor.scatter(k, &m.actor, &m.actor_target, &mut m.actor_opt);
                 s.critic.scatter(k, &m.critic, &m.critic_target, &mut m.critic_opt);
             }
-            let own = |ts: &[Tensor]| ts.iter().map(|t| t.get(k as i64)).collect::<Vec<_>>();
-            m.phase_metrics(&own(&critic_losses), &own(&qs), &own(&actor_losses))
+            // The mean over the phase's steps of member `k`'s losses; the latest actor loss is kept for phases
+            // the delay skips.
+            let mean = |ts: &[Tensor]| mean_of(&ts.iter().map(|t| t.get(k as i64)).collect::<Vec<_>>());
+            if !actor_losses.is_empty() {
+                m.data.counters.last_actor_loss = Some(mean(&actor_losses)?);
+            }
+            let mut metrics = Metrics::default();
+            metrics.push("losses/critic_loss", mean(&critic_losses)?);
+            metrics.push("losses/actor_loss", m.data.counters.last_actor_loss.unwrap_or(f64::NAN));
+            metrics.push("losses/q_values", mean(&qs)?);
+            metrics.push("charts/learning_rate", m.actor_opt.lr);
+            metrics.push("charts/gradient_steps", critic_losses.len() as f64);
+            Ok(metrics)
         })
         .collect()
 }
