@@ -391,14 +391,12 @@ impl Sac {
 
     /// Sample a minibatch into `self.batch` (with its Gaussian draws) and take one gradient step on it.
     fn gradient_step(&mut self) -> Result<StepLosses> {
-        let ad = self.pi.act_dim;
-        let b = self.config.batch_size;
+        let (ad, b) = (self.pi.act_dim, self.config.batch_size);
         let width = self.data.sample_rows(b, &mut self.rng, &mut self.batch, |rng, out| {
             fill_standard_normal(rng, 2 * ad, |_, e| out.push(e as f32));
             push_eps_densities(out, ad);
         })?;
-        let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.pi.device);
-        self.step_on(&x)
+        self.step_on(b, width)
     }
 
     /// One gradient step on explicit transitions rather than a replay sample (offline data, tests): `obs` /
@@ -430,16 +428,16 @@ impl Sac {
             push_eps_densities(out, dims.1);
             row += 1;
         });
-        let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.pi.device);
-        let l = self.step_on(&x)?;
+        let l = self.step_on(b, width)?;
         Ok((f64::try_from(&l.critic)?, f64::try_from(&l.actor)?, f64::try_from(&l.alpha)?))
     }
 
-    /// SAC's update on the rows `x` `[B, width]` (one per transition: `[obs | action | next_obs | reward |
-    /// bootstrap | ε | ε′ | ε's density | ε′'s density]`, [`push_eps_densities`]): temperature, critics, actor,
-    /// targets.
-    fn step_on(&mut self, x: &Tensor) -> Result<StepLosses> {
-        let (od, ad, b) = (self.pi.obs_dim as i64, self.pi.act_dim as i64, x.size()[0]);
+    /// SAC's update on the `rows` rows of `width` floats in `batch` (one per transition: `[obs | action | next_obs |
+    /// reward | bootstrap | ε | ε′ | ε's density | ε′'s density]`, [`push_eps_densities`]): temperature, critics,
+    /// actor, targets.
+    fn step_on(&mut self, rows: usize, width: usize) -> Result<StepLosses> {
+        let (od, ad, b) = (self.pi.obs_dim as i64, self.pi.act_dim as i64, rows as i64);
+        let x = Tensor::f_from_slice(&self.batch)?.f_view([b, width as i64])?.to_device(self.pi.device);
         let (fused, bf16) = (self.config.fused_cpu, self.critic_net.bf16);
         let column = |start: i64, len: i64| x.narrow(1, start, len);
         let (obs, action, next_obs) = (column(0, od), column(od, ad), column(od + ad, od));

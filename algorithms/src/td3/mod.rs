@@ -976,14 +976,8 @@ impl ActorNet {
         let (low, high) = action_bounds(name, action_space)?;
         let (act_dim, heads) = (low.len(), c.heads());
         if heads > 1 && obs_dim <= heads {
-            return Err(Error::space(
-                "observation",
-                name,
-                format!(
-                    "{observation_space:?}: {heads} task heads need observations ending in the task's one-hot \
-                     ([[tasks]])"
-                ),
-            ));
+            let need = "task heads need observations ending in the task's one-hot ([[tasks]])";
+            return Err(Error::space("observation", name, format!("{observation_space:?}: {heads} {need}")));
         }
         let (od, outputs) = (obs_dim as i64, (act_dim * heads) as i64);
         let (net, named) = FlatMlp::init("actor", od, &c.hidden_sizes, outputs, c.activation, LayerInit::Torch, 0);
