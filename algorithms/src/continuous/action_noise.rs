@@ -58,14 +58,9 @@ impl ActionNoise {
             }
             NoiseType::OrnsteinUhlenbeck => {
                 if actions.len() != self.state.len() {
-                    return Err(Error::length(
-                        format!(
-                            "actions to add Ornstein–Uhlenbeck noise to ({} envs × {} action values)",
-                            self.n_envs, self.act_dim
-                        ),
-                        actions.len(),
-                        self.state.len(),
-                    ));
+                    let (n, a) = (self.n_envs, self.act_dim);
+                    let what = format!("actions to add Ornstein–Uhlenbeck noise to ({n} envs × {a} action values)");
+                    return Err(Error::length(what, actions.len(), self.state.len()));
                 }
                 let (state, std) = (&mut self.state, self.std);
                 fill_standard_normal(rng, actions.len(), |i, eps| {
@@ -92,14 +87,10 @@ impl ActionNoise {
 
     /// Restore a state saved from [`ActionNoise::state`].
     pub fn set_state(&mut self, state: &[f64]) -> Result<()> {
-        if state.len() != self.state.len() {
-            return Err(Error::Checkpoint(format!(
-                "action noise state has {} values, expected {} ({} envs × {} action values)",
-                state.len(),
-                self.state.len(),
-                self.n_envs,
-                self.act_dim
-            )));
+        let (got, want, n, a) = (state.len(), self.state.len(), self.n_envs, self.act_dim);
+        if got != want {
+            let what = format!("action noise state has {got} values, expected {want} ({n} envs × {a} action values)");
+            return Err(Error::Checkpoint(what));
         }
         self.state.copy_from_slice(state);
         Ok(())

@@ -132,18 +132,11 @@ impl Critics {
         heads: usize,
         bf16: bool,
     ) -> (Self, Vec<(String, Tensor)>) {
-        let mut named = Vec::new();
-        let mut nets = Vec::with_capacity(n);
+        let (inputs, outputs) = (obs_dim + act_dim, heads as i64);
+        let (mut nets, mut named) = (Vec::with_capacity(n), Vec::new());
         for j in 0..n {
-            let (net, params) = FlatMlp::init(
-                &format!("{prefix}.{j}"),
-                obs_dim + act_dim,
-                hidden,
-                heads as i64,
-                activation,
-                LayerInit::Torch,
-                named.len(),
-            );
+            let (name, start) = (format!("{prefix}.{j}"), named.len());
+            let (net, params) = FlatMlp::init(&name, inputs, hidden, outputs, activation, LayerInit::Torch, start);
             nets.push(net);
             named.extend(params);
         }
@@ -276,7 +269,7 @@ impl ActionReplay {
     pub(crate) fn new(
         capacity: usize,
         obs_dim: usize,
-        (low, high): (Vec<f32>, Vec<f32>),
+        (low, high): (&[f32], &[f32]),
         n_envs: usize,
         gamma: f64,
         train_freq: u64,
@@ -289,8 +282,8 @@ impl ActionReplay {
             bootstrap: Vec::new(),
             scaled: vec![0.0; act_dim],
             next: ObsBuf::empty(DType::F32),
-            low,
-            high,
+            low: low.to_vec(),
+            high: high.to_vec(),
             obs_dim,
             n_envs,
             gamma: gamma as f32,

@@ -41,6 +41,7 @@ use crate::export::{Architecture, Network, PolicyOutput};
 use crate::kind::AlgorithmKind;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
+use crate::nn::members::backward_alone;
 use crate::nn::mixed::dense;
 use crate::nn::nets::{Activation, FlatMlp, LayerInit, cpu_has_native_bf16, mlp_input_dim, with_torch_seed};
 use crate::nn::optimiser::Adam;
@@ -324,7 +325,6 @@ pub struct Sac {
     alpha_opt: Adam,
     data: ActionReplay,
     rng: Pcg64,
-    device: Device,
     /// One row per sampled transition, `[obs | action | next_obs | reward | bootstrap | ε | ε']`.
     batch: Vec<f32>,
     host: (HostScratch, Vec<f32>),
@@ -358,14 +358,6 @@ impl Sac {
         }
         let log_alpha =
             FlatParams::new(vec![("log_ent_coef".into(), Tensor::from_slice(&[c.ent_coef.ln() as f32]))], device);
-        let data = ActionReplay::new(
-            c.buffer_size,
-            pi.obs_dim,
-            (pi.low.clone(), pi.high.clone()),
-            n_envs,
-            c.gamma,
-            c.train_freq,
-        )?;
         Ok(Sac {
             target_entropy: c.target_entropy.unwrap_or(-(pi.act_dim as f64)),
             actor_opt: Adam::new(&actor, c.learning_rate, c.adam_eps),
@@ -373,14 +365,13 @@ impl Sac {
             alpha_opt: Adam::new(&log_alpha, c.learning_rate, c.adam_eps),
             critic_target: critic.target_copy(),
             critic_detached: critic_net.detached(&critic, c.n_critics),
+            data: ActionReplay::new(c.buffer_size, pi.obs_dim, (&pi.low, &pi.high), n_envs, c.gamma, c.train_freq)?,
             pi,
             actor,
             critic_net,
             critic,
             log_alpha,
-            data,
             rng: Pcg64::seed_from_u64(seed ^ 0x5ac_0000),
-            device,
             batch: Vec::new(),
             host: Default::default(),
             parallel: DataParallel::default(),
@@ -400,14 +391,12 @@ impl Sac {
 
     /// Sample a minibatch into `self.batch` (with its Gaussian draws) and take one gradient step on it.
     fn gradient_step(&mut self) -> Result<StepLosses> {
-        let ad = self.pi.act_dim;
-        let b = self.config.batch_size;
+        let (ad, b) = (self.pi.act_dim, self.config.batch_size);
         let width = self.data.sample_rows(b, &mut self.rng, &mut self.batch, |rng, out| {
             fill_standard_normal(rng, 2 * ad, |_, e| out.push(e as f32));
             push_eps_densities(out, ad);
         })?;
-        let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.device);
-        self.step_on(&x)
+        self.step_on(b, width)
     }
 
     /// One gradient step on explicit transitions rather than a replay sample (offline data, tests): `obs` /
@@ -439,16 +428,16 @@ impl Sac {
             push_eps_densities(out, dims.1);
             row += 1;
         });
-        let x = Tensor::f_from_slice(&self.batch)?.f_view([b as i64, width as i64])?.to_device(self.device);
-        let l = self.step_on(&x)?;
+        let l = self.step_on(b, width)?;
         Ok((f64::try_from(&l.critic)?, f64::try_from(&l.actor)?, f64::try_from(&l.alpha)?))
     }
 
-    /// SAC's update on the rows `x` `[B, width]` (one per transition: `[obs | action | next_obs | reward |
-    /// bootstrap | ε | ε′ | ε's density | ε′'s density]`, [`push_eps_densities`]): temperature, critics, actor,
-    /// targets.
-    fn step_on(&mut self, x: &Tensor) -> Result<StepLosses> {
-        let (od, ad, b) = (self.pi.obs_dim as i64, self.pi.act_dim as i64, x.size()[0]);
+    /// SAC's update on the `rows` rows of `width` floats in `batch` (one per transition: `[obs | action | next_obs |
+    /// reward | bootstrap | ε | ε′ | ε's density | ε′'s density]`, [`push_eps_densities`]): temperature, critics,
+    /// actor, targets.
+    fn step_on(&mut self, rows: usize, width: usize) -> Result<StepLosses> {
+        let (od, ad, b) = (self.pi.obs_dim as i64, self.pi.act_dim as i64, rows as i64);
+        let x = Tensor::f_from_slice(&self.batch)?.f_view([b, width as i64])?.to_device(self.pi.device);
         let (fused, bf16) = (self.config.fused_cpu, self.critic_net.bf16);
         let column = |start: i64, len: i64| x.narrow(1, start, len);
         let (obs, action, next_obs) = (column(0, od), column(od, ad), column(od + ad, od));
@@ -473,11 +462,7 @@ impl Sac {
             if self.config.learn_ent_coef {
                 let loss =
                     -(self.log_alpha.view(0) * (log_prob.detach() + self.target_entropy)).sum(Kind::Float) / b as f64;
-                if j == 0 {
-                    self.log_alpha.backward(&loss)
-                } else {
-                    self.log_alpha.backward_add(&loss)
-                }
+                backward_alone(&mut self.log_alpha, &loss, 1.0, j > 0);
                 alpha_losses.push(loss.detach());
             }
             sampled.push((a_pi, log_prob));
@@ -496,11 +481,7 @@ impl Sac {
         for (j, &p) in parts.iter().enumerate() {
             let q = self.critic_net.forward(&self.critic, &Tensor::cat(&[part(&obs, p), part(&action, p)], 1));
             let loss = (&q - part(&target, p)).square().sum(Kind::Float) * (0.5 / b as f64);
-            if j == 0 {
-                self.critic.backward(&loss)
-            } else {
-                self.critic.backward_add(&loss)
-            }
+            backward_alone(&mut self.critic, &loss, 1.0, j > 0);
             critic_losses.push(loss.detach());
             qs.push(q.detach());
         }
@@ -514,11 +495,7 @@ impl Sac {
         for (j, (&p, (a_pi, log_prob))) in parts.iter().zip(sampled).enumerate() {
             let q_pi = self.critic_net.forward_detached(&self.critic_detached, &Tensor::cat(&[part(&obs, p), a_pi], 1));
             let loss = (&alpha * log_prob - q_pi.amin(1, true)).sum(Kind::Float) / b as f64;
-            if j == 0 {
-                self.actor.backward(&loss)
-            } else {
-                self.actor.backward_add(&loss)
-            }
+            backward_alone(&mut self.actor, &loss, 1.0, j > 0);
             actor_losses.push(loss.detach());
         }
         self.parallel.reduce_slot(1, &mut self.actor)?;
@@ -586,10 +563,7 @@ impl Algorithm for Sac {
         if steps == 0 {
             return Ok(None);
         }
-        let mut losses = Vec::with_capacity(steps);
-        for _ in 0..steps {
-            losses.push(self.gradient_step()?);
-        }
+        let losses = (0..steps).map(|_| self.gradient_step()).collect::<Result<Vec<_>>>()?;
         let of = |f: fn(&StepLosses) -> &Tensor| losses.iter().map(|l| f(l).shallow_clone()).collect::<Vec<_>>();
         let mut m = Metrics::default();
         m.push("losses/critic_loss", mean_of(&of(|l| &l.critic))?);

@@ -183,6 +183,13 @@ impl Default for DdpgConfig {
 /// TD3's answers, for its config and DDPG's (`name`: which of the two; `learner` builds the agent).
 macro_rules! td3_kind {
     ($config:ty, $name:literal, $td3:expr, $learner:path) => {
+        impl $config {
+            /// Range checks serde cannot express.
+            pub fn validate(&self) -> Result<()> {
+                $td3(self).validate_as($name)
+            }
+        }
+
         impl AlgorithmKind for $config {
             fn validate(&self, _num_envs: usize) -> Result<()> {
                 <$config>::validate(self)
@@ -230,42 +237,33 @@ td3_kind!(DdpgConfig, "ddpg", |c: &DdpgConfig| Td3Config::from(c.clone()), Td3::
 
 /// The exported architecture of the actor ([`ActorNet`]); `algorithm` is `ddpg` or `td3`.
 fn architecture(c: &Td3Config, algorithm: &str, o: &Space, a: &Space) -> Result<Architecture> {
-    let Space::Box { low, high, shape, .. } = a else {
-        return Err(unsupported("td3", format!("{a:?}: needs a 1-D box")));
+    let (low, high) = match a {
+        Space::Box { low, high, shape, .. } if shape.len() == 1 => (low, high),
+        _ => return Err(unsupported("td3", format!("{a:?}: needs a 1-D box"))),
     };
-    if shape.len() != 1 {
-        return Err(unsupported("td3", format!("{a:?}: needs a 1-D box")));
-    }
-    let heads = if c.task_heads { c.tasks.max(1) } else { 1 };
-    let network = Network::mlp("actor", mlp_input_dim("td3", o)?, &c.hidden_sizes, low.len() * heads, c.activation);
+    let network = Network::mlp("actor", mlp_input_dim("td3", o)?, &c.hidden_sizes, low.len() * c.heads(), c.activation);
     let policy = PolicyOutput::TanhScaled { low: low.clone(), high: high.clone() };
-    Ok(Architecture::new(algorithm, network, policy, heads, o, a))
-}
-
-impl DdpgConfig {
-    /// Range checks serde cannot express.
-    pub fn validate(&self) -> Result<()> {
-        Td3Config::from(self.clone()).validate_as("ddpg")
-    }
+    Ok(Architecture::new(algorithm, network, policy, c.heads(), o, a))
 }
 
 impl Td3Config {
-    /// Range checks serde cannot express.
-    pub fn validate(&self) -> Result<()> {
-        self.validate_as("td3")
-    }
-
+    /// Range checks serde cannot express; errors name `algorithm`.
     fn validate_as(&self, algorithm: &'static str) -> Result<()> {
         let bad = |field, value: String, detail: &str| Err(Error::config(algorithm, field, value, detail.to_string()));
-        let non_negative = |x: f64| x.is_finite() && x >= 0.0;
         if self.task_heads && self.tasks < 2 {
             return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
         }
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
             return bad("learning_rate", self.learning_rate.to_string(), "must be finite and > 0");
         }
-        if self.batch_size == 0 {
-            return bad("batch_size", "0".into(), "must be at least 1");
+        let counts = [
+            ("batch_size", self.batch_size as u64),
+            ("train_freq", self.train_freq),
+            ("n_critics", self.n_critics as u64),
+            ("policy_delay", self.policy_delay),
+        ];
+        if let Some((field, _)) = counts.into_iter().find(|&(_, n)| n == 0) {
+            return bad(field, "0".into(), "must be at least 1");
         }
         if self.buffer_size < self.batch_size {
             return bad("buffer_size", self.buffer_size.to_string(), "must be at least batch_size");
@@ -276,26 +274,16 @@ impl Td3Config {
         if !(self.tau > 0.0 && self.tau <= 1.0) {
             return bad("tau", self.tau.to_string(), "must be in (0, 1]");
         }
-        if self.train_freq == 0 {
-            return bad("train_freq", "0".into(), "must be at least 1");
-        }
-        if !non_negative(self.noise_std) {
-            return bad("noise_std", self.noise_std.to_string(), "must be finite and ≥ 0");
+        let noises = [
+            ("noise_std", self.noise_std),
+            ("target_policy_noise", self.target_policy_noise),
+            ("target_noise_clip", self.target_noise_clip),
+        ];
+        if let Some((field, x)) = noises.into_iter().find(|&(_, x)| !(x.is_finite() && x >= 0.0)) {
+            return bad(field, x.to_string(), "must be finite and ≥ 0");
         }
         if self.hidden_sizes.iter().any(|&h| h <= 0) {
             return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be at least 1");
-        }
-        if self.n_critics == 0 {
-            return bad("n_critics", "0".into(), "must be at least 1");
-        }
-        if self.policy_delay == 0 {
-            return bad("policy_delay", "0".into(), "must be at least 1");
-        }
-        if !non_negative(self.target_policy_noise) {
-            return bad("target_policy_noise", self.target_policy_noise.to_string(), "must be finite and ≥ 0");
-        }
-        if !non_negative(self.target_noise_clip) {
-            return bad("target_noise_clip", self.target_noise_clip.to_string(), "must be finite and ≥ 0");
         }
         Ok(())
     }
@@ -340,10 +328,7 @@ pub struct Td3 {
     /// Replay of `[−1, 1]` actions and the schedule's counters.
     pub(crate) data: ActionReplay,
     noise: ActionNoise,
-    pub(crate) obs_dim: usize,
-    pub(crate) act_dim: usize,
     pub(crate) rng: Pcg64,
-    pub(crate) device: Device,
     /// One row per sampled transition, `[obs | action | next_obs | reward | bootstrap | target noise]`:
     /// the whole batch goes to the device as one tensor.
     pub(crate) batch: Vec<f32>,
@@ -363,7 +348,6 @@ impl Td3 {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        config.validate()?;
         Self::build("ddpg", observation_space, action_space, n_envs, config.into(), device, seed)
     }
 
@@ -377,7 +361,6 @@ impl Td3 {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
-        config.validate()?;
         Self::build("td3", observation_space, action_space, n_envs, config, device, seed)
     }
 
@@ -390,6 +373,7 @@ impl Td3 {
         device: Device,
         seed: u64,
     ) -> Result<Self> {
+        config.validate_as(name)?;
         let c = &config;
         // The actor's draws first, then the critics', from one seeded stream.
         let (pi, actor, critic_net, mut critic) = with_torch_seed(seed, || -> Result<_> {
@@ -404,34 +388,21 @@ impl Td3 {
             // (`Td3Nets::refresh_bf16`).
             critic.refresh_bf16();
         }
-        let (obs_dim, act_dim) = (pi.obs_dim, pi.act_dim);
-        let actor_opt = Adam::new(&actor, c.learning_rate, c.adam_eps);
-        let critic_opt = Adam::new(&critic, c.learning_rate, c.adam_eps);
         Ok(Td3 {
             name,
             host: Default::default(),
+            actor_opt: Adam::new(&actor, c.learning_rate, c.adam_eps),
+            critic_opt: Adam::new(&critic, c.learning_rate, c.adam_eps),
             actor_target: actor.target_copy(),
             critic_target: critic.target_copy(),
             critic_first: critic_net.detached(&critic, 1),
-            data: ActionReplay::new(
-                c.buffer_size,
-                obs_dim,
-                (pi.low.clone(), pi.high.clone()),
-                n_envs,
-                c.gamma,
-                c.train_freq,
-            )?,
-            noise: ActionNoise::new(c.noise_type, c.noise_std, n_envs, act_dim),
+            data: ActionReplay::new(c.buffer_size, pi.obs_dim, (&pi.low, &pi.high), n_envs, c.gamma, c.train_freq)?,
+            noise: ActionNoise::new(c.noise_type, c.noise_std, n_envs, pi.act_dim),
             pi,
             actor,
             critic_net,
             critic,
-            actor_opt,
-            critic_opt,
-            obs_dim,
-            act_dim,
             rng: Pcg64::seed_from_u64(seed ^ 0x7d3_0000),
-            device,
             batch: Vec::new(),
             parallel: DataParallel::default(),
             config,
@@ -441,14 +412,6 @@ impl Td3 {
     /// The online critics' parameters (the policy's are [`Algorithm::policy_params`]).
     pub fn critic_params(&self) -> &FlatParams {
         &self.critic
-    }
-
-    /// Sample a batch and lay it out in `self.batch` (see its doc), drawing the target-action noise. Returns
-    /// the row width.
-    pub(crate) fn fill_batch(&mut self) -> Result<usize> {
-        let c = &self.config;
-        let noise = target_noise(c, self.act_dim);
-        self.data.sample_rows(c.batch_size, &mut self.rng, &mut self.batch, |rng, out| noise(rng, out))
     }
 
     /// One gradient step on explicit transitions rather than a replay sample (offline data, tests):
@@ -465,57 +428,18 @@ impl Td3 {
         next_obs: &[f32],
         update_actor: bool,
     ) -> Result<(f64, Option<f64>)> {
-        let (dims, b) = ((self.obs_dim, self.act_dim), rewards.len());
+        let (dims, b) = (self.pi.dims(), rewards.len());
         let rows = Transitions { obs, actions, rewards, bootstrap, next_obs };
         rows.check(&format!("{} train_on", self.name), dims)?;
         self.parallel.check_batch(self.name, "train_on batch", b)?;
-        let (noise, rng) = (target_noise(&self.config, self.act_dim), &mut self.rng);
+        let (noise, rng) = (target_noise(&self.config, self.pi.act_dim), &mut self.rng);
         let width = rows.lay_out(dims, &mut self.batch, |out| noise(rng, out));
-        let (critic, _, actor) = self.step_on_batch(width, b, update_actor)?;
-        Ok((f64::try_from(critic)?, actor.map(|a| f64::try_from(a)).transpose()?))
-    }
-
-    /// Whether the next critic update brings an actor and target update (the policy delay, counted over the
-    /// whole run).
-    pub(crate) fn actor_step_due(&self) -> bool {
-        (self.data.counters.critic_updates + 1).is_multiple_of(self.config.policy_delay)
-    }
-
-    /// A training phase's metrics from its gradient steps' critic losses, mean Q-values and actor losses
-    /// (scalar tensors); records the latest actor loss.
-    pub(crate) fn phase_metrics(
-        &mut self,
-        critic_losses: &[Tensor],
-        qs: &[Tensor],
-        actor_losses: &[Tensor],
-    ) -> Result<Metrics> {
-        let mean = mean_of;
-        if !actor_losses.is_empty() {
-            self.data.counters.last_actor_loss = Some(mean(actor_losses)?);
-        }
-        let mut m = Metrics::default();
-        m.push("losses/critic_loss", mean(critic_losses)?);
-        m.push("losses/actor_loss", self.data.counters.last_actor_loss.unwrap_or(f64::NAN));
-        m.push("losses/q_values", mean(qs)?);
-        m.push("charts/learning_rate", self.actor_opt.lr);
-        m.push("charts/gradient_steps", critic_losses.len() as f64);
-        Ok(m)
-    }
-
-    /// The gradient step on the `batch` rows laid out in `self.batch` (`width` floats each): [`td3_step`] of
-    /// this agent alone.
-    fn step_on_batch(
-        &mut self,
-        width: usize,
-        batch: usize,
-        update_actor: bool,
-    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
-        let x = Tensor::f_from_slice(&self.batch)?.f_view([1, batch as i64, width as i64])?.to_device(self.device);
-        let (critic_loss, q, actor_loss) = td3_step(&mut Td3Nets::Alone(self), &x, update_actor)?;
+        let x = Tensor::f_from_slice(&self.batch)?.f_view([1, b as i64, width as i64])?.to_device(self.pi.device);
+        let (critic, _, actor) = td3_step(&mut Td3Nets::Alone(self), &x, update_actor)?;
         self.data.counters.critic_updates += 1;
         self.data.counters.actor_updates += u64::from(update_actor);
-        let one = |t: Tensor| t.squeeze_dim(0);
-        Ok((one(critic_loss), one(q), actor_loss.map(one)))
+        let scalar = |t: Tensor| f64::try_from(t.squeeze_dim(0));
+        Ok((scalar(critic)?, actor.map(scalar).transpose()?))
     }
 }
 
@@ -524,7 +448,7 @@ impl Td3 {
 /// stacked.
 enum Td3Nets<'a> {
     Alone(&'a mut Td3),
-    Stacked(Box<StackedTd3>),
+    Stacked(&'a mut StackedTd3),
 }
 
 /// The actor or the critics.
@@ -538,7 +462,7 @@ impl Td3Nets<'_> {
     /// The first member (all share shapes and schedules).
     fn dims(&self) -> (i64, i64, bool) {
         match self {
-            Td3Nets::Alone(m) => (m.obs_dim as i64, m.act_dim as i64, m.config.smoothing()),
+            Td3Nets::Alone(m) => (m.pi.obs_dim as i64, m.pi.act_dim as i64, m.config.smoothing()),
             Td3Nets::Stacked(s) => s.dims,
         }
     }
@@ -548,7 +472,7 @@ impl Td3Nets<'_> {
         match self {
             Td3Nets::Alone(m) => {
                 let params = if target { &m.actor_target } else { &m.actor };
-                m.pi.forward_in(params, &obs.squeeze_dim(0), m.critic_net.bf16).unsqueeze(0)
+                m.pi.forward(params, &obs.squeeze_dim(0), m.critic_net.bf16).unsqueeze(0)
             }
             Td3Nets::Stacked(s) => {
                 let views = if target { &s.actor.target_views } else { &s.actor.online.views };
@@ -789,7 +713,7 @@ pub fn unbatchable(members: &[&Td3]) -> Option<String> {
         return Some("the actor or critics are not plain MLPs (task heads)".into());
     }
     let layout = |m: &Td3| {
-        let net = |(l, a): (&[usize], crate::nn::nets::Activation)| (l.to_vec(), a);
+        let net = |(l, a): (&[usize], Activation)| (l.to_vec(), a);
         (net(m.pi.net.layout()), m.critic_net.nets.iter().map(|n| net(n.layout())).collect::<Vec<_>>())
     };
     let schedule = |m: &Td3| {
@@ -810,13 +734,13 @@ pub fn unbatchable(members: &[&Td3]) -> Option<String> {
         if layout(m) != l0
             || c.hidden_sizes != c0.hidden_sizes
             || m.critic_net.bf16 != first.critic_net.bf16
-            || (m.obs_dim, m.act_dim) != (first.obs_dim, first.act_dim)
+            || m.pi.dims() != first.pi.dims()
             || (m.actor.numel(), m.critic.numel()) != (first.actor.numel(), first.critic.numel())
-            || m.device != first.device
+            || m.pi.device != first.pi.device
         {
             return Some("members' networks, parameter counts, precisions (bf16) or devices differ".into());
         }
-        if c.fused_cpu && m.device == tch::Device::Cpu {
+        if c.fused_cpu && m.pi.device == Device::Cpu {
             // Host Adam and Polyak loops have no per-op dispatch for a batch to share: members step in turn,
             // each as alone.
             return Some("members take the fused CPU step (`fused_cpu`)".into());
@@ -853,7 +777,7 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
     let critic = StackedNet::new(members, |m| (&m.critic, &m.critic_target, &m.critic_opt));
     let mut first_views = member_views(&critic.online.params.detach(), &m0.critic);
     first_views.truncate(2 * m0.critic_net.layers);
-    let stacked = StackedTd3 {
+    let mut stacked = StackedTd3 {
         actor: StackedNet::new(members, |m| (&m.actor, &m.actor_target, &m.actor_opt)),
         critic,
         actor_layers: m0.pi.net.layout().0.to_vec(),
@@ -862,18 +786,30 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         bf16: m0.critic_net.bf16,
         first_views,
         taus: members.iter().map(|m| m.config.tau).collect(),
-        dims: (m0.obs_dim as i64, m0.act_dim as i64, m0.config.smoothing()),
+        dims: (m0.pi.obs_dim as i64, m0.pi.act_dim as i64, m0.config.smoothing()),
     };
-    let (device, b) = (m0.device, m0.config.batch_size as i64);
-    let mut nets = Td3Nets::Stacked(Box::new(stacked));
+    Ok(train_phase(members, Some(&mut stacked), dues[0])?.into_iter().map(Some).collect())
+}
+
+/// A training phase of `steps` [`td3_step`]s of `members`, stacked in `stacked` (else the one member alone),
+/// and each member's metrics, as its own update reports them.
+fn train_phase(members: &mut [&mut Td3], mut stacked: Option<&mut StackedTd3>, steps: usize) -> Result<Vec<Metrics>> {
+    let (device, b) = (members[0].pi.device, members[0].config.batch_size as i64);
     let (mut critic_losses, mut qs, mut actor_losses) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..dues[0] {
-        let update_actor = members[0].actor_step_due();
+    for _ in 0..steps {
+        // The policy delay, counted over the whole run.
+        let update_actor = (members[0].data.counters.critic_updates + 1).is_multiple_of(members[0].config.policy_delay);
         let mut rows = Vec::with_capacity(members.len());
         for m in members.iter_mut() {
-            let width = m.fill_batch()?;
+            // A minibatch laid out in `batch` (see its doc), with its target-action noise.
+            let width =
+                m.data.sample_rows(b as usize, &mut m.rng, &mut m.batch, target_noise(&m.config, m.pi.act_dim))?;
             rows.push(Tensor::f_from_slice(&m.batch)?.f_view([b, width as i64])?);
         }
+        let mut nets = match stacked.as_deref_mut() {
+            Some(s) => Td3Nets::Stacked(s),
+            None => Td3Nets::Alone(&mut *members[0]),
+        };
         let (critic_loss, q, actor_loss) =
             td3_step(&mut nets, &Tensor::stack(&rows, 0).to_device(device), update_actor)?;
         for m in members.iter_mut() {
@@ -884,26 +820,38 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         qs.push(q);
         actor_losses.extend(actor_loss);
     }
-    let Td3Nets::Stacked(s) = &nets else { unreachable!("stacked above") };
     members
         .iter_mut()
         .enumerate()
         .map(|(k, m)| {
-            s.actor.scatter(k, &m.actor, &m.actor_target, &mut m.actor_opt);
-            s.critic.scatter(k, &m.critic, &m.critic_target, &mut m.critic_opt);
-            let own = |ts: &[Tensor]| ts.iter().map(|t| t.get(k as i64)).collect::<Vec<_>>();
-            m.phase_metrics(&own(&critic_losses), &own(&qs), &own(&actor_losses)).map(Some)
+            if let Some(s) = &stacked {
+                s.actor.scatter(k, &m.actor, &m.actor_target, &mut m.actor_opt);
+                s.critic.scatter(k, &m.critic, &m.critic_target, &mut m.critic_opt);
+            }
+            // The mean over the phase's steps of member `k`'s losses; the latest actor loss is kept for phases
+            // the delay skips.
+            let mean = |ts: &[Tensor]| mean_of(&ts.iter().map(|t| t.get(k as i64)).collect::<Vec<_>>());
+            if !actor_losses.is_empty() {
+                m.data.counters.last_actor_loss = Some(mean(&actor_losses)?);
+            }
+            let mut metrics = Metrics::default();
+            metrics.push("losses/critic_loss", mean(&critic_losses)?);
+            metrics.push("losses/actor_loss", m.data.counters.last_actor_loss.unwrap_or(f64::NAN));
+            metrics.push("losses/q_values", mean(&qs)?);
+            metrics.push("charts/learning_rate", m.actor_opt.lr);
+            metrics.push("charts/gradient_steps", critic_losses.len() as f64);
+            Ok(metrics)
         })
         .collect()
 }
 
 impl Policy for Td3 {
     fn obs_dim(&self) -> usize {
-        self.obs_dim
+        self.pi.obs_dim
     }
 
     fn act_dim(&self) -> usize {
-        self.act_dim
+        self.pi.act_dim
     }
 
     /// `π(obs)` scaled to the bounds; with `Explore`, plus noise (uniformly random before `learning_starts`).
@@ -934,16 +882,7 @@ impl Algorithm for Td3 {
         if steps == 0 {
             return Ok(None);
         }
-        let (mut critic_losses, mut qs, mut actor_losses) = (Vec::with_capacity(steps), Vec::new(), Vec::new());
-        for _ in 0..steps {
-            let update_actor = self.actor_step_due();
-            let width = self.fill_batch()?;
-            let (critic_loss, q, actor_loss) = self.step_on_batch(width, self.config.batch_size, update_actor)?;
-            critic_losses.push(critic_loss);
-            qs.push(q);
-            actor_losses.extend(actor_loss);
-        }
-        self.phase_metrics(&critic_losses, &qs, &actor_losses).map(Some)
+        Ok(train_phase(&mut [self], None, steps)?.pop())
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {
@@ -987,7 +926,7 @@ impl Algorithm for Td3 {
         let mut out = ActOutput::default();
         let x = f32_obs(self.name, obs)?;
         self.pi.act(&self.actor, ObsRef::F32(x), false, None, &mut self.rng, &mut self.host, &mut out)?;
-        let rows = (x.len() / self.obs_dim) as i64;
+        let rows = (x.len() / self.pi.obs_dim) as i64;
         let actions = Tensor::from_slice(&out.actions).view([rows, -1]);
         Ok(crate::teaching::Teaching::new(crate::teaching::TeachingKind::Actions, &actions))
     }
@@ -1037,27 +976,17 @@ impl ActorNet {
         let (low, high) = action_bounds(name, action_space)?;
         let (act_dim, heads) = (low.len(), c.heads());
         if heads > 1 && obs_dim <= heads {
-            return Err(Error::space(
-                "observation",
-                name,
-                format!(
-                    "{observation_space:?}: {heads} task heads need observations ending in the task's one-hot \
-                     ([[tasks]])"
-                ),
-            ));
+            let need = "task heads need observations ending in the task's one-hot ([[tasks]])";
+            return Err(Error::space("observation", name, format!("{observation_space:?}: {heads} {need}")));
         }
         let (od, outputs) = (obs_dim as i64, (act_dim * heads) as i64);
         let (net, named) = FlatMlp::init("actor", od, &c.hidden_sizes, outputs, c.activation, LayerInit::Torch, 0);
         Ok((ActorNet { net, heads, low, high, obs_dim, act_dim, device }, named))
     }
 
-    /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target parameters.
-    fn forward(&self, params: &FlatParams, obs: &Tensor) -> Tensor {
-        self.forward_in(params, obs, false)
-    }
-
-    /// [`ActorNet::forward`] with the hidden layers' matmuls in bf16 where `bf16` (an update's choice).
-    fn forward_in(&self, params: &FlatParams, obs: &Tensor, bf16: bool) -> Tensor {
+    /// `π(obs)` in `[−1, 1]`, `[B, act_dim]`, with the online or target parameters; the hidden layers'
+    /// matmuls in bf16 where `bf16` (an update's choice).
+    fn forward(&self, params: &FlatParams, obs: &Tensor, bf16: bool) -> Tensor {
         let out = self.net.forward_in(params, obs, bf16);
         if self.heads > 1 {
             crate::nn::nets::select_task_heads_tensor(obs, self.heads, &out).tanh()
@@ -1098,7 +1027,7 @@ impl ActingNet for ActorNet {
                 }
             } else {
                 let x = Tensor::f_from_slice(obs)?.f_view([rows as i64, self.obs_dim as i64])?.to_device(self.device);
-                let a = tch::no_grad(|| self.forward(params, &x)).to_device(Device::Cpu);
+                let a = tch::no_grad(|| self.forward(params, &x, false)).to_device(Device::Cpu);
                 a.f_copy_data(actions, rows * self.act_dim)?;
             }
             Ok(())
@@ -1162,7 +1091,7 @@ mod tests {
         let mut agent = Td3::td3(&obs_space, &act_space, 1, config, Device::Cpu, 0).unwrap();
         let mut out = ActOutput::default();
         agent.act(ObsRef::F32(&[0.7]), ActMode::Deterministic, &mut out).unwrap();
-        let raw = tch::no_grad(|| agent.pi.forward(&agent.actor, &Tensor::from_slice(&[0.7f32]).view([1, 1])));
+        let raw = tch::no_grad(|| agent.pi.forward(&agent.actor, &Tensor::from_slice(&[0.7f32]).view([1, 1]), false));
         let raw = Vec::<f32>::try_from(raw.flatten(0, -1)).unwrap();
         assert!((out.actions[0] - 2.0 * raw[0]).abs() < 1e-6, "{:?} vs {raw:?}", out.actions);
         assert!((out.actions[1] - 5.0 * (raw[1] + 1.0)).abs() < 1e-5, "{:?} vs {raw:?}", out.actions);
@@ -1214,14 +1143,14 @@ mod tests {
         let (obs_space, act_space) = spaces();
         let config = Td3Config { learning_starts: 0, ..tiny_td3() };
         let mut agent = Td3::td3(&obs_space, &act_space, 2, config, Device::Cpu, 1).unwrap();
-        let obs: Vec<f32> = (0..2 * agent.obs_dim).map(|i| 0.3 * i as f32 - 0.5).collect();
+        let obs: Vec<f32> = (0..2 * agent.pi.obs_dim).map(|i| 0.3 * i as f32 - 0.5).collect();
         let mut out = ActOutput::default();
         agent.act(ObsRef::F32(&obs), ActMode::Deterministic, &mut out).unwrap();
-        let x = Tensor::from_slice(&obs).view([2, agent.obs_dim as i64]);
-        let want = Vec::<f32>::try_from(agent.pi.forward(&agent.actor, &x).flatten(0, -1)).unwrap();
+        let x = Tensor::from_slice(&obs).view([2, agent.pi.obs_dim as i64]);
+        let want = Vec::<f32>::try_from(agent.pi.forward(&agent.actor, &x, false).flatten(0, -1)).unwrap();
         assert_eq!(out.actions.len(), want.len());
         for (k, (got, w)) in out.actions.iter().zip(&want).enumerate() {
-            let (l, h) = (agent.pi.low[k % agent.act_dim], agent.pi.high[k % agent.act_dim]);
+            let (l, h) = (agent.pi.low[k % agent.pi.act_dim], agent.pi.high[k % agent.pi.act_dim]);
             assert!((got - unscale_action(*w, l, h)).abs() < 1e-5, "{:?} vs {want:?}", out.actions);
         }
     }
@@ -1368,7 +1297,7 @@ mod tests {
         // The actor: 3 raw outputs per row (one per head); each row's action is tanh of its own task's.
         let raw = agent.pi.net.forward(&agent.actor, &xt);
         assert_eq!(raw.size(), [6, 3]);
-        let pi = tch::no_grad(|| agent.pi.forward(&agent.actor, &xt));
+        let pi = tch::no_grad(|| agent.pi.forward(&agent.actor, &xt, false));
         for r in 0..6i64 {
             let want = raw.get(r).get(r % 3).tanh();
             assert!(pi.get(r).get(0).allclose(&want, 1e-6, 1e-6, false), "row {r}");
@@ -1519,7 +1448,7 @@ mod member_tests {
             assert!(mixed.critic_net.bf16 && !f32s.critic_net.bf16);
             let before = [values(&f32s.actor), values(&f32s.critic)];
             for step in 0..3 {
-                let [o, a, r, g, n] = random_rows(step, 32, f32s.obs_dim, f32s.act_dim);
+                let [o, a, r, g, n] = random_rows(step, 32, f32s.pi.obs_dim, f32s.pi.act_dim);
                 let x = f32s.train_on(&o, &a, &r, &g, &n, true).unwrap();
                 let y = mixed.train_on(&o, &a, &r, &g, &n, true).unwrap();
                 for (what, p, q) in [("critic", x.0, y.0), ("actor", x.1.unwrap(), y.1.unwrap())] {
@@ -1548,7 +1477,7 @@ mod member_tests {
         let mut alone: Vec<Td3> = (0..N).map(build).collect();
         let refs: Vec<&Td3> = together.iter().collect();
         assert_eq!(unbatchable(&refs), None, "the batched path is taken");
-        let (od, ad) = (together[0].obs_dim, together[0].act_dim);
+        let (od, ad) = together[0].pi.dims();
         let mut rng = Pcg64::seed_from_u64(11);
         let total = 220u64;
         let mut phases = 0;
