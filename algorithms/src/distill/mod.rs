@@ -658,22 +658,17 @@ impl LabelledReplay {
                 self.obs_dim
             )));
         }
-        if labels.len() != len * label_dim {
+        if labels.len() != len * label_dim || (len > 0 && label_dim == 0) {
             return Err(Error::Checkpoint(format!(
                 "distill replay: {} label floats for {len} states of {label_dim}",
                 labels.len()
             )));
         }
+        // The states held, pushed into an empty ring from its start, then the ring's position.
         *self = LabelledReplay::new(self.capacity, self.obs_dim, self.obs.dtype());
         if len > 0 {
-            self.label_dim = label_dim;
-            self.obs = ObsBuf::zeros(self.obs.dtype(), self.capacity * self.obs_dim);
-            self.labels = vec![0.0; self.capacity * label_dim];
-            let same = self.obs.write_at(0, obs.as_ref());
-            debug_assert!(same, "dtypes checked above");
-            self.labels[..labels.len()].copy_from_slice(&labels);
+            self.push(obs.as_ref(), &labels)?;
         }
-        self.len = len;
         self.next = next;
         Ok(())
     }
