@@ -210,43 +210,45 @@ impl AlgorithmKind for DistillConfig {
 impl DistillConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let positive = |x: f64| x > 0.0 && x.is_finite();
-        let checks = [
-            (self.teachers.is_empty(), "teachers", "[]".to_string(), "name the run directory of a trained teacher"),
-            (
-                self.act_with == ActWith::Teacher && self.teachers.len() > 1,
-                "act_with",
-                "\"teacher\"".into(),
-                "one teacher acts for one task; with a teacher per task the student acts (act_with = \"student\")",
-            ),
-            (
-                self.hidden_sizes.iter().any(|&h| h <= 0),
-                "hidden_sizes",
-                format!("{:?}", self.hidden_sizes),
-                "widths must be positive",
-            ),
-            (
-                self.cnn_channels.len() != 3 || self.cnn_channels.iter().any(|&c| c <= 0),
-                "cnn_channels",
-                format!("{:?}", self.cnn_channels),
-                "three positive channel counts",
-            ),
-            (
-                !self.temperature.is_none_or(positive),
-                "temperature",
-                self.temperature.unwrap_or_default().to_string(),
-                "must be > 0",
-            ),
-            (self.buffer_size == 0, "buffer_size", "0".into(), "must be at least 1"),
-            (self.batch_size == 0, "batch_size", "0".into(), "must be at least 1"),
-            (!positive(self.learning_rate), "learning_rate", self.learning_rate.to_string(), "must be > 0"),
-            (self.train_freq == 0, "train_freq", "0".into(), "must be at least 1"),
-            (!(self.max_grad_norm > 0.0), "max_grad_norm", self.max_grad_norm.to_string(), "must be > 0"),
-        ];
-        match checks.into_iter().find(|check| check.0) {
-            Some((_, field, value, detail)) => Err(Error::config("distill", field, value, detail)),
-            None => Ok(()),
+        let bad =
+            |field, value: &dyn ToString, detail: &str| Err(Error::config("distill", field, value.to_string(), detail));
+        if self.teachers.is_empty() {
+            return bad("teachers", &"[]", "name the run directory of a trained teacher");
         }
+        if self.act_with == ActWith::Teacher && self.teachers.len() > 1 {
+            return bad(
+                "act_with",
+                &"\"teacher\"",
+                "one teacher acts for one task; with a teacher per task the student acts (act_with = \"student\")",
+            );
+        }
+        if self.hidden_sizes.iter().any(|&h| h <= 0) {
+            return bad("hidden_sizes", &format!("{:?}", self.hidden_sizes), "widths must be positive");
+        }
+        if self.cnn_channels.len() != 3 || self.cnn_channels.iter().any(|&c| c <= 0) {
+            return bad("cnn_channels", &format!("{:?}", self.cnn_channels), "three positive channel counts");
+        }
+        if let Some(t) = self.temperature
+            && !(t > 0.0 && t.is_finite())
+        {
+            return bad("temperature", &t, "must be > 0");
+        }
+        if self.buffer_size == 0 {
+            return bad("buffer_size", &0, "must be at least 1");
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size", &0, "must be at least 1");
+        }
+        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
+            return bad("learning_rate", &self.learning_rate, "must be > 0");
+        }
+        if self.train_freq == 0 {
+            return bad("train_freq", &0, "must be at least 1");
+        }
+        if !(self.max_grad_norm > 0.0) {
+            return bad("max_grad_norm", &self.max_grad_norm, "must be > 0");
+        }
+        Ok(())
     }
 
     /// The student CNN's channels (checked by [`DistillConfig::validate`]) and fc width (`hidden_sizes` must be
