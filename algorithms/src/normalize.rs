@@ -162,15 +162,6 @@ impl ObsScale {
         }
     }
 
-    /// `stats` (means, then variances) written into the mirror's tail, and acting's scale from them.
-    fn set_stats(&mut self, stats: &[f32]) {
-        let (flat, n) = (self.mirror.flat(), stats.len() as i64);
-        tch::no_grad(|| {
-            flat.narrow(0, flat.numel() as i64 - n, n).copy_(&Tensor::from_slice(stats).to_device(flat.device()))
-        });
-        self.set(stats);
-    }
-
     /// `x` (rows of `mean.len()`) normalised into `out`.
     fn apply(&self, x: &[f32], out: &mut Vec<f32>) {
         out.clear();
@@ -238,7 +229,11 @@ impl Normalized {
     fn sync_stats(&mut self) {
         if let (Some(scale), Some(rms)) = (&mut self.scale, &self.obs_rms) {
             let stats: Vec<f32> = rms.mean.iter().chain(&rms.var).map(|&x| x as f32).collect();
-            scale.set_stats(&stats);
+            let (flat, n) = (scale.mirror.flat(), stats.len() as i64);
+            tch::no_grad(|| {
+                flat.narrow(0, flat.numel() as i64 - n, n).copy_(&Tensor::from_slice(&stats).to_device(flat.device()))
+            });
+            scale.set(&stats);
         }
     }
 
