@@ -647,6 +647,9 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
         let t = &tensors.iter().find(|(n, _)| *n == name).expect("checked above").1;
         t.detach().to_kind(Kind::Double)
     };
+    let frames = |[c, h, w]: [usize; 3], first: &str| {
+        format!("frames [B, {c}, {h}, {w}] as float32 0-255 (Flotilla's division by 255 is folded into {first} 0)")
+    };
     // (weight [out, in], bias [out]) of each affine layer, in f64 until written; modules in order.
     let mut layers: Vec<(TorchLayer, Option<(Tensor, Tensor)>)> = Vec::new();
     let input = match &arch.network {
@@ -679,10 +682,7 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
                 get(format!("{prefix}.out.bias")).narrow(0, 0, p),
             );
             layers.push((TorchLayer::Linear(*features, *policy_outputs), Some((w.transpose(0, 1), b))));
-            format!(
-                "frames [B, {}, {}, {}] as float32 0-255 (Flotilla's division by 255 is folded into layer 0)",
-                shape[0], shape[1], shape[2]
-            )
+            frames(*shape, "layer")
         }
     };
     let mut metadata = BTreeMap::new();
@@ -695,23 +695,18 @@ pub fn to_pytorch(arch: &Architecture, tensors: &[(String, Tensor)]) -> Result<P
                 None => format!("observations [B, {}] float32", r.inputs),
                 Some(shape) => {
                     push_cnn_torso(&mut pre, &get, "cnn", &shape, &cnn_convs(NatureCnn::CHANNELS));
-                    format!(
-                        "frames [B, {}, {}, {}] as float32 0-255 (Flotilla's division by 255 is folded into \
-                         pre_layers 0)",
-                        shape[0], shape[1], shape[2]
-                    )
+                    frames(shape, "pre_layers")
                 }
             };
-            let cell = if r.cell == crate::nn::recurrent::Recurrence::Lstm { "LSTM" } else { "GRU" };
-            let state = if cell == "LSTM" { "[h | c]" } else { "h" };
-            metadata.insert(
-                "recurrent".into(),
-                json!({
-                    "module": cell, "args": [r.inputs, r.hidden], "prefix": RecurrentLayout::PREFIX,
-                    "state": format!("{state} per row ({} floats): zeros at an episode's start", if cell == "LSTM" { 2 * r.hidden } else { r.hidden }),
-                })
-                .to_string(),
-            );
+            let (cell, state, floats) = match r.cell {
+                crate::nn::recurrent::Recurrence::Lstm => ("LSTM", "[h | c]", 2 * r.hidden),
+                _ => ("GRU", "h", r.hidden),
+            };
+            let state = format!("{state} per row ({floats} floats): zeros at an episode's start");
+            let core = json!({
+                "module": cell, "args": [r.inputs, r.hidden], "prefix": RecurrentLayout::PREFIX, "state": state,
+            });
+            metadata.insert("recurrent".into(), core.to_string());
             format!(
                 "{observations} and each row's state; `pre_layers`, then torch.nn.{cell}({}, {}) (tensors core.*, \
                  one step: input [1, B, {}]), then `layers` on its output",

@@ -75,18 +75,6 @@ impl NormalizeConfig {
         }
         Ok(())
     }
-
-    /// The observation width, for the spaces normalisation can take: a float `Box` (frames are scaled by the
-    /// network already).
-    fn obs_dim(&self, observation_space: &Space) -> Result<usize> {
-        match observation_space {
-            Space::Box { dtype: DType::F32, .. } => Ok(observation_space.flat_dim()),
-            other => Err(Error::Unsupported(format!(
-                "[normalize] obs needs float Box observations, not {other:?} (image frames are scaled by the \
-                 network; set obs = false)"
-            ))),
-        }
-    }
 }
 
 /// Running mean and variance of vectors (SB3's `RunningMeanStd`): the population variance, merged batch by
@@ -126,10 +114,11 @@ impl RunningMeanStd {
     }
 }
 
-/// What acting applies to an observation: `clamp((x − μ) / √(σ² + ε), −c, c)` per element, in f32, from the f32
-/// statistics a broadcast carries (the learner's acting uses the very same values).
-#[derive(Debug, Clone)]
+/// Acting's normalisation and the parameters that carry it: the policy's parameters with the f32 observation
+/// statistics after them (`obs_rms.mean`, `obs_rms.var`: what a broadcast sends and `model.safetensors` holds),
+/// and `clamp((x − μ) / √(σ² + ε), −c, c)` per element from those very values.
 struct ObsScale {
+    mirror: FlatParams,
     mean: Vec<f32>,
     inv_std: Vec<f32>,
     clip: f32,
@@ -137,18 +126,36 @@ struct ObsScale {
 }
 
 impl ObsScale {
-    fn new(dim: usize, c: &NormalizeConfig) -> Self {
-        let epsilon = c.epsilon as f32;
-        ObsScale {
-            mean: vec![0.0; dim],
-            inv_std: vec![1.0 / (1.0 + epsilon).sqrt(); dim],
-            clip: c.clip_obs as f32,
-            epsilon,
+    /// A copy of `policy` (its architecture metadata gaining the normalisation) and statistics before any, for
+    /// the observations normalisation can take: a float `Box` (frames are scaled by the network already).
+    fn new(policy: &FlatParams, observation_space: &Space, c: &NormalizeConfig) -> Result<Self> {
+        let Space::Box { dtype: DType::F32, .. } = observation_space else {
+            return Err(Error::Unsupported(format!(
+                "[normalize] obs needs float Box observations, not {observation_space:?} (image frames are scaled \
+                 by the network; set obs = false)"
+            )));
+        };
+        let dim = observation_space.flat_dim();
+        let mut named: Vec<(String, Tensor)> = policy
+            .names()
+            .enumerate()
+            .map(|(i, n)| (n.to_string(), policy.view(i).detach().to_device(tch::Device::Cpu).copy()))
+            .collect();
+        named.push(("obs_rms.mean".into(), Tensor::zeros([dim as i64], (tch::Kind::Float, tch::Device::Cpu))));
+        named.push(("obs_rms.var".into(), Tensor::ones([dim as i64], (tch::Kind::Float, tch::Device::Cpu))));
+        let mut mirror = FlatParams::new(named, policy.flat().device());
+        if let Some(mut arch) = Architecture::from_metadata("the policy", policy.metadata())? {
+            arch.obs_norm = Some(ObsNorm { clip: c.clip_obs, epsilon: c.epsilon });
+            mirror.set_metadata(arch.to_metadata());
         }
+        let epsilon = c.epsilon as f32;
+        let inv_std = vec![1.0 / (1.0 + epsilon).sqrt(); dim];
+        Ok(ObsScale { mirror, mean: vec![0.0; dim], inv_std, clip: c.clip_obs as f32, epsilon })
     }
 
-    /// The statistics from the tail of a parameter buffer: `dim` means, then `dim` variances.
-    fn set(&mut self, mean: &[f32], var: &[f32]) {
+    /// Acting's scale from statistics laid out as the mirror's tail: `dim` means, then `dim` variances.
+    fn set(&mut self, stats: &[f32]) {
+        let (mean, var) = stats.split_at(self.mean.len());
         self.mean.copy_from_slice(mean);
         for (s, v) in self.inv_std.iter_mut().zip(var) {
             *s = 1.0 / (v + self.epsilon).sqrt();
@@ -163,37 +170,6 @@ impl ObsScale {
             out.extend(scaled.map(|((v, m), s)| ((v - m) * s).clamp(-self.clip, self.clip)));
         }
     }
-
-    fn apply_buf(&self, buf: &ObsBuf) -> Result<ObsBuf> {
-        let mut out = Vec::with_capacity(buf.len());
-        self.apply(f32_obs("normalize", buf.as_ref())?, &mut out);
-        Ok(ObsBuf::F32(out))
-    }
-}
-
-/// A policy's parameters with the observation statistics after them (`obs_rms.mean`, `obs_rms.var`): what a
-/// broadcast sends and `model.safetensors` holds. `metadata`: the policy's, to which the normalisation is added.
-fn mirror_of(policy: &FlatParams, dim: usize, c: &NormalizeConfig) -> Result<FlatParams> {
-    let mut named: Vec<(String, Tensor)> = policy
-        .names()
-        .enumerate()
-        .map(|(i, n)| (n.to_string(), policy.view(i).detach().to_device(tch::Device::Cpu).copy()))
-        .collect();
-    named.push(("obs_rms.mean".into(), Tensor::zeros([dim as i64], (tch::Kind::Float, tch::Device::Cpu))));
-    named.push(("obs_rms.var".into(), Tensor::ones([dim as i64], (tch::Kind::Float, tch::Device::Cpu))));
-    let mut mirror = FlatParams::new(named, policy.flat().device());
-    if let Some(mut arch) = Architecture::from_metadata("the policy", policy.metadata())? {
-        arch.obs_norm = Some(ObsNorm { clip: c.clip_obs, epsilon: c.epsilon });
-        mirror.set_metadata(arch.to_metadata());
-    }
-    Ok(mirror)
-}
-
-/// The f32 statistics at the tail of a mirror (means, then variances).
-fn mirror_stats(mirror: &FlatParams, dim: usize) -> Result<(Vec<f32>, Vec<f32>)> {
-    let tail = mirror.flat().narrow(0, mirror.numel() - 2 * dim as i64, 2 * dim as i64).to_device(tch::Device::Cpu);
-    let v = Vec::<f32>::try_from(tail)?;
-    Ok((v[..dim].to_vec(), v[dim..].to_vec()))
 }
 
 /// The checkpointed state of the statistics.
@@ -212,9 +188,7 @@ pub struct Normalized {
     obs_rms: Option<RunningMeanStd>,
     ret_rms: Option<RunningMeanStd>,
     returns: BTreeMap<(u64, usize), f64>,
-    /// The inner policy's parameters and the f32 observation statistics (with `obs`).
-    mirror: Option<FlatParams>,
-    /// Acting's normalisation (with `obs`).
+    /// Acting's normalisation and the parameters that carry it (with `obs`).
     scale: Option<ObsScale>,
     dim: usize,
     scratch: Vec<f32>,
@@ -224,72 +198,57 @@ impl Normalized {
     /// `inner`, built for `observation_space`, with normalisation as `config` says.
     pub fn new(inner: Box<dyn Algorithm>, config: &NormalizeConfig, observation_space: &Space) -> Result<Self> {
         config.validate()?;
-        let dim = if config.obs { config.obs_dim(observation_space)? } else { observation_space.flat_dim() };
-        let mirror = if config.obs { Some(mirror_of(inner.policy_params(), dim, config)?) } else { None };
+        let dim = observation_space.flat_dim();
+        let scale =
+            if config.obs { Some(ObsScale::new(inner.policy_params(), observation_space, config)?) } else { None };
         let mut agent = Normalized {
             obs_rms: config.obs.then(|| RunningMeanStd::new(dim)),
             ret_rms: config.reward.then(|| RunningMeanStd::new(1)),
             returns: BTreeMap::new(),
-            scale: config.obs.then(|| ObsScale::new(dim, config)),
+            scale,
             config: config.clone(),
-            mirror,
             dim,
             scratch: Vec::new(),
             inner,
         };
-        agent.sync()?;
+        agent.sync();
         Ok(agent)
     }
 
     /// The mirror after the inner parameters or the statistics changed: the inner policy's values, then the
     /// f32 statistics, and acting's scale from those.
-    fn sync(&mut self) -> Result<()> {
-        if let Some(mirror) = &self.mirror {
+    fn sync(&mut self) {
+        if let Some(scale) = &self.scale {
             let inner = self.inner.policy_params().flat();
-            tch::no_grad(|| mirror.flat().narrow(0, 0, inner.numel() as i64).copy_(inner));
+            tch::no_grad(|| scale.mirror.flat().narrow(0, 0, inner.numel() as i64).copy_(inner));
         }
-        self.sync_stats()
+        self.sync_stats();
     }
 
     /// The mirror's statistics after they changed (the inner parameters did not), and acting's scale from them.
-    fn sync_stats(&mut self) -> Result<()> {
-        let (Some(mirror), Some(rms), Some(scale)) = (&self.mirror, &self.obs_rms, &mut self.scale) else {
-            return Ok(());
-        };
-        let stats: Vec<f32> = rms.mean.iter().chain(&rms.var).map(|&x| x as f32).collect();
-        tch::no_grad(|| {
-            let flat = mirror.flat();
-            flat.narrow(0, flat.numel() as i64 - 2 * self.dim as i64, 2 * self.dim as i64)
-                .copy_(&Tensor::from_slice(&stats).to_device(flat.device()));
-        });
-        let (mean, var) = mirror_stats(mirror, self.dim)?;
-        scale.set(&mean, &var);
-        Ok(())
+    fn sync_stats(&mut self) {
+        if let (Some(scale), Some(rms)) = (&mut self.scale, &self.obs_rms) {
+            let stats: Vec<f32> = rms.mean.iter().chain(&rms.var).map(|&x| x as f32).collect();
+            let (flat, n) = (scale.mirror.flat(), stats.len() as i64);
+            tch::no_grad(|| {
+                flat.narrow(0, flat.numel() as i64 - n, n).copy_(&Tensor::from_slice(&stats).to_device(flat.device()))
+            });
+            scale.set(&stats);
+        }
     }
 
     /// A chunk as the inner agent takes it: observations normalised with the current statistics, rewards scaled
     /// by the return's (which take in this chunk's returns step by step).
     fn normalize_chunk(&mut self, chunk: &Chunk) -> Result<Chunk> {
         chunk.check_lengths(chunk.n_envs, self.dim, self.inner.act_dim(), false)?;
-        let obs = |buf: &ObsBuf| self.scale.as_ref().map_or_else(|| Ok(buf.clone()), |s| s.apply_buf(buf));
-        let mut c = Chunk {
-            obs: obs(&chunk.obs)?,
-            bootstrap_obs: obs(&chunk.bootstrap_obs)?,
-            final_obs: obs(&chunk.final_obs)?,
-            actor_id: chunk.actor_id,
-            policy_version: chunk.policy_version,
-            n_steps: chunk.n_steps,
-            n_envs: chunk.n_envs,
-            actions: chunk.actions.clone(),
-            rewards: chunk.rewards.clone(),
-            terminated: chunk.terminated.clone(),
-            truncated: chunk.truncated.clone(),
-            log_probs: chunk.log_probs.clone(),
-            values: chunk.values.clone(),
-            initial_state: chunk.initial_state.clone(),
-            final_index: chunk.final_index.clone(),
-            episodes: chunk.episodes.clone(),
-        };
+        let mut c = chunk.clone();
+        if let Some(scale) = &self.scale {
+            for buf in [&mut c.obs, &mut c.bootstrap_obs, &mut c.final_obs] {
+                let mut out = Vec::with_capacity(buf.len());
+                scale.apply(f32_obs("normalize", buf.as_ref())?, &mut out);
+                *buf = ObsBuf::F32(out);
+            }
+        }
         if let Some(ret) = &mut self.ret_rms {
             let (e, gamma, clip, eps) = (c.n_envs, self.config.gamma, self.config.clip_reward, self.config.epsilon);
             let mut step = vec![0.0; e];
@@ -321,7 +280,8 @@ fn scaled<'a>(scale: Option<&ObsScale>, obs: ObsRef<'a>, scratch: &'a mut Vec<f3
     Ok(ObsRef::F32(scratch))
 }
 
-/// [`Policy`] for a wrapper acting through its `inner` policy on observations normalised by its `scale`.
+/// [`Policy`] for a wrapper acting through its `inner` policy on observations normalised by its `scale` (an
+/// `Option` in [`Normalized`], always there in [`NormalizedPolicy`]: `Option::from` takes either).
 macro_rules! scaled_policy {
     ($wrapper:ty) => {
         impl Policy for $wrapper {
@@ -334,7 +294,7 @@ macro_rules! scaled_policy {
             }
 
             fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-                let obs = scaled(self.scale.as_ref(), obs, &mut self.scratch)?;
+                let obs = scaled(Option::from(&self.scale), obs, &mut self.scratch)?;
                 self.inner.act(obs, mode, out)
             }
 
@@ -353,7 +313,7 @@ macro_rules! scaled_policy {
                 mode: ActMode,
                 out: &mut ActOutput,
             ) -> Result<()> {
-                let obs = scaled(self.scale.as_ref(), obs, &mut self.scratch)?;
+                let obs = scaled(Option::from(&self.scale), obs, &mut self.scratch)?;
                 self.inner.act_with_state(obs, state, mode, out)
             }
         }
@@ -377,7 +337,7 @@ impl Algorithm for Normalized {
                 let x = f32_obs("normalize", c.obs.as_ref())?;
                 rms.update(x.len() / d, |r, k| f64::from(x[r * d + k]));
             }
-            self.sync_stats()?;
+            self.sync_stats();
         }
         Ok(())
     }
@@ -385,7 +345,7 @@ impl Algorithm for Normalized {
     fn update(&mut self, progress: &Progress) -> Result<Option<Metrics>> {
         let metrics = self.inner.update(progress)?;
         if metrics.is_some() {
-            self.sync()?;
+            self.sync();
         }
         Ok(metrics)
     }
@@ -410,12 +370,13 @@ impl Algorithm for Normalized {
         self.obs_rms = state.obs;
         self.ret_rms = state.ret;
         self.returns = state.returns.into_iter().map(|(a, e, g)| ((a, e), g)).collect();
-        self.sync()
+        self.sync();
+        Ok(())
     }
 
     /// The inner policy's parameters and, with `obs`, the observation statistics.
     fn policy_params(&self) -> &FlatParams {
-        self.mirror.as_ref().unwrap_or_else(|| self.inner.policy_params())
+        self.scale.as_ref().map_or_else(|| self.inner.policy_params(), |s| &s.mirror)
     }
 
     /// The inner policy's parameters (transfer initialises and freezes those).
@@ -425,26 +386,25 @@ impl Algorithm for Normalized {
 
     fn policy_params_changed(&mut self) {
         self.inner.policy_params_changed();
-        // Copying between buffers of fixed shapes (checked at construction) cannot fail.
-        let _ = self.sync();
+        self.sync();
     }
 
     /// Weights saved by `save_weights` (the mirror): the inner policy's, and the statistics acting reads.
     fn load_weights(&mut self, path: &Path) -> Result<()> {
-        let (Some(mirror), Some(scale)) = (&mut self.mirror, &mut self.scale) else {
-            return self.inner.load_weights(path);
-        };
-        mirror.load(path)?;
+        let Some(scale) = &mut self.scale else { return self.inner.load_weights(path) };
+        scale.mirror.load(path)?;
         let n = self.inner.policy_params().numel();
-        let head = mirror.flat().narrow(0, 0, n).copy();
+        let head = scale.mirror.flat().narrow(0, 0, n).copy();
         tch::no_grad(|| self.inner.policy_params_mut().flat().shallow_clone().copy_(&head));
         self.inner.policy_params_changed();
-        let (mean, var) = mirror_stats(mirror, self.dim)?;
+        let stats =
+            Vec::<f32>::try_from(scale.mirror.flat().narrow(0, n, 2 * self.dim as i64).to_device(tch::Device::Cpu))?;
         if let Some(rms) = &mut self.obs_rms {
+            let (mean, var) = stats.split_at(self.dim);
             rms.mean = mean.iter().map(|&x| f64::from(x)).collect();
             rms.var = var.iter().map(|&x| f64::from(x)).collect();
         }
-        scale.set(&mean, &var);
+        scale.set(&stats);
         Ok(())
     }
 
@@ -457,10 +417,7 @@ impl Algorithm for Normalized {
 /// An actor's acting policy with the observation statistics its broadcasts carry (see the module's doc).
 pub struct NormalizedPolicy {
     inner: Box<dyn ActingPolicy>,
-    mirror: FlatParams,
-    /// Always set (an `Option` as [`Normalized`]'s).
-    scale: Option<ObsScale>,
-    dim: usize,
+    scale: ObsScale,
     scratch: Vec<f32>,
 }
 
@@ -468,25 +425,21 @@ impl NormalizedPolicy {
     /// `inner` acting on normalised observations of `observation_space`.
     pub fn new(inner: Box<dyn ActingPolicy>, config: &NormalizeConfig, observation_space: &Space) -> Result<Self> {
         config.validate()?;
-        let dim = config.obs_dim(observation_space)?;
-        let mirror = mirror_of(inner.params(), dim, config)?;
-        Ok(NormalizedPolicy { inner, mirror, scale: Some(ObsScale::new(dim, config)), dim, scratch: Vec::new() })
+        let scale = ObsScale::new(inner.params(), observation_space, config)?;
+        Ok(NormalizedPolicy { inner, scale, scratch: Vec::new() })
     }
 }
 
 impl ActingPolicy for NormalizedPolicy {
     fn params(&self) -> &FlatParams {
-        &self.mirror
+        &self.scale.mirror
     }
 
     fn load_params(&mut self, values: &[f32]) -> Result<()> {
-        load_flat(&self.mirror, values)?;
+        load_flat(&self.scale.mirror, values)?;
         let n = self.inner.n_params();
         self.inner.load_params(&values[..n])?;
-        let (mean, var) = (&values[n..n + self.dim], &values[n + self.dim..]);
-        if let Some(scale) = &mut self.scale {
-            scale.set(mean, var);
-        }
+        self.scale.set(&values[n..]);
         Ok(())
     }
 

@@ -183,13 +183,13 @@ impl AlgorithmKind for DistillConfig {
         Some(self.cnn)
     }
 
-    /// The student ([`StudentNet`]): one head per teacher.
+    /// The student ([`DistillPolicy`]): one head per teacher.
     fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
         let heads = self.teachers.len().max(1);
         let policy = policy_head(a)?;
         let outputs = policy_width(&policy) * heads;
         let network = if is_image(o) {
-            let (channels, features) = (self.student_channels()?, self.student_features()?);
+            let (channels, features) = self.student_cnn()?;
             Network::nature_cnn("student", o, channels, features, outputs, outputs)?
         } else {
             Network::mlp("student", mlp_input_dim("distill", o)?, &self.hidden_sizes, outputs, self.activation)
@@ -198,7 +198,7 @@ impl AlgorithmKind for DistillConfig {
     }
 
     fn build_acting(&self, setup: &ActingSetup<'_>) -> Result<Acting> {
-        let policy = DistillPolicy::new(setup.observation_space, setup.action_space, self, setup.seed)?;
+        let policy = DistillPolicy::new(setup.observation_space, setup.action_space, self, Device::Cpu, setup.seed)?;
         Ok(Acting::Chunks(Box::new(policy)))
     }
 
@@ -251,26 +251,17 @@ impl DistillConfig {
         Ok(())
     }
 
-    /// The student CNN's channels (checked by [`DistillConfig::validate`]).
-    fn student_channels(&self) -> Result<[i64; 3]> {
-        <[i64; 3]>::try_from(self.cnn_channels.as_slice()).map_err(|_| {
-            Error::config(
-                "distill",
-                "cnn_channels",
-                format!("{:?}", self.cnn_channels),
-                "three positive channel counts",
-            )
-        })
-    }
-
-    /// The student CNN's fc width: `hidden_sizes` must be one width on frames.
-    fn student_features(&self) -> Result<i64> {
+    /// The student CNN's channels (checked by [`DistillConfig::validate`]) and fc width (`hidden_sizes` must be
+    /// one width on frames).
+    fn student_cnn(&self) -> Result<([i64; 3], i64)> {
+        let bad = |field, value: &[i64], detail: &str| Error::config("distill", field, format!("{value:?}"), detail);
+        let channels = <[i64; 3]>::try_from(self.cnn_channels.as_slice())
+            .map_err(|_| bad("cnn_channels", &self.cnn_channels, "three positive channel counts"))?;
         match self.hidden_sizes[..] {
-            [f] if f > 0 => Ok(f),
-            _ => Err(Error::config(
-                "distill",
+            [f] if f > 0 => Ok((channels, f)),
+            _ => Err(bad(
                 "hidden_sizes",
-                format!("{:?}", self.hidden_sizes),
+                &self.hidden_sizes,
                 "on frames the student is a CNN with one fc layer: give its width, e.g. [256]",
             )),
         }
@@ -284,6 +275,15 @@ enum Head {
     Gaussian(usize),
 }
 
+impl Head {
+    /// Outputs of one task head: `n` logits or `D` means.
+    fn width(self) -> usize {
+        match self {
+            Head::Discrete(n) | Head::Gaussian(n) => n,
+        }
+    }
+}
+
 /// The student's layers: an MLP on vectors, a Nature-shaped CNN on frames.
 #[derive(Debug)]
 enum Body {
@@ -291,25 +291,32 @@ enum Body {
     Cnn(NatureCnn),
 }
 
-/// The student: an MLP `obs → logits` or `obs → means` (named `student.{k}`), plus `log_std` for boxes; on
-/// frames a CNN (`student.conv1..3`, `student.fc`, `student.out`). With `H > 1` teachers (one per task) the
-/// observation ends with the task's one-hot (`H` floats, `flotilla_envs::TaskVecEnv`): the hidden layers are
-/// shared by every task (they see the one-hot too) and the output layer holds one head per task, of which each
-/// row reads its own task's.
+/// The student and its acting policy (an actor holds one; the learner acts with one): an MLP `obs → logits`
+/// or `obs → means` (named `student.{k}`), plus `log_std` for boxes; on frames a CNN (`student.conv1..3`,
+/// `student.fc`, `student.out`). With `H > 1` teachers (one per task) the observation ends with the task's
+/// one-hot (`H` floats, `flotilla_envs::TaskVecEnv`): the hidden layers are shared by every task (they see the
+/// one-hot too) and the output layer holds one head per task, of which each row reads its own task's.
 #[derive(Debug)]
-pub struct StudentNet {
+pub struct DistillPolicy {
     /// Every parameter (what a broadcast carries and `save_weights` writes).
-    pub params: FlatParams,
+    params: FlatParams,
     body: Body,
     log_std: Option<usize>,
     head: Head,
     obs_dim: usize,
     /// Heads (tasks); 1 for a single teacher.
     heads: usize,
+    /// Action sampling.
+    rng: Pcg64,
+    host: HostScratch,
+    /// The network's outputs for the rows acting.
+    outputs: Vec<f32>,
+    samples: Vec<(i64, f32)>,
 }
 
-impl StudentNet {
-    /// A student for these spaces (1-D box observations; discrete or 1-D box actions), seeded with `seed`.
+impl DistillPolicy {
+    /// A student for these spaces (vectors or frames; discrete or 1-D box actions): `seed` fixes its initial
+    /// weights and its action sampling.
     pub fn new(obs: &Space, act: &Space, config: &DistillConfig, device: Device, seed: u64) -> Result<Self> {
         let head = match act {
             Space::Discrete { n, .. } => Head::Discrete(*n),
@@ -333,11 +340,9 @@ impl StudentNet {
                 format!("{heads} teachers need observations ending with a {heads}-task one-hot; got {obs_dim} floats"),
             ));
         }
-        let outputs = match head {
-            Head::Discrete(n) | Head::Gaussian(n) => n as i64,
-        };
+        let outputs = head.width() as i64;
         let (body, mut named) = if frames {
-            let (channels, features) = (config.student_channels()?, config.student_features()?);
+            let (channels, features) = config.student_cnn()?;
             let built = with_torch_seed(seed, || {
                 NatureCnn::init_sized("student", obs.shape(), channels, features, &[(outputs, 0.01)], 0)
             });
@@ -367,13 +372,18 @@ impl StudentNet {
                 Some(named.len() - 1)
             }
         };
-        Ok(StudentNet { params: FlatParams::new(named, device), body, log_std, head, obs_dim, heads })
-    }
-
-    fn outputs(&self) -> usize {
-        match self.head {
-            Head::Discrete(n) | Head::Gaussian(n) => n,
-        }
+        Ok(DistillPolicy {
+            params: FlatParams::new(named, device),
+            body,
+            log_std,
+            head,
+            obs_dim,
+            heads,
+            rng: Pcg64::seed_from_u64(seed ^ 0xd157_0001),
+            host: HostScratch::default(),
+            outputs: Vec::new(),
+            samples: Vec::new(),
+        })
     }
 
     /// Logits or means, `[B, outputs]`, on `x` `[B, obs_dim]` (each row's own task's head; frames as u8).
@@ -395,11 +405,7 @@ impl StudentNet {
         x.chunks_exact(self.obs_dim)
             .map(|row| {
                 let hot = &row[self.obs_dim - h..];
-                if h == 1 {
-                    0
-                } else {
-                    hot.iter().enumerate().fold(0, |best, (i, v)| if *v > hot[best] { i } else { best })
-                }
+                hot.iter().enumerate().fold(0, |best, (i, v)| if *v > hot[best] { i } else { best })
             })
             .collect()
     }
@@ -428,55 +434,15 @@ impl StudentNet {
         }
         Ok(x)
     }
-
-    /// The teaching kinds a student with this head can learn from.
-    fn learns_from(&self, kind: TeachingKind) -> bool {
-        match self.head {
-            Head::Discrete(_) => matches!(kind, TeachingKind::Logits | TeachingKind::QValues),
-            Head::Gaussian(_) => matches!(kind, TeachingKind::Gaussian | TeachingKind::Actions),
-        }
-    }
-
-    /// The student as a teacher (a distilled policy can teach in turn).
-    fn teach(&self, obs: ObsRef<'_>) -> Result<Teaching> {
-        let x = self.obs_tensor(obs)?;
-        let out = tch::no_grad(|| self.forward(&x));
-        Ok(match self.log_std() {
-            None => Teaching::new(TeachingKind::Logits, &out),
-            Some(log_std) => Teaching::gaussian(&out, log_std),
-        })
-    }
-}
-
-/// The student's acting policy (an actor holds one; the learner acts with one): the network and a sampling RNG.
-#[derive(Debug)]
-pub struct DistillPolicy {
-    net: StudentNet,
-    rng: Pcg64,
-    host: HostScratch,
-    head: Vec<f32>,
-    samples: Vec<(i64, f32)>,
-}
-
-impl DistillPolicy {
-    /// The acting policy of a fresh student on the CPU; `seed` fixes action sampling.
-    pub fn new(obs: &Space, act: &Space, config: &DistillConfig, seed: u64) -> Result<Self> {
-        Ok(Self::of(StudentNet::new(obs, act, config, Device::Cpu, seed)?, seed))
-    }
-
-    fn of(net: StudentNet, seed: u64) -> Self {
-        let rng = Pcg64::seed_from_u64(seed ^ 0xd157_0001);
-        DistillPolicy { net, rng, host: HostScratch::default(), head: Vec::new(), samples: Vec::new() }
-    }
 }
 
 impl Policy for DistillPolicy {
     fn obs_dim(&self) -> usize {
-        self.net.obs_dim
+        self.obs_dim
     }
 
     fn act_dim(&self) -> usize {
-        match self.net.head {
+        match self.head {
             Head::Discrete(_) => 1,
             Head::Gaussian(d) => d,
         }
@@ -484,32 +450,32 @@ impl Policy for DistillPolicy {
 
     /// Samples the student's policy (or takes its mode); fills actions and their log-probs.
     fn act(&mut self, obs: ObsRef<'_>, mode: ActMode, out: &mut ActOutput) -> Result<()> {
-        if obs.is_empty() || !obs.len().is_multiple_of(self.net.obs_dim) {
-            return Err(Error::length("observation batch", obs.len(), self.net.obs_dim));
+        if obs.is_empty() || !obs.len().is_multiple_of(self.obs_dim) {
+            return Err(Error::length("observation batch", obs.len(), self.obs_dim));
         }
-        let rows = obs.len() / self.net.obs_dim;
+        let rows = obs.len() / self.obs_dim;
         let deterministic = mode == ActMode::Deterministic;
         // MLPs on f32 rows act in plain Rust where they can; CNNs (and the rest) through libtorch.
-        let on_host = match (&self.net.body, obs) {
+        let on_host = match (&self.body, obs) {
             (Body::Mlp(mlp), ObsRef::F32(x)) => {
-                let done = mlp.forward_host(&self.net.params, x, rows, &mut self.host, &mut self.head);
-                if done && self.net.heads > 1 {
-                    select_task_heads(x, self.net.obs_dim, self.net.heads, &mut self.head);
+                let done = mlp.forward_host(&self.params, x, rows, &mut self.host, &mut self.outputs);
+                if done && self.heads > 1 {
+                    select_task_heads(x, self.obs_dim, self.heads, &mut self.outputs);
                 }
                 done
             }
             _ => false,
         };
         if !on_host {
-            let input = self.net.obs_tensor(obs)?;
-            let h = tch::no_grad(|| self.net.forward(&input));
-            self.head = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
+            let input = self.obs_tensor(obs)?;
+            let h = tch::no_grad(|| self.forward(&input));
+            self.outputs = Vec::<f32>::try_from(h.flatten(0, -1).to_device(Device::Cpu))?;
         }
         out.values.clear();
         out.q_values.clear();
-        match self.net.head {
+        match self.head {
             Head::Discrete(n) => {
-                sample_categorical(&self.head, n, deterministic, &mut self.rng, &mut self.samples);
+                sample_categorical(&self.outputs, n, deterministic, &mut self.rng, &mut self.samples);
                 out.actions.clear();
                 out.log_probs.clear();
                 for &(a, lp) in &self.samples {
@@ -518,10 +484,10 @@ impl Policy for DistillPolicy {
                 }
             }
             Head::Gaussian(_) => {
-                let log_std = self.net.log_std().expect("a Gaussian student has a log-std");
+                let log_std = self.log_std().expect("a Gaussian student has a log-std");
                 let log_std = Vec::<f32>::try_from(log_std.detach().to_device(Device::Cpu))?;
                 sample_diag_gaussian(
-                    &self.head,
+                    &self.outputs,
                     &log_std,
                     deterministic,
                     &mut self.rng,
@@ -536,7 +502,7 @@ impl Policy for DistillPolicy {
 
 impl ActingPolicy for DistillPolicy {
     fn params(&self) -> &FlatParams {
-        &self.net.params
+        &self.params
     }
 }
 
@@ -598,7 +564,7 @@ pub fn distill_loss(
 
 /// Labelled states in a ring: observation rows (frames as bytes) and the teacher's label rows.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LabelledReplay {
+pub(crate) struct LabelledReplay {
     obs: ObsBuf,
     labels: Vec<f32>,
     obs_dim: usize,
@@ -616,13 +582,8 @@ impl LabelledReplay {
     }
 
     /// States held.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether none are held.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Add `rows` states and their labels (`labels.len() / rows` floats each), overwriting the oldest when full.
@@ -699,22 +660,17 @@ impl LabelledReplay {
                 self.obs_dim
             )));
         }
-        if labels.len() != len * label_dim {
+        if labels.len() != len * label_dim || (len > 0 && label_dim == 0) {
             return Err(Error::Checkpoint(format!(
                 "distill replay: {} label floats for {len} states of {label_dim}",
                 labels.len()
             )));
         }
+        // The states held, pushed into an empty ring from its start, then the ring's position.
         *self = LabelledReplay::new(self.capacity, self.obs_dim, self.obs.dtype());
         if len > 0 {
-            self.label_dim = label_dim;
-            self.obs = ObsBuf::zeros(self.obs.dtype(), self.capacity * self.obs_dim);
-            self.labels = vec![0.0; self.capacity * label_dim];
-            let same = self.obs.write_at(0, obs.as_ref());
-            debug_assert!(same, "dtypes checked above");
-            self.labels[..labels.len()].copy_from_slice(&labels);
+            self.push(obs.as_ref(), &labels)?;
         }
-        self.len = len;
         self.next = next;
         Ok(())
     }
@@ -744,12 +700,12 @@ impl std::fmt::Debug for Distill {
     }
 }
 
-/// A teacher's teaching must keep the kind it had when it was handed over.
-fn check_kind(kind: TeachingKind, teaching: &Teaching) -> Result<()> {
+/// A teacher's label rows, flat; its teaching must keep the kind it had when it was handed over.
+fn labels_of(kind: TeachingKind, teaching: Teaching) -> Result<Vec<f32>> {
     if teaching.kind != kind {
         return Err(Error::Unsupported(format!("distill: the teacher changed from {kind:?} to {:?}", teaching.kind)));
     }
-    Ok(())
+    Ok(Vec::<f32>::try_from(teaching.labels.flatten(0, -1))?)
 }
 
 impl Distill {
@@ -759,14 +715,12 @@ impl Distill {
             return Err(Error::Unsupported("distill: no teacher loaded (set_teachers was not called)".into()));
         };
         let labels = if self.teachers.len() == 1 {
-            let teaching = self.teachers[0].teach(obs)?;
-            check_kind(kind, &teaching)?;
-            Vec::<f32>::try_from(teaching.labels.flatten(0, -1))?
+            labels_of(kind, self.teachers[0].teach(obs)?)?
         } else {
             self.label_by_task(f32_obs("distill", obs)?, kind)?
         };
         self.replay.push(obs, &labels)?;
-        self.labelled += (obs.len() / self.pi.net.obs_dim) as u64;
+        self.labelled += (obs.len() / self.pi.obs_dim) as u64;
         Ok(())
     }
 
@@ -774,11 +728,11 @@ impl Distill {
     /// teacher).
     pub fn new(obs: &Space, act: &Space, config: DistillConfig, device: Device, seed: u64) -> Result<Self> {
         config.validate()?;
-        let net = StudentNet::new(obs, act, &config, device, seed)?;
-        let opt = Adam::new(&net.params, config.learning_rate, config.adam_eps);
-        let replay = LabelledReplay::new(config.buffer_size, net.obs_dim, net.dtype());
+        let pi = DistillPolicy::new(obs, act, &config, device, seed)?;
+        let opt = Adam::new(&pi.params, config.learning_rate, config.adam_eps);
+        let replay = LabelledReplay::new(config.buffer_size, pi.obs_dim, pi.dtype());
         Ok(Distill {
-            pi: DistillPolicy::of(net, seed),
+            pi,
             opt,
             replay,
             teachers: Vec::new(),
@@ -814,18 +768,18 @@ impl Distill {
     /// whose greedy action agrees with the teacher's.
     fn gradient_step(&mut self, kind: TeachingKind, temperature: f64) -> Result<(f64, f64)> {
         let (obs, labels) = self.replay.sample(self.config.batch_size, &mut self.rng);
-        let device = self.pi.net.params.flat().device();
+        let device = self.pi.params.flat().device();
         let (obs, labels) = (obs.to_device(device), labels.to_device(device));
-        let out = self.pi.net.forward(&obs);
-        let loss = distill_loss(self.config.loss, kind, &labels, &out, self.pi.net.log_std(), temperature)?;
+        let out = self.pi.forward(&obs);
+        let loss = distill_loss(self.config.loss, kind, &labels, &out, self.pi.log_std(), temperature)?;
         let value = f64::try_from(&loss)?;
         if !value.is_finite() {
             return Err(Error::NonFinite(format!("distill: loss {value}; nothing applied")));
         }
-        self.pi.net.params.backward(&loss);
-        self.pi.net.params.clip_grad_norm(self.config.max_grad_norm);
-        self.opt.step(&mut self.pi.net.params);
-        let agreement = match self.pi.net.head {
+        self.pi.params.backward(&loss);
+        self.pi.params.clip_grad_norm(self.config.max_grad_norm);
+        self.opt.step(&mut self.pi.params);
+        let agreement = match self.pi.head {
             Head::Discrete(_) => f64::try_from(
                 out.argmax(-1, false).eq_tensor(&labels.argmax(-1, false)).to_kind(Kind::Float).mean(Kind::Float),
             )?,
@@ -839,8 +793,8 @@ impl Distill {
     /// Labels for `obs` (rows with a task one-hot at the end): each task's rows, one-hot stripped, taught by
     /// that task's teacher, written back in row order.
     fn label_by_task(&mut self, obs: &[f32], kind: TeachingKind) -> Result<Vec<f32>> {
-        let (dim, heads) = (self.pi.obs_dim(), self.pi.net.heads);
-        let tasks = self.pi.net.tasks_of(obs);
+        let (dim, heads) = (self.pi.obs_dim(), self.pi.heads);
+        let tasks = self.pi.tasks_of(obs);
         let mut labels: Vec<f32> = Vec::new();
         let mut width = 0;
         for (k, teacher) in self.teachers.iter_mut().enumerate() {
@@ -849,9 +803,7 @@ impl Distill {
                 continue;
             }
             let x: Vec<f32> = rows.iter().flat_map(|r| obs[r * dim..(r + 1) * dim - heads].iter().copied()).collect();
-            let teaching = teacher.teach(ObsRef::F32(&x))?;
-            check_kind(kind, &teaching)?;
-            let y = Vec::<f32>::try_from(teaching.labels.flatten(0, -1))?;
+            let y = labels_of(kind, teacher.teach(ObsRef::F32(&x))?)?;
             width = y.len() / rows.len();
             labels.resize(tasks.len() * width, 0.0);
             for (i, r) in rows.iter().enumerate() {
@@ -931,7 +883,7 @@ impl Algorithm for Distill {
         }
         let mut m = Metrics::default();
         m.push("losses/distill_loss", loss / n.max(1.0));
-        match self.pi.net.head {
+        match self.pi.head {
             Head::Discrete(_) => m.push("distill/agreement", agreement / n.max(1.0)),
             Head::Gaussian(_) => m.push("distill/mean_abs_error", -agreement / n.max(1.0)),
         }
@@ -940,13 +892,19 @@ impl Algorithm for Distill {
         Ok(Some(m))
     }
 
+    /// The student as a teacher (a distilled policy can teach in turn).
     fn teach(&mut self, obs: ObsRef<'_>) -> Result<Teaching> {
-        self.pi.net.teach(obs)
+        let x = self.pi.obs_tensor(obs)?;
+        let out = tch::no_grad(|| self.pi.forward(&x));
+        Ok(match self.pi.log_std() {
+            None => Teaching::new(TeachingKind::Logits, &out),
+            Some(log_std) => Teaching::gaussian(&out, log_std),
+        })
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {
         let mut c = Checkpoint::new();
-        c.put_tensor("params", self.pi.net.params.flat());
+        c.put_tensor("params", self.pi.params.flat());
         self.opt.write_to(&mut c, "adam")?;
         self.replay.write_to(&mut c, "replay")?;
         c.put_meta("rng", &self.rng)?;
@@ -956,8 +914,8 @@ impl Algorithm for Distill {
     }
 
     fn restore(&mut self, c: &mut Checkpoint) -> Result<()> {
-        c.copy_into("params", self.pi.net.params.flat())?;
-        self.opt.read_from(c, "adam", &self.pi.net.params)?;
+        c.copy_into("params", self.pi.params.flat())?;
+        self.opt.read_from(c, "adam", &self.pi.params)?;
         self.replay.read_from(c, "replay")?;
         self.rng = c.meta("rng")?;
         self.pi.rng = c.meta("acting_rng")?;
@@ -966,11 +924,11 @@ impl Algorithm for Distill {
     }
 
     fn policy_params(&self) -> &FlatParams {
-        &self.pi.net.params
+        &self.pi.params
     }
 
     fn policy_params_mut(&mut self) -> &mut FlatParams {
-        &mut self.pi.net.params
+        &mut self.pi.params
     }
 }
 
@@ -978,7 +936,7 @@ impl crate::algorithm::Student for Distill {
     /// One teacher per head (task), in task order; each must take the task's observations (the student's
     /// without the one-hot) and give the kind of teaching the student's head and loss can learn.
     fn set_teachers(&mut self, mut teachers: Vec<Box<dyn Algorithm>>) -> Result<()> {
-        let heads = self.pi.net.heads;
+        let heads = self.pi.heads;
         if teachers.len() != heads {
             return Err(Error::Unsupported(format!(
                 "distill: {} teachers for a student with {heads} heads (one per task)",
@@ -1005,29 +963,33 @@ impl crate::algorithm::Student for Distill {
                     self.pi.act_dim()
                 )));
             }
-            let teaching = teacher.teach(ObsBuf::zeros(self.pi.net.dtype(), task_dim).as_ref())?;
+            let teaching = teacher.teach(ObsBuf::zeros(self.pi.dtype(), task_dim).as_ref())?;
             let width = teaching.labels.size()[1];
-            let outputs = self.pi.net.outputs() as i64;
+            let outputs = self.pi.head.width() as i64;
             let k_kind = teaching.kind;
-            if !self.pi.net.learns_from(k_kind) || (k_kind != TeachingKind::Gaussian && width != outputs) {
+            // A discrete student learns logits or Q-values, a Gaussian one a Gaussian or actions.
+            let discrete = matches!(k_kind, TeachingKind::Logits | TeachingKind::QValues);
+            let learns = discrete == matches!(self.pi.head, Head::Discrete(_));
+            if !learns || (k_kind != TeachingKind::Gaussian && width != outputs) {
                 return Err(Error::Unsupported(format!(
                     "distill: {which} gives {k_kind:?} of {width} values per state; this student has {outputs} \
                      outputs ({:?})",
-                    self.pi.net.head
+                    self.pi.head
                 )));
             }
-            if kind.is_some_and(|first| first != k_kind) {
+            if let Some(first) = kind
+                && first != k_kind
+            {
                 return Err(Error::Unsupported(format!(
-                    "distill: {which} gives {k_kind:?}, teacher 0 {:?}: one loss needs one kind of teaching",
-                    kind.expect("checked")
+                    "distill: {which} gives {k_kind:?}, teacher 0 {first:?}: one loss needs one kind of teaching"
                 )));
             }
             self.temperature(k_kind)?;
             // Loss and teacher must pair up (e.g. kl has nothing to match in a deterministic teacher).
-            let labels = teaching.labels.to_device(self.pi.net.params.flat().device());
-            let probe = ObsBuf::zeros(self.pi.net.dtype(), self.pi.net.obs_dim);
-            let out = tch::no_grad(|| self.pi.net.forward(&self.pi.net.obs_tensor(probe.as_ref()).expect("one row")));
-            let _ = distill_loss(self.config.loss, k_kind, &labels, &out, self.pi.net.log_std(), 1.0)?;
+            let labels = teaching.labels.to_device(self.pi.params.flat().device());
+            let probe = ObsBuf::zeros(self.pi.dtype(), self.pi.obs_dim);
+            let out = tch::no_grad(|| self.pi.forward(&self.pi.obs_tensor(probe.as_ref()).expect("one row")));
+            let _ = distill_loss(self.config.loss, k_kind, &labels, &out, self.pi.log_std(), 1.0)?;
             kind = Some(k_kind);
         }
         self.teachers = teachers;
@@ -1271,7 +1233,7 @@ mod tests {
         let greedy = Vec::<i64>::try_from(logits.argmax(-1, false)).unwrap();
         let acted: Vec<i64> = out.actions.iter().map(|a| *a as i64).collect();
         assert_eq!(acted, greedy, "the host path and libtorch pick the same head");
-        let tasks = student.pi.net.tasks_of(&probe);
+        let tasks = student.pi.tasks_of(&probe);
         for k in 0..2 {
             let rows: Vec<usize> = (0..1000).filter(|r| tasks[*r] == k).collect();
             let x: Vec<f32> = rows.iter().flat_map(|r| probe[r * 6..r * 6 + 4].iter().copied()).collect();
