@@ -162,12 +162,12 @@ impl ObsScale {
         }
     }
 
-    /// `x` (rows of `mean.len()`) normalised into `out`.
-    fn apply(&self, x: &[f32], out: &mut Vec<f32>) {
-        out.clear();
-        for row in x.chunks_exact(self.mean.len()) {
-            let scaled = row.iter().zip(&self.mean).zip(&self.inv_std);
-            out.extend(scaled.map(|((v, m), s)| ((v - m) * s).clamp(-self.clip, self.clip)));
+    /// `x` (rows of `mean.len()`) normalised in place.
+    fn apply(&self, x: &mut [f32]) {
+        for row in x.chunks_exact_mut(self.mean.len()) {
+            for ((v, m), s) in row.iter_mut().zip(&self.mean).zip(&self.inv_std) {
+                *v = ((*v - m) * s).clamp(-self.clip, self.clip);
+            }
         }
     }
 }
@@ -244,9 +244,8 @@ impl Normalized {
         let mut c = chunk.clone();
         if let Some(scale) = &self.scale {
             for buf in [&mut c.obs, &mut c.bootstrap_obs, &mut c.final_obs] {
-                let mut out = Vec::with_capacity(buf.len());
-                scale.apply(f32_obs("normalize", buf.as_ref())?, &mut out);
-                *buf = ObsBuf::F32(out);
+                let ObsBuf::F32(x) = buf else { return Err(f32_obs("normalize", buf.as_ref()).unwrap_err()) };
+                scale.apply(x);
             }
         }
         if let Some(ret) = &mut self.ret_rms {
@@ -276,7 +275,9 @@ impl Normalized {
 /// `obs` as the inner policy takes it: normalised into `scratch` by `scale`, if any.
 fn scaled<'a>(scale: Option<&ObsScale>, obs: ObsRef<'a>, scratch: &'a mut Vec<f32>) -> Result<ObsRef<'a>> {
     let Some(scale) = scale else { return Ok(obs) };
-    scale.apply(f32_obs("normalize", obs)?, scratch);
+    scratch.clear();
+    scratch.extend_from_slice(f32_obs("normalize", obs)?);
+    scale.apply(scratch);
     Ok(ObsRef::F32(scratch))
 }
 
