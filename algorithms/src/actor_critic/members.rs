@@ -72,7 +72,7 @@ impl Nets<'_> {
         algorithm: &str,
     ) -> Result<Vec<(ActorCriticLoss, ActionDist)>> {
         let (micro_batches, scale) = match self {
-            Nets::Alone { parallel, .. } => (parallel.micro_batches(obs.size()[1]).collect(), parallel.micro_scale()),
+            Nets::Alone { parallel, .. } => parallel.micro_batches(obs.size()[1]),
             Nets::Stacked(..) => (vec![(0, obs.size()[1])], 1.0),
         };
         let mut parts = Vec::with_capacity(micro_batches.len());

@@ -563,7 +563,7 @@ impl QNets<'_> {
     /// A minibatch of `len` samples as micro-batches `(start, len)`, and the scale of each one's loss.
     fn micro_batches(&self, len: i64) -> (Vec<(i64, i64)>, f64) {
         match self {
-            QNets::Alone(m) => (m.parallel.micro_batches(len).collect(), m.parallel.micro_scale()),
+            QNets::Alone(m) => m.parallel.micro_batches(len),
             QNets::Stacked { .. } => (vec![(0, len)], 1.0),
         }
     }

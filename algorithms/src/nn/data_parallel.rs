@@ -81,16 +81,12 @@ impl DataParallel {
         Ok(())
     }
 
-    /// The `(start, length)` of each micro-batch of a minibatch of `n` samples.
-    pub(crate) fn micro_batches(&self, n: i64) -> impl Iterator<Item = (i64, i64)> + use<> {
+    /// The `(start, length)` of each micro-batch of a minibatch of `n` samples, and the scale of each one's
+    /// loss (the minibatch loss is the mean of the micro-batch means).
+    pub(crate) fn micro_batches(&self, n: i64) -> (Vec<(i64, i64)>, f64) {
         let k = self.accumulate as i64;
         let len = n / k;
-        (0..k).map(move |j| (j * len, len))
-    }
-
-    /// Scale for each micro-batch's loss: the minibatch loss is the mean of the micro-batch means.
-    pub(crate) fn micro_scale(&self) -> f64 {
-        1.0 / self.accumulate as f64
+        ((0..k).map(|j| (j * len, len)).collect(), 1.0 / self.accumulate as f64)
     }
 
     /// Average the accumulated gradient of the parameter set `slot` (0, or one of an algorithm's several: see

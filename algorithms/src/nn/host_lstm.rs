@@ -56,17 +56,17 @@ impl HostLstm {
     /// The host layout of `core` in `params`, when it is an LSTM whose parameters are a CPU f32 buffer; `None`
     /// otherwise (a GRU trains on libtorch).
     pub(crate) fn of(core: &RecurrentCore, params: &FlatParams) -> Option<Self> {
-        if core.cell() != Recurrence::Lstm {
+        if core.cell != Recurrence::Lstm {
             return None;
         }
         params.host_values()?;
-        let first = core.first_index();
+        let first = core.first;
         Some(HostLstm {
             w_ih: params.offset(first),
             w_hh: params.offset(first + 1),
             b_ih: params.offset(first + 2),
             b_hh: params.offset(first + 3),
-            inputs: core.inputs() as usize,
+            inputs: core.inputs as usize,
             hidden: core.hidden() as usize,
         })
     }

@@ -20,10 +20,9 @@ pub(crate) enum Coef {
 
 impl Coef {
     /// Each member's value from `values`: [`Coef::One`] for a single member, else [`Coef::Each`] on `device`.
-    pub(crate) fn of(values: impl ExactSizeIterator<Item = f64>, device: tch::Device) -> Coef {
+    pub(crate) fn of(mut values: impl ExactSizeIterator<Item = f64>, device: tch::Device) -> Coef {
         if values.len() == 1 {
-            let v: Vec<f64> = values.collect();
-            return Coef::One(v[0]);
+            return Coef::One(values.next().expect("one value"));
         }
         Coef::Each(per_member(values, device))
     }
@@ -222,7 +221,7 @@ impl Rows {
 /// to what is there with `add` (micro-batches after the first).
 pub(crate) fn backward_alone(params: &mut FlatParams, losses: &Tensor, scale: f64, add: bool) {
     let loss = losses.sum(Kind::Float) * scale;
-    if add { params.backward_add(&loss) } else { params.backward(&loss) }
+    params.backward_into(&loss, add)
 }
 
 /// One member's gradient averaged over its replicas and clipped to `max_norm`; a non-finite norm is an error

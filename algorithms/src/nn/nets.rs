@@ -133,11 +133,7 @@ impl FlatMlp {
     /// [`FlatMlp::forward`] with the hidden layers' matmuls in bf16 where `bf16` ([`crate::nn::mixed::dense`]; an update's
     /// choice, on a CPU with native bf16: [`cpu_has_native_bf16`]); the output is f32 either way.
     pub(crate) fn forward_in(&self, params: &crate::nn::params::FlatParams, x: &Tensor, bf16: bool) -> Tensor {
-        let param = |k, low| {
-            let i = self.layers[k];
-            (params.view_in(i, low).shallow_clone(), params.view_in(i + 1, low).shallow_clone())
-        };
-        crate::nn::mixed::mlp(self.layers.len(), param, |h| self.activation.apply(h), x, bf16)
+        flat_mlp(&self.layers, self.activation, params, x, bf16)
     }
 
     /// [`FlatMlp::forward`] without libtorch, on `x` (`rows × inputs`, row-major) into `out` (`rows × outputs`),
@@ -154,6 +150,22 @@ impl FlatMlp {
         host_mlp::mlp(host_layers(&self.layers, &self.widths, params, v, 0), self.activation, x, rows, scratch, out);
         true
     }
+}
+
+/// An MLP whose layer `k` has its weight at index `layers[k]` of `params` and its bias next, on `x`
+/// ([`crate::nn::mixed::mlp`]).
+fn flat_mlp(
+    layers: &[usize],
+    activation: Activation,
+    params: &crate::nn::params::FlatParams,
+    x: &Tensor,
+    bf16: bool,
+) -> Tensor {
+    let param = |k: usize, low| {
+        let i = layers[k];
+        (params.view_in(i, low).shallow_clone(), params.view_in(i + 1, low).shallow_clone())
+    };
+    crate::nn::mixed::mlp(layers.len(), param, |h| activation.apply(h), x, bf16)
 }
 
 /// An MLP's layers for `widths` (input, hidden…, output), made in order by `layer(fan_in, fan_out, last)` and
@@ -242,9 +254,7 @@ impl TwinMlp {
     /// Both nets on the same input `[B, inputs]`: `([B, outputs[0]], [B, outputs[1]])`.
     pub fn forward(&self, params: &crate::nn::params::FlatParams, x: &Tensor) -> (Tensor, Tensor) {
         let x = x.unsqueeze(0).expand([2, -1, -1], false);
-        let param =
-            |k: usize| (params.view(self.layers[k]).shallow_clone(), params.view(self.layers[k] + 1).shallow_clone());
-        let h = crate::nn::mixed::mlp(self.layers.len(), |k, _| param(k), |h| self.activation.apply(h), &x, false);
+        let h = flat_mlp(&self.layers, self.activation, params, &x, false);
         (h.get(0).narrow(1, 0, self.outputs[0]), h.get(1).narrow(1, 0, self.outputs[1]))
     }
 

@@ -82,12 +82,9 @@ impl FlatParams {
         self.backward_into(loss, false)
     }
 
-    /// Add `∂loss/∂θ` to the gradient buffer (gradient accumulation over micro-batches).
-    pub fn backward_add(&mut self, loss: &Tensor) {
-        self.backward_into(loss, true)
-    }
-
-    fn backward_into(&mut self, loss: &Tensor, add: bool) {
+    /// [`FlatParams::backward`], or with `add` adding `∂loss/∂θ` to the gradient buffer (gradient accumulation
+    /// over micro-batches).
+    pub(crate) fn backward_into(&mut self, loss: &Tensor, add: bool) {
         let grads = match &self.bf16 {
             None => Tensor::run_backward(&[loss], &self.views, false, false),
             Some(copy) => {

@@ -47,11 +47,12 @@ impl Recurrence {
 /// One recurrent layer whose weights live in a [`FlatParams`] buffer.
 #[derive(Debug, Clone)]
 pub struct RecurrentCore {
-    cell: Recurrence,
-    inputs: i64,
+    pub(crate) cell: Recurrence,
+    /// Input width.
+    pub(crate) inputs: i64,
     hidden: i64,
     /// Index of `weight_ih` in the buffer (`weight_hh`, `bias_ih`, `bias_hh` follow).
-    first: usize,
+    pub(crate) first: usize,
 }
 
 impl RecurrentCore {
@@ -83,24 +84,9 @@ impl RecurrentCore {
         (RecurrentCore { cell, inputs, hidden, first: first_index }, named)
     }
 
-    /// The cell.
-    pub fn cell(&self) -> Recurrence {
-        self.cell
-    }
-
     /// Hidden units `H` (the width of the core's output).
     pub fn hidden(&self) -> i64 {
         self.hidden
-    }
-
-    /// Input width.
-    pub fn inputs(&self) -> i64 {
-        self.inputs
-    }
-
-    /// Index of `weight_ih` in the parameter buffer (`weight_hh`, `bias_ih`, `bias_hh` follow).
-    pub(crate) fn first_index(&self) -> usize {
-        self.first
     }
 
     /// Floats of state per env: `2H` (`[h | c]`) for the LSTM, `H` for the GRU.

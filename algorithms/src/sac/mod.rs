@@ -444,7 +444,7 @@ impl Sac {
         let (reward, bootstrap) = (column(2 * od + ad, 1), column(2 * od + ad + 1, 1));
         let (eps, next_eps) = (column(2 * od + ad + 2, ad), column(2 * od + 2 * ad + 2, ad));
         let (density, next_density) = (column(2 * od + 3 * ad + 2, 1), column(2 * od + 3 * ad + 3, 1));
-        let parts: Vec<(i64, i64)> = self.parallel.micro_batches(b).collect();
+        let (parts, _) = self.parallel.micro_batches(b);
         let part =
             |t: &Tensor, (start, len): (i64, i64)| if len == b { t.shallow_clone() } else { t.narrow(0, start, len) };
         if bf16 {

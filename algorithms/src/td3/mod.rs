@@ -525,7 +525,7 @@ impl Td3Nets<'_> {
     /// A minibatch of `len` rows as micro-batches `(start, len)`, and the scale of each one's mean.
     fn micro_batches(&self, len: i64) -> (Vec<(i64, i64)>, f64) {
         match self {
-            Td3Nets::Alone(m) => (m.parallel.micro_batches(len).collect(), m.parallel.micro_scale()),
+            Td3Nets::Alone(m) => m.parallel.micro_batches(len),
             Td3Nets::Stacked(_) => (vec![(0, len)], 1.0),
         }
     }
