@@ -89,8 +89,8 @@ impl DataParallel {
         ((0..k).map(|j| (j * len, len)).collect(), 1.0 / self.accumulate as f64)
     }
 
-    /// Average the accumulated gradient of the parameter set `slot` (0, or one of an algorithm's several: see
-    /// [`GradientSync::mean_gradient`]) over the replicas (nothing to do alone).
+    /// Average the accumulated gradient of the parameter set `slot` ([`GradientSync::mean_gradient`]) over the
+    /// replicas (nothing to do alone).
     pub(crate) fn reduce_slot(&mut self, slot: usize, params: &mut FlatParams) -> Result<()> {
         if let Some(sync) = &mut self.sync {
             // Frozen layers' gradients (always zero) stay off the wire: only the trainable scalars go.

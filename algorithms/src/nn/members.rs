@@ -76,10 +76,8 @@ pub(crate) fn per_member(values: impl Iterator<Item = f64>, device: tch::Device)
     to_device_async(Tensor::from_slice(&v), device)
 }
 
-/// A host tensor onto `device` without waiting for the GPU: libtorch's blocking copy synchronises the host
-/// with the GPU's stream after it (and a population's update made several such copies per gradient step); a
-/// non-blocking one from pageable memory is staged by the CUDA driver at once and queued, so the host buffer
-/// may go right away. As it is on the CPU.
+/// A host tensor onto `device` without waiting for the GPU's stream (a non-blocking copy from pageable memory is
+/// staged by the CUDA driver at once, so the host buffer may go right away); as it is on the CPU.
 pub(crate) fn to_device_async(t: Tensor, device: tch::Device) -> Tensor {
     match device {
         tch::Device::Cuda(_) => t.to_device_(device, t.kind(), true, false),
@@ -120,20 +118,17 @@ pub(crate) fn member_views(stacked: &Tensor, layout: &FlatParams) -> Vec<Tensor>
         .collect()
 }
 
-/// Clip each member's gradient (a row of `grad`, `[N, P]`) to its own global-norm limit, as
-/// `FlatParams::clip_grad_norm` does (1e-6 guard); a non-finite norm is an error naming the member, before
-/// the caller takes its step. [`clip_per_member_lazily`] and an immediate [`check_finite`].
+/// Clip each member's gradient (a row of `grad`, `[N, P]`) to its own global-norm limit: [`clip_per_member_lazily`]
+/// and an immediate [`check_finite`].
 pub(crate) fn clip_per_member(grad: &Tensor, max_norms: &[f64], algorithm: &str) -> Result<()> {
     let mut nonfinite = Tensor::zeros([max_norms.len() as i64], (Kind::Bool, grad.device()));
     clip_per_member_lazily(grad, max_norms, &mut nonfinite);
     check_finite(&nonfinite, algorithm)
 }
 
-/// Each member's gradient clipped without waiting for the GPU: its coefficient `min(1, max_norm / (norm +
-/// 1e-6))` computed on the device in f64 (`FlatParams::clip_grad_norm`'s arithmetic, so the same f32
-/// coefficient), every row scaled by it (× 1 leaves a row as it is), and a non-finite norm recorded in
-/// `nonfinite` (`[N]` bool) instead of checked at once: the caller checks it ([`check_finite`]) before it
-/// applies the update anywhere.
+/// Each member's gradient clipped without waiting for the GPU: every row scaled by `min(1, max_norm / (norm +
+/// 1e-6))` computed on the device in f64 (`FlatParams::clip_grad_norm`'s arithmetic), a non-finite norm recorded
+/// in `nonfinite` (`[N]` bool) for the caller to check ([`check_finite`]) before it applies the update.
 pub(crate) fn clip_per_member_lazily(grad: &Tensor, max_norms: &[f64], nonfinite: &mut Tensor) {
     tch::no_grad(|| {
         let norms = grad.norm_scalaropt_dim(2, [1i64].as_slice(), false).to_kind(Kind::Double);
@@ -252,10 +247,8 @@ pub(crate) fn mlp_operands(views: &[Tensor]) -> Vec<Tensor> {
     views.iter().map(|v| if v.dim() == 3 { v.contiguous() } else { v.unsqueeze(1) }).collect()
 }
 
-/// The members' MLPs on `x` (`[N, B, in]`) → `[N, B, out]`: `crate::nn::nets::FlatMlp::forward` as batched
-/// matmuls, with `params` from [`mlp_operands`] and `layers` the weights' indices (each bias follows its
-/// weight); `activate` runs between layers (the single-member code's own nonlinearity, op for op); `bf16` as
-/// [`crate::nn::mixed::dense`] takes it, for the hidden layers.
+/// The members' MLPs on `x` (`[N, B, in]`) → `[N, B, out]` as batched matmuls, with `params` from
+/// [`mlp_operands`], `layers` the weights' indices (each bias follows) and `bf16` for the hidden layers.
 pub(crate) fn batched_mlp(
     params: &[Tensor],
     layers: &[usize],
@@ -267,8 +260,8 @@ pub(crate) fn batched_mlp(
     crate::nn::mixed::mlp(layers.len(), param, activate, x, bf16)
 }
 
-/// Largest |a − b| over the largest |b|, of two flat buffers (the tests' measure of "matches its run alone").
 #[cfg(test)]
+/// Largest |a − b| over the largest |b|, of two flat buffers (the tests' measure of "matches its run alone").
 pub(crate) fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
     let d = f64::try_from((a - b).abs().max()).unwrap();
     d / f64::try_from(b.abs().max()).unwrap().max(1e-30)

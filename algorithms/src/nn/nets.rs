@@ -20,8 +20,7 @@ pub fn with_torch_seed<T>(seed: u64, build: impl FnOnce() -> T) -> T {
 }
 
 /// How a network takes observations: `[B, obs_dim]` f32 rows for an MLP, `[B, C, H, W]` in the frames' own
-/// dtype for the CNN, on `device`. Plain data (`Send`): the learner's batch-assembly thread uses it to put a
-/// rollout's observations on the device while the update thread trains on the previous batch.
+/// dtype for the CNN, on `device` (plain data, for the learner's batch-assembly thread).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObsLayout {
     /// Elements of one observation.
@@ -152,8 +151,7 @@ impl FlatMlp {
     }
 }
 
-/// An MLP whose layer `k` has its weight at index `layers[k]` of `params` and its bias next, on `x`
-/// ([`crate::nn::mixed::mlp`]).
+/// [`crate::nn::mixed::mlp`] on `x`, layer `k`'s weight at index `layers[k]` of `params` and its bias next.
 fn flat_mlp(
     layers: &[usize],
     activation: Activation,
@@ -169,8 +167,7 @@ fn flat_mlp(
 }
 
 /// An MLP's layers for `widths` (input, hidden…, output), made in order by `layer(fan_in, fan_out, last)` and
-/// named `{prefix}.{k}.weight` / `.bias`, to place in a `FlatParams` at index `first_index` onwards: each
-/// weight's index, the widths and the named tensors.
+/// named `{prefix}.{k}.weight` / `.bias` from index `first_index`: each weight's index, the widths, the tensors.
 fn init_layers(
     prefix: &str,
     widths: Vec<i64>,
@@ -203,11 +200,10 @@ fn host_layers<'a>(
     })
 }
 
-/// Two MLPs of the same hidden widths (e.g. a policy and a value network) evaluated together as one chain of
-/// batched matmuls over [`FlatParams`](crate::nn::params::FlatParams): half the dispatches of two separate MLPs,
-/// identical maths. Layer `k`
-/// holds `weight` `[2, in, out]` and `bias` `[2, 1, out]`; the output layer is padded to the wider of the
-/// two outputs (padding columns stay zero and get no gradient).
+/// Two MLPs of the same hidden widths (e.g. a policy and a value network) as one chain of batched matmuls over
+/// [`FlatParams`](crate::nn::params::FlatParams): half the dispatches, identical maths. Layer `k` holds `weight`
+/// `[2, in, out]` and `bias` `[2, 1, out]`; the output layer is padded to the wider of the two outputs (padding
+/// columns stay zero and get no gradient).
 #[derive(Debug, Clone)]
 pub struct TwinMlp {
     /// Index in the parameter buffer of each layer's weight (its bias follows).
@@ -219,9 +215,8 @@ pub struct TwinMlp {
 }
 
 impl TwinMlp {
-    /// Initial parameters, named `{prefix}.{k}.weight` / `.bias`, to place in a
-    /// [`FlatParams`](crate::nn::params::FlatParams) at index
-    /// `first_index` onwards; each net's layers are orthogonal (gain √2, then `out_gains[j]` on the output).
+    /// Initial parameters, named `{prefix}.{k}.weight` / `.bias`, to place in a buffer at index `first_index`
+    /// onwards; each net's layers are orthogonal (gain √2, then `out_gains[j]` on the output).
     pub fn init(
         prefix: &str,
         inputs: i64,
@@ -258,8 +253,7 @@ impl TwinMlp {
         (h.get(0).narrow(1, 0, self.outputs[0]), h.get(1).narrow(1, 0, self.outputs[1]))
     }
 
-    /// Parameter indices of each layer's weight (its bias follows), its nonlinearity and the two nets' output
-    /// widths: what a population's batched forward pass needs to run many members' copies side by side.
+    /// Parameter indices of each layer's weight (its bias follows), its nonlinearity and the two output widths.
     pub(crate) fn layout(&self) -> (&[usize], Activation, [i64; 2]) {
         (&self.layers, self.activation, self.outputs)
     }
@@ -320,12 +314,9 @@ impl Default for CnnOptions {
     }
 }
 
-/// Whether this CPU computes bf16 natively (AVX512-BF16, which AMX CPUs have too). Without it libtorch emulates
-/// bf16 and [`CnnOptions::bf16`] makes a CPU update several times slower than f32 (measured > 8× on a 2-core
-/// AMD Zen 3 for the Nature-CNN PPO update, against 1.2–1.5× faster than f32 on a Zen 4 with AVX512-BF16).
-///
-/// `ONEDNN_MAX_CPU_ISA` capped below bf16 (e.g. `AVX2`, as `scripts/test.sh`'s second pass sets it) counts as
-/// without: oneDNN, which runs libtorch's bf16 matmuls, would then emulate them.
+/// Whether this CPU computes bf16 natively (AVX512-BF16, which AMX CPUs have too); without it libtorch emulates
+/// bf16, several times slower than f32. `ONEDNN_MAX_CPU_ISA` capped below bf16 (e.g. `AVX2`, as
+/// `scripts/test.sh`'s second pass sets it) counts as without: oneDNN would then emulate libtorch's bf16 matmuls.
 pub fn cpu_has_native_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -346,20 +337,16 @@ fn channels_last(t: &Tensor) -> Tensor {
     t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])
 }
 
-/// The convolutional torso of Mnih et al. (2015), "Human-level control through deep reinforcement learning":
-/// 32×8×8 stride 4, 64×4×4 stride 2, 64×3×3 stride 1, then a 512-unit linear layer, all ReLU; then an output
-/// layer of `outputs` units (e.g. `n_actions` logits and one value for an actor-critic, or `n_actions`
-/// Q-values), all over one [`FlatParams`](crate::nn::params::FlatParams) buffer.
-///
-/// It takes u8 frames `[B, C, H, W]` (or floats 0–255) and divides by 255 on the parameters' device, so frames
-/// travel as bytes up to there. Initialisation is CleanRL's `layer_init`: orthogonal, gain √2, zero biases;
-/// the output layer's column groups get their own gains (0.01 for policy logits, 1 for the value).
+/// The convolutional torso of Mnih et al. (2015): 32×8×8 stride 4, 64×4×4 stride 2, 64×3×3 stride 1, a 512-unit
+/// linear layer, all ReLU, then an output layer (e.g. logits and a value, or Q-values), over one
+/// [`FlatParams`](crate::nn::params::FlatParams) buffer. It takes u8 frames `[B, C, H, W]` (or floats 0–255) and
+/// divides by 255 on the parameters' device. Initialisation is CleanRL's `layer_init`: orthogonal, gain √2,
+/// zero biases; the output layer's column groups get their own gains (0.01 for policy logits, 1 for the value).
 #[derive(Debug, Clone)]
 pub struct NatureCnn {
     /// Index in the parameter buffer of each conv weight (its bias follows), then the fc weight.
     layers: [usize; 4],
-    /// Index of the output layer's weight; `None`: a torso that ends at the fc layer's ReLU (its 512 features
-    /// feed a recurrent core).
+    /// Index of the output layer's weight; `None`: a torso that ends at the fc layer's ReLU.
     out: Option<usize>,
     /// Observation shape `[C, H, W]`.
     shape: [i64; 3],
@@ -382,9 +369,8 @@ impl NatureCnn {
     }
 
     /// Initial parameters for observations of `shape` (`[C, H, W]`, at least 36×36), named `{prefix}.conv1.weight`,
-    /// …, `{prefix}.fc.*`, `{prefix}.out.*`, to place in a buffer at index `first_index` onwards. The output
-    /// layer is the column groups `out_groups` (`(units, gain)` each) side by side; with no groups there is no
-    /// output layer (a torso: [`NatureCnn::forward`] gives the fc layer's 512 features).
+    /// …, `{prefix}.fc.*`, `{prefix}.out.*`, from index `first_index`. The output layer is the column groups
+    /// `out_groups` (`(units, gain)` each) side by side; with none, a torso giving the fc layer's 512 features.
     pub fn init(
         prefix: &str,
         shape: &[usize],
@@ -394,9 +380,8 @@ impl NatureCnn {
         Self::init_sized(prefix, shape, Self::CHANNELS, Self::FEATURES, out_groups, first_index)
     }
 
-    /// [`NatureCnn::init`] with other widths: `channels` out of each convolution (same kernels and strides) and
-    /// `features` units in the fc layer — a smaller student of the same shape (`None` also where a width is
-    /// not positive).
+    /// [`NatureCnn::init`] with `channels` out of each convolution and `features` units in the fc layer (a
+    /// smaller student; `None` also where a width is not positive).
     pub fn init_sized(
         prefix: &str,
         shape: &[usize],
@@ -475,9 +460,8 @@ impl NatureCnn {
     }
 }
 
-/// Multi-task heads on the host: `out` holds `rows × t·H` values (`t` heads of `H` per row); keep each row's own
-/// task's head (`rows × H`), the task being the one-hot that ends its observation (`x`: `rows × obs_dim`). As
-/// the tensor path's one-hot-weighted sum over heads, so both paths give the same numbers.
+/// Multi-task heads on the host: of `out`'s `rows × t·H` values keep each row's own task's head (`rows × H`),
+/// the one-hot that ends its observation (`x`: `rows × obs_dim`) weighting the heads as the tensor path does.
 pub(crate) fn select_task_heads(x: &[f32], obs_dim: usize, t: usize, out: &mut Vec<f32>) {
     let rows = x.len() / obs_dim;
     let h = out.len() / (rows * t);

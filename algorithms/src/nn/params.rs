@@ -41,10 +41,9 @@ pub struct FlatParams {
     bf16: Option<Bf16Copy>,
 }
 
-/// A bf16 copy of a [`FlatParams`] buffer seen through the same views, a leaf of its own. A bf16 forward pass
-/// reads it instead of casting each weight and bias at each use (as PyTorch's CPU autocast does), and
-/// [`FlatParams::backward`] writes its bf16 gradients into the f32 gradient buffer (the cast autocast's
-/// backward does): the same numbers, one cast of the whole buffer per refresh instead of one per use.
+/// A bf16 copy of a [`FlatParams`] buffer seen through the same views, a leaf of its own: a bf16 forward pass
+/// reads it instead of casting each weight at each use (as PyTorch's CPU autocast does), and
+/// [`FlatParams::backward`] writes its gradients into the f32 gradient buffer: the same numbers, one cast per refresh.
 #[derive(Debug)]
 struct Bf16Copy {
     flat: Tensor,
@@ -134,9 +133,8 @@ impl FlatParams {
         }
     }
 
-    /// Make (the first time) or bring up to date the bf16 copy of the buffer that [`FlatParams::view_in`]
-    /// reads: one cast of the whole buffer. The copy holds the values of the last call, so an update calls
-    /// this right before the forward passes that read it.
+    /// Make or bring up to date the bf16 copy that [`FlatParams::view_in`] reads (one cast of the buffer): an
+    /// update calls this right before the forward passes that read it.
     pub(crate) fn refresh_bf16(&mut self) {
         match &mut self.bf16 {
             Some(copy) => tch::no_grad(|| {
@@ -156,11 +154,8 @@ impl FlatParams {
         &self.flat
     }
 
-    /// The buffer's values as a slice of host memory, when it lives on the CPU (`None` on a GPU). Acting
-    /// reads the weights through this without a libtorch call ([`crate::nn::host_mlp`]).
-    ///
-    /// Crate-private because of its one rule: nothing may write the buffer while the slice is alive. Callers
-    /// use it for one forward pass inside a `&self` method and drop it before returning.
+    /// The buffer's values as a slice of host memory, when it is CPU f32 contiguous (else `None`). Its one
+    /// rule: nothing may write the buffer while the slice is alive (callers drop it within a `&self` method).
     pub(crate) fn host_values(&self) -> Option<&[f32]> {
         if self.flat.device() != Device::Cpu || self.flat.kind() != Kind::Float || !self.flat.is_contiguous() {
             return None;
@@ -174,8 +169,7 @@ impl FlatParams {
     }
 
     /// The buffer's values as a mutable host slice (CPU, f32, contiguous; else `None`), for the fused CPU
-    /// training step ([`crate::nn::host_train`]), which writes the updated weights through it. The `&mut self`
-    /// borrow keeps every other reader out while the slice is alive.
+    /// training step; the `&mut self` borrow keeps every other reader out while the slice is alive.
     pub(crate) fn host_values_mut(&mut self) -> Option<&mut [f32]> {
         let n = self.host_values()?.len();
         // SAFETY: as `host_values`, and the exclusive borrow of `self` makes this the only live slice.
@@ -298,9 +292,7 @@ impl FlatParams {
     }
 
     /// Keep the parameters under `layers` fixed: their gradient is zero from now on (after every backward
-    /// pass), so clipping ignores them, data-parallel learners all-reduce
-    /// zeros for them and the optimiser's moments for them stay zero — Adam and RMSprop never move them.
-    /// Returns how many scalars are frozen.
+    /// pass), so clipping ignores them and Adam and RMSprop never move them. Returns how many scalars are frozen.
     pub fn freeze(&mut self, what: &str, layers: &[String]) -> Result<i64> {
         for layer in layers {
             for i in self.select(what, layer)? {
@@ -507,9 +499,9 @@ impl FlatParams {
     }
 }
 
+#[cfg(test)]
 /// Test check: `a`'s values within `rel` × (`b`'s largest magnitude) of `b`'s, scalar by scalar (a fused step
 /// against the libtorch step it replaces). Returns `a`'s values.
-#[cfg(test)]
 pub(crate) fn assert_params_close(what: &str, a: &FlatParams, b: &FlatParams, rel: f32) -> Vec<f32> {
     let (a, b): (Vec<f32>, Vec<f32>) =
         (Vec::try_from(a.flat().detach()).unwrap(), Vec::try_from(b.flat().detach()).unwrap());
