@@ -226,21 +226,16 @@ impl TwinMlp {
         out_gains: [f64; 2],
         first_index: usize,
     ) -> (Self, Vec<(String, Tensor)>) {
-        let cpu = tch::Device::Cpu;
         let widths = [&[inputs], hidden, &[outputs[0].max(outputs[1])]].concat();
-        let layer = |fan_in, fan_out, last| {
+        let layer = |fan_in, fan_out, last: bool| {
             let weights: Vec<Tensor> = (0..2)
                 .map(|j| {
-                    let (rows, gain) = if last { (outputs[j], out_gains[j]) } else { (fan_out, 2f64.sqrt()) };
-                    let w = nn::init(Init::Orthogonal { gain }, &[rows, fan_in], cpu).transpose(0, 1);
-                    if rows < fan_out {
-                        Tensor::cat(&[w, Tensor::zeros([fan_in, fan_out - rows], (tch::Kind::Float, cpu))], 1)
-                    } else {
-                        w
-                    }
+                    let rows = if last { outputs[j] } else { fan_out };
+                    let (w, _) = LayerInit::Orthogonal { out_gain: out_gains[j] }.layer(fan_in, rows, last);
+                    w.constant_pad_nd([0, fan_out - rows])
                 })
                 .collect();
-            (Tensor::stack(&weights, 0), Tensor::zeros([2, 1, fan_out], (tch::Kind::Float, cpu)))
+            (Tensor::stack(&weights, 0), Tensor::zeros([2, 1, fan_out], (tch::Kind::Float, tch::Device::Cpu)))
         };
         let (layers, widths, named) = init_layers(prefix, widths, first_index, layer);
         (TwinMlp { layers, widths, activation, outputs }, named)
