@@ -2,11 +2,10 @@
 //! accumulates several micro-batches.
 //!
 //! Synchronous data-parallel training (DD-PPO style): every replica computes the gradient of its own batch,
-//! [`GradientSync::mean_gradient`] averages the flat gradient buffer over the replicas (one all-reduce: the
-//! learner implements it on libtorch's c10d, see the `flotilla-collective` crate), and every replica takes the
-//! same optimiser step from the same parameters, so they stay identical. Statistics that a loss takes over its
-//! whole batch — advantage normalisation, PPO's KL early stop — are taken over the union of the replicas'
-//! batches ([`GradientSync::sum`]), so L replicas with batch B step exactly as one learner with batch L·B.
+//! [`GradientSync::mean_gradient`] averages it over the replicas (one all-reduce, `flotilla-collective`), and
+//! every replica takes the same step, so they stay identical. Whole-batch statistics (advantage normalisation,
+//! PPO's KL early stop) are taken over the union of the replicas' batches ([`GradientSync::sum`]), so L replicas
+//! with batch B step exactly as one learner with batch L·B.
 //!
 //! Gradient accumulation: with `accumulate = k`, each minibatch is split into k equal micro-batches whose
 //! gradients (each loss scaled by 1/k) add up in the flat buffer before the one optimiser step — the same step

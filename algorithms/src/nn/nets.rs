@@ -290,10 +290,8 @@ pub struct CnnOptions {
     /// maths (and results to f32 rounding) as NCHW.
     pub channels_last: bool,
     /// Mixed precision as PyTorch's CPU autocast: frames, activations and a bf16 copy of the weights through the
-    /// convolutions and linear layers, outputs back to f32; the parameters, their gradients and the optimiser
-    /// stay f32. Results differ from f32 by bf16 rounding (about 3 significant digits). Default: on where the
-    /// CPU computes bf16 natively ([`cpu_has_native_bf16`]: Pong's PPO update 1.7× faster, same learning; see
-    /// docs/benchmarks/atari.md), off elsewhere (libtorch would emulate it, several times slower).
+    /// layers, outputs back to f32; parameters, gradients and the optimiser stay f32 (results differ by bf16
+    /// rounding). Default: on where the CPU computes bf16 natively ([`cpu_has_native_bf16`]), off elsewhere.
     pub bf16: bool,
 }
 
