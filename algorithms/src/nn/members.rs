@@ -239,10 +239,8 @@ pub(crate) fn finite_norm(norm: f64, algorithm: &str) -> Result<()> {
     Ok(())
 }
 
-/// A member-stacked MLP's parameter views (`[N, in, out]` weights, `[N, out]` biases; [`member_views`]) as
-/// [`batched_mlp`] takes them. Biases become `[N, 1, out]`, broadcasting over each member's rows. Weights are
-/// copied contiguous: a batched matmul on `[N, in, out]` views strided by the member's whole buffer runs at
-/// half speed (measured, 256×256 layers), the copy costs far less.
+/// A member-stacked MLP's parameter views ([`member_views`]) as [`batched_mlp`] takes them: biases `[N, 1, out]`,
+/// weights `[N, in, out]` copied contiguous (a batched matmul on views strided by a whole buffer runs at half speed).
 pub(crate) fn mlp_operands(views: &[Tensor]) -> Vec<Tensor> {
     views.iter().map(|v| if v.dim() == 3 { v.contiguous() } else { v.unsqueeze(1) }).collect()
 }

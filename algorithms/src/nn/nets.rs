@@ -129,8 +129,8 @@ impl FlatMlp {
         self.forward_in(params, x, false)
     }
 
-    /// [`FlatMlp::forward`] with the hidden layers' matmuls in bf16 where `bf16` ([`crate::nn::mixed::dense`]; an update's
-    /// choice, on a CPU with native bf16: [`cpu_has_native_bf16`]); the output is f32 either way.
+    /// [`FlatMlp::forward`] with the hidden layers' matmuls in bf16 where `bf16` (an update's choice, on a CPU with
+    /// native bf16: [`cpu_has_native_bf16`]); the output is f32 either way.
     pub(crate) fn forward_in(&self, params: &crate::nn::params::FlatParams, x: &Tensor, bf16: bool) -> Tensor {
         flat_mlp(&self.layers, self.activation, params, x, bf16)
     }
@@ -354,13 +354,6 @@ impl NatureCnn {
     /// Kernel and stride of each convolution (8×8/4, 4×4/2, 3×3/1), whatever the channels.
     pub(crate) const KERNELS: [(i64, i64); 3] = [(8, 4), (4, 2), (3, 1)];
 
-    /// Spatial size after the convolutions for an `h × w` input, if it is large enough (84 → 7).
-    fn conv_out(h: i64, w: i64) -> Option<(i64, i64)> {
-        Self::KERNELS
-            .iter()
-            .try_fold((h, w), |(h, w), &(k, s)| (h >= k && w >= k).then(|| ((h - k) / s + 1, (w - k) / s + 1)))
-    }
-
     /// Initial parameters for observations of `shape` (`[C, H, W]`, at least 36×36), named `{prefix}.conv1.weight`,
     /// …, `{prefix}.fc.*`, `{prefix}.out.*`, from index `first_index`. The output layer is the column groups
     /// `out_groups` (`(units, gain)` each) side by side; with none, a torso giving the fc layer's 512 features.
@@ -387,7 +380,10 @@ impl NatureCnn {
             return None;
         }
         let [c, h, w] = <[usize; 3]>::try_from(shape).ok()?.map(|x| x as i64);
-        let (oh, ow) = Self::conv_out(h, w)?;
+        // Spatial size after the convolutions, if the input is large enough (84 → 7).
+        let (oh, ow) = Self::KERNELS
+            .iter()
+            .try_fold((h, w), |(h, w), &(k, s)| (h >= k && w >= k).then(|| ((h - k) / s + 1, (w - k) / s + 1)))?;
         let cpu = tch::Device::Cpu;
         let zeros = |n: i64| Tensor::zeros([n], (tch::Kind::Float, cpu));
         let orthogonal = |rows: i64, cols: i64, gain: f64| nn::init(Init::Orthogonal { gain }, &[rows, cols], cpu);

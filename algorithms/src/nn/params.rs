@@ -1,12 +1,9 @@
 //! All of a model's parameters in one contiguous tensor, seen through named views.
 //!
-//! Small RL networks are dispatch-bound: libtorch spends a few microseconds per op whatever the tensor size,
-//! so an optimiser that loops over a dozen weight tensors costs more than the maths. Keeping every parameter
-//! in one flat leaf tensor makes zeroing gradients, clipping the global gradient norm and an Adam step a
-//! handful of ops in total ([`crate::nn::optimiser`]), and makes broadcasting the weights one buffer copy.
-//!
-//! The views are made once, with gradient tracking on, so gradients of a forward pass that uses them
-//! accumulate into the flat tensor's `.grad()`. Updates write the flat tensor in place under `no_grad`.
+//! Small RL networks are dispatch-bound (a few microseconds per libtorch op whatever the size): one flat leaf
+//! tensor makes clipping the global gradient norm and an Adam step a handful of ops ([`crate::nn::optimiser`])
+//! and broadcasting the weights one buffer copy. The views are made once, with gradient tracking on; updates
+//! write the flat tensor in place under `no_grad`.
 use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
@@ -72,11 +69,8 @@ impl FlatParams {
         FlatParams { flat, entries, views, grad_views, frozen, runs, metadata: Default::default(), bf16: None }
     }
 
-    /// Set the gradient buffer to `∂loss/∂θ`, overwriting it (no `zero_grad` needed).
-    ///
-    /// `loss.backward()` through narrowed views of one leaf makes libtorch build a zero-filled, buffer-sized
-    /// gradient for every view and sum them — n passes over the whole buffer. Asking autograd for the views'
-    /// own gradients and copying each into its slice does one pass.
+    /// Set the gradient buffer to `∂loss/∂θ`, overwriting it (no `zero_grad` needed): the views' own gradients
+    /// copied into their slices, one pass (`loss.backward()` would sum a buffer-sized gradient per view).
     pub fn backward(&mut self, loss: &Tensor) {
         self.backward_into(loss, false)
     }
