@@ -1,8 +1,7 @@
 //! Action distributions: categorical (discrete actions) and diagonal Gaussian (continuous actions).
 //!
-//! Two halves: tensor functions used inside the loss (differentiable `log_prob` and `entropy`), and plain-Rust
-//! sampling used when acting, where a batch of 8 CartPole rows is far cheaper to sample on the CPU than through
-//! half a dozen libtorch dispatches. Tests check the two agree.
+//! Two halves: differentiable `log_prob` and `entropy` for the loss, and plain-Rust sampling for acting (far
+//! cheaper than libtorch dispatches on small batches). Tests check the two agree.
 use rand::Rng;
 use tch::{Kind, Tensor};
 

@@ -1,14 +1,10 @@
 //! Recurrent cores (LSTM, GRU) over [`FlatParams`], for policies that carry memory from step to step.
 //!
-//! The maths and the parameter layout are PyTorch's `nn.LSTM` / `nn.GRU` with one layer (`weight_ih_l0`
-//! `[G·H, I]`, `weight_hh_l0` `[G·H, H]`, `bias_ih_l0`, `bias_hh_l0`; gates `i, f, g, o` and `r, z, n`), so an
-//! exported policy loads into those modules as it is. A state row is `[h | c]` (`2H` floats) for the LSTM and
-//! `h` (`H`) for the GRU.
-//!
-//! Acting runs one [`RecurrentCore::step`] per env step; training re-runs whole sequences
-//! ([`RecurrentCore::sequence`]) from the state each env had when its rollout began, zeroing the state where
-//! an episode starts inside the sequence — the same arithmetic in the same order, so the learner's sequence
-//! forward equals the actors' step-by-step forward (tested in `actor_critic`).
+//! The maths and the parameter layout are PyTorch's one-layer `nn.LSTM` / `nn.GRU` (`weight_ih_l0` `[G·H, I]`,
+//! `weight_hh_l0` `[G·H, H]`, `bias_ih_l0`, `bias_hh_l0`; gates `i, f, g, o` and `r, z, n`). A state row is
+//! `[h | c]` (`2H` floats) for the LSTM and `h` (`H`) for the GRU. Acting runs one [`RecurrentCore::step`] per
+//! env step; training re-runs whole sequences ([`RecurrentCore::sequence`]) from the rollout's first state,
+//! zeroing it where an episode starts: the same arithmetic in the same order as acting.
 use serde::{Deserialize, Serialize};
 use tch::nn::Init;
 use tch::{Kind, Tensor};
