@@ -3,14 +3,9 @@
 //! rewards and flags, the true final observations of truncated episodes, and with the last step the bootstrap
 //! observations); [`Rollout::bootstrap_truncated`] gives the truncated steps `V(final observation)`, and
 //! [`Rollout::finish`] with `V` of the bootstrap observations computes GAE advantages and returns. Buffers are
-//! allocated once and reused.
-//!
-//! [`RolloutCollector`] fills it straight from trajectory chunks ([`RolloutCollector::push_chunks`]: the
-//! columns are copied once) — the single-process trainer's one-step chunks and actors' whole ones alike.
-//!
-//! The final and bootstrap observations are kept so that a learner whose parameters moved on since the
-//! rollout was collected can recompute every `V(x_{t+1})` with its own ([`Rollout::next_values_under`]), as
-//! the V-trace correction does ([`crate::data::vtrace`]).
+//! allocated once and reused; [`RolloutCollector`] fills them from one-step and whole chunks alike. The final
+//! and bootstrap observations are kept so that a learner whose parameters moved on can recompute every
+//! `V(x_{t+1})` ([`Rollout::next_values_under`], for V-trace).
 use flotilla_core::{Chunk, DType, ObsBuf, ObsRef};
 
 use tch::Tensor;
