@@ -37,12 +37,10 @@ fn choose_lanes(cap: Option<&str>) -> std::result::Result<Lanes, String> {
     let (avx512, avx2) = (std::arch::is_x86_feature_detected!("avx512f"), std::arch::is_x86_feature_detected!("avx2"));
     #[cfg(not(target_arch = "x86_64"))]
     let (avx512, avx2) = (false, false);
-    let widest = if avx512 {
-        Lanes::Avx512
-    } else if avx2 {
-        Lanes::Avx2
-    } else {
-        Lanes::Baseline
+    let widest = match (avx512, avx2) {
+        (true, _) => Lanes::Avx512,
+        (_, true) => Lanes::Avx2,
+        _ => Lanes::Baseline,
     };
     let Some(cap) = cap.map(str::trim).filter(|c| !c.is_empty()) else { return Ok(widest) };
     let (wanted, has) = match cap {

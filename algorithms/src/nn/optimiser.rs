@@ -217,9 +217,8 @@ impl StackedOptimiser {
         });
     }
 
-    /// Member `k`'s state and step count back into its optimiser: views of its rows, not copies (a copy per
-    /// member and tensor is thousands of kernel launches per update for a large population on a GPU). The next
-    /// stacking copies them again; a member stepping alone meanwhile moves only its own row.
+    /// Member `k`'s state and step count back into its optimiser: views of its rows, not copies (thousands of
+    /// kernel launches for a large population); a member stepping alone meanwhile moves only its own row.
     pub(crate) fn write_back(&self, k: usize, opt: &mut Optimiser) {
         opt.state = self.state.iter().map(|s| s.get(k as i64)).collect();
         opt.steps = self.steps;
