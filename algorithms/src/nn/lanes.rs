@@ -6,22 +6,18 @@
 /// `8` (AVX2) or `4` (the baseline's SSE2). Unset, the widest the CPU has is used.
 pub const LANES_VAR: &str = "FLOTILLA_HOST_LANES";
 
-/// Vector widths [`LANES_VAR`] may name.
+/// Vector widths [`LANES_VAR`] may name, in f32 lanes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lanes {
-    Avx512,
-    Avx2,
-    Baseline,
+    Avx512 = 16,
+    Avx2 = 8,
+    Baseline = 4,
 }
 
 /// The vector width the fused host kernels use: the widest the CPU has, capped by [`LANES_VAR`]. An
 /// unreadable value, or a width the CPU does not have, is an error naming the variable and its value.
 pub fn host_lanes() -> crate::error::Result<usize> {
-    lanes().map(|l| match l {
-        Lanes::Avx512 => 16,
-        Lanes::Avx2 => 8,
-        Lanes::Baseline => 4,
-    })
+    lanes().map(|l| l as usize)
 }
 
 pub(crate) fn lanes() -> crate::error::Result<Lanes> {
