@@ -575,10 +575,7 @@ impl RolloutCollector {
     /// final observations as [`RolloutCollector::push_chunks`] does, and hand back the empty buffer.
     pub fn push_stacked(&mut self, mut rollout: Rollout, mut values: impl NextValues) -> Result<Rollout> {
         let (r, mine) = (&rollout, &self.rollout);
-        if mine.steps != 0 {
-            let what = "rollout steps before push_stacked (it fills a whole rollout)";
-            return Err(Error::length(what, mine.steps, 0));
-        }
+        check_len("rollout steps before push_stacked (it fills a whole rollout)", mine.steps, 0)?;
         check_len("stacked rollout envs", r.n_envs, mine.n_envs)?;
         check_len("stacked rollout steps", r.n_steps, mine.n_steps)?;
         check_len("stacked rollout observation size", r.obs_dim, mine.obs_dim)?;
