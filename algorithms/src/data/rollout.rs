@@ -296,9 +296,8 @@ impl Rollout {
 }
 
 impl Rollout {
-    /// Overwrite this rollout with actors' chunks of `n_steps` steps, stacked row-wise
-    /// ([`Rollout::append_chunks`] to an empty rollout). Needs no network, so the learner's batch-assembly
-    /// thread runs it.
+    /// Overwrite this rollout with chunks of `n_steps` steps stacked row-wise ([`Rollout::append_chunks`] to an
+    /// empty rollout); needs no network, so a batch-assembly thread runs it.
     pub fn stack_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         // Columns an earlier use or a failed stack may have left behind.
         self.clear();
@@ -307,12 +306,10 @@ impl Rollout {
         self.append_chunks(chunks)
     }
 
-    /// Append chunks of the same `T` steps stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j` (so
-    /// the chunks' envs add up to `n_envs`) of the next `T` steps. Columns are written once, straight from the
-    /// chunks; observations keep their dtype (frames stay u8); the true final observations of truncated
-    /// episodes are kept for [`Rollout::bootstrap_truncated`]; the step that fills the rollout brings the
-    /// bootstrap observations. Chunks carry behaviour log-probs and values (a learner validates them on
-    /// arrival). After an error the rollout holds what it held before.
+    /// Append chunks of the same `T` steps stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j` (the
+    /// chunks' envs add up to `n_envs`) of the next `T` steps, observations in their dtype; the true final
+    /// observations of truncated episodes are kept, and the step that fills the rollout brings the bootstrap
+    /// observations. After an error the rollout holds what it held before.
     pub fn append_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         let before = self.steps;
         let appended = self.append_unchecked(chunks);

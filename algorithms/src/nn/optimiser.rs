@@ -173,10 +173,9 @@ impl Optimiser {
     }
 }
 
-/// The members' optimiser states (one rule) stacked on the member axis ([`crate::nn::members`]) for one step of
-/// all: state `[N, P]`, per-member ε (and RMSprop's α), the shared step count (and Adam's betas). State of
-/// another size than the parameters (made while layers were frozen) starts afresh at step 0, as
-/// [`Optimiser::step`] restarts it.
+/// The members' optimiser states (one rule) stacked on the member axis for one step of all: state `[N, P]`,
+/// per-member ε (and RMSprop's α), the shared step count (and Adam's betas). State of another size than the
+/// parameters (made while layers were frozen) starts afresh at step 0, as [`Optimiser::step`] restarts it.
 pub(crate) struct StackedOptimiser {
     state: Vec<Tensor>,
     steps: u64,
