@@ -37,9 +37,7 @@ pub trait ActingPolicy: Policy {
     }
     /// Let acting schedules (DQN's ε, the random warm-up of DQN/DDPG/TD3) follow the learner's progress.
     /// Policies without such schedules ignore it.
-    fn set_progress(&mut self, progress: &Progress) {
-        let _ = progress;
-    }
+    fn set_progress(&mut self, _progress: &Progress) {}
 }
 
 /// A3C's actor side: acts, and computes the loss gradient on each chunk it collected with the current
@@ -109,9 +107,7 @@ pub(crate) trait ActingNet: std::fmt::Debug + Send {
         out: &mut ActOutput,
     ) -> Result<()>;
     /// Let `explore` follow the learner's progress.
-    fn follow(explore: &mut Self::Explore, progress: &Progress) {
-        let _ = (explore, progress);
-    }
+    fn follow(_explore: &mut Self::Explore, _progress: &Progress) {}
 }
 
 /// An off-policy algorithm's acting policy (DQN, DDPG, TD3, SAC) in an actor process: the network's weights

@@ -86,8 +86,7 @@ impl Checkpoint {
 
     /// Take a 1-D f32 tensor as a vector.
     pub fn take_f32(&mut self, name: &str) -> Result<Vec<f32>> {
-        let t = self.take_tensor(name)?;
-        Vec::<f32>::try_from(t.to_kind(Kind::Float).flatten(0, -1)).map_err(Error::from)
+        Ok(Vec::<f32>::try_from(self.take_tensor(name)?.to_kind(Kind::Float).flatten(0, -1))?)
     }
 
     /// Whether there is a tensor named `name` (for parts only some agents save).

@@ -140,11 +140,6 @@ impl Memory {
 /// The floats of `obs`, for networks that take f32 observations (MLPs): frames are refused with an error naming
 /// `algorithm`, never converted silently.
 pub fn f32_obs<'a>(algorithm: &'static str, obs: ObsRef<'a>) -> Result<&'a [f32]> {
-    obs.as_f32().ok_or_else(|| {
-        crate::Error::space(
-            "observation",
-            algorithm,
-            format!("{:?} observations; this network takes f32 vectors", obs.dtype()),
-        )
-    })
+    let why = || format!("{:?} observations; this network takes f32 vectors", obs.dtype());
+    obs.as_f32().ok_or_else(|| crate::Error::space("observation", algorithm, why()))
 }

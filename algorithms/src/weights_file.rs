@@ -10,10 +10,8 @@ use crate::{Error, Result};
 
 /// Write f32 tensors and `metadata` to a safetensors file, atomically (temporary file, fsync, rename).
 ///
-/// Through the `safetensors` crate because tch's writer takes no metadata. The crate keeps the metadata in a
-/// `HashMap`, whose order differs from process to process; the header is rewritten with its keys sorted (the
-/// same bytes, reordered, so its length is unchanged), so the same weights always give the same file — a
-/// resumed run's weights are compared byte for byte with an uninterrupted one's.
+/// Through the `safetensors` crate (tch's writer takes no metadata), whose `HashMap` header is rewritten with
+/// its keys sorted (same length), so the same weights always give the same bytes (resume compares them).
 pub fn write_safetensors<S: AsRef<str>>(
     path: &Path,
     tensors: &[(S, Tensor)],

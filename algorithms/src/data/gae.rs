@@ -47,9 +47,7 @@ pub fn gae(
 /// unless they are equal and a multiple of `n_envs`.
 pub(crate) fn time_major_steps(what: &str, lens: &[usize], n_envs: usize) -> usize {
     let len = lens[0];
-    for &slice_len in lens {
-        assert_eq!(slice_len, len, "{what}: rollout buffers of different lengths");
-    }
+    assert!(lens.iter().all(|&l| l == len), "{what}: rollout buffers of different lengths {lens:?}");
     assert_eq!(len % n_envs, 0, "{what}: rollout length {len} is not a multiple of n_envs {n_envs}");
     len / n_envs
 }

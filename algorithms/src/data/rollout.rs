@@ -3,14 +3,9 @@
 //! rewards and flags, the true final observations of truncated episodes, and with the last step the bootstrap
 //! observations); [`Rollout::bootstrap_truncated`] gives the truncated steps `V(final observation)`, and
 //! [`Rollout::finish`] with `V` of the bootstrap observations computes GAE advantages and returns. Buffers are
-//! allocated once and reused.
-//!
-//! [`RolloutCollector`] fills it straight from trajectory chunks ([`RolloutCollector::push_chunks`]: the
-//! columns are copied once) — the single-process trainer's one-step chunks and actors' whole ones alike.
-//!
-//! The final and bootstrap observations are kept so that a learner whose parameters moved on since the
-//! rollout was collected can recompute every `V(x_{t+1})` with its own ([`Rollout::next_values_under`]), as
-//! the V-trace correction does ([`crate::data::vtrace`]).
+//! allocated once and reused; [`RolloutCollector`] fills them from one-step and whole chunks alike. The final
+//! and bootstrap observations are kept so that a learner whose parameters moved on can recompute every
+//! `V(x_{t+1})` ([`Rollout::next_values_under`], for V-trace).
 use flotilla_core::{Chunk, DType, ObsBuf, ObsRef};
 
 use tch::Tensor;
@@ -25,10 +20,8 @@ use crate::{Error, Result};
 #[derive(Debug)]
 pub struct DeviceObs(Tensor);
 
-/// The shape of the rollouts an on-policy learner fed by actors trains on, and how its network takes their
-/// observations: what a batch-assembly thread needs to stack chunks ([`Rollout::stack_chunks`]) and put the
-/// observations on the device ([`Rollout::put_obs_on_device`]) while the learner updates on the previous
-/// batch.
+/// The shape of an actor-fed learner's rollouts and its network's input layout: what a batch-assembly thread
+/// needs to stack chunks and put their observations on the device while the learner updates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RolloutLayout {
     /// Rows of the rollout (all stacked chunks' envs).
@@ -157,8 +150,7 @@ impl Rollout {
         self.device_obs = None;
     }
 
-    /// Copy the observations to the device in `layout` (see [`Rollout::device_obs`]); done by the learner's
-    /// batch-assembly thread so the update does not wait for the copy.
+    /// Copy the observations to the device in `layout` ([`Rollout::device_obs`]) ahead of the update.
     pub fn put_obs_on_device(&mut self, layout: &ObsLayout) -> Result<()> {
         self.device_obs = Some(DeviceObs(layout.tensor(self.obs.as_ref())?));
         Ok(())
@@ -304,9 +296,8 @@ impl Rollout {
 }
 
 impl Rollout {
-    /// Overwrite this rollout with actors' chunks of `n_steps` steps, stacked row-wise
-    /// ([`Rollout::append_chunks`] to an empty rollout). Needs no network, so the learner's batch-assembly
-    /// thread runs it.
+    /// Overwrite this rollout with chunks of `n_steps` steps stacked row-wise ([`Rollout::append_chunks`] to an
+    /// empty rollout); needs no network, so a batch-assembly thread runs it.
     pub fn stack_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         // Columns an earlier use or a failed stack may have left behind.
         self.clear();
@@ -315,12 +306,10 @@ impl Rollout {
         self.append_chunks(chunks)
     }
 
-    /// Append chunks of the same `T` steps stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j` (so
-    /// the chunks' envs add up to `n_envs`) of the next `T` steps. Columns are written once, straight from the
-    /// chunks; observations keep their dtype (frames stay u8); the true final observations of truncated
-    /// episodes are kept for [`Rollout::bootstrap_truncated`]; the step that fills the rollout brings the
-    /// bootstrap observations. Chunks carry behaviour log-probs and values (a learner validates them on
-    /// arrival). After an error the rollout holds what it held before.
+    /// Append chunks of the same `T` steps stacked row-wise: chunk `k`'s env `j` becomes row `k · E + j` (the
+    /// chunks' envs add up to `n_envs`) of the next `T` steps, observations in their dtype; the true final
+    /// observations of truncated episodes are kept, and the step that fills the rollout brings the bootstrap
+    /// observations. After an error the rollout holds what it held before.
     pub fn append_chunks(&mut self, chunks: &[Chunk]) -> Result<()> {
         let before = self.steps;
         let appended = self.append_unchecked(chunks);
@@ -477,9 +466,8 @@ pub(crate) fn sequence_rows(
 }
 
 /// Where a [`RolloutCollector`] takes the values of next states from: `V` of observation rows (any
-/// `FnMut(ObsRef) -> Result<Vec<f32>>`, a feed-forward policy's: truncated episodes' final observations as chunks
-/// arrive, the bootstrap observations when the rollout is full), or, for a recurrent policy whose values depend
-/// on the states its sequences reach, every next-state value of the full rollout at once ([`Sequences`]).
+/// `FnMut(ObsRef) -> Result<Vec<f32>>`: final observations as chunks arrive, bootstrap ones when full), or every
+/// next-state value of the full rollout at once ([`Sequences`], a recurrent policy's).
 pub trait NextValues {
     /// `V` of observation rows; `None` for a source that values whole sequences.
     fn of_rows(&mut self) -> Option<&mut dyn FnMut(ObsRef<'_>) -> Result<Vec<f32>>>;
@@ -511,10 +499,9 @@ impl<F: FnMut(&Rollout) -> Result<Vec<f32>>> NextValues for Sequences<F> {
     }
 }
 
-/// A [`Rollout`] filled from trajectory chunks, as PPO and A2C collect it — the single-process trainer's
-/// one-step chunks one after another, or actors' whole chunks stacked row-wise: truncated episodes are
-/// bootstrapped from `V(true final observation)`, and the rollout is finished with `V` of the observations
-/// after its last step. Both kinds of observation are kept in the rollout.
+/// A [`Rollout`] filled from trajectory chunks (one-step or whole, stacked row-wise), as PPO and A2C collect it:
+/// truncated episodes bootstrapped from `V(true final observation)`, finished with `V` of the observations after
+/// its last step.
 #[derive(Debug)]
 pub struct RolloutCollector {
     rollout: Rollout,
@@ -529,11 +516,9 @@ impl RolloutCollector {
         RolloutCollector { rollout: Rollout::new(n_envs, n_steps, obs_dim, act_dim), unvalued_from: None }
     }
 
-    /// [`RolloutCollector::push_chunks`] with the values of the truncated episodes' final observations left to
-    /// the finish, where one pass values them with the bootstrap observations
-    /// ([`RolloutCollector::unvalued_obs`], [`RolloutCollector::finish_valued`]; a population's members acting
-    /// as one on an accelerator: one pass per rollout instead of one per truncation). The parameters do not
-    /// change inside a rollout, so the values are the same.
+    /// [`RolloutCollector::push_chunks`] with the final observations' values left to the finish, where one pass
+    /// values them with the bootstrap observations ([`RolloutCollector::unvalued_obs`],
+    /// [`RolloutCollector::finish_valued`]); the parameters do not change inside a rollout, so the values agree.
     pub fn push_chunks_deferred(&mut self, chunks: &[Chunk]) -> Result<()> {
         let finals = self.rollout.final_obs_steps.len();
         self.rollout.append_chunks(chunks)?;
@@ -570,9 +555,8 @@ impl RolloutCollector {
     }
 
     /// Append chunks stacked row-wise ([`Rollout::append_chunks`]) and, where `values` takes observation rows,
-    /// compute `V` of the true final observations of their truncated episodes in one batched call ([`Sequences`]
-    /// leave them to [`RolloutCollector::finish`]); then, once the rollout is full,
-    /// [`RolloutCollector::finish`] computes the targets. After an error the rollout holds what it held before.
+    /// value their truncated episodes' final observations in one call ([`Sequences`] leave them to
+    /// [`RolloutCollector::finish`]). After an error the rollout holds what it held before.
     pub fn push_chunks(&mut self, chunks: &[Chunk], mut values: impl NextValues) -> Result<()> {
         let (steps, finals) = (self.rollout.steps, self.rollout.final_obs_steps.len());
         self.rollout.append_chunks(chunks)?;
@@ -584,16 +568,11 @@ impl RolloutCollector {
         Ok(())
     }
 
-    /// Take a whole rollout stacked elsewhere ([`Rollout::stack_chunks`] on the learner's batch-assembly
-    /// thread), compute `V` of its truncated episodes' final observations where `values` takes observation
-    /// rows (as [`RolloutCollector::push_chunks`]), and hand back the collector's empty buffer for the next
-    /// one. The rollout must match the collector's shape.
+    /// Take a whole rollout of the collector's shape stacked elsewhere ([`Rollout::stack_chunks`]), value its
+    /// final observations as [`RolloutCollector::push_chunks`] does, and hand back the empty buffer.
     pub fn push_stacked(&mut self, mut rollout: Rollout, mut values: impl NextValues) -> Result<Rollout> {
         let (r, mine) = (&rollout, &self.rollout);
-        if mine.steps != 0 {
-            let what = "rollout steps before push_stacked (it fills a whole rollout)";
-            return Err(Error::length(what, mine.steps, 0));
-        }
+        check_len("rollout steps before push_stacked (it fills a whole rollout)", mine.steps, 0)?;
         check_len("stacked rollout envs", r.n_envs, mine.n_envs)?;
         check_len("stacked rollout steps", r.n_steps, mine.n_steps)?;
         check_len("stacked rollout observation size", r.obs_dim, mine.obs_dim)?;
@@ -605,16 +584,14 @@ impl RolloutCollector {
         Ok(std::mem::replace(&mut self.rollout, rollout))
     }
 
-    /// The layout of the rollouts this collector takes from [`RolloutCollector::push_stacked`], for a network
-    /// that takes observations as `obs` says.
+    /// The layout of the rollouts [`RolloutCollector::push_stacked`] takes, for a network taking `obs`.
     pub fn layout(&self, obs: ObsLayout) -> RolloutLayout {
         let r = &self.rollout;
         RolloutLayout { n_envs: r.n_envs, n_steps: r.n_steps, obs_dim: r.obs_dim, act_dim: r.act_dim, obs }
     }
 
-    /// When the rollout is full: the values of the states after its last step (`V` of the bootstrap
-    /// observations, or with [`Sequences`] every next-state value at once), then GAE advantages and returns;
-    /// hands the rollout out (give it back with [`RolloutCollector::recycle`] to reuse its buffers). `None`
+    /// When the rollout is full: the values after its last step (or with [`Sequences`] every next-state value),
+    /// then GAE advantages and returns; hands the rollout out (back with [`RolloutCollector::recycle`]). `None`
     /// while it is still filling.
     pub fn finish(&mut self, mut values: impl NextValues, gamma: f32, lambda: f32) -> Result<Option<Rollout>> {
         if !self.rollout.is_full() {

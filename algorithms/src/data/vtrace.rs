@@ -18,10 +18,7 @@
 //! false) while the correction carry is cut (`done` is true), and `v_{t+1}` there is that plain value. After
 //! the rollout's last step `v_{T}` is the bootstrap value `next_values` itself.
 //!
-//! PPO and A2C apply it to a [`crate::data::rollout::Rollout`] collected with stale parameters when their config
-//! sets `vtrace` ([`crate::actor_critic::ActorCritic::targets`]), logging [`ImportanceWeights`] as
-//! `losses/vtrace_mean_rho`, `losses/vtrace_mean_ratio`, `losses/vtrace_rho_clip_fraction` and
-//! `losses/vtrace_behaviour_kl`.
+//! PPO and A2C apply it when their config sets `vtrace` ([`crate::actor_critic::ActorCritic::targets`]).
 use serde::{Deserialize, Serialize};
 
 use crate::data::gae::time_major_steps;

@@ -61,8 +61,6 @@ pub(crate) fn tanh_in_place(h: &mut [f32]) {
     }
 }
 
-// The same loop compiled for wider vectors; lane for lane the same operations (no fused multiply-adds), so
-// the same results on every CPU.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,avx512f")]
 unsafe fn tanh_avx512(h: &mut [f32]) {

@@ -1,13 +1,10 @@
 //! The matrix products of the fused host step: [`gemm`] in f32 (`matrixmultiply`'s `sgemm`) and [`Bf16Gemm`],
 //! the same product with its operands rounded to bf16 and the products summed in f32 — PyTorch's CPU autocast
-//! for a linear layer, on the host.
+//! for a linear layer, on the host (one `vdpbf16ps` does twice the products of an f32 fused multiply-add).
 //!
-//! Why the bf16 product: on CPUs with AVX512-BF16 one `vdpbf16ps` multiplies 32 pairs of bf16 and adds them
-//! into 16 f32 sums, twice the products of an f32 fused multiply-add; DQN's 256-wide hidden layer is most of its
-//! step (docs/benchmarks/continuous.md, "DQN's fused step in bf16"). Both operands are rounded (to nearest
-//! even) and packed in pairs along the summed index `k` — the left one as rows of pairs, broadcast one pair at a
-//! time; the right one in panels of 64 columns, 16 pairs to a vector — so the kernel is loads, broadcasts
-//! and dot products. Without AVX512-BF16 (or with the host kernels capped below AVX-512,
+//! With AVX512-BF16 both operands are rounded (to nearest even) and packed in pairs along the summed index `k`
+//! — the left one as rows of pairs, broadcast one pair at a time; the right one in panels of 64 columns, 16
+//! pairs to a vector. Without it (or with the host kernels capped below AVX-512,
 //! [`crate::nn::lanes::LANES_VAR`]) the operands are rounded to bf16 values in f32 and multiplied by [`gemm`]:
 //! the same products, summed in another order.
 
@@ -69,18 +66,11 @@ pub(crate) fn gemm(x: Operands<'_>, beta: f32, c: &mut [f32]) {
     }
 }
 
-/// `x` rounded to the nearest bf16 (ties to even), as a value in f32; NaN stays NaN.
+/// `x` rounded to the nearest bf16 (ties to even), as a value in f32; NaN stays NaN (quiet).
 pub(crate) fn round_bf16(x: f32) -> f32 {
-    f32::from_bits(bf16_bits(x) << 16)
-}
-
-/// The bf16 nearest `x` (ties to even), as its 16 bits; NaN stays NaN (quiet).
-fn bf16_bits(x: f32) -> u32 {
     let bits = x.to_bits();
-    if x.is_nan() {
-        return (bits >> 16) | 0x40;
-    }
-    (bits + 0x7fff + ((bits >> 16) & 1)) >> 16
+    let high = if x.is_nan() { (bits >> 16) | 0x40 } else { (bits + 0x7fff + ((bits >> 16) & 1)) >> 16 };
+    f32::from_bits(high << 16)
 }
 
 /// The bf16 matrix product and the buffers its packed operands live in, reused from call to call (a

@@ -1,12 +1,9 @@
 //! The LSTM core of [`crate::nn::recurrent`] on host slices, for the fused CPU step: a sequence forward that
-//! keeps what its backward pass needs, and backpropagation through time to the core's four parameters.
-//!
-//! Why: a recurrent PPO minibatch on masked CartPole is 32 steps of a `[8, 128] × [128, 512]` product and a
-//! few element-wise ops each — well under a millisecond of arithmetic — but hundreds of libtorch ops, forward
-//! and backward, at several microseconds of dispatch each. The maths is `torch.nn.LSTM`'s (gates `i, f, g, o`;
-//! `c' = f c + i g`, `h' = o tanh c'`) with the state zeroed before each step where an episode starts, as
-//! [`crate::nn::recurrent::RecurrentCore::sequence`] computes it; the two agree to float rounding (tests here,
-//! and the PPO/A2C fused-vs-libtorch tests with a recurrent policy).
+//! keeps what its backward pass needs, and backpropagation through time to the core's four parameters (a
+//! recurrent minibatch is hundreds of dispatched libtorch ops for well under a millisecond of arithmetic).
+//! The maths is `torch.nn.LSTM`'s (gates `i, f, g, o`; `c' = f c + i g`, `h' = o tanh c'`) with the state
+//! zeroed before each step where an episode starts, as [`crate::nn::recurrent::RecurrentCore::sequence`]
+//! computes it; the two agree to float rounding.
 use crate::nn::activation::tanh_in_place;
 use crate::nn::gemm::{Operands, gemm};
 use crate::nn::lanes::{Lanes, lanes};

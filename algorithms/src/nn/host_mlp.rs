@@ -1,11 +1,7 @@
-//! The acting forward pass of the MLP networks on the CPU without libtorch.
-//!
-//! A batch-of-one (or of eight) CartPole forward pass is a few thousand multiply-adds, which plain Rust does in
-//! about a microsecond; through libtorch it is a dozen dispatched ops, tens of microseconds. Acting is where
-//! that matters: an actor process spends nearly all its CPU there, so this decides how many actors a core
-//! carries. The networks keep their parameters in [`FlatParams`](crate::nn::params::FlatParams); on the CPU these
-//! functions read the same buffer in place (no copy, so new weights show at once). Training still runs on
-//! libtorch. Results agree with the libtorch forward pass to float rounding (tests in `nets`).
+//! The acting forward pass of the MLP networks on the CPU without libtorch: a small batch is about a
+//! microsecond here against tens through libtorch, and actors spend nearly all their CPU acting. These functions
+//! read the networks' [`FlatParams`](crate::nn::params::FlatParams) buffer in place (new weights show at once);
+//! results agree with the libtorch forward pass to float rounding.
 use crate::nn::activation::Activation;
 
 /// Buffers reused between forward passes (hidden activations), so acting does not allocate.

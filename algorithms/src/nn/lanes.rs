@@ -3,27 +3,21 @@
 //! test suite prove it (scripts/test.sh runs the equivalence tests again with AVX2).
 
 /// The environment variable that caps the fused host kernels' vector width (in f32 lanes): `16` (AVX-512),
-/// `8` (AVX2) or `4` (the baseline's SSE2). Unset, the widest the CPU has is used. The test suite runs its
-/// equivalence and pinned-numerics tests a second time with `8`, so a result that holds only for one CPU's
-/// kernels fails on every machine (scripts/test.sh).
+/// `8` (AVX2) or `4` (the baseline's SSE2). Unset, the widest the CPU has is used.
 pub const LANES_VAR: &str = "FLOTILLA_HOST_LANES";
 
-/// Vector widths [`LANES_VAR`] may name.
+/// Vector widths [`LANES_VAR`] may name, in f32 lanes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lanes {
-    Avx512,
-    Avx2,
-    Baseline,
+    Avx512 = 16,
+    Avx2 = 8,
+    Baseline = 4,
 }
 
 /// The vector width the fused host kernels use: the widest the CPU has, capped by [`LANES_VAR`]. An
 /// unreadable value, or a width the CPU does not have, is an error naming the variable and its value.
 pub fn host_lanes() -> crate::error::Result<usize> {
-    lanes().map(|l| match l {
-        Lanes::Avx512 => 16,
-        Lanes::Avx2 => 8,
-        Lanes::Baseline => 4,
-    })
+    lanes().map(|l| l as usize)
 }
 
 pub(crate) fn lanes() -> crate::error::Result<Lanes> {
@@ -39,12 +33,10 @@ fn choose_lanes(cap: Option<&str>) -> std::result::Result<Lanes, String> {
     let (avx512, avx2) = (std::arch::is_x86_feature_detected!("avx512f"), std::arch::is_x86_feature_detected!("avx2"));
     #[cfg(not(target_arch = "x86_64"))]
     let (avx512, avx2) = (false, false);
-    let widest = if avx512 {
-        Lanes::Avx512
-    } else if avx2 {
-        Lanes::Avx2
-    } else {
-        Lanes::Baseline
+    let widest = match (avx512, avx2) {
+        (true, _) => Lanes::Avx512,
+        (_, true) => Lanes::Avx2,
+        _ => Lanes::Baseline,
     };
     let Some(cap) = cap.map(str::trim).filter(|c| !c.is_empty()) else { return Ok(widest) };
     let (wanted, has) = match cap {
@@ -59,16 +51,12 @@ fn choose_lanes(cap: Option<&str>) -> std::result::Result<Lanes, String> {
     Ok(wanted)
 }
 
-/// `f`, compiled for the widest vectors the CPU has (AVX-512, AVX2, else the baseline's SSE2), or those
-/// [`LANES_VAR`] caps it to: the loops of
-/// the forward and backward passes and the gradient norm are elementwise or keep their partial sums apart,
-/// so every width computes the same floats in the same order (Rust never fuses a multiply and an add). With
-/// the branch-free ReLU backward, this took those loops from ~14 % of CartPole's DQN run to ~6 % (perf). `f`
-/// must be `#[inline(always)]` (and what it calls that should be vectorised), or it is compiled once, for the
-/// baseline. A loop over several `&mut` slices captured by the closure may not vectorise (the closure's
-/// captures carry no `noalias`): such a loop takes its slices as arguments of a `#[target_feature]` function of
-/// its own, chosen by [`lanes`] (`nn::optimiser`'s Adam step does). Panics if [`LANES_VAR`] is unreadable (binaries
-/// check [`host_lanes`] at start-up, naming it).
+/// `f`, compiled for the widest vectors the CPU has, or those [`LANES_VAR`] caps it to; the loops are
+/// elementwise or keep their partial sums apart, so every width computes the same floats in the same order.
+/// `f` must be `#[inline(always)]` (and what it calls that should be vectorised), or it is compiled once, for the
+/// baseline. A loop over several `&mut` slices captured by the closure may not vectorise (captures carry no
+/// `noalias`): such a loop takes its slices as arguments of a `#[target_feature]` function of its own, chosen
+/// by [`lanes`]. Panics if [`LANES_VAR`] is unreadable (binaries check [`host_lanes`] at start-up).
 #[inline(always)]
 pub(crate) fn widest_lanes<R>(f: impl FnOnce() -> R) -> R {
     let lanes = lanes().unwrap_or_else(|e| panic!("{e}"));

@@ -173,10 +173,9 @@ impl Optimiser {
     }
 }
 
-/// The members' optimiser states (one rule) stacked on the member axis ([`crate::nn::members`]) for one step of
-/// all: state `[N, P]`, per-member ε (and RMSprop's α), the shared step count (and Adam's betas). State of
-/// another size than the parameters (made while layers were frozen) starts afresh at step 0, as
-/// [`Optimiser::step`] restarts it.
+/// The members' optimiser states (one rule) stacked on the member axis for one step of all: state `[N, P]`,
+/// per-member ε (and RMSprop's α), the shared step count (and Adam's betas). State of another size than the
+/// parameters (made while layers were frozen) starts afresh at step 0, as [`Optimiser::step`] restarts it.
 pub(crate) struct StackedOptimiser {
     state: Vec<Tensor>,
     steps: u64,
@@ -217,9 +216,8 @@ impl StackedOptimiser {
         });
     }
 
-    /// Member `k`'s state and step count back into its optimiser: views of its rows, not copies (a copy per
-    /// member and tensor is thousands of kernel launches per update for a large population on a GPU). The next
-    /// stacking copies them again; a member stepping alone meanwhile moves only its own row.
+    /// Member `k`'s state and step count back into its optimiser: views of its rows, not copies (thousands of
+    /// kernel launches for a large population); a member stepping alone meanwhile moves only its own row.
     pub(crate) fn write_back(&self, k: usize, opt: &mut Optimiser) {
         opt.state = self.state.iter().map(|s| s.get(k as i64)).collect();
         opt.steps = self.steps;
@@ -246,19 +244,17 @@ impl Rates {
     /// The stacked members' rates, per member on `device` (one rule: members are stacked only with one
     /// optimiser kind; Adam's betas are the first member's).
     fn each(opts: &[&Optimiser], device: tch::Device) -> Rates {
+        let Rule::RmsProp { .. } = opts[0].rule else { return Rates::one(opts[0].rule) };
         let alphas = || {
             opts.iter().map(|o| match o.rule {
                 Rule::RmsProp { alpha } => alpha,
                 Rule::Adam { .. } => unreachable!("members stacked with one rule"),
             })
         };
-        match opts[0].rule {
-            Rule::Adam { beta1, beta2 } => Rates::Adam((beta1, beta2)),
-            Rule::RmsProp { .. } => Rates::RmsProp(
-                Coef::Each(per_member(alphas(), device)),
-                Coef::Each(per_member(alphas().map(|a| 1.0 - a), device)),
-            ),
-        }
+        Rates::RmsProp(
+            Coef::Each(per_member(alphas(), device)),
+            Coef::Each(per_member(alphas().map(|a| 1.0 - a), device)),
+        )
     }
 
     /// The step coefficient at step `t`: `−lr / (1 − β₁ᵗ)` for Adam, `−lr` for RMSprop.
@@ -273,7 +269,11 @@ impl Rates {
     /// step `t`'s gradient in place; returns `(scaled, denom)`, the step being `θ += scaled / denom`.
     fn apply(&self, state: &mut [Tensor], grad: &Tensor, t: u64, step: &Coef, eps: &Coef) -> (Tensor, Tensor) {
         match (self, state) {
-            (Rates::Adam(betas), [m, v]) => moments_step(m, v, grad, t, *betas, step, eps),
+            (Rates::Adam((beta1, beta2)), [m, v]) => {
+                let _ = m.lerp_(grad, 1.0 - beta1);
+                let _ = v.g_mul_scalar_(*beta2).addcmul_(grad, &grad.g_mul_scalar(1.0 - beta2));
+                (step.mul(m), eps.add(&(v.sqrt() / bias(*beta2, t).sqrt())))
+            }
             (Rates::RmsProp(alpha, weight), [v]) => {
                 alpha.mul_(v);
                 let _ = v.addcmul_(grad, &weight.mul(grad));
@@ -282,22 +282,6 @@ impl Rates {
             _ => unreachable!("state sized for the rule"),
         }
     }
-}
-
-/// Adam's tensor arithmetic: the moments `m`, `v` move towards step `t`'s gradient in place; returns
-/// `(scaled, denom)`. `step` is `−lr / (1 − β₁ᵗ)`.
-fn moments_step(
-    m: &mut Tensor,
-    v: &mut Tensor,
-    grad: &Tensor,
-    t: u64,
-    (beta1, beta2): (f64, f64),
-    step: &Coef,
-    eps: &Coef,
-) -> (Tensor, Tensor) {
-    let _ = m.lerp_(grad, 1.0 - beta1);
-    let _ = v.g_mul_scalar_(beta2).addcmul_(grad, &grad.g_mul_scalar(1.0 - beta2));
-    (step.mul(m), eps.add(&(v.sqrt() / bias(beta2, t).sqrt())))
 }
 
 /// Adam's bias correction `1 − βᵗ`.
