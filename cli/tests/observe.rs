@@ -105,15 +105,21 @@ fn the_learner_serves_prometheus_metrics_during_a_distributed_run() {
             break rest.trim_end_matches("/metrics").to_string();
         }
     };
-    // Scrape until the first metrics row is in (it carries the logged values), then once more later.
+    // Scrape until the first metrics row is in (it carries the logged values) and both actors have connected
+    // (the learner trains on the first actor's chunks while a loaded machine still starts the second), then
+    // once more later.
     let started = Instant::now();
     let first = loop {
         let (status, samples) = scrape(&addr);
         assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-        if samples.contains_key("flotilla_run_metric{name=\"charts/sps\"}") {
+        let both = samples.get("flotilla_actors_connected").is_some_and(|&n| n >= 2.0);
+        if both && samples.contains_key("flotilla_run_metric{name=\"charts/sps\"}") {
             break samples;
         }
-        assert!(started.elapsed() < Duration::from_secs(120), "no metrics row after 2 minutes: {samples:?}\n{log}");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no metrics row with both actors connected after 2 minutes: {samples:?}\n{log}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     std::thread::sleep(Duration::from_secs(2));
