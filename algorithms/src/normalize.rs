@@ -27,7 +27,7 @@ use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
 use crate::export::{Architecture, ObsNorm};
 use crate::nn::params::FlatParams;
-use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
+use crate::policy::{ActMode, ActOutput, Policy, f32_obs, not_f32};
 use crate::progress::Progress;
 use crate::teaching::Teaching;
 use crate::{Error, Metrics, Result};
@@ -170,6 +170,15 @@ impl ObsScale {
             }
         }
     }
+
+    /// `src` (rows of `mean.len()`) normalised into `dst` (cleared first): one pass, no copy before it.
+    fn apply_into(&self, src: &[f32], dst: &mut Vec<f32>) {
+        dst.clear();
+        for row in src.chunks_exact(self.mean.len()) {
+            let scaled = row.iter().zip(&self.mean).zip(&self.inv_std);
+            dst.extend(scaled.map(|((v, m), s)| ((v - m) * s).clamp(-self.clip, self.clip)));
+        }
+    }
 }
 
 /// The checkpointed state of the statistics.
@@ -244,8 +253,10 @@ impl Normalized {
         let mut c = chunk.clone();
         if let Some(scale) = &self.scale {
             for buf in [&mut c.obs, &mut c.bootstrap_obs, &mut c.final_obs] {
-                let ObsBuf::F32(x) = buf else { return Err(f32_obs("normalize", buf.as_ref()).unwrap_err()) };
-                scale.apply(x);
+                match buf {
+                    ObsBuf::F32(x) => scale.apply(x),
+                    other => return Err(not_f32("normalize", other.as_ref())),
+                }
             }
         }
         if let Some(ret) = &mut self.ret_rms {
@@ -275,9 +286,7 @@ impl Normalized {
 /// `obs` as the inner policy takes it: normalised into `scratch` by `scale`, if any.
 fn scaled<'a>(scale: Option<&ObsScale>, obs: ObsRef<'a>, scratch: &'a mut Vec<f32>) -> Result<ObsRef<'a>> {
     let Some(scale) = scale else { return Ok(obs) };
-    scratch.clear();
-    scratch.extend_from_slice(f32_obs("normalize", obs)?);
-    scale.apply(scratch);
+    scale.apply_into(f32_obs("normalize", obs)?, scratch);
     Ok(ObsRef::F32(scratch))
 }
 

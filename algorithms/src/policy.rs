@@ -140,6 +140,11 @@ impl Memory {
 /// The floats of `obs`, for networks that take f32 observations (MLPs): frames are refused with an error naming
 /// `algorithm`, never converted silently.
 pub fn f32_obs<'a>(algorithm: &'static str, obs: ObsRef<'a>) -> Result<&'a [f32]> {
-    let why = || format!("{:?} observations; this network takes f32 vectors", obs.dtype());
-    obs.as_f32().ok_or_else(|| crate::Error::space("observation", algorithm, why()))
+    obs.as_f32().ok_or_else(|| not_f32(algorithm, obs))
+}
+
+/// The error [`f32_obs`] gives for observations that are not f32 vectors.
+pub(crate) fn not_f32(algorithm: &'static str, obs: ObsRef<'_>) -> crate::Error {
+    let why = format!("{:?} observations; this network takes f32 vectors", obs.dtype());
+    crate::Error::space("observation", algorithm, why)
 }
