@@ -12,11 +12,13 @@ CleanRL's x axis is `global_step`, which counts agent steps of its `MaxAndSkipEn
 The CSV's `frames` column is 4 x that. Its runs anneal the learning rate over 10 M steps (40 M frames), so at
 10 M frames a CleanRL run is a quarter of the way through its schedule; a Flotilla table run has annealed to 0.
 
-    python scripts/cleanrl_curves.py CLEANRL_GIT_DIR [OUT.csv]
+    python scripts/cleanrl_curves.py CLEANRL_GIT_DIR [OUT_DIR]
 
 CLEANRL_GIT_DIR: a git directory (or clone) of github.com/vwxyzjn/cleanrl; read at its HEAD. Needs numpy and
-Pillow (the setup venv has both). Writes `game,frames,cleanrl_return` rows every 500 K frames to 10 M frames,
-then the line's last point (40 M frames).
+Pillow (the setup venv has both). Writes, per game, OUT_DIR/cleanrl_ppo_atari_GAME.csv (default OUT_DIR:
+docs/benchmarks/atari-table) as `flotilla plot --reference` reads it: `label,env_steps,value` rows every 250 K
+frames to 10 M frames, `env_steps` in agent steps of 4 frames as Flotilla's metrics count them. Prints the
+value at every 1 M frames and the line's last point (40 M frames).
 """
 
 import csv
@@ -61,24 +63,24 @@ def value_at(points: np.ndarray, c: dict, steps_m: float) -> float:
 
 def main() -> None:
     git_dir = sys.argv[1]
-    out = sys.argv[2] if len(sys.argv) > 2 else "cleanrl_ppo_atari_curves.csv"
-    rows = []
+    out_dir = sys.argv[2] if len(sys.argv) > 2 else "docs/benchmarks/atari-table"
+    label = "CleanRL ppo_atari.py (mean of its seeds)"
     for game, c in CALIBRATION.items():
         path = f"HEAD:docs/rl-algorithms/ppo/{game}NoFrameskip-v4.png"
         png = subprocess.run(["git", "--git-dir", git_dir, "show", path], check=True, capture_output=True).stdout
         points = line_points(png)
-        for k in range(1, 21):
-            frames = k * 500_000
-            rows.append((game, frames, round(value_at(points, c, frames / 4e6), 1)))
         last = c["at"] + (c["y_at"] - points[-1][1]) / c["px_per_unit"]
         if c["final"] is not None and abs(last - c["final"]) > 0.03 * max(abs(c["final"]), 20):
             raise SystemExit(f"{game}: the line ends at {last:.1f}, CleanRL publishes {c['final']}: calibration off")
-        rows.append((game, 40_000_000, round(last, 1)))
-    with open(out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["game", "frames", "cleanrl_return"])
-        w.writerows(rows)
-    print(f"wrote {len(rows)} rows to {out}")
+        rows = [(k * 62_500, round(value_at(points, c, k * 62_500 / 1e6), 1)) for k in range(1, 41)]
+        snake = "".join("_" + ch.lower() if ch.isupper() else ch for ch in game).lstrip("_")
+        out = f"{out_dir}/cleanrl_ppo_atari_{snake}.csv"
+        with open(out, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["label", "env_steps", "value"])
+            w.writerows((label, steps, value) for steps, value in rows)
+        every_m = " ".join(f"{v:g}" for steps, v in rows if (steps * 4) % 1_000_000 == 0)
+        print(f"{game}: at 1..10 M frames {every_m}; at 40 M frames {last:.1f}; wrote {out}")
 
 
 if __name__ == "__main__":

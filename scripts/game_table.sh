@@ -5,7 +5,9 @@
 # scripts/long_run.sh (background-safe: a fixed run directory under ~/.cache/flotilla/runs/, checkpoints every
 # 50 K steps, `nice 10`); calling this script again resumes the run that was cut off and skips finished ones.
 # Finished runs' configs and metrics go to docs/benchmarks/atari-table/ (what the table in
-# docs/benchmarks/atari.md is made from).
+# docs/benchmarks/atari.md is made from), and each game's finished seeds are drawn (their mean ± std across seeds
+# with `--group`) beside CleanRL's curve (docs/benchmarks/atari-table/cleanrl_ppo_atari_GAME.csv, from
+# scripts/cleanrl_curves.py) into docs/images/table_GAME.png.
 #   bash scripts/game_table.sh [SEEDS]        e.g.  setsid nohup bash scripts/game_table.sh "1 2" &
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,13 @@ for seed in $seeds; do
     if [ -e "$runs/$name.done" ]; then
       cp "$runs/$name/config.toml" "$table/${name}.config.toml"
       cp "$runs/$name/metrics.csv" "$table/${name}.metrics.csv"
+      finished=()
+      for s in $seeds; do
+        if [ -e "$runs/table_${game}_s$s.done" ]; then finished+=("$runs/table_${game}_s$s"); fi
+      done
+      source scripts/release_bin.sh
+      "$release_bin" plot "${finished[@]}" --group --reference "$table/cleanrl_ppo_atari_${game}.csv" \
+        --out "docs/images/table_${game}.png"
     fi
   done
 done

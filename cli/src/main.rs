@@ -203,6 +203,10 @@ enum Command {
         /// Draw runs that differ only in run.seed as one mean line with a ± std band across them.
         #[arg(long)]
         group: bool,
+        /// A published curve to draw beside the runs: a CSV with the header `label,env_steps,value`, one line per
+        /// label (e.g. docs/benchmarks/atari-table/cleanrl_ppo_atari_pong.csv). May be given more than once.
+        #[arg(long = "reference", value_name = "CSV")]
+        references: Vec<PathBuf>,
     },
     /// Write a trained run's acting policy in PyTorch's own layout: a torch.nn.Sequential state dict
     /// (`0.weight`, `0.bias`, …) with the layer list in the file's metadata (README: "Taking a policy to PyTorch").
@@ -457,7 +461,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Eval { run_dir, episodes, seed, render } => eval_command(&run_dir, episodes, seed, render.as_deref()),
         Command::Export { run_dir, out } => export::export_command(&run_dir, &out),
         Command::Act { run_dir, obs, state } => export::act_command(&run_dir, &obs, state.as_deref()),
-        Command::Plot { runs, metric, x, out, group } => plot::plot_command(&runs, &metric, &x, &out, group),
+        Command::Plot { runs, metric, x, out, group, references } => {
+            plot::plot_command(&runs, &metric, &x, &out, group, &references)
+        }
         Command::Report { runs, json, threshold, metric } => report::report_command(&runs, json, threshold, &metric),
     }
 }

@@ -17,6 +17,10 @@
 //! with a 95 % stratified bootstrap band (`flotilla_learner::stats`, as `flotilla report` computes), labelled
 //! "IQM of N members"; the job directories of one sweep given together are one population.
 //!
+//! `--reference CSV` adds published curves (e.g. another library's, read off its plots) as lines of their own
+//! after the runs': the file's header is `label,env_steps,value`, and each label's rows, in file order, are one
+//! line. Only against env steps; a malformed file is refused naming its line.
+//!
 //! The format follows `--out`'s extension: `.svg` writes SVG (text as `<text>` elements), anything else PNG.
 //! Text is drawn with the DejaVu Sans font bundled in the binary (`cli/assets/`), so no system font is needed.
 use std::collections::BTreeMap;
@@ -148,12 +152,24 @@ fn dir_name(dir: &Path) -> String {
 }
 
 /// `flotilla plot`: read every run's `metric`, draw the chart, write it to `out`.
-pub fn plot_command(runs: &[PathBuf], metric: &str, x: &str, out: &Path, group: bool) -> Result<()> {
+pub fn plot_command(
+    runs: &[PathBuf],
+    metric: &str,
+    x: &str,
+    out: &Path,
+    group: bool,
+    references: &[PathBuf],
+) -> Result<()> {
     anyhow::ensure!(!runs.is_empty(), "give at least one RUN_DIR");
     anyhow::ensure!(
         !group || x == "env_steps",
         "--group averages runs at the env steps they share: it needs --x env_steps, not {x}"
     );
+    anyhow::ensure!(
+        references.is_empty() || x == "env_steps",
+        "--reference curves are against env steps: they need --x env_steps, not {x}"
+    );
+    let reference_series = references.iter().map(|r| read_reference(r)).collect::<Result<Vec<_>>>()?;
     let (runs, populations) = read_runs(runs, x, metric)?;
     anyhow::ensure!(!runs.is_empty(), "no run has values of {metric} yet");
     let mut thresholds: Vec<(String, f64)> = Vec::new();
@@ -169,7 +185,8 @@ pub fn plot_command(runs: &[PathBuf], metric: &str, x: &str, out: &Path, group: 
     let mut envs: Vec<&str> = runs.iter().map(|r| r.config.env.id.as_str()).collect();
     envs.dedup();
     let title = format!("{metric} on {}", envs.join(", "));
-    let series = if group { grouped(runs, &populations) } else { runs.into_iter().map(|r| r.series).collect() };
+    let mut series = if group { grouped(runs, &populations) } else { runs.into_iter().map(|r| r.series).collect() };
+    series.extend(reference_series.into_iter().flatten());
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
@@ -198,6 +215,42 @@ fn read_run(dir: &Path, x: &str, metric: &str) -> Result<Run> {
     anyhow::ensure!(!points.is_empty(), "{} has no values of {metric} yet", path.display());
     let name = dir_name(dir);
     Ok(Run { name: name.clone(), config, series: Series { label: name, points }, population: None })
+}
+
+/// The curves of a `--reference` CSV (header `label,env_steps,value`): one series per label, in the order the
+/// labels first appear, each its rows in file order.
+fn read_reference(path: &Path) -> Result<Vec<Series>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading --reference {}", path.display()))?;
+    let mut lines = text.lines().enumerate();
+    let header = lines.next().map(|(_, h)| h.trim());
+    anyhow::ensure!(
+        header == Some("label,env_steps,value"),
+        "--reference {}: the first line must be the header `label,env_steps,value`, not {header:?}",
+        path.display()
+    );
+    let mut series: Vec<Series> = Vec::new();
+    for (i, line) in lines.filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = |why: &str| anyhow::anyhow!("--reference {} line {}: {why}: {line:?}", path.display(), i + 1);
+        let mut fields = line.rsplitn(3, ',');
+        let (value, steps, label) = match (fields.next(), fields.next(), fields.next()) {
+            (Some(v), Some(s), Some(l)) if !l.trim().is_empty() => (v.trim(), s.trim(), l.trim()),
+            _ => return Err(bad("expected label,env_steps,value")),
+        };
+        let number = |s: &str, what: &str| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| bad(&format!("{what} is not a finite number")))
+        };
+        let (x, y) = (number(steps, "env_steps")?, number(value, "value")?);
+        anyhow::ensure!(x >= 0.0, bad("env_steps is negative"));
+        match series.iter_mut().find(|s| s.label == label) {
+            Some(s) => s.points.push((x, y, None)),
+            None => series.push(Series { label: label.to_string(), points: vec![(x, y, None)] }),
+        }
+    }
+    anyhow::ensure!(!series.is_empty(), "--reference {}: no rows after the header", path.display());
+    Ok(series)
 }
 
 /// The std column that goes with a mean column: `eval/std_return` for `eval/mean_return`.

@@ -82,6 +82,33 @@ fn plot_draws_two_runs_with_bands_legend_and_threshold() {
     assert!(grouped.contains("ppo (2 seeds, mean ± std)"), "{grouped}");
     assert!(!grouped.contains("ppo-seed1"));
 
+    // --reference: a published curve (label, env_steps, value rows; a label with a comma) beside the group, in
+    // the next colour; a malformed file is refused naming its line, and so is --reference against train_secs.
+    let reference = dir.join("reference.csv");
+    std::fs::write(&reference, "label,env_steps,value\nSB3, RL Zoo,1024,40.5\nSB3, RL Zoo,4096,210\n").unwrap();
+    let with_ref = dir.join("reference.png");
+    let r = reference.to_str().unwrap();
+    let o = flotilla(&["plot", a, b, "--group", "--reference", r, "--out", with_ref.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_, _, pixels) = decode(&with_ref);
+    let n = pixels.iter().filter(|p| **p == SECOND).count();
+    assert!(n > 100, "the reference line's colour {SECOND:?} covers {n} pixels");
+    let with_ref = dir.join("reference.svg");
+    let o = flotilla(&["plot", a, b, "--group", "--reference", r, "--out", with_ref.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let svg = std::fs::read_to_string(&with_ref).unwrap();
+    assert!(svg.contains("SB3, RL Zoo") && svg.contains("ppo (2 seeds, mean ± std)"), "{svg}");
+    std::fs::write(&reference, "label,env_steps,value\nSB3,1024,40.5\nSB3,lots,210\n").unwrap();
+    let o = flotilla(&["plot", a, "--reference", r, "--out", dir.join("x.png").to_str().unwrap()]);
+    let err = text(&o);
+    assert!(!o.status.success() && err.contains("line 3") && err.contains("env_steps is not a finite"), "{err}");
+    std::fs::write(&reference, "steps,value\n1024,40.5\n").unwrap();
+    let o = flotilla(&["plot", a, "--reference", r, "--out", dir.join("x.png").to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("label,env_steps,value"), "{}", text(&o));
+    let o = flotilla(&["plot", a, "--reference", r, "--x", "train_secs", "--out", dir.join("x.png").to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("--x env_steps"), "{}", text(&o));
+    assert!(!dir.join("x.png").exists());
+
     // --x train_secs: the same curves against training seconds; another column, or --group with it, is refused.
     let secs = dir.join("secs.svg");
     let o = flotilla(&["plot", a, b, "--x", "train_secs", "--out", secs.to_str().unwrap()]);
