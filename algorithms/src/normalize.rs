@@ -283,10 +283,15 @@ impl Normalized {
     }
 }
 
-/// `obs` as the inner policy takes it: normalised into `scratch` by `scale`, if any.
+/// `obs` as the inner policy takes it: normalised into `scratch` by `scale`, if any. A batch that is not whole
+/// rows is refused here, as the inner network would refuse it.
 fn scaled<'a>(scale: Option<&ObsScale>, obs: ObsRef<'a>, scratch: &'a mut Vec<f32>) -> Result<ObsRef<'a>> {
     let Some(scale) = scale else { return Ok(obs) };
-    scale.apply_into(f32_obs("normalize", obs)?, scratch);
+    let (x, dim) = (f32_obs("normalize", obs)?, scale.mean.len());
+    if x.is_empty() || !x.len().is_multiple_of(dim) {
+        return Err(Error::length("observation batch", x.len(), dim));
+    }
+    scale.apply_into(x, scratch);
     Ok(ObsRef::F32(scratch))
 }
 
@@ -501,6 +506,29 @@ mod tests {
 
     fn rows(seed: u64, n: usize, d: usize) -> Vec<f32> {
         (0..n * d).map(|i| ((i as u64 * 7919 + seed * 104_729) % 1000) as f32 / 100.0 - 3.0 + (i % d) as f32).collect()
+    }
+
+    /// Acting's one-pass normalisation equals the chunk path's copy-then-in-place one (clipping included), and a
+    /// batch that is not whole rows is refused by length rather than cut short.
+    #[test]
+    fn acting_normalises_whole_rows_as_chunks_do_and_refuses_partial_ones() {
+        let mirror = FlatParams::new(
+            vec![("w".into(), Tensor::zeros([1], (tch::Kind::Float, tch::Device::Cpu)))],
+            tch::Device::Cpu,
+        );
+        let scale = ObsScale { mirror, mean: vec![1.0, -2.0], inv_std: vec![0.5, 4.0], clip: 3.0, epsilon: 1e-8 };
+        let x = [3.0f32, -2.5, -9.0, 0.0, 1.0, -2.0];
+        let mut in_place = x.to_vec();
+        scale.apply(&mut in_place);
+        assert_eq!(in_place, [1.0, -2.0, -3.0, 3.0, 0.0, 0.0]);
+        let mut scratch = vec![7.0; 11];
+        assert_eq!(scaled(Some(&scale), ObsRef::F32(&x), &mut scratch).unwrap().as_f32().unwrap(), in_place);
+        for bad in [&x[..5], &x[..0]] {
+            let err = scaled(Some(&scale), ObsRef::F32(bad), &mut scratch).unwrap_err().to_string();
+            assert!(err.contains("observation batch") && err.contains(&format!("got {}", bad.len())), "{err}");
+        }
+        let frames = [0u8; 4];
+        assert!(scaled(Some(&scale), ObsRef::U8(&frames), &mut scratch).is_err());
     }
 
     /// Merging batches one after the other gives the statistics of all of them at once, with SB3's prior (a
