@@ -25,19 +25,26 @@ tunables=$(sed -n 's/^pub const ALLOCATOR_TUNABLES: &str = "\(.*\)";$/\1/p' lear
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 echo "pong speed, $steps agent steps per run, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+# Train Flotilla for $steps agent steps into $work/NAME with extra --set arguments; prints "agent steps/s (s)".
+# A failed run prints its log and stops the bench (the EXIT trap would delete it).
+flotilla_run() {
+  local out="$work/$1" secs
+  shift
+  if ! "$bin" train examples/configs/pong_fast.toml --out "$out" --set "run.total_env_steps=$steps" \
+    --set eval.interval_steps=100000000 --set eval.episodes=1 "$@" >"$out.log" 2>&1; then
+    echo "bench_pong_peer.sh: flotilla train failed:" >&2; cat "$out.log" >&2; exit 1
+  fi
+  secs=$(grep -o 'for [0-9]* env steps in [0-9.]* s' "$out.log" | awk '{print $6}')
+  [ -n "$secs" ] || { echo "bench_pong_peer.sh: no timing line in the log:" >&2; cat "$out.log" >&2; exit 1; }
+  echo "$(python3 -c "print(round($steps / $secs))") agent steps/s ($secs s)"
+}
 for round in $(seq 1 "$rounds"); do
-  out="$work/flotilla-$round"
-  "$bin" train examples/configs/pong_fast.toml --out "$out" --set "run.total_env_steps=$steps" \
-    --set eval.interval_steps=100000000 --set eval.episodes=1 >"$out.log" 2>&1
-  secs=$(grep -o 'for [0-9]* env steps in [0-9.]* s' "$out.log" | awk '{print $6}')
-  bf16=$(grep -o 'bf16 = [a-z]*' "$out/config.toml" | head -1)
-  echo "round $round | flotilla pong_fast.toml ($bf16) | $(python3 -c "print(round($steps / $secs))") agent steps/s ($secs s)"
+  speed=$(flotilla_run "flotilla-$round")
+  bf16=$(grep -o 'bf16 = [a-z]*' "$work/flotilla-$round/config.toml" | head -1)
+  echo "round $round | flotilla pong_fast.toml ($bf16) | $speed"
   # The same in f32, CleanRL's precision.
-  out="$work/flotilla-f32-$round"
-  "$bin" train examples/configs/pong_fast.toml --out "$out" --set "run.total_env_steps=$steps" \
-    --set eval.interval_steps=100000000 --set eval.episodes=1 --set algorithm.cnn.bf16=false >"$out.log" 2>&1
-  secs=$(grep -o 'for [0-9]* env steps in [0-9.]* s' "$out.log" | awk '{print $6}')
-  echo "round $round | flotilla pong_fast.toml (f32) | $(python3 -c "print(round($steps / $secs))") agent steps/s ($secs s)"
+  speed=$(flotilla_run "flotilla-f32-$round" --set algorithm.cnn.bf16=false)
+  echo "round $round | flotilla pong_fast.toml (f32) | $speed"
   echo "round $round | peer f32 | $("$peer" tests/peers/ppo_atari_envpool.py "$steps")"
   echo "round $round | peer f32, Flotilla's malloc setting | $(GLIBC_TUNABLES="$tunables" "$peer" \
     tests/peers/ppo_atari_envpool.py "$steps")"

@@ -9,12 +9,13 @@ values through the axes' gridlines and ticks (their pixel positions below, found
 the line's last point against CleanRL's published final score).
 
 CleanRL's x axis is `global_step`, which counts agent steps of its `MaxAndSkipEnv(skip=4)` env: 4 frames each.
-The CSV's `frames` column is 4 x that. Its runs anneal the learning rate over 10 M steps (40 M frames), so at
+The CSVs' `env_steps` are agent steps, as Flotilla's metrics count them (4 frames each). Its runs anneal the learning rate over 10 M steps (40 M frames), so at
 10 M frames a CleanRL run is a quarter of the way through its schedule; a Flotilla table run has annealed to 0.
 
-    python scripts/cleanrl_curves.py CLEANRL_GIT_DIR [OUT_DIR]
+    python scripts/cleanrl_curves.py CLEANRL_GIT_DIR [OUT_DIR] [REVISION]
 
-CLEANRL_GIT_DIR: a git directory (or clone) of github.com/vwxyzjn/cleanrl; read at its HEAD. Needs numpy and
+CLEANRL_GIT_DIR: a git directory (or clone) of github.com/vwxyzjn/cleanrl, read at REVISION (default fe8d8a0,
+the commit the calibration was taken from). Needs numpy and
 Pillow (the setup venv has both). Writes, per game, OUT_DIR/cleanrl_ppo_atari_GAME.csv (default OUT_DIR:
 docs/benchmarks/atari-table) as `flotilla plot --reference` reads it: `label,env_steps,value` rows every 250 K
 frames to 10 M frames, `env_steps` in agent steps of 4 frames as Flotilla's metrics count them. Prints the
@@ -38,7 +39,7 @@ CALIBRATION = {
     "Pong": dict(x0=453, px_per_m=352.5, y_at=1400, at=0.0, px_per_unit=42.8, final=20.36),
     # ticks at x = 1220, 1908, 2598, 3286; gridlines 3000/2500/1000/500/0 at y = 686, 954, 1758, 2028, 2296.
     # The repository's plot is an earlier run set than the final score CleanRL's docs give now (1915.93 for
-    # tag pr-424): its line ends near 2,450.
+    # tag pr-424): its line ends near 2,450, so no published number checks it; its scale rests on the gridlines.
     "BeamRider": dict(x0=531, px_per_m=344.5, y_at=2296, at=0.0, px_per_unit=268 / 500, final=None),
 }
 
@@ -62,11 +63,14 @@ def value_at(points: np.ndarray, c: dict, steps_m: float) -> float:
 
 
 def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python scripts/cleanrl_curves.py CLEANRL_GIT_DIR [OUT_DIR] [REVISION]")
     git_dir = sys.argv[1]
     out_dir = sys.argv[2] if len(sys.argv) > 2 else "docs/benchmarks/atari-table"
+    revision = sys.argv[3] if len(sys.argv) > 3 else "fe8d8a0"
     label = "CleanRL ppo_atari.py (mean of its seeds)"
     for game, c in CALIBRATION.items():
-        path = f"HEAD:docs/rl-algorithms/ppo/{game}NoFrameskip-v4.png"
+        path = f"{revision}:docs/rl-algorithms/ppo/{game}NoFrameskip-v4.png"
         png = subprocess.run(["git", "--git-dir", git_dir, "show", path], check=True, capture_output=True).stdout
         points = line_points(png)
         last = c["at"] + (c["y_at"] - points[-1][1]) / c["px_per_unit"]
@@ -76,7 +80,7 @@ def main() -> None:
         snake = "".join("_" + ch.lower() if ch.isupper() else ch for ch in game).lstrip("_")
         out = f"{out_dir}/cleanrl_ppo_atari_{snake}.csv"
         with open(out, "w", newline="") as f:
-            w = csv.writer(f)
+            w = csv.writer(f, lineterminator="\n")
             w.writerow(["label", "env_steps", "value"])
             w.writerows((label, steps, value) for steps, value in rows)
         every_m = " ".join(f"{v:g}" for steps, v in rows if (steps * 4) % 1_000_000 == 0)

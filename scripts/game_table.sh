@@ -15,6 +15,8 @@ seeds="${1:-1 2}"
 runs="${HOME}/.cache/flotilla/runs"
 table=docs/benchmarks/atari-table
 mkdir -p "$table"
+# The current build draws the plots (a run's own binary, under runs/bin/, may predate `plot --reference`).
+source scripts/release_bin.sh
 for seed in $seeds; do
   for game in pong breakout beam_rider; do
     name="table_${game}_s${seed}"
@@ -28,9 +30,8 @@ for seed in $seeds; do
       for s in $seeds; do
         if [ -e "$runs/table_${game}_s$s.done" ]; then finished+=("$runs/table_${game}_s$s"); fi
       done
-      source scripts/release_bin.sh
       "$release_bin" plot "${finished[@]}" --group --reference "$table/cleanrl_ppo_atari_${game}.csv" \
-        --out "docs/images/table_${game}.png"
+        --out "docs/images/table_${game}.png" || echo "game_table.sh: the plot of $game failed" >&2
     fi
   done
 done

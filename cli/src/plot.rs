@@ -218,24 +218,33 @@ fn read_run(dir: &Path, x: &str, metric: &str) -> Result<Run> {
 }
 
 /// The curves of a `--reference` CSV (header `label,env_steps,value`): one series per label, in the order the
-/// labels first appear, each its rows in file order.
+/// labels first appear, each its rows in file order. A label may hold commas, bare or inside CSV quotes.
 fn read_reference(path: &Path) -> Result<Vec<Series>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading --reference {}", path.display()))?;
+    parse_reference(&text).with_context(|| format!("--reference {}", path.display()))
+}
+
+/// [`read_reference`] on the file's text.
+fn parse_reference(text: &str) -> Result<Vec<Series>> {
     let mut lines = text.lines().enumerate();
-    let header = lines.next().map(|(_, h)| h.trim());
-    anyhow::ensure!(
-        header == Some("label,env_steps,value"),
-        "--reference {}: the first line must be the header `label,env_steps,value`, not {header:?}",
-        path.display()
-    );
+    match lines.next().map(|(_, h)| h.trim()) {
+        Some("label,env_steps,value") => {}
+        Some(other) => bail!("the first line must be the header `label,env_steps,value`, not {other:?}"),
+        None => bail!("an empty file (its first line must be the header `label,env_steps,value`)"),
+    }
     let mut series: Vec<Series> = Vec::new();
     for (i, line) in lines.filter(|(_, l)| !l.trim().is_empty()) {
-        let bad = |why: &str| anyhow::anyhow!("--reference {} line {}: {why}: {line:?}", path.display(), i + 1);
+        let bad = |why: &str| anyhow::anyhow!("line {}: {why}: {line:?}", i + 1);
         let mut fields = line.rsplitn(3, ',');
         let (value, steps, label) = match (fields.next(), fields.next(), fields.next()) {
-            (Some(v), Some(s), Some(l)) if !l.trim().is_empty() => (v.trim(), s.trim(), l.trim()),
+            (Some(v), Some(s), Some(l)) => (v.trim(), s.trim(), l.trim()),
             _ => return Err(bad("expected label,env_steps,value")),
         };
+        let label = match label.strip_prefix('"').and_then(|l| l.strip_suffix('"')) {
+            Some(quoted) => quoted.replace("\"\"", "\""),
+            None => label.to_string(),
+        };
+        anyhow::ensure!(!label.is_empty(), bad("the label is empty"));
         let number = |s: &str, what: &str| {
             s.parse::<f64>()
                 .ok()
@@ -246,10 +255,10 @@ fn read_reference(path: &Path) -> Result<Vec<Series>> {
         anyhow::ensure!(x >= 0.0, bad("env_steps is negative"));
         match series.iter_mut().find(|s| s.label == label) {
             Some(s) => s.points.push((x, y, None)),
-            None => series.push(Series { label: label.to_string(), points: vec![(x, y, None)] }),
+            None => series.push(Series { label, points: vec![(x, y, None)] }),
         }
     }
-    anyhow::ensure!(!series.is_empty(), "--reference {}: no rows after the header", path.display());
+    anyhow::ensure!(!series.is_empty(), "no rows after the header");
     Ok(series)
 }
 
@@ -475,6 +484,36 @@ mod tests {
         assert_eq!(steps_label(12500.0), "12.5k");
         assert_eq!(steps_label(100000.0), "100k");
         assert_eq!(steps_label(2_000_000.0), "2M");
+    }
+
+    #[test]
+    fn reference_curves_parse_by_label_and_refuse_bad_rows_by_line() {
+        let text = "label,env_steps,value\r\nA,10,1.5\r\n\"B, \"\"quoted\"\"\",10,2\nA, 20 ,-3\n\nB, bare,5,4\n";
+        let series = parse_reference(text).unwrap();
+        let labels: Vec<&str> = series.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(labels, ["A", "B, \"quoted\"", "B, bare"]);
+        assert_eq!(series[0].points, [(10.0, 1.5, None), (20.0, -3.0, None)]);
+        assert_eq!(series[1].points, [(10.0, 2.0, None)]);
+        assert_eq!(series[2].points, [(5.0, 4.0, None)]);
+        for (text, expected) in [
+            ("", "an empty file"),
+            ("steps,value\n1,2\n", "not \"steps,value\""),
+            ("label,env_steps,value\n", "no rows"),
+            ("label,env_steps,value\nA,1,2\nA,2\n", "line 3: expected label,env_steps,value"),
+            ("label,env_steps,value\n,1,2\n", "line 2: the label is empty"),
+            ("label,env_steps,value\nA,-1,2\n", "line 2: env_steps is negative"),
+            ("label,env_steps,value\nA,1,nan\n", "line 2: value is not a finite number"),
+        ] {
+            let err = format!("{:#}", parse_reference(text).unwrap_err());
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
+        // The game table's CleanRL curves, as committed: one line each, 40 points to 2.5 M agent steps.
+        let table = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/benchmarks/atari-table");
+        for game in ["pong", "breakout", "beam_rider"] {
+            let series = read_reference(Path::new(&format!("{table}/cleanrl_ppo_atari_{game}.csv"))).unwrap();
+            assert_eq!(series.len(), 1, "{game}");
+            assert_eq!((series[0].points.len(), series[0].points[39].0), (40, 2_500_000.0), "{game}");
+        }
     }
 
     #[test]
