@@ -355,7 +355,7 @@ fn population_iqm(name: &str, members: &[Run]) -> Series {
     Series { label: format!("{name}: IQM of {n} members (95% CI)"), points }
 }
 
-/// A group's label: the run names' common prefix (without a trailing separator or "seed"), else the first name.
+/// A group's label: the run names' common prefix (without a trailing separator, "seed" or "_s"), else the first name.
 fn group_name(names: &[&str]) -> String {
     let first = names[0];
     let mut len = first.len();
@@ -366,7 +366,10 @@ fn group_name(names: &[&str]) -> String {
         len -= 1;
     }
     let prefix = first[..len].trim_end_matches(|c: char| c.is_ascii_digit());
-    let prefix = prefix.strip_suffix("seed").unwrap_or(prefix).trim_end_matches(['-', '_', '.', ' ']);
+    // `…seed1`, `…_s1`: the seed's own marker goes with its number.
+    let marked =
+        prefix.strip_suffix("seed").or_else(|| prefix.strip_suffix("_s")).or_else(|| prefix.strip_suffix("-s"));
+    let prefix = marked.unwrap_or(prefix).trim_end_matches(['-', '_', '.', ' ']);
     if prefix.is_empty() { first.to_string() } else { prefix.to_string() }
 }
 
@@ -521,5 +524,7 @@ mod tests {
         assert_eq!(group_name(&["ppo-seed1", "ppo-seed2"]), "ppo");
         assert_eq!(group_name(&["run_1", "run_2", "run_3"]), "run");
         assert_eq!(group_name(&["a", "b"]), "a");
+        assert_eq!(group_name(&["table_pong_s1", "table_pong_s2"]), "table_pong");
+        assert_eq!(group_name(&["runs1", "runs2"]), "runs");
     }
 }
