@@ -162,16 +162,7 @@ impl ObsScale {
         }
     }
 
-    /// `x` (rows of `mean.len()`) normalised in place.
-    fn apply(&self, x: &mut [f32]) {
-        for row in x.chunks_exact_mut(self.mean.len()) {
-            for ((v, m), s) in row.iter_mut().zip(&self.mean).zip(&self.inv_std) {
-                *v = ((*v - m) * s).clamp(-self.clip, self.clip);
-            }
-        }
-    }
-
-    /// `src` (rows of `mean.len()`) normalised into `dst` (cleared first): one pass, no copy before it.
+    /// `src` (whole rows of `mean.len()`) normalised into `dst` (cleared first, its capacity kept).
     fn apply_into(&self, src: &[f32], dst: &mut Vec<f32>) {
         dst.clear();
         for row in src.chunks_exact(self.mean.len()) {
@@ -252,10 +243,16 @@ impl Normalized {
         chunk.check_lengths(chunk.n_envs, self.dim, self.inner.act_dim(), false)?;
         let mut c = chunk.clone();
         if let Some(scale) = &self.scale {
-            for buf in [&mut c.obs, &mut c.bootstrap_obs, &mut c.final_obs] {
-                match buf {
-                    ObsBuf::F32(x) => scale.apply(x),
-                    other => return Err(not_f32("normalize", other.as_ref())),
+            // Each buffer of the copy refilled from the chunk's own (checked above to be whole rows).
+            let pairs = [
+                (&chunk.obs, &mut c.obs),
+                (&chunk.bootstrap_obs, &mut c.bootstrap_obs),
+                (&chunk.final_obs, &mut c.final_obs),
+            ];
+            for (src, dst) in pairs {
+                match (src, dst) {
+                    (ObsBuf::F32(x), ObsBuf::F32(y)) => scale.apply_into(x, y),
+                    (other, _) => return Err(not_f32("normalize", other.as_ref())),
                 }
             }
         }
@@ -508,21 +505,19 @@ mod tests {
         (0..n * d).map(|i| ((i as u64 * 7919 + seed * 104_729) % 1000) as f32 / 100.0 - 3.0 + (i % d) as f32).collect()
     }
 
-    /// Acting's one-pass normalisation equals the chunk path's copy-then-in-place one (clipping included), and a
-    /// batch that is not whole rows is refused by length rather than cut short.
+    /// Acting's normalisation is `clamp((x − μ)·s, −c, c)` element by element over whole rows, and a batch that is
+    /// not whole rows is refused by length rather than cut short.
     #[test]
-    fn acting_normalises_whole_rows_as_chunks_do_and_refuses_partial_ones() {
+    fn acting_normalises_whole_rows_and_refuses_partial_ones() {
         let mirror = FlatParams::new(
             vec![("w".into(), Tensor::zeros([1], (tch::Kind::Float, tch::Device::Cpu)))],
             tch::Device::Cpu,
         );
         let scale = ObsScale { mirror, mean: vec![1.0, -2.0], inv_std: vec![0.5, 4.0], clip: 3.0, epsilon: 1e-8 };
         let x = [3.0f32, -2.5, -9.0, 0.0, 1.0, -2.0];
-        let mut in_place = x.to_vec();
-        scale.apply(&mut in_place);
-        assert_eq!(in_place, [1.0, -2.0, -3.0, 3.0, 0.0, 0.0]);
         let mut scratch = vec![7.0; 11];
-        assert_eq!(scaled(Some(&scale), ObsRef::F32(&x), &mut scratch).unwrap().as_f32().unwrap(), in_place);
+        let expected = [1.0, -2.0, -3.0, 3.0, 0.0, 0.0];
+        assert_eq!(scaled(Some(&scale), ObsRef::F32(&x), &mut scratch).unwrap().as_f32().unwrap(), expected);
         for bad in [&x[..5], &x[..0]] {
             let err = scaled(Some(&scale), ObsRef::F32(bad), &mut scratch).unwrap_err().to_string();
             assert!(err.contains("observation batch") && err.contains(&format!("got {}", bad.len())), "{err}");
