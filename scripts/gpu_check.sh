@@ -158,6 +158,10 @@ if ret:
           f"{sum(r >= 475 for r in ret)}/{len(ret)} >= 475")
 PY
     grep -E "final returns mean|error|Error|panicked" "$runs/$name.log" | head -3 | sed 's/^/  /'
+    # Where the group's seconds went, summed over its logged splits (acting, envs, updates, bookkeeping).
+    grep -oE "[0-9.]+ s [a-z ,]+" "$runs/$name.log" | grep -vE "s wall" | awk -F' s ' '
+      { sub(/[, ]+$/, "", $2); secs[$2] += $1; if (!($2 in seen)) { seen[$2] = 1; order[++n] = $2 } }
+      END { if (n) { printf "  seconds by part:"; for (i = 1; i <= n; i++) printf " %s %.1f;", order[i], secs[order[i]]; print "" } }'
     # The group's progress over time (the log's own timestamps).
     grep -E "population [0-9]+/[0-9]+ env steps" "$runs/$name.log" | sed -n '1p;$p' | cut -c1-140 | sed 's/^/  /'
   } >> "$report" 2>&1
