@@ -274,6 +274,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| io("writing", path, e))
 }
 
+/// Run `f` with the files it writes atomically made durable together at its end
+/// ([`flotilla_algorithms::atomic_write::together`]): a population's members saving at once pay the disk's
+/// fsync latency once, not per file.
+pub fn saved_together<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    flotilla_algorithms::atomic_write::together(f, |e| Error::RunDir(format!("saving files together: {e}")))
+}
+
 fn io(action: &'static str, path: &Path, source: std::io::Error) -> Error {
     Error::Io { action, path: path.display().to_string(), source }
 }

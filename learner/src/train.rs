@@ -539,9 +539,13 @@ fn run_lockstep(
             false => Vec::new(),
         };
         evaluated.resize(group.len(), None);
-        for (k, (t, e)) in group.iter_mut().zip(evaluated).enumerate() {
-            t.after_step_with(e, &mut |row| on_log(k, row), &mut |t| on_checkpoint(k, t))?;
-        }
+        // Members checkpointing at this step save together (one fsync wait for all, not two per member).
+        crate::run_dir::saved_together(|| {
+            for (k, (t, e)) in group.iter_mut().zip(evaluated).enumerate() {
+                t.after_step_with(e, &mut |row| on_log(k, row), &mut |t| on_checkpoint(k, t))?;
+            }
+            Ok(())
+        })?;
         if rejoin {
             *joint = JointEnvs::join(group, batched_acting)?;
         }
@@ -580,7 +584,7 @@ impl std::fmt::Display for GroupTimes {
             ("metrics, evaluations and checkpoints", self.bookkeeping),
         ];
         let shown: Vec<String> =
-            parts.iter().filter(|(_, secs)| *secs > 0.0).map(|(name, secs)| format!("{secs:.2} s {name}")).collect();
+            parts.iter().filter(|(_, secs)| *secs > 0.0).map(|(name, secs)| format!("{secs:.3} s {name}")).collect();
         write!(f, "{}", shown.join(", "))
     }
 }

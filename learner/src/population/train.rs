@@ -31,7 +31,7 @@ use super::{
 };
 use crate::config::ExperimentConfig;
 use crate::progress::TrainReport;
-use crate::run_dir::{MetricsWriter, RunDir, write_atomic};
+use crate::run_dir::{MetricsWriter, RunDir, saved_together, write_atomic};
 use crate::train::Trainer;
 use crate::{Error, Result};
 
@@ -209,15 +209,17 @@ fn worker(
                 }
                 Ok(members.iter().zip(&trainers).map(|(m, t)| m.status(t)).collect())
             })(),
-            Command::Save(which) => members
-                .iter()
-                .zip(&trainers)
-                .filter(|(m, _)| which.contains(&m.index))
-                .map(|(m, t)| {
-                    t.save_checkpoint(&m.dir.checkpoint_path())?;
-                    Ok(m.status(t))
-                })
-                .collect(),
+            Command::Save(which) => saved_together(|| {
+                members
+                    .iter()
+                    .zip(&trainers)
+                    .filter(|(m, _)| which.contains(&m.index))
+                    .map(|(m, t)| {
+                        t.save_checkpoint(&m.dir.checkpoint_path())?;
+                        Ok(m.status(t))
+                    })
+                    .collect()
+            }),
             Command::Exploit { member, config, from } => {
                 let k = members.iter().position(|m| m.index == member).expect("the main thread routes by index");
                 (|| {
@@ -231,16 +233,18 @@ fn worker(
                     Ok(vec![m.status(&trainers[k])])
                 })()
             }
-            Command::Finish => members
-                .iter()
-                .zip(&trainers)
-                .map(|(m, t)| {
-                    t.save_checkpoint(&m.dir.checkpoint_path())?;
-                    let model = m.dir.model_path();
-                    t.agent().save_weights(&model)?;
-                    Ok(m.status(t))
-                })
-                .collect(),
+            Command::Finish => saved_together(|| {
+                members
+                    .iter()
+                    .zip(&trainers)
+                    .map(|(m, t)| {
+                        t.save_checkpoint(&m.dir.checkpoint_path())?;
+                        let model = m.dir.model_path();
+                        t.agent().save_weights(&model)?;
+                        Ok(m.status(t))
+                    })
+                    .collect()
+            }),
         };
         let failed = reply.is_err();
         if replies.send(reply).is_err() || failed {
@@ -365,11 +369,13 @@ pub fn train(base: &ExperimentConfig, out: &Path, job: JobShare, stop_at: u64) -
             })
             .collect(),
     };
-    let mut starts = Vec::new();
-    for p in &plans {
-        let dir = RunDir::create(&out.join(member_dir(p.index)), &p.config)?;
-        starts.push(MemberStart { index: p.index, config: p.config.clone(), dir, resume: false });
-    }
+    let starts = saved_together(|| {
+        let create = |p: &MemberPlan| {
+            let dir = RunDir::create(&out.join(member_dir(p.index)), &p.config)?;
+            Ok(MemberStart { index: p.index, config: p.config.clone(), dir, resume: false })
+        };
+        plans.iter().map(create).collect::<Result<Vec<_>>>()
+    })?;
     record.write(out)?;
     let state = PopulationState { env_steps: 0, rng: pbt_rng(base.run.seed) };
     write_state(out, &state)?;
