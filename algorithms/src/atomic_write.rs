@@ -3,10 +3,12 @@
 //! The data goes to a temporary file beside the target, which is fsynced, renamed over the target, and the
 //! directory fsynced, so a crash mid-save leaves either the old file or the new one, never a torn one.
 //!
-//! Many files saved at once (a population's members checkpointing together) go inside [`together`]: each is
-//! written to its temporary file as it comes, and at the end of the scope the files are fsynced in parallel,
-//! renamed, and their directories fsynced in parallel. Each file keeps the guarantee above; a disk's fsync
-//! latency is paid once per scope instead of twice per file (2,048 members: ~15 s one by one on this VM's disk).
+//! Many files saved at once (a population's members checkpointing together) are written with [`save_file`]
+//! inside [`together`]: each goes to its temporary file as it comes, and at the end of the scope the files are
+//! fsynced in parallel, renamed, and their directories fsynced in parallel. Each file keeps the guarantee
+//! above; a disk's fsync latency is paid once per scope instead of twice per file (2,048 members: ~15 s one by
+//! one on this VM's disk). Only [`save_file`] waits for the scope: files that are written and then read back
+//! (a CSV whose header is rewritten) use [`write_atomic`], which is immediate everywhere.
 use std::cell::RefCell;
 use std::fs::File;
 use std::io;
@@ -26,23 +28,10 @@ thread_local! {
     static DEFERRED: RefCell<Option<Vec<Pending>>> = const { RefCell::new(None) };
 }
 
-/// Write `path` through `write(tmp)`, atomically. The temporary name keeps the target's extension (libtorch
-/// picks the format from it); on failure it is removed and the old file is untouched. Inside a [`together`]
-/// scope on this thread the target is replaced (durably) when the scope ends.
+/// Write `path` through `write(tmp)`, atomically and at once. The temporary name keeps the target's extension
+/// (libtorch picks the format from it); on failure it is removed and the old file is untouched.
 pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<()> {
-    let dir = parent(path);
-    let name = path.file_name().ok_or_else(|| io::Error::other("path has no file name"))?;
-    let ext = path.extension().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{}.{}.tmp.{ext}", name.to_string_lossy(), std::process::id()));
-    if DEFERRED.with_borrow(Option::is_some) {
-        if let Err(e) = write(&tmp) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        let pending = Pending { tmp, path: path.to_path_buf() };
-        DEFERRED.with_borrow_mut(|d| d.as_mut().expect("checked above").push(pending));
-        return Ok(());
-    }
+    let (dir, tmp) = temporary(path)?;
     let result = write(&tmp).and_then(|_| File::open(&tmp)?.sync_all()).and_then(|_| std::fs::rename(&tmp, path));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -51,7 +40,32 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> io::Result<()>) ->
     File::open(dir)?.sync_all()
 }
 
-/// Run `f` with this thread's [`write_atomic`] calls made durable together when it returns: the files are
+/// A saved file (a checkpoint, weights, a run's config): [`write_atomic`], except inside a [`together`] scope
+/// on this thread, where the target is replaced, durably, when the scope ends (until then it keeps its old
+/// contents; nothing in the scope may read it back).
+pub fn save_file(path: &Path, write: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<()> {
+    if DEFERRED.with_borrow(Option::is_none) {
+        return write_atomic(path, write);
+    }
+    let (_, tmp) = temporary(path)?;
+    if let Err(e) = write(&tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let pending = Pending { tmp, path: path.to_path_buf() };
+    DEFERRED.with_borrow_mut(|d| d.as_mut().expect("checked above").push(pending));
+    Ok(())
+}
+
+/// `path`'s directory and the temporary file beside it.
+fn temporary(path: &Path) -> io::Result<(&Path, PathBuf)> {
+    let dir = parent(path);
+    let name = path.file_name().ok_or_else(|| io::Error::other("path has no file name"))?;
+    let ext = path.extension().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok((dir, dir.join(format!(".{}.{}.tmp.{ext}", name.to_string_lossy(), std::process::id()))))
+}
+
+/// Run `f` with this thread's [`save_file`] calls made durable together when it returns: the files are
 /// fsynced in parallel, renamed over their targets, and their directories fsynced in parallel. Until then
 /// every target keeps its old contents. If `f` fails, or an fsync or rename does, the temporary files not yet
 /// renamed are removed and the error returned (an I/O error names its file). A scope inside another is part of
@@ -179,12 +193,16 @@ mod tests {
         let written = together(
             || {
                 for (k, f) in files.iter().enumerate() {
-                    write_atomic(f, |tmp| std::fs::write(tmp, format!("new {k}")))?;
+                    save_file(f, |tmp| std::fs::write(tmp, format!("new {k}")))?;
                     // Nested scopes are part of the outer one.
-                    together(|| write_atomic(f, |tmp| std::fs::write(tmp, format!("new {k}"))), same)?;
+                    together(|| save_file(f, |tmp| std::fs::write(tmp, format!("new {k}"))), same)?;
                 }
-                // Nothing is replaced before the scope ends.
+                // Nothing is replaced before the scope ends, but for what write_atomic writes, at once.
                 assert!(files.iter().all(|f| std::fs::read(f).unwrap() == b"old"));
+                let other = files[0].with_file_name("metrics.csv");
+                write_atomic(&other, |tmp| std::fs::write(tmp, b"read back"))?;
+                assert_eq!(std::fs::read(&other)?, b"read back");
+                std::fs::remove_file(&other)?;
                 Ok::<_, io::Error>(files.len())
             },
             same,
@@ -195,8 +213,8 @@ mod tests {
             assert_eq!(std::fs::read_to_string(f).unwrap(), format!("new {k}"));
         }
         assert!(only_targets(&files), "no temporary file is left");
-        // Outside a scope, writes are immediate again.
-        write_atomic(&files[0], |tmp| std::fs::write(tmp, b"now")).unwrap();
+        // Outside a scope, saves are immediate again.
+        save_file(&files[0], |tmp| std::fs::write(tmp, b"now")).unwrap();
         assert_eq!(std::fs::read(&files[0]).unwrap(), b"now");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -207,7 +225,7 @@ mod tests {
         let e = together(
             || {
                 for f in &files {
-                    write_atomic(f, |tmp| std::fs::write(tmp, b"new"))?;
+                    save_file(f, |tmp| std::fs::write(tmp, b"new"))?;
                 }
                 Err::<(), _>(io::Error::other("member 3 could not checkpoint"))
             },
@@ -220,8 +238,8 @@ mod tests {
         // A write that fails inside a scope fails at once, naming its error, and the scope then fails whole.
         let e = together(
             || {
-                write_atomic(&files[0], |tmp| std::fs::write(tmp, b"new"))?;
-                write_atomic(&files[1], |_| Err(io::Error::other("disk full")))
+                save_file(&files[0], |tmp| std::fs::write(tmp, b"new"))?;
+                save_file(&files[1], |_| Err(io::Error::other("disk full")))
             },
             same,
         )
@@ -234,7 +252,7 @@ mod tests {
         let e = together(
             || {
                 for f in &files {
-                    write_atomic(f, |tmp| std::fs::write(tmp, b"new"))?;
+                    save_file(f, |tmp| std::fs::write(tmp, b"new"))?;
                 }
                 std::fs::remove_dir_all(files[2].parent().unwrap())
             },

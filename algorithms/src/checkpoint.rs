@@ -111,7 +111,7 @@ impl Checkpoint {
         let meta = Tensor::from_slice(&json);
         let mut named: Vec<(&str, &Tensor)> = self.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         named.push((META, &meta));
-        crate::atomic_write::write_atomic(path, |tmp| {
+        crate::atomic_write::save_file(path, |tmp| {
             Tensor::write_safetensors(&named, tmp).map_err(std::io::Error::other)
         })
         .map_err(|e| Error::Checkpoint(format!("saving {}: {e}", path.display())))

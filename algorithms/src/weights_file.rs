@@ -42,7 +42,7 @@ pub fn write_safetensors<S: AsRef<str>>(
         (!metadata.is_empty()).then(|| metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
     let mut bytes = safetensors::serialize(views, &info).map_err(|e| fail(format!("{e:?}")))?;
     sort_header(&mut bytes).map_err(fail)?;
-    crate::atomic_write::write_atomic(path, |tmp| std::fs::write(tmp, &bytes)).map_err(|e| error(tch::TchError::Io(e)))
+    crate::atomic_write::save_file(path, |tmp| std::fs::write(tmp, &bytes)).map_err(|e| error(tch::TchError::Io(e)))
 }
 
 /// Rewrite a serialised safetensors header with its keys (and its metadata's keys) in sorted order, in place.

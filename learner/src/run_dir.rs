@@ -46,7 +46,9 @@ impl RunDir {
             )));
         }
         std::fs::create_dir_all(path).map_err(|e| io("creating run directory", path, e))?;
-        write_atomic(&path.join(CONFIG_FILE), config.to_toml().as_bytes())?;
+        let config_path = path.join(CONFIG_FILE);
+        flotilla_algorithms::atomic_write::save_file(&config_path, |tmp| std::fs::write(tmp, config.to_toml()))
+            .map_err(|e| io("writing", &config_path, e))?;
         Ok(RunDir { path: path.to_path_buf() })
     }
 
@@ -274,7 +276,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| io("writing", path, e))
 }
 
-/// Run `f` with the files it writes atomically made durable together at its end
+/// Run `f` with the checkpoints, weights and run configs it saves made durable together at its end
 /// ([`flotilla_algorithms::atomic_write::together`]): a population's members saving at once pay the disk's
 /// fsync latency once, not per file.
 pub fn saved_together<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
