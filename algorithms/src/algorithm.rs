@@ -48,7 +48,7 @@ pub trait ReplayFeed: Send {
 }
 
 /// A learning algorithm: a [`Policy`] that also learns from what it observes and can save its whole state.
-pub trait Algorithm: Policy + std::any::Any {
+pub trait Algorithm: Policy + std::any::Any + Send {
     /// Short name, as in configs (`"ppo"`, `"dqn"`, ...).
     fn name(&self) -> &'static str;
     /// Take in trajectory chunks, the one way data enters an algorithm: on-policy kinds append them, stacked

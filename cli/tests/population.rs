@@ -60,19 +60,24 @@ fn config_with(dir: &Path, name: &str, example: &str, extra: &str) -> String {
     path.display().to_string()
 }
 
-/// Every member must be the run alone bit for bit: with `batched = false` each member trains as its own run;
-/// `batched = true` on one thread steps the members' envs as one joint batch (and updates each member alone
-/// where its fused CPU step is taken).
-fn check_members_equal_alone(label: &str, example: &str, sets: &[&str], batched: bool) {
+/// Every member must be the run alone bit for bit: with `step_threads = None` (`batched = false`) each member
+/// trains as its own run; `Some(n)` (`batched = true` on one thread) steps the members' envs as one joint
+/// batch, on `n` threads that also let the members observe their shares (and updates each member alone where
+/// its fused CPU step is taken).
+fn check_members_equal_alone(label: &str, example: &str, sets: &[&str], step_threads: Option<usize>) {
     let dir = scratch("population", label);
     let pop = dir.join("pop");
-    let (threads, batched) = if batched { ("1", "true") } else { ("2", "false") };
+    let (threads, batched) = if step_threads.is_some() { ("1", "true") } else { ("2", "false") };
     let (threads, batched) = (format!("population.threads={threads}"), format!("population.batched={batched}"));
-    let extra = ["--population", "3", "--set", &threads, "--set", &batched];
+    let stepping = format!("population.step_threads={}", step_threads.unwrap_or(0));
+    let extra = ["--population", "3", "--set", &threads, "--set", &batched, "--set", &stepping];
     let printed = ok(train(&config(example), sets, &pop, &extra));
     assert!(printed.contains("population of 3"), "{label}: {printed}");
     let joint = printed.contains("3 members' envs step as one batch of");
-    assert_eq!(joint, batched == "population.batched=true", "{label}: joint env batch? {printed}");
+    assert_eq!(joint, step_threads.is_some(), "{label}: joint env batch? {printed}");
+    if let Some(n) = step_threads.filter(|&n| n > 1) {
+        assert!(printed.contains(&format!("envs on {n} threads")), "{label}: stepped on {n} threads? {printed}");
+    }
     for k in [0usize, 2] {
         let alone = dir.join(format!("alone-{k}"));
         let seed = format!("run.seed={}", 1 + k);
@@ -104,17 +109,19 @@ fn check_members_equal_alone(label: &str, example: &str, sets: &[&str], batched:
 #[test]
 fn ppo_members_are_their_seeds_trained_alone() {
     let sets = ["run.total_env_steps=4096", "eval.interval_steps=2048"];
-    check_members_equal_alone("ppo", "cartpole_ppo.toml", &sets, false);
+    check_members_equal_alone("ppo", "cartpole_ppo.toml", &sets, None);
 }
 
 /// One thread, `batched = true`: the members' envs step as one joint N×E batch (given back to the members
-/// for every checkpoint, then joined again) and each member takes its fused CPU update alone, so each must
-/// still be its seed trained alone, bit for bit: discrete (PPO) and continuous (TD3) actions.
+/// for every checkpoint, then joined again; stepped and observed on 3 and 2 threads) and each member takes its
+/// fused CPU update alone, so each must still be its seed trained alone, bit for bit: discrete (PPO) and
+/// continuous (TD3) actions.
 #[test]
 fn members_stepping_one_joint_env_batch_are_their_seeds_trained_alone() {
     let sets = ["run.total_env_steps=4096", "eval.interval_steps=2048", "checkpoint.interval_steps=1024"];
-    check_members_equal_alone("joint-ppo", "cartpole_ppo.toml", &sets, true);
-    check_members_equal_alone("joint-td3", "pendulum_td3.toml", &OFF_POLICY_SETS, true);
+    // On 3 threads (one member each) and 2, the members' envs stepped and observed in parallel.
+    check_members_equal_alone("joint-ppo", "cartpole_ppo.toml", &sets, Some(3));
+    check_members_equal_alone("joint-td3", "pendulum_td3.toml", &OFF_POLICY_SETS, Some(2));
 }
 
 /// SAC members update one after the other, each as alone (no stacked SAC update): stepping one joint env
@@ -122,7 +129,7 @@ fn members_stepping_one_joint_env_batch_are_their_seeds_trained_alone() {
 /// learnt entropy coefficient.
 #[test]
 fn sac_members_are_their_seeds_trained_alone() {
-    check_members_equal_alone("joint-sac", "pendulum_sac.toml", &OFF_POLICY_SETS, true);
+    check_members_equal_alone("joint-sac", "pendulum_sac.toml", &OFF_POLICY_SETS, Some(1));
 }
 
 /// A short Pendulum run for the off-policy members' tests: learning starts, checkpoints and evaluations fall
@@ -203,7 +210,7 @@ fn batched_a2c_members_match_their_seeds_trained_alone() {
 #[test]
 fn dqn_members_are_their_seeds_trained_alone() {
     let sets = ["run.total_env_steps=3000", "algorithm.learning_starts=500", "eval.interval_steps=1500"];
-    check_members_equal_alone("dqn", "cartpole_dqn.toml", &sets, false);
+    check_members_equal_alone("dqn", "cartpole_dqn.toml", &sets, None);
 }
 
 /// A grid member trains with its grid point's values: the same bytes as a single run with those values.

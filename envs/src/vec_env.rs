@@ -251,6 +251,8 @@ pub struct VecEnv {
     lengths: Vec<usize>,
     episodes: Vec<EpisodeStats>,
     ready: bool,
+    /// Threads that step the envs ([`VecEnv::set_step_threads`]).
+    step_threads: usize,
 }
 
 impl VecEnv {
@@ -311,6 +313,7 @@ impl VecEnv {
             lengths: vec![0; n],
             episodes: Vec::with_capacity(n),
             ready: false,
+            step_threads: 1,
         })
     }
 
@@ -355,7 +358,12 @@ impl VecEnv {
         self.ready = false;
         let d = self.obs_dim;
         for (i, env) in self.envs.iter_mut().enumerate() {
-            reset_row(env.as_mut(), seed.map(|s| s.wrapping_add(i as u64)), &mut self.obs, i * d..(i + 1) * d)?;
+            reset_row(
+                env.as_mut(),
+                seed.map(|s| s.wrapping_add(i as u64)),
+                &mut all_rows(&mut self.obs),
+                i * d..(i + 1) * d,
+            )?;
         }
         self.rewards.fill(0.0);
         self.terminated.fill(false);
@@ -380,38 +388,66 @@ impl VecEnv {
         self.check_actions(actions)?;
         self.ready = false;
         self.episodes.clear();
-        let d = self.obs_dim;
-        let k = self.action_dim.max(1);
-        for (i, env) in self.envs.iter_mut().enumerate() {
-            let action = match *actions {
-                VecActions::Discrete(a) => Action::Discrete(a[i]),
-                VecActions::Continuous(a) => Action::Continuous(&a[i * k..(i + 1) * k]),
-            };
-            let row = i * d..(i + 1) * d;
-            let out = step_row(env.as_mut(), action, &mut self.obs, row.clone())?;
-            self.rewards[i] = out.reward as f32;
-            self.terminated[i] = out.terminated;
-            self.truncated[i] = out.truncated;
-            self.returns[i] += out.reward;
-            self.lengths[i] += 1;
-            let done = out.terminated || out.truncated;
-            self.has_final[i] = done;
-            if done {
-                copy_row(&self.obs, &mut self.final_obs, row.clone());
-                self.episodes.push(EpisodeStats {
-                    env_index: i,
-                    episode_return: self.returns[i],
-                    length: self.lengths[i] as u64,
-                    truncated: out.truncated && !out.terminated,
-                    task: None,
-                });
-                self.returns[i] = 0.0;
-                self.lengths[i] = 0;
-                reset_row(env.as_mut(), None, &mut self.obs, row)?;
-            }
-        }
+        let (n, d) = (self.envs.len(), self.obs_dim);
+        let per = n.div_ceil(self.step_threads.clamp(1, n.max(1))).max(1);
+        let mut parts: Vec<Part<'_>> = self
+            .envs
+            .chunks_mut(per)
+            .zip(rows_mut(&mut self.obs, per * d))
+            .zip(rows_mut(&mut self.final_obs, per * d))
+            .zip(self.rewards.chunks_mut(per))
+            .zip(self.terminated.chunks_mut(per))
+            .zip(self.truncated.chunks_mut(per))
+            .zip(self.has_final.chunks_mut(per))
+            .zip(self.returns.chunks_mut(per))
+            .zip(self.lengths.chunks_mut(per))
+            .enumerate()
+            .map(
+                |(
+                    p,
+                    ((((((((envs, obs), final_obs), rewards), terminated), truncated), has_final), returns), lengths),
+                )| {
+                    let (first, episodes) = (p * per, Vec::new());
+                    Part {
+                        first,
+                        envs,
+                        obs,
+                        final_obs,
+                        rewards,
+                        terminated,
+                        truncated,
+                        has_final,
+                        returns,
+                        lengths,
+                        episodes,
+                    }
+                },
+            )
+            .collect();
+        let stepped: Vec<Result<()>> = match parts.as_mut_slice() {
+            [] => Vec::new(),
+            [one] => vec![one.step(actions, d, self.action_dim)],
+            many => std::thread::scope(|scope| {
+                let (action_dim, (head, rest)) = (self.action_dim, many.split_first_mut().expect("more than one"));
+                let others: Vec<_> =
+                    rest.iter_mut().map(|part| scope.spawn(move || part.step(actions, d, action_dim))).collect();
+                let mut out = vec![head.step(actions, d, action_dim)];
+                out.extend(others.into_iter().map(|h| h.join().expect("a stepping thread does not panic")));
+                out
+            }),
+        };
+        let episodes: Vec<EpisodeStats> = parts.into_iter().flat_map(|p| p.episodes).collect();
+        stepped.into_iter().collect::<Result<()>>()?;
+        self.episodes = episodes;
         self.ready = true;
         Ok(self.view())
+    }
+
+    /// Step the envs on up to `threads` threads (contiguous shares of the batch; 1, the default, steps them
+    /// on the caller's). Every env's step is the same either way; a large batch of cheap envs (a population's
+    /// joint batch of thousands of CartPoles) steps `threads`× faster on as many free cores.
+    pub fn set_step_threads(&mut self, threads: usize) {
+        self.step_threads = threads.max(1);
     }
 
     fn check_actions(&self, actions: &VecActions<'_>) -> Result<()> {
@@ -651,6 +687,7 @@ impl VecEnv {
             lengths: Vec::new(),
             episodes: Vec::new(),
             ready: false,
+            step_threads: 1,
         }
     }
 }
@@ -688,11 +725,88 @@ impl VectorEnv for VecEnv {
     }
 }
 
-/// Reset `env` into `row` of the batch: the buffered path for floats, a copy of the returned frame for u8.
-fn reset_row(env: &mut dyn BufferedEnv, seed: Option<u64>, batch: &mut ObsBuf, row: Range<usize>) -> Result<()> {
+/// One thread's share of a [`VecEnv::step`]: envs `first..first + envs.len()` and their rows of every buffer.
+struct Part<'a> {
+    first: usize,
+    envs: &'a mut [Box<dyn BufferedEnv>],
+    obs: RowsMut<'a>,
+    final_obs: RowsMut<'a>,
+    rewards: &'a mut [f32],
+    terminated: &'a mut [bool],
+    truncated: &'a mut [bool],
+    has_final: &'a mut [bool],
+    returns: &'a mut [f64],
+    lengths: &'a mut [usize],
+    /// Episodes that ended in this share, in env order.
+    episodes: Vec<EpisodeStats>,
+}
+
+impl Part<'_> {
+    /// Step every env of the share with its action (`actions` is the whole batch's), auto-resetting the ones
+    /// that finish.
+    fn step(&mut self, actions: &VecActions<'_>, d: usize, action_dim: usize) -> Result<()> {
+        let k = action_dim.max(1);
+        for (j, env) in self.envs.iter_mut().enumerate() {
+            let i = self.first + j;
+            let action = match *actions {
+                VecActions::Discrete(a) => Action::Discrete(a[i]),
+                VecActions::Continuous(a) => Action::Continuous(&a[i * k..(i + 1) * k]),
+            };
+            let row = j * d..(j + 1) * d;
+            let out = step_row(env.as_mut(), action, &mut self.obs, row.clone())?;
+            self.rewards[j] = out.reward as f32;
+            self.terminated[j] = out.terminated;
+            self.truncated[j] = out.truncated;
+            self.returns[j] += out.reward;
+            self.lengths[j] += 1;
+            let done = out.terminated || out.truncated;
+            self.has_final[j] = done;
+            if done {
+                copy_row(&self.obs, &mut self.final_obs, row.clone());
+                self.episodes.push(EpisodeStats {
+                    env_index: i,
+                    episode_return: self.returns[j],
+                    length: self.lengths[j] as u64,
+                    truncated: out.truncated && !out.terminated,
+                    task: None,
+                });
+                self.returns[j] = 0.0;
+                self.lengths[j] = 0;
+                reset_row(env.as_mut(), None, &mut self.obs, row)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A batch buffer's rows, borrowed mutably (a [`Part`]'s share, or the whole).
+enum RowsMut<'a> {
+    F32(&'a mut [f32]),
+    U8(&'a mut [u8]),
+}
+
+/// The whole of `batch`.
+fn all_rows(batch: &mut ObsBuf) -> RowsMut<'_> {
     match batch {
-        ObsBuf::F32(v) => env.reset_into(seed, &mut v[row]),
-        ObsBuf::U8(v) => {
+        ObsBuf::F32(v) => RowsMut::F32(v),
+        ObsBuf::U8(v) => RowsMut::U8(v),
+    }
+}
+
+/// `batch` cut into shares of `len` elements (observations of one-element shape: `len` is at least 1).
+fn rows_mut(batch: &mut ObsBuf, len: usize) -> Vec<RowsMut<'_>> {
+    let len = len.max(1);
+    match batch {
+        ObsBuf::F32(v) => v.chunks_mut(len).map(RowsMut::F32).collect(),
+        ObsBuf::U8(v) => v.chunks_mut(len).map(RowsMut::U8).collect(),
+    }
+}
+
+/// Reset `env` into `row` of the batch: the buffered path for floats, a copy of the returned frame for u8.
+fn reset_row(env: &mut dyn BufferedEnv, seed: Option<u64>, batch: &mut RowsMut<'_>, row: Range<usize>) -> Result<()> {
+    match batch {
+        RowsMut::F32(v) => env.reset_into(seed, &mut v[row]),
+        RowsMut::U8(v) => {
             let (obs, _) = env.reset(seed)?;
             copy_frame(env.id(), obs, &mut v[row])
         }
@@ -703,12 +817,12 @@ fn reset_row(env: &mut dyn BufferedEnv, seed: Option<u64>, batch: &mut ObsBuf, r
 fn step_row(
     env: &mut dyn BufferedEnv,
     action: Action<'_>,
-    batch: &mut ObsBuf,
+    batch: &mut RowsMut<'_>,
     row: Range<usize>,
 ) -> Result<StepOutcome> {
     match batch {
-        ObsBuf::F32(v) => env.step_into(action, &mut v[row]),
-        ObsBuf::U8(v) => {
+        RowsMut::F32(v) => env.step_into(action, &mut v[row]),
+        RowsMut::U8(v) => {
             let step = env.step(action)?;
             copy_frame(env.id(), step.obs, &mut v[row])?;
             Ok(StepOutcome { reward: step.reward, terminated: step.terminated, truncated: step.truncated })
@@ -734,10 +848,10 @@ fn copy_frame(id: &str, obs: Obs, out: &mut [u8]) -> Result<()> {
     }
 }
 
-fn copy_row(from: &ObsBuf, to: &mut ObsBuf, row: Range<usize>) {
+fn copy_row(from: &RowsMut<'_>, to: &mut RowsMut<'_>, row: Range<usize>) {
     match (from, to) {
-        (ObsBuf::F32(a), ObsBuf::F32(b)) => b[row.clone()].copy_from_slice(&a[row]),
-        (ObsBuf::U8(a), ObsBuf::U8(b)) => b[row.clone()].copy_from_slice(&a[row]),
+        (RowsMut::F32(a), RowsMut::F32(b)) => b[row.clone()].copy_from_slice(&a[row]),
+        (RowsMut::U8(a), RowsMut::U8(b)) => b[row.clone()].copy_from_slice(&a[row]),
         _ => unreachable!("a VecEnv's buffers share one dtype"),
     }
 }

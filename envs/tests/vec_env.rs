@@ -362,3 +362,39 @@ fn only_reset_parts_of_one_kind_are_joined() {
     assert!(err.to_string().contains("part 1"), "{err}");
     assert_eq!((a.num_envs(), c.num_envs()), (2, 1), "nothing moved");
 }
+
+#[test]
+fn stepping_on_threads_is_stepping_on_one() {
+    // 11 envs on 1, 2, 3 and 16 threads (shares of 11, 6, 4 and 1 envs): every output the same, episodes in
+    // env order, discrete and continuous actions.
+    for (id, discrete) in [("CartPole-v1", true), ("Pendulum-v1", false)] {
+        let kwargs = Kwargs::new().with("max_episode_steps", 30i64);
+        let batches: Vec<VecEnv> = [1usize, 2, 3, 16]
+            .iter()
+            .map(|&threads| {
+                let mut v = VecEnv::make(id, &kwargs, 11).unwrap();
+                v.set_step_threads(threads);
+                v.reset(Some(5)).unwrap();
+                v
+            })
+            .collect();
+        let mut batches = batches;
+        let mut episodes = 0;
+        for t in 0..120 {
+            let a: Vec<i64> = (0..11).map(|i| discrete_action(i, t, 2)).collect();
+            let c: Vec<f32> = (0..11).map(|i| continuous_action(i, t)).collect();
+            let actions = if discrete { VecActions::Discrete(&a) } else { VecActions::Continuous(&c) };
+            let (first, rest) = batches.split_first_mut().unwrap();
+            let one = seen(&first.step(&actions).unwrap(), 0);
+            episodes += one.5.len();
+            for (k, b) in rest.iter_mut().enumerate() {
+                assert_eq!(seen(&b.step(&actions).unwrap(), 0), one, "{id}, step {t}, threads variant {k}");
+            }
+        }
+        assert!(episodes > 20, "{id}: episodes ended on the threads too: {episodes}");
+        // A bad batch is refused before any thread steps: the batches stay in step.
+        assert!(batches[2].step(&VecActions::Discrete(&[0; 3])).is_err());
+        let snapshots: Vec<_> = batches.iter().map(|b| b.snapshot().unwrap().obs).collect();
+        assert!(snapshots.iter().all(|s| *s == snapshots[0]), "{id}: same state after a refused batch");
+    }
+}

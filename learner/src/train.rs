@@ -302,6 +302,22 @@ fn observe_step(
     Ok(())
 }
 
+/// Members `group` (with their `scratch`) observe their shares of the joint batch's `step`: member `k`'s envs
+/// are `offsets[k]..offsets[k] + sizes[k]`.
+fn observe_share(
+    group: &mut [Trainer],
+    scratch: &mut [StepScratch],
+    offsets: &[usize],
+    sizes: &[usize],
+    step: &VecStep<'_>,
+) -> Result<()> {
+    for ((t, s), (&start, &n)) in group.iter_mut().zip(scratch.iter_mut()).zip(offsets.iter().zip(sizes)) {
+        let share = step.slice(start..start + n);
+        observe_step(t.agent.as_mut(), &mut t.obs, &mut t.memory, &mut t.counters, &s.out, &mut s.recorder, &share)?;
+    }
+    Ok(())
+}
+
 /// A population's training envs as one N×E batch ([`VecEnv::join`] of the members' batches): every lockstep
 /// step, each member acts on its own observations, the joint batch steps once with all the actions, and each
 /// member observes its share ([`flotilla_envs::VecStep::slice`]). Each env keeps its own state and stream,
@@ -310,6 +326,10 @@ fn observe_step(
 struct JointEnvs {
     envs: VecEnv,
     sizes: Vec<usize>,
+    /// Where each member's envs start in the batch.
+    offsets: Vec<usize>,
+    /// Threads that step the batch and let the members observe their shares.
+    threads: usize,
     discrete: Vec<i64>,
     continuous: Vec<f32>,
     /// Whether to ask the members' kind for one batched acting pass (else each member acts alone).
@@ -319,7 +339,7 @@ struct JointEnvs {
 impl JointEnvs {
     /// Join the members' batches; `None` where a member's envs are not a native [`VecEnv`] (ale-py's vector,
     /// Python envs, multi-task batches) or are replayed for resume: those members step their own batches.
-    fn join(group: &mut [Trainer], batched_acting: bool) -> Result<Option<JointEnvs>> {
+    fn join(group: &mut [Trainer], batched_acting: bool, threads: usize) -> Result<Option<JointEnvs>> {
         if group.len() < 2 || group.iter().any(|t| t.replay.is_some()) {
             return Ok(None);
         }
@@ -328,9 +348,12 @@ impl JointEnvs {
         if parts.len() < members {
             return Ok(None);
         }
-        let sizes = parts.iter().map(|p| p.num_envs()).collect();
-        let envs = VecEnv::join(&mut parts)?;
-        Ok(Some(JointEnvs { envs, sizes, discrete: Vec::new(), continuous: Vec::new(), batched_acting }))
+        let sizes: Vec<usize> = parts.iter().map(|p| p.num_envs()).collect();
+        let offsets = sizes.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+        let mut envs = VecEnv::join(&mut parts)?;
+        envs.set_step_threads(threads);
+        let (discrete, continuous) = (Vec::new(), Vec::new());
+        Ok(Some(JointEnvs { envs, sizes, offsets, threads, discrete, continuous, batched_acting }))
     }
 
     /// One lockstep env step of every member (of `kind`): act, one step of the joint batch, observe; the
@@ -366,20 +389,22 @@ impl JointEnvs {
         let acted = Instant::now();
         let step = self.envs.step(&actions)?;
         let stepped = Instant::now();
-        let mut start = 0;
-        for ((t, s), &n) in group.iter_mut().zip(scratch.iter_mut()).zip(&self.sizes) {
-            let share = step.slice(start..start + n);
-            observe_step(
-                t.agent.as_mut(),
-                &mut t.obs,
-                &mut t.memory,
-                &mut t.counters,
-                &s.out,
-                &mut s.recorder,
-                &share,
-            )?;
-            start += n;
-        }
+        let per = group.len().div_ceil(self.threads.clamp(1, group.len().max(1))).max(1);
+        let mut shares = group
+            .chunks_mut(per)
+            .zip(scratch.chunks_mut(per))
+            .zip(self.offsets.chunks(per).zip(self.sizes.chunks(per)))
+            .map(|((group, scratch), (offsets, sizes))| move || observe_share(group, scratch, offsets, sizes, &step));
+        let first = shares.next();
+        std::thread::scope(|scope| {
+            let others: Vec<_> = shares.map(|share| scope.spawn(share)).collect();
+            let mut result = first.map_or(Ok(()), |mut share| share());
+            for other in others {
+                let joined = other.join().expect("an observing thread does not panic");
+                result = result.and(joined);
+            }
+            result
+        })?;
         times.acting += (acted - started).as_secs_f64();
         times.envs += (stepped - acted).as_secs_f64();
         times.observing += stepped.elapsed().as_secs_f64();
@@ -460,6 +485,7 @@ pub fn run_group(
     group: &mut [Trainer],
     stop_at: u64,
     batched_acting: Option<bool>,
+    step_threads: usize,
     on_log: &mut dyn FnMut(usize, &LogRow) -> Result<()>,
     on_checkpoint: &mut dyn FnMut(usize, &Trainer) -> Result<()>,
 ) -> Result<()> {
@@ -474,10 +500,11 @@ pub fn run_group(
         Some(on) => on,
         None => first.config.run.device.resolve()? != tch::Device::Cpu,
     };
-    let mut joint = JointEnvs::join(group, batched_acting)?;
+    let mut joint = JointEnvs::join(group, batched_acting, step_threads)?;
     if let Some(j) = &joint {
         let acting = if batched_acting { ", acting in one batched pass where they can" } else { "" };
-        info!("{} members' envs step as one batch of {} envs{acting}", group.len(), j.envs.num_envs());
+        let threads = if j.threads > 1 { format!(" on {} threads", j.threads) } else { String::new() };
+        info!("{} members' envs step as one batch of {} envs{threads}{acting}", group.len(), j.envs.num_envs());
     }
     let mut times = GroupTimes::default();
     let result = run_lockstep(group, &mut joint, &mut scratch, stop, on_log, on_checkpoint, &mut times);
@@ -525,6 +552,7 @@ fn run_lockstep(
         // after.
         let rejoin = joint.is_some() && group.iter().any(|t| t.counters.checkpoint_pending());
         let batched_acting = joint.as_ref().is_some_and(|j| j.batched_acting);
+        let threads = joint.as_ref().map_or(1, |j| j.threads);
         if rejoin && let Some(j) = joint.take() {
             j.give_back(group)?;
         }
@@ -547,7 +575,7 @@ fn run_lockstep(
             Ok(())
         })?;
         if rejoin {
-            *joint = JointEnvs::join(group, batched_acting)?;
+            *joint = JointEnvs::join(group, batched_acting, threads)?;
         }
         times.bookkeeping += (update_started.elapsed().as_secs_f64() - update_elapsed).max(0.0);
     }

@@ -27,6 +27,11 @@ pub struct PopulationConfig {
     /// are its own either way, to float rounding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batched_acting: Option<bool>,
+    /// With `batched`, threads that step each worker's joint env batch and let its members observe their
+    /// shares of each step (0: the CPU cores left to each of `threads` where its joint batch has at least
+    /// 1,024 envs, else one). Results do not depend on it.
+    #[serde(default)]
+    pub step_threads: usize,
     /// Per-member hyperparameters; none: a seed study.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepConfig>,

@@ -116,19 +116,51 @@ struct MemberStart {
     resume: bool,
 }
 
-/// How a worker trains its members: `None` each as its own run; `Some(acting)` in lockstep with batched
-/// updates, acting batched as `acting` says (`[population] batched_acting`).
-fn lockstep(population: &PopulationConfig) -> Option<Option<bool>> {
-    population.batched.then_some(population.batched_acting)
+/// How a worker trains its members in lockstep with batched updates (`[population] batched`).
+#[derive(Clone, Copy)]
+struct Lockstep {
+    /// Acting batched as `[population] batched_acting` says.
+    batched_acting: Option<bool>,
+    /// `[population] step_threads` (0: automatic).
+    step_threads: usize,
+    /// The CPU cores left to each worker.
+    cores: usize,
+}
+
+/// Joint env batches of at least this many envs step on several threads when `step_threads` is automatic:
+/// below it one step's work is too short to share out.
+const AUTO_STEP_THREADS_ENVS: usize = 1024;
+
+impl Lockstep {
+    /// Threads for a worker's joint batch of `envs` envs.
+    fn step_threads(&self, envs: usize) -> usize {
+        match self.step_threads {
+            0 if envs >= AUTO_STEP_THREADS_ENVS => self.cores,
+            0 => 1,
+            n => n,
+        }
+    }
+}
+
+/// How `workers` worker threads train their members: `None` each as its own run; else in lockstep.
+fn lockstep(population: &PopulationConfig, workers: usize) -> Option<Lockstep> {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    population.batched.then_some(Lockstep {
+        batched_acting: population.batched_acting,
+        step_threads: population.step_threads,
+        cores: (cores / workers.max(1)).max(1),
+    })
 }
 
 /// A worker thread: builds its members, then runs the main thread's commands on them.
 fn worker(
     starts: Vec<MemberStart>,
-    batched: Option<Option<bool>>,
+    batched: Option<Lockstep>,
     commands: mpsc::Receiver<Command>,
     replies: mpsc::Sender<Result<Vec<Status>>>,
 ) {
+    // The worker's joint env batch (a member's env count is not swept).
+    let envs = starts.iter().map(|s| s.config.env.num_envs).sum();
     let build = |s: MemberStart| -> Result<(Member, Trainer)> {
         let checkpoint = s.dir.checkpoint_path();
         let (mut trainer, metrics) = if s.resume && checkpoint.is_file() {
@@ -162,7 +194,7 @@ fn worker(
                 for m in members.iter_mut() {
                     m.segment_returns.clear();
                 }
-                if let Some(batched_acting) = batched {
+                if let Some(lockstep) = batched {
                     // Every member of this thread in lockstep, updates batched where the algorithm can. Members
                     // resumed from checkpoints of different steps (a crash between two members' saves) first
                     // catch up one by one.
@@ -185,7 +217,8 @@ fn worker(
                     crate::train::run_group(
                         &mut trainers,
                         target,
-                        batched_acting,
+                        lockstep.batched_acting,
+                        lockstep.step_threads(envs),
                         &mut |k, row| {
                             let m = &mut members[k];
                             m.segment_returns.extend(row.episodic_return);
@@ -265,7 +298,7 @@ impl Workers {
         scope: &'s std::thread::Scope<'s, '_>,
         starts: Vec<MemberStart>,
         threads: usize,
-        batched: Option<Option<bool>>,
+        batched: Option<Lockstep>,
     ) -> Result<Self> {
         let threads = threads.clamp(1, starts.len().max(1));
         let mut shares: Vec<Vec<MemberStart>> = (0..threads).map(|_| Vec::new()).collect();
@@ -467,7 +500,8 @@ fn run(
     let dirs: BTreeMap<usize, PathBuf> = record.members.iter().map(|m| (m.index, out.join(&m.dir))).collect();
 
     std::thread::scope(|scope| -> Result<Vec<MemberResult>> {
-        let workers = Workers::start(scope, starts, threads, lockstep(&population))?;
+        let lockstep = lockstep(&population, threads.clamp(1, starts.len().max(1)));
+        let workers = Workers::start(scope, starts, threads, lockstep)?;
         let mut at = state.env_steps;
         while at < end {
             let next = (at / segment + 1) * segment;
