@@ -181,8 +181,10 @@ impl Rows {
 
     /// A copy of the members' current parameters to run forward only (no gradient buffer): one acting pass.
     pub(crate) fn frozen(members: &[&FlatParams]) -> Rows {
-        let flats: Vec<Tensor> = members.iter().map(|m| m.flat().detach()).collect();
-        let params = Tensor::stack(&flats, 0);
+        // Stacked without a graph, so without a detached handle per member first (~0.3 µs each: ~1.2 ms of
+        // host time per acting pass of 2,048 members' two nets).
+        let flats: Vec<&Tensor> = members.iter().map(|m| m.flat()).collect();
+        let params = tch::no_grad(|| Tensor::stack(&flats, 0));
         let views = member_views(&params, members[0]);
         Rows { params, grad: Tensor::new(), views, grad_views: Vec::new(), nonfinite: Tensor::new() }
     }
@@ -264,3 +266,4 @@ pub(crate) fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
     let d = f64::try_from((a - b).abs().max()).unwrap();
     d / f64::try_from(b.abs().max()).unwrap().max(1e-30)
 }
+
