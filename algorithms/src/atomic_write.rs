@@ -6,9 +6,9 @@
 //! Many files saved at once (a population's members checkpointing together) are written with [`save_file`]
 //! inside [`together`]: each goes to its temporary file as it comes, and at the end of the scope the files are
 //! fsynced in parallel, renamed, and their directories fsynced in parallel. Each file keeps the guarantee
-//! above; a disk's fsync latency is paid once per scope instead of twice per file (2,048 members: ~15 s one by
-//! one on this VM's disk). Only [`save_file`] waits for the scope: files that are written and then read back
-//! (a CSV whose header is rewritten) use [`write_atomic`], which is immediate everywhere.
+//! above; a disk's fsync latency is paid about once per scope instead of twice per file. Only [`save_file`]
+//! waits for the scope: files that are written and then read back (a CSV whose header is rewritten) use
+//! [`write_atomic`], which is immediate everywhere.
 use std::cell::RefCell;
 use std::fs::File;
 use std::io;
