@@ -219,50 +219,38 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Run `f` in a scope that must fail; every file of `kept` must still hold "old", with no temporary beside
+    /// it. Returns the error's message.
+    fn failed_scope(kept: &[PathBuf], f: impl FnOnce() -> io::Result<()>) -> String {
+        let e = together(f, same).unwrap_err();
+        assert!(kept.iter().all(|f| std::fs::read(f).unwrap() == b"old"));
+        assert!(only_targets(kept));
+        e.to_string()
+    }
+
     #[test]
     fn a_failed_scope_keeps_every_old_file_and_leaves_no_temporaries() {
         let (dir, files) = members("fail", 5);
-        let e = together(
-            || {
-                for f in &files {
-                    save_file(f, |tmp| std::fs::write(tmp, b"new"))?;
-                }
-                Err::<(), _>(io::Error::other("member 3 could not checkpoint"))
-            },
-            same,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("member 3"));
-        assert!(files.iter().all(|f| std::fs::read(f).unwrap() == b"old"));
-        assert!(only_targets(&files));
+        let save_all = || files.iter().try_for_each(|f| save_file(f, |tmp| std::fs::write(tmp, b"new")));
+        let e = failed_scope(&files, || {
+            save_all()?;
+            Err(io::Error::other("member 3 could not checkpoint"))
+        });
+        assert!(e.contains("member 3"));
         // A write that fails inside a scope fails at once, naming its error, and the scope then fails whole.
-        let e = together(
-            || {
-                save_file(&files[0], |tmp| std::fs::write(tmp, b"new"))?;
-                save_file(&files[1], |_| Err(io::Error::other("disk full")))
-            },
-            same,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("disk full"));
-        assert!(files.iter().all(|f| std::fs::read(f).unwrap() == b"old"));
-        assert!(only_targets(&files));
+        let e = failed_scope(&files, || {
+            save_file(&files[0], |tmp| std::fs::write(tmp, b"new"))?;
+            save_file(&files[1], |_| Err(io::Error::other("disk full")))
+        });
+        assert!(e.contains("disk full"));
         // A file lost before the end (its directory removed) fails the commit, naming it; no other target
         // is replaced and no temporary is left.
-        let e = together(
-            || {
-                for f in &files {
-                    save_file(f, |tmp| std::fs::write(tmp, b"new"))?;
-                }
-                std::fs::remove_dir_all(files[2].parent().unwrap())
-            },
-            same,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("002"), "{e}");
         let others: Vec<PathBuf> = files.iter().enumerate().filter(|(k, _)| *k != 2).map(|(_, f)| f.clone()).collect();
-        assert!(others.iter().all(|f| std::fs::read(f).unwrap() == b"old"));
-        assert!(only_targets(&others));
+        let e = failed_scope(&others, || {
+            save_all()?;
+            std::fs::remove_dir_all(files[2].parent().unwrap())
+        });
+        assert!(e.contains("002"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

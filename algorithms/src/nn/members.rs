@@ -266,4 +266,3 @@ pub(crate) fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
     let d = f64::try_from((a - b).abs().max()).unwrap();
     d / f64::try_from(b.abs().max()).unwrap().max(1e-30)
 }
-
