@@ -127,7 +127,7 @@ fn in_parallel(paths: Vec<&Path>) -> io::Result<()> {
     std::thread::scope(|s| {
         let handles: Vec<_> =
             paths.chunks(per_thread).map(|share| s.spawn(move || share.iter().try_for_each(|p| sync(p)))).collect();
-        handles.into_iter().map(|h| h.join().expect("an fsync thread does not panic")).collect()
+        handles.into_iter().try_for_each(|h| h.join().expect("an fsync thread does not panic"))
     })
 }
 
