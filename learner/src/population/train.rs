@@ -500,7 +500,7 @@ fn run(
     let dirs: BTreeMap<usize, PathBuf> = record.members.iter().map(|m| (m.index, out.join(&m.dir))).collect();
 
     std::thread::scope(|scope| -> Result<Vec<MemberResult>> {
-        let lockstep = lockstep(&population, threads.clamp(1, starts.len().max(1)));
+        let lockstep = lockstep(population, threads.clamp(1, starts.len().max(1)));
         let workers = Workers::start(scope, starts, threads, lockstep)?;
         let mut at = state.env_steps;
         while at < end {
