@@ -48,6 +48,7 @@ pub trait ReplayFeed: Send {
 }
 
 /// A learning algorithm: a [`Policy`] that also learns from what it observes and can save its whole state.
+/// `Send`: a population's lockstep group lets its members observe their shares of a step on several threads.
 pub trait Algorithm: Policy + std::any::Any + Send {
     /// Short name, as in configs (`"ppo"`, `"dqn"`, ...).
     fn name(&self) -> &'static str;
