@@ -635,3 +635,24 @@ fn append_lineage<'a>(dir: &Path, events: impl Iterator<Item = &'a LineageEvent>
         .and_then(|_| file.sync_data())
         .map_err(|e| Error::RunDir(format!("writing {}: {e}", path.display())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn automatic_step_threads_share_the_cores_only_for_large_joint_batches() {
+        let auto = Lockstep { batched_acting: None, step_threads: 0, cores: 16 };
+        assert_eq!(auto.step_threads(16_384), 16, "2,048 members × 8 envs: every core left to the worker");
+        assert_eq!(auto.step_threads(AUTO_STEP_THREADS_ENVS), 16);
+        assert_eq!(auto.step_threads(AUTO_STEP_THREADS_ENVS - 1), 1, "a small batch steps on its own thread");
+        let set = Lockstep { step_threads: 3, ..auto };
+        assert_eq!((set.step_threads(24), set.step_threads(16_384)), (3, 3), "a set count is taken as it is");
+        // The cores are shared among the worker threads.
+        let population: PopulationConfig = toml::from_str("size = 64").unwrap();
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let l = lockstep(&population, 2).expect("batched by default");
+        assert_eq!(l.cores, (cores / 2).max(1));
+        assert!(lockstep(&PopulationConfig { batched: false, ..population }, 1).is_none());
+    }
+}
