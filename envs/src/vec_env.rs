@@ -389,7 +389,29 @@ impl VecEnv {
         self.ready = false;
         self.episodes.clear();
         let (n, d) = (self.envs.len(), self.obs_dim);
-        let per = n.div_ceil(self.step_threads.clamp(1, n.max(1))).max(1);
+        if self.step_threads <= 1 || n < 2 {
+            // On the caller's thread (every run but a large population's joint batch): no shares to allocate,
+            // and the episodes' buffer is reused.
+            let mut part = Part {
+                first: 0,
+                envs: &mut self.envs,
+                obs: all_rows(&mut self.obs),
+                final_obs: all_rows(&mut self.final_obs),
+                rewards: &mut self.rewards,
+                terminated: &mut self.terminated,
+                truncated: &mut self.truncated,
+                has_final: &mut self.has_final,
+                returns: &mut self.returns,
+                lengths: &mut self.lengths,
+                episodes: std::mem::take(&mut self.episodes),
+            };
+            let stepped = part.step(actions, d, self.action_dim);
+            self.episodes = part.episodes;
+            stepped?;
+            self.ready = true;
+            return Ok(self.view());
+        }
+        let per = n.div_ceil(self.step_threads.min(n));
         let mut parts: Vec<Part<'_>> = self
             .envs
             .chunks_mut(per)
@@ -425,8 +447,6 @@ impl VecEnv {
             )
             .collect();
         let stepped: Vec<Result<()>> = match parts.as_mut_slice() {
-            [] => Vec::new(),
-            [one] => vec![one.step(actions, d, self.action_dim)],
             many => std::thread::scope(|scope| {
                 let (action_dim, (head, rest)) = (self.action_dim, many.split_first_mut().expect("more than one"));
                 let others: Vec<_> =
