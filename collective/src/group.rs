@@ -351,6 +351,9 @@ impl ProcessGroup {
     /// store with it, and a survivor whose collective fails later (when the timeout or this rank's exit ends
     /// it) would find the store gone and name this rank instead of the one that was lost.
     fn failed(&mut self, op: &str, message: String) -> Error {
+        // Said before the diagnosis: a survivor that exits after its own diagnosis stops its heartbeat too, and
+        // another survivor still diagnosing must not count it as lost.
+        let _ = self.store.add(&format!("failed/{}", self.rank()), 1);
         let lost = self.lost_ranks();
         let _ = self.store.add("diagnosed", 1);
         if self.rendezvous.hosts_store() {
@@ -366,8 +369,10 @@ impl ProcessGroup {
         Error::Collective { op: op.to_string(), rank: self.rank(), lost, message }
     }
 
-    /// The ranks whose heartbeat stopped: read every counter, wait three heartbeat periods, read again. If the
-    /// store itself is gone, the rank that served it (rank 0, unless an agent serves it) is the lost one.
+    /// The ranks whose heartbeat stopped: read every counter, wait three heartbeat periods, read again. A rank
+    /// whose heartbeat stopped after it said its own collective failed was alive at the failure (it diagnosed
+    /// and exited) and is not lost. If the store itself is gone, the rank that served it (rank 0, unless an agent
+    /// serves it) is the lost one.
     fn lost_ranks(&mut self) -> Lost {
         let world = self.world_size();
         let read = |store: &mut Store| -> Option<Vec<i64>> {
@@ -380,7 +385,14 @@ impl ProcessGroup {
         let Some(after) = read(&mut self.store) else {
             return if self.rendezvous.agent_store { Lost::Store } else { Lost::Ranks(vec![0]) };
         };
-        Lost::Ranks((0..world).filter(|&r| r != self.rank() && after[r] == before[r]).collect())
+        let me = self.rank();
+        let store = &mut self.store;
+        Lost::Ranks(
+            (0..world)
+                .filter(|&r| r != me && after[r] == before[r])
+                .filter(|&r| store.add(&format!("failed/{r}"), 0).map_or(true, |n| n == 0))
+                .collect(),
+        )
     }
 
     /// Sum `t` over all ranks, in place.
