@@ -115,13 +115,15 @@ pub trait AlgorithmKind: KindName {
     /// One batched acting pass for a population's members of this kind: member `k` acts on `obs[k]` into
     /// `outs[k]` as its [`crate::policy::Policy::act`] would (to float rounding), all members' networks run as
     /// one. `Ok(false)` where they cannot (nothing was done: each acts alone). Worth it where a forward pass is
-    /// launch-bound (an accelerator): the caller decides when to ask.
+    /// launch-bound (an accelerator): the caller decides when to ask. The caller keeps `stack` from one pass
+    /// to the next: the members' parameters stacked, reused while none changed.
     fn act_members(
         &self,
         _members: &mut [&mut dyn Algorithm],
         _obs: &[flotilla_core::ObsRef<'_>],
         _mode: crate::policy::ActMode,
         _outs: &mut [&mut crate::policy::ActOutput],
+        _stack: &mut crate::nn::MemberStack,
     ) -> Result<bool> {
         Ok(false)
     }

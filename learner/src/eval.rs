@@ -1,4 +1,5 @@
 //! Deterministic evaluation: run the greedy policy for whole episodes and report the returns.
+use flotilla_algorithms::nn::MemberStack;
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, Memory, Policy};
 use flotilla_core::ObsRef;
 use flotilla_envs::env_actions::EnvActions;
@@ -94,9 +95,11 @@ pub(crate) fn evaluate_members(
         return Ok(None);
     }
     let envs = seeds.iter().map(|_| env.make_vector(episodes, EnvRole::Evaluation)).collect::<Result<_>>()?;
+    // Stacked once: nothing changes the parameters while they are evaluated.
+    let mut stack = MemberStack::default();
     run_lanes(envs, episodes, seeds, |obs, _, outs| {
         let mut outs: Vec<&mut ActOutput> = outs.iter_mut().collect();
-        Ok(kind.act_members(agents, obs, ActMode::Deterministic, &mut outs)?)
+        Ok(kind.act_members(agents, obs, ActMode::Deterministic, &mut outs, &mut stack)?)
     })
 }
 

@@ -21,6 +21,7 @@ use crate::eval::{EvalResult, evaluate, evaluate_members};
 pub use crate::progress::{EvalPoint, LogRow, TrainReport};
 use crate::progress::{RunCounters, log_progress};
 use crate::{Error, Result};
+use flotilla_algorithms::nn::MemberStack;
 use flotilla_algorithms::{ActMode, ActOutput, Algorithm, AlgorithmConfig, Checkpoint, Memory, Metrics, Progress};
 use flotilla_core::{ObsBuf, ObsRef};
 use flotilla_envs::{ChunkRecorder, EnvRole, VecActions, VecEnv, VecEnvSnapshot, VecStep, VectorEnv};
@@ -334,6 +335,8 @@ struct JointEnvs {
     continuous: Vec<f32>,
     /// Whether to ask the members' kind for one batched acting pass (else each member acts alone).
     batched_acting: bool,
+    /// The members' parameters as the batched acting pass stacks them, kept between their updates.
+    stack: MemberStack,
 }
 
 impl JointEnvs {
@@ -353,7 +356,16 @@ impl JointEnvs {
         let mut envs = VecEnv::join(&mut parts)?;
         envs.set_step_threads(threads);
         let (discrete, continuous) = (Vec::new(), Vec::new());
-        Ok(Some(JointEnvs { envs, sizes, offsets, threads, discrete, continuous, batched_acting }))
+        Ok(Some(JointEnvs {
+            envs,
+            sizes,
+            offsets,
+            threads,
+            discrete,
+            continuous,
+            batched_acting,
+            stack: MemberStack::default(),
+        }))
     }
 
     /// One lockstep env step of every member (of `kind`): act, one step of the joint batch, observe; the
@@ -370,7 +382,7 @@ impl JointEnvs {
         discrete.clear();
         continuous.clear();
         // Asked once: members the kind cannot act as one act alone from then on (evaluations too).
-        self.batched_acting = self.batched_acting && act_batched(group, scratch, kind)?;
+        self.batched_acting = self.batched_acting && act_batched(group, scratch, kind, &mut self.stack)?;
         if !self.batched_acting {
             for (t, s) in group.iter_mut().zip(scratch.iter_mut()) {
                 t.memory.act(t.agent.as_mut(), t.obs.as_ref(), ActMode::Explore, &mut s.out)?;
@@ -435,14 +447,19 @@ fn evaluate_group(group: &mut [Trainer]) -> Result<Vec<Option<EvalResult>>> {
 /// Every member's action on its observations from one batched pass of their kind
 /// ([`flotilla_algorithms::AlgorithmKind::act_members`]); `false` where it has none or the members cannot
 /// batch (recurrent members carry state and always act alone).
-fn act_batched(group: &mut [Trainer], scratch: &mut [StepScratch], kind: &AlgorithmConfig) -> Result<bool> {
+fn act_batched(
+    group: &mut [Trainer],
+    scratch: &mut [StepScratch],
+    kind: &AlgorithmConfig,
+    stack: &mut MemberStack,
+) -> Result<bool> {
     if group.iter().any(|t| t.memory.dim() > 0) {
         return Ok(false);
     }
     let (mut agents, obs): (Vec<&mut dyn Algorithm>, Vec<ObsRef<'_>>) =
         group.iter_mut().map(|t| (t.agent.as_mut(), t.obs.as_ref())).unzip();
     let mut outs: Vec<&mut ActOutput> = scratch.iter_mut().map(|s| &mut s.out).collect();
-    Ok(kind.act_members(&mut agents, &obs, ActMode::Explore, &mut outs)?)
+    Ok(kind.act_members(&mut agents, &obs, ActMode::Explore, &mut outs, stack)?)
 }
 
 /// Buffers one trainer's env steps reuse.

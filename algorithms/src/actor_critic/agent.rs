@@ -579,12 +579,13 @@ macro_rules! on_policy_kind {
                 obs: &[flotilla_core::ObsRef<'_>],
                 mode: $crate::policy::ActMode,
                 outs: &mut [&mut $crate::policy::ActOutput],
+                stack: &mut $crate::nn::MemberStack,
             ) -> $crate::Result<bool> {
                 type Agent = $crate::actor_critic::agent::OnPolicyAgent<$config>;
                 let Some(mut agents) = $crate::kind::members_as::<Agent>(members) else { return Ok(false) };
                 let mut pis: Vec<_> = agents.iter_mut().map(|a| &mut a.pi).collect();
                 let deterministic = mode == $crate::policy::ActMode::Deterministic;
-                let acted = $crate::actor_critic::members::act_stacked(&mut pis, obs, deterministic, outs)?;
+                let acted = $crate::actor_critic::members::act_stacked(&mut pis, obs, deterministic, outs, stack)?;
                 if acted {
                     // They finish together too: their truncated episodes' values in the same one pass.
                     agents.iter_mut().for_each(|a| a.defer_final_values());

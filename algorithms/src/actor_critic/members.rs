@@ -23,7 +23,8 @@ use crate::data::vtrace::VtraceConfig;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::ActionDist;
 use crate::nn::members::{
-    Coef, Rows, backward_alone, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack, to_device_async,
+    Coef, MemberStack, Rows, backward_alone, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
+    to_device_async,
 };
 use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
@@ -373,8 +374,8 @@ pub(crate) struct StackedActorCritic {
 
 impl StackedActorCritic {
     /// Gather the members' current parameters (their layouts must match: `agent::unbatchable` checks) into
-    /// `rows` (`Rows::new`; `Rows::frozen` to run forward only, without a gradient buffer).
-    pub(crate) fn new(nets: &[&ActorCritic], rows: fn(&[&FlatParams]) -> Rows) -> Self {
+    /// `rows` (`Rows::new`; `Rows::frozen` or a [`MemberStack`] to run forward only, without a gradient buffer).
+    pub(crate) fn new(nets: &[&ActorCritic], rows: impl FnOnce(&[&FlatParams]) -> Rows) -> Self {
         let (l, activation, outputs, log_std) = nets[0].twin_layout().expect("checked by the caller");
         let rows = rows(&nets.iter().map(|n| &n.params).collect::<Vec<_>>());
         let n_members = nets.len() as i64;
@@ -438,19 +439,21 @@ fn host(t: &Tensor) -> Result<Vec<f32>> {
 /// batched matmuls, the heads and values come back to the host in one copy each, and each member samples from
 /// its own rows with its own RNG, as [`ActorCritic::act_with_state`] does — so a member's actions, log-probs
 /// and values are its acting alone's to float rounding (the matmuls' sums may add in another order). On an
-/// accelerator this is one pass instead of `N` launch-bound ones.
+/// accelerator this is one pass instead of `N` launch-bound ones. The parameters come stacked from `kept`
+/// (kept from the last pass while no member's changed).
 pub(crate) fn act_stacked(
     pis: &mut [&mut ActorCriticPolicy],
     obs: &[ObsRef<'_>],
     deterministic: bool,
     outs: &mut [&mut ActOutput],
+    kept: &mut MemberStack,
 ) -> Result<bool> {
     let nets: Vec<&ActorCritic> = pis.iter().map(|p| &p.net).collect();
     if obs.iter().any(|o| o.len() != obs[0].len()) {
         return Ok(false);
     }
     let Some((x, rows)) = stackable(&nets, obs) else { return Ok(false) };
-    let stacked = StackedActorCritic::new(&nets, Rows::frozen);
+    let stacked = StackedActorCritic::new(&nets, |params| kept.rows(params));
     let (dist, values) = tch::no_grad(|| stacked.forward(&x));
     let (mut head, log_std) = match &dist {
         ActionDist::Categorical { logits } => (host(logits)?, Vec::new()),

@@ -1,7 +1,8 @@
 //! Networks and what trains them, shared by every algorithm: the flat parameter buffer ([`params`]), networks
 //! over it ([`nets`], [`host_mlp`], [`activation`], `mixed`: bf16 training layers), the fused host training step (`host_train`, its matrix products `gemm` in f32 and bf16, vector width
 //! [`lanes`]), recurrent cores ([`recurrent`], on the host `host_lstm`), the optimisers ([`optimiser`]: Adam and RMSprop, each with its tensor and host form), action distributions
-//! ([`distributions`]) and gradient averaging over replicas ([`data_parallel`]). Knows no algorithm.
+//! ([`distributions`]) and gradient averaging over replicas ([`data_parallel`]), with the member axis
+//! of populations (`members`; [`MemberStack`] is what a population's batched acting keeps). Knows no algorithm.
 pub mod activation;
 pub mod data_parallel;
 pub mod distributions;
@@ -16,3 +17,5 @@ pub mod nets;
 pub mod optimiser;
 pub mod params;
 pub mod recurrent;
+
+pub use members::MemberStack;

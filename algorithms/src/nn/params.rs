@@ -36,6 +36,9 @@ pub struct FlatParams {
     metadata: std::collections::BTreeMap<String, String>,
     /// A bf16 copy of the buffer for updates that run layers in bf16 ([`FlatParams::refresh_bf16`]).
     bf16: Option<Bf16Copy>,
+    /// How often the buffer was lent out for writing on the host ([`FlatParams::host_values_mut`]), which
+    /// libtorch's version counter does not see ([`FlatParams::generation`]).
+    host_writes: u64,
 }
 
 /// A bf16 copy of a [`FlatParams`] buffer seen through the same views, a leaf of its own: a bf16 forward pass
@@ -66,7 +69,8 @@ impl FlatParams {
         let grad_views = entries.iter().map(|e| grad.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
         let frozen = vec![false; entries.len()];
         let runs = vec![(0, offset)];
-        FlatParams { flat, entries, views, grad_views, frozen, runs, metadata: Default::default(), bf16: None }
+        let metadata = Default::default();
+        FlatParams { flat, entries, views, grad_views, frozen, runs, metadata, bf16: None, host_writes: 0 }
     }
 
     /// Set the gradient buffer to `∂loss/∂θ`, overwriting it (no `zero_grad` needed): the views' own gradients
@@ -166,8 +170,16 @@ impl FlatParams {
     /// training step; the `&mut self` borrow keeps every other reader out while the slice is alive.
     pub(crate) fn host_values_mut(&mut self) -> Option<&mut [f32]> {
         let n = self.host_values()?.len();
+        self.host_writes += 1;
         // SAFETY: as `host_values`, and the exclusive borrow of `self` makes this the only live slice.
         Some(unsafe { std::slice::from_raw_parts_mut(self.flat.data_ptr() as *mut f32, n) })
+    }
+
+    /// Changes whenever the buffer's values may have: libtorch's version counter of the buffer (bumped by every
+    /// in-place op on it or a view of it) and the host writes libtorch does not see. Equal generations of
+    /// one buffer mean equal values.
+    pub(crate) fn generation(&self) -> (i64, u64) {
+        (self.flat.internal_version(), self.host_writes)
     }
 
     /// The buffer's values (mutable) and its gradient as host slices, for an optimiser step as one host loop:

@@ -879,6 +879,64 @@ mod member_tests {
         assert!(!members[0].params().flat().equal(&before[0]));
     }
 
+    /// A kept stack of the members' parameters ([`MemberStack`], what a population's batched acting holds
+    /// between passes) is reused while no member's parameters changed, and follows every change: a fused CPU
+    /// update (host writes libtorch's version counter does not see), a restore (a tensor op), a member
+    /// replaced. After each, the batched pass's values are each member's alone.
+    #[test]
+    fn a_kept_member_stack_is_reused_until_a_members_parameters_change() {
+        use crate::actor_critic::ActorCriticPolicy;
+        use crate::algorithm::Algorithm;
+        use crate::nn::MemberStack;
+        let (o, a) = cartpole();
+        let c = PpoConfig { n_steps: 8, batch_size: 16, n_epochs: 2, ..PpoConfig::default() };
+        let make = |seed| Ppo::new(&o, &a, 2, c.clone(), Device::Cpu, seed).unwrap();
+        let mut members: Vec<Ppo> = (1..=3).map(make).collect();
+        let mut rng = Pcg64::seed_from_u64(4);
+        let obs: Vec<Vec<f32>> = (0..3).map(|_| (0..8).map(|_| rng.random_range(-1.0..1.0)).collect()).collect();
+        let mut kept = MemberStack::default();
+        // The batched pass's values against each member's alone; how many stacks were made by then.
+        let mut act = |members: &mut [Ppo], what: &str| {
+            let refs: Vec<ObsRef<'_>> = obs.iter().map(|o| ObsRef::F32(o)).collect();
+            let mut outs = vec![ActOutput::default(); 3];
+            let mut pis: Vec<&mut ActorCriticPolicy> = members.iter_mut().map(|m| &mut m.pi).collect();
+            let mut o: Vec<&mut ActOutput> = outs.iter_mut().collect();
+            assert!(crate::actor_critic::members::act_stacked(&mut pis, &refs, true, &mut o, &mut kept).unwrap());
+            for (k, m) in members.iter_mut().enumerate() {
+                let mut want = ActOutput::default();
+                m.act(refs[k], ActMode::Deterministic, &mut want).unwrap();
+                for (g, w) in outs[k].values.iter().zip(&want.values) {
+                    assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{what}, member {k}: value {g} vs {w} alone");
+                }
+                assert_eq!(outs[k].actions, want.actions, "{what}, member {k}");
+            }
+            kept.made
+        };
+        assert_eq!(act(&mut members, "first pass"), 1);
+        assert_eq!(act(&mut members, "second pass"), 1, "nothing changed: the stack is kept");
+        // A fused CPU update of member 1 writes its buffer on the host.
+        let host_writes = members[1].params().generation().1;
+        let mut r = Rollout::new(2, 8, 4, 1);
+        let mut out = ActOutput::default();
+        for _ in 0..8 {
+            let x: Vec<f32> = (0..8).map(|_| rng.random_range(-1.0..1.0)).collect();
+            members[1].act(ObsRef::F32(&x), ActMode::Explore, &mut out).unwrap();
+            r.push_acted(&x, &out, &[1.0, -1.0], &[false; 2]);
+        }
+        r.finish(&[0.0; 2], 0.99, 0.95).unwrap();
+        update_members(&mut [&mut members[1]], &[&r], 1.0).unwrap();
+        assert!(members[1].params().generation().1 > host_writes, "the fused step wrote on the host");
+        assert_eq!(act(&mut members, "after member 1's fused update"), 2, "restacked");
+        // Member 2 restored from member 0's checkpoint: a tensor op on its buffer.
+        let mut saved = members[0].checkpoint().unwrap();
+        members[2].restore(&mut saved).unwrap();
+        assert_eq!(act(&mut members, "after member 2's restore"), 3, "restacked");
+        // Member 0 replaced by another network.
+        members[0] = make(9);
+        assert_eq!(act(&mut members, "after member 0 was replaced"), 4, "restacked");
+        assert_eq!(act(&mut members, "again"), 4, "kept");
+    }
+
     /// Members acting in one batched pass ([`crate::actor_critic::members::act_stacked`], what a population on
     /// an accelerator takes) act as each does alone: the same actions from the same RNG streams (discrete;
     /// Gaussian ones to float rounding), log-probs and values to float rounding; and their rollouts, whose
@@ -910,12 +968,14 @@ mod member_tests {
             let mut rng = Pcg64::seed_from_u64(5);
             let mut draw = |n: usize| (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<f32>>();
             let mut obs: Vec<Vec<f32>> = (0..3).map(|_| draw(2 * obs_dim)).collect();
+            let mut kept = crate::nn::MemberStack::default();
             for step in 0..6 {
                 let refs: Vec<ObsRef<'_>> = obs.iter().map(|o| ObsRef::F32(o)).collect();
                 let mut outs = vec![ActOutput::default(); 3];
                 let mut pis: Vec<&mut ActorCriticPolicy> = batched.iter_mut().map(|a| &mut a.pi).collect();
                 let mut o: Vec<&mut ActOutput> = outs.iter_mut().collect();
-                assert!(crate::actor_critic::members::act_stacked(&mut pis, &refs, false, &mut o).unwrap(), "{label}");
+                let acted = crate::actor_critic::members::act_stacked(&mut pis, &refs, false, &mut o, &mut kept);
+                assert!(acted.unwrap(), "{label}");
                 let next: Vec<Vec<f32>> = (0..3).map(|_| draw(2 * obs_dim)).collect();
                 for k in 0..3 {
                     let mut want = ActOutput::default();
@@ -971,7 +1031,10 @@ mod member_tests {
         let (obs, mut outs) = ([0.1f32; 4], vec![ActOutput::default(); 2]);
         let mut o: Vec<&mut ActOutput> = outs.iter_mut().collect();
         let refs = [ObsRef::F32(&obs), ObsRef::F32(&obs)];
-        assert!(!crate::actor_critic::members::act_stacked(&mut [&mut a.pi, &mut b.pi], &refs, false, &mut o).unwrap());
+        let pis = &mut [&mut a.pi, &mut b.pi];
+        assert!(
+            !crate::actor_critic::members::act_stacked(pis, &refs, false, &mut o, &mut Default::default()).unwrap()
+        );
         assert!(outs.iter().all(|o| o.actions.is_empty()), "nothing acted");
     }
 }
