@@ -1,4 +1,4 @@
-//! The one place that lists every algorithm kind: one line each in [`kinds!`] below. Each kind's config type
+//! The one place that lists every algorithm kind: one line each in `kinds!` below. Each kind's config type
 //! answers every per-kind question through [`AlgorithmKind`], in the kind's own folder; nothing else in the workspace
 //! matches on the kind.
 //!

@@ -1,6 +1,6 @@
 //! A training run's progress, shared by the single-process [`Trainer`](crate::train::Trainer) and the
 //! [`DistributedLearner`](crate::distributed::DistributedLearner): the counters and schedules
-//! ([`RunCounters`]: evaluations, metrics rows, checkpoints), the metrics row ([`LogRow`]) with its CSV columns
+//! (`RunCounters`: evaluations, metrics rows, checkpoints), the metrics row ([`LogRow`]) with its CSV columns
 //! and progress line, and what a finished run reports ([`TrainReport`]).
 use flotilla_algorithms::Metrics;
 use serde::{Deserialize, Serialize};

@@ -15,7 +15,7 @@
 //! * the gradient is computed and applied in two calls ([`A2c::compute_gradients`], [`A2c::apply_gradients`]),
 //!   so it can be computed where the data is and applied elsewhere (A3C's actors and parameter server);
 //! * on the CPU, an MLP's update runs as one fused step without libtorch (`fused_cpu`,
-//!   [`crate::actor_critic::host`]): the same loss, gradient, clipping and optimiser step, to float rounding;
+//!   `crate::actor_critic::host`): the same loss, gradient, clipping and optimiser step, to float rounding;
 //! * optional V-trace correction (`vtrace`, as PPO's: [`crate::ppo`]) for rollouts that actors collected with
 //!   parameters a few versions old, which makes the update IMPALA's (Espeholt et al. 2018).
 //!

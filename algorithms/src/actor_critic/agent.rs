@@ -1,7 +1,7 @@
 //! PPO's and A2C's agent, written once ([`OnPolicyAgent`]): the actor-critic network with its acting RNG, the
 //! rollout being collected, the optimiser, data-parallel replicas and the fused CPU step's state, every trait a
 //! learner asks of them, and the update — the fused CPU step where it applies, else the libtorch loop over the
-//! member axis ([`members::train`]). What differs is the kind's, answered by its config ([`OnPolicyKind`]:
+//! member axis (`members::train`). What differs is the kind's, answered by its config ([`OnPolicyKind`]:
 //! `ppo::PpoConfig`, `a2c::A2cConfig`): the optimiser, the update's settings, the metrics.
 use flotilla_core::{Chunk, ObsRef, Space};
 use rand::SeedableRng;

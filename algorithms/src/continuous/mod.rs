@@ -1,9 +1,9 @@
 //! What the continuous-control off-policy kinds share — DDPG and TD3 ([`crate::td3`]), SAC ([`crate::sac`]):
 //! actions moved between a 1-D `Box`'s bounds and `[−1, 1]`, the replay of chunks with their `[−1, 1]`
-//! actions and the counters the training schedule reads ([`ActionReplay`]), `n` critics `Q_j(s, a)` in one
-//! parameter buffer ([`Critics`]), and the Adam and Polyak steps that run as one host loop on the CPU.
+//! actions and the counters the training schedule reads (`ActionReplay`), `n` critics `Q_j(s, a)` in one
+//! parameter buffer (`Critics`), and the Adam and Polyak steps that run as one host loop on the CPU.
 //!
-//! As in SB3, **replay stores the `[−1, 1]` action** (`buffer_action`): [`ActionReplay::observe`] rescales the
+//! As in SB3, **replay stores the `[−1, 1]` action** (`buffer_action`): `ActionReplay::observe` rescales the
 //! env-unit action a chunk carries with [`scale_action`], so the critics always see `[−1, 1]` actions, from
 //! replay and from the actor; truncated episodes bootstrap from the true final observation.
 pub mod action_noise;

@@ -129,12 +129,12 @@ pub struct DqnConfig {
     #[serde(skip)]
     pub tasks: usize,
     /// Run each gradient step of an MLP Q-network on the CPU as one fused step without libtorch
-    /// ([`crate::nn::host_train`]): the same maths, several times faster for small networks. Used where it applies
+    /// (`crate::nn::host_train`): the same maths, several times faster for small networks. Used where it applies
     /// (CPU, MLP without dueling or task heads, f32 observations, no replicas, accumulation or frozen layers).
     pub fused_cpu: bool,
     /// Mixed precision for an MLP Q-network's update on the CPU: the hidden layers' matrix products in bf16
     /// (products summed in f32; parameters, gradients, Adam, the loss and acting stay f32), on the fused step and on
-    /// libtorch ([`crate::nn::mixed::dense`]). Default: on where the CPU computes bf16 natively
+    /// libtorch (`crate::nn::mixed::dense`). Default: on where the CPU computes bf16 natively
     /// ([`cpu_has_native_bf16`]). Image observations take `cnn.bf16` instead.
     pub bf16: bool,
     /// QR-DQN: the number of return quantiles per action (SB3-contrib's `n_quantiles`; its default is 200, RL
@@ -219,7 +219,7 @@ impl AlgorithmKind for DqnConfig {
         Ok(Box::new(Dqn::new(o, a, n_envs, self.clone(), device, seed)?))
     }
 
-    /// The Q-network ([`QNet`]).
+    /// The Q-network (`QNet`).
     fn architecture(&self, o: &Space, a: &Space) -> Result<Architecture> {
         let (n, heads, outputs) = self.q_shape(a)?;
         let network = if is_image(o) {
@@ -313,7 +313,7 @@ pub(crate) struct Counters {
     pub(crate) beta: f64,
 }
 
-/// A DQN agent: online and target Q-networks, optimiser, and its [`DataSide`] (replay, n-step accumulator,
+/// A DQN agent: online and target Q-networks, optimiser, and its `DataSide` (replay, n-step accumulator,
 /// RNG, schedule counters).
 #[derive(Debug)]
 pub struct Dqn {
@@ -690,7 +690,7 @@ pub fn unbatchable(members: &[&Dqn]) -> Option<String> {
     None
 }
 
-/// The training due after a lockstep env step, for every member: one batched phase of [`td_step`]s when all
+/// The training due after a lockstep env step, for every member: one batched phase of `td_step`s when all
 /// are due together (each member's metrics), `None` for members with nothing due; members [`unbatchable`]
 /// refuses update alone.
 pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<Vec<Option<Metrics>>> {

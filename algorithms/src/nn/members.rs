@@ -226,7 +226,7 @@ impl Rows {
     }
 }
 
-/// Members' parameters stacked to run forward only ([`Rows::frozen`]), kept from one pass to the next while no
+/// Members' parameters stacked to run forward only (`Rows::frozen`), kept from one pass to the next while no
 /// member's buffer changed. What a population acting in one batched pass per env step holds: its members'
 /// parameters change only at updates, tens of passes apart, and each stack is a copy of all of them (75 MB for
 /// 2,048 CartPole members).

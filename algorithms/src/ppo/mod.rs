@@ -94,7 +94,7 @@ pub struct PpoConfig {
     #[serde(skip)]
     pub tasks: usize,
     /// Run each minibatch step of an MLP on the CPU as one fused step without libtorch
-    /// ([`crate::nn::host_train`]: hand-written forward/backward over `sgemm`, host Adam), several times faster for
+    /// (`crate::nn::host_train`: hand-written forward/backward over `sgemm`, host Adam), several times faster for
     /// small networks. Same maths, same results to float rounding. Used only where it applies (CPU, MLP, one
     /// head, no data-parallel replicas or accumulation, nothing frozen); `false` runs every step on libtorch.
     pub fused_cpu: bool,

@@ -756,7 +756,7 @@ pub fn unbatchable(members: &[&Td3]) -> Option<String> {
     None
 }
 
-/// The training due after a lockstep env step, for every member: one batched phase of [`td3_step`]s when all
+/// The training due after a lockstep env step, for every member: one batched phase of `td3_step`s when all
 /// are due together (each member's metrics, as its own update reports them), `None` for members with nothing
 /// due; members [`unbatchable`] refuses update alone.
 pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<Vec<Option<Metrics>>> {

@@ -182,7 +182,7 @@ fn torch_matmul_gflops(n: i64, kind: tch::Kind) -> f64 {
     2.0 * (n * n * n) as f64 / best_secs(|| drop(std::hint::black_box(a.matmul(&b)))) / 1e9
 }
 
-/// Best-of-5 GFLOP/s of a 2048² fp32 matmul and of a 16 × [256×64 @ 64×64] bmm (200 calls per repetition).
+/// Best-of-5 GFLOP/s of a 2048² fp32 matmul and of a 16 × (256×64 @ 64×64) bmm (200 calls per repetition).
 fn peak_gflops() -> (f64, f64) {
     use tch::{Device, Kind, Tensor};
     let opts = (Kind::Float, Device::Cpu);
