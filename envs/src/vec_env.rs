@@ -388,77 +388,41 @@ impl VecEnv {
         self.check_actions(actions)?;
         self.ready = false;
         self.episodes.clear();
-        let (n, d) = (self.envs.len(), self.obs_dim);
-        if self.step_threads <= 1 || n < 2 {
+        let (n, d, action_dim) = (self.envs.len(), self.obs_dim, self.action_dim);
+        let threads = self.step_threads.clamp(1, n.max(1));
+        let mut whole = Part {
+            first: 0,
+            envs: &mut self.envs,
+            obs: all_rows(&mut self.obs),
+            final_obs: all_rows(&mut self.final_obs),
+            rewards: &mut self.rewards,
+            terminated: &mut self.terminated,
+            truncated: &mut self.truncated,
+            has_final: &mut self.has_final,
+            returns: &mut self.returns,
+            lengths: &mut self.lengths,
+            episodes: std::mem::take(&mut self.episodes),
+        };
+        let stepped = if threads == 1 {
             // On the caller's thread (every run but a large population's joint batch): no shares to allocate,
             // and the episodes' buffer is reused.
-            let mut part = Part {
-                first: 0,
-                envs: &mut self.envs,
-                obs: all_rows(&mut self.obs),
-                final_obs: all_rows(&mut self.final_obs),
-                rewards: &mut self.rewards,
-                terminated: &mut self.terminated,
-                truncated: &mut self.truncated,
-                has_final: &mut self.has_final,
-                returns: &mut self.returns,
-                lengths: &mut self.lengths,
-                episodes: std::mem::take(&mut self.episodes),
-            };
-            let stepped = part.step(actions, d, self.action_dim);
-            self.episodes = part.episodes;
-            stepped?;
-            self.ready = true;
-            return Ok(self.view());
-        }
-        let per = n.div_ceil(self.step_threads.min(n));
-        let mut parts: Vec<Part<'_>> = self
-            .envs
-            .chunks_mut(per)
-            .zip(rows_mut(&mut self.obs, per * d))
-            .zip(rows_mut(&mut self.final_obs, per * d))
-            .zip(self.rewards.chunks_mut(per))
-            .zip(self.terminated.chunks_mut(per))
-            .zip(self.truncated.chunks_mut(per))
-            .zip(self.has_final.chunks_mut(per))
-            .zip(self.returns.chunks_mut(per))
-            .zip(self.lengths.chunks_mut(per))
-            .enumerate()
-            .map(
-                |(
-                    p,
-                    ((((((((envs, obs), final_obs), rewards), terminated), truncated), has_final), returns), lengths),
-                )| {
-                    let (first, episodes) = (p * per, Vec::new());
-                    Part {
-                        first,
-                        envs,
-                        obs,
-                        final_obs,
-                        rewards,
-                        terminated,
-                        truncated,
-                        has_final,
-                        returns,
-                        lengths,
-                        episodes,
-                    }
-                },
-            )
-            .collect();
-        let stepped: Vec<Result<()>> = match parts.as_mut_slice() {
-            many => std::thread::scope(|scope| {
-                let (action_dim, (head, rest)) = (self.action_dim, many.split_first_mut().expect("more than one"));
+            let stepped = whole.step(actions, d, action_dim);
+            self.episodes = whole.episodes;
+            stepped
+        } else {
+            let mut parts = whole.split(n.div_ceil(threads), d);
+            let stepped: Vec<Result<()>> = std::thread::scope(|scope| {
+                let (head, rest) = parts.split_first_mut().expect("more than one share");
                 let others: Vec<_> =
                     rest.iter_mut().map(|part| scope.spawn(move || part.step(actions, d, action_dim))).collect();
                 let mut out = vec![head.step(actions, d, action_dim)];
                 out.extend(others.into_iter().map(|h| h.join().expect("a stepping thread does not panic")));
                 out
-            }),
+            });
+            self.episodes = parts.into_iter().flat_map(|p| p.episodes).collect();
+            stepped.into_iter().collect::<Result<()>>()
         };
-        let episodes: Vec<EpisodeStats> = parts.into_iter().flat_map(|p| p.episodes).collect();
-        stepped.into_iter().collect::<Result<()>>()?;
-        self.episodes = episodes;
+        stepped?;
         self.ready = true;
         Ok(self.view())
     }
@@ -761,7 +725,35 @@ struct Part<'a> {
     episodes: Vec<EpisodeStats>,
 }
 
-impl Part<'_> {
+impl<'a> Part<'a> {
+    /// This share cut into shares of `per` envs (`d` observation elements each), in order.
+    fn split(self, per: usize, d: usize) -> Vec<Part<'a>> {
+        let Part { envs, obs, final_obs, rewards, terminated, truncated, has_final, returns, lengths, .. } = self;
+        let mut obs = obs.chunks(per * d).into_iter();
+        let mut final_obs = final_obs.chunks(per * d).into_iter();
+        let (mut rewards, mut terminated, mut truncated) =
+            (rewards.chunks_mut(per), terminated.chunks_mut(per), truncated.chunks_mut(per));
+        let (mut has_final, mut returns, mut lengths) =
+            (has_final.chunks_mut(per), returns.chunks_mut(per), lengths.chunks_mut(per));
+        let share = "every buffer has a share per env share";
+        envs.chunks_mut(per)
+            .enumerate()
+            .map(|(p, envs)| Part {
+                first: self.first + p * per,
+                envs,
+                obs: obs.next().expect(share),
+                final_obs: final_obs.next().expect(share),
+                rewards: rewards.next().expect(share),
+                terminated: terminated.next().expect(share),
+                truncated: truncated.next().expect(share),
+                has_final: has_final.next().expect(share),
+                returns: returns.next().expect(share),
+                lengths: lengths.next().expect(share),
+                episodes: Vec::new(),
+            })
+            .collect()
+    }
+
     /// Step every env of the share with its action (`actions` is the whole batch's), auto-resetting the ones
     /// that finish.
     fn step(&mut self, actions: &VecActions<'_>, d: usize, action_dim: usize) -> Result<()> {
@@ -813,12 +805,14 @@ fn all_rows(batch: &mut ObsBuf) -> RowsMut<'_> {
     }
 }
 
-/// `batch` cut into shares of `len` elements (observations of one-element shape: `len` is at least 1).
-fn rows_mut(batch: &mut ObsBuf, len: usize) -> Vec<RowsMut<'_>> {
-    let len = len.max(1);
-    match batch {
-        ObsBuf::F32(v) => v.chunks_mut(len).map(RowsMut::F32).collect(),
-        ObsBuf::U8(v) => v.chunks_mut(len).map(RowsMut::U8).collect(),
+impl<'a> RowsMut<'a> {
+    /// These rows cut into shares of `len` elements (`len` at least 1: observations of one element).
+    fn chunks(self, len: usize) -> Vec<RowsMut<'a>> {
+        let len = len.max(1);
+        match self {
+            RowsMut::F32(v) => v.chunks_mut(len).map(RowsMut::F32).collect(),
+            RowsMut::U8(v) => v.chunks_mut(len).map(RowsMut::U8).collect(),
+        }
     }
 }
 

@@ -236,7 +236,7 @@ pub struct MemberStack {
     /// same address is the same buffer) and its [`FlatParams::generation`] then.
     stacked: Vec<(Tensor, (i64, u64))>,
     rows: Option<Rows>,
-    /// How many stacks were made.
+    /// How many stacks were made (what the tests count to see a stack kept or rebuilt).
     pub(crate) made: u64,
 }
 
