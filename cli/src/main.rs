@@ -310,8 +310,10 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    // A developer switch the fused host kernels read on their first step: refuse a bad value here, by name.
+    // Developer switches the fused host kernels and the batched updates read on their first step: refuse a
+    // bad value here, by name.
     flotilla_algorithms::host_lanes()?;
+    flotilla_algorithms::nn::phases::enabled()?;
     let mut command = cli.command;
     if let Command::Train { population: Some(n), overrides, .. } = &mut command {
         overrides.push(format!("population.size={n}"));

@@ -192,6 +192,44 @@ fn ppo_members_acting_in_one_batched_pass_match_their_seeds_trained_alone() {
     );
 }
 
+/// `FLOTILLA_PROFILE_UPDATE=1` times the batched updates' phases (a device wait at each) and logs their sums at
+/// the group's end; the run is the same run, bit for bit. Any value but 0 or 1 is refused by name before
+/// anything is written.
+#[test]
+fn timing_the_batched_updates_phases_logs_them_and_changes_nothing() {
+    let dir = scratch("population", "phases");
+    let with = |value: &str, out: &Path| {
+        let sets = ["run.total_env_steps=512", "eval.interval_steps=256", "algorithm.fused_cpu=false"];
+        let mut args = vec!["train".to_string(), config("cartpole_ppo.toml")];
+        for s in sets.iter().chain(&["run.device=cpu", "run.torch_threads=1", "population.threads=1"]) {
+            args.extend(["--set".into(), s.to_string()]);
+        }
+        args.extend(["--population", "3", "--out", &out.display().to_string()].map(String::from));
+        std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(&args)
+            .env("FLOTILLA_PROFILE_UPDATE", value)
+            .output()
+            .unwrap()
+    };
+    let (timed, plain) = (dir.join("timed"), dir.join("plain"));
+    let printed = ok(with("1", &timed));
+    let line = printed.lines().find(|l| l.contains("batched update phases")).unwrap_or_else(|| panic!("{printed}"));
+    for phase in ["finishing rollouts", "preparing the batch", "forward and loss", "backward", "optimiser step"] {
+        assert!(line.contains(&format!(" s {phase}")), "{phase} timed: {line}");
+    }
+    let printed = ok(with("0", &plain));
+    assert!(!printed.contains("batched update phases"), "untimed: {printed}");
+    for k in 0..3 {
+        assert_eq!(model(&member(&timed, k)), model(&member(&plain, k)), "member {k}: timed run's weights");
+    }
+    let refused = dir.join("refused");
+    let out = with("yes", &refused);
+    let said = text(&out);
+    assert!(!out.status.success() && said.contains("FLOTILLA_PROFILE_UPDATE=\"yes\""), "{said}");
+    assert!(!refused.exists(), "nothing written for a refused run");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A2C batched the same way (`a2c_population`): 4 members share each of their 50 one-step RMSprop updates
 /// (checked to 1e-6 after 6 updates in algorithms' a2c_population tests; with one torch thread, as here, it
 /// came out bit-identical); and again acting and evaluating in one batched pass.

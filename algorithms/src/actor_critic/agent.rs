@@ -21,6 +21,7 @@ use crate::nn::data_parallel::DataParallel;
 use crate::nn::members::{Rows, check_finite};
 use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
+use crate::nn::phases;
 use crate::policy::{ActMode, ActOutput, Policy};
 use crate::progress::Progress;
 use crate::teaching::Teaching;
@@ -418,11 +419,13 @@ fn update_torch<K: OnPolicyKind>(
     let c0 = &members[0].config;
     let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
     let batch = Batch::new(&nets, rollouts, c0.gamma_lambda().0, c0.vtrace())?;
+    phases::mark("preparing the batch");
     let stacked = (members.len() > 1).then(|| {
         let net = StackedActorCritic::new(&nets, Rows::new);
         let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &net.rows.params);
         Nets::Stacked(net, opt)
     });
+    phases::mark("stacking members");
 
     // Each member's shuffling RNG (where the kind shuffles), and the networks: a member alone lends its own.
     let mut rngs = Vec::with_capacity(members.len());
@@ -448,6 +451,7 @@ fn update_torch<K: OnPolicyKind>(
                 opt.write_back(k, &mut m.opt);
             }
         });
+        phases::mark("writing back");
     }
     let each = members.iter().zip(&settings).zip(losses).enumerate();
     Ok(each
@@ -462,8 +466,14 @@ pub(crate) fn update_population<K: OnPolicyKind>(
     progress: &Progress,
 ) -> Result<Option<Vec<Option<Metrics>>>> {
     // One bootstrap pass for all where each member's own is launch-bound.
-    let batched = agents[0].pi.net.device != Device::Cpu;
-    let rollouts = OnPolicyAgent::finish_rollouts(&mut agents, batched)?;
+    let device = agents[0].pi.net.device;
+    // Timed (where `nn::phases` is on) once the rollouts are complete: the update's own seconds.
+    let _timing = match agents.iter().all(|a| a.collector.is_full()) {
+        true => Some(phases::start(device)?),
+        false => None,
+    };
+    let rollouts = OnPolicyAgent::finish_rollouts(&mut agents, device != Device::Cpu)?;
+    phases::mark("finishing rollouts");
     if rollouts.iter().all(Option::is_none) {
         return Ok(Some(vec![None; agents.len()]));
     }
@@ -477,6 +487,7 @@ pub(crate) fn update_population<K: OnPolicyKind>(
     for (a, r) in agents.iter_mut().zip(rollouts) {
         a.recycle(r);
     }
+    phases::mark("recycling rollouts");
     Ok(Some(metrics.into_iter().map(Some).collect()))
 }
 

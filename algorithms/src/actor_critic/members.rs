@@ -28,6 +28,7 @@ use crate::nn::members::{
 };
 use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
+use crate::nn::phases::mark;
 use crate::policy::ActOutput;
 use crate::{Metrics, Result};
 
@@ -96,10 +97,12 @@ impl Nets<'_> {
             let (old, adv, old_values, returns) =
                 (micro(old_log_prob), micro(advantages), micro(old_values), micro(returns));
             let loss = actor_critic_loss(&log_prob, &old, &adv, entropy.as_ref(), &values, &old_values, &returns, c);
+            mark("forward and loss");
             match self {
                 Nets::Alone { net, .. } => backward_alone(&mut net.params, &loss.total, scale, j > 0),
                 Nets::Stacked(net, _) => net.rows.backward(&loss.total),
             }
+            mark("backward");
             parts.push((loss, dist));
         }
         match self {
@@ -108,6 +111,7 @@ impl Nets<'_> {
             }
             Nets::Stacked(net, _) => clip_per_member_lazily(&net.rows.grad, max_norms, &mut net.rows.nonfinite),
         }
+        mark("clipping gradients");
         Ok(parts)
     }
 
@@ -296,13 +300,16 @@ pub(crate) fn train(
             let envs = (!full_batch).then(|| &orders[0][first..first + per_minibatch]);
             let sequence = sequences.as_ref().map(|q| q.of(envs, idx.as_ref()));
             let mb = [&mb_obs, &mb_actions, &mb_old_log_prob, &mb_advantages, &mb_old_values, &mb_returns];
+            mark("drawing minibatches");
             let parts = nets.gradient(mb, sequence, &coefficients, need_entropy, &max_norms, s0.algorithm)?;
             // Without a clip range (A2C: one step), the loss terms are read before the step.
             let before = match coefficients.clip_range {
                 None => Some(step_losses(&parts, None)?),
                 Some(_) => None,
             };
+            mark("losses to the host");
             nets.step(&lrs);
+            mark("optimiser step");
             gradient_steps += 1;
             let stop = match s0.target_kl {
                 None => false,
@@ -311,6 +318,7 @@ pub(crate) fn train(
                     nets.replica_mean(f64::try_from(kl).unwrap_or(0.0))? > 1.5 * t
                 }
             };
+            mark("losses to the host");
             last = Some((parts, before));
             if stop {
                 break 'epochs;
@@ -321,6 +329,7 @@ pub(crate) fn train(
         (_, Some(before)) => before,
         (parts, None) => step_losses(&parts, coefficients.clip_range.as_ref())?,
     };
+    mark("losses to the host");
     Ok((losses, gradient_steps))
 }
 
