@@ -26,11 +26,7 @@ pub fn matmul_peak(kind: Kind) -> f64 {
 }
 
 /// Waits for `device`'s queued kernels (CUDA runs asynchronously; a timer must not stop before they finish).
-pub fn synchronize(device: Device) {
-    if let Device::Cuda(index) = device {
-        tch::Cuda::synchronize(index as i64);
-    }
-}
+pub use flotilla_algorithms::nn::phases::synchronize;
 
 /// [`matmul_peak`] on `device`: 1024² products on the CPU, 8192² on a GPU (large enough to fill it).
 pub fn matmul_peak_on(kind: Kind, device: Device) -> f64 {

@@ -5,10 +5,10 @@
 //! `ppo::PpoConfig`, `a2c::A2cConfig`): the optimiser, the update's settings, the metrics.
 use flotilla_core::{Chunk, ObsRef, Space};
 use rand::SeedableRng;
-use tch::Device;
+use tch::{Device, Tensor};
 
 use crate::actor_critic::host::ActorCriticHost;
-use crate::actor_critic::members::{self, Batch, Nets, StackedActorCritic};
+use crate::actor_critic::members::{self, Batch, Nets, StackedActorCritic, params_of};
 use crate::actor_critic::{
     ActScratch, ActorCritic, ActorCriticPolicy, NetConfig, Settings, StepLoss, explained_variance,
 };
@@ -421,9 +421,10 @@ fn update_torch<K: OnPolicyKind>(
     let batch = Batch::new(&nets, rollouts, c0.gamma_lambda().0, c0.vtrace())?;
     phases::mark("preparing the batch");
     let stacked = (members.len() > 1).then(|| {
-        let net = StackedActorCritic::new(&nets, Rows::new);
-        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &net.rows.params);
-        Nets::Stacked(net, opt)
+        let rows = Rows::new(&params_of(&nets));
+        let net = StackedActorCritic::new(&nets, rows.views.iter().map(Tensor::shallow_clone).collect());
+        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &rows.params);
+        Nets::Stacked(net, rows, opt)
     });
     phases::mark("stacking members");
 
@@ -442,12 +443,12 @@ fn update_torch<K: OnPolicyKind>(
     }
     let mut nets = nets.expect("at least one member");
     let (losses, steps) = members::train(&mut nets, rngs, &batch, &settings)?;
-    if let Nets::Stacked(net, opt) = &nets {
+    if let Nets::Stacked(_, rows, opt) = &nets {
         // A member's non-finite gradient norm stops the whole update before any member is written back.
-        check_finite(&net.rows.nonfinite, K::NAME)?;
+        check_finite(&rows.nonfinite, K::NAME)?;
         tch::no_grad(|| {
             for (k, m) in members.iter_mut().enumerate() {
-                net.rows.write_back(k, &m.pi.net.params);
+                rows.write_back(k, &m.pi.net.params);
                 opt.write_back(k, &mut m.opt);
             }
         });
@@ -468,10 +469,7 @@ pub(crate) fn update_population<K: OnPolicyKind>(
     // One bootstrap pass for all where each member's own is launch-bound.
     let device = agents[0].pi.net.device;
     // Timed (where `nn::phases` is on) once the rollouts are complete: the update's own seconds.
-    let _timing = match agents.iter().all(|a| a.collector.is_full()) {
-        true => Some(phases::start(device)?),
-        false => None,
-    };
+    let _timing = phases::start(device, || agents.iter().all(|a| a.collector.is_full()))?;
     let rollouts = OnPolicyAgent::finish_rollouts(&mut agents, device != Device::Cpu)?;
     phases::mark("finishing rollouts");
     if rollouts.iter().all(Option::is_none) {

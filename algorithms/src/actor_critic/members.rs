@@ -23,8 +23,8 @@ use crate::data::vtrace::VtraceConfig;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::distributions::ActionDist;
 use crate::nn::members::{
-    Coef, MemberStack, Rows, backward_alone, clip_per_member_lazily, normalize_rows, reduce_and_clip_alone, stack,
-    to_device_async,
+    Coef, MemberStack, Rows, backward_alone, clip_per_member_lazily, frozen, normalize_rows, reduce_and_clip_alone,
+    stack, to_device_async,
 };
 use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
@@ -33,6 +33,7 @@ use crate::policy::ActOutput;
 use crate::{Metrics, Result};
 
 /// The networks (and optimisers) an actor-critic update trains, on the member axis.
+#[allow(clippy::large_enum_variant)] // one per update, on the stack: no boxing to save
 pub(crate) enum Nets<'a> {
     /// One member with its own network, replicas and optimiser.
     Alone {
@@ -43,8 +44,9 @@ pub(crate) enum Nets<'a> {
         /// Its optimiser (`None` for a gradient worker, which computes gradients and takes no step).
         opt: Option<&'a mut Optimiser>,
     },
-    /// Plain twin MLPs of one layout, stacked, with their optimiser states stacked.
-    Stacked(StackedActorCritic, StackedOptimiser),
+    /// Plain twin MLPs of one layout, stacked: the network over the rows' views, the rows (parameters and
+    /// gradients) and the optimiser states stacked.
+    Stacked(StackedActorCritic, Rows, StackedOptimiser),
 }
 
 impl Nets<'_> {
@@ -89,7 +91,7 @@ impl Nets<'_> {
                     let (head, values) = net.forward(&micro(obs).squeeze_dim(0));
                     (net.dist(head.unsqueeze(0)), values.unsqueeze(0))
                 }
-                (Nets::Stacked(net, _), None) => net.forward(&micro(obs)),
+                (Nets::Stacked(net, ..), None) => net.forward(&micro(obs)),
                 (Nets::Stacked(..), Some(_)) => unreachable!("recurrent members are not stacked (unbatchable)"),
             };
             let entropy = need_entropy.then(|| dist.entropy());
@@ -100,7 +102,7 @@ impl Nets<'_> {
             mark("forward and loss");
             match self {
                 Nets::Alone { net, .. } => backward_alone(&mut net.params, &loss.total, scale, j > 0),
-                Nets::Stacked(net, _) => net.rows.backward(&loss.total),
+                Nets::Stacked(_, rows, _) => rows.backward(&loss.total),
             }
             mark("backward");
             parts.push((loss, dist));
@@ -109,7 +111,7 @@ impl Nets<'_> {
             Nets::Alone { net, parallel, .. } => {
                 reduce_and_clip_alone(&mut net.params, parallel, max_norms[0], algorithm)?
             }
-            Nets::Stacked(net, _) => clip_per_member_lazily(&net.rows.grad, max_norms, &mut net.rows.nonfinite),
+            Nets::Stacked(_, rows, _) => clip_per_member_lazily(&rows.grad, max_norms, &mut rows.nonfinite),
         }
         mark("clipping gradients");
         Ok(parts)
@@ -120,7 +122,7 @@ impl Nets<'_> {
         match self {
             Nets::Alone { net, opt: Some(opt), .. } => opt.step(&mut net.params),
             Nets::Alone { opt: None, .. } => {}
-            Nets::Stacked(net, opt) => opt.step(&net.rows.params, &net.rows.grad, lrs),
+            Nets::Stacked(_, rows, opt) => opt.step(&rows.params, &rows.grad, lrs),
         }
     }
 
@@ -195,17 +197,17 @@ impl Batch {
         let on_host = vtrace.is_none()
             && nets.len() > 1
             && rollouts.iter().all(|r| r.device_obs().is_none() && matches!(r.obs.as_ref(), ObsRef::F32(_)));
-        let mut obs = Vec::with_capacity(if on_host { 0 } else { nets.len() });
-        let mut cols: [Vec<f32>; 6] = Default::default();
+        let (mut obs, mut host_obs) = (Vec::new(), Vec::new());
+        let mut cols: [Vec<f32>; 5] = Default::default();
         let (mut explained, mut weights) = (Vec::new(), Vec::new());
         for (net, r) in nets.iter().zip(rollouts) {
-            let x = match (r.device_obs(), &r.obs.as_ref()) {
-                (_, ObsRef::F32(v)) if on_host => {
-                    cols[5].extend_from_slice(v);
+            let x = match (r.obs.as_ref(), r.device_obs()) {
+                (ObsRef::F32(v), _) if on_host => {
+                    host_obs.extend_from_slice(v);
                     None
                 }
-                (Some(x), _) => Some(x.shallow_clone()),
-                (None, o) => Some(net.obs_layout().tensor(*o)?),
+                (_, Some(x)) => Some(x.shallow_clone()),
+                (o, None) => Some(net.obs_layout().tensor(o)?),
             };
             let targets = net.targets(r, x.as_ref(), gamma, vtrace)?;
             let (advantages, returns, values) = targets.advantages_returns_values();
@@ -217,7 +219,7 @@ impl Batch {
             }
             obs.extend(x);
         }
-        let [actions, advantages, returns, old_values, old_log_prob, host_obs] = cols;
+        let [actions, advantages, returns, old_values, old_log_prob] = cols;
         let members = nets.len() as i64;
         // `t` (`[N · n, …]`, member after member) as `[N, n, …]` on the device.
         let per_member = |t: Tensor| {
@@ -394,32 +396,31 @@ fn pick(t: &Tensor, idx: &Tensor) -> Tensor {
     t.flatten(0, 1).index_select(0, idx).view(shape.as_slice())
 }
 
-/// The members' actor-critic networks (plain twin MLPs of one layout) as one: their parameter buffers stacked
-/// into one `[N, P]` leaf, seen as each layer's `[N, …]` shapes, with a `[N, P]` gradient buffer beside it.
+/// The members' actor-critic networks (plain twin MLPs of one layout) as one, over their parameters stacked
+/// (each parameter's `[N, …]`: views of the update's `Rows`, or the [`frozen`] copies a forward pass takes).
 pub(crate) struct StackedActorCritic {
     n_members: i64,
     layers: Vec<usize>,
     activation: crate::nn::nets::Activation,
     outputs: [i64; 2],
     log_std: Option<usize>,
-    /// The stacked parameters and their gradient (the optimiser's rows, what is written back to each member).
-    pub(crate) rows: Rows,
+    /// Each parameter of every member, `[N, …]`.
+    views: Vec<Tensor>,
 }
 
 impl StackedActorCritic {
-    /// Gather the members' current parameters (their layouts must match: `agent::unbatchable` checks) into
-    /// `rows` (`Rows::new`; `Rows::frozen` or a [`MemberStack`] to run forward only, without a gradient buffer).
-    pub(crate) fn new(nets: &[&ActorCritic], rows: impl FnOnce(&[&FlatParams]) -> Rows) -> Self {
+    /// The members' networks (their layouts must match: `agent::unbatchable` checks) over `views`, their
+    /// parameters stacked (`Rows::new`'s views to train, [`frozen`] or a [`MemberStack`]'s to run forward).
+    pub(crate) fn new(nets: &[&ActorCritic], views: Vec<Tensor>) -> Self {
         let (l, activation, outputs, log_std) = nets[0].twin_layout().expect("checked by the caller");
-        let rows = rows(&nets.iter().map(|n| &n.params).collect::<Vec<_>>());
         let n_members = nets.len() as i64;
-        StackedActorCritic { n_members, layers: l.to_vec(), activation, outputs, log_std, rows }
+        StackedActorCritic { n_members, layers: l.to_vec(), activation, outputs, log_std, views }
     }
 
     /// Every member's policy `[N, B, A]` and values `[N, B]` on its own observations `x` (`[N, B, obs]`): the
     /// `2N` MLPs as one chain of batched matmuls (`TwinMlp::forward`'s ops).
     fn forward(&self, x: &Tensor) -> (ActionDist, Tensor) {
-        let (n_members, views) = (self.n_members, &self.rows.views);
+        let (n_members, views) = (self.n_members, &self.views);
         let b = x.size()[1];
         let x = x.unsqueeze(1).expand([n_members, 2, b, x.size()[2]], false).reshape([2 * n_members, b, -1]);
         let param = |k: usize, _| {
@@ -436,6 +437,11 @@ impl StackedActorCritic {
         };
         (dist, h.select(1, 1).narrow(2, 0, self.outputs[1]).squeeze_dim(2))
     }
+}
+
+/// The members' parameter buffers.
+pub(crate) fn params_of<'a>(nets: &[&'a ActorCritic]) -> Vec<&'a FlatParams> {
+    nets.iter().map(|n| &n.params).collect()
 }
 
 /// The members' networks and observations as one forward pass needs them: plain twin MLPs of one layout on one
@@ -487,7 +493,7 @@ pub(crate) fn act_stacked(
         return Ok(false);
     }
     let Some((x, rows)) = stackable(&nets, obs) else { return Ok(false) };
-    let stacked = StackedActorCritic::new(&nets, |params| kept.rows(params));
+    let stacked = StackedActorCritic::new(&nets, kept.views(&params_of(&nets)));
     let (dist, values) = tch::no_grad(|| stacked.forward(&x));
     let (mut head, log_std) = match &dist {
         ActionDist::Categorical { logits } => (host(logits)?, Vec::new()),
@@ -510,7 +516,7 @@ pub(crate) fn act_stacked(
 /// networks stack ([`stackable`]); `None` where they do not.
 pub(crate) fn values_stacked(nets: &[&ActorCritic], obs: &[ObsRef<'_>]) -> Result<Option<Vec<Vec<f32>>>> {
     let Some((x, rows)) = stackable(nets, obs) else { return Ok(None) };
-    let (_, values) = tch::no_grad(|| StackedActorCritic::new(nets, Rows::frozen).forward(&x));
+    let (_, values) = tch::no_grad(|| StackedActorCritic::new(nets, frozen(&params_of(nets))).forward(&x));
     let obs_dim = nets[0].obs_dim();
     let values = host(&values)?;
     Ok(Some(values.chunks(rows).zip(obs).map(|(v, o)| v[..o.len() / obs_dim].to_vec()).collect()))

@@ -155,7 +155,7 @@ pub(crate) fn check_finite(nonfinite: &Tensor, algorithm: &str) -> Result<()> {
 /// Members' parameter buffers of one layout stacked into one `[N, P]` leaf, seen as each parameter's `[N, …]`
 /// view ([`member_views`]), with a `[N, P]` gradient buffer beside it.
 pub(crate) struct Rows {
-    /// Every member's parameters, `[N, P]`, requiring grad (undefined in [`Rows::frozen`]: only its views).
+    /// Every member's parameters, `[N, P]`, requiring grad.
     pub(crate) params: Tensor,
     /// Every member's gradient after [`Rows::backward`], `[N, P]`.
     pub(crate) grad: Tensor,
@@ -177,32 +177,6 @@ impl Rows {
         let grad_views = member_views(&grad, members[0]);
         let nonfinite = Tensor::zeros([members.len() as i64], (Kind::Bool, params.device()));
         Rows { params, grad, views, grad_views, nonfinite }
-    }
-
-    /// A copy of the members' current parameters to run forward only (no gradient buffer, no `[N, P]` rows):
-    /// acting passes. Each parameter's `[N, …]` view is made contiguous once here, so that a pass merges its
-    /// leading axes for free (a view of the rows is strided by a whole buffer: every pass would copy it).
-    pub(crate) fn frozen(members: &[&FlatParams]) -> Rows {
-        // Stacked without a graph, so without a detached handle per member first (~0.3 µs each: ~1.2 ms of
-        // host time per acting pass of 2,048 members' two nets).
-        let flats: Vec<&Tensor> = members.iter().map(|m| m.flat()).collect();
-        let views = tch::no_grad(|| {
-            let rows = Tensor::stack(&flats, 0);
-            member_views(&rows, members[0]).iter().map(Tensor::contiguous).collect()
-        });
-        Rows { params: Tensor::new(), grad: Tensor::new(), views, grad_views: Vec::new(), nonfinite: Tensor::new() }
-    }
-
-    /// Another handle on the same tensors.
-    fn shallow_clone(&self) -> Rows {
-        let all = |ts: &[Tensor]| ts.iter().map(Tensor::shallow_clone).collect();
-        Rows {
-            params: self.params.shallow_clone(),
-            grad: self.grad.shallow_clone(),
-            views: all(&self.views),
-            grad_views: all(&self.grad_views),
-            nonfinite: self.nonfinite.shallow_clone(),
-        }
     }
 
     /// Each member's gradient of its loss (`losses`, `[N]`; the gradient of their sum) into [`Rows::grad`] (zero
@@ -230,7 +204,20 @@ impl Rows {
     }
 }
 
-/// Members' parameters stacked to run forward only (`Rows::frozen`), kept from one pass to the next while no
+/// A copy of the members' current parameters to run forward only (acting and valuing passes: no `[N, P]` rows,
+/// no gradient): each parameter as one contiguous `[N, …]` tensor, so that a pass merges its leading axes for
+/// free (a view of `[N, P]` rows is strided by a whole buffer: every pass would copy it).
+pub(crate) fn frozen(members: &[&FlatParams]) -> Vec<Tensor> {
+    // Stacked without a graph, so without a detached handle per member first (~0.3 µs each: ~1.2 ms of host
+    // time per stack of 2,048 members' two nets).
+    let flats: Vec<&Tensor> = members.iter().map(|m| m.flat()).collect();
+    tch::no_grad(|| {
+        let rows = Tensor::stack(&flats, 0);
+        member_views(&rows, members[0]).iter().map(Tensor::contiguous).collect()
+    })
+}
+
+/// Members' parameters stacked to run forward only ([`frozen`]), kept from one pass to the next while no
 /// member's buffer changed. What a population acting in one batched pass per env step holds: its members'
 /// parameters change only at updates, tens of passes apart, and each stack is a copy of all of them (75 MB for
 /// 2,048 CartPole members).
@@ -239,31 +226,27 @@ pub struct MemberStack {
     /// Per member: a handle on the buffer that was stacked (it keeps the storage alive, so a buffer at the
     /// same address is the same buffer) and its [`FlatParams::generation`] then.
     stacked: Vec<(Tensor, (i64, u64))>,
-    rows: Option<Rows>,
+    views: Option<Vec<Tensor>>,
     /// How many stacks were made (what the tests count to see a stack kept or rebuilt).
     pub(crate) made: u64,
 }
 
 impl MemberStack {
-    /// The members' parameters stacked: the kept stack where every member is the buffer stacked then, at the
-    /// same generation; else stacked afresh (and kept).
-    pub(crate) fn rows(&mut self, members: &[&FlatParams]) -> Rows {
+    /// The members' parameters stacked ([`frozen`]): the kept stack where every member is the buffer stacked
+    /// then, at the same generation; else stacked afresh (and kept).
+    pub(crate) fn views(&mut self, members: &[&FlatParams]) -> Vec<Tensor> {
         let unchanged = |(held, generation): &(Tensor, (i64, u64)), m: &&FlatParams| {
             held.data_ptr() == m.flat().data_ptr() && *generation == m.generation()
         };
         let kept =
             self.stacked.len() == members.len() && self.stacked.iter().zip(members).all(|(h, m)| unchanged(h, m));
-        match &self.rows {
-            Some(rows) if kept => rows.shallow_clone(),
-            _ => {
-                self.rows = None; // the old stack goes before the new one is made
-                self.stacked = members.iter().map(|m| (m.flat().shallow_clone(), m.generation())).collect();
-                let rows = Rows::frozen(members);
-                self.rows = Some(rows.shallow_clone());
-                self.made += 1;
-                rows
-            }
+        if !kept || self.views.is_none() {
+            self.views = None; // the old stack goes before the new one is made
+            self.stacked = members.iter().map(|m| (m.flat().shallow_clone(), m.generation())).collect();
+            self.views = Some(frozen(members));
+            self.made += 1;
         }
+        self.views.iter().flatten().map(Tensor::shallow_clone).collect()
     }
 }
 

@@ -43,17 +43,18 @@ fn parse(value: Option<&str>) -> std::result::Result<bool, String> {
     }
 }
 
-/// Waits for `device`'s queued kernels.
-fn synchronize(device: Device) {
+/// Waits for `device`'s queued kernels (CUDA runs asynchronously: a timer must not stop before they finish).
+pub fn synchronize(device: Device) {
     if let Device::Cuda(index) = device {
         tch::Cuda::synchronize(index as i64);
     }
 }
 
-/// Start timing an update on `device` (where timing is on) until the returned guard goes: the device's
-/// queued work waits first, so that the first phase is charged only its own.
-pub(crate) fn start(device: Device) -> Result<Timing> {
-    if enabled()? {
+/// Start timing an update on `device` where timing is on and `due` says an update is due (asked only then: it
+/// runs on every lockstep step), until the returned guard goes; the device's queued work waits first, so that
+/// the first phase is charged only its own.
+pub(crate) fn start(device: Device, due: impl FnOnce() -> bool) -> Result<Timing> {
+    if enabled()? && due() {
         synchronize(device);
         PHASES.with_borrow_mut(|p| p.since = Some((device, Instant::now())));
     }
@@ -107,7 +108,7 @@ mod tests {
     #[test]
     fn marks_add_up_per_phase_between_a_start_and_a_stop() {
         // Driven directly (the variable is read once per process; the tests leave it unset).
-        let timing = start(Device::Cpu).unwrap();
+        let timing = start(Device::Cpu, || true).unwrap();
         PHASES.with_borrow_mut(|p| p.since = Some((Device::Cpu, Instant::now()))); // on, whatever the variable says
         std::thread::sleep(std::time::Duration::from_millis(20));
         mark("a");
