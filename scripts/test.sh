@@ -7,6 +7,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 bash scripts/setup_pytorch.sh >/dev/null   # PyTorch for cli/tests/export.rs (the exported-policy check)
 
+# Lints first (seconds once the cache holds a check build): every target of the workspace, warnings as errors.
+if ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add clippy
+fi
+cargo clippy --release --workspace --all-targets -- -D warnings
+
 # Every test binary runs even after a failure, so one run lists every failing test; the exit status is still
 # non-zero.
 cargo test --release --workspace --no-fail-fast

@@ -210,7 +210,7 @@ fn push_cnn_torso(
     for (k, &(o, size, stride)) in convs.iter().enumerate() {
         let mut w = get(format!("{prefix}.conv{}.weight", k + 1));
         if k == 0 {
-            w = w / 255.0;
+            w /= 255.0;
         }
         let b = get(format!("{prefix}.conv{}.bias", k + 1));
         layers.push((TorchLayer::Conv2d(channels, o, size, stride), Some((w, b))));

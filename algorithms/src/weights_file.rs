@@ -63,9 +63,12 @@ fn sort_header(bytes: &mut [u8]) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// A safetensors file's named tensors, in the file's order, and its metadata.
+pub type NamedTensors = (Vec<(String, Tensor)>, BTreeMap<String, String>);
+
 /// Every tensor of a safetensors file (f32 as written by [`write_safetensors`] or tch) and its metadata (empty
 /// when it has none).
-pub fn read_safetensors(path: &Path) -> Result<(Vec<(String, Tensor)>, BTreeMap<String, String>)> {
+pub fn read_safetensors(path: &Path) -> Result<NamedTensors> {
     let fail = |source| Error::Weights { action: "loading", path: path.display().to_string(), source };
     let bytes = std::fs::read(path).map_err(|e| fail(tch::TchError::Io(e)))?;
     let wrap = |err| fail(tch::TchError::SafeTensorError { path: path.display().to_string(), err });

@@ -104,21 +104,19 @@ pub fn read_metric(dir: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
     Ok(read_columns(dir, metric, None)?.unwrap_or_default().into_iter().map(|(x, y, _)| (x, y)).collect())
 }
 
+/// Rows of `(x, metric, other)` read from a run's metrics ([`read_columns`]).
+pub type Columns = Vec<(f64, f64, Option<f64>)>;
+
 /// `(env_steps, metric, other)` of every `metrics.csv` row of `dir` with a finite `metric` (`other`: the
 /// finite value of the column `other`, when given and present); `None` when the run has logged nothing yet (no
 /// file, or no header). A header without `env_steps` or `metric`, or a cell that is not a number, is an error
 /// naming the file (and row).
-pub fn read_columns(dir: &Path, metric: &str, other: Option<&str>) -> Result<Option<Vec<(f64, f64, Option<f64>)>>> {
+pub fn read_columns(dir: &Path, metric: &str, other: Option<&str>) -> Result<Option<Columns>> {
     read_columns_against(dir, "env_steps", metric, other)
 }
 
 /// [`read_columns`] with the column `x` (e.g. `train_secs`) in place of `env_steps`.
-pub fn read_columns_against(
-    dir: &Path,
-    x: &str,
-    metric: &str,
-    other: Option<&str>,
-) -> Result<Option<Vec<(f64, f64, Option<f64>)>>> {
+pub fn read_columns_against(dir: &Path, x: &str, metric: &str, other: Option<&str>) -> Result<Option<Columns>> {
     let path = dir.join(METRICS_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,

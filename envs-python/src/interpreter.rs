@@ -41,7 +41,7 @@ pub(crate) fn ensure_venv(py: Python<'_>) -> PyResult<()> {
 pub fn python_error(env: &str, doing: &str, e: PyErr) -> Error {
     let detail = Python::attach(|py| {
         let missing = e.is_instance_of::<pyo3::exceptions::PyModuleNotFoundError>(py)
-            || e.get_type(py).name().is_ok_and(|n| n.to_string() == "DependencyNotInstalled");
+            || e.get_type(py).name().is_ok_and(|n| n == "DependencyNotInstalled");
         if missing {
             format!(
                 "{doing}: {e} (run `bash scripts/setup.sh`, which installs gymnasium, ale-py and mujoco into the \

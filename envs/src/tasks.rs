@@ -366,6 +366,47 @@ impl VectorEnv for TaskVecEnv {
     }
 }
 
+impl TaskVecEnv {
+    /// Step every task with its slice of `actions` (`per_env` values per env), writing the batch's rows into
+    /// `obs` and `final_obs` (taken out of `self` meanwhile) and the rewards, flags and episodes into `self`.
+    fn step_tasks(
+        &mut self,
+        actions: &VecActions<'_>,
+        per_env: usize,
+        obs: &mut [f32],
+        final_obs: &mut [f32],
+    ) -> Result<()> {
+        for k in 0..self.tasks.len() {
+            let (from, rows) = (self.offsets[k], self.tasks[k].num_envs());
+            let slice = match actions {
+                VecActions::Discrete(a) => VecActions::Discrete(&a[from * per_env..(from + rows) * per_env]),
+                VecActions::Continuous(a) => VecActions::Continuous(&a[from * per_env..(from + rows) * per_env]),
+            };
+            let (task, layout, d) = (self.index[k] as u32, self.layout(k), self.dims[k]);
+            // Rows go straight from the task's step into the batch: no copy per task per step.
+            let step = self.tasks[k].step(&slice)?;
+            for (r, row) in f32s(step.obs)?.chunks_exact(d).enumerate() {
+                layout.write(r, Some(row), obs);
+            }
+            self.rewards[from..from + rows].copy_from_slice(step.rewards);
+            self.terminated[from..from + rows].copy_from_slice(step.terminated);
+            self.truncated[from..from + rows].copy_from_slice(step.truncated);
+            for r in 0..rows {
+                let last = step.final_obs(r);
+                self.has_final[from + r] = last.is_some();
+                layout.write(r, last.and_then(|o| o.as_f32()), final_obs);
+            }
+            let episodes = step.episodes.iter();
+            self.episodes.extend(episodes.map(|e| EpisodeStats {
+                env_index: e.env_index + from,
+                task: Some(task),
+                ..*e
+            }));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,46 +595,5 @@ mod tests {
         assert!(err.contains("task 1 (Acrobot-v1) has 6 observation floats") && err.contains("separate"), "{err}");
         let err = TaskVecEnv::new(vec![(2, cartpole(10.0, 1))], 2).unwrap_err().to_string();
         assert!(err.contains("task index 2 of 2"), "{err}");
-    }
-}
-
-impl TaskVecEnv {
-    /// Step every task with its slice of `actions` (`per_env` values per env), writing the batch's rows into
-    /// `obs` and `final_obs` (taken out of `self` meanwhile) and the rewards, flags and episodes into `self`.
-    fn step_tasks(
-        &mut self,
-        actions: &VecActions<'_>,
-        per_env: usize,
-        obs: &mut [f32],
-        final_obs: &mut [f32],
-    ) -> Result<()> {
-        for k in 0..self.tasks.len() {
-            let (from, rows) = (self.offsets[k], self.tasks[k].num_envs());
-            let slice = match actions {
-                VecActions::Discrete(a) => VecActions::Discrete(&a[from * per_env..(from + rows) * per_env]),
-                VecActions::Continuous(a) => VecActions::Continuous(&a[from * per_env..(from + rows) * per_env]),
-            };
-            let (task, layout, d) = (self.index[k] as u32, self.layout(k), self.dims[k]);
-            // Rows go straight from the task's step into the batch: no copy per task per step.
-            let step = self.tasks[k].step(&slice)?;
-            for (r, row) in f32s(step.obs)?.chunks_exact(d).enumerate() {
-                layout.write(r, Some(row), obs);
-            }
-            self.rewards[from..from + rows].copy_from_slice(step.rewards);
-            self.terminated[from..from + rows].copy_from_slice(step.terminated);
-            self.truncated[from..from + rows].copy_from_slice(step.truncated);
-            for r in 0..rows {
-                let last = step.final_obs(r);
-                self.has_final[from + r] = last.is_some();
-                layout.write(r, last.and_then(|o| o.as_f32()), final_obs);
-            }
-            let episodes = step.episodes.iter();
-            self.episodes.extend(episodes.map(|e| EpisodeStats {
-                env_index: e.env_index + from,
-                task: Some(task),
-                ..*e
-            }));
-        }
-        Ok(())
     }
 }

@@ -433,7 +433,7 @@ impl DistributedLearner {
             match assembly.next(Duration::from_millis(200))? {
                 Some(Ready::Paused) => return Ok(()),
                 Some(Ready::Replay(prepared)) => self.train_prepared_chunk(prepared)?,
-                Some(Ready::Batch(staged)) => self.train_staged(staged)?,
+                Some(Ready::Batch(staged)) => self.train_staged(*staged)?,
                 None => {}
             }
         }
@@ -460,7 +460,7 @@ impl DistributedLearner {
                     let any = stale.chunks > 0 || ready.is_some();
                     self.absorb(stale);
                     match ready {
-                        Some(Ready::Batch(staged)) => self.train_staged(staged)?,
+                        Some(Ready::Batch(staged)) => self.train_staged(*staged)?,
                         Some(Ready::Replay(prepared)) => self.train_prepared_chunk(prepared)?,
                         Some(Ready::Paused) => {
                             return Err(Error::Runtime("the batch-assembly thread paused unasked".into()));

@@ -168,8 +168,8 @@ fn on_policy_ranks_and_one_frozen(
             agent.act(ObsRef::F32(&obs), ActMode::Explore, &mut act).unwrap();
             let step = Step {
                 rewards: act.actions.iter().zip(&obs).map(|(a, o)| a * o + 0.1).collect(),
-                terminated: env_ids.clone().map(|e| (t + e as u64) % 11 == 0).collect(),
-                truncated: env_ids.map(|e| (t + 2 * e as u64) % 17 == 0).collect(),
+                terminated: env_ids.clone().map(|e| (t + e as u64).is_multiple_of(11)).collect(),
+                truncated: env_ids.map(|e| (t + 2 * e as u64).is_multiple_of(17)).collect(),
                 obs,
                 act,
                 next_obs,
@@ -258,7 +258,7 @@ fn dqn_on_two_learners_steps_as_one_learner_on_both_batches() {
         let next: Vec<f32> = (0..b).flat_map(|i| obs_of(rank * b + i, t + 1)).collect();
         let actions: Vec<i64> = (0..b).map(|i| ((i + rank + t as usize) % 2) as i64).collect();
         let rewards: Vec<f32> = (0..b).map(|i| ((i * 7 + rank) % 5) as f32 * 0.3 - 0.5).collect();
-        let bootstrap: Vec<f32> = (0..b).map(|i| if (i + t as usize) % 9 == 0 { 0.0 } else { 0.99 }).collect();
+        let bootstrap: Vec<f32> = (0..b).map(|i| if (i + t as usize).is_multiple_of(9) { 0.0 } else { 0.99 }).collect();
         (obs, actions, rewards, bootstrap, next)
     };
     let (obs_space, act_space) = spaces();
@@ -301,7 +301,7 @@ fn continuous_ranks_and_one(name: &'static str, build: fn(usize) -> Td3) {
         let next: Vec<f32> = (0..b).flat_map(|i| obs_of(rank * b + i, t + 1)).collect();
         let actions: Vec<f32> = (0..2 * b).map(|i| ((i * 5 + rank * 3 + t as usize) % 11) as f32 / 5.0 - 1.0).collect();
         let rewards: Vec<f32> = (0..b).map(|i| ((i * 7 + rank) % 5) as f32 * 0.3 - 0.5).collect();
-        let bootstrap: Vec<f32> = (0..b).map(|i| if (i + t as usize) % 9 == 0 { 0.0 } else { 0.99 }).collect();
+        let bootstrap: Vec<f32> = (0..b).map(|i| if (i + t as usize).is_multiple_of(9) { 0.0 } else { 0.99 }).collect();
         (obs, actions, rewards, bootstrap, next)
     };
     // The actor learns every other step (TD3's delay, for DDPG too: both paths are reduced).
@@ -379,7 +379,7 @@ fn sac_on_two_learners_steps_as_one_learner_on_both_batches() {
         };
         let actions: Vec<f32> = (0..2 * b).map(|i| ((i * 5 + rank * 3 + t as usize) % 11) as f32 / 5.0 - 1.0).collect();
         let rewards: Vec<f32> = (0..b).map(|i| ((i * 7 + rank) % 5) as f32 * 0.3 - 0.5).collect();
-        let bootstrap: Vec<f32> = (0..b).map(|i| if (i + t as usize) % 9 == 0 { 0.0 } else { 0.99 }).collect();
+        let bootstrap: Vec<f32> = (0..b).map(|i| if (i + t as usize).is_multiple_of(9) { 0.0 } else { 0.99 }).collect();
         (obs, actions, rewards, bootstrap, next, draw(1), draw(5))
     };
     let ranks = on_ranks(world, move |rank, sync| {

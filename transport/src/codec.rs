@@ -414,7 +414,8 @@ mod tests {
             episodes: vec![],
         };
         assert!(chunk_from_proto(&chunk_to_proto(&c, 1, MessageKey::NONE)).is_ok());
-        let cases: [(fn(&mut proto::Chunk), &str); 4] = [
+        type Corrupt = fn(&mut proto::Chunk);
+        let cases: [(Corrupt, &str); 4] = [
             (|p| p.rewards.as_mut().unwrap().shape = vec![2, 4], "rewards: shape [2, 4], expected [4, 2]"),
             (|p| p.values.as_mut().unwrap().shape = vec![8], "values: shape [8], expected [4, 2]"),
             (|p| p.obs.as_mut().unwrap().shape = vec![2, 4, 3], "obs: shape [2, 4, 3]"),

@@ -905,7 +905,7 @@ mod tests {
         let (raw_h, raw_v) = twin.forward(&ac.params, &xt);
         assert_eq!((raw_h.size(), raw_v.size()), (vec![6, 6], vec![6, 3]));
         for r in 0..6 {
-            let k = (r % 3) as i64;
+            let k = r % 3;
             assert!(head.get(r).equal(&raw_h.get(r).narrow(0, 2 * k, 2)), "row {r}");
             assert_eq!(values.double_value(&[r]), raw_v.double_value(&[r, k]));
         }

@@ -100,9 +100,9 @@ fn the_learners_sequences_equal_the_actors_steps() {
                 want_next[i] = probe.values[e];
             }
         }
-        for i in 0..(T - 1) * E {
-            if want_next[i].is_nan() {
-                want_next[i] = rollout.values[i + E];
+        for (i, want) in want_next.iter_mut().enumerate().take((T - 1) * E) {
+            if want.is_nan() {
+                *want = rollout.values[i + E];
             }
         }
         let x = agent.pi.net.rollout_obs(&rollout).unwrap();
@@ -224,7 +224,7 @@ fn a_cnn_torso_before_the_lstm_keeps_the_actors_and_the_learner_equal() {
         obs = next;
     }
     let rollout = agent.finish_rollout().unwrap().expect("a full rollout");
-    assert!(rollout.episode_starts().iter().any(|&s| s == 1.0) && rollout.initial_state.iter().any(|&x| x != 0.0));
+    assert!(rollout.episode_starts().contains(&1.0) && rollout.initial_state.iter().any(|&x| x != 0.0));
     let x = agent.pi.net.rollout_obs(&rollout).unwrap();
     let (log_probs, values, _) = agent.pi.net.sequence_eval(&rollout, &x).unwrap();
     for (what, got, want) in [("log-probs", &log_probs, &rollout.log_probs), ("values", &values, &rollout.values)] {

@@ -410,7 +410,7 @@ mod tests {
             .unwrap();
             pushed.push((obs, next));
         }
-        assert!(r.len() > 0 && r.len() <= 100);
+        assert!(!r.is_empty() && r.len() <= 100);
         let mut out = ReplaySample::default();
         r.sample(256, &mut Pcg64::seed_from_u64(3), &mut out).unwrap();
         for row in 0..256 {

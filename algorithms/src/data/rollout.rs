@@ -465,18 +465,21 @@ pub(crate) fn sequence_rows(
     (0..steps).flat_map(move |t| envs.clone().map(move |e| t * n_envs + e))
 }
 
+/// `V` of observation rows, as a [`NextValues`] source gives it.
+pub type RowValues<'a> = dyn FnMut(ObsRef<'_>) -> Result<Vec<f32>> + 'a;
+
 /// Where a [`RolloutCollector`] takes the values of next states from: `V` of observation rows (any
 /// `FnMut(ObsRef) -> Result<Vec<f32>>`: final observations as chunks arrive, bootstrap ones when full), or every
 /// next-state value of the full rollout at once ([`Sequences`], a recurrent policy's).
 pub trait NextValues {
     /// `V` of observation rows; `None` for a source that values whole sequences.
-    fn of_rows(&mut self) -> Option<&mut dyn FnMut(ObsRef<'_>) -> Result<Vec<f32>>>;
+    fn of_rows(&mut self) -> Option<&mut RowValues<'_>>;
     /// Every next-state value of a full rollout; `None` for a source that values observation rows.
     fn of_rollout(&mut self, rollout: &Rollout) -> Option<Result<Vec<f32>>>;
 }
 
 impl<F: FnMut(ObsRef<'_>) -> Result<Vec<f32>>> NextValues for F {
-    fn of_rows(&mut self) -> Option<&mut dyn FnMut(ObsRef<'_>) -> Result<Vec<f32>>> {
+    fn of_rows(&mut self) -> Option<&mut RowValues<'_>> {
         Some(self)
     }
 
@@ -490,7 +493,7 @@ impl<F: FnMut(ObsRef<'_>) -> Result<Vec<f32>>> NextValues for F {
 pub struct Sequences<F>(pub F);
 
 impl<F: FnMut(&Rollout) -> Result<Vec<f32>>> NextValues for Sequences<F> {
-    fn of_rows(&mut self) -> Option<&mut dyn FnMut(ObsRef<'_>) -> Result<Vec<f32>>> {
+    fn of_rows(&mut self) -> Option<&mut RowValues<'_>> {
         None
     }
 

@@ -245,7 +245,7 @@ impl DistillConfig {
         if self.train_freq == 0 {
             return bad("train_freq", &0, "must be at least 1");
         }
-        if !(self.max_grad_norm > 0.0) {
+        if self.max_grad_norm.is_nan() || self.max_grad_norm <= 0.0 {
             return bad("max_grad_norm", &self.max_grad_norm, "must be > 0");
         }
         Ok(())

@@ -170,7 +170,7 @@ mod tests {
             // stays in step with the first's.
             split.act(ObsRef::F32(&obs), ActMode::Explore, &mut scratch).unwrap();
             let rewards: Vec<f32> = out.actions.iter().zip(&obs).map(|(a, o)| a * o).collect();
-            let terminated: Vec<bool> = (0..n_envs).map(|e| (t + e as u64) % 13 == 0).collect();
+            let terminated: Vec<bool> = (0..n_envs).map(|e| (t + e as u64).is_multiple_of(13)).collect();
             let step = Chunk::from_step(
                 ObsRef::F32(&obs),
                 &out.actions,

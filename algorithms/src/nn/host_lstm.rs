@@ -149,8 +149,9 @@ impl HostLstm {
             for r in 0..b {
                 let o = &gates[r * g_dim + 3 * h_dim..(r + 1) * g_dim];
                 let at = (t * b + r) * h_dim;
-                for j in 0..h_dim {
-                    tape.out[at + j] = o[j] * tape.tanh_c[at + j];
+                let (out, tanh_c) = (&mut tape.out[at..at + h_dim], &tape.tanh_c[at..at + h_dim]);
+                for ((y, &o), &c) in out.iter_mut().zip(o).zip(tanh_c) {
+                    *y = o * c;
                 }
             }
         }

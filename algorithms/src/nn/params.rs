@@ -647,7 +647,7 @@ mod tests {
         let mut p = two_layers(0.5, 1);
         p.freeze("test", &["l.1.weight".into()]).unwrap();
         assert_eq!(p.trainable_numel(), 9);
-        let _ = tch::no_grad(|| p.flat().grad().copy_(&Tensor::arange(11, (Kind::Float, Device::Cpu))));
+        tch::no_grad(|| p.flat().grad().copy_(&Tensor::arange(11, (Kind::Float, Device::Cpu))));
         let packed: Vec<f32> = Vec::try_from(p.trainable_grad()).unwrap();
         assert_eq!(packed, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 10.0]);
         p.add_to_trainable(&Tensor::ones([9], (Kind::Float, Device::Cpu))).unwrap();

@@ -619,7 +619,7 @@ fn td3_step(nets: &mut Td3Nets, x: &Tensor, update_actor: bool) -> Result<(Tenso
             let q1 = nets.first_critic(&Tensor::cat(&[&obs, &action], 2));
             let mut loss = -q1.mean_dim(dims.as_slice(), false, Kind::Float);
             if scale != 1.0 {
-                loss = loss * scale;
+                loss *= scale;
             }
             nets.backward(Net::Actor, &loss, j > 0);
             losses.push(loss.detach());

@@ -130,8 +130,11 @@ pub fn csv_points(run: &Path) -> BTreeMap<String, Vec<(u64, f64)>> {
     out
 }
 
+/// Scalars (`(step, value)`) and text by tag.
+pub type Events = (BTreeMap<String, Vec<(u64, f64)>>, BTreeMap<String, Vec<String>>);
+
 /// The event files of `run` as TensorBoard's `EventAccumulator` reads them: scalars and text by tag.
-pub fn tensorboard(run: &Path) -> (BTreeMap<String, Vec<(u64, f64)>>, BTreeMap<String, Vec<String>>) {
+pub fn tensorboard(run: &Path) -> Events {
     let python = std::env::var("FLOTILLA_PYTHON").expect("FLOTILLA_PYTHON (set by scripts/setup.sh)");
     let script = format!("{}/../tests/python/read_events.py", env!("CARGO_MANIFEST_DIR"));
     let o = Command::new(&python).arg(&script).arg(run).output().expect("the setup venv's python runs");

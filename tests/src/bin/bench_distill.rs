@@ -238,15 +238,12 @@ fn main() -> BenchResult<()> {
         let worst = finals.first().copied().unwrap_or(f64::NAN);
         let secs = results.iter().map(|r| r.report.train_secs).sum::<f64>() / results.len().max(1) as f64;
         println!(
-            "| {} | {teacher_score:.1} | {random_score:.1} | {teacher_params} → {student_params} ({:.1} %) | {mean:.0} ± {ci:.0} | {never} | {final_ok} / {n} | {held} / {n} | {median:.3}, {worst:.3} | {secs:.1} |",
-            format!(
-                "{} → student {:?} {}, {}{}",
-                case.label,
-                case.student_hidden,
-                case.activation,
-                case.loss,
-                if case.anneal_lr { ", lr annealed" } else { "" }
-            ),
+            "| {} → student {:?} {}, {}{} | {teacher_score:.1} | {random_score:.1} | {teacher_params} → {student_params} ({:.1} %) | {mean:.0} ± {ci:.0} | {never} | {final_ok} / {n} | {held} / {n} | {median:.3}, {worst:.3} | {secs:.1} |",
+            case.label,
+            case.student_hidden,
+            case.activation,
+            case.loss,
+            if case.anneal_lr { ", lr annealed" } else { "" },
             100.0 * student_params as f64 / teacher_params as f64,
             n = results.len()
         );

@@ -773,7 +773,7 @@ impl Bench {
         let peak = num(json_lines(&out).last().ok_or("peak: no JSON line")?, "matmul")?;
         let text = example_text(&format!("pendulum_{algo}.toml"), "")?;
         let (flops, formula) = off_policy_flops_per_step(algo, &ExperimentConfig::parse(&text, &[])?.to_toml())?;
-        let overrides = vec![
+        let overrides = [
             format!("run.total_env_steps={steps}"),
             "run.torch_threads=2".to_string(),
             "eval.interval_steps=1000000000".to_string(),

@@ -25,15 +25,15 @@
 //!    `flotilla` binary next to this one (`cargo build --release --bin flotilla`).
 //! 3. **Parameter broadcast** (`broadcast`). A Nature-CNN for 4×84×84 frames with 18 actions (its real
 //!    parameter count, ~1.7 M, built with [`NatureCnn`]) is published on a gRPC hub; 256, 16 and 1 registered
-//!    clients (16 and 1 quick) each fetch the new version at once, in plaintext and over TLS. Reported: time from `publish` until every client holds it,
-//!    median and max over 10 rounds (3 quick) after a warm-up round, and aggregate MB/s (10⁶ bytes of f32
-//!    payload per second at the median).
+//!    clients (16 and 1 quick) each fetch the new version at once, in plaintext and over TLS. Reported: time
+//!    from `publish` until every client holds it, median and max over 10 rounds (3 quick) after a warm-up
+//!    round, and aggregate MB/s (10⁶ bytes of f32 payload per second at the median).
 //!
 //! 4. **PPO to 475, single-process vs actors** (`ppo`). `flotilla train examples/configs/cartpole_ppo.toml`
 //!    without and with `--actors 2` / `--actors 4` (and 4 with `learner.synchronous = true`), seeds 1–3, one after
-//! another in this run: training seconds
-//!    (wall-clock minus evaluations; for actor runs from the learner's start, actor start-up included) and
-//!    env steps at the first evaluation ≥ 475 (every 5 K steps), and whether the last two evaluations held it.
+//!    another in this run: training seconds (wall-clock minus evaluations; for actor runs from the learner's
+//!    start, actor start-up included) and env steps at the first evaluation ≥ 475 (every 5 K steps), and
+//!    whether the last two evaluations held it.
 //!
 //! Timings are wall-clock on whatever machine runs this: on a small shared machine the client threads, the
 //! server's two IO workers and the consumer compete for the same cores.
