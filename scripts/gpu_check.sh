@@ -12,9 +12,10 @@
 #            rollout (goal: 100 K steps each in <= 60 s); wall-clock, the members' final training returns
 #   acting   256 members for 10 K steps each, acting batched and acting alone (`population.batched_acting`)
 #   profile  where a 2,048-member population's seconds go on the GPU: the batched update's phases timed with a
-#            device wait at each (`FLOTILLA_PROFILE_UPDATE=1`, 3 K env steps each), then Nsight Systems (`nsys`,
+#            device wait at each (`FLOTILLA_PROFILE_UPDATE=1`, 3 K env steps each; f32 matmuls, then cuBLAS
+#            allowed TF32 by TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1), then Nsight Systems (`nsys`,
 #            where the image has it) over 3 K env steps each; its CUDA API, kernel and memcpy summaries (calls,
-#            syncs, launches per second) into the report, the whole profile into $OUT (~2 min)
+#            syncs, launches per second) into the report, the whole profile into $OUT (~3 min)
 #   learn    the MLP algorithms on CUDA with their example configs, and populations whose updates take the
 #            batched libtorch programs, all at once (so their seconds are shared and only indicative)
 #   continuous  SAC and its population, PPO Pendulum with [normalize], and `algorithm.bf16` on CUDA (ignored
@@ -182,14 +183,23 @@ fi
 if [[ $sections == *,profile,* ]]; then
   # The batched update's phases, each ended by a device wait (FLOTILLA_PROFILE_UPDATE=1: no profiler needed;
   # the waits cost a little, so this run is not the timed one): 3 K env steps each, ~4 K on the CPU smoke run.
+  # Twice: f32 matmuls as libtorch runs them by default (IEEE), then with cuBLAS allowed TF32 tensor cores
+  # (libtorch's own TORCH_ALLOW_TF32_CUBLAS_OVERRIDE, what PyTorch's `allow_tf32` sets; tch has no call for it):
+  # whether the update's 16 ms per gradient step is the batched f32 GEMMs. Each run's last two lines.
   { echo; echo "## profile: 2,048 CartPole PPO members, the batched update's phases (device waits at each)"; } >> "$report"
-  # shellcheck disable=SC2086
-  FLOTILLA_PROFILE_UPDATE=1 timeout 150 "$bin" train $cfg/cartpole_ppo.toml --population "$(scale 2048 16)" \
-    --set population.threads=1 --set run.device=$device --set run.torch_threads=1 \
-    --set run.total_env_steps="$(scale 3000 512)" --set eval.interval_steps=1000000000 \
-    --set metrics.log_interval_steps=1000000000 --set algorithm.fused_cpu=false --out "$runs/phases" \
-    > "$runs/phases.log" 2>&1 || echo "- phase-timed run: exit $?" >> "$report"
-  grep -E "one joint env batch|batched update phases" "$runs/phases.log" | tail -2 | sed 's/^.*INFO /  /' >> "$report"
+  for variant in "f32|0" "tf32|1"; do
+    IFS='|' read -r name tf32 <<< "$variant"
+    echo "- $name matmuls (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=$tf32):" >> "$report"
+    # shellcheck disable=SC2086
+    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=$tf32 FLOTILLA_PROFILE_UPDATE=1 timeout 120 "$bin" train \
+      $cfg/cartpole_ppo.toml --population "$(scale 2048 16)" --set population.threads=1 --set run.device=$device \
+      --set run.torch_threads=1 --set run.total_env_steps="$(scale 3000 512)" \
+      --set eval.interval_steps=1000000000 --set metrics.log_interval_steps=1000000000 \
+      --set algorithm.fused_cpu=false --out "$runs/phases-$name" > "$runs/phases-$name.log" 2>&1 ||
+      echo "  phase-timed run: exit $?" >> "$report"
+    grep -E "one joint env batch|batched update phases" "$runs/phases-$name.log" | tail -2 |
+      sed 's/^.*INFO /  /' >> "$report"
+  done
   { echo; echo "## profile: 2,048 CartPole PPO members under Nsight Systems"; } >> "$report"
   nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   if [[ -z $nsys || -n $smoke ]]; then
