@@ -310,10 +310,11 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    // Developer switches the fused host kernels and the batched updates read on their first step: refuse a
-    // bad value here, by name.
+    // Switches read later (the fused host kernels' lanes and the batched updates' timing on their first step,
+    // the progress line at its first row): refuse a bad value here, by name.
     flotilla_algorithms::host_lanes()?;
     flotilla_algorithms::nn::phases::enabled()?;
+    progress::allowed()?;
     let mut command = cli.command;
     if let Command::Train { population: Some(n), overrides, .. } = &mut command {
         overrides.push(format!("population.size={n}"));
@@ -375,10 +376,9 @@ fn run(cli: Cli) -> Result<()> {
             overrides.extend(tls.overrides());
             // torchrun --max-restarts starts a failed group again with the same command line: continue from the
             // run's checkpoint, as `flotilla train --learners` does with `--resume`.
-            if let Some(dir) =
-                out.as_deref().filter(|dir| group::elastic_restart() && dir.join("checkpoint.safetensors").is_file())
-            {
-                tracing::info!("restart {} of the group: resuming {}", group::restart_count(), dir.display());
+            let restarted = group::elastic_restart()?;
+            if let Some(dir) = out.as_deref().filter(|dir| restarted && dir.join("checkpoint.safetensors").is_file()) {
+                tracing::info!("restart {} of the group: resuming {}", group::restart_count()?, dir.display());
                 return train_command(None, &[], None, Some(dir), stop_at.unwrap_or(u64::MAX));
             }
             if let Some(l) = learners {

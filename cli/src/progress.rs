@@ -14,9 +14,27 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// The line, once a training loop in this process has logged its first row.
 static BAR: OnceLock<ProgressBar> = OnceLock::new();
 
+/// The environment variable that turns the line off (`0`) or leaves it on (`1`, or unset).
+const PROGRESS_VAR: &str = "FLOTILLA_PROGRESS";
+
+/// Whether `FLOTILLA_PROGRESS` allows the line; a value other than `0` or `1` is an error naming it (the
+/// command line asks first, to refuse it before anything runs).
+pub fn allowed() -> anyhow::Result<bool> {
+    static ON: OnceLock<Result<bool, String>> = OnceLock::new();
+    ON.get_or_init(|| parse(std::env::var(PROGRESS_VAR).ok().as_deref())).clone().map_err(anyhow::Error::msg)
+}
+
+fn parse(value: Option<&str>) -> Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("" | "1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(other) => Err(format!("{PROGRESS_VAR}={other:?}: expected 0 (no progress line) or 1")),
+    }
+}
+
 /// Whether this process draws a progress line: stderr is a terminal and `FLOTILLA_PROGRESS` is not `0`.
 pub fn enabled() -> bool {
-    std::io::stderr().is_terminal() && std::env::var("FLOTILLA_PROGRESS").map_or(true, |v| v != "0")
+    std::io::stderr().is_terminal() && allowed().unwrap_or(false)
 }
 
 /// Show a logged row on the line (created at the first row, `total` env steps long).
@@ -97,4 +115,16 @@ impl Drop for LogWriter {
 /// `tracing_subscriber`'s writer factory: one [`LogWriter`] per log event.
 pub fn log_writer() -> LogWriter {
     LogWriter { buf: Vec::new() }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_progress_variable_is_0_or_1_and_anything_else_is_refused_by_name() {
+        assert_eq!(super::parse(None), Ok(true));
+        assert_eq!(super::parse(Some("1")), Ok(true));
+        assert_eq!(super::parse(Some(" 0 ")), Ok(false));
+        let err = super::parse(Some("false")).unwrap_err();
+        assert!(err.contains("FLOTILLA_PROGRESS=\"false\"") && err.contains("expected 0"), "{err}");
+    }
 }
