@@ -7,11 +7,20 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 bash scripts/setup_pytorch.sh >/dev/null   # PyTorch for cli/tests/export.rs (the exported-policy check)
 
-# Lints first (seconds once the cache holds a check build): every target of the workspace, warnings as errors.
+# Lints first (seconds once the cache holds a check build): every target of the workspace, warnings as errors
+# on the toolchain the code was last made lint-free with. A newer clippy can bring new lints: there they are
+# printed (fix them with the next change and move `linted_with` on) but do not fail the run.
+linted_with=1.95
 if ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add clippy
 fi
-cargo clippy --release --workspace --all-targets -- -D warnings
+deny=()
+if [[ $(rustc --version) == "rustc $linted_with."* ]]; then
+  deny=(-D warnings)
+else
+  echo "test.sh: rustc is not $linted_with: clippy's warnings are printed, not failures" >&2
+fi
+cargo clippy --release --workspace --all-targets -- "${deny[@]}"
 
 # Every test binary runs even after a failure, so one run lists every failing test; the exit status is still
 # non-zero.
