@@ -51,6 +51,9 @@ else
     echo "# GPU check $(date -u +%FT%TZ): sections ${sections//,/ }"
     nvidia-smi -L
     python3 -c 'import torch; print("device torch", torch.__version__)'
+    # NVIDIA's containers set the first to 1 (f32 matmuls on TF32 tensor cores): what "f32" meant in this run.
+    echo "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=${TORCH_ALLOW_TF32_CUBLAS_OVERRIDE-unset}" \
+      "NVIDIA_TF32_OVERRIDE=${NVIDIA_TF32_OVERRIDE-unset}"
     echo "libraries the binary cannot find:"; ldd "$bin" | grep 'not found' || echo "(none)"
   } > "$report" 2>&1
 fi
