@@ -179,35 +179,3 @@ fn free_port() -> Result<u16> {
 pub fn is_rank() -> bool {
     std::env::var_os("WORLD_SIZE").is_some() || std::env::var_os("RANK").is_some()
 }
-
-/// torchrun's restart count of this group (`TORCHELASTIC_RESTART_COUNT`; 0 on the first start or unset); a
-/// value that is not a count is an error naming it (a rank must not guess whether to resume).
-pub fn restart_count() -> Result<u64> {
-    parse_restart_count(std::env::var("TORCHELASTIC_RESTART_COUNT").ok().as_deref())
-}
-
-fn parse_restart_count(value: Option<&str>) -> Result<u64> {
-    match value.map(str::trim) {
-        None | Some("") => Ok(0),
-        Some(v) => v.parse().with_context(|| {
-            format!("TORCHELASTIC_RESTART_COUNT={v:?}: expected torchrun's restart count, a whole number")
-        }),
-    }
-}
-
-/// Whether this process is a rank that torchrun started again after a failure of its group.
-pub fn elastic_restart() -> Result<bool> {
-    Ok(is_rank() && restart_count()? > 0)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_restart_count_that_is_not_a_number_is_refused_by_name() {
-        assert_eq!(super::parse_restart_count(None).unwrap(), 0);
-        assert_eq!(super::parse_restart_count(Some("")).unwrap(), 0);
-        assert_eq!(super::parse_restart_count(Some("2")).unwrap(), 2);
-        let err = format!("{:#}", super::parse_restart_count(Some("two")).unwrap_err());
-        assert!(err.contains("TORCHELASTIC_RESTART_COUNT=\"two\"") && err.contains("whole number"), "{err}");
-    }
-}

@@ -376,9 +376,10 @@ fn run(cli: Cli) -> Result<()> {
             overrides.extend(tls.overrides());
             // torchrun --max-restarts starts a failed group again with the same command line: continue from the
             // run's checkpoint, as `flotilla train --learners` does with `--resume`.
-            let restarted = group::elastic_restart()?;
-            if let Some(dir) = out.as_deref().filter(|dir| restarted && dir.join("checkpoint.safetensors").is_file()) {
-                tracing::info!("restart {} of the group: resuming {}", group::restart_count()?, dir.display());
+            let restarts = flotilla_learner::data_parallel::restart_count()?;
+            if let Some(dir) = out.as_deref().filter(|dir| restarts > 0 && dir.join("checkpoint.safetensors").is_file())
+            {
+                tracing::info!("restart {restarts} of the group: resuming {}", dir.display());
                 return train_command(None, &[], None, Some(dir), stop_at.unwrap_or(u64::MAX));
             }
             if let Some(l) = learners {

@@ -25,11 +25,7 @@ pub fn allowed() -> anyhow::Result<bool> {
 }
 
 fn parse(value: Option<&str>) -> Result<bool, String> {
-    match value.map(str::trim) {
-        None | Some("" | "1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(other) => Err(format!("{PROGRESS_VAR}={other:?}: expected 0 (no progress line) or 1")),
-    }
+    flotilla_core::parse_switch(PROGRESS_VAR, value, true, "draw the progress line")
 }
 
 /// Whether this process draws a progress line: stderr is a terminal and `FLOTILLA_PROGRESS` is not `0`.
@@ -125,6 +121,6 @@ mod tests {
         assert_eq!(super::parse(Some("1")), Ok(true));
         assert_eq!(super::parse(Some(" 0 ")), Ok(false));
         let err = super::parse(Some("false")).unwrap_err();
-        assert!(err.contains("FLOTILLA_PROGRESS=\"false\"") && err.contains("expected 0"), "{err}");
+        assert!(err.contains("FLOTILLA_PROGRESS=\"false\"") && err.contains("progress line"), "{err}");
     }
 }

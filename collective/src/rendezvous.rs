@@ -222,6 +222,15 @@ mod tests {
                 "TORCHELASTIC_USE_AGENT_STORE",
             ),
             (&[("MASTER_ADDR", "127.0.0.1"), ("SLURM_PROCID", "4"), ("SLURM_NTASKS", "4")], "SLURM_PROCID"),
+            (
+                &[
+                    ("MASTER_ADDR", "127.0.0.1"),
+                    ("RANK", "0"),
+                    ("WORLD_SIZE", "2"),
+                    ("TORCHELASTIC_RESTART_COUNT", "two"),
+                ],
+                "TORCHELASTIC_RESTART_COUNT=\"two\"",
+            ),
         ];
         for (vars, needle) in cases {
             let err = read(vars).unwrap_err().to_string();

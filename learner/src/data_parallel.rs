@@ -157,6 +157,13 @@ fn fingerprint(config: &ExperimentConfig) -> Vec<u8> {
     h.to_le_bytes().to_vec()
 }
 
+/// How many times torchrun has restarted the group this process is a rank of (`TORCHELASTIC_RESTART_COUNT`,
+/// read and checked with the other rendezvous variables, [`Rendezvous::from_env`]); 0 outside a group.
+pub fn restart_count() -> Result<u32> {
+    let rendezvous = Rendezvous::from_env().map_err(|e| Error::Config(e.to_string()))?;
+    Ok(rendezvous.map_or(0, |r| r.restart_count))
+}
+
 /// Join the data-parallel group the environment names (torchrun's variables; `flotilla train --learners L`
 /// sets them), if `[learner] learners > 1`: connect, make `agent`'s updates average gradients over the group,
 /// and start every learner from rank 0's parameters. `accumulate > 1` applies with or without a group.

@@ -36,11 +36,7 @@ pub fn enabled() -> Result<bool> {
 }
 
 fn parse(value: Option<&str>) -> std::result::Result<bool, String> {
-    match value.map(str::trim) {
-        None | Some("" | "0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(other) => Err(format!("{PROFILE_VAR}={other:?}: expected 1 (time an update's phases) or 0")),
-    }
+    flotilla_core::parse_switch(PROFILE_VAR, value, false, "time an update's phases")
 }
 
 /// Waits for `device`'s queued kernels (CUDA runs asynchronously: a timer must not stop before they finish).
