@@ -8,7 +8,7 @@ use rand::SeedableRng;
 use tch::{Device, Tensor};
 
 use crate::actor_critic::host::ActorCriticHost;
-use crate::actor_critic::members::{self, Batch, Nets, StackedActorCritic, params_of};
+use crate::actor_critic::members::{self, Batch, Nets, StackedActorCritic};
 use crate::actor_critic::{
     ActScratch, ActorCritic, ActorCriticPolicy, NetConfig, Settings, StepLoss, explained_variance,
 };
@@ -18,7 +18,7 @@ use crate::data::rollout::{Rollout, RolloutCollector, RolloutLayout, Sequences};
 use crate::data::vtrace::VtraceConfig;
 use crate::kind::AlgorithmKind;
 use crate::nn::data_parallel::DataParallel;
-use crate::nn::members::{Rows, check_finite};
+use crate::nn::members::{Rows, Snapshot, check_finite};
 use crate::nn::optimiser::{Optimiser, StackedOptimiser};
 use crate::nn::params::FlatParams;
 use crate::nn::phases;
@@ -416,21 +416,27 @@ fn update_torch<K: OnPolicyKind>(
         m.config.check_rollout(&m.pi.net, r, Some(n))?;
     }
     let settings: Vec<Settings> = members.iter().map(|m| m.config.settings(n, progress_remaining)).collect();
-    let c0 = &members[0].config;
-    let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
-    let batch = Batch::new(&nets, rollouts, c0.gamma_lambda().0, c0.vtrace())?;
+    let batch = {
+        let (c0, nets) = (&members[0].config, members.iter().map(|m| &m.pi.net).collect::<Vec<_>>());
+        Batch::new(&nets, rollouts, c0.gamma_lambda().0, c0.vtrace())?
+    };
     phases::mark("preparing the batch");
+    // Members stacked: their parameters and optimiser states are rows of shared stacks (made at the first
+    // batched update, kept after), so the steps are theirs with nothing to write back; a snapshot puts them
+    // back if the update fails.
     let stacked = (members.len() > 1).then(|| {
-        let rows = Rows::new(&params_of(&nets));
+        let rows = Rows::of(&mut members.iter_mut().map(|m| &mut m.pi.net.params).collect::<Vec<_>>());
+        let opt = StackedOptimiser::of(&mut members.iter_mut().map(|m| &mut m.opt).collect::<Vec<_>>(), &rows.params);
+        let undo = Snapshot::of(&std::iter::once(&rows.params).chain(opt.state()).collect::<Vec<_>>());
+        let nets: Vec<&ActorCritic> = members.iter().map(|m| &m.pi.net).collect();
         let net = StackedActorCritic::new(&nets, rows.views.iter().map(Tensor::shallow_clone).collect());
-        let opt = StackedOptimiser::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &rows.params);
-        Nets::Stacked(net, rows, opt)
+        (Nets::Stacked(net, rows, opt), undo)
     });
-    phases::mark("stacking members");
+    phases::mark("sharing rows");
 
     // Each member's shuffling RNG (where the kind shuffles), and the networks: a member alone lends its own.
     let mut rngs = Vec::with_capacity(members.len());
-    let mut nets = stacked;
+    let (mut nets, undo) = stacked.map_or((None, None), |(nets, undo)| (Some(nets), Some(undo)));
     for (m, s) in members.iter_mut().zip(&settings) {
         let OnPolicyAgent { pi, opt, parallel, .. } = &mut **m;
         opt.lr = s.lr;
@@ -442,18 +448,18 @@ fn update_torch<K: OnPolicyKind>(
         }
     }
     let mut nets = nets.expect("at least one member");
-    let (losses, steps) = members::train(&mut nets, rngs, &batch, &settings)?;
-    if let Nets::Stacked(_, rows, opt) = &nets {
-        // A member's non-finite gradient norm stops the whole update before any member is written back.
-        check_finite(&rows.nonfinite, K::NAME)?;
-        tch::no_grad(|| {
-            for (k, m) in members.iter_mut().enumerate() {
-                rows.write_back(k, &m.pi.net.params);
-                opt.write_back(k, &mut m.opt);
-            }
-        });
-        phases::mark("writing back");
+    let mut trained = members::train(&mut nets, rngs, &batch, &settings);
+    if let (Nets::Stacked(_, rows, opt), Some(undo)) = (&nets, undo) {
+        // A member's non-finite gradient norm fails the whole update, as any error does: every member's
+        // parameters and optimiser state are put back.
+        trained = trained.and_then(|t| check_finite(&rows.nonfinite, K::NAME).map(|()| t));
+        match &trained {
+            Err(_) => undo.restore(),
+            Ok(_) => members.iter_mut().for_each(|m| opt.finish(&mut m.opt)),
+        }
+        phases::mark("finishing");
     }
+    let (losses, steps) = trained?;
     let each = members.iter().zip(&settings).zip(losses).enumerate();
     Ok(each
         .map(|(k, ((m, s), loss))| m.config.metrics(s, &loss, batch.explained[k], &batch.vtrace[k], steps))

@@ -410,7 +410,7 @@ pub(crate) struct StackedActorCritic {
 
 impl StackedActorCritic {
     /// The members' networks (their layouts must match: `agent::unbatchable` checks) over `views`, their
-    /// parameters stacked (`Rows::new`'s views to train, [`frozen`] or a [`MemberStack`]'s to run forward).
+    /// parameters stacked (`Rows::of`'s views to train, [`frozen`] or a [`MemberStack`]'s to run forward).
     pub(crate) fn new(nets: &[&ActorCritic], views: Vec<Tensor>) -> Self {
         let (l, activation, outputs, log_std) = nets[0].twin_layout().expect("checked by the caller");
         let n_members = nets.len() as i64;

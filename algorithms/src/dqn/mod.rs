@@ -51,7 +51,7 @@ use crate::kind::{AlgorithmKind, members_as};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
 use crate::nn::members::{
-    Rows, backward_alone, batched_mlp, clip_per_member, member_views, mlp_operands, reduce_and_clip_alone,
+    Rows, backward_alone, batched_mlp, clip_per_member, member_views, mlp_operands, reduce_and_clip_alone, shared_rows,
 };
 use crate::nn::nets::is_image;
 use crate::nn::nets::{
@@ -711,28 +711,36 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
             "dqn population: members' training phases fell due apart ({dues:?} gradient steps)"
         )));
     }
-    let online = Box::new(Rows::new(&members.iter().map(|m| &m.online).collect::<Vec<_>>()));
-    let opt = StackedAdam::new(&members.iter().map(|m| &m.opt).collect::<Vec<_>>(), &online.params);
-    let targets = Tensor::stack(&members.iter().map(|m| m.target.flat().detach()).collect::<Vec<_>>(), 0);
+    // The members' online and target networks and Adam states are rows of shared stacks (made at the first
+    // batched phase, kept after): the steps are theirs, nothing is written back.
+    let online = Box::new(Rows::of(&mut members.iter_mut().map(|m| &mut m.online).collect::<Vec<_>>()));
+    let opt = StackedAdam::of(&mut members.iter_mut().map(|m| &mut m.opt).collect::<Vec<_>>(), &online.params);
+    let targets = shared_rows(&mut members.iter_mut().map(|m| &mut m.target).collect::<Vec<_>>());
     let target = tch::no_grad(|| mlp_operands(&member_views(&targets, &members[0].target)));
     let lrs = members.iter().map(|m| m.opt.lr).collect();
     let max_norms = members.iter().map(|m| m.config.max_grad_norm).collect();
     let mut nets = QNets::Stacked { online, target, q: Box::new(members[0].q.clone()), opt, max_norms, lrs };
     let (layout, batch, double_q) = (members[0].q.layout(), members[0].config.batch_size, members[0].config.double_q);
     let mut phase = Vec::with_capacity(dues[0]);
-    for _ in 0..dues[0] {
-        let samples = members.iter().map(|m| lock(&m.side).sample(batch, &layout)).collect::<Result<Vec<_>>>()?;
-        let (loss, q, _) = td_step(&mut nets, &DqnBatch::stack(&samples), double_q)?;
-        for m in members.iter() {
-            lock(&m.side).counters.gradient_steps += 1;
+    let mut steps = || -> Result<()> {
+        for _ in 0..dues[0] {
+            let samples = members.iter().map(|m| lock(&m.side).sample(batch, &layout)).collect::<Result<Vec<_>>>()?;
+            let (loss, q, _) = td_step(&mut nets, &DqnBatch::stack(&samples), double_q)?;
+            for m in members.iter() {
+                lock(&m.side).counters.gradient_steps += 1;
+            }
+            phase.push((loss, q.mean_dim(1, false, Kind::Float)));
         }
-        phase.push((loss, q.mean_dim(1, false, Kind::Float)));
+        Ok(())
+    };
+    let stepped = steps();
+    // The steps taken are the members' (as alone, a failed step is not taken, the ones before it are): each
+    // optimiser counts them.
+    let QNets::Stacked { opt, .. } = &nets else { unreachable!("stacked above") };
+    for m in members.iter_mut() {
+        opt.finish(&mut m.opt);
     }
-    let QNets::Stacked { online, opt, .. } = &nets else { unreachable!("stacked above") };
-    for (k, m) in members.iter_mut().enumerate() {
-        online.write_back(k, &m.online);
-        opt.write_back(k, &mut m.opt);
-    }
+    stepped?;
     members
         .iter()
         .enumerate()

@@ -152,26 +152,100 @@ pub(crate) fn check_finite(nonfinite: &Tensor, algorithm: &str) -> Result<()> {
     }
 }
 
-/// Members' parameter buffers of one layout stacked into one `[N, P]` leaf, seen as each parameter's `[N, …]`
-/// view ([`member_views`]), with a `[N, P]` gradient buffer beside it.
+/// The `[N, P]` tensor (no gradient) whose rows `buffers` are, in order: each a contiguous `[P]` view of one
+/// storage, buffer `k` at `k · P` elements from the first; `None` where they are not.
+fn rows_base(buffers: &[&Tensor]) -> Option<Tensor> {
+    let first = buffers.first()?;
+    let (n, p) = (buffers.len() as i64, first.numel() as i64);
+    let row_bytes = first.kind().elt_size_in_bytes() * p as usize;
+    let start = first.data_ptr() as usize;
+    let in_place = |(k, b): (usize, &&Tensor)| {
+        b.dim() == 1
+            && b.numel() as i64 == p
+            && b.is_contiguous()
+            && b.kind() == first.kind()
+            && b.device() == first.device()
+            && b.data_ptr() as usize == start + k * row_bytes
+    };
+    if p == 0 || !buffers.iter().enumerate().all(in_place) {
+        return None;
+    }
+    // libtorch refuses a view past the end of the first's storage: where it allows `[N, P]` from there, every
+    // buffer's address lies inside that one storage (another live allocation cannot), so each is its row.
+    first.detach().f_as_strided([n, p], [p, 1], None).ok()
+}
+
+/// The members' parameter buffers (one layout) as the rows of one `[N, P]` tensor (no gradient) that each buffer
+/// is a view of: the stack they are rows of already (the last batched update's), else a new one that each
+/// buffer moves into once ([`FlatParams::move_into`]). Writing a row in place writes that member's parameters:
+/// a batched update steps the members themselves, with nothing to stack before it or write back after.
+pub(crate) fn shared_rows(members: &mut [&mut FlatParams]) -> Tensor {
+    let flats: Vec<&Tensor> = members.iter().map(|m| m.flat()).collect();
+    if let Some(base) = rows_base(&flats) {
+        return base;
+    }
+    let first = members[0].flat();
+    let base = Tensor::empty([members.len() as i64, first.numel() as i64], (first.kind(), first.device()));
+    for (k, m) in members.iter_mut().enumerate() {
+        m.move_into(&base.get(k as i64));
+    }
+    base
+}
+
+/// [`shared_rows`] for plain `[P]` tensors (optimiser states): where they are not rows of one stack already, each
+/// is replaced by its row (a view) of a new stack of their values.
+pub(crate) fn shared_tensor_rows(tensors: &mut [&mut Tensor]) -> Tensor {
+    let refs: Vec<&Tensor> = tensors.iter().map(|t| &**t).collect();
+    if let Some(base) = rows_base(&refs) {
+        return base;
+    }
+    let base = tch::no_grad(|| Tensor::stack(&refs, 0));
+    for (k, t) in tensors.iter_mut().enumerate() {
+        **t = base.get(k as i64);
+    }
+    base
+}
+
+/// Copies of tensors that an update changes in place (the members' shared rows, their optimiser states), to put
+/// back if it fails: what keeps a batched update all or nothing without a copy per member.
+pub(crate) struct Snapshot(Vec<(Tensor, Tensor)>);
+
+impl Snapshot {
+    /// The values of `tensors` now.
+    pub(crate) fn of(tensors: &[&Tensor]) -> Snapshot {
+        Snapshot(tch::no_grad(|| tensors.iter().map(|t| (t.shallow_clone(), t.detach().copy())).collect()))
+    }
+
+    /// Every tensor back to its value when the snapshot was taken.
+    pub(crate) fn restore(&self) {
+        tch::no_grad(|| {
+            for (t, before) in &self.0 {
+                t.shallow_clone().copy_(before);
+            }
+        });
+    }
+}
+
+/// Members' parameter buffers of one layout as one `[N, P]` leaf that shares their storage ([`shared_rows`]),
+/// seen as each parameter's `[N, …]` view ([`member_views`]), with a `[N, P]` gradient buffer beside it.
 pub(crate) struct Rows {
-    /// Every member's parameters, `[N, P]`, requiring grad.
+    /// Every member's parameters, `[N, P]`, requiring grad: the members' own buffers (in place steps of it
+    /// are theirs).
     pub(crate) params: Tensor,
     /// Every member's gradient after [`Rows::backward`], `[N, P]`.
     pub(crate) grad: Tensor,
     /// Each parameter's `[N, …]` view of `params`.
     pub(crate) views: Vec<Tensor>,
     grad_views: Vec<Tensor>,
-    /// Per member (`[N]` bool): a gradient norm was non-finite since the rows were stacked
+    /// Per member (`[N]` bool): a gradient norm was non-finite since the rows were made
     /// ([`clip_per_member_lazily`]).
     pub(crate) nonfinite: Tensor,
 }
 
 impl Rows {
-    /// A copy of the members' current parameters (one layout: the first's).
-    pub(crate) fn new(members: &[&FlatParams]) -> Rows {
-        let flats: Vec<Tensor> = members.iter().map(|m| m.flat().detach()).collect();
-        let params = Tensor::stack(&flats, 0).set_requires_grad(true);
+    /// The members' parameters as rows of one leaf (one layout: the first's), their storage shared.
+    pub(crate) fn of(members: &mut [&mut FlatParams]) -> Rows {
+        let params = shared_rows(members).detach().set_requires_grad(true);
         let grad = params.zeros_like().detach();
         let views = member_views(&params, members[0]);
         let grad_views = member_views(&grad, members[0]);
@@ -194,25 +268,18 @@ impl Rows {
             }
         });
     }
-
-    /// Copy member `k`'s row into its own buffer.
-    pub(crate) fn write_back(&self, k: usize, params: &FlatParams) {
-        tch::no_grad(|| {
-            let mut flat = params.flat().shallow_clone();
-            flat.copy_(&self.params.get(k as i64));
-        });
-    }
 }
 
 /// A copy of the members' current parameters to run forward only (acting and valuing passes: no `[N, P]` rows,
 /// no gradient): each parameter as one contiguous `[N, …]` tensor, so that a pass merges its leading axes for
 /// free (a view of `[N, P]` rows is strided by a whole buffer: every pass would copy it).
 pub(crate) fn frozen(members: &[&FlatParams]) -> Vec<Tensor> {
-    // Stacked without a graph, so without a detached handle per member first (~0.3 µs each: ~1.2 ms of host
+    // The members' shared rows where a batched update made them ([`shared_rows`]): no stack to make. Else
+    // stacked without a graph, so without a detached handle per member first (~0.3 µs each: ~1.2 ms of host
     // time per stack of 2,048 members' two nets).
     let flats: Vec<&Tensor> = members.iter().map(|m| m.flat()).collect();
     tch::no_grad(|| {
-        let rows = Tensor::stack(&flats, 0);
+        let rows = rows_base(&flats).unwrap_or_else(|| Tensor::stack(&flats, 0));
         member_views(&rows, members[0]).iter().map(Tensor::contiguous).collect()
     })
 }
@@ -301,4 +368,67 @@ pub(crate) fn batched_mlp(
 pub(crate) fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
     let d = f64::try_from((a - b).abs().max()).unwrap();
     d / f64::try_from(b.abs().max()).unwrap().max(1e-30)
+}
+
+#[cfg(test)]
+mod tests {
+    use tch::{Device, Kind, Tensor};
+
+    use super::*;
+
+    fn buffer(values: &[f32]) -> FlatParams {
+        let w = Tensor::from_slice(values).view([1, values.len() as i64]);
+        let b = Tensor::from_slice(&[0.5f32]);
+        FlatParams::new(vec![("w".into(), w), ("b".into(), b)], Device::Cpu)
+    }
+
+    /// Members' buffers move into one stack once and are found there after: same storage, in order, writes
+    /// through a row are the member's (values, views and gradient buffer intact), and what is not a stack's
+    /// rows in order — separate buffers, another order, a member replaced — is not taken for one.
+    #[test]
+    fn shared_rows_are_made_once_and_are_the_members_own_buffers() {
+        let mut members: Vec<FlatParams> = (0..3).map(|k| buffer(&[k as f32, 1.0, 2.0])).collect();
+        let before: Vec<Tensor> = members.iter().map(|m| m.flat().detach().copy()).collect();
+        let flats = |m: &[FlatParams]| m.iter().map(|m| m.flat().shallow_clone()).collect::<Vec<_>>();
+        assert!(rows_base(&flats(&members).iter().collect::<Vec<_>>()).is_none(), "separate buffers");
+        let base = shared_rows(&mut members.iter_mut().collect::<Vec<_>>());
+        assert_eq!(base.size(), [3, 4]);
+        for (k, (m, b)) in members.iter().zip(&before).enumerate() {
+            assert!(m.flat().equal(b) && base.get(k as i64).equal(b), "member {k}'s values moved with it");
+            assert!(m.flat().requires_grad() && m.flat().is_leaf(), "still a leaf of its own");
+            assert_eq!(m.view(0).size(), [1, 3]);
+        }
+        // Found again, not remade.
+        let again = shared_rows(&mut members.iter_mut().collect::<Vec<_>>());
+        assert_eq!(again.data_ptr(), base.data_ptr());
+        // A step of the stack is the members' step; a member's own write is in the stack.
+        let _ = tch::no_grad(|| base.shallow_clone().g_add_scalar_(1.0));
+        assert_eq!(Vec::<f32>::try_from(members[1].view(0).flatten(0, -1)).unwrap(), vec![2.0, 2.0, 3.0]);
+        members[2].copy_from(&Tensor::from_slice(&[9.0f32; 4])).unwrap();
+        assert_eq!(f64::try_from(base.get(2).sum(Kind::Float)).unwrap(), 36.0);
+        // A member's own backward still fills its own gradient.
+        let loss = (members[0].view(0).sum(Kind::Float) * 2.0) + members[0].view(1).sum(Kind::Float);
+        members[0].backward(&loss);
+        assert_eq!(Vec::<f32>::try_from(members[0].flat().grad()).unwrap(), vec![2.0, 2.0, 2.0, 1.0]);
+        // Another order, a prefix, a member replaced.
+        let f = flats(&members);
+        assert!(rows_base(&[&f[1], &f[0], &f[2]]).is_none(), "out of order");
+        assert!(rows_base(&[&f[0], &f[1]]).is_some(), "the first rows of a stack are rows");
+        assert!(rows_base(&[&f[1], &f[2]]).is_some(), "so are its later rows");
+        members[1] = buffer(&[7.0, 7.0, 7.0]);
+        let remade = shared_rows(&mut members.iter_mut().collect::<Vec<_>>());
+        assert_ne!(remade.data_ptr(), base.data_ptr());
+        assert_eq!(Vec::<f32>::try_from(remade.get(1)).unwrap(), vec![7.0, 7.0, 7.0, 0.5]);
+        assert_eq!(Vec::<f32>::try_from(remade.get(2)).unwrap(), vec![9.0; 4]);
+    }
+
+    /// A snapshot puts in-place changes back.
+    #[test]
+    fn a_snapshot_restores_what_changed_in_place() {
+        let t = Tensor::from_slice(&[1.0f32, 2.0]);
+        let undo = Snapshot::of(&[&t]);
+        let _ = tch::no_grad(|| t.shallow_clone().g_mul_scalar_(3.0));
+        undo.restore();
+        assert_eq!(Vec::<f32>::try_from(&t).unwrap(), vec![1.0, 2.0]);
+    }
 }

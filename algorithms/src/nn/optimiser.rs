@@ -15,7 +15,7 @@ use tch::Tensor;
 use crate::Result;
 use crate::checkpoint::Checkpoint;
 use crate::nn::lanes::{Lanes, lanes};
-use crate::nn::members::{Coef, per_member};
+use crate::nn::members::{Coef, per_member, shared_tensor_rows};
 use crate::nn::params::FlatParams;
 
 /// An update rule and its decay rates.
@@ -187,21 +187,36 @@ pub(crate) struct StackedOptimiser {
 pub(crate) type StackedAdam = StackedOptimiser;
 
 impl StackedOptimiser {
-    /// `opts[k]` is the optimiser of row `k` of `params` (`[N, P]`).
-    pub(crate) fn new(opts: &[&Optimiser], params: &Tensor) -> Self {
+    /// `opts[k]` is the optimiser of row `k` of `params` (`[N, P]`). Its state becomes row `k` of one stack
+    /// per state tensor (`nn::members::shared_tensor_rows`: made once, then kept from update to update), so the
+    /// stacked steps move each member's own state, and a member stepping alone meanwhile only its own row.
+    pub(crate) fn of(opts: &mut [&mut Optimiser], params: &Tensor) -> Self {
         let fresh = opts.iter().any(|o| o.state[0].numel() as i64 != params.size()[1]);
         let state = (0..opts[0].state.len())
-            .map(|i| match fresh {
-                true => params.zeros_like().detach(),
-                false => Tensor::stack(&opts.iter().map(|o| o.state[i].shallow_clone()).collect::<Vec<_>>(), 0),
+            .map(|i| {
+                let mut rows: Vec<&mut Tensor> = opts.iter_mut().map(|o| &mut o.state[i]).collect();
+                if fresh {
+                    let zeros = params.zeros_like().detach();
+                    for (k, row) in rows.iter_mut().enumerate() {
+                        **row = zeros.get(k as i64);
+                    }
+                    return zeros;
+                }
+                shared_tensor_rows(&mut rows)
             })
             .collect();
+        let refs: Vec<&Optimiser> = opts.iter().map(|o| &**o).collect();
         StackedOptimiser {
             state,
             steps: if fresh { 0 } else { opts[0].steps },
-            rates: Rates::each(opts, params.device()),
+            rates: Rates::each(&refs, params.device()),
             eps: Coef::Each(per_member(opts.iter().map(|o| o.eps), params.device())),
         }
+    }
+
+    /// The stacked state tensors (`[N, P]` each), the members' own.
+    pub(crate) fn state(&self) -> &[Tensor] {
+        &self.state
     }
 
     /// One step ([`Optimiser::step`]'s ops) of every member's parameters (rows of `params`) from its gradient
@@ -216,10 +231,8 @@ impl StackedOptimiser {
         });
     }
 
-    /// Member `k`'s state and step count back into its optimiser: views of its rows, not copies (thousands of
-    /// kernel launches for a large population); a member stepping alone meanwhile moves only its own row.
-    pub(crate) fn write_back(&self, k: usize, opt: &mut Optimiser) {
-        opt.state = self.state.iter().map(|s| s.get(k as i64)).collect();
+    /// A member's step count after the stacked steps (its state is its row already).
+    pub(crate) fn finish(&self, opt: &mut Optimiser) {
         opt.steps = self.steps;
     }
 }

@@ -152,6 +152,31 @@ impl FlatParams {
         &self.flat
     }
 
+    /// Move the buffer into `row` (a `[P]` f32 tensor on the same device, e.g. a row of a population's stack,
+    /// `nn::members::shared_rows`): the values (and the gradient buffer's) copied there, then the flat leaf,
+    /// its views and gradient slices remade over it; the old buffer is dropped. The buffer stays a leaf of its
+    /// own, with its own gradient; what writes `row` in place writes these parameters.
+    pub(crate) fn move_into(&mut self, row: &Tensor) {
+        assert_eq!(row.size(), self.flat.size(), "a row of the buffer's size");
+        tch::no_grad(|| row.shallow_clone().copy_(&self.flat));
+        let old_grad = self.flat.grad();
+        let flat = row.detach().set_requires_grad(self.flat.requires_grad());
+        self.views = self.entries.iter().map(|e| flat.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
+        if !self.grad_views.is_empty() {
+            // As in `new`: one backward through the leaf allocates its gradient, which the slices alias.
+            (&flat * 0.0).sum(Kind::Float).backward();
+            let grad = flat.grad();
+            if old_grad.defined() {
+                tch::no_grad(|| grad.shallow_clone().copy_(&old_grad));
+            }
+            self.grad_views =
+                self.entries.iter().map(|e| grad.narrow(0, e.offset, e.numel).view(e.shape.as_slice())).collect();
+        }
+        self.flat = flat;
+        // A new buffer: whatever kept a stack of the old one sees it by its address; count a write as well.
+        self.host_writes += 1;
+    }
+
     /// The buffer's values as a slice of host memory, when it is CPU f32 contiguous (else `None`). Its one
     /// rule: nothing may write the buffer while the slice is alive (callers drop it within a `&self` method).
     pub(crate) fn host_values(&self) -> Option<&[f32]> {

@@ -742,6 +742,9 @@ mod member_tests {
         let mut alone: Vec<Ppo> = configs.iter().enumerate().map(|(k, c)| build(c, k)).collect();
         let n_steps = configs[0].n_steps;
         let mut rng = Pcg64::seed_from_u64(7);
+        // Where the members' parameters and Adam moments live after the first batched update: rows of stacks
+        // kept from then on (nothing re-stacked, nothing written back).
+        let mut homes: Option<Vec<usize>> = None;
         for update in 0..4 {
             let rollouts: Vec<Rollout> = together
                 .iter_mut()
@@ -766,6 +769,21 @@ mod member_tests {
                 assert!(d <= 1e-5, "update {update} member {k}: Adam moments differ by {d:e}");
                 assert_eq!(a.opt.steps, b.opt.steps);
                 assert_eq!(a.pi.rng, b.pi.rng, "member {k}: the shuffles drew the same numbers");
+            }
+            let ptr = |t: &Tensor| t.data_ptr() as usize;
+            let now: Vec<usize> = together
+                .iter()
+                .flat_map(|m| [ptr(m.params().flat()), ptr(&m.opt.state[0]), ptr(&m.opt.state[1])])
+                .collect();
+            let row_bytes = 4 * together[0].params().numel() as usize;
+            for (k, at) in now.chunks(3).enumerate() {
+                for (j, &p) in at.iter().enumerate() {
+                    assert_eq!(p, now[j] + k * row_bytes, "update {update}: member {k}'s buffer {j} is row {k}");
+                }
+            }
+            match &homes {
+                None => homes = Some(now),
+                Some(h) => assert_eq!(h, &now, "update {update}: the members' buffers moved (were re-stacked)"),
             }
         }
     }
@@ -916,14 +934,18 @@ mod member_tests {
         assert_eq!(act(&mut members, "second pass"), 1, "nothing changed: the stack is kept");
         // A fused CPU update of member 1 writes its buffer on the host.
         let host_writes = members[1].params().generation().1;
-        let mut r = Rollout::new(2, 8, 4, 1);
-        let mut out = ActOutput::default();
-        for _ in 0..8 {
-            let x: Vec<f32> = (0..8).map(|_| rng.random_range(-1.0..1.0)).collect();
-            members[1].act(ObsRef::F32(&x), ActMode::Explore, &mut out).unwrap();
-            r.push_acted(&x, &out, &[1.0, -1.0], &[false; 2]);
-        }
-        r.finish(&[0.0; 2], 0.99, 0.95).unwrap();
+        let mut rollout = |m: &mut Ppo| {
+            let mut r = Rollout::new(2, 8, 4, 1);
+            let mut out = ActOutput::default();
+            for _ in 0..8 {
+                let x: Vec<f32> = (0..8).map(|_| rng.random_range(-1.0..1.0)).collect();
+                m.act(ObsRef::F32(&x), ActMode::Explore, &mut out).unwrap();
+                r.push_acted(&x, &out, &[1.0, -1.0], &[false; 2]);
+            }
+            r.finish(&[0.0; 2], 0.99, 0.95).unwrap();
+            r
+        };
+        let r = rollout(&mut members[1]);
         update_members(&mut [&mut members[1]], &[&r], 1.0).unwrap();
         assert!(members[1].params().generation().1 > host_writes, "the fused step wrote on the host");
         assert_eq!(act(&mut members, "after member 1's fused update"), 2, "restacked");
@@ -935,6 +957,20 @@ mod member_tests {
         members[0] = make(9);
         assert_eq!(act(&mut members, "after member 0 was replaced"), 4, "restacked");
         assert_eq!(act(&mut members, "again"), 4, "kept");
+        // Batched libtorch updates (members at one optimiser step, on the libtorch path): the first moves the
+        // members into rows of one stack, the next steps those rows in place (same addresses: only the version
+        // counter says they changed).
+        members = (1..=3).map(make).collect();
+        members.iter_mut().for_each(|m| m.config.fused_cpu = false);
+        assert_eq!(act(&mut members, "fresh members"), 5, "restacked");
+        for (update, made) in [(1, 6), (2, 7)] {
+            let rs: Vec<Rollout> = members.iter_mut().map(&mut rollout).collect();
+            let before = members[0].params().flat().data_ptr();
+            update_members(&mut members.iter_mut().collect::<Vec<_>>(), &rs.iter().collect::<Vec<_>>(), 1.0).unwrap();
+            let moved = members[0].params().flat().data_ptr() != before;
+            assert_eq!(moved, update == 1, "batched update {update}: rows made at the first, kept after");
+            assert_eq!(act(&mut members, &format!("after batched update {update}")), made, "restacked");
+        }
     }
 
     /// Members acting in one batched pass ([`crate::actor_critic::members::act_stacked`], what a population on

@@ -47,7 +47,7 @@ use crate::export::{Architecture, Network, PolicyOutput, unsupported};
 use crate::kind::{AlgorithmKind, members_as};
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::host_mlp::HostScratch;
-use crate::nn::members::{Rows, backward_alone, batched_mlp, member_views, mlp_operands, per_member};
+use crate::nn::members::{Rows, backward_alone, batched_mlp, member_views, mlp_operands, per_member, shared_rows};
 use crate::nn::nets::{Activation, FlatMlp, LayerInit, cpu_has_native_bf16, mlp_input_dim, with_torch_seed};
 use crate::nn::optimiser::{Adam, StackedAdam};
 use crate::nn::params::FlatParams;
@@ -661,14 +661,15 @@ struct StackedNet {
 }
 
 impl StackedNet {
-    /// The members' `(online, target, optimiser)` that `pick` names, stacked.
-    fn new(members: &[&mut Td3], pick: fn(&Td3) -> (&FlatParams, &FlatParams, &Adam)) -> Self {
-        let picked: Vec<_> = members.iter().map(|m| pick(m)).collect();
-        let online = Rows::new(&picked.iter().map(|p| p.0).collect::<Vec<_>>());
-        let target = Tensor::stack(&picked.iter().map(|p| p.1.flat().detach()).collect::<Vec<_>>(), 0);
+    /// The members' `(online, target, optimiser)` that `pick` names as rows of shared stacks (made at the first
+    /// batched phase, kept after): the phase's steps are the members' own, nothing is written back.
+    fn new(members: &mut [&mut Td3], pick: fn(&mut Td3) -> (&mut FlatParams, &mut FlatParams, &mut Adam)) -> Self {
+        let mut picked: Vec<_> = members.iter_mut().map(|m| pick(m)).collect();
+        let online = Rows::of(&mut picked.iter_mut().map(|p| &mut *p.0).collect::<Vec<_>>());
+        let target = shared_rows(&mut picked.iter_mut().map(|p| &mut *p.1).collect::<Vec<_>>());
         StackedNet {
             target_views: member_views(&target, picked[0].0),
-            adam: StackedAdam::new(&picked.iter().map(|p| p.2).collect::<Vec<_>>(), &online.params),
+            adam: StackedAdam::of(&mut picked.iter_mut().map(|p| &mut *p.2).collect::<Vec<_>>(), &online.params),
             lrs: picked.iter().map(|p| p.2.lr).collect(),
             online,
             target,
@@ -693,11 +694,9 @@ impl StackedNet {
         });
     }
 
-    /// Member `k`'s results back into its buffers and optimiser.
-    fn scatter(&self, k: usize, online: &FlatParams, target: &FlatParams, opt: &mut Adam) {
-        self.online.write_back(k, online);
-        tch::no_grad(|| target.flat().shallow_clone().copy_(&self.target.get(k as i64)));
-        self.adam.write_back(k, opt);
+    /// A member's optimiser step count after the phase (its parameters, target and state are its rows).
+    fn finish(&self, opt: &mut Adam) {
+        self.adam.finish(opt);
     }
 }
 
@@ -773,12 +772,13 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         let name = members[0].name();
         return Err(Error::Unsupported(format!("{name} population: members' training phases fell due apart {dues:?}")));
     }
+    let critic = StackedNet::new(members, |m| (&mut m.critic, &mut m.critic_target, &mut m.critic_opt));
+    let actor = StackedNet::new(members, |m| (&mut m.actor, &mut m.actor_target, &mut m.actor_opt));
     let m0 = &members[0];
-    let critic = StackedNet::new(members, |m| (&m.critic, &m.critic_target, &m.critic_opt));
     let mut first_views = member_views(&critic.online.params.detach(), &m0.critic);
     first_views.truncate(2 * m0.critic_net.layers);
     let mut stacked = StackedTd3 {
-        actor: StackedNet::new(members, |m| (&m.actor, &m.actor_target, &m.actor_opt)),
+        actor,
         critic,
         actor_layers: m0.pi.net.layout().0.to_vec(),
         critic_layers: m0.critic_net.nets.iter().map(|n| n.layout().0.to_vec()).collect(),
@@ -788,7 +788,14 @@ pub fn update_members(members: &mut [&mut Td3], progress: &Progress) -> Result<V
         taus: members.iter().map(|m| m.config.tau).collect(),
         dims: (m0.pi.obs_dim as i64, m0.pi.act_dim as i64, m0.config.smoothing()),
     };
-    Ok(train_phase(members, Some(&mut stacked), dues[0])?.into_iter().map(Some).collect())
+    let trained = train_phase(members, Some(&mut stacked), dues[0]);
+    // The steps taken are the members' (as alone, a failed step is not taken, the ones before it are): each
+    // optimiser counts them.
+    for m in members.iter_mut() {
+        stacked.actor.finish(&mut m.actor_opt);
+        stacked.critic.finish(&mut m.critic_opt);
+    }
+    Ok(trained?.into_iter().map(Some).collect())
 }
 
 /// A training phase of `steps` [`td3_step`]s of `members`, stacked in `stacked` (else the one member alone),
@@ -824,10 +831,6 @@ fn train_phase(members: &mut [&mut Td3], mut stacked: Option<&mut StackedTd3>, s
         .iter_mut()
         .enumerate()
         .map(|(k, m)| {
-            if let Some(s) = &stacked {
-                s.actor.scatter(k, &m.actor, &m.actor_target, &mut m.actor_opt);
-                s.critic.scatter(k, &m.critic, &m.critic_target, &mut m.critic_opt);
-            }
             // The mean over the phase's steps of member `k`'s losses; the latest actor loss is kept for phases
             // the delay skips.
             let mean = |ts: &[Tensor]| mean_of(&ts.iter().map(|t| t.get(k as i64)).collect::<Vec<_>>());
