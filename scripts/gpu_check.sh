@@ -11,8 +11,8 @@
 #            CUDA: one batched acting pass over the joint batch of 16,384 envs per step, one batched update per
 #            rollout (goal: 100 K steps each in <= 60 s); wall-clock, the members' final training returns
 #   acting   256 members for 10 K steps each, acting batched and acting alone (`population.batched_acting`)
-#   profile  where a 2,048-member population's seconds go on the GPU: the batched update's phases timed with a
-#            device wait at each (`FLOTILLA_PROFILE_UPDATE=1`, 3 K env steps each; f32 matmuls, then cuBLAS
+#   profile  where a 2,048-member population's seconds go on the GPU: the batched update's and acting pass's
+#            phases timed with a device wait at each (`FLOTILLA_PROFILE_UPDATE=1`, 3 K env steps each; f32 matmuls, then cuBLAS
 #            allowed TF32 by TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1), then Nsight Systems (`nsys`,
 #            where the image has it) over 3 K env steps each; its CUDA API, kernel and memcpy summaries (calls,
 #            syncs, launches per second) into the report, the whole profile into $OUT (~3 min)
@@ -184,12 +184,12 @@ if [[ $sections == *,acting,* ]]; then
 fi
 
 if [[ $sections == *,profile,* ]]; then
-  # The batched update's phases, each ended by a device wait (FLOTILLA_PROFILE_UPDATE=1: no profiler needed;
+  # The batched update's and acting pass's phases, each ended by a device wait (FLOTILLA_PROFILE_UPDATE=1: no profiler needed;
   # the waits cost a little, so this run is not the timed one): 3 K env steps each, ~4 K on the CPU smoke run.
   # Twice: f32 matmuls as libtorch runs them by default (IEEE), then with cuBLAS allowed TF32 tensor cores
   # (libtorch's own TORCH_ALLOW_TF32_CUBLAS_OVERRIDE, what PyTorch's `allow_tf32` sets; tch has no call for it):
   # whether the update's 16 ms per gradient step is the batched f32 GEMMs. Each run's last two lines.
-  { echo; echo "## profile: 2,048 CartPole PPO members, the batched update's phases (device waits at each)"; } >> "$report"
+  { echo; echo "## profile: 2,048 CartPole PPO members, the batched update's and acting pass's phases (device waits at each)"; } >> "$report"
   for variant in "f32|0" "tf32|1"; do
     IFS='|' read -r name tf32 <<< "$variant"
     echo "- $name matmuls (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=$tf32):" >> "$report"
@@ -198,10 +198,23 @@ if [[ $sections == *,profile,* ]]; then
       $cfg/cartpole_ppo.toml --population "$(scale 2048 16)" --set population.threads=1 --set run.device=$device \
       --set run.torch_threads=1 --set run.total_env_steps="$(scale 3000 512)" \
       --set eval.interval_steps=1000000000 --set metrics.log_interval_steps=1000000000 \
-      --set algorithm.fused_cpu=false --out "$runs/phases-$name" > "$runs/phases-$name.log" 2>&1 ||
+      --set algorithm.fused_cpu=false --set population.batched_acting=true \
+      --out "$runs/phases-$name" > "$runs/phases-$name.log" 2>&1 ||
       echo "  phase-timed run: exit $?" >> "$report"
-    grep -E "one joint env batch|batched update phases" "$runs/phases-$name.log" | tail -2 |
-      sed 's/^.*INFO /  /' >> "$report"
+    # Summed over the run's segments (the group logs each segment's split and phases).
+    python3 - "$runs/phases-$name.log" >> "$report" <<'PY'
+import re, sys
+kinds = {"one joint env batch": "group", "batched update and acting phases": "phases"}
+sums = {k: {} for k in kinds.values()}
+for line in open(sys.argv[1], errors="replace"):
+    for marker, kind in kinds.items():
+        if marker in line:
+            for secs, name in re.findall(r"([0-9.]+) s (.+?)(?=, [0-9.]+ s |$)", line.split(marker, 1)[1].split(": ", 1)[1].strip()):
+                sums[kind][name.strip()] = sums[kind].get(name.strip(), 0.0) + float(secs)
+for kind, parts in sums.items():
+    if parts:
+        print(f"  {kind}: " + ", ".join(f"{s:.3f} s {n}" for n, s in parts.items()))
+PY
   done
   { echo; echo "## profile: 2,048 CartPole PPO members under Nsight Systems"; } >> "$report"
   nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)

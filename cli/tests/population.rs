@@ -192,16 +192,17 @@ fn ppo_members_acting_in_one_batched_pass_match_their_seeds_trained_alone() {
     );
 }
 
-/// `FLOTILLA_PROFILE_UPDATE=1` times the batched updates' phases (a device wait at each) and logs their sums at
-/// the group's end; the run is the same run, bit for bit. Any value but 0 or 1 is refused by name before
+/// `FLOTILLA_PROFILE_UPDATE=1` times the batched updates' and acting passes' phases (a device wait at each) and
+/// logs their sums at the group's end; the run is the same run, bit for bit. Any value but 0 or 1 is refused by name before
 /// anything is written.
 #[test]
 fn timing_the_batched_updates_phases_logs_them_and_changes_nothing() {
     let dir = scratch("population", "phases");
     let with = |value: &str, out: &Path| {
         let sets = ["run.total_env_steps=512", "eval.interval_steps=256", "algorithm.fused_cpu=false"];
+        let sets = sets.iter().chain(&["population.batched_acting=true"]);
         let mut args = vec!["train".to_string(), config("cartpole_ppo.toml")];
-        for s in sets.iter().chain(&["run.device=cpu", "run.torch_threads=1", "population.threads=1"]) {
+        for s in sets.chain(&["run.device=cpu", "run.torch_threads=1", "population.threads=1"]) {
             args.extend(["--set".into(), s.to_string()]);
         }
         args.extend(["--population", "3", "--out", &out.display().to_string()].map(String::from));
@@ -213,12 +214,17 @@ fn timing_the_batched_updates_phases_logs_them_and_changes_nothing() {
     };
     let (timed, plain) = (dir.join("timed"), dir.join("plain"));
     let printed = ok(with("1", &timed));
-    let line = printed.lines().find(|l| l.contains("batched update phases")).unwrap_or_else(|| panic!("{printed}"));
-    for phase in ["finishing rollouts", "preparing the batch", "forward and loss", "backward", "optimiser step"] {
+    // One line per segment of the group's run (a segment may hold acting passes and no update).
+    let lines: Vec<&str> = printed.lines().filter(|l| l.contains("batched update and acting phases")).collect();
+    assert!(!lines.is_empty(), "{printed}");
+    let line = lines.join("\n");
+    let update = ["finishing rollouts", "preparing the batch", "forward and loss", "backward", "optimiser step"];
+    let acting = ["acting: observations to the device", "acting: forward pass", "acting: sampling on the host"];
+    for phase in update.iter().chain(&acting) {
         assert!(line.contains(&format!(" s {phase}")), "{phase} timed: {line}");
     }
     let printed = ok(with("0", &plain));
-    assert!(!printed.contains("batched update phases"), "untimed: {printed}");
+    assert!(!printed.contains("batched update and acting phases"), "untimed: {printed}");
     for k in 0..3 {
         assert_eq!(model(&member(&timed, k)), model(&member(&plain, k)), "member {k}: timed run's weights");
     }

@@ -530,11 +530,16 @@ pub fn run_group(
         group.len(),
         if joint.is_some() { "one joint env batch" } else { "own env batches" }
     );
-    // Where `FLOTILLA_PROFILE_UPDATE=1` timed the batched updates' phases (flotilla_algorithms::nn::phases).
+    // Where `FLOTILLA_PROFILE_UPDATE=1` timed the batched updates' and acting passes' phases
+    // (flotilla_algorithms::nn::phases).
     let phases = flotilla_algorithms::nn::phases::take();
     if !phases.is_empty() {
         let shown: Vec<String> = phases.iter().map(|(name, secs)| format!("{secs:.3} s {name}")).collect();
-        info!("{} members, batched update phases (the device waited at each): {}", group.len(), shown.join(", "));
+        info!(
+            "{} members, batched update and acting phases (the device waited at each): {}",
+            group.len(),
+            shown.join(", ")
+        );
     }
     // The members get their envs back whatever happened (a failed run still checkpoints and reports).
     let back = joint.map_or(Ok(()), |j| j.give_back(group));

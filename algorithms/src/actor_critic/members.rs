@@ -492,14 +492,30 @@ pub(crate) fn act_stacked(
     if obs.iter().any(|o| o.len() != obs[0].len()) {
         return Ok(false);
     }
+    // Phase by phase where `FLOTILLA_PROFILE_UPDATE=1` (`nn::phases`; a device wait at each mark).
+    let _timing = crate::nn::phases::start(nets.first().map_or(Device::Cpu, |n| n.device), || true)?;
     let Some((x, rows)) = stackable(&nets, obs) else { return Ok(false) };
+    mark("acting: observations to the device");
     let stacked = StackedActorCritic::new(&nets, kept.views(&params_of(&nets)));
+    mark("acting: stacking parameters");
     let (dist, values) = tch::no_grad(|| stacked.forward(&x));
-    let (mut head, log_std) = match &dist {
-        ActionDist::Categorical { logits } => (host(logits)?, Vec::new()),
-        ActionDist::DiagGaussian { mean, log_std } => (host(mean)?, host(log_std)?),
+    mark("acting: forward pass");
+    // The heads and values to the host in one copy (on an accelerator each copy waits for the device).
+    let parts = match &dist {
+        ActionDist::Categorical { logits } => vec![logits.flatten(0, -1), values.flatten(0, -1)],
+        ActionDist::DiagGaussian { mean, log_std } => {
+            vec![mean.flatten(0, -1), log_std.flatten(0, -1), values.flatten(0, -1)]
+        }
     };
-    let values = host(&values)?;
+    let lens: Vec<usize> = parts.iter().map(|t| t.numel()).collect();
+    let mut all = host(&Tensor::cat(&parts, 0))?;
+    let values = all.split_off(all.len() - lens[lens.len() - 1]);
+    let log_std = match lens.len() {
+        3 => all.split_off(lens[0]),
+        _ => Vec::new(),
+    };
+    let mut head = all;
+    mark("acting: heads to the host");
     let (head_len, std_len) = (rows * stacked.outputs[0] as usize, log_std.len() / pis.len());
     for (k, (pi, out)) in pis.iter_mut().zip(outs.iter_mut()).enumerate() {
         let ActorCriticPolicy { net, rng, scratch } = &mut **pi;
@@ -509,6 +525,7 @@ pub(crate) fn act_stacked(
         let h = &mut head[k * head_len..(k + 1) * head_len];
         net.sample_with(deterministic, rng, &mut scratch.samples, h, &log_std[k * std_len..(k + 1) * std_len], out);
     }
+    mark("acting: sampling on the host");
     Ok(true)
 }
 

@@ -1,5 +1,5 @@
 //! Opt-in timing of an update's phases (`FLOTILLA_PROFILE_UPDATE=1`, [`PROFILE_VAR`]): where a batched
-//! update's seconds go on its device, with no profiler installed. Each mark waits for the device's queued work
+//! update's (and a population's batched acting pass's) seconds go on its device, with no profiler installed. Each mark waits for the device's queued work
 //! (CUDA runs asynchronously, so a host timer alone would charge a phase's kernels to whichever later phase
 //! first waits) and adds the seconds since the previous mark to the phase it names. The sums are kept per
 //! thread (one lockstep group's updates run on its thread) until [`take`]n; the learner logs them.
@@ -48,21 +48,33 @@ pub fn synchronize(device: Device) {
 
 /// Start timing an update on `device` where timing is on and `due` says an update is due (asked only then: it
 /// runs on every lockstep step), until the returned guard goes; the device's queued work waits first, so that
-/// the first phase is charged only its own.
+/// the first phase is charged only its own. Inside a timed update (an acting pass that its bootstrap runs) it
+/// changes nothing: the inner marks are charged to their phases, and the outer timing goes on.
 pub(crate) fn start(device: Device, due: impl FnOnce() -> bool) -> Result<Timing> {
-    if enabled()? && due() {
-        synchronize(device);
-        PHASES.with_borrow_mut(|p| p.since = Some((device, Instant::now())));
-    }
-    Ok(Timing(()))
+    Ok(begin(device, enabled()?, due))
 }
 
-/// An update being timed (from [`start`]); timing stops when it goes, whichever way the update ends.
-pub(crate) struct Timing(());
+/// [`start`] with timing on or off (`on`).
+fn begin(device: Device, on: bool, due: impl FnOnce() -> bool) -> Timing {
+    if !on || PHASES.with_borrow(|p| p.since.is_some()) || !due() {
+        return Timing { started: false };
+    }
+    synchronize(device);
+    PHASES.with_borrow_mut(|p| p.since = Some((device, Instant::now())));
+    Timing { started: true }
+}
+
+/// An update being timed (from [`start`]); timing stops when the guard that started it goes, whichever way the
+/// update ends.
+pub(crate) struct Timing {
+    started: bool,
+}
 
 impl Drop for Timing {
     fn drop(&mut self) {
-        PHASES.with_borrow_mut(|p| p.since = None);
+        if self.started {
+            PHASES.with_borrow_mut(|p| p.since = None);
+        }
     }
 }
 
@@ -104,12 +116,17 @@ mod tests {
     #[test]
     fn marks_add_up_per_phase_between_a_start_and_a_stop() {
         // Driven directly (the variable is read once per process; the tests leave it unset).
-        let timing = start(Device::Cpu, || true).unwrap();
-        PHASES.with_borrow_mut(|p| p.since = Some((Device::Cpu, Instant::now()))); // on, whatever the variable says
+        assert!(!begin(Device::Cpu, false, || true).started, "off: nothing starts");
+        assert!(!begin(Device::Cpu, true, || false).started, "nothing due: nothing starts");
+        let timing = begin(Device::Cpu, true, || true);
         std::thread::sleep(std::time::Duration::from_millis(20));
         mark("a");
         mark("b");
+        // A timed pass inside (an acting pass of the update's bootstrap) neither restarts nor stops the timing.
+        let inner = begin(Device::Cpu, true, || true);
+        assert!(!inner.started);
         std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(inner);
         mark("a");
         drop(timing);
         let before = PHASES.with_borrow(|p| p.sums.clone());
