@@ -2095,6 +2095,52 @@ mod member_tests {
         }
     }
 
+    /// A batched phase in which one member's gradient is not finite fails naming it, before that step is taken:
+    /// the other members' networks are where they were, and every optimiser counts only the steps taken.
+    #[test]
+    fn a_non_finite_member_fails_the_batched_phase_before_its_step() {
+        let (obs_space, act_space, n_envs) = (Space::box1d(vec![-1.0; 4], vec![1.0; 4]), Space::discrete(3), 2);
+        let c = DqnConfig { fused_cpu: false, ..small(1e-3, 0.99, 30, false) };
+        let mut members: Vec<Dqn> =
+            (0..3).map(|k| Dqn::new(&obs_space, &act_space, n_envs, c.clone(), Device::Cpu, 40 + k).unwrap()).collect();
+        let nan = Tensor::full([members[1].online.numel()], f64::NAN, (Kind::Float, Device::Cpu));
+        members[1].online.copy_from(&nan).unwrap();
+        let before: Vec<Tensor> = members.iter().map(|m| m.online.flat().detach().copy()).collect();
+        let mut rng = Pcg64::seed_from_u64(3);
+        let mut failed = None;
+        for step in 1..=100u64 {
+            let obs: Vec<f32> = (0..n_envs * 4).map(|_| rng.random_range(-1.0..1.0)).collect();
+            for m in members.iter_mut() {
+                let mut out = ActOutput::default();
+                m.act(ObsRef::F32(&obs), ActMode::Explore, &mut out).unwrap();
+                let t = Chunk::from_step(
+                    ObsRef::F32(&obs),
+                    &out.actions,
+                    &out.log_probs,
+                    &out.values,
+                    &[0.5; 2],
+                    &[false; 2],
+                    &[false; 2],
+                    ObsRef::F32(&obs),
+                );
+                m.observe(std::slice::from_ref(&t)).unwrap();
+            }
+            let progress = Progress { env_steps: step * n_envs as u64, total_env_steps: 200 };
+            if let Err(e) = update_members(&mut members.iter_mut().collect::<Vec<_>>(), &progress) {
+                failed = Some(e);
+                break;
+            }
+        }
+        let e = failed.expect("the first due phase fails");
+        assert!(matches!(e, Error::NonFinite(_)) && e.to_string().contains("member 1"), "{e}");
+        for (k, m) in members.iter().enumerate() {
+            assert_eq!(m.opt.steps, 0, "member {k}: no step was taken");
+            if k != 1 {
+                assert!(m.online.flat().equal(&before[k]), "member {k}'s network moved");
+            }
+        }
+    }
+
     #[test]
     fn members_match_their_runs_alone() {
         check(vec![small(1e-3, 0.99, 30, false), small(3e-3, 0.9, 50, false), small(5e-4, 0.95, 10, false)]);
