@@ -173,9 +173,3 @@ fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port for the rendezvous")?;
     Ok(listener.local_addr()?.port())
 }
-
-/// Whether this process is a rank of a launched group (torchrun's variables are set) rather than the one to
-/// launch it.
-pub fn is_rank() -> bool {
-    std::env::var_os("WORLD_SIZE").is_some() || std::env::var_os("RANK").is_some()
-}

@@ -329,7 +329,7 @@ fn run(cli: Cli) -> Result<()> {
             stop_at,
             tls,
             ..
-        } if l > 1 && !group::is_rank() => {
+        } if l > 1 && !flotilla_learner::data_parallel::is_rank() => {
             overrides.extend(tls.overrides());
             anyhow::ensure!(
                 n >= l && n.is_multiple_of(l),
@@ -350,7 +350,7 @@ fn run(cli: Cli) -> Result<()> {
             group::group_train(&config, start, stop_at.unwrap_or(u64::MAX), &launcher::install_stop_signals())
         }
         Command::Train { config: Some(path), mut overrides, out, actors: Some(n), learners, stop_at, tls, .. }
-            if learners.unwrap_or(1) <= 1 && !group::is_rank() =>
+            if learners.unwrap_or(1) <= 1 && !flotilla_learner::data_parallel::is_rank() =>
         {
             // One learner: a supervisor process runs it as a child, restarted from its checkpoint if it dies.
             overrides.extend(tls.overrides());
@@ -486,12 +486,12 @@ fn train_command(
             let (run_dir, config) = RunDir::open(dir)?;
             let checkpoint = run_dir.checkpoint_path();
             anyhow::ensure!(checkpoint.is_file(), "{} has no checkpoint to resume from", dir.display());
-            if config.learner.learners > 1 && !group::is_rank() {
+            if config.learner.learners > 1 && !flotilla_learner::data_parallel::is_rank() {
                 // A data-parallel run: the whole group resumes.
                 let stop = launcher::install_stop_signals();
                 return group::group_train(&config, group::GroupStart::Resume(dir.to_path_buf()), stop_at, &stop);
             }
-            if config.actors.count > 0 && !group::is_rank() {
+            if config.actors.count > 0 && !flotilla_learner::data_parallel::is_rank() {
                 // A distributed run: a supervisor resumes its learner and launches its actors again.
                 return supervise::supervised_train(&config, supervise::Start::Resume(dir.to_path_buf()), stop_at);
             }

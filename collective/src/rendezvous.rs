@@ -54,9 +54,15 @@ impl Rendezvous {
         Self::from_vars(|name| std::env::var(name).ok())
     }
 
+    /// Whether `var` holds torchrun's rank variables (`WORLD_SIZE` or `RANK`): a process that torchrun (or
+    /// `flotilla train --learners L`) started as a rank of its group. Slurm's task variables are not these.
+    pub fn torchrun_rank(var: impl Fn(&str) -> Option<String>) -> bool {
+        var("WORLD_SIZE").is_some() || var("RANK").is_some()
+    }
+
     /// As [`Rendezvous::from_env`], reading variables through `var`.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>> {
-        let torchrun = var("WORLD_SIZE").is_some() || var("RANK").is_some();
+        let torchrun = Self::torchrun_rank(&var);
         let slurm = !torchrun && var("SLURM_PROCID").is_some() && var("SLURM_NTASKS").is_some();
         if !torchrun && !slurm {
             return Ok(None);
@@ -197,6 +203,12 @@ mod tests {
         assert_eq!((r.rank, r.world_size, r.local_rank), (5, 8, 1));
         assert_eq!(read(&[]).unwrap(), None, "no variables: no group");
         assert_eq!(read(&[("SLURM_PROCID", "0")]).unwrap(), None, "one Slurm variable alone is not a group");
+        // A torchrun rank is one with torchrun's variables; a Slurm task is not one (it runs its learner in place).
+        let torchrun = |vars: &[(&str, &str)]| {
+            Rendezvous::torchrun_rank(|name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()))
+        };
+        assert!(torchrun(&[("RANK", "0")]) && torchrun(&[("WORLD_SIZE", "2")]));
+        assert!(!torchrun(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "8")]) && !torchrun(&[]));
     }
 
     #[test]

@@ -164,6 +164,12 @@ pub fn restart_count() -> Result<u32> {
     Ok(rendezvous.map_or(0, |r| r.restart_count))
 }
 
+/// Whether this process is a rank that torchrun (or `flotilla train --learners L`) started, rather than the one
+/// to launch a group: torchrun's variables are set ([`Rendezvous::torchrun_rank`], as the rendezvous reads them).
+pub fn is_rank() -> bool {
+    Rendezvous::torchrun_rank(|name| std::env::var(name).ok())
+}
+
 /// Join the data-parallel group the environment names (torchrun's variables; `flotilla train --learners L`
 /// sets them), if `[learner] learners > 1`: connect, make `agent`'s updates average gradients over the group,
 /// and start every learner from rank 0's parameters. `accumulate > 1` applies with or without a group.
