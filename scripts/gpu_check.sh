@@ -12,8 +12,8 @@
 #            rollout (goal: 100 K steps each in <= 60 s); wall-clock, the members' final training returns
 #   acting   256 members for 10 K steps each, acting batched and acting alone (`population.batched_acting`)
 #   profile  where a 2,048-member population's seconds go on the GPU: the batched update's and acting pass's
-#            phases timed with a device wait at each (`FLOTILLA_PROFILE_UPDATE=1`, 3 K env steps each; f32 matmuls, then cuBLAS
-#            allowed TF32 by TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1), then Nsight Systems (`nsys`,
+#            phases timed with a device wait at each (`FLOTILLA_PROFILE_UPDATE=1`, 3 K env steps each; f32
+#            matmuls, then cuBLAS allowed TF32 by TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1), then Nsight Systems (`nsys`,
 #            where the image has it) over 3 K env steps each; its CUDA API, kernel and memcpy summaries (calls,
 #            syncs, launches per second) into the report, the whole profile into $OUT (~3 min)
 #   learn    the MLP algorithms on CUDA with their example configs, and populations whose updates take the
@@ -184,11 +184,12 @@ if [[ $sections == *,acting,* ]]; then
 fi
 
 if [[ $sections == *,profile,* ]]; then
-  # The batched update's and acting pass's phases, each ended by a device wait (FLOTILLA_PROFILE_UPDATE=1: no profiler needed;
-  # the waits cost a little, so this run is not the timed one): 3 K env steps each, ~4 K on the CPU smoke run.
+  # The batched update's and acting pass's phases, each ended by a device wait (FLOTILLA_PROFILE_UPDATE=1: no
+  # profiler needed; the waits cost a little, so this run is not the timed one): 3 K env steps each, ~4 K on the
+  # CPU smoke run.
   # Twice: f32 matmuls as libtorch runs them by default (IEEE), then with cuBLAS allowed TF32 tensor cores
   # (libtorch's own TORCH_ALLOW_TF32_CUBLAS_OVERRIDE, what PyTorch's `allow_tf32` sets; tch has no call for it):
-  # whether the update's 16 ms per gradient step is the batched f32 GEMMs. Each run's last two lines.
+  # whether the update's 16 ms per gradient step is the batched f32 GEMMs. Each run's seconds summed.
   { echo; echo "## profile: 2,048 CartPole PPO members, the batched update's and acting pass's phases (device waits at each)"; } >> "$report"
   for variant in "f32|0" "tf32|1"; do
     IFS='|' read -r name tf32 <<< "$variant"

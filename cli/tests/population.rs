@@ -193,8 +193,8 @@ fn ppo_members_acting_in_one_batched_pass_match_their_seeds_trained_alone() {
 }
 
 /// `FLOTILLA_PROFILE_UPDATE=1` times the batched updates' and acting passes' phases (a device wait at each) and
-/// logs their sums at the group's end; the run is the same run, bit for bit. Any value but 0 or 1 is refused by name before
-/// anything is written.
+/// logs their sums at the group's end; the run is the same run, bit for bit. Any value but 0 or 1 is refused by
+/// name before anything is written.
 #[test]
 fn timing_the_batched_updates_phases_logs_them_and_changes_nothing() {
     let dir = scratch("population", "phases");

@@ -500,21 +500,21 @@ pub(crate) fn act_stacked(
     mark("acting: stacking parameters");
     let (dist, values) = tch::no_grad(|| stacked.forward(&x));
     mark("acting: forward pass");
-    // The heads and values to the host in one copy (on an accelerator each copy waits for the device).
-    let parts = match &dist {
-        ActionDist::Categorical { logits } => vec![logits.flatten(0, -1), values.flatten(0, -1)],
-        ActionDist::DiagGaussian { mean, log_std } => {
-            vec![mean.flatten(0, -1), log_std.flatten(0, -1), values.flatten(0, -1)]
-        }
+    // The heads, values and log-stds (Gaussian heads) to the host in one copy (on an accelerator each copy
+    // waits for the device), then apart.
+    let (head, log_std) = match &dist {
+        ActionDist::Categorical { logits } => (logits, None),
+        ActionDist::DiagGaussian { mean, log_std } => (mean, Some(log_std)),
     };
-    let lens: Vec<usize> = parts.iter().map(|t| t.numel()).collect();
-    let mut all = host(&Tensor::cat(&parts, 0))?;
-    let values = all.split_off(all.len() - lens[lens.len() - 1]);
-    let log_std = match lens.len() {
-        3 => all.split_off(lens[0]),
-        _ => Vec::new(),
-    };
-    let mut head = all;
+    let parts: Vec<Tensor> =
+        [Some(head), Some(&values), log_std].into_iter().flatten().map(|t| t.flatten(0, -1)).collect();
+    let mut rest = host(&Tensor::cat(&parts, 0))?;
+    let mut pieces = parts.iter().map(|t| {
+        let tail = rest.split_off(t.numel());
+        std::mem::replace(&mut rest, tail)
+    });
+    let (mut head, values) = (pieces.next().expect("head"), pieces.next().expect("values"));
+    let log_std = pieces.next().unwrap_or_default();
     mark("acting: heads to the host");
     let (head_len, std_len) = (rows * stacked.outputs[0] as usize, log_std.len() / pis.len());
     for (k, (pi, out)) in pis.iter_mut().zip(outs.iter_mut()).enumerate() {

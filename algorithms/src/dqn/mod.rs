@@ -722,7 +722,7 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
     let mut nets = QNets::Stacked { online, target, q: Box::new(members[0].q.clone()), opt, max_norms, lrs };
     let (layout, batch, double_q) = (members[0].q.layout(), members[0].config.batch_size, members[0].config.double_q);
     let mut phase = Vec::with_capacity(dues[0]);
-    let mut steps = || -> Result<()> {
+    let stepped = (|| -> Result<()> {
         for _ in 0..dues[0] {
             let samples = members.iter().map(|m| lock(&m.side).sample(batch, &layout)).collect::<Result<Vec<_>>>()?;
             let (loss, q, _) = td_step(&mut nets, &DqnBatch::stack(&samples), double_q)?;
@@ -732,8 +732,7 @@ pub fn update_members(members: &mut [&mut Dqn], progress: &Progress) -> Result<V
             phase.push((loss, q.mean_dim(1, false, Kind::Float)));
         }
         Ok(())
-    };
-    let stepped = steps();
+    })();
     // The steps taken are the members' (as alone, a failed step is not taken, the ones before it are): each
     // optimiser counts them.
     let QNets::Stacked { opt, .. } = &nets else { unreachable!("stacked above") };

@@ -180,28 +180,33 @@ fn rows_base(buffers: &[&Tensor]) -> Option<Tensor> {
 /// buffer moves into once ([`FlatParams::move_into`]). Writing a row in place writes that member's parameters:
 /// a batched update steps the members themselves, with nothing to stack before it or write back after.
 pub(crate) fn shared_rows(members: &mut [&mut FlatParams]) -> Tensor {
-    let flats: Vec<&Tensor> = members.iter().map(|m| m.flat()).collect();
-    if let Some(base) = rows_base(&flats) {
-        return base;
-    }
-    let first = members[0].flat();
-    let base = Tensor::empty([members.len() as i64, first.numel() as i64], (first.kind(), first.device()));
-    for (k, m) in members.iter_mut().enumerate() {
-        m.move_into(&base.get(k as i64));
-    }
-    base
+    shared(members, FlatParams::flat, FlatParams::move_into)
 }
 
 /// [`shared_rows`] for plain `[P]` tensors (optimiser states): where they are not rows of one stack already, each
 /// is replaced by its row (a view) of a new stack of their values.
 pub(crate) fn shared_tensor_rows(tensors: &mut [&mut Tensor]) -> Tensor {
-    let refs: Vec<&Tensor> = tensors.iter().map(|t| &**t).collect();
-    if let Some(base) = rows_base(&refs) {
+    shared(
+        tensors,
+        |t| t,
+        |t, row| {
+            tch::no_grad(|| row.shallow_clone().copy_(t));
+            *t = row.shallow_clone();
+        },
+    )
+}
+
+/// The stack that `items`' buffers (`buffer`) are rows of ([`rows_base`]), else a new one that each moves into
+/// (`move_into`: its values copied into its row, and it is that row from then on).
+fn shared<T>(items: &mut [&mut T], buffer: fn(&T) -> &Tensor, move_into: fn(&mut T, &Tensor)) -> Tensor {
+    let buffers: Vec<&Tensor> = items.iter().map(|i| buffer(i)).collect();
+    if let Some(base) = rows_base(&buffers) {
         return base;
     }
-    let base = tch::no_grad(|| Tensor::stack(&refs, 0));
-    for (k, t) in tensors.iter_mut().enumerate() {
-        **t = base.get(k as i64);
+    let first = buffers[0];
+    let base = Tensor::empty([items.len() as i64, first.numel() as i64], (first.kind(), first.device()));
+    for (k, item) in items.iter_mut().enumerate() {
+        move_into(item, &base.get(k as i64));
     }
     base
 }

@@ -192,18 +192,12 @@ impl StackedOptimiser {
     /// stacked steps move each member's own state, and a member stepping alone meanwhile only its own row.
     pub(crate) fn of(opts: &mut [&mut Optimiser], params: &Tensor) -> Self {
         let fresh = opts.iter().any(|o| o.state[0].numel() as i64 != params.size()[1]);
+        if fresh {
+            let zeros = params.get(0).zeros_like().detach();
+            opts.iter_mut().for_each(|o| o.state.iter_mut().for_each(|s| *s = zeros.copy()));
+        }
         let state = (0..opts[0].state.len())
-            .map(|i| {
-                let mut rows: Vec<&mut Tensor> = opts.iter_mut().map(|o| &mut o.state[i]).collect();
-                if fresh {
-                    let zeros = params.zeros_like().detach();
-                    for (k, row) in rows.iter_mut().enumerate() {
-                        **row = zeros.get(k as i64);
-                    }
-                    return zeros;
-                }
-                shared_tensor_rows(&mut rows)
-            })
+            .map(|i| shared_tensor_rows(&mut opts.iter_mut().map(|o| &mut o.state[i]).collect::<Vec<_>>()))
             .collect();
         let refs: Vec<&Optimiser> = opts.iter().map(|o| &**o).collect();
         StackedOptimiser {

@@ -1,5 +1,6 @@
 //! Opt-in timing of an update's phases (`FLOTILLA_PROFILE_UPDATE=1`, [`PROFILE_VAR`]): where a batched
-//! update's (and a population's batched acting pass's) seconds go on its device, with no profiler installed. Each mark waits for the device's queued work
+//! update's (and a population's batched acting pass's) seconds go on its device, with no profiler installed.
+//! Each mark waits for the device's queued work
 //! (CUDA runs asynchronously, so a host timer alone would charge a phase's kernels to whichever later phase
 //! first waits) and adds the seconds since the previous mark to the phase it names. The sums are kept per
 //! thread (one lockstep group's updates run on its thread) until [`take`]n; the learner logs them.
