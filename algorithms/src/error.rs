@@ -97,3 +97,88 @@ impl From<flotilla_core::LengthMismatch> for Error {
         Error::length(m.what, m.got, m.expected)
     }
 }
+
+/// A config's range checks (what serde cannot express), written once for every kind: each names the field, its
+/// value and the rule, and [`Checks::done`] returns the first that failed as [`Error::InvalidConfig`].
+#[must_use = "the checks say nothing until `done`"]
+pub(crate) struct Checks {
+    /// The config's name in the errors (`"ppo"`, `"vtrace"`, …).
+    section: &'static str,
+    failed: Option<Error>,
+}
+
+impl Checks {
+    /// No check failed yet, for the config named `section`.
+    pub(crate) fn of(section: &'static str) -> Self {
+        Checks { section, failed: None }
+    }
+
+    /// `ok`, or `field = value` breaks `rule` (the first failure is kept).
+    pub(crate) fn that(mut self, ok: bool, field: &'static str, value: impl std::fmt::Display, rule: &str) -> Self {
+        if self.failed.is_none() && !ok {
+            self.failed = Some(Error::config(self.section, field, value, rule));
+        }
+        self
+    }
+
+    /// Finite and `> 0` (rates, ε, norms, clip ranges).
+    pub(crate) fn positive(self, field: &'static str, x: f64) -> Self {
+        self.that(x.is_finite() && x > 0.0, field, x, "must be finite and > 0")
+    }
+
+    /// A limit `> 0`, `inf` for none (gradient-norm clipping).
+    pub(crate) fn limit(self, field: &'static str, x: f64) -> Self {
+        self.that(x > 0.0, field, x, "must be > 0 (inf: no limit)")
+    }
+
+    /// Finite and `≥ 0`.
+    pub(crate) fn non_negative(self, field: &'static str, x: f64) -> Self {
+        self.that(x.is_finite() && x >= 0.0, field, x, "must be finite and ≥ 0")
+    }
+
+    /// Finite (any sign).
+    pub(crate) fn finite(self, field: &'static str, x: f64) -> Self {
+        self.that(x.is_finite(), field, x, "must be finite")
+    }
+
+    /// In `[0, 1]` (discounts, λ, probabilities, fractions).
+    pub(crate) fn unit(self, field: &'static str, x: f64) -> Self {
+        self.that((0.0..=1.0).contains(&x), field, x, "must be in [0, 1]")
+    }
+
+    /// In `(0, 1]` (Polyak's τ).
+    pub(crate) fn fraction(self, field: &'static str, x: f64) -> Self {
+        self.that(x > 0.0 && x <= 1.0, field, x, "must be in (0, 1]")
+    }
+
+    /// A count of at least 1 (zero would never step, train or fill a batch).
+    pub(crate) fn at_least_one<N: PartialOrd + From<u8> + std::fmt::Display>(self, field: &'static str, n: N) -> Self {
+        self.that(n >= N::from(1), field, n, "must be at least 1")
+    }
+
+    /// Layer widths, each at least 1.
+    pub(crate) fn widths(self, field: &'static str, widths: &[i64]) -> Self {
+        self.that(widths.iter().all(|&w| w >= 1), field, format!("{widths:?}"), "widths must be at least 1")
+    }
+
+    /// `check` of `x` where it is set.
+    pub(crate) fn set(self, x: Option<f64>, check: impl FnOnce(Self, f64) -> Self) -> Self {
+        match x {
+            Some(x) => check(self, x),
+            None => self,
+        }
+    }
+
+    /// A nested section's own checks (`[algorithm.vtrace]`), kept in order with these.
+    pub(crate) fn and(mut self, nested: Result<()>) -> Self {
+        if self.failed.is_none() {
+            self.failed = nested.err();
+        }
+        self
+    }
+
+    /// The first failed check, or `Ok`.
+    pub(crate) fn done(self) -> Result<()> {
+        self.failed.map_or(Ok(()), Err)
+    }
+}

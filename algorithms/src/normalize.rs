@@ -25,6 +25,7 @@ use tch::Tensor;
 use crate::acting::{Acting, ActingPolicy, load_flat};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
+use crate::error::Checks;
 use crate::export::{Architecture, ObsNorm};
 use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs, not_f32};
@@ -60,20 +61,12 @@ impl Default for NormalizeConfig {
 impl NormalizeConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field: &str, value: f64, detail: &str| {
-            Err(Error::Unsupported(format!("[normalize] {field} = {value}: {detail}")))
-        };
-        for (field, value) in
-            [("clip_obs", self.clip_obs), ("clip_reward", self.clip_reward), ("epsilon", self.epsilon)]
-        {
-            if !(value.is_finite() && value > 0.0) {
-                return bad(field, value, "must be finite and > 0");
-            }
-        }
-        if !(0.0..=1.0).contains(&self.gamma) {
-            return bad("gamma", self.gamma, "must be in [0, 1]");
-        }
-        Ok(())
+        Checks::of("normalize")
+            .positive("clip_obs", self.clip_obs)
+            .positive("clip_reward", self.clip_reward)
+            .positive("epsilon", self.epsilon)
+            .unit("gamma", self.gamma)
+            .done()
     }
 }
 
@@ -503,6 +496,27 @@ mod tests {
 
     fn rows(seed: u64, n: usize, d: usize) -> Vec<f32> {
         (0..n * d).map(|i| ((i as u64 * 7919 + seed * 104_729) % 1000) as f32 / 100.0 - 3.0 + (i % d) as f32).collect()
+    }
+
+    /// Each number of `[normalize]` is checked by name: a clip or ε that is not finite and positive, a discount
+    /// outside `[0, 1]`.
+    #[test]
+    fn bad_settings_are_refused_by_name() {
+        type Edit = fn(&mut NormalizeConfig);
+        let edits: [(&str, Edit); 5] = [
+            ("clip_obs", |c| c.clip_obs = 0.0),
+            ("clip_reward", |c| c.clip_reward = f64::INFINITY),
+            ("epsilon", |c| c.epsilon = f64::NAN),
+            ("gamma", |c| c.gamma = 1.5),
+            ("gamma", |c| c.gamma = f64::NAN),
+        ];
+        assert!(NormalizeConfig::default().validate().is_ok());
+        for (field, edit) in edits {
+            let mut c = NormalizeConfig::default();
+            edit(&mut c);
+            let error = c.validate().expect_err(field).to_string();
+            assert!(error.contains(&format!("normalize config: {field} =")), "{error}");
+        }
     }
 
     /// Acting's normalisation is `clamp((x − μ)·s, −c, c)` element by element over whole rows, and a batch that is

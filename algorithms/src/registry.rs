@@ -279,4 +279,122 @@ mod tests {
             assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "gradient[{i}]: {g} vs {w}");
         }
     }
+
+    /// Every kind's default config with its optional numbers set, so that their checks run too.
+    fn every_kind() -> Vec<AlgorithmConfig> {
+        use crate::data::vtrace::VtraceConfig;
+        let vtrace = Some(VtraceConfig::default());
+        vec![
+            AlgorithmConfig::Ppo(PpoConfig {
+                clip_range_vf: Some(0.2),
+                target_kl: Some(0.02),
+                vtrace: vtrace.clone(),
+                ..Default::default()
+            }),
+            AlgorithmConfig::A2c(A2cConfig { vtrace, ..Default::default() }),
+            AlgorithmConfig::A3c(A3cConfig::default()),
+            AlgorithmConfig::Dqn(DqnConfig::default()),
+            AlgorithmConfig::Ddpg(DdpgConfig::default()),
+            AlgorithmConfig::Td3(Td3Config::default()),
+            AlgorithmConfig::Sac(SacConfig { target_entropy: Some(-1.0), ..Default::default() }),
+            AlgorithmConfig::Distill(DistillConfig {
+                teachers: vec!["teacher".into()],
+                temperature: Some(2.0),
+                ..Default::default()
+            }),
+        ]
+    }
+
+    /// `(path, value)` of every number in a TOML table, nested tables' as `outer.inner`.
+    fn numbers(table: &toml::Table, prefix: &str, out: &mut Vec<(String, toml::Value)>) {
+        for (key, value) in table {
+            match value {
+                toml::Value::Table(t) => numbers(t, &format!("{prefix}{key}."), out),
+                toml::Value::Integer(_) | toml::Value::Float(_) => out.push((format!("{prefix}{key}"), value.clone())),
+                _ => {}
+            }
+        }
+    }
+
+    /// `config` with the number at `path` replaced by `value`, checked as a run checks it (8 envs): the error's
+    /// text, or `None` where it is accepted.
+    fn checked_with(config: &AlgorithmConfig, path: &str, value: toml::Value) -> Option<String> {
+        let mut table = toml::Table::try_from(config).unwrap();
+        let mut t = &mut table;
+        let mut keys: Vec<&str> = path.split('.').collect();
+        let last = keys.pop().unwrap();
+        for k in keys {
+            t = t.get_mut(k).and_then(toml::Value::as_table_mut).unwrap();
+        }
+        t.insert(last.into(), value);
+        let edited: AlgorithmConfig = toml::Value::Table(table).try_into().unwrap();
+        edited.validate(8).err().map(|e| e.to_string())
+    }
+
+    /// Every number of every kind's config is range-checked when the config is read, by name, before anything
+    /// runs: NaN and ±inf in every float (inf where it means "no limit": V-trace's thresholds, a gradient-norm
+    /// limit), zero in every count but those where zero means something (no warm-up, a target update every
+    /// step, DQN's expected values, an LSTM width without an LSTM), and a negative value in every float but
+    /// those that may be negative (an entropy bonus, a log-std, SAC's target entropy).
+    #[test]
+    fn every_number_of_every_kind_is_checked_by_name() {
+        let infinite_ok = ["clip_rho_threshold", "clip_c_threshold", "clip_pg_rho_threshold", "max_grad_norm"];
+        let zero_ok = ["learning_starts", "target_update_interval", "n_quantiles", "recurrent_hidden"];
+        let negative_ok = ["ent_coef", "log_std_init", "target_entropy"];
+        let mut checked = 0;
+        for config in every_kind() {
+            assert_eq!(config.validate(8).map_err(|e| e.to_string()), Ok(()), "{}'s defaults", config.name());
+            let mut fields = Vec::new();
+            numbers(&toml::Table::try_from(&config).unwrap(), "", &mut fields);
+            for (path, value) in fields {
+                let field = path.rsplit('.').next().unwrap();
+                let sac_alpha = config.name() == "sac" && field == "ent_coef";
+                let target_interval = config.name() == "sac" && field == "target_update_interval";
+                let mut bad = Vec::new();
+                match value {
+                    toml::Value::Float(_) => {
+                        bad.push(toml::Value::Float(f64::NAN));
+                        if !infinite_ok.contains(&field) {
+                            bad.extend([f64::INFINITY, f64::NEG_INFINITY].map(toml::Value::Float));
+                        }
+                        if !negative_ok.contains(&field) || sac_alpha {
+                            bad.push(toml::Value::Float(-1.0));
+                        }
+                    }
+                    _ if !zero_ok.contains(&field) || target_interval => bad.push(toml::Value::Integer(0)),
+                    _ => {}
+                }
+                for b in bad {
+                    let error = checked_with(&config, &path, b.clone());
+                    let error = error.unwrap_or_else(|| panic!("{} {path} = {b} was accepted", config.name()));
+                    assert!(
+                        error.contains(field),
+                        "{} {path} = {b}: the error does not name it: {error}",
+                        config.name()
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 150, "only {checked} bad values tried");
+    }
+
+    /// Values at the edges that are valid stay accepted: no clipping of gradients, V-trace without clipping, a
+    /// discount of 0 or 1, no entropy bonus, a DQN without warm-up.
+    #[test]
+    fn valid_edge_values_are_accepted() {
+        let accepted = |config: &AlgorithmConfig, path: &str, v: toml::Value| {
+            assert_eq!(checked_with(config, path, v.clone()), None, "{} {path} = {v}", config.name());
+        };
+        let kinds = every_kind();
+        let (ppo, dqn) = (&kinds[0], &kinds[3]);
+        accepted(ppo, "max_grad_norm", toml::Value::Float(f64::INFINITY));
+        accepted(ppo, "vtrace.clip_rho_threshold", toml::Value::Float(f64::INFINITY));
+        accepted(ppo, "gamma", toml::Value::Float(1.0));
+        accepted(ppo, "gae_lambda", toml::Value::Float(0.0));
+        accepted(ppo, "ent_coef", toml::Value::Float(0.0));
+        accepted(dqn, "max_grad_norm", toml::Value::Float(f64::INFINITY));
+        accepted(dqn, "learning_starts", toml::Value::Integer(0));
+        accepted(dqn, "exploration_final_eps", toml::Value::Float(0.0));
+    }
 }

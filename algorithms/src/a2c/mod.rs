@@ -36,6 +36,7 @@ use crate::actor_critic::{ActorCritic, ActorCriticPolicy, LossCoefficients, Sett
 use crate::algorithm::Algorithm;
 use crate::data::rollout::{Rollout, RolloutCollector};
 use crate::data::vtrace::VtraceConfig;
+use crate::error::Checks;
 use crate::export::Architecture;
 use crate::kind::{AlgorithmKind, KindName, not_data_parallel};
 use crate::nn::data_parallel::DataParallel;
@@ -142,46 +143,17 @@ impl Default for A2cConfig {
 impl A2cConfig {
     /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
     pub fn validate(&self, num_envs: usize) -> Result<()> {
-        let bad = |field, value: String, detail: &str| Err(Error::config("a2c", field, value, detail.to_string()));
-        if self.task_heads && self.tasks < 2 {
-            return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
-        }
-        let positive = |x: f64| x.is_finite() && x > 0.0;
-        if self.n_steps == 0 {
-            return bad("n_steps", "0".into(), "must be at least 1");
-        }
-        if self.normalize_advantage && self.n_steps * num_envs < 2 {
-            return bad(
+        let samples = self.n_steps * num_envs;
+        self.shared_checks(Checks::of("a2c"))
+            .that(
+                !self.normalize_advantage || samples >= 2,
                 "normalize_advantage",
-                "true".into(),
-                &format!("needs at least 2 samples per rollout, n_steps × num_envs = {}", self.n_steps * num_envs),
-            );
-        }
-        let unit = |x: f64| (0.0..=1.0).contains(&x);
-        for (field, value, ok, detail) in [
-            ("gamma", self.gamma, unit(self.gamma), "must be in [0, 1]"),
-            ("gae_lambda", self.gae_lambda, unit(self.gae_lambda), "must be in [0, 1]"),
-            ("learning_rate", self.learning_rate, positive(self.learning_rate), "must be > 0"),
-            ("ent_coef", self.ent_coef, self.ent_coef.is_finite(), "must be finite"),
-            ("vf_coef", self.vf_coef, self.vf_coef.is_finite() && self.vf_coef >= 0.0, "must be ≥ 0"),
-            ("max_grad_norm", self.max_grad_norm, positive(self.max_grad_norm), "must be > 0"),
-            ("rmsprop_alpha", self.rmsprop_alpha, (0.0..1.0).contains(&self.rmsprop_alpha), "must be in [0, 1)"),
-            ("optimizer_eps", self.optimizer_eps, positive(self.optimizer_eps), "must be > 0"),
-        ] {
-            if !ok {
-                return bad(field, value.to_string(), detail);
-            }
-        }
-        if self.hidden_sizes.iter().any(|&h| h <= 0) {
-            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
-        }
-        if self.recurrent.is_some() && self.recurrent_hidden <= 0 {
-            return bad("recurrent_hidden", self.recurrent_hidden.to_string(), "must be at least 1");
-        }
-        if let Some(vtrace) = &self.vtrace {
-            vtrace.validate()?;
-        }
-        Ok(())
+                true,
+                &format!("needs at least 2 samples per rollout, n_steps × num_envs = {samples}"),
+            )
+            .that((0.0..1.0).contains(&self.rmsprop_alpha), "rmsprop_alpha", self.rmsprop_alpha, "must be in [0, 1)")
+            .positive("optimizer_eps", self.optimizer_eps)
+            .done()
     }
 
     /// The learning rate at `progress_remaining` (1 at the start of training, 0 at the end).

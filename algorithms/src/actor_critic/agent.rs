@@ -500,6 +500,29 @@ pub(crate) fn update_population<K: OnPolicyKind>(
 macro_rules! on_policy_kind {
     (impl OnPolicyKind for $config:ty { $($kind:tt)* }) => {
         impl $config {
+            /// The checks of the fields PPO and A2C share (the rollout, the loss, the network), after `checks`.
+            fn shared_checks(&self, checks: $crate::error::Checks) -> $crate::error::Checks {
+                let (recurrent, hidden) = (self.recurrent.is_some(), self.recurrent_hidden);
+                checks
+                    .that(
+                        !self.task_heads || self.tasks >= 2,
+                        "task_heads",
+                        true,
+                        "a head per task needs [[tasks]] (two or more)",
+                    )
+                    .at_least_one("n_steps", self.n_steps)
+                    .unit("gamma", self.gamma)
+                    .unit("gae_lambda", self.gae_lambda)
+                    .positive("learning_rate", self.learning_rate)
+                    .finite("ent_coef", self.ent_coef)
+                    .non_negative("vf_coef", self.vf_coef)
+                    .limit("max_grad_norm", self.max_grad_norm)
+                    .finite("log_std_init", self.log_std_init)
+                    .widths("hidden_sizes", &self.hidden_sizes)
+                    .that(!recurrent || hidden >= 1, "recurrent_hidden", hidden, "must be at least 1")
+                    .and(self.vtrace.as_ref().map_or(Ok(()), |v| v.validate()))
+            }
+
             /// The network this config describes.
             pub fn net(&self) -> $crate::actor_critic::NetConfig<'_> {
                 $crate::actor_critic::NetConfig {

@@ -22,7 +22,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::data::gae::time_major_steps;
-use crate::{Error, Metrics, Result};
+use crate::error::Checks;
+use crate::{Metrics, Result};
 
 /// Truncation thresholds of the importance weights. `Default` is the paper's `ρ̄ = c̄ = 1` (and `ρ̄_pg = 1`).
 /// A threshold of `inf` disables that clipping.
@@ -44,18 +45,18 @@ impl Default for VtraceConfig {
 }
 
 impl VtraceConfig {
-    /// Check ranges that serde cannot: every threshold must be positive (`inf` allowed).
+    /// Check ranges that serde cannot: every threshold must be positive (`inf` allowed: no clipping).
     pub fn validate(&self) -> Result<()> {
-        for (field, value) in [
+        let rule = "must be > 0 (inf disables clipping)";
+        let mut checks = Checks::of("vtrace");
+        for (field, x) in [
             ("clip_rho_threshold", self.clip_rho_threshold),
             ("clip_c_threshold", self.clip_c_threshold),
             ("clip_pg_rho_threshold", self.clip_pg_rho_threshold),
         ] {
-            if value.is_nan() || value <= 0.0 {
-                return Err(Error::config("vtrace", field, value, "must be > 0 (inf disables clipping)".to_string()));
-            }
+            checks = checks.that(x > 0.0, field, x, rule);
         }
-        Ok(())
+        checks.done()
     }
 }
 

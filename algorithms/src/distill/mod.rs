@@ -36,6 +36,7 @@ use tch::{Device, Kind, Tensor};
 use crate::acting::{Acting, ActingPolicy, ActingSetup};
 use crate::algorithm::Algorithm;
 use crate::checkpoint::Checkpoint;
+use crate::error::Checks;
 use crate::export::{Architecture, Network, policy_head, policy_width};
 use crate::kind::{AlgorithmKind, KindName, not_data_parallel};
 use crate::nn::distributions::{sample_categorical, sample_diag_gaussian};
@@ -210,45 +211,32 @@ impl AlgorithmKind for DistillConfig {
 impl DistillConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let bad =
-            |field, value: &dyn ToString, detail: &str| Err(Error::config("distill", field, value.to_string(), detail));
-        if self.teachers.is_empty() {
-            return bad("teachers", &"[]", "name the run directory of a trained teacher");
-        }
-        if self.act_with == ActWith::Teacher && self.teachers.len() > 1 {
-            return bad(
+        let channels = &self.cnn_channels;
+        Checks::of("distill")
+            .that(!self.teachers.is_empty(), "teachers", "[]", "name the run directory of a trained teacher")
+            .that(
+                self.act_with != ActWith::Teacher || self.teachers.len() <= 1,
                 "act_with",
-                &"\"teacher\"",
+                "\"teacher\"",
                 "one teacher acts for one task; with a teacher per task the student acts (act_with = \"student\")",
-            );
-        }
-        if self.hidden_sizes.iter().any(|&h| h <= 0) {
-            return bad("hidden_sizes", &format!("{:?}", self.hidden_sizes), "widths must be positive");
-        }
-        if self.cnn_channels.len() != 3 || self.cnn_channels.iter().any(|&c| c <= 0) {
-            return bad("cnn_channels", &format!("{:?}", self.cnn_channels), "three positive channel counts");
-        }
-        if let Some(t) = self.temperature
-            && !(t > 0.0 && t.is_finite())
-        {
-            return bad("temperature", &t, "must be > 0");
-        }
-        if self.buffer_size == 0 {
-            return bad("buffer_size", &0, "must be at least 1");
-        }
-        if self.batch_size == 0 {
-            return bad("batch_size", &0, "must be at least 1");
-        }
-        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            return bad("learning_rate", &self.learning_rate, "must be > 0");
-        }
-        if self.train_freq == 0 {
-            return bad("train_freq", &0, "must be at least 1");
-        }
-        if self.max_grad_norm.is_nan() || self.max_grad_norm <= 0.0 {
-            return bad("max_grad_norm", &self.max_grad_norm, "must be > 0");
-        }
-        Ok(())
+            )
+            .widths("hidden_sizes", &self.hidden_sizes)
+            .that(
+                channels.len() == 3 && channels.iter().all(|&c| c > 0),
+                "cnn_channels",
+                format!("{channels:?}"),
+                "three positive channel counts",
+            )
+            .set(self.temperature, |c, t| c.positive("temperature", t))
+            .at_least_one("buffer_size", self.buffer_size)
+            .at_least_one("batch_size", self.batch_size)
+            .positive("learning_rate", self.learning_rate)
+            .positive("adam_eps", self.adam_eps)
+            .at_least_one("train_freq", self.train_freq)
+            .at_least_one("gradient_steps", self.gradient_steps)
+            .limit("max_grad_norm", self.max_grad_norm)
+            .finite("log_std_init", self.log_std_init)
+            .done()
     }
 
     /// The student CNN's channels (checked by [`DistillConfig::validate`]) and fc width (`hidden_sizes` must be

@@ -46,6 +46,7 @@ use crate::data::frame_replay::FrameReplay;
 use crate::data::n_step::NStep;
 use crate::data::replay::{Element, PrioritizedReplay, ReplayBuffer, ReplaySample, check_len};
 use crate::dqn::host::DqnHost;
+use crate::error::Checks;
 use crate::export::{Architecture, Network, PolicyOutput, unsupported};
 use crate::kind::{AlgorithmKind, members_as};
 use crate::nn::data_parallel::DataParallel;
@@ -251,22 +252,33 @@ impl AlgorithmKind for DqnConfig {
 impl DqnConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let unit = |x: f64| (0.0..=1.0).contains(&x);
-        let checks: [(bool, &'static str, &dyn std::fmt::Display, &str); 9] = [
-            (self.task_heads && self.tasks < 2, "task_heads", &true, "a head per task needs [[tasks]] (two or more)"),
-            (self.batch_size == 0, "batch_size", &0, "must be at least 1"),
-            (self.buffer_size < self.batch_size, "buffer_size", &self.buffer_size, "must be at least batch_size"),
-            (self.n_step == 0, "n_step", &0, "must be at least 1"),
-            (self.train_freq == 0, "train_freq", &0, "must be at least 1"),
-            (!unit(self.gamma), "gamma", &self.gamma, "must be in [0, 1]"),
-            (!(self.tau > 0.0 && self.tau <= 1.0), "tau", &self.tau, "must be in (0, 1]"),
-            (!unit(self.exploration_fraction), "exploration_fraction", &self.exploration_fraction, "must be in [0, 1]"),
-            (self.n_quantiles > 1024, "n_quantiles", &self.n_quantiles, "at most 1024 (0: DQN's expected values)"),
-        ];
-        match checks.into_iter().find(|check| check.0) {
-            Some((_, field, value, detail)) => Err(Error::config("dqn", field, value, detail)),
-            None => Ok(()),
-        }
+        Checks::of("dqn")
+            .that(
+                !self.task_heads || self.tasks >= 2,
+                "task_heads",
+                true,
+                "a head per task needs [[tasks]] (two or more)",
+            )
+            .positive("learning_rate", self.learning_rate)
+            .positive("adam_eps", self.adam_eps)
+            .at_least_one("batch_size", self.batch_size)
+            .that(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size, "must be at least batch_size")
+            .unit("gamma", self.gamma)
+            .at_least_one("train_freq", self.train_freq)
+            .at_least_one("gradient_steps", self.gradient_steps)
+            .fraction("tau", self.tau)
+            .unit("exploration_fraction", self.exploration_fraction)
+            .unit("exploration_initial_eps", self.exploration_initial_eps)
+            .unit("exploration_final_eps", self.exploration_final_eps)
+            .limit("max_grad_norm", self.max_grad_norm)
+            .widths("hidden_sizes", &self.hidden_sizes)
+            .at_least_one("n_step", self.n_step)
+            .non_negative("per_alpha", self.per_alpha)
+            .unit("per_beta0", self.per_beta0)
+            .unit("per_beta_final", self.per_beta_final)
+            .positive("per_eps", self.per_eps)
+            .that(self.n_quantiles <= 1024, "n_quantiles", self.n_quantiles, "at most 1024 (0: DQN's expected values)")
+            .done()
     }
 
     /// The action count, Q heads and network outputs for `action_space` (a `Discrete` one). A dueling network's

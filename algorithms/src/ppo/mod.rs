@@ -29,6 +29,7 @@ use crate::actor_critic::agent::{OnPolicyAgent, on_policy_kind};
 use crate::actor_critic::{ActorCritic, LossCoefficients, Settings, StepLoss};
 use crate::data::rollout::Rollout;
 use crate::data::vtrace::VtraceConfig;
+use crate::error::Checks;
 use crate::kind::KindName;
 use crate::nn::data_parallel::DataParallel;
 use crate::nn::nets::{Activation, CnnOptions};
@@ -144,54 +145,30 @@ impl Default for PpoConfig {
 impl PpoConfig {
     /// Check ranges that serde cannot; `num_envs` is the number of envs feeding each rollout.
     pub fn validate(&self, num_envs: usize) -> Result<()> {
-        let bad = |field, value: String, detail: &str| Err(Error::config("ppo", field, value, detail.to_string()));
-        if self.task_heads && self.tasks < 2 {
-            return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
-        }
         let rollout = self.n_steps * num_envs;
-        if self.n_steps == 0 {
-            return bad("n_steps", "0".into(), "must be at least 1");
-        }
-        if self.batch_size == 0 || !rollout.is_multiple_of(self.batch_size) {
-            return bad(
+        let whole_sequences = !self.recurrent.is_some() || self.batch_size.is_multiple_of(self.n_steps.max(1));
+        self.shared_checks(Checks::of("ppo"))
+            .that(
+                self.batch_size > 0 && rollout.is_multiple_of(self.batch_size),
                 "batch_size",
-                self.batch_size.to_string(),
+                self.batch_size,
                 &format!("must divide n_steps × num_envs = {rollout}"),
-            );
-        }
-        let (unit, positive) = (|x: f64| (0.0..=1.0).contains(&x), |x: f64| !x.is_nan() && x > 0.0);
-        for (field, value, ok, detail) in [
-            ("gamma", self.gamma, unit(self.gamma), "must be in [0, 1]"),
-            ("gae_lambda", self.gae_lambda, unit(self.gae_lambda), "must be in [0, 1]"),
-            ("learning_rate", self.learning_rate, positive(self.learning_rate), "must be > 0"),
-            ("clip_range", self.clip_range, positive(self.clip_range), "must be > 0"),
-        ] {
-            if !ok {
-                return bad(field, value.to_string(), detail);
-            }
-        }
-        if self.hidden_sizes.iter().any(|&h| h <= 0) {
-            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be positive");
-        }
-        if self.recurrent.is_some() {
-            if self.recurrent_hidden <= 0 {
-                return bad("recurrent_hidden", self.recurrent_hidden.to_string(), "must be at least 1");
-            }
-            if !self.batch_size.is_multiple_of(self.n_steps) {
-                return bad(
-                    "batch_size",
-                    self.batch_size.to_string(),
-                    &format!(
-                        "with `recurrent`, minibatches are whole env sequences: a multiple of n_steps = {}",
-                        self.n_steps
-                    ),
-                );
-            }
-        }
-        if let Some(vtrace) = &self.vtrace {
-            vtrace.validate()?;
-        }
-        Ok(())
+            )
+            .that(
+                whole_sequences,
+                "batch_size",
+                self.batch_size,
+                &format!(
+                    "with `recurrent`, minibatches are whole env sequences: a multiple of n_steps = {}",
+                    self.n_steps
+                ),
+            )
+            .at_least_one("n_epochs", self.n_epochs)
+            .positive("clip_range", self.clip_range)
+            .set(self.clip_range_vf, |c, x| c.positive("clip_range_vf", x))
+            .set(self.target_kl, |c, x| c.positive("target_kl", x))
+            .positive("adam_eps", self.adam_eps)
+            .done()
     }
 }
 

@@ -37,6 +37,7 @@ use crate::checkpoint::Checkpoint;
 use crate::continuous::action_noise::fill_standard_normal;
 use crate::continuous::{ActionReplay, Critics, Transitions, act_tanh, action_bounds, adam_step, mean_of, polyak};
 use crate::data::replay::check_len;
+use crate::error::Checks;
 use crate::export::{Architecture, Network, PolicyOutput};
 use crate::kind::AlgorithmKind;
 use crate::nn::data_parallel::DataParallel;
@@ -49,7 +50,7 @@ use crate::nn::params::FlatParams;
 use crate::policy::{ActMode, ActOutput, Policy, f32_obs};
 use crate::progress::Progress;
 use crate::teaching::{Teaching, TeachingKind};
-use crate::{Error, Metrics, Result};
+use crate::{Metrics, Result};
 
 /// SB3's bounds on the policy's log standard deviation.
 const LOG_STD_RANGE: (f64, f64) = (-20.0, 2.0);
@@ -124,42 +125,28 @@ impl Default for SacConfig {
 impl SacConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field, value: String, detail: &str| Err(Error::config("sac", field, value, detail.to_string()));
-        let positive = |x: f64| x.is_finite() && x > 0.0;
-        for (field, value) in [("learning_rate", self.learning_rate), ("adam_eps", self.adam_eps)] {
-            if !positive(value) {
-                return bad(field, value.to_string(), "must be finite and > 0");
-            }
-        }
-        if !positive(self.ent_coef) {
-            return bad("ent_coef", self.ent_coef.to_string(), "must be finite and > 0 (α, or its start)");
-        }
-        if self.target_entropy.is_some_and(|h| !h.is_finite()) {
-            return bad("target_entropy", format!("{:?}", self.target_entropy), "must be finite");
-        }
-        for (field, value) in [
-            ("batch_size", self.batch_size as u64),
-            ("train_freq", self.train_freq),
-            ("n_critics", self.n_critics as u64),
-            ("target_update_interval", self.target_update_interval),
-        ] {
-            if value == 0 {
-                return bad(field, "0".into(), "must be at least 1");
-            }
-        }
-        if self.buffer_size < self.batch_size {
-            return bad("buffer_size", self.buffer_size.to_string(), "must be at least batch_size");
-        }
-        if !(0.0..=1.0).contains(&self.gamma) {
-            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
-        }
-        if !(self.tau > 0.0 && self.tau <= 1.0) {
-            return bad("tau", self.tau.to_string(), "must be in (0, 1]");
-        }
-        if self.hidden_sizes.is_empty() || self.hidden_sizes.iter().any(|&h| h <= 0) {
-            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "one or more widths, each at least 1");
-        }
-        Ok(())
+        let widths = &self.hidden_sizes;
+        Checks::of("sac")
+            .positive("learning_rate", self.learning_rate)
+            .positive("adam_eps", self.adam_eps)
+            .at_least_one("batch_size", self.batch_size)
+            .that(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size, "must be at least batch_size")
+            .unit("gamma", self.gamma)
+            .fraction("tau", self.tau)
+            .at_least_one("train_freq", self.train_freq)
+            .at_least_one("gradient_steps", self.gradient_steps)
+            .that(
+                self.ent_coef.is_finite() && self.ent_coef > 0.0,
+                "ent_coef",
+                self.ent_coef,
+                "must be finite and > 0 (α, or its start)",
+            )
+            .set(self.target_entropy, |c, h| c.finite("target_entropy", h))
+            .at_least_one("target_update_interval", self.target_update_interval)
+            .that(!widths.is_empty(), "hidden_sizes", "[]", "one or more widths, each at least 1")
+            .widths("hidden_sizes", widths)
+            .at_least_one("n_critics", self.n_critics)
+            .done()
     }
 }
 

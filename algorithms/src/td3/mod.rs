@@ -43,6 +43,7 @@ use crate::continuous::{
     ActionReplay, Critics, Transitions, act_tanh, action_bounds, activate, adam_step, cat_or_one, mean_of, polyak,
     sum_of,
 };
+use crate::error::Checks;
 use crate::export::{Architecture, Network, PolicyOutput, unsupported};
 use crate::kind::{AlgorithmKind, members_as};
 use crate::nn::data_parallel::DataParallel;
@@ -249,43 +250,28 @@ fn architecture(c: &Td3Config, algorithm: &str, o: &Space, a: &Space) -> Result<
 impl Td3Config {
     /// Range checks serde cannot express; errors name `algorithm`.
     fn validate_as(&self, algorithm: &'static str) -> Result<()> {
-        let bad = |field, value: String, detail: &str| Err(Error::config(algorithm, field, value, detail.to_string()));
-        if self.task_heads && self.tasks < 2 {
-            return bad("task_heads", "true".into(), "a head per task needs [[tasks]] (two or more)");
-        }
-        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
-            return bad("learning_rate", self.learning_rate.to_string(), "must be finite and > 0");
-        }
-        let counts = [
-            ("batch_size", self.batch_size as u64),
-            ("train_freq", self.train_freq),
-            ("n_critics", self.n_critics as u64),
-            ("policy_delay", self.policy_delay),
-        ];
-        if let Some((field, _)) = counts.into_iter().find(|&(_, n)| n == 0) {
-            return bad(field, "0".into(), "must be at least 1");
-        }
-        if self.buffer_size < self.batch_size {
-            return bad("buffer_size", self.buffer_size.to_string(), "must be at least batch_size");
-        }
-        if !(0.0..=1.0).contains(&self.gamma) {
-            return bad("gamma", self.gamma.to_string(), "must be in [0, 1]");
-        }
-        if !(self.tau > 0.0 && self.tau <= 1.0) {
-            return bad("tau", self.tau.to_string(), "must be in (0, 1]");
-        }
-        let noises = [
-            ("noise_std", self.noise_std),
-            ("target_policy_noise", self.target_policy_noise),
-            ("target_noise_clip", self.target_noise_clip),
-        ];
-        if let Some((field, x)) = noises.into_iter().find(|&(_, x)| !(x.is_finite() && x >= 0.0)) {
-            return bad(field, x.to_string(), "must be finite and ≥ 0");
-        }
-        if self.hidden_sizes.iter().any(|&h| h <= 0) {
-            return bad("hidden_sizes", format!("{:?}", self.hidden_sizes), "widths must be at least 1");
-        }
-        Ok(())
+        Checks::of(algorithm)
+            .that(
+                !self.task_heads || self.tasks >= 2,
+                "task_heads",
+                true,
+                "a head per task needs [[tasks]] (two or more)",
+            )
+            .positive("learning_rate", self.learning_rate)
+            .positive("adam_eps", self.adam_eps)
+            .at_least_one("batch_size", self.batch_size)
+            .that(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size, "must be at least batch_size")
+            .unit("gamma", self.gamma)
+            .fraction("tau", self.tau)
+            .at_least_one("train_freq", self.train_freq)
+            .at_least_one("gradient_steps", self.gradient_steps)
+            .non_negative("noise_std", self.noise_std)
+            .widths("hidden_sizes", &self.hidden_sizes)
+            .at_least_one("n_critics", self.n_critics)
+            .at_least_one("policy_delay", self.policy_delay)
+            .non_negative("target_policy_noise", self.target_policy_noise)
+            .non_negative("target_noise_clip", self.target_noise_clip)
+            .done()
     }
 
     /// Heads per network: the task count with `task_heads`, else 1.
