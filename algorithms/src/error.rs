@@ -161,6 +161,30 @@ impl Checks {
         self.that(widths.iter().all(|&w| w >= 1), field, format!("{widths:?}"), "widths must be at least 1")
     }
 
+    /// Adam's learning rate and ε, each finite and `> 0`.
+    pub(crate) fn adam(self, learning_rate: f64, adam_eps: f64) -> Self {
+        self.positive("learning_rate", learning_rate).positive("adam_eps", adam_eps)
+    }
+
+    /// An off-policy kind's replay schedule: minibatches of at least 1 from a buffer that holds one, at least one
+    /// gradient step every `train_freq ≥ 1` steps, a discount in `[0, 1]` and Polyak's τ in `(0, 1]`.
+    pub(crate) fn replay(self, batch_size: usize, buffer_size: usize, train_freq: u64, gradient_steps: usize) -> Self {
+        self.at_least_one("batch_size", batch_size)
+            .that(buffer_size >= batch_size, "buffer_size", buffer_size, "must be at least batch_size")
+            .at_least_one("train_freq", train_freq)
+            .at_least_one("gradient_steps", gradient_steps)
+    }
+
+    /// A discount `gamma` in `[0, 1]` and Polyak's `tau` in `(0, 1]`.
+    pub(crate) fn targets(self, gamma: f64, tau: f64) -> Self {
+        self.unit("gamma", gamma).fraction("tau", tau)
+    }
+
+    /// `task_heads` needs a multi-task run (`tasks`, from `[[tasks]]`, two or more).
+    pub(crate) fn task_heads(self, task_heads: bool, tasks: usize) -> Self {
+        self.that(!task_heads || tasks >= 2, "task_heads", true, "a head per task needs [[tasks]] (two or more)")
+    }
+
     /// `check` of `x` where it is set.
     pub(crate) fn set(self, x: Option<f64>, check: impl FnOnce(Self, f64) -> Self) -> Self {
         match x {

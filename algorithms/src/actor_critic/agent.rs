@@ -504,12 +504,7 @@ macro_rules! on_policy_kind {
             fn shared_checks(&self, checks: $crate::error::Checks) -> $crate::error::Checks {
                 let (recurrent, hidden) = (self.recurrent.is_some(), self.recurrent_hidden);
                 checks
-                    .that(
-                        !self.task_heads || self.tasks >= 2,
-                        "task_heads",
-                        true,
-                        "a head per task needs [[tasks]] (two or more)",
-                    )
+                    .task_heads(self.task_heads, self.tasks)
                     .at_least_one("n_steps", self.n_steps)
                     .unit("gamma", self.gamma)
                     .unit("gae_lambda", self.gae_lambda)

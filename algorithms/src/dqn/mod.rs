@@ -253,20 +253,10 @@ impl DqnConfig {
     /// Range checks serde cannot express.
     pub fn validate(&self) -> Result<()> {
         Checks::of("dqn")
-            .that(
-                !self.task_heads || self.tasks >= 2,
-                "task_heads",
-                true,
-                "a head per task needs [[tasks]] (two or more)",
-            )
-            .positive("learning_rate", self.learning_rate)
-            .positive("adam_eps", self.adam_eps)
-            .at_least_one("batch_size", self.batch_size)
-            .that(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size, "must be at least batch_size")
-            .unit("gamma", self.gamma)
-            .at_least_one("train_freq", self.train_freq)
-            .at_least_one("gradient_steps", self.gradient_steps)
-            .fraction("tau", self.tau)
+            .task_heads(self.task_heads, self.tasks)
+            .adam(self.learning_rate, self.adam_eps)
+            .replay(self.batch_size, self.buffer_size, self.train_freq, self.gradient_steps)
+            .targets(self.gamma, self.tau)
             .unit("exploration_fraction", self.exploration_fraction)
             .unit("exploration_initial_eps", self.exploration_initial_eps)
             .unit("exploration_final_eps", self.exploration_final_eps)

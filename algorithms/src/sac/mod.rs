@@ -127,14 +127,9 @@ impl SacConfig {
     pub fn validate(&self) -> Result<()> {
         let widths = &self.hidden_sizes;
         Checks::of("sac")
-            .positive("learning_rate", self.learning_rate)
-            .positive("adam_eps", self.adam_eps)
-            .at_least_one("batch_size", self.batch_size)
-            .that(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size, "must be at least batch_size")
-            .unit("gamma", self.gamma)
-            .fraction("tau", self.tau)
-            .at_least_one("train_freq", self.train_freq)
-            .at_least_one("gradient_steps", self.gradient_steps)
+            .adam(self.learning_rate, self.adam_eps)
+            .replay(self.batch_size, self.buffer_size, self.train_freq, self.gradient_steps)
+            .targets(self.gamma, self.tau)
             .that(
                 self.ent_coef.is_finite() && self.ent_coef > 0.0,
                 "ent_coef",

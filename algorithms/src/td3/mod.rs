@@ -251,20 +251,10 @@ impl Td3Config {
     /// Range checks serde cannot express; errors name `algorithm`.
     fn validate_as(&self, algorithm: &'static str) -> Result<()> {
         Checks::of(algorithm)
-            .that(
-                !self.task_heads || self.tasks >= 2,
-                "task_heads",
-                true,
-                "a head per task needs [[tasks]] (two or more)",
-            )
-            .positive("learning_rate", self.learning_rate)
-            .positive("adam_eps", self.adam_eps)
-            .at_least_one("batch_size", self.batch_size)
-            .that(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size, "must be at least batch_size")
-            .unit("gamma", self.gamma)
-            .fraction("tau", self.tau)
-            .at_least_one("train_freq", self.train_freq)
-            .at_least_one("gradient_steps", self.gradient_steps)
+            .task_heads(self.task_heads, self.tasks)
+            .adam(self.learning_rate, self.adam_eps)
+            .replay(self.batch_size, self.buffer_size, self.train_freq, self.gradient_steps)
+            .targets(self.gamma, self.tau)
             .non_negative("noise_std", self.noise_std)
             .widths("hidden_sizes", &self.hidden_sizes)
             .at_least_one("n_critics", self.n_critics)
