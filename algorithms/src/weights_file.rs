@@ -67,7 +67,8 @@ fn sort_header(bytes: &mut [u8]) -> std::result::Result<(), String> {
 pub type NamedTensors = (Vec<(String, Tensor)>, BTreeMap<String, String>);
 
 /// Every tensor of a safetensors file (f32 as written by [`write_safetensors`] or tch) and its metadata (empty
-/// when it has none).
+/// when it has none). A tensor holding a NaN or an infinity is an error naming it: weights never hold one (a
+/// non-finite step is never taken), so the file is damaged.
 pub fn read_safetensors(path: &Path) -> Result<NamedTensors> {
     let fail = |source| Error::Weights { action: "loading", path: path.display().to_string(), source };
     let bytes = std::fs::read(path).map_err(|e| fail(tch::TchError::Io(e)))?;
@@ -81,7 +82,14 @@ pub fn read_safetensors(path: &Path) -> Result<NamedTensors> {
             return Err(fail(tch::TchError::FileFormat(format!("tensor {name:?} is {:?}, not F32", view.dtype()))));
         }
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        tensors.push((name, Tensor::f_from_data_size(view.data(), &shape, Kind::Float)?));
+        let tensor = Tensor::f_from_data_size(view.data(), &shape, Kind::Float)?;
+        if !bool::try_from(tensor.isfinite().all())? {
+            return Err(fail(tch::TchError::FileFormat(format!(
+                "tensor {name:?} holds a NaN or infinite value: the file is damaged (training never takes a \
+                 non-finite step)"
+            ))));
+        }
+        tensors.push((name, tensor));
     }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     Ok((tensors, metadata))

@@ -35,8 +35,9 @@ pub fn init_agent(config: &ExperimentConfig, agent: &mut dyn Algorithm, fresh: b
                     path.display()
                 )));
             }
-            tch::Tensor::read_safetensors(&path)
-                .map_err(|e| Error::Config(format!("[init] from = {dir:?}: reading {}: {e}", path.display())))?
+            flotilla_algorithms::export::read_safetensors(&path)
+                .map_err(|e| Error::Config(format!("[init] from = {dir:?}: {e}")))?
+                .0
         }
         _ => Vec::new(),
     };

@@ -506,11 +506,14 @@ impl FlatParams {
         crate::weights_file::write_safetensors(path, &named, &self.metadata)
     }
 
-    /// Read parameters saved by [`FlatParams::save`]; every name must be present with the same shape.
+    /// Read parameters saved by [`FlatParams::save`]; every name must be present with the same shape and finite
+    /// values ([`read_safetensors`](crate::weights_file::read_safetensors)). Checked in full before any parameter
+    /// changes: a file that fails leaves the parameters as they were.
     pub fn load(&mut self, path: &Path) -> Result<()> {
         let err = |source| Error::Weights { action: "loading", path: path.display().to_string(), source };
-        let stored = Tensor::read_safetensors(path).map_err(err)?;
-        for (e, view) in self.entries.iter().zip(&self.views) {
+        let (stored, _) = crate::weights_file::read_safetensors(path)?;
+        let mut values = Vec::with_capacity(self.entries.len());
+        for e in &self.entries {
             let value = stored
                 .iter()
                 .find(|(n, _)| *n == e.name)
@@ -524,6 +527,9 @@ impl FlatParams {
                     e.shape
                 ))));
             }
+            values.push(value);
+        }
+        for (view, value) in self.views.iter().zip(values) {
             tch::no_grad(|| view.shallow_clone().copy_(value));
         }
         Ok(())
@@ -757,6 +763,40 @@ mod tests {
         assert!(e.contains("shape"), "{e}");
         let mut s = FlatParams::new(vec![("v".into(), Tensor::from_slice(&[0.0f32, 0.0]))], Device::Cpu);
         assert!(s.load(&path).unwrap_err().to_string().contains("\"v\" missing"));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A weights file whose values are not all finite (damaged on disk) is refused naming the tensor, and a file
+    /// refused for any reason leaves every parameter as it was, the ones before the bad one included.
+    #[test]
+    fn a_damaged_file_is_refused_whole() {
+        let path = std::env::temp_dir().join(format!("flotilla-flat-nan-{}.safetensors", std::process::id()));
+        let bad = |b: f32| {
+            let good = FlatParams::new(
+                vec![("a".into(), Tensor::from_slice(&[1.0f32, 2.0])), ("b".into(), Tensor::from_slice(&[3.0f32, b]))],
+                Device::Cpu,
+            );
+            good.save(&path).unwrap();
+        };
+        let mut q = FlatParams::new(
+            vec![("a".into(), Tensor::from_slice(&[0.0f32, 0.0])), ("b".into(), Tensor::from_slice(&[0.0f32, 0.0]))],
+            Device::Cpu,
+        );
+        for b in [f32::NAN, f32::INFINITY] {
+            bad(b);
+            let e = q.load(&path).unwrap_err().to_string();
+            assert!(e.contains("tensor \"b\" holds a NaN or infinite value"), "{e}");
+            assert_eq!(Vec::<f32>::try_from(q.flat().detach()).unwrap(), vec![0.0; 4], "nothing loaded");
+        }
+        let mut short = FlatParams::new(
+            vec![("a".into(), Tensor::from_slice(&[0.0f32, 0.0])), ("c".into(), Tensor::from_slice(&[0.0f32]))],
+            Device::Cpu,
+        );
+        bad(4.0);
+        assert!(short.load(&path).unwrap_err().to_string().contains("\"c\" missing"));
+        assert_eq!(Vec::<f32>::try_from(short.flat().detach()).unwrap(), vec![0.0; 3], "\"a\" not loaded either");
+        q.load(&path).unwrap();
+        assert_eq!(Vec::<f32>::try_from(q.flat().detach()).unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
         std::fs::remove_file(&path).unwrap();
     }
 }
