@@ -164,7 +164,11 @@ fn observations_of(what: &str, value: &Value, space: &Space) -> Result<ObsBuf> {
                     );
                     b.push(x as u8);
                 }
-                ObsBuf::F32(f) => f.push(x as f32),
+                ObsBuf::F32(f) => {
+                    let x = x as f32;
+                    anyhow::ensure!(x.is_finite(), "{what}: row {i}, value {j} ({v}) is beyond f32's range");
+                    f.push(x);
+                }
             }
         }
     }
