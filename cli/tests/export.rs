@@ -287,7 +287,7 @@ fn export_and_act_refuse_what_they_cannot_read() {
     for (content, expected) in [
         ("[[0.1, 0.2, 0.3]]", "row 0 has 3 values; the run's observation space has 4"),
         ("[[0.1, 0.2, 0.3, 0.4], [1, 2, \"x\", 4]]", "row 1, value 2 (\"x\") is not a number"),
-        ("[[0.1, 1e39, 0.3, 0.4]]", "row 0, value 1 (1e39) is beyond f32's range"),
+        ("[[0.1, 1e39, 0.3, 0.4]]", "row 0, value 1 (1e+39) is beyond f32's range"),
         ("{\"obs\": [0.1, 0.2, 0.3, 0.4]}", "expected a JSON array of observation rows"),
         ("[0.1, 0.2, 0.3, 0.4]", "row 0 is not an array"),
         ("[]", "no observation rows"),
