@@ -166,8 +166,8 @@ impl Checks {
         self.positive("learning_rate", learning_rate).positive("adam_eps", adam_eps)
     }
 
-    /// An off-policy kind's replay schedule: minibatches of at least 1 from a buffer that holds one, at least one
-    /// gradient step every `train_freq ≥ 1` steps, a discount in `[0, 1]` and Polyak's τ in `(0, 1]`.
+    /// An off-policy kind's replay schedule: minibatches of at least 1 from a buffer that holds one, and at least
+    /// one gradient step every `train_freq ≥ 1` steps (γ and τ: [`Checks::targets`]).
     pub(crate) fn replay(self, batch_size: usize, buffer_size: usize, train_freq: u64, gradient_steps: usize) -> Self {
         self.at_least_one("batch_size", batch_size)
             .that(buffer_size >= batch_size, "buffer_size", buffer_size, "must be at least batch_size")

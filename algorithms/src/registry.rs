@@ -348,6 +348,7 @@ mod tests {
             numbers(&toml::Table::try_from(&config).unwrap(), "", &mut fields);
             for (path, value) in fields {
                 let field = path.rsplit('.').next().unwrap();
+                // SAC's α and its target interval are the exceptions to the exceptions: α > 0, interval ≥ 1.
                 let sac_alpha = config.name() == "sac" && field == "ent_coef";
                 let target_interval = config.name() == "sac" && field == "target_update_interval";
                 let mut bad = Vec::new();
