@@ -74,14 +74,30 @@ impl Checkpoint {
         Ok(self.tensors.swap_remove(i).1)
     }
 
-    /// Copy a named tensor into `dst` (same shape), e.g. weights into a live parameter buffer.
+    /// Copy a named tensor into `dst` (same shape), e.g. weights into a live parameter buffer. Refused, naming
+    /// it, where it holds a NaN or an infinity: parameters never do (training refuses a non-finite step), so the
+    /// file is damaged.
     pub fn copy_into(&mut self, name: &str, dst: &Tensor) -> Result<()> {
-        let src = self.take_tensor(name)?;
+        let src = self.take_finite(name)?;
         if src.size() != dst.size() {
             return Err(Error::Checkpoint(format!("{name:?} has shape {:?}, expected {:?}", src.size(), dst.size())));
         }
         tch::no_grad(|| dst.shallow_clone().copy_(&src));
         Ok(())
+    }
+
+    /// Take a tensor that must be finite throughout (parameters, optimiser moments); one with a NaN or an
+    /// infinity is refused by name as damaged. Not for parts where infinity means something (a prioritised
+    /// replay's empty-slot minimum).
+    pub fn take_finite(&mut self, name: &str) -> Result<Tensor> {
+        let t = self.take_tensor(name)?;
+        if t.is_floating_point() && !bool::try_from(t.isfinite().all())? {
+            return Err(Error::Checkpoint(format!(
+                "{name:?} holds a NaN or infinite value: the checkpoint is damaged (training never takes a \
+                 non-finite step)"
+            )));
+        }
+        Ok(t)
     }
 
     /// Take a 1-D f32 tensor as a vector.
@@ -154,5 +170,24 @@ mod tests {
         let e = d.take_tensor("nope").unwrap_err().to_string();
         assert!(e.contains("nope"), "{e}");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Parameters and optimiser state with a NaN or an infinity (a damaged file) are refused by name before
+    /// anything is copied; finite ones load, and other parts may hold infinity.
+    #[test]
+    fn a_non_finite_parameter_is_refused_by_name() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut c = Checkpoint::new();
+            c.put_f32("q.online", &[1.0, bad, 3.0]);
+            c.put_f32("q.target", &[1.0, 2.0, 3.0]);
+            c.put_f32("replay.min", &[f32::INFINITY]);
+            let dst = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+            let e = c.copy_into("q.online", &dst).unwrap_err().to_string();
+            assert!(e.contains("\"q.online\"") && e.contains("damaged"), "{e}");
+            assert_eq!(Vec::<f32>::try_from(&dst).unwrap(), vec![0.0; 3], "nothing copied");
+            c.copy_into("q.target", &dst).unwrap();
+            assert_eq!(Vec::<f32>::try_from(&dst).unwrap(), vec![1.0, 2.0, 3.0]);
+            assert_eq!(c.take_f32("replay.min").unwrap(), vec![f32::INFINITY]);
+        }
     }
 }

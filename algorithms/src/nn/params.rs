@@ -356,7 +356,7 @@ impl FlatParams {
         name: &str,
         steps: u64,
     ) -> Result<Tensor> {
-        let saved = c.take_tensor(name)?;
+        let saved = c.take_finite(name)?;
         if steps == 0 {
             return Ok(self.trainable_grad().zeros_like().detach());
         }
