@@ -1243,11 +1243,6 @@ kind = "ppo"
             // Another `[algorithm.cnn]` key alone leaves the choice to the CPU.
             let c = ExperimentConfig::parse(&text, &["algorithm.cnn.channels_last=true".into()]).unwrap();
             assert_eq!(c.algorithm.cnn_options().map(|o| (o.channels_last, o.bf16)), Some((true, native)), "{kind}");
-            // The first layer's split is off unless set, and round-trips through the resolved config.
-            assert_eq!(c.algorithm.cnn_options().map(|o| o.split_first_layer), Some(false), "{kind}");
-            let c = ExperimentConfig::parse(&text, &["algorithm.cnn.split_first_layer=true".into()]).unwrap();
-            assert_eq!(c.algorithm.cnn_options().map(|o| (o.split_first_layer, o.bf16)), Some((true, native)));
-            assert_eq!(ExperimentConfig::parse(&c.to_toml(), &[]).unwrap(), c, "{kind}");
         }
     }
 

@@ -1,25 +1,25 @@
-"""How far the Nature CNN's bf16 gradients are from its f32 ones on Pong frames, and where the difference comes from.
+"""How far the Nature CNN's bf16 gradients are from its f32 ones on Pong, beside the noise PPO's minibatches have anyway.
 
     python tests/peers/bf16_gradients.py [MODEL.safetensors] [--frames N] [--seed S]
 
 MODEL: a Flotilla Pong policy (`model.safetensors` of a `flotilla train` run on atari:pong, PPO/A2C layout:
 `cnn.conv1…3`, `cnn.fc`, `cnn.out` with 6 logits and a value). Without it the network is freshly initialised as
-Flotilla initialises it (orthogonal, gain √2; policy head 0.01, value head 1; zero biases). The frames are Pong
-frames from EnvPool (`Pong-v5`, CleanRL's settings: no sticky actions, 84×84 grey, 4 stacked), 8 games played by
-the model's own sampled actions (f32), N of them in all (default 2,048).
+Flotilla initialises it (orthogonal, gain √2; policy head 0.01, value head 1; zero biases). The data is a PPO
+rollout on Pong from EnvPool (`Pong-v5`, CleanRL's settings: no sticky actions, 84×84 grey, 4 stacked): 8 games
+played by the network's own sampled actions (f32), N frames in all (default 2,048), with GAE(0.99, 0.95)
+advantages and returns from its f32 values, shuffled into minibatches of 256 as PPO's update draws them.
 
-Every variant computes the forward pass as Flotilla's `[algorithm.cnn] bf16 = true` does (frames, activations
-and a bf16 copy of weights and biases through every layer, the output back to f32; PyTorch's CPU autocast does
-the same) except where it says: `conv1 f32` runs the first convolution in f32; `conv1 split` feeds that
-convolution its weights as two bf16 parts (the rounded weight plus its rounding error, two convolutions summed).
-The loss has PPO's shape on each minibatch of 256 shuffled frames: −mean(log π(a|s)·A) + ½·mean((V(s) − R)²),
-with the sampled actions a, and A ~ N(0, 1), R ~ N(0, 1) clipped to [−1, 1] drawn once (fixed seed), so every
-variant differentiates the same function of the same minibatch. Printed per minibatch: |g − g_f32| / |g_f32| over
-all parameters and per weight, beside |g_f32(this minibatch) − g_f32(the next)| / |g_f32|, the minibatch noise an
-update lives with. Then whether the bf16 error points the same way from minibatch to minibatch (the cosine
-between minibatches' errors: ~0 for noise, near 1 for a bias that adds up over updates), and, in f64 with
-exactly the rounding of the bf16 pass, which of the first convolution's roundings (its input, its weights, its
-output) carries the difference.
+The loss is PPO's (`pong_fast.toml`'s weights) at an update's first minibatch, where the ratio is 1 and the
+clipped surrogate's gradient is the policy gradient's: −mean(log π(a|s)·Â) − 0.01·entropy + 0.5·½·mean((V − R)²),
+Â normalised in the minibatch. Variants: `bf16` computes the forward pass as Flotilla's `[algorithm.cnn] bf16 =
+true` does (frames, activations and a bf16 copy of weights and biases through every layer, the output back to
+f32; PyTorch's CPU autocast does the same); `conv1 f32` runs the first convolution in f32; `conv1 split` feeds it
+its weights as two bf16 parts (the rounded weight plus its rounding error, two convolutions summed). Printed per
+minibatch: |g − g_f32| / |g_f32| over all parameters and per weight, beside |g_f32(the next minibatch) − g_f32| /
+|g_f32|, the noise one minibatch's gradient has anyway; a summary (medians); whether bf16's error points the same
+way from minibatch to minibatch (the cosine between their errors: ~0 for noise, near 1 for a bias that would add
+up over an update); and, in f64 with exactly the bf16 pass's rounding, which of the first convolution's roundings
+(its input, its weights, its output) carries the difference.
 """
 import argparse
 
@@ -84,21 +84,35 @@ def forward64(p, frames, conv1_rounds):
     return torch.addmm(r(p["cnn.out.bias"]), h, r(p["cnn.out.weight"]))
 
 
-def pong_frames(p, n, seed):
+def rollout(p, n, seed):
+    """n frames (8 games × n/8 steps) played by the network's own sampled actions (f32), with PPO's targets:
+    GAE(γ 0.99, λ 0.95) advantages and returns from its f32 values, as `pong_fast.toml`'s PPO computes them."""
     import envpool
 
     env = envpool.make("Pong-v5", env_type="gymnasium", num_envs=8, seed=seed, repeat_action_probability=0.0)
     obs, _ = env.reset()
-    frames = []
     g = torch.Generator().manual_seed(seed)
-    while len(frames) * 8 < n:
+    frames, actions, rewards, dones, values = [], [], [], [], []
+    for _ in range(n // 8):
         x = torch.from_numpy(np.asarray(obs))
-        frames.append(x)
         with torch.no_grad():
-            logits = forward(p, x, set())[:, :6]
-        action = torch.multinomial(logits.softmax(1), 1, generator=g)[:, 0]
-        obs, *_ = env.step(action.numpy())
-    return torch.cat(frames)[:n]
+            y = forward(p, x, set())
+        a = torch.multinomial(y[:, :6].softmax(1), 1, generator=g)[:, 0]
+        obs, r, term, trunc, _ = env.step(a.numpy())
+        frames.append(x), actions.append(a), values.append(y[:, 6])
+        rewards.append(torch.as_tensor(r, dtype=torch.float32))
+        dones.append(torch.as_tensor(np.logical_or(term, trunc), dtype=torch.float32))
+    with torch.no_grad():
+        next_value = forward(p, torch.from_numpy(np.asarray(obs)), set())[:, 6]
+    adv, last = torch.zeros(len(frames), 8), torch.zeros(8)
+    for t in reversed(range(len(frames))):
+        v_next = next_value if t + 1 == len(frames) else values[t + 1]
+        live = 1.0 - dones[t]
+        delta = rewards[t] + 0.99 * v_next * live - values[t]
+        last = delta + 0.99 * 0.95 * live * last
+        adv[t] = last
+    returns = adv + torch.stack(values)
+    return torch.cat(frames), torch.cat(actions), adv.flatten(), returns.flatten()
 
 
 def main():
@@ -110,20 +124,22 @@ def main():
     torch.set_num_threads(1)
     p = load_file(args.model) if args.model else fresh(args.seed)
     p = {k: v.float() for k, v in p.items()}
-    frames = pong_frames(p, args.frames, args.seed)
+    frames, actions, adv, ret = rollout(p, args.frames, args.seed)
     g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        actions = torch.multinomial(forward(p, frames, set())[:, :6].softmax(1), 1, generator=g)[:, 0]
-    adv = torch.randn(len(frames), generator=g)
-    ret = torch.randn(len(frames), generator=g).clamp(-1, 1)
     order = torch.randperm(len(frames), generator=g)
     batches = [order[i : i + 256] for i in range(0, len(frames) - 255, 256)]
 
     def grads(idx, run, f64=False):
         q = {k: (v.double() if f64 else v.clone()).requires_grad_(True) for k, v in p.items()}
         y = run(q, frames[idx])
-        logp = y[:, :6].log_softmax(1).gather(1, actions[idx, None])[:, 0]
-        loss = -(logp * adv[idx].to(y.dtype)).mean() + 0.5 * ((y[:, 6] - ret[idx].to(y.dtype)) ** 2).mean()
+        logp_all = y[:, :6].log_softmax(1)
+        logp = logp_all.gather(1, actions[idx, None])[:, 0]
+        a = adv[idx].to(y.dtype)
+        a = (a - a.mean()) / (a.std() + 1e-8)
+        entropy = -(logp_all.exp() * logp_all).sum(1).mean()
+        # PPO's loss at the first minibatch of an update (ratio 1: the clipped surrogate's gradient is the policy
+        # gradient's), CleanRL's weights: entropy 0.01, value 0.5 × ½(V − R)².
+        loss = -(logp * a).mean() - 0.01 * entropy + 0.5 * 0.5 * ((y[:, 6] - ret[idx].to(y.dtype)) ** 2).mean()
         loss.backward()
         return {k: t.grad.double().flatten() for k, t in q.items()}
 
@@ -139,15 +155,19 @@ def main():
     print("| minibatch | variant | all parameters | " + " | ".join(k[4:-7] for k in weights) + " |")
     print("|---:|---|---:|" + "---:|" * len(weights))
     errors = []
+    summary = {"f32, the next minibatch": [], **{name: [] for name in variants}}
     for i, idx in enumerate(batches):
         ref = grads(idx, lambda q, x: forward(q, x, set()))
         nxt = grads(batches[(i + 1) % len(batches)], lambda q, x: forward(q, x, set()))
+        summary["f32, the next minibatch"].append(rel(whole(nxt), whole(ref)))
         print(f"| {i} | f32, the next minibatch | {rel(whole(nxt), whole(ref)):.3f} | " + " | ".join(f"{rel(nxt[k], ref[k]):.3f}" for k in weights) + " |")
         for name, run in variants.items():
             d = grads(idx, run)
+            summary[name].append(rel(whole(d), whole(ref)))
             if name == "bf16":
                 errors.append(whole(d) - whole(ref))
             print(f"| {i} | {name} | {rel(whole(d), whole(ref)):.3f} | " + " | ".join(f"{rel(d[k], ref[k]):.3f}" for k in weights) + " |")
+    print("\nmedians over the minibatches, all parameters: " + ", ".join(f"{k} {100 * np.median(v):.1f} %" for k, v in summary.items()))
     cos = [
         (errors[i] @ errors[j] / (errors[i].norm() * errors[j].norm())).item()
         for i in range(len(errors))

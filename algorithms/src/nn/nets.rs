@@ -293,25 +293,17 @@ pub struct CnnOptions {
     /// layers, outputs back to f32; parameters, gradients and the optimiser stay f32 (results differ by bf16
     /// rounding). Default: on where the CPU computes bf16 natively ([`cpu_has_native_bf16`]), off elsewhere.
     pub bf16: bool,
-    /// With `bf16`: the first convolution takes its weights as two bf16 parts — the rounded weight and its
-    /// rounding error, two bf16 convolutions of the frames summed — so the frames meet weights good to ~16 bits.
-    /// On a trained Pong policy, rounding those weights is most of what moves bf16's gradient from f32's (11–17 %
-    /// of its norm, pointing the same way minibatch after minibatch: every filter sums rounding errors over a
-    /// constant background); with the split 4–6 % (`tests/peers/bf16_gradients.py`,
-    /// docs/benchmarks/atari.md). Costs a second bf16 convolution of the frames in each forward pass. Default:
-    /// off. Without `bf16` it changes nothing.
-    pub split_first_layer: bool,
 }
 
 impl CnnOptions {
     /// Plain f32 NCHW convolutions on every CPU: the reference the other settings are compared with.
-    pub const F32: CnnOptions = CnnOptions { channels_last: false, bf16: false, split_first_layer: false };
+    pub const F32: CnnOptions = CnnOptions { channels_last: false, bf16: false };
 }
 
 impl Default for CnnOptions {
     /// NCHW; bf16 where this CPU computes it natively ([`cpu_has_native_bf16`]).
     fn default() -> Self {
-        CnnOptions { channels_last: false, bf16: cpu_has_native_bf16(), split_first_layer: false }
+        CnnOptions { channels_last: false, bf16: cpu_has_native_bf16() }
     }
 }
 
@@ -331,17 +323,6 @@ pub fn cpu_has_native_bf16() -> bool {
     {
         false
     }
-}
-
-/// The convolution of bf16 `x` by f32 `w` (bias `b`, bf16) as two bf16 convolutions: by `w` rounded to bf16 and
-/// by its rounding error, summed — the product of `x` and `w` to ~16 bits of `w` where one bf16 convolution keeps
-/// 8. The gradient reaches `w` once, through the rounded part (the error's part is outside the graph; both see
-/// the same `x` and output gradient). `layout` puts a weight in the memory format `x` is in.
-fn split_conv(x: &Tensor, w: &Tensor, b: &Tensor, stride: i64, layout: impl Fn(Tensor) -> Tensor) -> Tensor {
-    let high = w.to_kind(tch::Kind::BFloat16);
-    let low = (w.detach() - high.detach().to_kind(tch::Kind::Float)).to_kind(tch::Kind::BFloat16);
-    let conv = |w: Tensor, b: Option<&Tensor>| x.conv2d(&layout(w), b, [stride, stride], [0, 0], [1, 1], 1);
-    conv(high, Some(b)) + conv(low, None)
 }
 
 /// `t` (4-D) with channels-last strides: the same values, NHWC memory order.
@@ -445,20 +426,17 @@ impl NatureCnn {
     /// The output layer on frames `[B, C, H, W]` (u8 or float 0–255): `[B, outputs]` (a torso's `[B, 512]`
     /// features).
     pub fn forward(&self, params: &crate::nn::params::FlatParams, frames: &Tensor) -> Tensor {
-        let CnnOptions { channels_last: nhwc, bf16, split_first_layer } = self.options;
+        let CnnOptions { channels_last: nhwc, bf16 } = self.options;
         let kind = if bf16 { tch::Kind::BFloat16 } else { tch::Kind::Float };
         let cast = |t: &Tensor| if bf16 { t.to_kind(kind) } else { t.shallow_clone() };
-        let layout = |t: Tensor| if nhwc { channels_last(&t) } else { t };
-        let mut h = layout(frames.to_kind(kind) / 255.0);
+        let mut h = frames.to_kind(kind) / 255.0;
+        if nhwc {
+            h = channels_last(&h);
+        }
         for (k, &(_, stride)) in Self::KERNELS.iter().enumerate() {
             let i = self.layers[k];
-            let (w, b) = (params.view(i), cast(params.view(i + 1)));
-            h = if k == 0 && bf16 && split_first_layer {
-                split_conv(&h, w, &b, stride, layout)
-            } else {
-                h.conv2d(&layout(cast(w)), Some(b), [stride, stride], [0, 0], [1, 1], 1)
-            }
-            .relu();
+            let w = if nhwc { channels_last(&cast(params.view(i))) } else { cast(params.view(i)) };
+            h = h.conv2d(&w, Some(cast(params.view(i + 1))), [stride, stride], [0, 0], [1, 1], 1).relu();
         }
         // `flatten` orders features as C, H, W whatever the memory format, so the fc weights fit both.
         let fc = self.layers[3];
@@ -643,77 +621,17 @@ mod tests {
             (y.detach(), params.flat().grad().copy())
         };
         let (y, g) = run(CnnOptions::F32);
-        let (y_nhwc, g_nhwc) = run(CnnOptions { channels_last: true, ..CnnOptions::F32 });
+        let (y_nhwc, g_nhwc) = run(CnnOptions { channels_last: true, bf16: false });
         let close = |a: &Tensor, b: &Tensor| {
             f64::try_from((a - b).abs().max()).unwrap() / f64::try_from(b.abs().max()).unwrap()
         };
         assert!(close(&y_nhwc, &y) < 1e-5 && close(&g_nhwc, &g) < 1e-4, "channels-last changes only rounding");
-        let bf16 = CnnOptions { bf16: true, ..CnnOptions::F32 };
-        let split = CnnOptions { split_first_layer: true, ..bf16 };
-        for options in
-            [bf16, CnnOptions { channels_last: true, ..bf16 }, split, CnnOptions { channels_last: true, ..split }]
+        for options in [CnnOptions { channels_last: false, bf16: true }, CnnOptions { channels_last: true, bf16: true }]
         {
             let (y16, g16) = run(options);
             assert_eq!(y16.kind(), Kind::Float, "outputs come back as f32");
             assert!(close(&y16, &y) < 5e-2, "{options:?}: outputs within bf16 rounding ({})", close(&y16, &y));
             assert!(close(&g16, &g) < 1e-1, "{options:?}: gradients within bf16 rounding ({})", close(&g16, &g));
-        }
-    }
-
-    /// The split convolution is the f32 convolution to bf16 rounding of its output, with the weights good to
-    /// ~16 bits. On frames of Pong's constant grey with filters that cancel it (as a trained policy's first layer
-    /// learns to: small outputs from large sums), one bf16 convolution's weight rounding errors add up over each
-    /// filter's 256 pixels, the same at every background position; the split leaves many times less, in both
-    /// memory layouts. Its weight gradient is the plain bf16 convolution's (it reaches the weights once).
-    #[test]
-    fn the_split_first_convolution_keeps_the_weights_precision() {
-        let (w, small, frames) = with_torch_seed(5, || {
-            let w = Tensor::randn([32, 4, 8, 8], (Kind::Float, Device::Cpu)) * 0.06;
-            let small = Tensor::randn([32], (Kind::Float, Device::Cpu)) * 0.01;
-            let objects = Tensor::rand([6, 4, 84, 84], (Kind::Float, Device::Cpu)).lt(0.01).to_kind(Kind::Float);
-            (w, small, (objects * 149.0 + 87.0).to_kind(Kind::Uint8))
-        });
-        // Each filter's bias cancels its response to the grey background, to a small remainder.
-        let grey = w.sum_dim_intlist([1, 2, 3].as_slice(), false, Kind::Float) * (87.0 / 255.0);
-        let b = small - grey;
-        // The frames as the bf16 pass scales them (x / 255 rounded to bf16), so only the weights' precision differs.
-        let x = frames.to_kind(Kind::BFloat16) / 255.0;
-        let b16 = b.to_kind(Kind::BFloat16);
-        let exact = x.to_kind(Kind::Double).conv2d(
-            &w.to_kind(Kind::Double),
-            Some(b16.to_kind(Kind::Double)),
-            [4, 4],
-            [0, 0],
-            [1, 1],
-            1,
-        );
-        // The error that stays when every frame and position is averaged, filter by filter: what rounding the
-        // weights leaves (it is the same at every background pixel), not the output's own rounding (which is not).
-        let bias = |y: &Tensor| {
-            let mean = (y.to_kind(Kind::Double) - &exact).mean_dim([0, 2, 3].as_slice(), false, Kind::Double);
-            f64::try_from(mean.abs().max()).unwrap()
-        };
-        let error = |y: &Tensor| f64::try_from((y.to_kind(Kind::Double) - &exact).abs().max()).unwrap();
-        let scale = f64::try_from(exact.abs().max()).unwrap();
-        for nhwc in [false, true] {
-            let layout = |t: Tensor| if nhwc { channels_last(&t) } else { t };
-            let x = layout(x.copy());
-            let w = w.copy().set_requires_grad(true);
-            let split = split_conv(&x, &w, &b16, 4, layout);
-            let plain = x.conv2d(&layout(w.to_kind(Kind::BFloat16)), Some(&b16), [4, 4], [0, 0], [1, 1], 1);
-            let e_split = error(&split);
-            assert!(e_split < 2.0 * scale / 256.0, "nhwc {nhwc}: within bf16 rounding of the output: {e_split}");
-            let (b_split, b_plain) = (bias(&split), bias(&plain));
-            eprintln!("nhwc {nhwc}: the largest filter's mean error: split {b_split:.2e}, plain bf16 {b_plain:.2e}");
-            assert!(b_split * 8.0 < b_plain, "nhwc {nhwc}: split {b_split}, plain bf16 {b_plain}");
-            // The same output gradient into both (a linear loss), so the same weight gradient if it flows once.
-            let seed = with_torch_seed(6, || Tensor::randn(plain.size(), (Kind::Float, Device::Cpu)));
-            let grad = |y: &Tensor| {
-                let loss = (y.to_kind(Kind::Float) * &seed).sum(Kind::Float);
-                Tensor::run_backward(&[loss], &[&w], false, false)[0].copy()
-            };
-            let (g_split, g_plain) = (grad(&split), grad(&plain));
-            assert!(g_split.allclose(&g_plain, 0.0, 0.0, false), "nhwc {nhwc}: one gradient, through the rounded part");
         }
     }
 }

@@ -21,8 +21,7 @@
 //! estimate) and are set against this machine's measured f32 matmul peak (1024² `matmul`, same threads).
 //! PyTorch runs the same update from Python (`tests/peers/ppo_update_torch.py`: CleanRL's network and loss) when
 //! `scripts/setup_peers.sh --torch` has installed it, as is (NCHW f32, oneDNN convolutions), in channels-last
-//! memory format and under CPU bf16 autocast; the ratio is against its fastest variant. Flotilla's bf16 with
-//! the first layer split (`CnnOptions::split_first_layer`, a second bf16 convolution of the frames) has no peer. Both sides run under the
+//! memory format and under CPU bf16 autocast; the ratio is against its fastest variant. Both sides run under the
 //! trainer's glibc malloc setting (`flotilla_learner::tune_allocator`; `GLIBC_TUNABLES` for the Python process).
 use std::process::Command;
 use std::time::Instant;
@@ -111,10 +110,9 @@ fn learner_table(rounds: usize) -> BenchResult<()> {
         .filter(|python| Command::new(python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success()));
     let variants = [
         ("f32 NCHW", CnnOptions::F32),
-        ("channels-last", CnnOptions { channels_last: true, ..CnnOptions::F32 }),
-        ("bf16", CnnOptions { bf16: true, ..CnnOptions::F32 }),
-        ("channels-last + bf16", CnnOptions { channels_last: true, bf16: true, ..CnnOptions::F32 }),
-        ("bf16, first layer split", CnnOptions { bf16: true, split_first_layer: true, ..CnnOptions::F32 }),
+        ("channels-last", CnnOptions { channels_last: true, bf16: false }),
+        ("bf16", CnnOptions { channels_last: false, bf16: true }),
+        ("channels-last + bf16", CnnOptions { channels_last: true, bf16: true }),
     ];
     println!("\n## Learner: PPO update on u8 frames (8 × 128 rollout, 4 epochs × 4 minibatches of 256), CPU\n");
     println!(
@@ -188,7 +186,7 @@ fn gpu_learner_table(rounds: usize) -> BenchResult<()> {
     }
     for (name, options, peer) in [
         ("Flotilla f32", CnnOptions::F32, theirs[0]),
-        ("Flotilla bf16", CnnOptions { bf16: true, ..CnnOptions::F32 }, theirs[1]),
+        ("Flotilla bf16", CnnOptions { channels_last: false, bf16: true }, theirs[1]),
     ] {
         let sps = PongPpoUpdate::new(options, None, device)?.samples_per_sec(rounds)?;
         let g = nature_cnn_gflops(sps);
