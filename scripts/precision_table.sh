@@ -32,20 +32,13 @@ for s in $seeds; do
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "precision_table.sh: JOBS must be a positive integer, got '$jobs'" >&2; exit 2; }
 
-sets() { # the --set arguments of a variant
-  case "$1" in
-    bf16) echo "--set algorithm.cnn.bf16=true" ;;
-    f32) echo "--set algorithm.cnn.bf16=false" ;;
-  esac
-}
-
 if [[ "${1:-}" != "--table" ]]; then
   source scripts/release_bin.sh   # build once, before the runs start copying the binary
   for s in $seeds; do
     for v in $variants; do
       while (( $(jobs -rp | wc -l) >= jobs )); do wait -n || true; done
-      # shellcheck disable=SC2046
-      bash scripts/long_run.sh "precision_${v}_s${s}" examples/configs/pong_fast.toml $(sets "$v") \
+      bf16=false; [[ $v == bf16 ]] && bf16=true
+      bash scripts/long_run.sh "precision_${v}_s${s}" examples/configs/pong_fast.toml --set "algorithm.cnn.bf16=$bf16" \
         --set "run.seed=${s}" --set run.torch_threads=1 --set env.kwargs.num_threads=1 "${steps[@]}" >/dev/null 2>&1 &
     done
   done
