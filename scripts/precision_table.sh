@@ -5,9 +5,10 @@
 # per core), through scripts/long_run.sh: in the background,
 # checkpointed, and resumed where it was cut off when this script is called again (finished runs are skipped).
 # The runs are untimed (they share the machine): what counts is each curve against frames. Finished runs'
-# configs and metrics go to docs/benchmarks/precision-table/; the table (per seed and variant: the first
-# evaluation ≥ +18 and its frames, whether every later evaluation stays ≥ +18 and the lowest after it, the best
-# and the last) is printed and written to docs/benchmarks/precision-table/README.md.
+# configs and metrics go to docs/benchmarks/precision-table/NAME/ (run directories `flotilla report` reads); the
+# table (per seed and variant, from `flotilla report --threshold 18`: the frames of the first evaluation ≥ +18,
+# whether every later evaluation stays ≥ +18 and the lowest after it, where it settled, the best and the last) is
+# printed and written to docs/benchmarks/precision-table/README.md.
 #   SEEDS="1 2 3 4 5 6" VARIANTS="bf16 f32" setsid nohup bash scripts/precision_table.sh > LOG 2>&1 &
 #   bash scripts/precision_table.sh --table      # only the table, from the runs finished so far
 # STEPS=N cuts every run to N agent steps (a smoke check, or a shorter study; the schedules anneal over N then).
@@ -32,8 +33,8 @@ for s in $seeds; do
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "precision_table.sh: JOBS must be a positive integer, got '$jobs'" >&2; exit 2; }
 
+source scripts/release_bin.sh   # build once, before the runs start copying the binary; `report` for the table
 if [[ "${1:-}" != "--table" ]]; then
-  source scripts/release_bin.sh   # build once, before the runs start copying the binary
   for s in $seeds; do
     for v in $variants; do
       while (( $(jobs -rp | wc -l) >= jobs )); do wait -n || true; done
@@ -45,40 +46,56 @@ if [[ "${1:-}" != "--table" ]]; then
   wait
 fi
 
+# One `flotilla report` per run (a finished run from its copy here, a running one from the cache), then the
+# rows formatted from its JSON: every number in the table is report's.
 mkdir -p "$table"
+reports=$(mktemp -d)
+trap 'rm -rf "$reports"' EXIT
+rows=()
 for s in $seeds; do
   for v in $variants; do
     name="precision_${v}_s${s}"
+    dir="$runs/$name" state=running
     if [ -e "$runs/$name.done" ]; then
-      cp "$runs/$name/config.toml" "$table/${name}.config.toml"
-      cp "$runs/$name/metrics.csv" "$table/${name}.metrics.csv"
+      mkdir -p "$table/$name"
+      for f in config.toml metrics.csv; do
+        cp "$runs/$name/$f" "$table/$name/$f.tmp" && mv "$table/$name/$f.tmp" "$table/$name/$f"
+      done
+      dir="$table/$name" state=done
     fi
+    json=-
+    if [ -f "$dir/config.toml" ]; then
+      json="$reports/$name.json"
+      "$release_bin" report "$dir" --threshold 18 --json >"$json"
+    else
+      state="not run"
+    fi
+    rows+=("$s" "$v" "$state" "$json")
   done
 done
-python3 - "$table" "$runs" "$seeds" "$variants" <<'EOF' | tee "$table/README.md"
-import csv, os, sys
-table, runs, seeds, variants = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
+python3 - "${rows[@]}" >"$table/README.md.tmp" <<'EOF'
+import json, sys
 print("# bf16 against f32 on `pong_fast.toml`: the precision table\n")
-print("Written by `scripts/precision_table.sh` (one torch and one emulator thread a run; untimed). Frames = 4 × agent")
-print("steps; each evaluation is the mean of 8 whole games.\n")
-print("| seed | variant | state | first ≥ +18 (frames) | held after it (lowest) | best | last (frames) |")
-print("|---:|---|---|---:|---|---:|---:|")
-for s in seeds:
-    for v in variants:
-        name = f"precision_{v}_s{s}"
-        done = os.path.exists(f"{runs}/{name}.done")
-        path = f"{table}/{name}.metrics.csv" if done else f"{runs}/{name}/metrics.csv"
-        if not os.path.exists(path):
-            print(f"| {s} | {v} | not run | | | | |")
-            continue
-        evals = [(int(r["env_steps"]) * 4, float(r["eval/mean_return"])) for r in csv.DictReader(open(path)) if r.get("eval/mean_return")]
-        if not evals:
-            print(f"| {s} | {v} | {'done' if done else 'running'} | | | | |")
-            continue
-        first = next((i for i, (_, e) in enumerate(evals) if e >= 18), None)
-        reached = "not reached" if first is None else f"{evals[first][1]:+.1f} ({evals[first][0] / 1e6:.2f} M)"
-        after = [e for _, e in evals[first + 1:]] if first is not None else []
-        held = "" if first is None else ("yes" if all(e >= 18 for e in after) else "no") + (f" ({min(after):+.1f})" if after else " (none after)")
-        best = max(e for _, e in evals)
-        print(f"| {s} | {v} | {'done' if done else 'running'} | {reached} | {held} | {best:+.1f} | {evals[-1][1]:+.1f} ({evals[-1][0] / 1e6:.2f} M) |")
+print("Written by `scripts/precision_table.sh` from `flotilla report --threshold 18` on each run (one torch and one")
+print("emulator thread a run; untimed). Frames = 4 × agent steps; each evaluation is the mean of 8 whole games.")
+print("Held: every evaluation after the first ≥ +18 stays ≥ +18 (the lowest of them); settled: the first evaluation")
+print("from which every one to the run's last is ≥ +18. Finished runs: `NAME/` here (config and metrics).\n")
+print("| seed | variant | state | first ≥ +18 (frames) | held after it (lowest) | settled from (frames) | best | last (frames) |")
+print("|---:|---|---|---:|---|---:|---:|---:|")
+frames = lambda steps: "" if steps is None else f"{4 * steps / 1e6:.2f} M"
+args = sys.argv[1:]
+for seed, variant, state, path in zip(args[0::4], args[1::4], args[2::4], args[3::4]):
+    m = json.load(open(path))["members"][0] if path != "-" else None
+    if m is None or m["final_return"] is None:
+        print(f"| {seed} | {variant} | {state} | | | | | |")
+        continue
+    first = m["first_step_at_threshold"]
+    held = m["held_after_threshold"]
+    lowest = m["lowest_after_threshold"]
+    held = "" if held is None else ("yes" if held else "no") + (f" ({lowest:+.1f})" if lowest is not None else " (none after)")
+    print(f"| {seed} | {variant} | {state} | {frames(first) or 'not reached'} | {held} | "
+          f"{frames(m['settled_step_at_threshold'])} | {m['best_return']:+.1f} | "
+          f"{m['final_return']:+.1f} ({frames(m['final_env_steps'])}) |")
 EOF
+mv "$table/README.md.tmp" "$table/README.md"
+cat "$table/README.md"

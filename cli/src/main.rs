@@ -232,8 +232,9 @@ enum Command {
         #[arg(long, value_name = "FILE.json")]
         state: Option<PathBuf>,
     },
-    /// Summarise populations and runs: per member its seed, hyperparameters, final return and first step at the
-    /// reward threshold; IQM, mean and median with 95 % stratified bootstrap CIs and the solved fraction.
+    /// Summarise populations and runs: per member its seed, hyperparameters, final and best return, first step
+    /// at the reward threshold and whether it held there; IQM, mean and median with 95 % stratified bootstrap
+    /// CIs, the solved fraction and how many reached and held the threshold.
     Report {
         /// Population directories (population.json) or run directories; several are merged (a split sweep's jobs).
         #[arg(required = true)]
@@ -241,7 +242,8 @@ enum Command {
         /// Print one JSON object instead of the tables.
         #[arg(long)]
         json: bool,
-        /// A member is solved at a final return ≥ X (default: the env's registered reward threshold).
+        /// The threshold (default: the env's registered reward threshold): a member is solved at a final return
+        /// ≥ X; it reached X at its first evaluation ≥ X, and held it if no evaluation after that is below.
         #[arg(long, allow_hyphen_values = true)]
         threshold: Option<f64>,
         /// The metrics.csv column whose last value is a member's final return.

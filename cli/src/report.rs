@@ -8,11 +8,13 @@
 //! how a sweep split across jobs is read back; a member (index and seed) found in two of them is an error.
 //!
 //! Per member: its seed and hyperparameters, its *final return* (the metric of the last `metrics.csv` row that
-//! has one), the first env step at which the metric reached the threshold (`--threshold`, else the env's
-//! registered reward threshold), and whether it *finished*: that last row is at `[run] total_env_steps` (training
-//! ends with an evaluation of the final policy there). Unfinished members are listed but left out of the
-//! aggregates: IQM (`scipy.stats.trim_mean(x, 0.25)`), mean and median with 95 % stratified bootstrap intervals
-//! (`flotilla_learner::stats`; strata are env ids) and the solved fraction (final return ≥ threshold). A grid
+//! has one) and best, the first env step at which the metric reached the threshold (`--threshold`, else the env's
+//! registered reward threshold), whether it *held* there (every later value ≥ the threshold; the lowest of them),
+//! where it *settled* (the first row from which every value to the last is ≥ the threshold), and whether it
+//! *finished*: that last row is at `[run] total_env_steps` (training ends with an evaluation of the final policy
+//! there). Unfinished members are listed but left out of the aggregates: IQM (`scipy.stats.trim_mean(x, 0.25)`),
+//! mean and median with 95 % stratified bootstrap intervals (`flotilla_learner::stats`; strata are env ids), the
+//! solved fraction (final return ≥ threshold) and how many reached the threshold and held it. A grid
 //! sweep with several seeds per point also gets one aggregate row per hyperparameter assignment. Where PBT wrote
 //! a `lineage.jsonl`, the best member's hyperparameter schedule is traced back through the members whose weights
 //! it inherited.
@@ -181,8 +183,58 @@ struct Member {
     /// Env steps of the row the final return is from.
     last_step: Option<u64>,
     total_env_steps: u64,
-    first_at_threshold: Option<u64>,
+    /// The largest value of the metric.
+    best_return: Option<f64>,
+    /// The metric against the threshold (`None` without one).
+    course: Option<Course>,
     finished: bool,
+}
+
+impl Member {
+    fn first_at_threshold(&self) -> Option<u64> {
+        self.course.and_then(|c| c.first)
+    }
+
+    /// Reached the threshold and never fell below it after.
+    fn held(&self) -> Option<bool> {
+        self.course.and_then(|c| c.held())
+    }
+}
+
+/// How a run's metric went against a threshold: the learning result that counts is reaching it *and* staying
+/// there, so both are read from every row, not from the last alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Course {
+    /// The threshold.
+    pub threshold: f64,
+    /// Env steps of the first row at or above it.
+    pub first: Option<u64>,
+    /// Rows after that one.
+    pub after: usize,
+    /// The lowest value of those rows.
+    pub lowest_after: Option<f64>,
+    /// Env steps of the first row from which every value to the last is at or above it (`None`: the last is
+    /// below).
+    pub settled: Option<u64>,
+}
+
+impl Course {
+    /// `points` (`(env_steps, value)` in row order, as [`read_metric`] gives them) against `threshold`.
+    pub fn of(points: &[(f64, f64)], threshold: f64) -> Self {
+        let first = points.iter().position(|(_, v)| *v >= threshold);
+        let after = first.map_or(&[][..], |i| &points[i + 1..]);
+        let lowest_after = after.iter().map(|(_, v)| *v).reduce(f64::min);
+        let tail = points.iter().rev().take_while(|(_, v)| *v >= threshold).count();
+        let settled = (tail > 0).then(|| points[points.len() - tail].0 as u64);
+        Course { threshold, first: first.map(|i| points[i].0 as u64), after: after.len(), lowest_after, settled }
+    }
+
+    /// `None` where the threshold was never reached; else whether every later value stayed at or above it
+    /// (true, too, when the first was the last row).
+    pub fn held(&self) -> Option<bool> {
+        self.first?;
+        Some(self.lowest_after.is_none_or(|l| l >= self.threshold))
+    }
 }
 
 /// One stretch of the best member's weights' history: from `env_steps` on, `member` trained them with
@@ -200,6 +252,10 @@ struct Aggregate {
     summary: Summary,
     /// Finished members at or above their threshold; `None` when some member's env has none.
     solved: Option<usize>,
+    /// Finished members that reached their threshold at some row, and those of them that held it after
+    /// ([`Course`]); `None` as for `solved`.
+    reached: Option<usize>,
+    held: Option<usize>,
 }
 
 /// Everything `flotilla report` prints.
@@ -256,6 +312,7 @@ impl Report {
                 let threshold = threshold.or_else(|| env_threshold(&config));
                 let last = points.last().copied();
                 let total = config.run.total_env_steps;
+                let best_return = points.iter().map(|(_, v)| *v).reduce(f64::max);
                 members.push(Member {
                     index,
                     seed,
@@ -267,8 +324,8 @@ impl Report {
                     final_return: last.map(|(_, v)| v),
                     last_step: last.map(|(x, _)| x as u64),
                     total_env_steps: total,
-                    first_at_threshold: threshold
-                        .and_then(|t| points.iter().find(|(_, v)| *v >= t).map(|(x, _)| *x as u64)),
+                    best_return,
+                    course: threshold.map(|t| Course::of(&points, t)),
                     finished: last.is_some_and(|(x, _)| x >= total as f64),
                 });
             }
@@ -334,7 +391,12 @@ impl Report {
                     "final_return": m.final_return.map(num),
                     "final_env_steps": m.last_step,
                     "total_env_steps": m.total_env_steps,
-                    "first_step_at_threshold": m.first_at_threshold,
+                    "best_return": m.best_return.map(num),
+                    "first_step_at_threshold": m.first_at_threshold(),
+                    "held_after_threshold": m.held(),
+                    "evaluations_after_threshold": m.course.map(|c| c.after),
+                    "lowest_after_threshold": m.course.and_then(|c| c.lowest_after).map(num),
+                    "settled_step_at_threshold": m.course.and_then(|c| c.settled),
                     "threshold": m.threshold.map(num),
                     "finished": m.finished,
                 })
@@ -352,6 +414,8 @@ impl Report {
             "thresholds": thresholds,
             "solved": self.all.solved,
             "solved_fraction": self.all.solved.filter(|_| size > 0).map(|k| num(k as f64 / size as f64)),
+            "reached": self.all.reached,
+            "held": self.all.held,
             "iqm": num(self.all.summary.iqm.point),
             "iqm_ci": ci(&self.all.summary.iqm),
             "mean": num(self.all.summary.mean.point),
@@ -379,6 +443,8 @@ impl Report {
                         "median": num(a.summary.median.point),
                         "median_ci": ci(&a.summary.median),
                         "solved": a.solved,
+                        "reached": a.reached,
+                        "held": a.held,
                     })
                 })
                 .collect();
@@ -437,10 +503,11 @@ impl Report {
         }
         header.extend(keys.iter().map(|k| k.to_string()));
         header.push("final return".into());
-        header.push(match threshold {
-            Some(t) => format!("first step ≥ {}", fmt_value(t)),
-            None => "first step ≥ threshold".into(),
-        });
+        header.push("best".into());
+        let at = threshold.map_or("threshold".into(), fmt_value);
+        header.push(format!("first step ≥ {at}"));
+        header.push("held after (lowest)".into());
+        header.push(format!("settled ≥ {at} from"));
         header.push("finished".into());
         header.push("dir".into());
         let mut rows = vec![header];
@@ -451,7 +518,15 @@ impl Report {
             }
             row.extend(keys.iter().map(|k| m.hyperparameters.get(*k).map_or("—".into(), |v| fmt_value(*v))));
             row.push(m.final_return.map_or("—".into(), fmt_return));
-            row.push(m.first_at_threshold.map_or("—".into(), |s| s.to_string()));
+            row.push(m.best_return.map_or("—".into(), fmt_return));
+            row.push(m.first_at_threshold().map_or("—".into(), |s| s.to_string()));
+            row.push(match (m.held(), m.course.and_then(|c| c.lowest_after)) {
+                (None, _) => "—".into(),
+                (Some(held), lowest) => {
+                    format!("{} ({})", if held { "yes" } else { "no" }, lowest.map_or("none after".into(), fmt_return))
+                }
+            });
+            row.push(m.course.and_then(|c| c.settled).map_or("—".into(), |s| s.to_string()));
             row.push(if m.finished {
                 "yes".into()
             } else {
@@ -524,9 +599,16 @@ impl Report {
             return "no finished members".into();
         }
         let est = |e: &Estimate| format!("{} [{}, {}]", fmt_return(e.point), fmt_return(e.lo), fmt_return(e.hi));
-        let solved = match a.solved {
-            Some(k) => format!("solved {k}/{} ({:.0}%)", s.n, 100.0 * k as f64 / s.n as f64),
-            None => "solved —".into(),
+        let solved = match (a.solved, a.reached, a.held) {
+            (Some(k), Some(r), Some(h)) => {
+                format!(
+                    "solved {k}/{} ({:.0}%), reached {r}/{n}, held {h}/{n}",
+                    s.n,
+                    100.0 * k as f64 / s.n as f64,
+                    n = s.n
+                )
+            }
+            _ => "solved —".into(),
         };
         format!("n = {}, IQM {}, mean {}, median {}, {solved}", s.n, est(&s.iqm), est(&s.mean), est(&s.median))
     }
@@ -535,17 +617,24 @@ impl Report {
 /// IQM, mean and median (stratified by env) and the solved count of the finished ones of `members`.
 fn aggregate<'a>(members: impl Iterator<Item = &'a Member>) -> Aggregate {
     let mut strata: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut solved = Some(0);
+    let mut counts = Some((0, 0, 0));
     for m in members.filter(|m| m.finished) {
         let r = m.final_return.expect("a finished member has a final return");
         strata.entry(&m.env_id).or_default().push(r);
-        solved = match (solved, m.threshold) {
-            (Some(k), Some(t)) => Some(k + usize::from(r >= t)),
+        counts = match (counts, m.threshold, m.held()) {
+            (Some((k, reached, held)), Some(t), h) => {
+                Some((k + usize::from(r >= t), reached + usize::from(h.is_some()), held + usize::from(h == Some(true))))
+            }
             _ => None,
         };
     }
     let strata: Vec<Vec<f64>> = strata.into_values().collect();
-    Aggregate { summary: stats::summarize(&strata), solved }
+    Aggregate {
+        summary: stats::summarize(&strata),
+        solved: counts.map(|c| c.0),
+        reached: counts.map(|c| c.1),
+        held: counts.map(|c| c.2),
+    }
 }
 
 /// The best finished member of a population with a PBT lineage, and whose hyperparameters its weights were

@@ -173,6 +173,20 @@ fn merged_sweep_jobs_agree_with_numpy() {
     assert_eq!(first, [Some(400), Some(600), None, Some(600), Some(1000), Some(1000), None, None, None]);
     let finished: Vec<bool> = members.iter().map(|m| m["finished"].as_bool().unwrap()).collect();
     assert_eq!(finished, [true, true, true, false, true, true, true, false, true]);
+    // Reaching 475 is not holding it: member 0 fell to 450 after its first 480 and settled at 800; member 3
+    // reached it at its last row (held, nothing after it).
+    let held: Vec<Option<bool>> = members.iter().map(|m| m["held_after_threshold"].as_bool()).collect();
+    assert_eq!(held, [Some(false), Some(true), None, Some(true), Some(true), Some(true), None, None, None]);
+    assert_eq!(
+        (f(&members[0]["lowest_after_threshold"]), members[0]["evaluations_after_threshold"].as_u64()),
+        (450.0, Some(3))
+    );
+    assert_eq!(members[3]["lowest_after_threshold"], Value::Null);
+    let settled: Vec<Option<u64>> = members.iter().map(|m| m["settled_step_at_threshold"].as_u64()).collect();
+    assert_eq!(settled, [Some(800), Some(600), None, Some(600), Some(1000), Some(1000), None, None, None]);
+    assert_eq!(f(&members[2]["best_return"]), 230.5);
+    // Of the 7 finished: 4 reached 475 (members 0, 1, 4, 5), 3 held it.
+    assert_eq!((r["reached"].as_u64(), r["held"].as_u64()), (Some(4), Some(3)));
     assert_eq!(members[7]["final_return"], Value::Null);
     assert_eq!(members[8]["seed"], 42);
     // Two grid points and the plain run: one group each.
@@ -183,7 +197,10 @@ fn merged_sweep_jobs_agree_with_numpy() {
     let out = report_text(&dirs, &[]);
     let all = out.lines().find(|l| l.starts_with("all members")).unwrap_or_else(|| panic!("{out}"));
     assert!(all.starts_with("all members (CartPole-v1): n = 7, IQM 405.3 ["), "{all}");
-    assert!(all.contains("median 475.0 [") && all.ends_with("solved 4/7 (57%)"), "{all}");
+    assert!(all.contains("median 475.0 [") && all.ends_with("solved 4/7 (57%), reached 4/7, held 3/7"), "{all}");
+    let row0 = out.lines().find(|l| l.contains("members/000")).unwrap_or_else(|| panic!("{out}"));
+    let cells: Vec<&str> = row0.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(cells[3..9], ["500.0", "500.0", "400", "no (450.0)", "800", "yes"], "{out}");
     assert!(out.contains("algorithm.learning_rate = 0.001: n = 4, IQM "), "{out}");
     assert!(out.contains("2 unfinished members left out of the aggregates"), "{out}");
     assert!(out.contains("first step ≥ 475") && out.contains("no (600/1000)"), "{out}");

@@ -3,7 +3,8 @@
     flotilla report DIR... --json | python report_check.py [--threshold X] [--metric COL] DIR...
 
 Reads population.json / config.toml / metrics.csv / lineage.jsonl with the standard library and computes, with
-NumPy: each member's final return, finished flag and first step at the threshold; the IQM as
+NumPy: each member's final and best return, finished flag, first step at the threshold, whether it held there
+(the lowest value after it, how many rows) and where it settled; the IQM as
 `scipy.stats.trim_mean(x, 0.25)` defines it (SciPy itself where it is installed), mean and median; 95 %
 percentile bootstrap intervals with 10,000 resamples stratified by env id (as rliable's StratifiedBootstrap);
 solved counts; groups of a grid sweep; the PBT best member's schedule. Point estimates must agree to 1e-9.
@@ -64,9 +65,22 @@ def read_member(run_dir, metric, threshold):
                 if row.get(metric, "") != "" and math.isfinite(float(row[metric])):
                     points.append((float(row["env_steps"]), float(row[metric])))
     final = points[-1][1] if points else None
-    first = next((int(x) for x, v in points if v >= threshold), None) if threshold is not None else None
-    return dict(env_id=env_id, seed=config["run"]["seed"], final_return=final, threshold=threshold,
-                finished=bool(points) and points[-1][0] >= total, first_step_at_threshold=first)
+    member = dict(env_id=env_id, seed=config["run"]["seed"], final_return=final, threshold=threshold,
+                  finished=bool(points) and points[-1][0] >= total, first_step_at_threshold=None,
+                  best_return=max((v for _, v in points), default=None), held_after_threshold=None,
+                  evaluations_after_threshold=None, lowest_after_threshold=None, settled_step_at_threshold=None)
+    if threshold is not None:
+        reached = [i for i, (_, v) in enumerate(points) if v >= threshold]
+        after = [v for _, v in points[reached[0] + 1:]] if reached else []
+        below = [i for i, (_, v) in enumerate(points) if v < threshold]
+        settle = (below[-1] + 1) if below else 0
+        member.update(
+            first_step_at_threshold=int(points[reached[0]][0]) if reached else None,
+            held_after_threshold=all(v >= threshold for v in after) if reached else None,
+            evaluations_after_threshold=len(after),
+            lowest_after_threshold=min(after) if after else None,
+            settled_step_at_threshold=int(points[settle][0]) if settle < len(points) else None)
+    return member
 
 
 def read_all(dirs, metric, threshold):
@@ -106,10 +120,12 @@ def aggregate(members, rng):
     for name, statistic in STATISTICS.items():
         out[name] = float(statistic(pooled)) if len(pooled) else None
         out[name + "_draws"] = bootstrap(strata, statistic, rng) if len(pooled) else None
-    solved = None
+    solved = reached = held = None
     if all(m["threshold"] is not None for m in finished):
         solved = sum(m["final_return"] >= m["threshold"] for m in finished)
-    out["solved"] = solved
+        reached = sum(m["first_step_at_threshold"] is not None for m in finished)
+        held = sum(m["held_after_threshold"] is True for m in finished)
+    out.update(solved=solved, reached=reached, held=held)
     return out
 
 
@@ -172,14 +188,17 @@ def main():
     c.same("members_total", report["members_total"], len(members))
     c.same("unfinished", report["unfinished"], sum(not m["finished"] for m in members))
     for i, (got, want) in enumerate(zip(report["members"], members)):
-        for key in ["index", "seed", "env_id", "finished", "first_step_at_threshold", "final_return"]:
+        for key in ["index", "seed", "env_id", "finished", "first_step_at_threshold", "final_return", "best_return",
+                    "held_after_threshold", "evaluations_after_threshold", "lowest_after_threshold",
+                    "settled_step_at_threshold"]:
             c.same(f"members[{i}].{key}", got[key], want[key])
         c.same(f"members[{i}].hyperparameters", got["hyperparameters"], want["hyperparameters"])
 
     # Aggregates over the finished members.
     a = aggregate(members, rng)
     c.same("size", report["size"], a["size"])
-    c.same("solved", report["solved"], a["solved"])
+    for key in ["solved", "reached", "held"]:
+        c.same(key, report[key], a[key])
     if a["solved"] is not None and a["size"]:
         c.same("solved_fraction", report["solved_fraction"], a["solved"] / a["size"])
     c.same("strata", report["strata"], sorted({m["env_id"] for m in members if m["finished"]}))
@@ -202,7 +221,8 @@ def main():
         for g, h in zip(report["groups"], assignments):
             ga = aggregate([m for m in members if m["hyperparameters"] == h], rng)
             c.same(f"group {h} size", g["size"], ga["size"])
-            c.same(f"group {h} solved", g["solved"], ga["solved"])
+            for key in ["solved", "reached", "held"]:
+                c.same(f"group {h} {key}", g[key], ga[key])
             for name in STATISTICS:
                 c.same(f"group {h} {name}", g[name], ga[name])
             c.interval(f"group {h} iqm_ci", g["iqm_ci"], ga["iqm_draws"], ga["range"])
