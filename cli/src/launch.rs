@@ -279,7 +279,8 @@ pub fn launched_actor_tls(config: &ExperimentConfig) -> Result<Vec<String>> {
 }
 
 /// What a finished run prints: the budget and time, when it first reached the env's registered reward
-/// threshold (where Gymnasium sets one), the final evaluation, and where the policy went.
+/// threshold (where Gymnasium sets one) and whether it held there, the final evaluation, and where the policy
+/// went.
 pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Option<usize>, model: &Path, dir: &Path) {
     let with = match (actors, config.learner.learners) {
         (Some(n), l) if l > 1 => format!(", {l} learners and {} actors ({n} each)", n * l),
@@ -319,9 +320,12 @@ pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Op
     }
     let threshold = flotilla_envs::spec(&config.env.id).ok().and_then(|s| s.reward_threshold);
     if let Some((threshold, first)) = threshold.and_then(|t| Some((t, report.first_reaching(t)?))) {
+        let held = report.course(threshold).held_clause();
         println!(
-            "first evaluation ≥ {threshold} (the env's reward threshold) at {} env steps, {:.1} s",
-            first.env_steps, first.train_secs
+            "first evaluation ≥ {threshold} (the env's reward threshold) at {} env steps, {:.1} s{}",
+            first.env_steps,
+            first.train_secs,
+            if held.is_empty() { String::new() } else { format!("; {held}") }
         );
     }
     let e = report.final_eval();

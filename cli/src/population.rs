@@ -67,7 +67,10 @@ fn print_results(config: &ExperimentConfig, results: &[MemberResult], dir: &Path
     for r in results {
         let last = r.report.evals.last().map(|e| e.result.mean());
         let hp: Vec<String> = r.hyperparameters.iter().map(|(k, v)| format!("{k} = {v:.4e}")).collect();
-        let first = threshold.and_then(|t| r.report.first_reaching(t)).map(|e| e.env_steps.to_string());
+        let first = threshold.map(|t| r.report.course(t)).and_then(|c| {
+            let held = if c.held()? { "held" } else { "not held" };
+            Some(format!("{} ({held})", c.first?))
+        });
         println!(
             "member {:>3} seed {:>5}: {} {}{}{}",
             r.index,

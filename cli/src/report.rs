@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::population::{self, LineageEvent, POPULATION_FILE, PopulationRecord};
 use flotilla_learner::run_dir::{CONFIG_FILE, METRICS_FILE, RunDir};
-use flotilla_learner::stats::{self, Estimate, Summary};
+use flotilla_learner::stats::{self, Course, Estimate, Summary};
 use serde_json::{Value, json};
 
 /// `flotilla report`: read every directory, print the per-member table and the aggregates (or `--json`).
@@ -201,42 +201,6 @@ impl Member {
     }
 }
 
-/// How a run's metric went against a threshold: the learning result that counts is reaching it *and* staying
-/// there, so both are read from every row, not from the last alone.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Course {
-    /// The threshold.
-    pub threshold: f64,
-    /// Env steps of the first row at or above it.
-    pub first: Option<u64>,
-    /// Rows after that one.
-    pub after: usize,
-    /// The lowest value of those rows.
-    pub lowest_after: Option<f64>,
-    /// Env steps of the first row from which every value to the last is at or above it (`None`: the last is
-    /// below).
-    pub settled: Option<u64>,
-}
-
-impl Course {
-    /// `points` (`(env_steps, value)` in row order, as [`read_metric`] gives them) against `threshold`.
-    pub fn of(points: &[(f64, f64)], threshold: f64) -> Self {
-        let first = points.iter().position(|(_, v)| *v >= threshold);
-        let after = first.map_or(&[][..], |i| &points[i + 1..]);
-        let lowest_after = after.iter().map(|(_, v)| *v).reduce(f64::min);
-        let tail = points.iter().rev().take_while(|(_, v)| *v >= threshold).count();
-        let settled = (tail > 0).then(|| points[points.len() - tail].0 as u64);
-        Course { threshold, first: first.map(|i| points[i].0 as u64), after: after.len(), lowest_after, settled }
-    }
-
-    /// `None` where the threshold was never reached; else whether every later value stayed at or above it
-    /// (true, too, when the first was the last row).
-    pub fn held(&self) -> Option<bool> {
-        self.first?;
-        Some(self.lowest_after.is_none_or(|l| l >= self.threshold))
-    }
-}
-
 /// One stretch of the best member's weights' history: from `env_steps` on, `member` trained them with
 /// `hyperparameters`.
 #[derive(Debug, Clone, PartialEq)]
@@ -325,7 +289,10 @@ impl Report {
                     last_step: last.map(|(x, _)| x as u64),
                     total_env_steps: total,
                     best_return,
-                    course: threshold.map(|t| Course::of(&points, t)),
+                    course: threshold.map(|t| {
+                        let steps: Vec<(u64, f64)> = points.iter().map(|&(x, v)| (x as u64, v)).collect();
+                        Course::of(&steps, t)
+                    }),
                     finished: last.is_some_and(|(x, _)| x >= total as f64),
                 });
             }

@@ -400,3 +400,43 @@ fn plot_draws_a_population_as_members_or_its_iqm() {
     assert!(drawn.contains("<polygon") && drawn.contains("#1F77B4"), "no band: {drawn}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `flotilla train`'s summary and `flotilla report` on the run it wrote say the same: the first evaluation at
+/// the threshold (one from the evaluations in memory, the other from metrics.csv), whether every later one held
+/// it, and how many came after.
+#[test]
+fn the_train_summary_and_report_agree_on_reaching_and_holding() {
+    let dir = scratch("report", "summary");
+    let run = dir.join("run");
+    let config = common::config("cartpole_ppo.toml");
+    let o = flotilla(&[
+        "train",
+        &config,
+        "--set",
+        "run.total_env_steps=40000",
+        "--set",
+        "eval.interval_steps=5000",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("first evaluation ≥ 475")).unwrap_or_else(|| {
+        panic!("seed 1 reaches 475 within 40 K env steps (at 15-20 K on every CPU so far):\n{stdout}")
+    });
+    let (r, _) = report_json(&[&run], &[]);
+    let m = &r["members"][0];
+    let first = m["first_step_at_threshold"].as_u64().expect("report finds the same first step");
+    assert!(line.contains(&format!(" at {first} env steps, ")), "{line}\n{m}");
+    let after = m["evaluations_after_threshold"].as_u64().unwrap();
+    assert_eq!(after, (40000 - first) / 5000, "{m}");
+    let clause = match (m["held_after_threshold"].as_bool().unwrap(), after) {
+        (true, 1) => "; held at the evaluation after it".to_string(),
+        (true, n) => format!("; held at the {n} evaluations after it"),
+        (false, n) => {
+            format!("; not held: lowest {:.1} at the {n} evaluations after it", f(&m["lowest_after_threshold"]))
+        }
+    };
+    assert!(line.ends_with(&clause), "summary {line:?}, report {m}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -106,6 +106,12 @@ impl TrainReport {
         self.evals.iter().find(|e| e.result.mean() >= threshold)
     }
 
+    /// The evaluations' mean returns against `threshold`: reached, held, settled.
+    pub fn course(&self, threshold: f64) -> crate::stats::Course {
+        let points: Vec<(u64, f64)> = self.evals.iter().map(|e| (e.env_steps, e.result.mean())).collect();
+        crate::stats::Course::of(&points, threshold)
+    }
+
     /// The final policy's evaluation.
     pub fn final_eval(&self) -> &EvalResult {
         &self.evals.last().expect("training always ends with an evaluation").result

@@ -11,6 +11,8 @@
 //! ```
 //! The resamples come from a [`Pcg64`] with a fixed seed, so a report is reproducible. Every statistic of an
 //! empty sample is NaN, as NumPy's is.
+//!
+//! One run's evaluations against a threshold — reached, held, settled — are a [`Course`].
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 
@@ -165,6 +167,56 @@ pub fn iqm_interval(strata: &[Vec<f64>], resamples: usize) -> Estimate {
     iqm
 }
 
+/// How a run's evaluations went against a threshold. A learning result counts when the policy reaches the
+/// threshold *and stays there*, so both are read from every evaluation, not from the last alone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Course {
+    /// The threshold.
+    pub threshold: f64,
+    /// Env steps of the first evaluation at or above it.
+    pub first: Option<u64>,
+    /// Evaluations after that one.
+    pub after: usize,
+    /// The lowest of those evaluations.
+    pub lowest_after: Option<f64>,
+    /// Env steps of the first evaluation from which every one to the last is at or above it (`None`: the last
+    /// is below).
+    pub settled: Option<u64>,
+}
+
+impl Course {
+    /// `points` (`(env_steps, value)` of each evaluation, in order) against `threshold`.
+    pub fn of(points: &[(u64, f64)], threshold: f64) -> Self {
+        let first = points.iter().position(|(_, v)| *v >= threshold);
+        let after = first.map_or(&[][..], |i| &points[i + 1..]);
+        let lowest_after = after.iter().map(|(_, v)| *v).reduce(f64::min);
+        let tail = points.iter().rev().take_while(|(_, v)| *v >= threshold).count();
+        let settled = (tail > 0).then(|| points[points.len() - tail].0);
+        Course { threshold, first: first.map(|i| points[i].0), after: after.len(), lowest_after, settled }
+    }
+
+    /// `None` where the threshold was never reached; else whether every later evaluation stayed at or above it
+    /// (true, too, when the first was the last).
+    pub fn held(&self) -> Option<bool> {
+        self.first?;
+        Some(self.lowest_after.is_none_or(|l| l >= self.threshold))
+    }
+
+    /// `held at the N evaluations after it` / `not held: lowest X at the N evaluations after it` (empty when
+    /// the threshold was never reached or nothing came after it): the clause the training summaries print.
+    pub fn held_clause(&self) -> String {
+        let after = match self.after {
+            1 => "the evaluation after it".to_string(),
+            n => format!("the {n} evaluations after it"),
+        };
+        match (self.held(), self.lowest_after) {
+            (Some(true), Some(_)) => format!("held at {after}"),
+            (Some(false), Some(lowest)) => format!("not held: lowest {lowest:.1} at {after}"),
+            _ => String::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,5 +304,23 @@ mod tests {
         let s = summarize(&strata);
         assert!(s.median.lo >= 50.0 && s.median.hi <= 51.0, "{:?}", s.median);
         assert!(s.mean.lo >= 50.0 && s.mean.hi <= 51.0, "{:?}", s.mean);
+    }
+
+    #[test]
+    fn a_course_is_reached_held_and_settled_from_every_evaluation() {
+        let points = [(100, 10.0), (200, 480.0), (300, 450.0), (400, 500.0), (500, 475.0)];
+        let c = Course::of(&points, 475.0);
+        assert_eq!((c.first, c.after, c.lowest_after, c.settled), (Some(200), 3, Some(450.0), Some(400)));
+        assert_eq!(c.held(), Some(false));
+        assert_eq!(c.held_clause(), "not held: lowest 450.0 at the 3 evaluations after it");
+        let c = Course::of(&points[3..], 475.0);
+        assert_eq!((c.first, c.held(), c.settled), (Some(400), Some(true), Some(400)));
+        assert_eq!(c.held_clause(), "held at the evaluation after it");
+        // Reached at the last evaluation: held, nothing after; never reached: no verdict; the last below: unsettled.
+        let c = Course::of(&points[..2], 475.0);
+        assert_eq!((c.held(), c.lowest_after, c.settled, c.held_clause().as_str()), (Some(true), None, Some(200), ""));
+        let c = Course::of(&points[..1], 475.0);
+        assert_eq!((c.first, c.held(), c.settled), (None, None, None));
+        assert_eq!(Course::of(&points[..3], 475.0).settled, None);
     }
 }
