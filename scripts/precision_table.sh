@@ -33,8 +33,12 @@ for s in $seeds; do
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "precision_table.sh: JOBS must be a positive integer, got '$jobs'" >&2; exit 2; }
 
-source scripts/release_bin.sh   # build once, before the runs start copying the binary; `report` for the table
+source scripts/release_bin.sh   # `report` for the table; the runs' binary
 if [[ "${1:-}" != "--table" ]]; then
+  # Built once and frozen: every run this call starts copies this one (a rebuild meanwhile changes nothing), and
+  # no run rebuilds the shared target dir while a build or a test elsewhere is using it.
+  export FLOTILLA_BIN="$runs/bin/precision_table.$$"
+  cp "$release_bin" "$FLOTILLA_BIN.tmp" && mv "$FLOTILLA_BIN.tmp" "$FLOTILLA_BIN"
   for s in $seeds; do
     for v in $variants; do
       while (( $(jobs -rp | wc -l) >= jobs )); do wait -n || true; done
@@ -44,6 +48,7 @@ if [[ "${1:-}" != "--table" ]]; then
     done
   done
   wait
+  rm -f "$FLOTILLA_BIN"
 fi
 
 # One `flotilla report` per run (a finished run from its copy here, a running one from the cache), then the
