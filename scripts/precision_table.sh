@@ -10,7 +10,7 @@
 # whether every later evaluation stays ≥ +18 and the lowest after it, where it settled, the best and the last) is
 # printed and written to docs/benchmarks/precision-table/README.md.
 #   SEEDS="1 2 3 4 5 6" VARIANTS="bf16 f32" setsid nohup bash scripts/precision_table.sh > LOG 2>&1 &
-#   bash scripts/precision_table.sh --table      # only the table, from the runs finished so far
+#   bash scripts/precision_table.sh --table      # only the table, from the runs so far (FLOTILLA_BIN=BINARY: no build)
 # STEPS=N cuts every run to N agent steps (a smoke check, or a shorter study; the schedules anneal over N then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +33,14 @@ for s in $seeds; do
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "precision_table.sh: JOBS must be a positive integer, got '$jobs'" >&2; exit 2; }
 
-source scripts/release_bin.sh   # `report` for the table; the runs' binary
+# `report` for the table, and the runs' binary: FLOTILLA_BIN where given (e.g. `--table` beside a build that must
+# not be disturbed), else a release build of the clone.
+if [[ -n ${FLOTILLA_BIN:-} ]]; then
+  [ -x "$FLOTILLA_BIN" ] || { echo "precision_table.sh: FLOTILLA_BIN=$FLOTILLA_BIN is not an executable" >&2; exit 2; }
+  release_bin=$FLOTILLA_BIN
+else
+  source scripts/release_bin.sh
+fi
 if [[ "${1:-}" != "--table" ]]; then
   # Built once and frozen: every run this call starts copies this one (a rebuild meanwhile changes nothing), and
   # no run rebuilds the shared target dir while a build or a test elsewhere is using it.
