@@ -85,7 +85,22 @@ for s in $seeds; do
     rows+=("$s" "$v" "$state" "$json")
   done
 done
-python3 - "${rows[@]}" >"$table/README.md.tmp" <<'EOF'
+# The curves of the seeds finished in every variant, each variant as one line: the mean over those seeds
+# (`flotilla plot --group`, a ± std band across them).
+paired=() seeds_done=()
+for s in $seeds; do
+  all=yes
+  for v in $variants; do [ -e "$runs/precision_${v}_s${s}.done" ] || all=no; done
+  if [[ $all == yes ]]; then
+    seeds_done+=("$s")
+    for v in $variants; do paired+=("$table/precision_${v}_s${s}"); done
+  fi
+done
+if (( ${#paired[@]} > 0 )); then
+  "$release_bin" plot "${paired[@]}" --group --out "$table/curves.png.tmp.png" >/dev/null
+  mv "$table/curves.png.tmp.png" "$table/curves.png"
+fi
+python3 - "${seeds_done[*]:-}" "${rows[@]}" >"$table/README.md.tmp" <<'EOF'
 import json, sys
 print("# bf16 against f32 on `pong_fast.toml`: the precision table\n")
 print("Written by `scripts/precision_table.sh` from `flotilla report --threshold 18` on each run (one torch and one")
@@ -95,7 +110,7 @@ print("from which every one to the run's last is ≥ +18. Finished runs: `NAME/`
 print("| seed | variant | state | first ≥ +18 (frames) | held after it (lowest) | settled from (frames) | best | last (frames) |")
 print("|---:|---|---|---:|---|---:|---:|---:|")
 frames = lambda steps: "" if steps is None else f"{4 * steps / 1e6:.2f} M"
-args = sys.argv[1:]
+paired, args = sys.argv[1], sys.argv[2:]
 for seed, variant, state, path in zip(args[0::4], args[1::4], args[2::4], args[3::4]):
     m = json.load(open(path))["members"][0] if path != "-" else None
     if m is None or m["final_return"] is None:
@@ -108,6 +123,11 @@ for seed, variant, state, path in zip(args[0::4], args[1::4], args[2::4], args[3
     print(f"| {seed} | {variant} | {state} | {frames(first) or 'not reached'} | {held} | "
           f"{frames(m['settled_step_at_threshold'])} | {m['best_return']:+.1f} | "
           f"{m['final_return']:+.1f} ({frames(m['final_env_steps'])}) |")
+if paired:
+    band = ("the mean over them with a ± std band across them" if " " in paired
+            else "its run, with a ± std band over the evaluation's 8 games")
+    print(f"\n![the evaluations of seeds {paired.replace(' ', ', ')} (finished in every variant), each variant "
+          f"{band}, against agent steps](curves.png)")
 EOF
 mv "$table/README.md.tmp" "$table/README.md"
 cat "$table/README.md"
