@@ -21,7 +21,8 @@
 //! after the runs': the file's header is `label,env_steps,value`, and each label's rows, in file order, are one
 //! line. Only against env steps; a malformed file is refused naming its line.
 //!
-//! The format follows `--out`'s extension: `.svg` writes SVG (text as `<text>` elements), anything else PNG.
+//! The format follows `--out`'s extension: `.svg` writes SVG (text as `<text>` elements), anything else PNG. The
+//! file is written atomically (a temporary file renamed over `--out`).
 //! Text is drawn with the DejaVu Sans font bundled in the binary (`cli/assets/`), so no system font is needed.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -192,12 +193,17 @@ pub fn plot_command(
     }
     let svg = out.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
     register_font();
-    let drawn = if svg {
-        draw(SVGBackend::new(out, SIZE).into_drawing_area(), &title, x, metric, &series, &thresholds)
-    } else {
-        draw(BitMapBackend::new(out, SIZE).into_drawing_area(), &title, x, metric, &series, &thresholds)
-    };
-    drawn.map_err(|e| anyhow::anyhow!("drawing {}: {e}", out.display()))?;
+    // Drawn to a temporary file beside `out` and renamed over it: a plot redrawn over an old one (a long run's
+    // curve, refreshed) is never seen half-written, and a failed drawing leaves the old one.
+    flotilla_algorithms::atomic_write::write_atomic(out, |tmp| {
+        let drawn = if svg {
+            draw(SVGBackend::new(tmp, SIZE).into_drawing_area(), &title, x, metric, &series, &thresholds)
+        } else {
+            draw(BitMapBackend::new(tmp, SIZE).into_drawing_area(), &title, x, metric, &series, &thresholds)
+        };
+        drawn.map_err(|e| std::io::Error::other(e.to_string()))
+    })
+    .map_err(|e| anyhow::anyhow!("drawing {}: {e}", out.display()))?;
     println!("wrote {}", out.display());
     Ok(())
 }

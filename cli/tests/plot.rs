@@ -65,6 +65,22 @@ fn plot_draws_two_runs_with_bands_legend_and_threshold() {
         let n = pixels.iter().filter(|p| **p == c).count();
         assert!(n > 100, "the {run} run's colour {c:?} covers {n} pixels");
     }
+    // Drawn again over it (one run now): replaced whole, through a temporary file that does not stay.
+    let o = flotilla(&["plot", a, "--out", png.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_, _, again) = decode(&png);
+    assert_eq!(again.iter().filter(|p| **p == SECOND).count(), 0, "the second run's line is gone");
+    // A target that cannot be replaced (a directory) is an error naming it, and leaves nothing behind.
+    let blocked = dir.join("blocked.png");
+    std::fs::create_dir(&blocked).unwrap();
+    let o = flotilla(&["plot", a, "--out", blocked.to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains("blocked.png"), "{}", text(&o));
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp."))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
 
     let svg = dir.join("curves.svg");
     let o = flotilla(&["plot", a, b, "--out", svg.to_str().unwrap()]);
