@@ -33,6 +33,8 @@ for s in $seeds; do
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "precision_table.sh: JOBS must be a positive integer, got '$jobs'" >&2; exit 2; }
 
+cleanup=()   # removed on exit, however it comes
+trap 'rm -rf "${cleanup[@]}"' EXIT
 # `report` for the table, and the runs' binary: FLOTILLA_BIN where given (e.g. `--table` beside a build that must
 # not be disturbed), else a release build of the clone.
 if [[ -n ${FLOTILLA_BIN:-} ]]; then
@@ -45,6 +47,7 @@ if [[ "${1:-}" != "--table" ]]; then
   # Built once and frozen: every run this call starts copies this one (a rebuild meanwhile changes nothing), and
   # no run rebuilds the shared target dir while a build or a test elsewhere is using it.
   export FLOTILLA_BIN="$runs/bin/precision_table.$$"
+  cleanup+=("$FLOTILLA_BIN")   # the runs copy it when they start
   cp "$release_bin" "$FLOTILLA_BIN.tmp" && mv "$FLOTILLA_BIN.tmp" "$FLOTILLA_BIN"
   for s in $seeds; do
     for v in $variants; do
@@ -55,16 +58,16 @@ if [[ "${1:-}" != "--table" ]]; then
     done
   done
   wait
-  rm -f "$FLOTILLA_BIN"
 fi
 
 # One `flotilla report` per run (a finished run from its copy here, a running one from the cache), then the
 # rows formatted from its JSON: every number in the table is report's.
 mkdir -p "$table"
 reports=$(mktemp -d)
-trap 'rm -rf "$reports"' EXIT
-rows=()
+cleanup+=("$reports")
+rows=() paired=() seeds_done=()
 for s in $seeds; do
+  finished=()   # this seed's runs finished in every variant so far
   for v in $variants; do
     name="precision_${v}_s${s}"
     dir="$runs/$name" state=running
@@ -74,6 +77,7 @@ for s in $seeds; do
         cp "$runs/$name/$f" "$table/$name/$f.tmp" && mv "$table/$name/$f.tmp" "$table/$name/$f"
       done
       dir="$table/$name" state=done
+      finished+=("$dir")
     fi
     json=-
     if [ -f "$dir/config.toml" ]; then
@@ -84,21 +88,14 @@ for s in $seeds; do
     fi
     rows+=("$s" "$v" "$state" "$json")
   done
-done
-# The curves of the seeds finished in every variant, each variant as one line: the mean over those seeds
-# (`flotilla plot --group`, a ± std band across them).
-paired=() seeds_done=()
-for s in $seeds; do
-  all=yes
-  for v in $variants; do [ -e "$runs/precision_${v}_s${s}.done" ] || all=no; done
-  if [[ $all == yes ]]; then
-    seeds_done+=("$s")
-    for v in $variants; do paired+=("$table/precision_${v}_s${s}"); done
+  if (( ${#finished[@]} == $(wc -w <<< "$variants") )); then
+    seeds_done+=("$s") paired+=("${finished[@]}")
   fi
 done
+# The curves of the seeds finished in every variant, each variant as one line: the mean over those seeds
+# (`flotilla plot --group`, a ± std band across them; plot writes atomically).
 if (( ${#paired[@]} > 0 )); then
-  "$release_bin" plot "${paired[@]}" --group --out "$table/curves.png.tmp.png" >/dev/null
-  mv "$table/curves.png.tmp.png" "$table/curves.png"
+  "$release_bin" plot "${paired[@]}" --group --out "$table/curves.png" >/dev/null
 fi
 python3 - "${seeds_done[*]:-}" "${rows[@]}" >"$table/README.md.tmp" <<'EOF'
 import json, sys

@@ -319,8 +319,10 @@ pub fn print_summary(config: &ExperimentConfig, report: &TrainReport, actors: Op
         }
     }
     let threshold = flotilla_envs::spec(&config.env.id).ok().and_then(|s| s.reward_threshold);
-    if let Some((threshold, first)) = threshold.and_then(|t| Some((t, report.first_reaching(t)?))) {
-        let held = report.course(threshold).held_clause();
+    if let Some(course) = threshold.map(|t| report.course(t))
+        && let Some(i) = course.first_index
+    {
+        let (threshold, first, held) = (course.threshold, &report.evals[i], course.held_clause());
         println!(
             "first evaluation ≥ {threshold} (the env's reward threshold) at {} env steps, {:.1} s{}",
             first.env_steps,

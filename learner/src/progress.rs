@@ -103,7 +103,7 @@ pub struct TrainReport {
 impl TrainReport {
     /// The first evaluation whose mean return reached `threshold`.
     pub fn first_reaching(&self, threshold: f64) -> Option<&EvalPoint> {
-        self.evals.iter().find(|e| e.result.mean() >= threshold)
+        self.course(threshold).first_index.map(|i| &self.evals[i])
     }
 
     /// The evaluations' mean returns against `threshold`: reached, held, settled.

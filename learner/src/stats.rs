@@ -175,6 +175,8 @@ pub struct Course {
     pub threshold: f64,
     /// Env steps of the first evaluation at or above it.
     pub first: Option<u64>,
+    /// Its index among the evaluations.
+    pub first_index: Option<usize>,
     /// Evaluations after that one.
     pub after: usize,
     /// The lowest of those evaluations.
@@ -192,7 +194,8 @@ impl Course {
         let lowest_after = after.iter().map(|(_, v)| *v).reduce(f64::min);
         let tail = points.iter().rev().take_while(|(_, v)| *v >= threshold).count();
         let settled = (tail > 0).then(|| points[points.len() - tail].0);
-        Course { threshold, first: first.map(|i| points[i].0), after: after.len(), lowest_after, settled }
+        let (first_index, after) = (first, after.len());
+        Course { threshold, first: first.map(|i| points[i].0), first_index, after, lowest_after, settled }
     }
 
     /// `None` where the threshold was never reached; else whether every later evaluation stayed at or above it
@@ -310,7 +313,10 @@ mod tests {
     fn a_course_is_reached_held_and_settled_from_every_evaluation() {
         let points = [(100, 10.0), (200, 480.0), (300, 450.0), (400, 500.0), (500, 475.0)];
         let c = Course::of(&points, 475.0);
-        assert_eq!((c.first, c.after, c.lowest_after, c.settled), (Some(200), 3, Some(450.0), Some(400)));
+        assert_eq!(
+            (c.first, c.first_index, c.after, c.lowest_after, c.settled),
+            (Some(200), Some(1), 3, Some(450.0), Some(400))
+        );
         assert_eq!(c.held(), Some(false));
         assert_eq!(c.held_clause(), "not held: lowest 450.0 at the 3 evaluations after it");
         let c = Course::of(&points[3..], 475.0);
