@@ -91,13 +91,10 @@ impl Checkpoint {
     /// replay's empty-slot minimum).
     pub fn take_finite(&mut self, name: &str) -> Result<Tensor> {
         let t = self.take_tensor(name)?;
-        if t.is_floating_point() && !bool::try_from(t.isfinite().all())? {
-            return Err(Error::Checkpoint(format!(
-                "{name:?} holds a NaN or infinite value: the checkpoint is damaged (training never takes a \
-                 non-finite step)"
-            )));
+        match crate::weights_file::not_finite(name, &t, "the checkpoint")? {
+            Some(damage) => Err(Error::Checkpoint(damage)),
+            None => Ok(t),
         }
-        Ok(t)
     }
 
     /// Take a 1-D f32 tensor as a vector.

@@ -63,6 +63,16 @@ fn sort_header(bytes: &mut [u8]) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Where a floating-point tensor read from disk holds a NaN or an infinity, the message saying so, naming it and
+/// calling `what` (`"the file"`, `"the checkpoint"`) damaged: saved parameters and optimiser moments never hold
+/// one, as training refuses a non-finite step. The one check behind [`read_safetensors`] and
+/// [`crate::checkpoint::Checkpoint::take_finite`].
+pub(crate) fn not_finite(name: &str, tensor: &Tensor, what: &str) -> Result<Option<String>> {
+    Ok((tensor.is_floating_point() && !bool::try_from(tensor.isfinite().all())?).then(|| {
+        format!("{name:?} holds a NaN or infinite value: {what} is damaged (training never takes a non-finite step)")
+    }))
+}
+
 /// A safetensors file's named tensors, in the file's order, and its metadata.
 pub type NamedTensors = (Vec<(String, Tensor)>, BTreeMap<String, String>);
 
@@ -83,11 +93,8 @@ pub fn read_safetensors(path: &Path) -> Result<NamedTensors> {
         }
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
         let tensor = Tensor::f_from_data_size(view.data(), &shape, Kind::Float)?;
-        if !bool::try_from(tensor.isfinite().all())? {
-            return Err(fail(tch::TchError::FileFormat(format!(
-                "tensor {name:?} holds a NaN or infinite value: the file is damaged (training never takes a \
-                 non-finite step)"
-            ))));
+        if let Some(damage) = not_finite(&name, &tensor, "the file")? {
+            return Err(fail(tch::TchError::FileFormat(format!("tensor {damage}"))));
         }
         tensors.push((name, tensor));
     }
