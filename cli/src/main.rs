@@ -17,6 +17,7 @@
 //! flotilla act RUN_DIR --obs obs.json                  # deterministic actions on observation rows
 //! flotilla plot RUN_DIR [RUN_DIR ...] [--metric eval/mean_return] [--out curves.png|.svg] [--group]
 //! flotilla report RUN_DIR [RUN_DIR ...] [--json] [--threshold X] [--metric COLUMN]   # a population's IQM, CIs
+//!                 [--against RUN_DIR ...]   # and P(X > Y), the IQM difference, against other runs
 //! ```
 mod actor;
 mod export;
@@ -249,6 +250,10 @@ enum Command {
         /// The metrics.csv column whose last value is a member's final return.
         #[arg(long, default_value = "eval/mean_return")]
         metric: String,
+        /// Compare RUNS (X) with these runs (Y), reported alike: rliable's probability of improvement P(X > Y)
+        /// and the IQM difference X − Y of the finished members' final returns, with bootstrap intervals.
+        #[arg(long, value_name = "RUNS", num_args = 1..)]
+        against: Vec<PathBuf>,
     },
 }
 
@@ -469,7 +474,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plot { runs, metric, x, out, group, references } => {
             plot::plot_command(&runs, &metric, &x, &out, group, &references)
         }
-        Command::Report { runs, json, threshold, metric } => report::report_command(&runs, json, threshold, &metric),
+        Command::Report { runs, json, threshold, metric, against } => {
+            report::report_command(&runs, &against, json, threshold, &metric)
+        }
     }
 }
 

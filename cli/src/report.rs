@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! flotilla report RUN_DIR [RUN_DIR ...] [--json] [--threshold X] [--metric eval/mean_return]
+//!                 [--against RUN_DIR ...]
 //! ```
 //! Each RUN_DIR is a population directory (`population.json`: every member it lists, `members/NNN/`) or a plain
 //! run directory (one member, its config's seed, no hyperparameters). Several directories are merged, which is
@@ -18,6 +19,11 @@
 //! sweep with several seeds per point also gets one aggregate row per hyperparameter assignment. Where PBT wrote
 //! a `lineage.jsonl`, the best member's hyperparameter schedule is traced back through the members whose weights
 //! it inherited.
+//!
+//! With `--against`, the runs given first (X) and those after `--against` (Y) are each reported so, then
+//! compared: rliable's probability of improvement P(X > Y) and the IQM difference X − Y of the finished
+//! members' final returns, with intervals from resampling X and Y independently ([`stats::compare`]). Both sets
+//! must cover the same envs (the strata), each with a finished member.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -26,16 +32,36 @@ use anyhow::{Context, Result, bail};
 use flotilla_learner::config::ExperimentConfig;
 use flotilla_learner::population::{self, LineageEvent, POPULATION_FILE, PopulationRecord};
 use flotilla_learner::run_dir::{CONFIG_FILE, METRICS_FILE, RunDir};
-use flotilla_learner::stats::{self, Course, Estimate, Summary};
+use flotilla_learner::stats::{self, Comparison, Course, Estimate, Summary};
 use serde_json::{Value, json};
 
-/// `flotilla report`: read every directory, print the per-member table and the aggregates (or `--json`).
-pub fn report_command(dirs: &[PathBuf], json: bool, threshold: Option<f64>, metric: &str) -> Result<()> {
+/// `flotilla report`: read every directory, print the per-member table and the aggregates (or `--json`); with
+/// `against` non-empty, both sets so and their comparison.
+pub fn report_command(
+    dirs: &[PathBuf],
+    against: &[PathBuf],
+    json: bool,
+    threshold: Option<f64>,
+    metric: &str,
+) -> Result<()> {
+    let everything: Vec<PathBuf> = dirs.iter().chain(against).cloned().collect();
+    refuse_repeats(&everything)?;
     let report = Report::read(dirs, threshold, metric)?;
-    let text = if json {
-        serde_json::to_string_pretty(&report.to_json()).expect("JSON values serialise") + "\n"
+    let text = if against.is_empty() {
+        if json {
+            serde_json::to_string_pretty(&report.to_json()).expect("JSON values serialise") + "\n"
+        } else {
+            report.text()
+        }
     } else {
-        report.text()
+        let other = Report::read(against, threshold, metric)?;
+        let comparison = compare(&report, &other)?;
+        if json {
+            let value = json!({"x": report.to_json(), "y": other.to_json(), "comparison": comparison.to_json()});
+            serde_json::to_string_pretty(&value).expect("JSON values serialise") + "\n"
+        } else {
+            format!("X: {}\nY: {}\n{}", report.text(), other.text(), comparison.text(&report, &other))
+        }
     };
     match std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes()) {
         // `flotilla report … | head`.
@@ -239,14 +265,7 @@ struct Report {
 impl Report {
     fn read(dirs: &[PathBuf], threshold: Option<f64>, metric: &str) -> Result<Self> {
         anyhow::ensure!(!dirs.is_empty(), "give at least one RUN_DIR");
-        let mut canonical: HashMap<PathBuf, &Path> = HashMap::new();
-        for dir in dirs {
-            if let Ok(c) = std::fs::canonicalize(dir)
-                && let Some(first) = canonical.insert(c, dir)
-            {
-                bail!("{} and {} are the same directory: it would be counted twice", first.display(), dir.display());
-            }
-        }
+        refuse_repeats(dirs)?;
         let sources = dirs.iter().map(|d| Source::read(d)).collect::<Result<Vec<_>>>()?;
 
         let mut members = Vec::new();
@@ -581,6 +600,99 @@ impl Report {
     }
 }
 
+/// An error naming two of `dirs` that are one directory (its members would be counted twice).
+fn refuse_repeats(dirs: &[PathBuf]) -> Result<()> {
+    let mut canonical: HashMap<PathBuf, &Path> = HashMap::new();
+    for dir in dirs {
+        if let Ok(c) = std::fs::canonicalize(dir)
+            && let Some(first) = canonical.insert(c, dir)
+        {
+            bail!("{} and {} are the same directory: it would be counted twice", first.display(), dir.display());
+        }
+    }
+    Ok(())
+}
+
+/// X (the runs given first) against Y (`--against`): [`stats::compare`] of their finished members' final
+/// returns, stratified by env.
+struct Versus {
+    strata: Vec<String>,
+    comparison: Comparison,
+}
+
+/// The comparison of two reports, or an error where their finished members do not cover the same envs.
+fn compare(x: &Report, y: &Report) -> Result<Versus> {
+    let (sx, sy) = (x.strata(), y.strata());
+    anyhow::ensure!(!sx.is_empty(), "no finished member in the runs given first: nothing to compare");
+    anyhow::ensure!(!sy.is_empty(), "no finished member in the --against runs: nothing to compare");
+    if sx != sy {
+        let only =
+            |a: &[String], b: &[String]| -> Vec<String> { a.iter().filter(|e| !b.contains(e)).cloned().collect() };
+        let (ox, oy) = (only(&sx, &sy), only(&sy, &sx));
+        let mut parts = Vec::new();
+        if !ox.is_empty() {
+            parts.push(format!("{} only in the runs given first", ox.join(", ")));
+        }
+        if !oy.is_empty() {
+            parts.push(format!("{} only in the --against runs", oy.join(", ")));
+        }
+        bail!(
+            "the two sets' finished members cover different envs ({}): they are compared env by env",
+            parts.join("; ")
+        );
+    }
+    let values = |r: &Report| -> Vec<Vec<f64>> {
+        sx.iter()
+            .map(|env| {
+                r.members
+                    .iter()
+                    .filter(|m| m.finished && m.env_id == *env)
+                    .map(|m| m.final_return.expect("a finished member has a final return"))
+                    .collect()
+            })
+            .collect()
+    };
+    Ok(Versus { comparison: stats::compare(&values(x), &values(y)), strata: sx })
+}
+
+impl Versus {
+    fn to_json(&self) -> Value {
+        let c = &self.comparison;
+        json!({
+            "probability_of_improvement": num(c.improvement.point),
+            "probability_of_improvement_ci": ci(&c.improvement),
+            "iqm_difference": num(c.iqm_difference.point),
+            "iqm_difference_ci": ci(&c.iqm_difference),
+            "strata": self.strata,
+            "bootstrap_resamples": stats::BOOTSTRAP_RESAMPLES,
+        })
+    }
+
+    fn text(&self, x: &Report, y: &Report) -> String {
+        let c = &self.comparison;
+        let (p, d) = (&c.improvement, &c.iqm_difference);
+        format!(
+            "X against Y{}: the final {} of the finished members, X n = {}, Y n = {}\n  \
+             probability of improvement P(X > Y) {:.2} [{:.2}, {:.2}]   (a run of X above a run of Y; ties half; 0.5: \
+             neither is better)\n  \
+             IQM difference X − Y {} [{}, {}]\n\
+             [95% CI]: percentile bootstrap, {} resamples of X's and Y's members independently{}\n",
+            strata_note(&self.strata),
+            x.metric,
+            x.all.summary.n,
+            y.all.summary.n,
+            p.point,
+            p.lo,
+            p.hi,
+            fmt_signed(d.point),
+            fmt_signed(d.lo),
+            fmt_signed(d.hi),
+            stats::BOOTSTRAP_RESAMPLES,
+            if self.strata.len() > 1 { ", stratified by env; P averaged over envs" } else { "" }
+        )
+    }
+}
+
 /// IQM, mean and median (stratified by env) and the solved count of the finished ones of `members`.
 fn aggregate<'a>(members: impl Iterator<Item = &'a Member>) -> Aggregate {
     let mut strata: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -671,6 +783,12 @@ fn strata_note(strata: &[String]) -> String {
 /// A return as printed: one decimal, or more where it would otherwise read as 0.
 fn fmt_return(x: f64) -> String {
     if x != 0.0 && x.abs() < 0.1 { format!("{x:.4}") } else { format!("{x:.1}") }
+}
+
+/// [`fmt_return`] with its sign always shown (a difference).
+fn fmt_signed(x: f64) -> String {
+    let s = fmt_return(x);
+    if x > 0.0 { format!("+{s}") } else { s }
 }
 
 /// A hyperparameter or threshold: Rust's shortest exact decimal (`0.0003`, `475`), or 4 significant digits

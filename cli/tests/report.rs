@@ -361,6 +361,81 @@ fn bad_input_is_refused_by_name() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `report X --against Y`: each set reported as alone, then P(X > Y) and the IQM difference, env by env; by
+/// hand and against NumPy (two strata, ties, an unfinished member left out); sets that cannot be compared are
+/// refused by name.
+#[test]
+fn two_sets_of_runs_are_compared_as_rliable_does() {
+    let dir = scratch("report", "against");
+    let run = |name: &str, env: &str, seed: u64, last: f64| {
+        let d = dir.join(name);
+        write_run(&d, env, seed, &rows(&[(500, last / 2.0), (1000, last)]));
+        d
+    };
+    // CartPole: X 30, 10, 20 against Y 20, 5, 25: (1 + 1.5 + 3) / 9 of the pairs. Acrobot: X −90 against
+    // Y −100, −80: 1 / 2. P(X > Y) = (5.5 / 9 + 1 / 2) / 2.
+    let x = [
+        run("x1", "CartPole-v1", 1, 30.0),
+        run("x2", "CartPole-v1", 2, 10.0),
+        run("x3", "CartPole-v1", 3, 20.0),
+        run("x4", "Acrobot-v1", 1, -90.0),
+    ];
+    let y = [
+        run("y1", "CartPole-v1", 1, 20.0),
+        run("y2", "CartPole-v1", 2, 5.0),
+        run("y3", "CartPole-v1", 3, 25.0),
+        run("y4", "Acrobot-v1", 1, -100.0),
+        run("y5", "Acrobot-v1", 2, -80.0),
+    ];
+    // Stopped early: listed, left out of both the aggregates and the comparison.
+    let unfinished = dir.join("y6");
+    write_run(&unfinished, "CartPole-v1", 4, &rows(&[(500, 1e6)]));
+    let mut dirs: Vec<&Path> = x.iter().map(PathBuf::as_path).collect();
+    dirs.push(Path::new("--against"));
+    dirs.extend(y.iter().map(PathBuf::as_path));
+    dirs.push(&unfinished);
+    let (r, json) = report_json(&dirs, &[]);
+    numpy_agrees(&json, &dirs, &[]);
+    let c = &r["comparison"];
+    assert!((f(&c["probability_of_improvement"]) - (5.5 / 9.0 + 0.5) / 2.0).abs() < 1e-12, "{c}");
+    // Pooled IQMs: X [−90, 10, 20, 30] cut 1 each end → 15; Y [−100, −80, 5, 20, 25] cut 1 → −55 / 3.
+    assert!((f(&c["iqm_difference"]) - (15.0 + 55.0 / 3.0)).abs() < 1e-12, "{c}");
+    assert_eq!(c["strata"], serde_json::json!(["Acrobot-v1", "CartPole-v1"]));
+    assert_eq!(
+        (r["x"]["size"].clone(), r["y"]["size"].clone(), r["y"]["unfinished"].clone()),
+        (4.into(), 5.into(), 1.into())
+    );
+    let (lo, hi) = (f(&c["probability_of_improvement_ci"][0]), f(&c["probability_of_improvement_ci"][1]));
+    assert!(
+        0.0 <= lo && lo < f(&c["probability_of_improvement"]) && f(&c["probability_of_improvement"]) < hi && hi <= 1.0
+    );
+
+    let out = report_text(&dirs, &[]);
+    assert!(out.starts_with("X: run ") && out.contains("\nY: run "), "{out}");
+    let line = out.lines().find(|l| l.contains("probability of improvement")).expect("a P(X > Y) line");
+    assert!(line.contains(&format!("P(X > Y) {:.2} [", (5.5 / 9.0 + 0.5) / 2.0)), "{line}");
+    assert!(out.contains("X against Y (Acrobot-v1, CartPole-v1)") && out.contains("X n = 4, Y n = 5"), "{out}");
+    assert!(out.contains("IQM difference X − Y +33.3 ["), "{out}");
+
+    // Refused by name: envs only one side has, a side with nothing finished, one directory on both sides.
+    let fails = |args: &[&Path]| {
+        let mut a = vec![Path::new("report")];
+        a.extend(args);
+        let a: Vec<&str> = a.iter().map(|p| p.to_str().unwrap()).collect();
+        let o = flotilla(&a);
+        assert!(!o.status.success(), "{a:?} succeeded: {}", text(&o));
+        text(&o)
+    };
+    let against = Path::new("--against");
+    let err = fails(&[&x[0], &x[3], against, &y[0]]);
+    assert!(err.contains("Acrobot-v1 only in the runs given first"), "{err}");
+    let err = fails(&[&x[0], against, &unfinished]);
+    assert!(err.contains("no finished member in the --against runs"), "{err}");
+    let err = fails(&[&x[0], &x[1], against, &y[0], &x[1]]);
+    assert!(err.contains("the same directory") && err.contains(x[1].to_str().unwrap()), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn plot_draws_a_population_as_members_or_its_iqm() {
     let dir = scratch("report", "plot");

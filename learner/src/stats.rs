@@ -8,6 +8,10 @@
 //! bootstrap  rliable's StratifiedBootstrap: each resample draws, within every stratum (env id) independently
 //!            and with replacement, as many members as the stratum has, pools the draws and computes the
 //!            statistic; the 95 % interval is np.percentile(resampled statistics, [2.5, 97.5]) (linear)
+//! P(X > Y)   rliable's probability_of_improvement: per stratum, over every pair of a run of X and a run of Y,
+//!            1 where X's score is higher, ½ where equal (the Mann–Whitney U over n·m); the mean over strata.
+//!            Its interval resamples X and Y independently, each within every stratum
+//!            (rliable's StratifiedIndependentBootstrap), as does the IQM difference's
 //! ```
 //! The resamples come from a [`Pcg64`] with a fixed seed, so a report is reproducible. Every statistic of an
 //! empty sample is NaN, as NumPy's is.
@@ -167,6 +171,98 @@ pub fn iqm_interval(strata: &[Vec<f64>], resamples: usize) -> Estimate {
     iqm
 }
 
+/// Two sets of runs, X and Y, compared as rliable does ([`compare`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Comparison {
+    /// rliable's probability of improvement P(X > Y): the chance that a run of X scores higher than a run of
+    /// Y on the same env (ties count half), averaged over envs; 0.5 is "neither is better".
+    pub improvement: Estimate,
+    /// IQM of X minus IQM of Y (each pooled over its strata).
+    pub iqm_difference: Estimate,
+}
+
+/// P(X > Y) of one stratum, both sorted ascending: the pairs where `x` is higher, plus half the ties, over all
+/// `x.len() · y.len()` pairs (one merge, not every pair).
+fn improvement_sorted(x: &[f64], y: &[f64]) -> f64 {
+    let (mut below, mut up_to) = (0, 0); // y[..below] < x_i, y[..up_to] <= x_i
+    let mut wins = 0.0;
+    for &v in x {
+        while below < y.len() && y[below] < v {
+            below += 1;
+        }
+        up_to = up_to.max(below);
+        while up_to < y.len() && y[up_to] <= v {
+            up_to += 1;
+        }
+        wins += below as f64 + 0.5 * (up_to - below) as f64;
+    }
+    wins / (x.len() * y.len()) as f64
+}
+
+/// rliable's probability of improvement of X over Y: per stratum (the same env in both, position for
+/// position), the fraction of pairs where X's run scores higher (ties half), averaged over the strata. NaN
+/// where a stratum is empty on either side.
+pub fn probability_of_improvement(x: &[Vec<f64>], y: &[Vec<f64>]) -> f64 {
+    let sorted = |s: &Vec<f64>| {
+        let mut s = s.clone();
+        s.sort_by(f64::total_cmp);
+        s
+    };
+    strata_improvement(&x.iter().map(sorted).collect::<Vec<_>>(), &y.iter().map(sorted).collect::<Vec<_>>())
+}
+
+fn strata_improvement(x: &[Vec<f64>], y: &[Vec<f64>]) -> f64 {
+    assert_eq!(x.len(), y.len(), "X and Y have one stratum per env, the same envs");
+    if x.is_empty() || x.iter().chain(y).any(Vec::is_empty) {
+        return f64::NAN;
+    }
+    x.iter().zip(y).map(|(x, y)| improvement_sorted(x, y)).sum::<f64>() / x.len() as f64
+}
+
+/// X against Y, each given as strata (one per env, the same envs in the same order on both sides): the
+/// probability of improvement and the IQM difference, each with its percentile interval over
+/// [`BOOTSTRAP_RESAMPLES`] resamples from [`BOOTSTRAP_SEED`] in which X and Y are resampled independently,
+/// each within every stratum, keeping its sizes. NaN everywhere where a stratum is empty on either side.
+pub fn compare(x: &[Vec<f64>], y: &[Vec<f64>]) -> Comparison {
+    assert_eq!(x.len(), y.len(), "X and Y have one stratum per env, the same envs");
+    let nan = Estimate { point: f64::NAN, lo: f64::NAN, hi: f64::NAN };
+    if x.is_empty() || x.iter().chain(y).any(Vec::is_empty) {
+        return Comparison { improvement: nan, iqm_difference: nan };
+    }
+    let iqm_pooled = |strata: &[Vec<f64>]| {
+        let mut pooled = strata.concat();
+        pooled.sort_by(f64::total_cmp);
+        trim_mean_sorted(&pooled, 0.25)
+    };
+    let mut rng = Pcg64::seed_from_u64(BOOTSTRAP_SEED);
+    let mut resample = |strata: &[Vec<f64>]| -> Vec<Vec<f64>> {
+        strata
+            .iter()
+            .map(|s| {
+                let mut r: Vec<f64> = (0..s.len()).map(|_| s[rng.random_range(0..s.len())]).collect();
+                r.sort_by(f64::total_cmp);
+                r
+            })
+            .collect()
+    };
+    let (mut improvements, mut differences) =
+        (Vec::with_capacity(BOOTSTRAP_RESAMPLES), Vec::with_capacity(BOOTSTRAP_RESAMPLES));
+    for _ in 0..BOOTSTRAP_RESAMPLES {
+        let (rx, ry) = (resample(x), resample(y));
+        improvements.push(strata_improvement(&rx, &ry));
+        differences.push(iqm_pooled(&rx) - iqm_pooled(&ry));
+    }
+    let tail = (1.0 - CONFIDENCE) / 2.0 * 100.0;
+    let interval = |point: f64, mut draws: Vec<f64>| {
+        draws.sort_by(f64::total_cmp);
+        Estimate { point, lo: percentile_sorted(&draws, tail), hi: percentile_sorted(&draws, 100.0 - tail) }
+    };
+    Comparison {
+        improvement: interval(probability_of_improvement(x, y), improvements),
+        iqm_difference: interval(iqm_pooled(x) - iqm_pooled(y), differences),
+    }
+}
+
 /// How a run's evaluations went against a threshold. A learning result counts when the policy reaches the
 /// threshold *and stays there*, so both are read from every evaluation, not from the last alone.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -307,6 +403,71 @@ mod tests {
         let s = summarize(&strata);
         assert!(s.median.lo >= 50.0 && s.median.hi <= 51.0, "{:?}", s.median);
         assert!(s.mean.lo >= 50.0 && s.mean.hi <= 51.0, "{:?}", s.mean);
+    }
+
+    /// Every pair counted by hand, against the merge.
+    fn improvement_by_pairs(x: &[f64], y: &[f64]) -> f64 {
+        let wins: f64 = x
+            .iter()
+            .flat_map(|a| {
+                y.iter().map(move |b| {
+                    if a > b {
+                        1.0
+                    } else if a == b {
+                        0.5
+                    } else {
+                        0.0
+                    }
+                })
+            })
+            .sum();
+        wins / (x.len() * y.len()) as f64
+    }
+
+    #[test]
+    fn probability_of_improvement_counts_pairs_with_ties_half_and_averages_strata() {
+        // 10 > 5; 20 > 5, 20 = 20; 30 > 5, 20, 25: (1 + 1.5 + 3) / 9.
+        let (x, y) = (vec![30.0, 10.0, 20.0], vec![20.0, 5.0, 25.0]);
+        assert!(close(probability_of_improvement(std::slice::from_ref(&x), std::slice::from_ref(&y)), 5.5 / 9.0));
+        assert!(
+            close(probability_of_improvement(std::slice::from_ref(&y), std::slice::from_ref(&x)), 3.5 / 9.0),
+            "P(Y > X) = 1 − P(X > Y)"
+        );
+        // Two strata: the mean of theirs, whatever their sizes.
+        let p = probability_of_improvement(&[x.clone(), vec![1.0]], &[y.clone(), vec![2.0, 0.0, 1.0, 5.0]]);
+        assert!(close(p, (5.5 / 9.0 + (1.0 + 0.5) / 4.0) / 2.0), "{p}");
+        // The merge against every pair, on ties-heavy samples.
+        let a = [3.0, 1.0, 3.0, 2.0, 2.0, 5.0, 3.0];
+        let b = [2.0, 3.0, 3.0, 0.0, 6.0];
+        let (mut sa, mut sb) = (a.to_vec(), b.to_vec());
+        sa.sort_by(f64::total_cmp);
+        sb.sort_by(f64::total_cmp);
+        assert!(close(improvement_sorted(&sa, &sb), improvement_by_pairs(&a, &b)));
+        assert!(close(improvement_sorted(&sb, &sa), improvement_by_pairs(&b, &a)));
+        assert!(probability_of_improvement(&[vec![1.0]], &[vec![]]).is_nan());
+    }
+
+    #[test]
+    fn a_comparison_holds_its_points_and_separates_only_what_differs() {
+        let x = vec![vec![30.0, 10.0, 20.0, 40.0]];
+        let y = vec![vec![20.0, 5.0, 25.0, 15.0]];
+        let c = compare(&x, &y);
+        assert_eq!(c, compare(&x, &y), "a fixed seed gives the same intervals");
+        assert!(close(c.improvement.point, probability_of_improvement(&x, &y)));
+        assert!(close(c.iqm_difference.point, iqm(&x[0]) - iqm(&y[0])));
+        for e in [c.improvement, c.iqm_difference] {
+            assert!(e.lo <= e.point && e.point <= e.hi, "{e:?}");
+        }
+        assert!(c.improvement.lo >= 0.0 && c.improvement.hi <= 1.0);
+        // Sets far apart: X above Y in every resample.
+        let far = compare(&[vec![100.0, 101.0, 102.0]], &[vec![0.0, 1.0, 2.0]]);
+        assert_eq!((far.improvement.lo, far.improvement.hi), (1.0, 1.0));
+        assert!(far.iqm_difference.lo >= 98.0 && far.iqm_difference.hi <= 102.0, "{:?}", far.iqm_difference);
+        // The same set against itself: 0.5 at the point, an interval around it.
+        let same = compare(&x, &x);
+        assert_eq!(same.improvement.point, 0.5);
+        assert!(same.improvement.lo < 0.5 && same.improvement.hi > 0.5, "{:?}", same.improvement);
+        assert!(compare(&x, &[vec![]]).improvement.point.is_nan());
     }
 
     #[test]

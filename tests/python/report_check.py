@@ -1,13 +1,16 @@
 """Check `flotilla report --json` against an independent computation on the same directories.
 
     flotilla report DIR... --json | python report_check.py [--threshold X] [--metric COL] DIR...
+    flotilla report DIR... --against DIR... --json | python report_check.py [...] DIR... --against DIR...
 
 Reads population.json / config.toml / metrics.csv / lineage.jsonl with the standard library and computes, with
 NumPy: each member's final and best return, finished flag, first step at the threshold, whether it held there
 (the lowest value after it, how many rows) and where it settled; the IQM as
 `scipy.stats.trim_mean(x, 0.25)` defines it (SciPy itself where it is installed), mean and median; 95 %
 percentile bootstrap intervals with 10,000 resamples stratified by env id (as rliable's StratifiedBootstrap);
-solved counts; groups of a grid sweep; the PBT best member's schedule. Point estimates must agree to 1e-9.
+solved counts; groups of a grid sweep; the PBT best member's schedule; with --against, both sets so and
+rliable's probability of improvement and the IQM difference (X and Y resampled independently within every env).
+Point estimates must agree to 1e-9.
 The intervals come from a different random stream, so each bound must be within 2 % of the data's range of
 NumPy's, or inside NumPy's own 1.5-3.5 (97.5: 96.5-98.5) percentile band where the statistic's bootstrap
 distribution is lumpy (medians and IQMs of a few values jump between data points). Prints "ok" or the
@@ -172,16 +175,64 @@ class Checker:
                                    f"percentiles {lo}-{hi}; 2% of the range {slack})")
 
 
+def improvement(x, y):
+    """rliable's probability of improvement of one stratum: every pair, 1 where x is higher, 1/2 where equal.
+    x, y: 1-D, or matrices of resamples (one per row)."""
+    x, y = np.asarray(x, dtype=float)[..., :, None], np.asarray(y, dtype=float)[..., None, :]
+    return np.mean((x > y) + 0.5 * (x == y), axis=(-2, -1))
+
+
+def compare(c, report, x_members, y_members, rng):
+    """P(X > Y) averaged over envs and the IQM difference, each with X and Y resampled independently within
+    every env."""
+    fx = [m for m in x_members if m["finished"]]
+    fy = [m for m in y_members if m["finished"]]
+    envs = sorted({m["env_id"] for m in fx})
+    c.same("comparison strata", report["strata"], envs)
+    xs = [np.array([m["final_return"] for m in fx if m["env_id"] == e]) for e in envs]
+    ys = [np.array([m["final_return"] for m in fy if m["env_id"] == e]) for e in envs]
+    c.same("probability_of_improvement", report["probability_of_improvement"],
+           float(np.mean([improvement(a, b) for a, b in zip(xs, ys)])))
+    c.same("iqm_difference", report["iqm_difference"],
+           float(trim_mean(np.concatenate(xs)) - trim_mean(np.concatenate(ys))))
+    draws = [(s[rng.integers(0, len(s), (RESAMPLES, len(s)))], t[rng.integers(0, len(t), (RESAMPLES, len(t)))])
+             for s, t in zip(xs, ys)]
+    p_draws = np.mean([improvement(a, b) for a, b in draws], axis=0)
+    d_draws = trim_mean(np.concatenate([a for a, _ in draws], axis=1)) \
+        - trim_mean(np.concatenate([b for _, b in draws], axis=1))
+    c.interval("probability_of_improvement_ci", report["probability_of_improvement_ci"], p_draws, 1.0)
+    values = [m["final_return"] for m in fx + fy]
+    c.interval("iqm_difference_ci", report["iqm_difference_ci"], d_draws, float(np.ptp(values)))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("dirs", nargs="+")
     parser.add_argument("--threshold", type=float)
     parser.add_argument("--metric", default="eval/mean_return")
+    parser.add_argument("--against", nargs="+", default=[])
     args = parser.parse_args()
     report = json.load(sys.stdin)
-    members, lineages = read_all(args.dirs, args.metric, args.threshold)
     rng = np.random.default_rng(12345)
     c = Checker()
+    if not args.against:
+        members, size = check(c, report, args.dirs, args, rng)
+    else:
+        members, size = check(c, report["x"], args.dirs, args, rng)
+        y_members, y_size = check(c, report["y"], args.against, args, rng)
+        compare(c, report["comparison"], members, y_members, rng)
+        members, size = members + y_members, size + y_size
+    if c.errors:
+        print("\n".join(c.errors))
+        sys.exit(1)
+    print(f"ok: {len(members)} members, {size} finished{'; X against Y' if args.against else ''}; CI bounds within "
+          f"{100 * c.largest:.2f}% of the range of NumPy's; "
+          f"scipy {'used' if scipy_trim_mean else 'absent: trim_mean as scipy defines it'}")
+
+
+def check(c, report, dirs, args, rng):
+    """Every number of one report (one set of runs) against NumPy's; its members and finished count."""
+    members, lineages = read_all(dirs, args.metric, args.threshold)
 
     # Members, in population index order with plain runs after (stable).
     members.sort(key=lambda m: math.inf if m["index"] is None else m["index"])
@@ -236,12 +287,7 @@ def main():
         c.same("best_schedule", report.get("best_schedule"), schedule(lineage, best["index"], start))
     else:
         c.same("best_schedule", "best_schedule" in report, False)
-
-    if c.errors:
-        print("\n".join(c.errors))
-        sys.exit(1)
-    print(f"ok: {len(members)} members, {a['size']} finished; CI bounds within {100 * c.largest:.2f}% of the "
-          f"range of NumPy's; scipy {'used' if scipy_trim_mean else 'absent: trim_mean as scipy defines it'}")
+    return members, a["size"]
 
 
 if __name__ == "__main__":
