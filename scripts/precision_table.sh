@@ -65,7 +65,7 @@ fi
 mkdir -p "$table"
 reports=$(mktemp -d)
 cleanup+=("$reports")
-rows=() paired=() seeds_done=() done_runs=()
+rows=() paired=() seeds_done=() done_runs=() all_runs=()
 for s in $seeds; do
   finished=()   # this seed's runs finished in every variant so far
   for v in $variants; do
@@ -81,6 +81,7 @@ for s in $seeds; do
     fi
     json=-
     if [ -f "$dir/config.toml" ]; then
+      all_runs+=("$v:$dir")
       json="$reports/$name.json"
       "$release_bin" report "$dir" --threshold 18 --json >"$json"
     else
@@ -97,22 +98,27 @@ done
 if (( ${#paired[@]} > 0 )); then
   "$release_bin" plot "${paired[@]}" --group --out "$table/curves.png" >/dev/null
 fi
-# The first variant against the second over all their finished runs (unpaired: no two runs share a
-# trajectory): `flotilla report X --against Y`'s probability of improvement and IQM difference of the last
-# evaluation, with reached/held counts.
-versus=-
+# The first variant against the second (unpaired: no two runs share a trajectory), `flotilla report X
+# --against Y`'s probability of improvement and IQM difference with reached/held counts: over the finished
+# runs at their last evaluation, and over every run past half the schedule (running ones too) as of there.
 read -r -a vs <<< "$variants"
-if (( ${#vs[@]} == 2 )); then
-  x=() y=()
-  for r in "${done_runs[@]}"; do
+half=$(( ${STEPS:-2250000} / 2 ))
+versus() {  # versus OUT RUNS [report options]: OUT, or - where a variant has no run to compare
+  local out=$1 r x=() y=()
+  local -n runs=$2
+  for r in "${runs[@]}"; do
     case "$r" in "${vs[0]}:"*) x+=("${r#*:}");; "${vs[1]}:"*) y+=("${r#*:}");; esac
   done
-  if (( ${#x[@]} > 0 && ${#y[@]} > 0 )); then
-    versus="$reports/versus.json"
-    "$release_bin" report "${x[@]}" --against "${y[@]}" --threshold 18 --json >"$versus"
+  if (( ${#vs[@]} == 2 && ${#x[@]} > 0 && ${#y[@]} > 0 )) \
+    && "$release_bin" report "${x[@]}" --against "${y[@]}" --threshold 18 "${@:3}" --json >"$out" 2>/dev/null; then
+    echo "$out"
+  else
+    echo -
   fi
-fi
-python3 - "${seeds_done[*]:-}" "$versus" "${vs[0]}" "${vs[1]:-}" "${rows[@]}" >"$table/README.md.tmp" <<'EOF'
+}
+final=$(versus "$reports/final.json" done_runs)
+midway=$(versus "$reports/midway.json" all_runs --at "$half")
+python3 - "${seeds_done[*]:-}" "$final" "$midway" "${vs[0]}" "${vs[1]:-}" "${rows[@]}" >"$table/README.md.tmp" <<'EOF'
 import json, sys
 print("# bf16 against f32 on `pong_fast.toml`: the precision table\n")
 print("Written by `scripts/precision_table.sh` from `flotilla report --threshold 18` on each run (one torch and one")
@@ -122,7 +128,7 @@ print("from which every one to the run's last is ≥ +18. Finished runs: `NAME/`
 print("| seed | variant | state | first ≥ +18 (frames) | held after it (lowest) | settled from (frames) | best | last (frames) |")
 print("|---:|---|---|---:|---|---:|---:|---:|")
 frames = lambda steps: "" if steps is None else f"{4 * steps / 1e6:.2f} M"
-paired, versus, (nx, ny), args = sys.argv[1], sys.argv[2], sys.argv[3:5], sys.argv[5:]
+paired, final, midway, (nx, ny), args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:6], sys.argv[6:]
 for seed, variant, state, path in zip(args[0::4], args[1::4], args[2::4], args[3::4]):
     m = json.load(open(path))["members"][0] if path != "-" else None
     if m is None or m["final_return"] is None:
@@ -135,19 +141,25 @@ for seed, variant, state, path in zip(args[0::4], args[1::4], args[2::4], args[3
     print(f"| {seed} | {variant} | {state} | {frames(first) or 'not reached'} | {held} | "
           f"{frames(m['settled_step_at_threshold'])} | {m['best_return']:+.1f} | "
           f"{m['final_return']:+.1f} ({frames(m['final_env_steps'])}) |")
-if versus != "-":
-    r = json.load(open(versus))
+def versus(path, what):
+    if path == "-":
+        return
+    r = json.load(open(path))
     x, y, c = r["x"], r["y"], r["comparison"]
-    seeds = lambda side: ", ".join(str(m["seed"]) for m in side["members"])
+    seeds = lambda side: ", ".join(str(m["seed"]) for m in side["members"] if m["finished"])
     p, pci = c["probability_of_improvement"], c["probability_of_improvement_ci"]
     d, dci = c["iqm_difference"], c["iqm_difference_ci"]
-    print(f"\n{nx} against {ny} over every finished run (`flotilla report {nx.upper()}_RUNS --against "
-          f"{ny.upper()}_RUNS --threshold 18`; {nx}: seeds {seeds(x)}, {ny}: seeds {seeds(y)}): the last "
-          f"evaluation's **P({nx} > {ny}) = {p:.2f}** [{pci[0]:.2f}, {pci[1]:.2f}] (rliable's probability of "
-          f"improvement: a {nx} run above an {ny} run; 0.5 is neither better), IQM difference {d:+.1f} "
-          f"[{dci[0]:+.1f}, {dci[1]:+.1f}]; reached +18 {x['reached']}/{x['size']} against {y['reached']}/{y['size']}, "
-          f"held {x['held']}/{x['size']} against {y['held']}/{y['size']}. 95 % intervals: {c['bootstrap_resamples']} "
-          f"bootstrap resamples of each variant's runs.")
+    at = f" --at {r['x']['at']}" if r["x"]["at"] else ""
+    print(f"\n{what} (`flotilla report {nx.upper()}_RUNS --against {ny.upper()}_RUNS --threshold 18{at}`; {nx}: "
+          f"seeds {seeds(x)}, {ny}: seeds {seeds(y)}): **P({nx} > {ny}) = {p:.2f}** [{pci[0]:.2f}, {pci[1]:.2f}] "
+          f"(rliable's probability of improvement: a {nx} run above an {ny} run; 0.5 is neither better), IQM "
+          f"difference {d:+.1f} [{dci[0]:+.1f}, {dci[1]:+.1f}]; reached +18 {x['reached']}/{x['size']} against "
+          f"{y['reached']}/{y['size']}, held {x['held']}/{x['size']} against {y['held']}/{y['size']}. 95 % "
+          f"intervals: {c['bootstrap_resamples']} bootstrap resamples of each variant's runs.")
+versus(final, f"{nx} against {ny} over every finished run, at its last evaluation")
+if midway != "-":
+    versus(midway, f"{nx} against {ny} as of {frames(json.load(open(midway))['x']['at'])} frames, over every run past "
+           "it (running ones too)")
 if paired:
     band = ("the mean over them with a ± std band across them" if " " in paired
             else "its run, with a ± std band over the evaluation's 8 games")

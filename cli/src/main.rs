@@ -16,7 +16,7 @@
 //! flotilla export RUN_DIR --out policy.safetensors     # the acting policy as a torch nn.Sequential
 //! flotilla act RUN_DIR --obs obs.json                  # deterministic actions on observation rows
 //! flotilla plot RUN_DIR [RUN_DIR ...] [--metric eval/mean_return] [--out curves.png|.svg] [--group]
-//! flotilla report RUN_DIR [RUN_DIR ...] [--json] [--threshold X] [--metric COLUMN]   # a population's IQM, CIs
+//! flotilla report RUN_DIR [RUN_DIR ...] [--json] [--threshold X] [--metric COLUMN] [--at STEPS]   # IQM, CIs
 //!                 [--against RUN_DIR ...]   # and P(X > Y), the IQM difference, against other runs
 //! ```
 mod actor;
@@ -250,6 +250,10 @@ enum Command {
         /// The metrics.csv column whose last value is a member's final return.
         #[arg(long, default_value = "eval/mean_return")]
         metric: String,
+        /// Judge every member as of this env step: later rows left out; a run is finished once it has a row at
+        /// or after it (so runs still going count, and runs of longer schedules compare at one budget).
+        #[arg(long, value_name = "STEPS", value_parser = clap::value_parser!(u64).range(1..))]
+        at: Option<u64>,
         /// Compare RUNS (X) with these runs (Y), reported alike: rliable's probability of improvement P(X > Y)
         /// and the IQM difference X − Y of the finished members' final returns, with bootstrap intervals.
         #[arg(long, value_name = "RUNS", num_args = 1..)]
@@ -474,8 +478,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plot { runs, metric, x, out, group, references } => {
             plot::plot_command(&runs, &metric, &x, &out, group, &references)
         }
-        Command::Report { runs, json, threshold, metric, against } => {
-            report::report_command(&runs, &against, json, threshold, &metric)
+        Command::Report { runs, json, threshold, metric, at, against } => {
+            report::report_command(&runs, &against, json, &report::Judge { threshold, metric, at })
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `flotilla report`: a population's (or any set of runs') final returns, aggregated as rliable recommends.
 //!
 //! ```text
-//! flotilla report RUN_DIR [RUN_DIR ...] [--json] [--threshold X] [--metric eval/mean_return]
+//! flotilla report RUN_DIR [RUN_DIR ...] [--json] [--threshold X] [--metric eval/mean_return] [--at STEPS]
 //!                 [--against RUN_DIR ...]
 //! ```
 //! Each RUN_DIR is a population directory (`population.json`: every member it lists, `members/NNN/`) or a plain
@@ -20,6 +20,10 @@
 //! a `lineage.jsonl`, the best member's hyperparameter schedule is traced back through the members whose weights
 //! it inherited.
 //!
+//! With `--at STEPS`, every member is judged as of that env step, as if it had stopped there: rows after it
+//! are left out, and a member is finished when it has a row at or after it (runs still going count once they
+//! are past it; the final return is then its last row at or before STEPS).
+//!
 //! With `--against`, the runs given first (X) and those after `--against` (Y) are each reported so, then
 //! compared: rliable's probability of improvement P(X > Y) and the IQM difference X − Y of the finished
 //! members' final returns, with intervals from resampling X and Y independently ([`stats::compare`]). Both sets
@@ -37,16 +41,10 @@ use serde_json::{Value, json};
 
 /// `flotilla report`: read every directory, print the per-member table and the aggregates (or `--json`); with
 /// `against` non-empty, both sets so and their comparison.
-pub fn report_command(
-    dirs: &[PathBuf],
-    against: &[PathBuf],
-    json: bool,
-    threshold: Option<f64>,
-    metric: &str,
-) -> Result<()> {
+pub fn report_command(dirs: &[PathBuf], against: &[PathBuf], json: bool, judge: &Judge) -> Result<()> {
     let everything: Vec<PathBuf> = dirs.iter().chain(against).cloned().collect();
     refuse_repeats(&everything)?;
-    let report = Report::read(dirs, threshold, metric)?;
+    let report = Report::read(dirs, judge)?;
     let text = if against.is_empty() {
         if json {
             serde_json::to_string_pretty(&report.to_json()).expect("JSON values serialise") + "\n"
@@ -54,7 +52,7 @@ pub fn report_command(
             report.text()
         }
     } else {
-        let other = Report::read(against, threshold, metric)?;
+        let other = Report::read(against, judge)?;
         let comparison = compare(&report, &other)?;
         if json {
             let value = json!({"x": report.to_json(), "y": other.to_json(), "comparison": comparison.to_json()});
@@ -68,6 +66,18 @@ pub fn report_command(
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.context("writing to stdout"),
     }
+}
+
+/// What each member is judged by.
+#[derive(Debug, Clone)]
+pub struct Judge {
+    /// The threshold (`None`: each env's registered reward threshold).
+    pub threshold: Option<f64>,
+    /// The `metrics.csv` column whose last value is the final return.
+    pub metric: String,
+    /// Judge as of this env step (rows after it left out; finished: a row at or after it) instead of at the
+    /// run's `total_env_steps`.
+    pub at: Option<u64>,
 }
 
 /// One directory given on the command line.
@@ -209,6 +219,8 @@ struct Member {
     /// Env steps of the row the final return is from.
     last_step: Option<u64>,
     total_env_steps: u64,
+    /// The step it is judged at: `--at`, else `total_env_steps`.
+    budget: u64,
     /// The largest value of the metric.
     best_return: Option<f64>,
     /// The metric against the threshold (`None` without one).
@@ -252,6 +264,7 @@ struct Aggregate {
 struct Report {
     sources: Vec<Source>,
     metric: String,
+    at: Option<u64>,
     members: Vec<Member>,
     all: Aggregate,
     /// Per hyperparameter assignment (a grid with several seeds per point).
@@ -263,7 +276,8 @@ struct Report {
 }
 
 impl Report {
-    fn read(dirs: &[PathBuf], threshold: Option<f64>, metric: &str) -> Result<Self> {
+    fn read(dirs: &[PathBuf], judge: &Judge) -> Result<Self> {
+        let (threshold, metric) = (judge.threshold, judge.metric.as_str());
         anyhow::ensure!(!dirs.is_empty(), "give at least one RUN_DIR");
         refuse_repeats(dirs)?;
         let sources = dirs.iter().map(|d| Source::read(d)).collect::<Result<Vec<_>>>()?;
@@ -291,10 +305,15 @@ impl Report {
                         source.dir.display()
                     );
                 }
-                let points = read_metric(&dir, metric)?;
+                let mut points = read_metric(&dir, metric)?;
                 let threshold = threshold.or_else(|| env_threshold(&config));
-                let last = points.last().copied();
                 let total = config.run.total_env_steps;
+                let budget = judge.at.unwrap_or(total);
+                let got_there = points.last().is_some_and(|&(x, _)| x >= budget as f64);
+                if judge.at.is_some() {
+                    points.retain(|&(x, _)| x <= budget as f64);
+                }
+                let last = points.last().copied();
                 let best_return = points.iter().map(|(_, v)| *v).reduce(f64::max);
                 members.push(Member {
                     index,
@@ -307,12 +326,13 @@ impl Report {
                     final_return: last.map(|(_, v)| v),
                     last_step: last.map(|(x, _)| x as u64),
                     total_env_steps: total,
+                    budget,
                     best_return,
                     course: threshold.map(|t| {
                         let steps: Vec<(u64, f64)> = points.iter().map(|&(x, v)| (x as u64, v)).collect();
                         Course::of(&steps, t)
                     }),
-                    finished: last.is_some_and(|(x, _)| x >= total as f64),
+                    finished: got_there && last.is_some(),
                 });
             }
         }
@@ -344,7 +364,7 @@ impl Report {
             let present: BTreeSet<usize> = members.iter().filter_map(|m| m.index).collect();
             missing = (0..size).filter(|i| !present.contains(i)).collect();
         }
-        Ok(Report { sources, metric: metric.to_string(), members, all, groups, best_schedule, missing })
+        Ok(Report { sources, metric: metric.to_string(), at: judge.at, members, all, groups, best_schedule, missing })
     }
 
     /// The single threshold every member is judged by, if there is one.
@@ -393,6 +413,7 @@ impl Report {
         let size = self.all.summary.n;
         let mut out = json!({
             "metric": self.metric,
+            "at": self.at,
             "size": size,
             "members_total": self.members.len(),
             "unfinished": self.unfinished(),
@@ -473,7 +494,14 @@ impl Report {
             let _ = writeln!(out, "not in these directories (another job's?): members {}", list.join(", "));
         }
         let threshold = self.common_threshold();
-        let _ = writeln!(out, "metric {}", self.metric);
+        match self.at {
+            Some(at) => {
+                let _ = writeln!(out, "metric {}, as of {at} env steps (later rows left out)", self.metric);
+            }
+            None => {
+                let _ = writeln!(out, "metric {}", self.metric);
+            }
+        }
         if self.sources.iter().any(|s| s.record.as_ref().is_some_and(|r| r.pbt)) {
             out.push_str("hyperparameters: each member's starting values (PBT changed them: lineage.jsonl)\n");
         }
@@ -513,11 +541,7 @@ impl Report {
                 }
             });
             row.push(m.course.and_then(|c| c.settled).map_or("—".into(), |s| s.to_string()));
-            row.push(if m.finished {
-                "yes".into()
-            } else {
-                format!("no ({}/{})", m.last_step.unwrap_or(0), m.total_env_steps)
-            });
+            row.push(if m.finished { "yes".into() } else { format!("no ({}/{})", m.last_step.unwrap_or(0), m.budget) });
             row.push(m.dir.display().to_string());
             rows.push(row);
         }

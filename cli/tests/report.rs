@@ -361,6 +361,35 @@ fn bad_input_is_refused_by_name() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--at STEPS`: every member as of that step — later rows left out, finished once past it (a run stopped
+/// early counts), reached and held as of then; by hand and against NumPy.
+#[test]
+fn a_budget_judges_every_member_as_of_that_step() {
+    let dir = scratch("report", "at");
+    let [job0, job1, plain] = grid_sweep(&dir);
+    let dirs = [job0.as_path(), job1.as_path(), plain.as_path()];
+    let (r, json) = report_json(&dirs, &["--at", "500"]);
+    numpy_agrees(&json, &dirs, &["--at", "500"]);
+    assert_eq!(r["at"], 500);
+    let member = |k: usize| r["members"].as_array().unwrap().iter().find(|m| m["index"] == k).unwrap().clone();
+    // Member 0 (100, 480 at 400, then 450…): 480 at 400, reached there and held (nothing after, as of 500).
+    let m0 = member(0);
+    assert_eq!((f(&m0["final_return"]), m0["first_step_at_threshold"].clone()), (480.0, 400.into()));
+    assert_eq!((m0["held_after_threshold"].clone(), m0["finished"].clone()), (true.into(), true.into()));
+    // Member 3 stopped at 600 of 1000: unfinished in the whole report, finished as of 500 (200 at 400).
+    let m3 = member(3);
+    assert_eq!((f(&m3["final_return"]), m3["finished"].clone()), (200.0, true.into()));
+    // Member 5's only evaluation is at 1000: nothing as of 500.
+    assert_eq!((member(5)["final_return"].clone(), member(5)["finished"].clone()), (Value::Null, false.into()));
+    // Finished as of 500: members 0–4 and 6 and the plain run; not 5 (above) nor 7 (no evaluation at all).
+    assert_eq!(r["size"], 7);
+    let out = report_text(&dirs, &["--at", "500"]);
+    assert!(out.contains("metric eval/mean_return, as of 500 env steps (later rows left out)"), "{out}");
+    let o = flotilla(&["report", dirs[2].to_str().unwrap(), "--at", "0"]);
+    assert!(!o.status.success() && text(&o).contains("--at"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `report X --against Y`: each set reported as alone, then P(X > Y) and the IQM difference, env by env; by
 /// hand and against NumPy (two strata, ties, an unfinished member left out); sets that cannot be compared are
 /// refused by name.

@@ -8,7 +8,7 @@ NumPy: each member's final and best return, finished flag, first step at the thr
 (the lowest value after it, how many rows) and where it settled; the IQM as
 `scipy.stats.trim_mean(x, 0.25)` defines it (SciPy itself where it is installed), mean and median; 95 %
 percentile bootstrap intervals with 10,000 resamples stratified by env id (as rliable's StratifiedBootstrap);
-solved counts; groups of a grid sweep; the PBT best member's schedule; with --against, both sets so and
+solved counts; groups of a grid sweep; the PBT best member's schedule; with --at, all of it as of that env step; with --against, both sets so and
 rliable's probability of improvement and the IQM difference (X and Y resampled independently within every env).
 Point estimates must agree to 1e-9.
 The intervals come from a different random stream, so each bound must be within 2 % of the data's range of
@@ -54,7 +54,7 @@ def trim_mean(x, proportion=0.25):
 STATISTICS = {"iqm": trim_mean, "mean": lambda x: np.mean(x, axis=-1), "median": lambda x: np.median(x, axis=-1)}
 
 
-def read_member(run_dir, metric, threshold):
+def read_member(run_dir, metric, threshold, at=None):
     config = tomllib.loads((run_dir / "config.toml").read_text())
     env_id = config["env"]["id"]
     total = config["run"]["total_env_steps"]
@@ -67,9 +67,13 @@ def read_member(run_dir, metric, threshold):
             for row in csv.DictReader(f):
                 if row.get(metric, "") != "" and math.isfinite(float(row[metric])):
                     points.append((float(row["env_steps"]), float(row[metric])))
+    budget = total if at is None else at
+    got_there = bool(points) and points[-1][0] >= budget
+    if at is not None:
+        points = [(x, v) for x, v in points if x <= at]
     final = points[-1][1] if points else None
     member = dict(env_id=env_id, seed=config["run"]["seed"], final_return=final, threshold=threshold,
-                  finished=bool(points) and points[-1][0] >= total, first_step_at_threshold=None,
+                  finished=got_there and bool(points), first_step_at_threshold=None,
                   best_return=max((v for _, v in points), default=None), held_after_threshold=None,
                   evaluations_after_threshold=None, lowest_after_threshold=None, settled_step_at_threshold=None)
     if threshold is not None:
@@ -86,7 +90,7 @@ def read_member(run_dir, metric, threshold):
     return member
 
 
-def read_all(dirs, metric, threshold):
+def read_all(dirs, metric, threshold, at=None):
     members, lineages = [], {}
     for d in map(Path, dirs):
         if (d / "population.json").exists():
@@ -95,13 +99,13 @@ def read_all(dirs, metric, threshold):
             lineage = [json.loads(line) for line in lineage_file.read_text().splitlines() if line.strip()] \
                 if lineage_file.exists() else []
             for m in record["members"]:
-                member = read_member(d / m["dir"], metric, threshold)
+                member = read_member(d / m["dir"], metric, threshold, at)
                 member.update(index=m["index"], seed=m["seed"], hyperparameters=m["hyperparameters"], source=str(d))
                 members.append(member)
             lineages[str(d)] = (lineage, {m["index"]: m["hyperparameters"] for m in record["members"]},
                                 record["pbt"])
         else:
-            member = read_member(d, metric, threshold)
+            member = read_member(d, metric, threshold, at)
             member.update(index=None, hyperparameters={}, source=str(d))
             members.append(member)
     return members, lineages
@@ -211,6 +215,7 @@ def main():
     parser.add_argument("--threshold", type=float)
     parser.add_argument("--metric", default="eval/mean_return")
     parser.add_argument("--against", nargs="+", default=[])
+    parser.add_argument("--at", type=int)
     args = parser.parse_args()
     report = json.load(sys.stdin)
     rng = np.random.default_rng(12345)
@@ -232,7 +237,8 @@ def main():
 
 def check(c, report, dirs, args, rng):
     """Every number of one report (one set of runs) against NumPy's; its members and finished count."""
-    members, lineages = read_all(dirs, args.metric, args.threshold)
+    members, lineages = read_all(dirs, args.metric, args.threshold, args.at)
+    c.same("at", report["at"], args.at)
 
     # Members, in population index order with plain runs after (stable).
     members.sort(key=lambda m: math.inf if m["index"] is None else m["index"])
