@@ -285,7 +285,7 @@ fn reward_threshold(config: &ExperimentConfig) -> Option<(String, f64)> {
     Some((id.to_string(), threshold))
 }
 
-/// Runs whose configs differ only in `run.seed`, each group as one series: the mean over its runs at the env
+/// Runs whose configs differ only in `run.seed` and in `[checkpoint]` and `[metrics]`, each group as one series: the mean over its runs at the env
 /// steps all of them logged, with the std across runs as the band. A group of one is drawn as it is. Each
 /// population is one series of its own: [`population_iqm`].
 fn grouped(runs: Vec<Run>, populations: &[Population]) -> Vec<Series> {
@@ -294,8 +294,12 @@ fn grouped(runs: Vec<Run>, populations: &[Population]) -> Vec<Series> {
         let key = match run.population {
             Some(p) => format!("population {}", populations[p].key),
             None => {
+                // What the runs learn: neither the seed nor the bookkeeping (checkpoint and metrics-row
+                // intervals change no step of training: resume is bit for bit) tells them apart.
                 let mut key = run.config.clone();
                 key.run.seed = 0;
+                key.checkpoint = Default::default();
+                key.metrics = Default::default();
                 key.to_toml()
             }
         };

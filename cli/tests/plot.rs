@@ -97,6 +97,24 @@ fn plot_draws_two_runs_with_bands_legend_and_threshold() {
     let grouped = std::fs::read_to_string(&grouped).unwrap();
     assert!(grouped.contains("ppo (2 seeds, mean ± std)"), "{grouped}");
     assert!(!grouped.contains("ppo-seed1"));
+    // A third seed that wrote checkpoints and metrics rows at other intervals joins them (bookkeeping, not
+    // learning); one with another learning rate is a line of its own.
+    let edited = |name: &str, from: &str, to: &str| {
+        let d = dir.join(name);
+        let o = std::process::Command::new("cp").arg("-r").arg(b).arg(&d).output().unwrap();
+        assert!(o.status.success());
+        let config = std::fs::read_to_string(d.join("config.toml")).unwrap();
+        assert!(config.contains(from), "{config}");
+        std::fs::write(d.join("config.toml"), config.replace(from, to).replace("seed = 2\n", "seed = 3\n")).unwrap();
+        d.to_str().unwrap().to_string()
+    };
+    let c = edited("ppo-seed3", "[checkpoint]\ninterval_steps = 0", "[checkpoint]\ninterval_steps = 2048");
+    let lr = edited("other-lr", "learning_rate = 0.001\n", "learning_rate = 0.0003\n");
+    let three = dir.join("three.svg");
+    let o = flotilla(&["plot", a, b, &c, &lr, "--group", "--out", three.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let three = std::fs::read_to_string(&three).unwrap();
+    assert!(three.contains("ppo (3 seeds, mean ± std)") && three.contains("other-lr"), "{three}");
 
     // --reference: a published curve (label, env_steps, value rows; a label with a comma) beside the group, in
     // the next colour; a malformed file is refused naming its line, and so is --reference against train_secs.
