@@ -279,7 +279,6 @@ impl Report {
     fn read(dirs: &[PathBuf], judge: &Judge) -> Result<Self> {
         let (threshold, metric) = (judge.threshold, judge.metric.as_str());
         anyhow::ensure!(!dirs.is_empty(), "give at least one RUN_DIR");
-        refuse_repeats(dirs)?;
         let sources = dirs.iter().map(|d| Source::read(d)).collect::<Result<Vec<_>>>()?;
 
         let mut members = Vec::new();
@@ -494,14 +493,8 @@ impl Report {
             let _ = writeln!(out, "not in these directories (another job's?): members {}", list.join(", "));
         }
         let threshold = self.common_threshold();
-        match self.at {
-            Some(at) => {
-                let _ = writeln!(out, "metric {}, as of {at} env steps (later rows left out)", self.metric);
-            }
-            None => {
-                let _ = writeln!(out, "metric {}", self.metric);
-            }
-        }
+        let as_of = self.at.map_or(String::new(), |at| format!(", as of {at} env steps (later rows left out)"));
+        let _ = writeln!(out, "metric {}{as_of}", self.metric);
         if self.sources.iter().any(|s| s.record.as_ref().is_some_and(|r| r.pbt)) {
             out.push_str("hyperparameters: each member's starting values (PBT changed them: lineage.jsonl)\n");
         }

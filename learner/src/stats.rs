@@ -142,26 +142,33 @@ pub fn stratified_bootstrap<const K: usize>(
     }
     let mut rng = Pcg64::seed_from_u64(seed);
     let mut draws: Vec<Vec<f64>> = vec![Vec::with_capacity(resamples); K];
-    let mut sample = Vec::with_capacity(pooled.len());
     for _ in 0..resamples {
-        sample.clear();
-        for stratum in &strata {
-            sample.extend((0..stratum.len()).map(|_| stratum[rng.random_range(0..stratum.len())]));
-        }
+        let mut sample = resample_within(&strata, &mut rng).concat();
         sample.sort_by(f64::total_cmp);
         for (k, statistic) in statistics.iter().enumerate() {
             draws[k].push(statistic(&sample));
         }
     }
+    let mut draws = draws.into_iter();
+    std::array::from_fn(|k| percentile_interval(statistics[k](&pooled), draws.next().expect("K draws")))
+}
+
+/// One stratified resample: within each stratum, as many values as it has, drawn with replacement from it.
+fn resample_within<S: AsRef<[f64]>>(strata: &[S], rng: &mut Pcg64) -> Vec<Vec<f64>> {
+    strata
+        .iter()
+        .map(|s| {
+            let s = s.as_ref();
+            (0..s.len()).map(|_| s[rng.random_range(0..s.len())]).collect()
+        })
+        .collect()
+}
+
+/// `point` with the [`CONFIDENCE`] percentile interval of its resampled `draws`.
+fn percentile_interval(point: f64, mut draws: Vec<f64>) -> Estimate {
     let tail = (1.0 - CONFIDENCE) / 2.0 * 100.0;
-    std::array::from_fn(|k| {
-        draws[k].sort_by(f64::total_cmp);
-        Estimate {
-            point: statistics[k](&pooled),
-            lo: percentile_sorted(&draws[k], tail),
-            hi: percentile_sorted(&draws[k], 100.0 - tail),
-        }
-    })
+    draws.sort_by(f64::total_cmp);
+    Estimate { point, lo: percentile_sorted(&draws, tail), hi: percentile_sorted(&draws, 100.0 - tail) }
 }
 
 /// The [`iqm`] of `strata` pooled, with its stratified bootstrap interval from `resamples` resamples (fewer than
@@ -235,31 +242,21 @@ pub fn compare(x: &[Vec<f64>], y: &[Vec<f64>]) -> Comparison {
         trim_mean_sorted(&pooled, 0.25)
     };
     let mut rng = Pcg64::seed_from_u64(BOOTSTRAP_SEED);
-    let mut resample = |strata: &[Vec<f64>]| -> Vec<Vec<f64>> {
-        strata
-            .iter()
-            .map(|s| {
-                let mut r: Vec<f64> = (0..s.len()).map(|_| s[rng.random_range(0..s.len())]).collect();
-                r.sort_by(f64::total_cmp);
-                r
-            })
-            .collect()
+    let mut sorted_resample = |strata: &[Vec<f64>]| {
+        let mut r = resample_within(strata, &mut rng);
+        r.iter_mut().for_each(|s| s.sort_by(f64::total_cmp));
+        r
     };
     let (mut improvements, mut differences) =
         (Vec::with_capacity(BOOTSTRAP_RESAMPLES), Vec::with_capacity(BOOTSTRAP_RESAMPLES));
     for _ in 0..BOOTSTRAP_RESAMPLES {
-        let (rx, ry) = (resample(x), resample(y));
+        let (rx, ry) = (sorted_resample(x), sorted_resample(y));
         improvements.push(strata_improvement(&rx, &ry));
         differences.push(iqm_pooled(&rx) - iqm_pooled(&ry));
     }
-    let tail = (1.0 - CONFIDENCE) / 2.0 * 100.0;
-    let interval = |point: f64, mut draws: Vec<f64>| {
-        draws.sort_by(f64::total_cmp);
-        Estimate { point, lo: percentile_sorted(&draws, tail), hi: percentile_sorted(&draws, 100.0 - tail) }
-    };
     Comparison {
-        improvement: interval(probability_of_improvement(x, y), improvements),
-        iqm_difference: interval(iqm_pooled(x) - iqm_pooled(y), differences),
+        improvement: percentile_interval(probability_of_improvement(x, y), improvements),
+        iqm_difference: percentile_interval(iqm_pooled(x) - iqm_pooled(y), differences),
     }
 }
 
